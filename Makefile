@@ -1,0 +1,33 @@
+# The README's two commands: `make demo` (set up, run the main job) and
+# `make test` (set up, run the test suite). Both work on a fresh clone with only
+# Python 3.11+ and a C compiler present.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup build demo test bench clean
+
+$(VENV)/.installed: pyproject.toml setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,demo]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+# Rebuild the compiled core in place whenever csrc/ changed (a no-op otherwise).
+build: setup
+	$(PY) setup.py -q build_ext --inplace
+
+demo: build
+	$(PY) -m rune_fast.demo
+
+test: build
+	$(PY) -m pytest -q
+
+bench: build
+	$(PY) -m pytest bench -q --benchmark-columns=min,median,mean,ops --benchmark-sort=name
+	$(PY) -m bench.compare
+
+clean:
+	rm -rf build $(VENV) rune_fast/*.so csrc/*.c rune-state .benchmarks
