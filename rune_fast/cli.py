@@ -165,7 +165,10 @@ def _time(ts: float) -> str:
         return str(ts)
 
 
-def _term_width() -> int:
+def _term_width() -> int | None:
+    """The terminal width when stdout is a terminal; None (no cutting) when piped."""
+    if not sys.stdout.isatty():
+        return None
     return shutil.get_terminal_size((140, 24)).columns
 
 
