@@ -910,7 +910,10 @@ def load_bench() -> Any:
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run the side-by-side comparison against SQLite (WAL, same durability)."""
     bc = load_bench()
-    cfg = bc.Config.quick() if args.quick else bc.Config()
+    if args.smoke:
+        cfg = bc.Config.tiny()
+    else:
+        cfg = bc.Config.quick() if args.quick else bc.Config()
     if args.n is not None:
         cfg.n = args.n
     if args.repeats is not None:
@@ -1041,6 +1044,8 @@ def build_parser() -> argparse.ArgumentParser:
              "Run bench/compare.py: the same seeded workload against rune_fast and SQLite (WAL, same "
              "durability), with ratios. bench/ is part of the source checkout, not the installed package.")
     sp.add_argument("--quick", action="store_true", help="20,000 messages, well under a minute")
+    sp.add_argument("--smoke", action="store_true",
+                    help="a few hundred messages, one repeat: checks that the harness runs (numbers mean nothing)")
     sp.add_argument("--n", type=int, help="messages in the main stores (default 100,000)")
     sp.add_argument("--repeats", type=int, help="repeats per timed line (median reported)")
     sp.add_argument("--out", help="write the report as JSON to this file")

@@ -248,12 +248,16 @@ def _show_store(state: str) -> None:
             tiers[h.tier] = tiers.get(h.tier, 0) + 1
         _say(f"all hits by tier: {', '.join(f'{t} {n}' for t, n in sorted(tiers.items()))}")
 
-        _section("Resume #ops for a model (resume_messages('ops', 6) -> to_anthropic)")
-        msgs = conv.resume_messages("ops", 6)
+        channel = _channel_with_tool_use(conv)
+        _section(f"Resume #{channel} for a model (resume_messages({channel!r}, 8), rendered by to_anthropic)")
+        msgs = conv.resume_messages(channel, 8)
         rendered = sync.to_anthropic(msgs)
-        text = json.dumps(rendered, indent=2, ensure_ascii=False)
-        lines = text.splitlines()
-        _say("\n".join(lines[:60]) + (f"\n... ({len(lines) - 60} more lines)" if len(lines) > 60 else ""))
+        width = shutil.get_terminal_size((160, 24)).columns
+        for m in rendered:
+            text = json.dumps(m, ensure_ascii=False)
+            _say("  " + (text if len(text) <= width - 2 else text[: width - 5] + "..."))
+        _say(f"({len(rendered)} provider messages from the last 8 turns: tool calls paired with their results, "
+             f"adjacent same-role turns merged, system messages left out)")
 
     _section("Integrity (rune-fast verify)")
     report = verify_state(state)
@@ -262,6 +266,15 @@ def _show_store(state: str) -> None:
         _say(f"OK: no damage ({checked})")
     else:
         _say(f"DAMAGE: {report['problems']}")
+
+
+def _channel_with_tool_use(conv: Any) -> str:
+    """A channel whose last few messages include a tool call (the demo's
+    most interesting transcript); "ops" if none does."""
+    for ch in CHANNELS:
+        if any(m.tool_calls for m in conv.window(ch, 6)):
+            return ch
+    return "ops"
 
 
 def _erased(state: str, needle: bytes) -> list[str]:
@@ -357,7 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     _section("Next")
     rel = os.path.relpath(state)
     flag = "" if os.path.abspath(state) == os.path.abspath("./rune-state") else f" --state {rel}"
-    _say(f"rune-fast{flag} stats | window --channel ops | tasks --channel ops | search refund | verify")
+    for cmd in ("stats", "window --channel ops", "tasks --channel ops", "search refund --limit 5", "verify",
+                "export --format parquet --out messages.parquet", "--help"):
+        _say(f"  rune-fast{flag} {cmd}")
     _say(f"demo finished in {time.perf_counter() - t0:.0f} s")
     return 0
 

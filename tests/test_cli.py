@@ -275,7 +275,7 @@ def test_expected_failures_are_one_line(tmp_path):
 
 def test_bench_subcommand(tmp_path):
     out = tmp_path / "bench.json"
-    p = run("bench", "--quick", "--n", "300", "--repeats", "1", "--out", str(out), timeout=300)
+    p = run("bench", "--smoke", "--out", str(out), timeout=300)
     if not (REPO / "bench" / "compare.py").exists():
         ok(p, rc=2)
         assert "python -m bench.compare" in p.stderr
