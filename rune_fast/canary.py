@@ -627,20 +627,10 @@ class Canary:
     def privacy(self) -> str:
         bad = []
         for base, dirs, names in os.walk(self.root):
-            if base == self.root:
-                continue
-            for n in dirs:
-                p = os.path.join(base, n)
-                if stat.S_IMODE(os.stat(p).st_mode) & 0o077:
-                    bad.append(f"{p} {oct(stat.S_IMODE(os.stat(p).st_mode))}")
-            for n in names:
-                p = os.path.join(base, n)
-                if stat.S_IMODE(os.lstat(p).st_mode) & 0o077:
-                    bad.append(f"{p} {oct(stat.S_IMODE(os.lstat(p).st_mode))}")
-        for top in os.listdir(self.root):
-            p = os.path.join(self.root, top)
-            if os.path.isdir(p) and stat.S_IMODE(os.stat(p).st_mode) & 0o077:
-                bad.append(f"{p} {oct(stat.S_IMODE(os.stat(p).st_mode))}")
+            for p in [os.path.join(base, n) for n in dirs + names]:
+                mode = stat.S_IMODE(os.lstat(p).st_mode)
+                if mode & 0o077 and not os.path.islink(p):
+                    bad.append(f"{os.path.relpath(p, self.root)} {oct(mode)}")
         expect(not bad, f"{len(bad)} too open, e.g. {bad[:3]}")
         return ""
 

@@ -6,9 +6,12 @@ Exit status: 0 success; 1 a negative answer (``get``: not found, ``verify``:
 damage found, ``canary``: a promise failed); 2 an error (one line on stderr,
 never a traceback for an expected failure) -- also ``get`` of a corrupt record.
 
-Read-only subcommands (``window``, ``task``, ``get``, ``search``, ``stats``,
+The reading subcommands (``window``, ``task``, ``get``, ``search``, ``stats``,
 ``verify``, ``export``) open the conversation store with ``read_only=True``:
-they work beside a running writer and change no file.
+they work beside a running writer and change no file; ``verify`` reads the
+task ledger's files read-only too. ``tasks`` and ``stats`` open the task
+ledger itself (it has no read-only mode), so they need its lock for a moment:
+beside a running frontend, ``stats`` says so and ``tasks`` exits 2.
 """
 from __future__ import annotations
 

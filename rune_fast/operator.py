@@ -121,6 +121,8 @@ class ConversationOperator:
         self.stamp = stamp
         self._lock = threading.RLock()
         self._root: Any = None
+        #: The :class:`MigrationReport` of :meth:`open`'s legacy import, if it ran.
+        self.migration: MigrationReport | None = None
 
     # ------------------------------------------------------------ wiring
 
@@ -139,7 +141,6 @@ class ConversationOperator:
         try:
             op = cls(root.get("task_state"), root.get("conversation_state"), model=model, stamp=stamp)
             op._root = root
-            op.migration = None
             if legacy_operator_json is not None and os.path.exists(legacy_operator_json):
                 op.migration = migrate_operator_tasks(legacy_operator_json, op.tasks, op.conversation)
         except BaseException:
