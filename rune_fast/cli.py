@@ -895,9 +895,13 @@ def load_bench() -> Any:
     otherwise."""
     import importlib
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if os.path.isfile(os.path.join(root, "bench", "compare.py")) and root not in sys.path:
-        sys.path.insert(0, root)
+    # The checkout this package was imported from (editable install or
+    # in-place build), else the current directory (a checkout's root).
+    for root in (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.getcwd()):
+        if os.path.isfile(os.path.join(root, "bench", "compare.py")):
+            if root not in sys.path:
+                sys.path.insert(0, root)
+            break
     try:
         mod = importlib.import_module("bench.compare")
     except ImportError as exc:
