@@ -795,8 +795,9 @@ def _import_messages(args: argparse.Namespace, kind: str, path: str) -> dict[str
             if not isinstance(items, list):
                 raise InputError(f"{path}: a legacy checkpoint is a JSON list of messages or {{\"messages\": [...]}}")
             bar.total = len(items)
-            recs = (_record_from(d, f"{path} messages[{i}]", channel=args.channel, role=None, task=None,
-                                 derive=derive) for i, d in enumerate(items))
+            # Every entry is checked before the first write.
+            recs = [_record_from(d, f"{path} messages[{i}]", channel=args.channel, role=None, task=None,
+                                 derive=derive) for i, d in enumerate(items)]
             new, total = _store_batches(repo, recs, bar)
         elif kind == "parquet":
             import pyarrow.parquet as pq
@@ -813,7 +814,7 @@ def _import_messages(args: argparse.Namespace, kind: str, path: str) -> dict[str
                     yield _record_from(row, f"{path} row {i}", channel=args.channel, role=None, task=None,
                                        derive=derive)
 
-            new, total = _store_batches(repo, parquet_records(), bar)
+            new, total = _store_batches(repo, list(parquet_records()), bar)
         else:
             raise InputError(f"unknown import kind {kind!r}")
     return {"kind": kind, "source": path, "messages_imported": new, "messages_already_present": total - new}
