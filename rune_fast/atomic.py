@@ -98,11 +98,13 @@ class AtomicStore:
     @staticmethod
     def decode(data: bytes, *, path: str = "") -> Any:
         """Verify and parse checkpoint bytes (see :meth:`read`)."""
+        head = data[:len(_HEAD)]
+        if head != _HEAD[:len(head)] or (len(data) >= _PREFIX_LEN and data[22:_PREFIX_LEN] != _BODY_KEY):
+            raise CorruptStateCheckpointError("checkpoint has a bad header (not a rune_fast checkpoint)",
+                                              path=path, offset=0)
         if len(data) < _PREFIX_LEN + 2:
             raise CorruptStateCheckpointError(
                 f"checkpoint truncated: {len(data)} bytes", path=path, offset=len(data))
-        if not data.startswith(_HEAD) or data[22:_PREFIX_LEN] != _BODY_KEY:
-            raise CorruptStateCheckpointError("checkpoint has a bad header", path=path, offset=0)
         if not data.endswith(b"}\n"):
             raise CorruptStateCheckpointError(
                 "checkpoint truncated: it does not end with '}\\n'", path=path, offset=len(data))
