@@ -228,7 +228,7 @@ class FramedLog:
             if size == 0:
                 return
             with open(self.path, "rb") as f:
-                end_of_lines, tail = _find_tail(f, size)
+                end_of_lines, tail = _find_tail(f, size, self.path)
                 if end_of_lines > 0:
                     start = _line_start(f, end_of_lines - 1)
                     f.seek(start)
@@ -237,9 +237,9 @@ class FramedLog:
                     if reason:
                         raise CorruptStateCheckpointError(
                             f"damaged final line: {reason}", path=self.path, offset=start)
-            if not tail:
+            if end_of_lines == size:
                 return
-            if tail.count(0) == len(tail):
+            if not tail:  # zero padding (preallocation): not damage; cut it so appends stay contiguous
                 os.ftruncate(self._fd, end_of_lines)
                 os.fsync(self._fd)
                 return
@@ -348,12 +348,13 @@ class FramedLog:
     def _scan(self, start: int) -> Iterator[tuple[int, bytes, str | None]]:
         """Yield (offset, line, reason) for complete lines (reason "" if sound)
         and, at the end, (offset, tail, None) for non-zero bytes after the last
-        newline, if any."""
+        newline, if any. Zero padding at the end is skipped."""
         if self._closed:
             raise StoreClosedError(f"log {self.path} is closed")
         with open(self.path, "rb") as f:
             f.seek(start)
-            offset = start
+            offset = start          # file offset of buf[0]
+            zeros_from = -1         # start of a skipped run of zero bytes, if any
             buf = b""
             while True:
                 chunk = f.read(_READ_CHUNK)
@@ -365,16 +366,24 @@ class FramedLog:
                     nl = buf.find(b"\n", pos)
                     if nl < 0:
                         break
+                    if zeros_from >= 0:
+                        yield zeros_from, b"", "zero bytes inside the log"
+                        return
                     line = buf[pos:nl]
                     yield offset, line, check_line(line)
                     offset += nl + 1 - pos
                     pos = nl + 1
                 buf = buf[pos:]
                 if len(buf) > MAX_LINE:
-                    yield offset, b"", "line longer than MAX_LINE"
-                    return
+                    if buf.count(0) != len(buf):
+                        yield offset, b"", "line longer than MAX_LINE"
+                        return
+                    if zeros_from < 0:
+                        zeros_from = offset
+                    offset += len(buf)
+                    buf = b""
             if buf and buf.count(0) != len(buf):
-                yield offset, buf, None
+                yield (zeros_from if zeros_from >= 0 else offset), buf, None
 
     def verify(self) -> list[dict[str, Any]]:
         """Check every line; never raises for damage. Return one
@@ -413,25 +422,35 @@ class FramedLog:
         self.close()
 
 
-def _find_tail(f: Any, size: int) -> tuple[int, bytes]:
-    """Return (offset just past the last newline, bytes after it)."""
+def _find_tail(f: Any, size: int, path: str) -> tuple[int, bytes]:
+    """Return (offset just past the last newline, the bytes after it with
+    trailing zero bytes stripped). Reads backwards; a zero-filled
+    (preallocated) region of any length costs no memory. Non-zero trailing
+    bytes longer than any frame are damage, not a tear."""
     pos = size
-    tail_parts: list[bytes] = []
+    pieces: list[bytes] = []
+    kept = 0
+    seen_data = False
     while pos > 0:
         step = min(_READ_CHUNK, pos)
         pos -= step
         f.seek(pos)
         chunk = f.read(step)
         nl = chunk.rfind(b"\n")
+        part = chunk[nl + 1:] if nl >= 0 else chunk
+        if not seen_data:
+            part = part.rstrip(b"\0")
+            seen_data = bool(part)
+        if part:
+            pieces.append(part)
+            kept += len(part)
+            if kept > MAX_LINE:
+                raise CorruptStateCheckpointError(
+                    f"{kept} bytes without a newline at the end of the file: longer than any line",
+                    path=path, offset=pos + (nl + 1 if nl >= 0 else 0))
         if nl >= 0:
-            tail_parts.append(chunk[nl + 1:])
-            return pos + nl + 1, b"".join(reversed(tail_parts))
-        tail_parts.append(chunk)
-        if size - pos > MAX_LINE + _READ_CHUNK:
-            # No newline in a region longer than any line: keep the whole
-            # region as the torn tail rather than reading the file backwards.
-            break
-    return pos, b"".join(reversed(tail_parts))
+            return pos + nl + 1, b"".join(reversed(pieces))
+    return 0, b"".join(reversed(pieces))
 
 
 def _line_start(f: Any, newline_at: int) -> int:

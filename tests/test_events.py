@@ -320,3 +320,40 @@ def test_read_only_skips_incomplete_final_line(tmp_path):
     assert len(list(reader.iter_envelopes())) == 3
     assert reader.quarantined == []
     assert _read(path) == good + b'{"x":"00'  # unchanged
+
+
+def test_torn_line_followed_by_zero_padding(tmp_path):
+    path = tmp_path / "events.jsonl"
+    good = _three_lines(path)
+    _write(path, good + b'{"x":"0011' + b"\0" * 10000)
+    with pytest.warns(RecoveryWarning):
+        store = EventStore(path)
+    assert _read(store.quarantined[0]["quarantine"]) == b'{"x":"0011'
+    assert store.size == len(good)
+    store.close()
+
+
+def test_long_garbage_without_newline_is_damage(tmp_path, monkeypatch):
+    import rune_fast.events as events
+    monkeypatch.setattr(events, "MAX_LINE", 1000)
+    monkeypatch.setattr(events, "_READ_CHUNK", 256)
+    path = tmp_path / "events.jsonl"
+    good = _three_lines(path)
+    _write(path, good + b"y" * 3000)
+    with pytest.raises(CorruptStateCheckpointError):
+        EventStore(path)
+
+
+def test_large_zero_padding_read_only(tmp_path, monkeypatch):
+    import rune_fast.events as events
+    monkeypatch.setattr(events, "MAX_LINE", 1000)
+    monkeypatch.setattr(events, "_READ_CHUNK", 256)
+    path = tmp_path / "events.jsonl"
+    good = _three_lines(path)
+    _write(path, good + b"\0" * 5000)
+    reader = EventStore(path, read_only=True)
+    assert len(list(reader.iter_envelopes())) == 3
+    assert reader.verify() == []
+    store = EventStore(path)
+    assert store.size == len(good) and store.quarantined == []
+    store.close()
