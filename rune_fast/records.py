@@ -17,6 +17,8 @@ import time
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+import orjson
+
 __all__ = [
     "new_id",
     "OrchestrationRecord",
@@ -28,6 +30,7 @@ __all__ = [
     "ROLES",
     "TASK_TRANSITIONS",
     "canonical_json",
+    "record_canonical_json",
     "payload_hash",
 ]
 
@@ -251,11 +254,33 @@ def canonical_json(d: Mapping[str, Any]) -> bytes:
     return json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
+def _orjson_float_ok(v: float) -> bool:
+    # In this range orjson prints floats exactly as repr() does (shortest
+    # round-trip digits, no exponent); outside it the exponent forms differ.
+    return v == 0.0 or 1e-4 <= abs(v) < 1e16
+
+
+def record_canonical_json(record: "OrchestrationRecord") -> bytes:
+    """``canonical_json(record.to_dict())``, computed with orjson when the
+    record holds only values both encoders print identically (the common
+    case: no tool calls, epoch-range times); otherwise with json."""
+    tp = type(record)
+    if tp is ConversationMessageRecord:
+        if not record.tool_calls and _orjson_float_ok(record.ts) and record.token_estimate < 1 << 63:
+            return orjson.dumps(record.to_dict(), option=orjson.OPT_SORT_KEYS)
+    elif tp is TaskStateRecord:
+        if _orjson_float_ok(record.created_at) and _orjson_float_ok(record.updated_at):
+            return orjson.dumps(record.to_dict(), option=orjson.OPT_SORT_KEYS)
+    return canonical_json(record.to_dict())
+
+
 def payload_hash(record: "OrchestrationRecord | Mapping[str, Any]") -> str:
-    """sha256 hex of the canonical JSON of ``record.to_dict()`` (or of the
-    mapping itself, e.g. ``{"msg_id": ...}`` for a deletion)."""
-    body = record.to_dict() if isinstance(record, OrchestrationRecord) else record
-    return hashlib.sha256(canonical_json(body)).hexdigest()
+    """sha256 hex of the canonical JSON (:func:`canonical_json`) of
+    ``record.to_dict()``, or of the mapping itself (e.g. ``{"msg_id": ...}``
+    for a deletion)."""
+    if isinstance(record, OrchestrationRecord):
+        return hashlib.sha256(record_canonical_json(record)).hexdigest()
+    return hashlib.sha256(canonical_json(record)).hexdigest()
 
 
 # ----------------------------------------------------------------------- records
@@ -464,11 +489,17 @@ class ConversationMessageRecord(OrchestrationRecord):
         if not isinstance(d, Mapping):
             raise TypeError(f"ConversationMessageRecord.from_dict: expected a dict, got {type(d).__name__}")
         _schema_version(cls, d)
-        kwargs = {f: d[f] for f in _MSG_FIELDS if f in d}
-        calls = kwargs.get("tool_calls")
-        if calls is None and "tool_calls" in kwargs:
-            del kwargs["tool_calls"]
-        return cls(**kwargs)
+        try:  # fast path: a dict made by to_dict() has every field
+            args = (d["msg_id"], d["ts"], d["role"], d["content"], d["channel_id"], d["task_id"],
+                    d["token_estimate"], d["tool_calls"], d["tool_call_id"], d["origin"], d["hlc"])
+        except KeyError:
+            kwargs = {f: d[f] for f in _MSG_FIELDS if f in d}
+            if kwargs.get("tool_calls", ()) is None:
+                del kwargs["tool_calls"]
+            return cls(**kwargs)
+        if args[7] is None:
+            args = args[:7] + ((),) + args[8:]
+        return cls(*args)
 
 
 _MSG_FIELDS = tuple(f.name for f in dataclasses.fields(ConversationMessageRecord))

@@ -111,10 +111,14 @@ class TaskStateRepository:
     def _load(self) -> None:
         cp = self._checkpoint.read()
         logs = {}
+        temp_prefix = "." + os.path.basename(self._checkpoint.path) + "."
         for name in os.listdir(self._hot):
             m = _LOG_RE.fullmatch(name)
             if m:
                 logs[int(m.group(1))] = os.path.join(self._hot, name)
+            elif name.startswith(temp_prefix) and name.endswith(".tmp"):
+                # a checkpoint write cut short by a crash; we hold the lock, so no one else is writing it
+                os.unlink(os.path.join(self._hot, name))
         if cp is None:
             if any(g > 0 for g in logs):
                 raise CorruptStateCheckpointError(
@@ -154,6 +158,9 @@ class TaskStateRepository:
                 raise CorruptStateCheckpointError("task checkpoint gen/seq are not non-negative ints", path=path)
             for item in cp["tasks"]:
                 record = TaskStateRecord.from_dict(item["r"])
+                if record.task_id in self._tasks:
+                    raise CorruptStateCheckpointError(
+                        f"task checkpoint holds task {record.task_id} twice", path=path)
                 touched = item["t"]
                 if not isinstance(touched, int):
                     raise CorruptStateCheckpointError(

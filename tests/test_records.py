@@ -330,3 +330,24 @@ def test_task_round_trips_through_json(t):
     back = TaskStateRecord.from_dict(json.loads(json.dumps(d, ensure_ascii=False, allow_nan=False)))
     assert back == t
     assert payload_hash(back) == payload_hash(t)
+
+
+edge_floats = st.sampled_from([0.0, -0.0, 1e-4, 9.99e-5, 1e16, 9999999999999998.0, 1e22, 5e-324, 1.5e-7]) | times
+
+
+@settings(max_examples=200, deadline=None)
+@given(messages, edge_floats, st.integers(0, 2**70))
+def test_fast_canonical_json_matches_reference(m, ts, te):
+    from rune_fast.records import record_canonical_json
+    m2 = dataclasses.replace(m, ts=ts, token_estimate=te)
+    for r in (m, m2):
+        assert record_canonical_json(r) == canonical_json(r.to_dict())
+        assert payload_hash(r) == hashlib.sha256(canonical_json(r.to_dict())).hexdigest()
+
+
+@settings(max_examples=100, deadline=None)
+@given(tasks, edge_floats)
+def test_fast_canonical_json_matches_reference_tasks(t, when):
+    from rune_fast.records import record_canonical_json
+    for r in (t, dataclasses.replace(t, created_at=when), dataclasses.replace(t, updated_at=-when)):
+        assert record_canonical_json(r) == canonical_json(r.to_dict())

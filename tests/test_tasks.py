@@ -666,3 +666,25 @@ TaskLedgerMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_task_ledger_against_model = TaskLedgerMachine.TestCase
+
+
+def test_leftover_checkpoint_temp_is_removed(tmp_path):
+    with TaskStateRepository(tmp_path) as repo:
+        t = repo.create("t", "c")
+    leftover = tmp_path / "hot" / ".task_state.json.abc123.tmp"
+    _write(leftover, b'{"x":"half')
+    with TaskStateRepository(tmp_path) as repo:
+        assert repo.get(t.task_id) == t
+    assert not leftover.exists()
+
+
+def test_checkpoint_with_duplicate_task_is_loud(tmp_path):
+    from rune_fast.atomic import AtomicStore
+    with TaskStateRepository(tmp_path) as repo:
+        repo.create("t", "c")
+    store = AtomicStore(tmp_path / "hot" / "task_state.json")
+    body = store.read()
+    body["tasks"].append(body["tasks"][0])
+    store.write(body)
+    with pytest.raises(CorruptStateCheckpointError, match="twice"):
+        TaskStateRepository(tmp_path)
