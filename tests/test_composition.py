@@ -12,7 +12,6 @@ import types
 
 import pytest
 
-from rune_fast import composition
 from rune_fast.composition import (
     AUTHORITY_KINDS,
     AuthorityRoot,
