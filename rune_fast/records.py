@@ -393,7 +393,57 @@ class TaskStateRecord(OrchestrationRecord):
 _TASK_FIELDS = tuple(f.name for f in dataclasses.fields(TaskStateRecord))
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+class _Missing:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<default>"
+
+
+_MISSING: Any = _Missing()
+
+
+def _utf8_ok(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _checked_message(msg_id: Any, ts: Any, role: Any, content: Any, channel_id: Any, task_id: Any,
+                     token_estimate: Any, tool_calls: Any, tool_call_id: Any, origin: Any,
+                     hlc: Any) -> tuple[Any, ...]:
+    """Validate every field of a message the slow way; return them normalised
+    or raise ``TypeError``/``ValueError`` naming the first bad field."""
+    owner = "ConversationMessageRecord"
+    _check_str(owner, "msg_id", msg_id, nonempty=True)
+    ts = _check_time(owner, "ts", ts)
+    if not isinstance(role, str):
+        raise TypeError(f"{owner}.role must be str, got {type(role).__name__}")
+    if role not in _ROLE_SET:
+        raise ValueError(f"{owner}.role: unknown role {role!r} (one of {', '.join(ROLES)})")
+    if not isinstance(content, str):
+        raise TypeError(f"{owner}.content must be str, got {type(content).__name__}")
+    _check_utf8(f"{owner}.content", content)
+    _check_str(owner, "channel_id", channel_id, nonempty=True)
+    _check_str(owner, "task_id", task_id)
+    if token_estimate is None:
+        token_estimate = -(-len(content) // 4)
+    elif isinstance(token_estimate, bool) or not isinstance(token_estimate, int):
+        raise TypeError(f"{owner}.token_estimate must be int, got {type(token_estimate).__name__}")
+    token_estimate = int(token_estimate)
+    if token_estimate < 0:
+        raise ValueError(f"{owner}.token_estimate must be >= 0, got {token_estimate}")
+    tool_calls = _norm_tool_calls(owner, tool_calls)
+    _check_str(owner, "tool_call_id", tool_call_id)
+    _check_str(owner, "origin", origin)
+    _check_str(owner, "hlc", hlc)
+    return (msg_id, ts, role, content, channel_id, task_id, token_estimate, tool_calls,
+            tool_call_id, origin, hlc)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, init=False)
 class ConversationMessageRecord(OrchestrationRecord):
     """One message of a conversation.
 
@@ -419,39 +469,47 @@ class ConversationMessageRecord(OrchestrationRecord):
     origin: str = ""
     hlc: str = ""
 
-    def __post_init__(self) -> None:
-        owner = "ConversationMessageRecord"
-        _check_str(owner, "msg_id", self.msg_id, nonempty=True)
-        ts = self.ts
-        if type(ts) is not float:
-            object.__setattr__(self, "ts", _check_time(owner, "ts", ts))
-        elif not math.isfinite(ts):
-            raise ValueError(f"{owner}.ts must be finite, got {ts!r}")
-        if type(self.role) is not str and not isinstance(self.role, str):
-            raise TypeError(f"{owner}.role must be str, got {type(self.role).__name__}")
-        if self.role not in _ROLE_SET:
-            raise ValueError(f"{owner}.role: unknown role {self.role!r} (one of {', '.join(ROLES)})")
-        content = self.content
-        if type(content) is not str:
-            if not isinstance(content, str):
-                raise TypeError(f"{owner}.content must be str, got {type(content).__name__}")
-        _check_utf8(f"{owner}.content", content)
-        _check_str(owner, "channel_id", self.channel_id, nonempty=True)
-        _check_str(owner, "task_id", self.task_id)
-        te = self.token_estimate
-        if te is None:
-            object.__setattr__(self, "token_estimate", -(-len(content) // 4))
-        elif type(te) is not int:
-            if isinstance(te, bool) or not isinstance(te, int):
-                raise TypeError(f"{owner}.token_estimate must be int, got {type(te).__name__}")
-            object.__setattr__(self, "token_estimate", int(te))
-        if self.token_estimate < 0:
-            raise ValueError(f"{owner}.token_estimate must be >= 0, got {self.token_estimate}")
-        if self.tool_calls != ():
-            object.__setattr__(self, "tool_calls", _norm_tool_calls(owner, self.tool_calls))
-        _check_str(owner, "tool_call_id", self.tool_call_id)
-        _check_str(owner, "origin", self.origin)
-        _check_str(owner, "hlc", self.hlc)
+    # A hand-written __init__ (the class is declared with init=False): this is
+    # on every append and every read, so the common case -- plain str fields,
+    # ASCII ids, no tool calls -- is checked in one expression, and anything
+    # else goes through _checked_message, which names the bad field.
+    def __init__(self, msg_id: str = _MISSING, ts: float = _MISSING,  # type: ignore[assignment]
+                 role: str = "user", content: str = "", channel_id: str = "", task_id: str = "",
+                 token_estimate: int | None = None, tool_calls: Any = (), tool_call_id: str = "",
+                 origin: str = "", hlc: str = "") -> None:
+        if msg_id is _MISSING:
+            msg_id = new_id("msg")
+        if ts is _MISSING:
+            ts = time.time()
+        if (type(msg_id) is str and type(channel_id) is str and type(task_id) is str
+                and type(content) is str and type(role) is str and type(tool_call_id) is str
+                and type(origin) is str and type(hlc) is str and type(ts) is float
+                and ts - ts == 0.0 and msg_id and channel_id and role in _ROLE_SET
+                and msg_id.isascii() and channel_id.isascii() and task_id.isascii()
+                and tool_call_id.isascii() and origin.isascii() and hlc.isascii()
+                and (content.isascii() or _utf8_ok(content))
+                and (type(tool_calls) is tuple or type(tool_calls) is list) and not tool_calls
+                and (token_estimate is None or (type(token_estimate) is int and token_estimate >= 0))):
+            if token_estimate is None:
+                token_estimate = -(-len(content) // 4)
+            tool_calls = ()
+        else:
+            (msg_id, ts, role, content, channel_id, task_id, token_estimate, tool_calls,
+             tool_call_id, origin, hlc) = _checked_message(
+                msg_id, ts, role, content, channel_id, task_id, token_estimate, tool_calls,
+                tool_call_id, origin, hlc)
+        set_ = object.__setattr__
+        set_(self, "msg_id", msg_id)
+        set_(self, "ts", ts)
+        set_(self, "role", role)
+        set_(self, "content", content)
+        set_(self, "channel_id", channel_id)
+        set_(self, "task_id", task_id)
+        set_(self, "token_estimate", token_estimate)
+        set_(self, "tool_calls", tool_calls)
+        set_(self, "tool_call_id", tool_call_id)
+        set_(self, "origin", origin)
+        set_(self, "hlc", hlc)
 
     def __hash__(self) -> int:
         # tool_calls holds dicts, so the fields are not all hashable; equal
