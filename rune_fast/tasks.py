@@ -211,7 +211,9 @@ class TaskStateRepository:
         assert self._log is not None and self._events is not None
         n = self._seq + 1
         line = frame_object({"n": n, "op": op, "r": record.to_dict()})
-        self._events.append(f"task_state.{op}", record.task_id, payload_hash(record), **extra)
+        self._events.append(f"task_state.{op}", record.task_id, payload_hash(record),
+                            task_id=record.task_id, channel_id=record.channel_id,
+                            status=record.status, **extra)
         self._log.append_bytes(line)
         self._events.sync()   # envelopes reach disk before the state that depends on them
         self._log.sync()
@@ -277,7 +279,7 @@ class TaskStateRepository:
         )
         with self._lock:
             self._check_open()
-            self._commit("created", record, channel_id=record.channel_id)
+            self._commit("created", record)
             return record
 
     def amend(self, task_id: str, title: str) -> TaskStateRecord:
@@ -297,7 +299,7 @@ class TaskStateRepository:
                 channel_id=current.channel_id, parent_task_id=current.parent_task_id,
                 assigned_model=current.assigned_model, created_at=current.created_at,
                 updated_at=self._next_updated_at(current), outcome_ref=current.outcome_ref)
-            self._commit("amended", record, channel_id=record.channel_id)
+            self._commit("amended", record)
             return record
 
     def transition(self, task_id: str, new_status: str, outcome_ref: str = "") -> TaskStateRecord:
@@ -326,8 +328,7 @@ class TaskStateRepository:
                 assigned_model=current.assigned_model, created_at=current.created_at,
                 updated_at=self._next_updated_at(current),
                 outcome_ref=outcome_ref or current.outcome_ref)
-            self._commit("transition", record, channel_id=record.channel_id,
-                         **{"from": current.status, "to": new_status})
+            self._commit("transition", record, **{"from": current.status, "to": new_status})
             return record
 
     def import_task(self, record: TaskStateRecord) -> bool:
@@ -341,7 +342,7 @@ class TaskStateRepository:
             self._check_open()
             if record.task_id in self._tasks:
                 return False
-            self._commit("imported", record, channel_id=record.channel_id)
+            self._commit("imported", record)
             return True
 
     # ------------------------------------------------------------ reading
