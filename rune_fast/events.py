@@ -145,9 +145,28 @@ def parse_line(line: bytes, *, path: str = "", offset: int = 0) -> dict[str, Any
 # ------------------------------------------------------------------ files
 
 
-def ensure_private_dir(path: str) -> None:
-    """Create ``path`` (and parents) as owner-only (0700) folders if missing."""
-    os.makedirs(path, mode=0o700, exist_ok=True)
+def ensure_private_dir(path: str | os.PathLike[str]) -> None:
+    """Create ``path`` (and missing parents) as owner-only (0700) folders,
+    each new entry made durable by an fsync of its parent. Existing folders
+    are left as they are."""
+    path = target = os.path.abspath(os.fspath(path))
+    if os.path.isdir(path):
+        return
+    missing = []
+    while not os.path.exists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:  # made concurrently by another writer
+            continue
+        fsync_dir(os.path.dirname(folder))
+    if not os.path.isdir(target):
+        raise NotADirectoryError(errno.ENOTDIR, "not a folder", target)
 
 
 def fsync_dir(path: str) -> None:

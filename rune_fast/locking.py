@@ -13,6 +13,7 @@ import threading
 import weakref
 
 from .errors import StateLockedError
+from .events import ensure_private_dir
 
 __all__ = ["DirLock", "LOCK_KINDS_RE"]
 
@@ -57,7 +58,7 @@ class DirLock:
             raise ValueError(f"DirLock kind must match [a-z][a-z0-9_]* (at most 32 chars), got {kind!r}")
         self.kind = kind
         self.state_dir = os.path.abspath(os.fspath(state_dir))
-        os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
+        ensure_private_dir(self.state_dir)
         self._key = (os.path.realpath(self.state_dir), kind)
         self.path = os.path.join(self.state_dir, f".lock-{kind}")
         self._fd = -1
