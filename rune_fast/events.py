@@ -567,6 +567,14 @@ class EventStore:
             start += len(line)
         return offsets
 
+    def append_encoded(self, lines: bytes) -> int:
+        """Append lines made by :meth:`encode` (one or several, concatenated)
+        with one ``write(2)``, not synced; return the offset of the first.
+        ``ValueError`` if ``lines`` is empty or does not end with a newline."""
+        if not lines or not lines.endswith(b"\n"):
+            raise ValueError(f"append_encoded to {self.path}: expected whole framed lines")
+        return self._log.append_bytes(lines)
+
     def sync(self) -> None:
         """Make every envelope appended so far durable (one fdatasync)."""
         self._log.sync()

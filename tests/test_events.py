@@ -357,3 +357,13 @@ def test_large_zero_padding_read_only(tmp_path, monkeypatch):
     store = EventStore(path)
     assert store.size == len(good) and store.quarantined == []
     store.close()
+
+
+def test_append_encoded(tmp_path):
+    with EventStore(tmp_path / "events.jsonl") as store:
+        lines = store.encode("conversation.message", "m1", H) + store.encode("conversation.deleted", "m1", H)
+        assert store.append_encoded(lines) == 0
+        store.sync()
+        assert [e["type"] for e in store.iter_envelopes()] == ["conversation.message", "conversation.deleted"]
+        with pytest.raises(ValueError):
+            store.append_encoded(b'{"x":"00"')
