@@ -224,3 +224,12 @@ def test_authority_root_basics():
     with pytest.raises(ValueError):
         root.register("", 1)
     assert root.events is None
+
+
+def test_demo_runs(tmp_path, capsys, monkeypatch):
+    from rune_fast import demo
+    monkeypatch.setitem(sys.modules, "rune_fast.conversation_state", None)
+    assert demo.main([str(tmp_path / "state")]) == 0
+    assert demo.main([str(tmp_path / "state")]) == 0  # and again on the same directory
+    out = capsys.readouterr().out
+    assert "refused" in out and "0 problem(s)" in out
