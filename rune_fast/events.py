@@ -599,6 +599,31 @@ class EventStore:
             env["offset"] = offset
             yield env
 
+    def envelope_at(self, offset: int) -> dict[str, Any] | None:
+        """The envelope of the sound line that starts at byte ``offset``, or
+        ``None`` if no complete line passing its check starts there (past the
+        end, mid-line, torn or damaged: :meth:`verify` reports damage)."""
+        if self._log.closed:
+            raise StoreClosedError(f"event store {self.path} is closed")
+        if not isinstance(offset, int) or offset < 0:
+            return None
+        with open(self.path, "rb") as f:
+            if offset > 0:
+                f.seek(offset - 1)
+                if f.read(1) != b"\n":
+                    return None
+            line = f.readline(MAX_LINE + 1)
+        if not line.endswith(b"\n") or check_line(line[:-1]):
+            return None
+        try:
+            env = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(env, dict):
+            return None
+        del env["x"]
+        return env
+
     def verify(self) -> list[dict[str, Any]]:
         """Check every line and envelope; never raises for damage. Return one
         ``{"path", "offset", "problem"}`` dict per problem."""

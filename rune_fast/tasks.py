@@ -3,22 +3,27 @@
 On disk, under ``state_dir``:
 
 - ``hot/task_log-<gen>.jsonl``: every change since the last checkpoint, one
-  framed line each, ``{"x":...,"n":<seq>,"op":"created|amended|transition|imported","r":{record}}``
-  holding the whole record after the change.
+  framed line each, ``{"x":...,"n":<seq>,"op":"created|amended|transition|imported","r":{record},"e":{...}}``
+  holding the whole record after the change and where its envelope was
+  written (``e``: event store path, offset, extra fields).
 - ``hot/task_state.json``: the checkpoint (an :class:`~rune_fast.atomic.AtomicStore`),
   the fold of every change up to sequence number ``seq``, naming the log
   generation ``gen`` that holds the changes after it.
 - ``events.jsonl`` (or the shared event store): one ``task_state.*`` envelope
   per change.
 
-A change appends its envelope and its log line, then syncs the event store and
-then the log: two fsyncs, durable on return. Every ``checkpoint_every`` changes
-(and on close) the fold is written to a new checkpoint that points at a fresh,
-empty log generation, and the old log is deleted. Opening reads the checkpoint
-and replays its log.
+A change appends its envelope, then its log line, then syncs the log: one
+fsync, durable on return. The envelope is durable too after any process crash
+(it was written first); if a power loss drops it while the log line survives,
+opening finds it missing at its recorded offset and re-journals it. Every
+``checkpoint_every`` changes (and on close) the event store is synced and the
+fold is written to a new checkpoint that points at a fresh, empty log
+generation; the old log is deleted. Opening reads the checkpoint and replays
+its log.
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -44,6 +49,8 @@ from .records import (
 )
 
 __all__ = ["TaskStateRepository"]
+
+log = logging.getLogger("rune_fast.tasks")
 
 _LOG_RE = re.compile(r"task_log-(\d{8})\.jsonl")
 _OPS = ("created", "amended", "transition", "imported")
@@ -97,6 +104,7 @@ class TaskStateRepository:
             self._by_channel: dict[str, list[str]] = {}    # task ids, creation order
             self._seq = 0
             self._since_checkpoint = 0
+            self.rejournaled = 0  # envelopes re-appended on open (after a power loss)
             self._load()
         except BaseException:
             self._release()
@@ -142,10 +150,51 @@ class TaskStateRepository:
                 os.unlink(path)
         self._gen = gen
         self._log = FramedLog(self._log_path(gen))
+        entries = []
         for offset, line in self._log.iter_lines(0):
             entry = parse_line(line, path=self._log.path, offset=offset)
             self._replay(entry, self._log.path, offset)
+            entries.append(entry)
             self._since_checkpoint += 1
+        self._rejournal_missing(entries)
+
+    def _rejournal_missing(self, entries: list[dict[str, Any]]) -> None:
+        """Re-append the envelope of every logged change whose envelope did
+        not reach the event store (possible only after a power loss: a change
+        is acknowledged after one fsync, of the task log)."""
+        assert self._events is not None
+        readers: dict[str, EventStore | None] = {}
+        missing = []
+        try:
+            for entry in entries:
+                ref = entry.get("e")
+                if not isinstance(ref, dict):
+                    continue  # written before envelopes were referenced: synced with the change
+                record = entry["r"]
+                etype = f"task_state.{entry['op']}"
+                expected = (etype, record["task_id"], payload_hash(TaskStateRecord.from_dict(record)))
+                where = ref.get("in")
+                if where == self._events.path:
+                    store: EventStore | None = self._events
+                else:
+                    if where not in readers:
+                        readers[where] = (EventStore(where, read_only=True)
+                                          if isinstance(where, str) and os.path.isfile(where) else None)
+                    store = readers[where]
+                env = store.envelope_at(ref.get("at", -1)) if store is not None else None
+                if env is None or (env.get("type"), env.get("id"), env.get("payload_hash")) != expected:
+                    missing.append((expected, ref.get("extra") or {}))
+        finally:
+            for reader in readers.values():
+                if reader is not None:
+                    reader.close()
+        for (etype, task_id, digest), extra in missing:
+            self._events.append(etype, task_id, digest, **extra)
+        if missing:
+            self._events.sync()
+            self.rejournaled = len(missing)
+            log.warning("task ledger %s: re-journaled %d envelope(s) missing from %s",
+                        self.state_dir, len(missing), self._events.path)
 
     def _apply_checkpoint(self, cp: Any) -> int:
         path = self._checkpoint.path
@@ -210,12 +259,15 @@ class TaskStateRepository:
         apply it in memory; checkpoint when due."""
         assert self._log is not None and self._events is not None
         n = self._seq + 1
-        line = frame_object({"n": n, "op": op, "r": record.to_dict()})
-        self._events.append(f"task_state.{op}", record.task_id, payload_hash(record),
-                            task_id=record.task_id, channel_id=record.channel_id,
-                            status=record.status, **extra)
+        extra = {"task_id": record.task_id, "channel_id": record.channel_id, "status": record.status, **extra}
+        at = self._events.append(f"task_state.{op}", record.task_id, payload_hash(record), **extra)
+        line = frame_object({"n": n, "op": op, "r": record.to_dict(),
+                             "e": {"in": self._events.path, "at": at, "extra": extra}})
         self._log.append_bytes(line)
-        self._events.sync()   # envelopes reach disk before the state that depends on them
+        # One fsync per change. The envelope was written first; should a power
+        # loss drop it while the log line survives, open re-journals it (see
+        # _rejournal_missing), and the event store is synced before any
+        # checkpoint folds the log away.
         self._log.sync()
         self._seq = n
         if op in ("created", "imported"):
@@ -231,6 +283,8 @@ class TaskStateRepository:
     def _write_checkpoint(self) -> None:
         """Fold the ledger into a new checkpoint naming a fresh empty log."""
         assert self._log is not None
+        assert self._events is not None
+        self._events.sync()  # envelopes reach disk before the checkpoint that drops the log
         new_gen = self._gen + 1
         new_path = self._log_path(new_gen)
         new_log = FramedLog(new_path)  # created empty and fsynced with its folder
@@ -419,6 +473,7 @@ class TaskStateRepository:
                 "seq": self._seq,
                 "since_checkpoint": self._since_checkpoint,
                 "quarantined": list(self._log.quarantined),
+                "rejournaled": self.rejournaled,
             }
 
     # ------------------------------------------------------------ lifecycle

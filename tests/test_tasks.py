@@ -539,6 +539,7 @@ def test_sigkill_keeps_every_acknowledged_change(tmp_path, delay):
         for tid, title in titles.items():
             assert repo.get(tid).title == title
         assert len(repo) in (len(status), len(status) + 1)
+        assert repo.stats()["rejournaled"] == 0  # every envelope was written before its log line
         for env in repo.events.iter_envelopes():
             assert env["type"].startswith("task_state.")
 
@@ -690,3 +691,54 @@ def test_checkpoint_with_duplicate_task_is_loud(tmp_path):
     store.write(body)
     with pytest.raises(CorruptStateCheckpointError, match="twice"):
         TaskStateRepository(tmp_path)
+
+
+def _crash(repo):
+    """Drop a repository as a dead process would: no checkpoint, no close."""
+    repo._dirlock.release()
+    repo._log.close()
+    if repo._own_events:
+        repo._events.close()
+
+
+def test_envelopes_lost_in_power_loss_are_rejournaled(tmp_path, caplog):
+    repo = TaskStateRepository(tmp_path, checkpoint_every=1000)
+    t = repo.create("t", "c")
+    r = repo.transition(t.task_id, "running")
+    _crash(repo)
+    _write(tmp_path / "events.jsonl", b"")  # the unsynced envelopes never reached the disk
+    with TaskStateRepository(tmp_path) as again:
+        assert again.get(t.task_id) == r
+        assert again.stats()["rejournaled"] == 2
+        envs = list(again.events.iter_envelopes())
+    assert [(e["type"], e["id"], e["payload_hash"], e["status"]) for e in envs] == [
+        ("task_state.created", t.task_id, payload_hash(t), "created"),
+        ("task_state.transition", t.task_id, payload_hash(r), "running"),
+    ]
+    assert envs[1]["from"] == "created" and envs[1]["to"] == "running"
+    assert any("re-journaled" in rec.getMessage() for rec in caplog.records)
+    with TaskStateRepository(tmp_path) as third:  # nothing more to repair
+        assert third.stats()["rejournaled"] == 0
+
+
+def test_rejournal_when_other_envelopes_took_the_offsets(tmp_path):
+    repo = TaskStateRepository(tmp_path, checkpoint_every=1000)
+    t = repo.create("t", "c")
+    _crash(repo)
+    _write(tmp_path / "events.jsonl", b"")
+    with EventStore(tmp_path / "events.jsonl") as other:  # another writer after the restart
+        other.append_durable("conversation.message", "msg_x" * 10, "cd" * 32)
+    with TaskStateRepository(tmp_path) as again:
+        assert again.stats()["rejournaled"] == 1
+        assert [e["id"] for e in again.events.iter_envelopes()] == ["msg_x" * 10, t.task_id]
+
+
+def test_no_rejournal_after_clean_reopen_with_shared_store(tmp_path):
+    store = EventStore(tmp_path / "ev" / "events.jsonl")
+    repo = TaskStateRepository(tmp_path / "state", events=store, checkpoint_every=1000)
+    repo.create("t", "c")
+    _crash(repo)
+    # reopened with the default events path: the envelope is checked where it was written
+    with TaskStateRepository(tmp_path / "state") as again:
+        assert again.stats()["rejournaled"] == 0
+    store.close()
