@@ -43,3 +43,29 @@ def test_task_state_v1_fixture(tmp_path):
         ("task_state.imported", r.task_id, payload_hash(r)) for r in expected]
     with EventStore(state / "events.jsonl") as store:
         assert store.verify() == []
+
+
+def test_public_names_are_pinned():
+    # The public surface changes only on purpose: update this list with it.
+    import rune_fast.atomic
+    import rune_fast.composition
+    import rune_fast.events
+    import rune_fast.locking
+    import rune_fast.records
+    import rune_fast.tasks
+    assert sorted(rune_fast.records.__all__) == sorted([
+        "new_id", "OrchestrationRecord", "TaskStateRecord", "ConversationMessageRecord",
+        "TASK_STATUSES", "TERMINAL_STATUSES", "OPEN_STATUSES", "ROLES", "TASK_TRANSITIONS",
+        "canonical_json", "record_canonical_json", "payload_hash"])
+    assert sorted(rune_fast.events.__all__) == sorted([
+        "EVENT_TYPES", "MAX_LINE", "RecoveryWarning", "frame", "frame_object", "check_line",
+        "parse_line", "FramedLog", "EventStore"])
+    assert rune_fast.atomic.__all__ == ["AtomicStore"]
+    assert sorted(rune_fast.locking.__all__) == ["DirLock", "LOCK_KINDS_RE"]
+    assert rune_fast.tasks.__all__ == ["TaskStateRepository"]
+    assert sorted(rune_fast.composition.__all__) == sorted([
+        "AUTHORITY_KINDS", "AuthorityRoot", "build_conversation_state", "compose_conversation_state"])
+    for module in (rune_fast.records, rune_fast.events, rune_fast.atomic, rune_fast.locking,
+                   rune_fast.tasks, rune_fast.composition):
+        for name in module.__all__:
+            assert hasattr(module, name), (module.__name__, name)
