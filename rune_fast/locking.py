@@ -31,8 +31,15 @@ _HELD_LOCK = threading.Lock()
 
 
 def _forget_after_fork() -> None:
+    # The child shares its parent's lock descriptions; close its copies so a
+    # long-lived child never keeps the parent's lock alive after the parent
+    # releases it (the parent's own descriptors still hold the flock).
     global _HELD_LOCK
     _HELD_LOCK = threading.Lock()
+    for lock in list(_HELD.values()):
+        fd, lock._fd = lock._fd, -1
+        if fd >= 0:
+            os.close(fd)
     _HELD.clear()
 
 

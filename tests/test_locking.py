@@ -95,3 +95,31 @@ def test_dropped_lock_is_freed(tmp_path):
 def test_bad_kind(tmp_path, kind):
     with pytest.raises(ValueError, match="kind"):
         DirLock(tmp_path, kind)
+
+
+def test_forked_child_does_not_keep_the_lock(tmp_path):
+    lock = DirLock(tmp_path, "task")
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: its copy of the lock is gone, the parent's still holds
+        code = 0
+        try:
+            try:
+                DirLock(tmp_path, "task")
+                code = 1
+            except StateLockedError:
+                pass
+            os.close(r)
+            os.write(w, b"1")
+            os.close(w)
+            import time
+            time.sleep(1.0)  # stay alive while the parent releases and re-takes
+        finally:
+            os._exit(code)
+    os.close(w)
+    assert os.read(r, 1) == b"1"
+    os.close(r)
+    lock.release()
+    DirLock(tmp_path, "task").release()  # the live child does not hold it
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
