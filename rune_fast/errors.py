@@ -18,6 +18,7 @@ __all__ = [
     "RecordTooLargeError",
     "UnknownTaskError",
     "FramingError",
+    "TornLineWarning",
 ]
 
 
@@ -78,3 +79,7 @@ class UnknownTaskError(RuneError, KeyError):
 class FramingError(RuneError, ValueError):
     """Bad input at the log layer: a line too long for the framing, an id with a
     newline, a field that cannot be framed."""
+
+
+class TornLineWarning(UserWarning):
+    """A final line cut short by a crash was moved to a quarantine file."""
