@@ -157,9 +157,13 @@ class CoolProblem:
 # Digests and keys
 # --------------------------------------------------------------------------- #
 
+_CANON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
 def _canonical(d: dict) -> bytes:
-    return json.dumps(d, sort_keys=True, separators=(",", ":"),
-                      ensure_ascii=False).encode("utf-8")
+    # == json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _CANON.encode(d).encode("utf-8")
 
 
 def record_digest(d: dict) -> str:
@@ -234,7 +238,6 @@ def _validate(d: Any, i: int) -> None:
         v = d[k]
         if not isinstance(v, str):
             raise TypeError(f"row {i}: field {k} must be str, got {type(v).__name__}")
-        _check_utf8(v, f"row {i}: field {k}")
     if d["msg_id"] == "":
         raise ValueError(f"row {i}: field msg_id is empty")
     if d["channel_id"] == "":
@@ -250,16 +253,29 @@ def _validate(d: Any, i: int) -> None:
     tc = d["tool_calls"]
     if not isinstance(tc, (list, tuple)):
         raise TypeError(f"row {i}: field tool_calls must be a list, got {type(tc).__name__}")
-    _check_json(tc, f"row {i}: field tool_calls")
-    for k in d:
-        if k not in _FIELD_SET:
-            if not isinstance(k, str):
-                raise TypeError(f"row {i}: record key {k!r} is not a str")
-            _check_json(d[k], f"row {i}: field {k}")
+    if tc:
+        _check_json(tc, f"row {i}: field tool_calls")
+    if len(d) != len(RECORD_FIELDS):
+        for k in d:
+            if k not in _FIELD_SET:
+                if not isinstance(k, str):
+                    raise TypeError(f"row {i}: record key {k!r} is not a str")
+                _check_json(d[k], f"row {i}: field {k}")
+
+
+def _digest_checked(d: dict, i: int) -> str:
+    """The digest of a validated dict; a lone surrogate anywhere is named."""
+    try:
+        return xxhash.xxh3_128_hexdigest(_canonical(d))
+    except UnicodeEncodeError:
+        for k in _STR_FIELDS:
+            _check_utf8(d[k], f"row {i}: field {k}")
+        _check_json(d, f"row {i}")
+        raise
 
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return _COMPACT.encode(value)
 
 
 # --------------------------------------------------------------------------- #
@@ -605,18 +621,15 @@ class CoolArchive:
             self._handles.move_to_end(no)
             return pf
         path = self._path(_parquet_name(no))
-        try:
-            pf = pq.ParquetFile(path, page_checksum_verification=True, memory_map=False)
-        except _PARQUET_ERRORS as exc:
-            raise CorruptStateCheckpointError(f"cool archive is not readable Parquet: {exc}",
-                                              path=path) from None
+        pf = _open_parquet(path)
         if pf.schema_arrow.names != _COLS:
+            _close(pf)
             raise CorruptStateCheckpointError(
                 f"cool archive has columns {pf.schema_arrow.names}, expected {_COLS}", path=path)
         self._handles[no] = pf
         while len(self._handles) > 16:
             _, old = self._handles.popitem(last=False)
-            old.close()
+            _close(old)
         return pf
 
     def _read_table(self, no: int) -> pa.Table:
@@ -694,7 +707,7 @@ class CoolArchive:
             self._cached_bytes -= self._cache.pop(key).nbytes
         pf = self._handles.pop(no, None)
         if pf is not None:
-            pf.close()
+            _close(pf)
 
     def _locate(self, msg_id: str) -> list[_Located]:
         h = np.uint64(_id_hash(msg_id))
@@ -1020,8 +1033,10 @@ class CoolArchive:
             if not rows:
                 return CoolRun(None, 0, 0, self.files())
             seen = set()
+            digests = []
             for i, d in enumerate(rows):
                 _validate(d, i)
+                digests.append(_digest_checked(d, i))
                 if d["msg_id"] in seen:
                     raise ValueError(f"row {i}: msg_id {d['msg_id']!r} given twice")
                 seen.add(d["msg_id"])
@@ -1032,7 +1047,8 @@ class CoolArchive:
                 i = int(np.flatnonzero(already)[0])
                 raise ValueError(f"row {i}: msg_id {rows[i]['msg_id']!r} is already archived")
             order = sorted(range(len(rows)), key=lambda i: rows[i]["channel_id"])
-            table = _table_from_records([rows[i] for i in order], [ords[i] for i in order])
+            table = _table_from_records([rows[i] for i in order], [ords[i] for i in order],
+                                        [digests[i] for i in order])
             fi = self._write_file(table)
             self._add_file(fi)
             return CoolRun(fi.name, fi.rows, fi.size, self.files())
@@ -1086,37 +1102,17 @@ class CoolArchive:
         g = self._group(no, rg)
         return g.cols[fld][row - int(fi.rg_starts[rg])].as_py()
 
-    def plan_merge(self, *, fanout: int = 4, base_rows: int = ROW_GROUP_ROWS,
-                   max_files: int | None = None) -> list[list[str]]:
+    def plan_merge(self, *, fanout: int = 4, max_files: int | None = None) -> list[list[str]]:
         """Groups of live files to merge (size-tiered, so every row is rewritten
         O(log n) times over the archive's life).
 
-        A file's tier is ``floor(log_fanout(rows / base_rows))`` (0 for files
-        up to ``base_rows``); any tier holding ``fanout`` or more files is
-        merged into one. With ``max_files``, the smallest files are then also
-        merged until at most that many remain."""
-        if fanout < 2:
-            raise ValueError("fanout must be at least 2")
+        A file's tier is ``floor(log_fanout(rows))``; any tier holding
+        ``fanout`` or more files is merged into one (which lands in a higher
+        tier). With ``max_files``, the smallest files are then also merged
+        until at most that many remain."""
         with self._lock:
             sizes = {fi.name: fi.rows for fi in self._files.values()}
-        tiers: dict[int, list[str]] = {}
-        for name, rows in sizes.items():
-            t = 0 if rows <= base_rows else int(math.log(rows / base_rows, fanout)) + 1
-            tiers.setdefault(t, []).append(name)
-        groups = [sorted(v) for t, v in sorted(tiers.items()) if len(v) >= fanout]
-        if max_files is not None:
-            if max_files < 1:
-                raise ValueError("max_files must be at least 1")
-            grouped = {n for g in groups for n in g}
-            count = len(sizes) - sum(len(g) - 1 for g in groups)
-            if count > max_files:
-                # fold the smallest remaining units into one extra group
-                units = [[n] for n in sizes if n not in grouped] + groups
-                units.sort(key=lambda u: sum(sizes[n] for n in u))
-                need = count - max_files + 1
-                extra = [n for u in units[:need] for n in u]
-                groups = [g for g in groups if not set(g) <= set(extra)] + [sorted(extra)]
-        return [g for g in groups if len(g) > 1]
+        return plan_merge(sizes, fanout=fanout, max_files=max_files)
 
     def merge(self, groups: Sequence[Sequence[str]] | None = None, *, fanout: int = 4,
               max_files: int | None = None) -> CoolChange:
@@ -1233,7 +1229,11 @@ class CoolArchive:
             if (size, footer) != (fi.size, fi.footer):
                 problems.append(CoolProblem(name, None, "file changed since it was indexed"))
             try:
-                pf = pq.ParquetFile(path, page_checksum_verification=True)
+                pf = _open_parquet(path)
+            except CorruptStateCheckpointError as exc:
+                problems.append(CoolProblem(name, None, str(exc)))
+                continue
+            try:
                 if pf.schema_arrow.names != _COLS:
                     problems.append(CoolProblem(name, None, f"unexpected columns {pf.schema_arrow.names}"))
                     continue
@@ -1252,12 +1252,13 @@ class CoolArchive:
                     chs += t.column("channel_id").to_pylist()
                     tids += t.column("task_id").to_pylist()
                     base += t.num_rows
-                pf.close()
             except _Skip:
                 continue
             except _PARQUET_ERRORS as exc:
                 problems.append(CoolProblem(name, None, f"not readable Parquet: {exc}"))
                 continue
+            finally:
+                _close(pf)
             try:
                 truth = _build_index(no, size, footer, mids, chs, tids, rg_counts, path)
             except CorruptStateCheckpointError as exc:
@@ -1284,8 +1285,59 @@ class CoolArchive:
         return problems
 
 
+def plan_merge(sizes: dict[str, int], *, fanout: int = 4,
+               max_files: int | None = None) -> list[list[str]]:
+    """The merge policy of :meth:`CoolArchive.plan_merge` over ``{name: rows}``."""
+    if fanout < 2:
+        raise ValueError("fanout must be at least 2")
+    tiers: dict[int, list[str]] = {}
+    for name, rows in sizes.items():
+        t, r = 0, max(rows, 1)
+        while r >= fanout:
+            r //= fanout
+            t += 1
+        tiers.setdefault(t, []).append(name)
+    groups = [sorted(v) for _t, v in sorted(tiers.items()) if len(v) >= fanout]
+    if max_files is not None:
+        if max_files < 1:
+            raise ValueError("max_files must be at least 1")
+        count = len(sizes) - sum(len(g) - 1 for g in groups)
+        if count > max_files:
+            # fold the smallest remaining units (files or planned groups) into one group
+            grouped = {n for g in groups for n in g}
+            units = [[n] for n in sizes if n not in grouped] + groups
+            units.sort(key=lambda u: sum(sizes[n] for n in u))
+            take = units[:count - max_files + 1]
+            groups = [g for g in groups if g not in take] + [sorted(n for u in take for n in u)]
+    return [g for g in groups if len(g) > 1]
+
+
 class _Skip(Exception):
     pass
+
+
+def _open_parquet(path: str) -> pq.ParquetFile:
+    """A ParquetFile that verifies page checksums on every read, over a file
+    handle we own (closed again if the footer cannot be parsed)."""
+    try:
+        src = pa.OSFile(path, "rb")
+    except _PARQUET_ERRORS as exc:
+        raise CorruptStateCheckpointError(f"cool archive cannot be opened: {exc}", path=path) from None
+    try:
+        pf = pq.ParquetFile(src, page_checksum_verification=True)
+    except _PARQUET_ERRORS as exc:
+        src.close()
+        raise CorruptStateCheckpointError(f"cool archive is not readable Parquet: {exc}",
+                                          path=path) from None
+    pf._rune_src = src  # type: ignore[attr-defined]  # closed with the ParquetFile by _close
+    return pf
+
+
+def _close(pf: pq.ParquetFile) -> None:
+    pf.close()
+    src = getattr(pf, "_rune_src", None)
+    if src is not None:
+        src.close()
 
 
 def _same_index(a: _FileIndex, b: _FileIndex) -> bool:
@@ -1301,25 +1353,28 @@ def _same_index(a: _FileIndex, b: _FileIndex) -> bool:
 # Conversions between record dicts and Arrow
 # --------------------------------------------------------------------------- #
 
-def _table_from_records(rows: list[dict], ords: list[int]) -> pa.Table:
+def _table_from_records(rows: list[dict], ords: list[int], digests: list[str]) -> pa.Table:
     cols: dict[str, list] = {name: [] for name in _COLS}
-    for d, o in zip(rows, ords):
+    for d, o, dig in zip(rows, ords, digests):
         for k in ("msg_id", "channel_id", "task_id", "hlc", "content", "ts", "role",
                   "token_estimate", "tool_call_id", "origin", "schema_version"):
             cols[k].append(d[k])
-        cols["tool_calls"].append(_dumps(list(d["tool_calls"])))
-        extra = {k: v for k, v in d.items() if k not in _FIELD_SET}
-        cols["extra"].append(_dumps(extra))
+        tc = d["tool_calls"]
+        cols["tool_calls"].append(_dumps(list(tc)) if tc else "[]")
+        if len(d) == len(RECORD_FIELDS):
+            cols["extra"].append("{}")
+        else:
+            cols["extra"].append(_dumps({k: v for k, v in d.items() if k not in _FIELD_SET}))
         cols["ord"].append(o)
-        cols["digest"].append(record_digest(d))
+        cols["digest"].append(dig)
     return pa.Table.from_pydict(cols, schema=COOL_SCHEMA)
 
 
 def _assemble(vals: tuple) -> tuple[dict | None, int, str]:
     (mid, ch, task, hlc, content, ts, role, tok, tc, tcid, origin, sv, extra, o, dig) = vals
     try:
-        calls = json.loads(tc)
-        more = json.loads(extra)
+        calls = [] if tc == "[]" else json.loads(tc)
+        more = None if extra == "{}" else json.loads(extra)
     except ValueError as exc:
         return None, o, f"bad JSON in tool_calls or extra: {exc}"
     rec = {"msg_id": mid, "channel_id": ch, "task_id": task, "hlc": hlc, "content": content,
