@@ -83,6 +83,20 @@ def test_round_trip_every_field(tmp_path_factory, rows):
         assert src.verify() == []
 
 
+@settings(max_examples=300, deadline=None)
+@given(r=records, plain=st.booleans(), ts=st.floats() | st.sampled_from([1e16, 1e-7, 1.5e300, -0.0]))
+def test_digest_is_xxh3_of_json_dumps(r, plain, ts):
+    """The digest equals the spec's definition, whichever encoder computed it."""
+    import json
+    import xxhash
+    r = dict(r, ts=ts)
+    if plain:
+        r["tool_calls"] = []
+    want = xxhash.xxh3_128_hexdigest(json.dumps(r, sort_keys=True, separators=(",", ":"),
+                                                ensure_ascii=False).encode("utf-8"))
+    assert record_digest(r) == want
+
+
 def test_control_chars_and_unicode(cdir):
     rows = [rec(1, "c\x00h\n", content="a\x00b\x1f\"\\\u2028é😀"), rec(2, "ch/../x", task="t\x7f")]
     a = CoolArchive(cdir)
