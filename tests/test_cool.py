@@ -515,3 +515,42 @@ def test_concurrent_reads(cdir):
     for t in ts:
         t.join()
     assert errors == []
+
+
+# ----------------------------------------------------------------- golden fixture
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "cool_v1")
+
+
+def test_golden_fixture_still_reads(tmp_path):
+    """A committed archive (Parquet + sidecar, format cool/1) reads unchanged,
+    its sidecar is trusted as is, and today's writer indexes it identically."""
+    import json
+    import shutil
+    d = str(tmp_path / "cool")
+    shutil.copytree(FIXTURE, d)
+    with open(os.path.join(d, "rows.json"), encoding="utf-8") as f:
+        want = json.load(f)
+    os.unlink(os.path.join(d, "rows.json"))
+    a = CoolArchive.open(d, ["cool-00000001.parquet"], read_only=True)
+    assert a.rebuilt_sidecars == [] and a.verify() == []
+    for r, o in zip(want["rows"], want["ords"]):
+        row = a.get_row(r["msg_id"])
+        assert row.record == r and row.ord == o
+    schema = pq.read_schema(os.path.join(d, "cool-00000001.parquet"))
+    assert schema.remove_metadata() == COOL_SCHEMA.remove_metadata()
+    assert schema.metadata[b"rune_fast.format"] == b"cool/1"
+    assert a.latest_task("general") == "task_01HZY00000000000000000T1"
+    assert [h.record["msg_id"][-2:] for h in a.search("kelvin")] == ["B1"]
+    # the sidecar format: rebuilding from the Parquet file gives the same index
+    from rune_fast.cool import _FileIndex, _footer_hash
+    ipath = os.path.join(d, "cool-00000001.idx")
+    disk = _FileIndex.decode(read_bytes(ipath), 1, ipath)
+    b = CoolArchive(str(tmp_path / "fresh"))
+    b.cool(want["rows"], want["ords"])
+    fresh_path = str(tmp_path / "fresh" / "cool-00000001.idx")
+    fresh = _FileIndex.decode(read_bytes(fresh_path), 1, fresh_path)
+    assert (disk.channels, disk.rows, disk.hashes.tolist(), disk.hrows.tolist()) == (
+        fresh.channels, fresh.rows, fresh.hashes.tolist(), fresh.hrows.tolist())
+    assert {t: v.tolist() for t, v in disk.tasks.items()} == {t: v.tolist() for t, v in fresh.tasks.items()}
+    assert (disk.size, disk.footer) == _footer_hash(os.path.join(d, "cool-00000001.parquet"))
