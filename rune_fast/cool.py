@@ -1162,26 +1162,47 @@ class CoolArchive:
                 if not found:
                     not_found.append(mid)
             replaced: dict[str, str | None] = {}
-            added, removed = [], []
+            new: list[_FileIndex] = []
             n_removed = n_rewritten = 0
-            for no in sorted(by_file):
-                old = self._files[no]
-                table = self._read_table(no)
-                keep = np.ones(table.num_rows, dtype=bool)
-                keep[sorted(by_file[no])] = False
-                n_removed += int((~keep).sum())
-                new_name = None
-                if keep.any():
-                    kept = table.filter(pa.array(keep))
-                    n_rewritten += kept.num_rows
-                    fi = self._write_file(kept)
-                    new_name = fi.name
-                    added.append(fi.name)
-                    self._add_file(fi)
-                self._drop_file(no)
-                replaced[old.name] = new_name
-                removed.append(old.name)
-            return CoolChange(replaced, added, removed, self.files(), n_removed, n_rewritten, not_found)
+            try:
+                for no in sorted(by_file):
+                    table = self._read_table(no)
+                    keep = np.ones(table.num_rows, dtype=bool)
+                    keep[sorted(by_file[no])] = False
+                    n_removed += int((~keep).sum())
+                    new_name = None
+                    if keep.any():
+                        kept = table.filter(pa.array(keep))
+                        del table
+                        n_rewritten += kept.num_rows
+                        fi = self._write_file(kept)
+                        new.append(fi)
+                        new_name = fi.name
+                    replaced[self._files[no].name] = new_name
+            except BaseException:
+                self._abandon(new)
+                raise
+            self._switch(sorted(by_file), new)
+            return CoolChange(replaced, [fi.name for fi in new], list(replaced), self.files(),
+                              n_removed, n_rewritten, not_found)
+
+    def _abandon(self, new: list[_FileIndex]) -> None:
+        """Remove files written by a change that failed half-way (the archive
+        still serves the old set, so they are strays)."""
+        for fi in new:
+            self._forget_cache(fi.no)
+            for n in (fi.name, _idx_name(fi.no)):
+                try:
+                    os.unlink(self._path(n))
+                except FileNotFoundError:
+                    pass
+
+    def _switch(self, old_nos: list[int], new: list[_FileIndex]) -> None:
+        """Serve ``new`` instead of ``old_nos`` (all new files are durable)."""
+        for no in old_nos:
+            self._drop_file(no)
+        for fi in new:
+            self._add_file(fi)
 
     def _raw_field(self, no: int, row: int, fld: str) -> Any:
         fi = self._files[no]
@@ -1210,27 +1231,35 @@ class CoolArchive:
         with self._lock:
             if groups is None:
                 groups = self.plan_merge(fanout=fanout, max_files=max_files)
-            replaced: dict[str, str | None] = {}
-            added, removed = [], []
-            n = 0
+            seen: set[int] = set()
+            jobs = []
             for group in groups:
                 nos = [_file_no(name) for name in group]
                 for name, no in zip(group, nos):
                     if no not in self._files:
                         raise ValueError(f"merge: {name} is not a live cool file")
-                if len(nos) < 2:
-                    continue
-                table = pa.concat_tables([self._read_table(no) for no in nos])
-                table = table.take(_merge_order(table))
-                fi = self._write_file(table)
-                n += fi.rows
-                for name, no in zip(group, nos):
-                    self._drop_file(no)
-                    replaced[name] = fi.name
-                    removed.append(name)
-                self._add_file(fi)
-                added.append(fi.name)
-            return CoolChange(replaced, added, removed, self.files(), 0, n, [])
+                    if no in seen:
+                        raise ValueError(f"merge: {name} is in two groups")
+                    seen.add(no)
+                if len(nos) >= 2:
+                    jobs.append(nos)
+            replaced: dict[str, str | None] = {}
+            new: list[_FileIndex] = []
+            try:
+                for nos in jobs:
+                    table = pa.concat_tables([self._read_table(no) for no in nos])
+                    table = table.take(_merge_order(table))
+                    fi = self._write_file(table)
+                    del table
+                    new.append(fi)
+                    for no in nos:
+                        replaced[self._files[no].name] = fi.name
+            except BaseException:
+                self._abandon(new)
+                raise
+            self._switch([no for nos in jobs for no in nos], new)
+            return CoolChange(replaced, [fi.name for fi in new], list(replaced), self.files(),
+                              0, sum(fi.rows for fi in new), [])
 
     def unlink_files(self, names: Iterable[str]) -> list[str]:
         """Delete files (and their sidecars) the manifest no longer references.

@@ -128,5 +128,5 @@ class CoolMachine(RuleBasedStateMachine):
         assert self.archive.verify() == []
 
 
-CoolMachine.TestCase.settings = settings(max_examples=25, stateful_step_count=20, deadline=None)
+CoolMachine.TestCase.settings = settings(max_examples=20, stateful_step_count=20, deadline=None)
 TestCoolModel = CoolMachine.TestCase
