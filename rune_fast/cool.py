@@ -88,6 +88,7 @@ COOL_SCHEMA = pa.schema([
 ], metadata={b"rune_fast.format": b"cool/1"})
 
 _COLS = COOL_SCHEMA.names
+_COL_TYPES = [(f.name, f.type) for f in COOL_SCHEMA]
 _PARQUET_RE = re.compile(r"^cool-(\d{8,})\.parquet$")
 _OURS_RE = re.compile(r"^\.?cool-(\d{8,})\.(parquet|idx)(\.tmp)?$")
 _IDX_MAGIC = b"RFCIDX01"
@@ -693,10 +694,11 @@ class CoolArchive:
             return pf
         path = self._path(_parquet_name(no))
         pf = _open_parquet(path)
-        if pf.schema_arrow.names != _COLS:
+        got = [(f.name, f.type) for f in pf.schema_arrow]
+        if got != _COL_TYPES:
             _close(pf)
             raise CorruptStateCheckpointError(
-                f"cool archive has columns {pf.schema_arrow.names}, expected {_COLS}", path=path)
+                f"cool archive has columns {got}, expected {_COL_TYPES}", path=path)
         self._handles[no] = pf
         while len(self._handles) > 16:
             _, old = self._handles.popitem(last=False)
@@ -1350,8 +1352,8 @@ class CoolArchive:
                 problems.append(CoolProblem(name, None, str(exc)))
                 continue
             try:
-                if pf.schema_arrow.names != _COLS:
-                    problems.append(CoolProblem(name, None, f"unexpected columns {pf.schema_arrow.names}"))
+                if [(f.name, f.type) for f in pf.schema_arrow] != _COL_TYPES:
+                    problems.append(CoolProblem(name, None, f"unexpected columns {pf.schema_arrow}"))
                     continue
                 rg_counts = [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)]
                 mids, chs, tids = [], [], []

@@ -604,3 +604,13 @@ def test_erase_of_unreadable_file_changes_nothing(cdir):
     assert ei.value.path == os.path.join(cdir, old[1])
     assert a.files() == old and a.get("msg_00000001") == rec(1, "a")
     assert sorted(os.listdir(cdir)) == sorted(old + [n[:-8] + ".idx" for n in old])
+
+
+def test_foreign_parquet_is_loud(cdir):
+    """A Parquet file with the right name but another schema is refused."""
+    os.makedirs(cdir)
+    path = os.path.join(cdir, "cool-00000001.parquet")
+    pq.write_table(pa.table({"msg_id": ["a"], "content": [1]}), path)
+    with pytest.raises(CorruptStateCheckpointError, match="columns") as ei:
+        CoolArchive(cdir, ["cool-00000001.parquet"])
+    assert ei.value.path == path
