@@ -248,12 +248,12 @@ def _check_utf8(s: str, where: str) -> None:
 def _validate(d: Any, i: int) -> None:
     if not isinstance(d, dict):
         raise TypeError(f"row {i}: expected a record dict, got {type(d).__name__}")
-    missing = [k for k in RECORD_FIELDS if k not in d]
-    if missing:
+    if not d.keys() >= _FIELD_SET:
+        missing = [k for k in RECORD_FIELDS if k not in d]
         raise ValueError(f"row {i}: record dict lacks field(s) {', '.join(missing)}")
     for k in _STR_FIELDS:
         v = d[k]
-        if not isinstance(v, str):
+        if type(v) is not str and not isinstance(v, str):
             raise TypeError(f"row {i}: field {k} must be str, got {type(v).__name__}")
     if d["msg_id"] == "":
         raise ValueError(f"row {i}: field msg_id is empty")
