@@ -1,0 +1,1 @@
+"""rune_fast: durable, fast storage for LLM agent conversation history and task state."""
