@@ -323,7 +323,7 @@ class OpRecord(_OpFields):
             h = _as_hlc(hlc)
         except (TypeError, ValueError) as e:
             raise type(e)(f"op {op_id!r}: {e}") from None
-        if not isinstance(payload, Mapping):
+        if type(payload) is not dict and not isinstance(payload, Mapping):
             raise TypeError(f"op {op_id!r}: payload must be a mapping, got "
                             f"{type(payload).__name__}")
         if type(surface) is not Surface:
@@ -343,6 +343,7 @@ class OpRecord(_OpFields):
 
 
 _OP_NEW = tuple.__new__
+_CONVERSATION = Surface.CONVERSATION
 
 
 def as_op(x: Any) -> OpRecord:
@@ -354,6 +355,18 @@ def as_op(x: Any) -> OpRecord:
     t = type(x)
     if t is OpRecord:
         return x
+    if t is dict:
+        # Fast path for the wire form; anything unusual takes the checked path
+        # below, which names what is wrong.
+        op_id = x.get("op_id")
+        h = x.get("hlc")
+        p = x.get("payload")
+        if (type(op_id) is str and op_id and type(p) is dict and x.get("surface") is None
+                and type(h) is str):
+            try:
+                return _OP_NEW(OpRecord, (op_id, Hlc.parse(h), p, _CONVERSATION))
+            except ValueError:
+                pass
     if t is dict or isinstance(x, Mapping):
         try:
             op_id, hlc, payload = x["op_id"], x["hlc"], x["payload"]
@@ -534,6 +547,7 @@ def _norm_calls(raw: Any, where: Callable[[], str]) -> tuple[dict[str, Any], ...
 
 
 _MISSING = object()
+_BAD = object()
 
 
 def _turn_from(op_id: str, hlc: Hlc, cid: str, payload: Mapping[str, Any]) -> Turn | None:
@@ -628,21 +642,46 @@ def fold(ops: Iterable[Any], conversation_id: str = DEFAULT_CONVERSATION) -> lis
     Raises ``ValueError``/``TypeError`` naming the op for a malformed op or a
     kept payload with an unknown role or non-str content.
     """
-    best, deleted = _winners(ops)
-    turns = []
-    append = turns.append
-    for op_id, op in best.items():
-        if op_id in deleted:
+    # One pass: deduplicate (the conflict rule of _wins) and build the turn of
+    # each current winner, so every payload is read once.
+    best: dict[str, OpRecord] = {}
+    turn_of: dict[str, Any] = {}
+    deleted: set[str] = set()
+    conv = _CONVERSATION
+    default = DEFAULT_CONVERSATION
+    saw_bad = False
+    for x in ops:
+        op = x if type(x) is OpRecord else as_op(x)
+        if op[3] is not conv:
             continue
+        op_id = op[0]
         payload = op[2]
-        cid = payload.get("conversation_id")
-        if not cid:
-            cid = DEFAULT_CONVERSATION
-        if cid != conversation_id:
+        if payload.get("deleted") is True:
+            deleted.add(op_id)
             continue
-        t = _turn_from(op_id, op[1], cid, payload)
-        if t is not None:
-            append(t)
+        prev = best.get(op_id)
+        if prev is not None and (prev is op or not _wins(op, prev)):
+            continue
+        best[op_id] = op
+        cid = payload.get("conversation_id") or default
+        if cid != conversation_id:
+            turn_of[op_id] = None
+            continue
+        try:
+            turn_of[op_id] = _turn_from(op_id, op[1], cid, payload)
+        except (TypeError, ValueError):
+            turn_of[op_id] = _BAD  # raised below, only if this version wins
+            saw_bad = True
+    if deleted:
+        for op_id in deleted:
+            turn_of.pop(op_id, None)
+    if saw_bad:
+        bad = [k for k, t in turn_of.items() if t is _BAD]
+        if bad:
+            k = min(bad)
+            op = best[k]
+            _turn_from(k, op[1], op[2].get("conversation_id") or default, op[2])
+    turns = [t for t in turn_of.values() if t is not None]
     turns.sort(key=_TURN_KEY)
     return turns
 
@@ -754,6 +793,8 @@ def repair(turns: Iterable[Any]) -> list[dict[str, Any]]:
             k = _KIND_OF[t[3]]
             text = t[4]
             calls = t[5] if k == _K_ASSISTANT else ()
+            if calls:  # fresh, normalised dicts: the output never aliases a turn
+                calls = _norm_calls(calls, lambda: f"turn {i} ({t[0]!r})")
             tuid = t[6]
         else:
             e = _extract(t, i)
@@ -825,8 +866,7 @@ def repair(turns: Iterable[Any]) -> list[dict[str, Any]]:
         if k == _K_USER:
             out.append({"role": "user", "content": "\n".join(m[1])})
         elif k == _K_ASSISTANT:
-            out.append({"role": "assistant", "content": "\n".join(m[1]),
-                        "tool_calls": [dict(c) for c in m[2]]})
+            out.append({"role": "assistant", "content": "\n".join(m[1]), "tool_calls": m[2]})
         else:
             out.append({"role": "tool_result", "tool_use_id": m[3], "content": m[1]})
     return out
