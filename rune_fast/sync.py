@@ -36,6 +36,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
+import operator
 import re
 import threading
 import time
@@ -98,7 +99,7 @@ class Hlc(_HlcFields):
     """A hybrid logical clock stamp: ``Hlc(wall_ms, counter, device_id)``.
 
     Immutable and hashable; ordered by the tuple ``(wall_ms, counter,
-    device_id)``. ``str(hlc)`` is ``"%015d-%010d-%s" % (wall_ms, counter,
+    device_id)``, and equal to (and ordered consistently with) its string. ``str(hlc)`` is ``"%015d-%010d-%s" % (wall_ms, counter,
     device_id)``, which sorts as text exactly like the tuple, and
     :meth:`parse` reads it back. ``wall_ms`` must lie in ``0 .. 10**15-1`` and
     ``counter`` in ``0 .. 10**10-1`` (so the string form keeps its widths);
@@ -130,6 +131,42 @@ class Hlc(_HlcFields):
 
     def __format__(self, spec: str) -> str:
         return format(str(self), spec)
+
+    # An Hlc and its string form are interchangeable (SPEC: "hlc an Hlc or its
+    # string"): they compare equal, hash alike, and order consistently, since
+    # the string sorts like the tuple.
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, str):
+            return "%015d-%010d-%s" % self == other
+        return tuple.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        if isinstance(other, str):
+            return "%015d-%010d-%s" % self != other
+        return tuple.__ne__(self, other)
+
+    def __hash__(self) -> int:
+        return hash("%015d-%010d-%s" % self)
+
+    def __lt__(self, other: object) -> bool:
+        if isinstance(other, str):
+            return "%015d-%010d-%s" % self < other
+        return tuple.__lt__(self, other)
+
+    def __le__(self, other: object) -> bool:
+        if isinstance(other, str):
+            return "%015d-%010d-%s" % self <= other
+        return tuple.__le__(self, other)
+
+    def __gt__(self, other: object) -> bool:
+        if isinstance(other, str):
+            return "%015d-%010d-%s" % self > other
+        return tuple.__gt__(self, other)
+
+    def __ge__(self, other: object) -> bool:
+        if isinstance(other, str):
+            return "%015d-%010d-%s" % self >= other
+        return tuple.__ge__(self, other)
 
     @classmethod
     def parse(cls, s: str | Hlc) -> Hlc:
@@ -1280,11 +1317,15 @@ class LastN:
     __slots__ = ("n",)
 
     def __init__(self, n: int) -> None:
-        if isinstance(n, bool) or not isinstance(n, int):
+        if isinstance(n, bool):
             raise TypeError(f"LastN n must be an int, got {n!r}")
+        try:
+            n = operator.index(n)
+        except TypeError:
+            raise TypeError(f"LastN n must be an int, got {n!r}") from None
         if n < 0:
             raise ValueError(f"LastN n must be >= 0, got {n}")
-        self.n = int(n)
+        self.n = n
 
     def apply(self, turns: Iterable[Turn]) -> list[Turn]:
         if self.n == 0:

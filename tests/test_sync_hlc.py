@@ -170,3 +170,16 @@ def test_clock_thread_safe():
     assert len(set(every)) == len(every) == 8000
     for seq in out:
         assert seq == sorted(seq)
+
+
+def test_hlc_and_its_string_are_interchangeable():
+    h = Hlc(3, 1, "a")
+    s = str(h)
+    assert h == s and s == h and not (h != s)
+    assert hash(h) == hash(s)
+    assert {h: 1}[s] == 1
+    assert Hlc(2, 0, "z") < s < Hlc(3, 1, "b")
+    assert h <= s and h >= s and not (h < s) and not (h > s)
+    assert sorted([str(Hlc(5, 0, "a")), Hlc(1, 0, "a"), str(Hlc(3, 0, "a"))]) == [
+        Hlc(1, 0, "a"), Hlc(3, 0, "a"), Hlc(5, 0, "a")]
+    assert h == (3, 1, "a") and h != Hlc(3, 1, "b")
