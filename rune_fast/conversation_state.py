@@ -260,7 +260,7 @@ class ConversationStateRepository:
 
     def _load_state(self) -> None:
         """Read the manifest, map every segment, load or rebuild the index."""
-        m = self._manifest_store.load()
+        m = self._manifest_store.read()
         if m is None:
             m = {"format": _FORMAT, "segments": [], "tail_seg": 1, "covered": 0,
                  "cool_files": [], "events_offset": 0, "next_seg": 2, "cool_ord": 0}
@@ -290,7 +290,13 @@ class ConversationStateRepository:
             self._tail = TailFile(tail_path, self._tail_seg, read_only=self.read_only)
             if not self.read_only and self._tail.file_size == 0:
                 fsync_dir(self.hot_dir)
-        self._cool = CoolArchive.open(os.path.join(self.hot_dir, COOL_DIR), list(m["cool_files"]))
+        self._cool = CoolArchive.open(os.path.join(self.hot_dir, COOL_DIR), list(m["cool_files"]),
+                                      read_only=self.read_only)
+        if not self.read_only:
+            # files a crash left unreferenced (written before the manifest moved,
+            # or replaced by it before they were unlinked)
+            self._cool.gc(list(m["cool_files"]))
+        self._cool_max: dict[str, tuple | None] = {}
         self._tombstones: dict[str, str] = self._load_tombstones()   # msg_id -> channel_id
         self._pending_erase: set[str] = set()    # deleted ids whose bytes are still on disk
         self._dirty_segs: set[int] = set()        # segments holding lines of deleted messages
@@ -349,7 +355,7 @@ class ConversationStateRepository:
             self._attach_all(index)
             # Cool files written after the snapshot: their rows left the hot tier.
             new_cool = [f for f in self._manifest["cool_files"] if f not in set(snap_cool)]
-            for mid in self._cool.ids_in(new_cool):
+            for mid in self._cool_ids_in(new_cool):
                 index.remove(codec.key(mid))
             live = index.seg_stats()
             known = set(self._seg_order) | {self._tail_seg}
@@ -363,7 +369,7 @@ class ConversationStateRepository:
                 rep = index.ingest(seg, 0, self._segs[seg].size)
                 self._check_ingest(rep, self._segs[seg].path, sealed=True)
             start = 0
-            for mid in self._cool.ids_in(self._manifest["cool_files"]):
+            for mid in self._cool_ids_in(self._manifest["cool_files"]):
                 index.remove(codec.key(mid))
         if self._tail is not None:
             end = self._tail.file_size
@@ -543,9 +549,40 @@ class ConversationStateRepository:
         self._decoded[loc] = rec
 
     @staticmethod
-    def _cool_record(row: dict) -> ConversationMessageRecord:
-        return ConversationMessageRecord.from_dict(
-            {k: v for k, v in row.items() if k not in ("ord", "digest", "_file", "_row")})
+    def _cool_record(row) -> ConversationMessageRecord:
+        d = row.record if hasattr(row, "record") else row
+        try:
+            return ConversationMessageRecord.from_dict(d)
+        except (TypeError, ValueError, KeyError) as exc:
+            raise CorruptStateCheckpointError(f"archived record does not validate: {exc}",
+                                              path=getattr(row, "file", None),
+                                              offset=getattr(row, "row", None)) from None
+
+    def _cool_has_channel(self, channel_id: str) -> bool:
+        return self._cool.channel_len(channel_id) > 0
+
+    def _cool_has_task(self, task_id: str) -> bool:
+        return self._cool.task_len(task_id) > 0
+
+    def _cool_max_order(self, channel_id: str) -> tuple | None:
+        """(hlc, msg_id) of the channel's newest stamped cool row, or None."""
+        if channel_id not in self._cool_max:
+            rows = self._cool.channel_tail(channel_id, 1)
+            d = rows[-1].record if rows else None
+            self._cool_max[channel_id] = (d["hlc"], d["msg_id"]) if d and d["hlc"] else None
+        return self._cool_max[channel_id]
+
+    def _cool_ids_in(self, files: Sequence[str]) -> list[str]:
+        import pyarrow.parquet as pq
+        out: list[str] = []
+        for name in files:
+            path = os.path.join(self._cool.cool_dir, name)
+            try:
+                out.extend(pq.read_table(path, columns=["msg_id"]).column(0).to_pylist())
+            except (OSError, ValueError) as exc:
+                raise CorruptStateCheckpointError(f"cool archive is not readable: {exc}",
+                                                  path=path) from None
+        return out
 
     def _is_known(self, msg_id: str, k: bytes) -> bool:
         return (msg_id in self._tombstones or self._index.find(k) >= 0
@@ -619,9 +656,9 @@ class ConversationStateRepository:
 
     def _note_order(self, m: ConversationMessageRecord) -> None:
         """Mark a channel whose new hot message sorts before one of its cool rows."""
-        if m.channel_id in self._interleaved or not self._cool.has_channel(m.channel_id):
+        if m.channel_id in self._interleaved or not self._cool_has_channel(m.channel_id):
             return
-        last = self._cool.channel_max_order(m.channel_id)   # (hlc, msg_id) of the newest stamped row, or None
+        last = self._cool_max_order(m.channel_id)   # (hlc, msg_id) of the newest stamped row, or None
         if last is None:
             return
         if not m.hlc or (m.hlc, m.msg_id) < last:
@@ -731,8 +768,7 @@ class ConversationStateRepository:
                 channel = self._read_loc(loc).channel_id
             elif self._cool.contains(mid):
                 in_cool = True
-                row = self._cool.get(mid, verify=False)
-                channel = row["channel_id"]
+                channel = self._cool.get(mid)["channel_id"]
             elif record_unknown:
                 channel = (channels or {}).get(mid, "")
             else:
@@ -810,21 +846,25 @@ class ConversationStateRepository:
                 return MessageRead(ReadStatus.SOURCE_CORRUPT, None, "cool")
             if row is None:
                 return MessageRead(ReadStatus.NOT_FOUND_CONFIRMED)
-            return MessageRead(ReadStatus.FOUND_VERIFIED, self._cool_record(row), "cool")
+            try:
+                rec = self._cool_record(row)
+            except CorruptStateCheckpointError:
+                return MessageRead(ReadStatus.SOURCE_CORRUPT, None, "cool")
+            return MessageRead(ReadStatus.FOUND_VERIFIED, rec, "cool")
 
     def _hot_channel(self, channel_id: str, n: int = -1) -> list[tuple[ConversationMessageRecord, str]]:
         locs = self._index.channel_locs(codec.key(channel_id), n)
         return [(self._read_loc(loc), self._tier_of(loc)) for loc in locs.tolist()]
 
-    def _cool_rows(self, rows: list[dict]) -> list[ConversationMessageRecord]:
+    def _cool_rows(self, rows) -> list[ConversationMessageRecord]:
         if self._cool_deleted:
-            rows = [r for r in rows if r["msg_id"] not in self._cool_deleted]
+            rows = [r for r in rows if r.record["msg_id"] not in self._cool_deleted]
         return [self._cool_record(r) for r in rows]
 
     def _channel_all(self, channel_id: str) -> list[tuple[ConversationMessageRecord, str]]:
         """Every live message of a channel, all tiers, oldest first."""
         hot = self._hot_channel(channel_id)
-        if not self._cool.has_channel(channel_id):
+        if not self._cool_has_channel(channel_id):
             return hot
         cool = self._cool_rows(self._cool.channel_rows(channel_id))
         return self._merge(cool, hot)
@@ -854,7 +894,7 @@ class ConversationStateRepository:
         if channel_id in self._interleaved:
             return self._channel_all(channel_id)[-n:]
         hot = self._hot_channel(channel_id, n)
-        if len(hot) >= n or not self._cool.has_channel(channel_id):
+        if len(hot) >= n or not self._cool_has_channel(channel_id):
             return hot
         need = n - len(hot)
         rows = self._cool.channel_tail(channel_id, need + len(self._cool_deleted))
@@ -874,12 +914,12 @@ class ConversationStateRepository:
             hot = [(self._read_loc(loc), loc) for loc in locs]
             keyed = [(_order_key(r, _HOT_RANK, (rank.get(loc >> 40, 1 << 30), loc & ((1 << 40) - 1))), r)
                      for r, loc in hot]
-            if self._cool.has_task(task_id):
-                rows = self._cool.task_rows(task_id)
-                if self._cool_deleted:
-                    rows = [r for r in rows if r["msg_id"] not in self._cool_deleted]
-                keyed += [(_order_key(self._cool_record(r), _COOL_RANK, r["ord"]), self._cool_record(r))
-                          for r in rows]
+            if self._cool_has_task(task_id):
+                for row in self._cool.task_rows(task_id):
+                    if row.record["msg_id"] in self._cool_deleted:
+                        continue
+                    rec = self._cool_record(row)
+                    keyed.append((_order_key(rec, _COOL_RANK, row.ord), rec))
                 keyed.sort(key=lambda e: e[0])
             return [r for _k, r in keyed]
 
@@ -921,10 +961,10 @@ class ConversationStateRepository:
                     pos = (rank.get(loc >> 40, 1 << 30), loc & ((1 << 40) - 1))
                     keyed.append((_order_key(rec, _HOT_RANK, pos), rec, self._tier_of(loc)))
             for row in self._cool.search(text, channel_id, case_sensitive=case_sensitive):
-                if row["msg_id"] in self._cool_deleted:
+                if row.record["msg_id"] in self._cool_deleted:
                     continue
                 rec = self._cool_record(row)
-                keyed.append((_order_key(rec, _COOL_RANK, row["ord"]), rec, "cool"))
+                keyed.append((_order_key(rec, _COOL_RANK, row.ord), rec, "cool"))
             keyed.sort(key=lambda e: e[0])
             if limit is not None:
                 keyed = keyed[-limit:]
@@ -940,7 +980,7 @@ class ConversationStateRepository:
                 k = self._index.latest_task(codec.key(channel_id))
                 if k is not None:
                     return _unkey(k)
-                if not self._cool.has_channel(channel_id):
+                if not self._cool_has_channel(channel_id):
                     return None
             for rec, _t in reversed(self._channel_all(channel_id)):
                 if rec.task_id:
@@ -1052,7 +1092,13 @@ class ConversationStateRepository:
                     tomb_hlc[op.op_id] = str(op.hlc)
                     tomb_ch[op.op_id] = payload.get("conversation_id", "")
                     continue
-                records.append(_sync.record_from_op(op))
+                d = _sync.record_dict_from_op(op)
+                if d is None:
+                    continue
+                try:
+                    records.append(ConversationMessageRecord.from_dict(d))
+                except (TypeError, ValueError, KeyError) as exc:
+                    raise ValueError(f"op {op.op_id!r}: payload is not a storable message: {exc}") from None
             if tomb_ids:
                 self._delete_ids(tomb_ids, record_unknown=True, hlcs=tomb_hlc, channels=tomb_ch)
         return self.append_many(records) if records else 0
@@ -1076,15 +1122,11 @@ class ConversationStateRepository:
             # 1. cooling
             excess = self._index.excess(self.hot_window).tolist()
             if excess:
-                rows = []
-                for loc in excess:
-                    rec = self._read_loc(loc)
-                    d = rec.to_dict()
-                    d["ord"] = self._cool_ord
-                    self._cool_ord += 1
-                    rows.append(d)
-                run = self._cool.cool(rows)
-                manifest_cool.append(run.file)
+                rows = [self._read_loc(loc).to_dict() for loc in excess]
+                ords = range(self._cool_ord, self._cool_ord + len(rows))
+                run = self._cool.cool(rows, ords)
+                self._cool_ord += len(rows)
+                manifest_cool = list(run.files)
                 rep.cooled = len(rows)
                 rep.cool_files_written += 1
                 for loc, d in zip(excess, rows):
@@ -1094,11 +1136,18 @@ class ConversationStateRepository:
             # 2. erasure in the cool tier
             cool_erase = [m for m in self._pending_erase if m in self._cool_deleted]
             if cool_erase:
-                result = self._cool.erase(cool_erase)
-                manifest_cool = [result.mapping.get(f, f) for f in manifest_cool]
-                manifest_cool = [f for f in manifest_cool if f is not None]
-                old_cool.extend(result.removed)
-                rep.cool_files_written += len(result.added)
+                change = self._cool.erase(cool_erase)
+                manifest_cool = list(change.files)
+                old_cool.extend(change.removed)
+                rep.cool_files_written += len(change.added)
+            groups = self._cool.plan_merge()
+            if groups:
+                change = self._cool.merge(groups)
+                manifest_cool = list(change.files)
+                old_cool.extend(change.removed)
+                rep.cool_files_written += len(change.added)
+            if excess or cool_erase or groups:
+                self._cool_max.clear()
             # 3. segments: roll the tail if it holds deleted lines or grew large
             stats = self._index.seg_stats()
             roll = (self._tail_seg in self._dirty_segs or self._tail.size >= ROLL_BYTES
@@ -1155,7 +1204,7 @@ class ConversationStateRepository:
             return rep
 
     def _still_interleaved(self, channel_id: str) -> bool:
-        last = self._cool.channel_max_order(channel_id) if self._cool.has_channel(channel_id) else None
+        last = self._cool_max_order(channel_id) if self._cool_has_channel(channel_id) else None
         if last is None:
             return False
         for rec, _t in self._hot_channel(channel_id):
@@ -1215,7 +1264,7 @@ class ConversationStateRepository:
              "covered": self._covered, "cool_files": list(cool_files),
              "events_offset": self._events.size, "next_seg": self._next_seg,
              "cool_ord": self._cool_ord}
-        self._manifest_store.save(m)
+        self._manifest_store.write(m)
         self._manifest = m
 
     def _snapshot_due(self) -> bool:
@@ -1248,7 +1297,7 @@ class ConversationStateRepository:
             if not self.read_only:
                 return 0
             before = len(self)
-            m = self._manifest_store.load()
+            m = self._manifest_store.read()
             if m != self._manifest:
                 self._load_state()
             elif self._tail is not None:
@@ -1292,8 +1341,7 @@ class ConversationStateRepository:
             except RuneError as exc:
                 problems.append(Problem(self.hot_dir, None, f"index rebuild failed: {exc}"))
             for p in self._cool.verify():
-                problems.append(Problem(getattr(p, "file", self.hot_dir), getattr(p, "row", None),
-                                        getattr(p, "message", str(p))))
+                problems.append(Problem(os.path.join(self._cool.cool_dir, p.file), p.row, p.problem))
             # index snapshot against the tail
             snap_path = os.path.join(self.hot_dir, SNAPSHOT_NAME)
             if os.path.exists(snap_path):
@@ -1346,7 +1394,7 @@ class ConversationStateRepository:
                 "tail_bytes": (self._tail.size - self._covered) if self._tail else 0,
                 "hot_bytes": hot_bytes,
                 "cool_files": len(self._manifest["cool_files"]),
-                "cool_bytes": self._cool.nbytes_on_disk(),
+                "cool_bytes": self._cool.stats()["bytes"],
                 "tombstones": len(self._tombstones),
                 "pending_erase": len(self._pending_erase),
                 "index_bytes": self._index.nbytes,

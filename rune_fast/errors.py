@@ -18,7 +18,7 @@ __all__ = [
     "RecordTooLargeError",
     "UnknownTaskError",
     "FramingError",
-    "TornLineWarning",
+    "RecoveryWarning",
 ]
 
 
@@ -81,5 +81,5 @@ class FramingError(RuneError, ValueError):
     newline, a field that cannot be framed."""
 
 
-class TornLineWarning(UserWarning):
-    """A final line cut short by a crash was moved to a quarantine file."""
+class RecoveryWarning(UserWarning):
+    """Recovery kept the bytes of a torn final line in a quarantine file."""

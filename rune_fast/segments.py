@@ -16,7 +16,7 @@ import time
 import warnings
 import logging
 
-from .errors import DurabilityError, FramingError, StoreClosedError, TornLineWarning
+from .errors import DurabilityError, FramingError, StoreClosedError, RecoveryWarning
 
 __all__ = ["TAIL_NAME", "seg_name", "fsync_dir", "Segment", "TailFile", "quarantine_bytes"]
 
@@ -185,5 +185,5 @@ def quarantine_bytes(qdir: str, source: str, offset: int, data: bytes) -> str:
     msg = (f"rune_fast: {source}: a final line cut short at offset {offset} ({len(data)} bytes, "
            f"an append that was never acknowledged) was moved to {path}")
     log.warning(msg)
-    warnings.warn(msg, TornLineWarning, stacklevel=3)
+    warnings.warn(msg, RecoveryWarning, stacklevel=3)
     return path
