@@ -1,0 +1,1 @@
+"""rune_fast: a durable, fast store for LLM agent conversation history and task state."""
