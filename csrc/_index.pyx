@@ -295,6 +295,15 @@ class IngestReport:
                 f"dup_locs={len(self.dup_locs)}, tombstones={len(self.tombstones)})")
 
 
+cdef inline uint32_t _len(rf_list *L) noexcept nogil:
+    return L.nu + L.ns
+
+
+cdef inline uint32_t _at(rf_list *L, uint32_t i) noexcept nogil:
+    # the i-th entry in order: unstamped ones first
+    return L.u[i] if i < L.nu else L.s[i - L.nu]
+
+
 cdef int _grow_u32(uint32_t **arr, uint32_t *cap, uint32_t need) except -1:
     cdef uint64_t nc
     cdef uint32_t *p
@@ -343,11 +352,13 @@ cdef class HotIndex:
             free(self._c_segs)
         if self._c_chan != NULL:
             for i in range(self._n_chan):
-                free(self._c_chan[i].e)
+                free(self._c_chan[i].u)
+                free(self._c_chan[i].s)
             free(self._c_chan)
         if self._c_task != NULL:
             for i in range(self._n_task):
-                free(self._c_task[i].e)
+                free(self._c_task[i].u)
+                free(self._c_task[i].s)
             free(self._c_task)
         free(self._c_locs)
         free(self._c_free)
@@ -542,30 +553,35 @@ cdef class HotIndex:
         cdef const unsigned char *hp = p + m.hlc_off
         cdef const unsigned char *ip = p + m.id_off
         if m.hlc_len == 0:
-            pos = L.n_unstamped
-            L.n_unstamped += 1
-        else:
-            pos = L.n
-            if L.n > L.n_unstamped:
-                if self._cmp_entry(L.e[L.n - 1], hp, m.hlc_len, ip, m.id_len, &c) != 0:
-                    raise RuneError(self._unreadable(L.e[L.n - 1]))
-                if c > 0:
-                    lo = L.n_unstamped
-                    hi = L.n - 1
-                    while lo < hi:
-                        mid = lo + (hi - lo) // 2
-                        if self._cmp_entry(L.e[mid], hp, m.hlc_len, ip, m.id_len, &c) != 0:
-                            raise RuneError(self._unreadable(L.e[mid]))
-                        if c > 0:
-                            hi = mid
-                        else:
-                            lo = mid + 1
-                    pos = lo
-        _grow_u32(&L.e, &L.cap, L.n + 1)
-        if pos < L.n:
-            memmove(L.e + pos + 1, L.e + pos, (L.n - pos) * sizeof(uint32_t))
-        L.e[pos] = e
-        L.n += 1
+            # unstamped: append order, always at the end of u
+            if L.nu == L.cap_u:
+                _grow_u32(&L.u, &L.cap_u, L.nu + 1)
+            L.u[L.nu] = e
+            L.nu += 1
+            return 0
+        pos = L.ns
+        if L.ns:
+            if self._cmp_entry(L.s[L.ns - 1], hp, m.hlc_len, ip, m.id_len, &c) != 0:
+                raise RuneError(self._unreadable(L.s[L.ns - 1]))
+            if c > 0:
+                # out of order: binary search for the first element after the key
+                lo = 0
+                hi = L.ns - 1
+                while lo < hi:
+                    mid = lo + (hi - lo) // 2
+                    if self._cmp_entry(L.s[mid], hp, m.hlc_len, ip, m.id_len, &c) != 0:
+                        raise RuneError(self._unreadable(L.s[mid]))
+                    if c > 0:
+                        hi = mid
+                    else:
+                        lo = mid + 1
+                pos = lo
+        if L.ns == L.cap_s:
+            _grow_u32(&L.s, &L.cap_s, L.ns + 1)
+        if pos < L.ns:
+            memmove(L.s + pos + 1, L.s + pos, (L.ns - pos) * sizeof(uint32_t))
+        L.s[pos] = e
+        L.ns += 1
         return 0
 
     cdef str _unreadable(self, uint32_t e):
@@ -618,16 +634,19 @@ cdef class HotIndex:
             for idx in dirty:
                 L = &self._c_chan[idx] if chan else &self._c_task[idx]
                 k = 0
-                nu = 0
-                for i in range(L.n):
-                    x = L.e[i]
+                for i in range(L.nu):
+                    x = L.u[i]
                     if self._c_locs[x] >= 0:
-                        L.e[k] = x
+                        L.u[k] = x
                         k += 1
-                        if i < L.n_unstamped:
-                            nu += 1
-                L.n = k
-                L.n_unstamped = nu
+                L.nu = k
+                k = 0
+                for i in range(L.ns):
+                    x = L.s[i]
+                    if self._c_locs[x] >= 0:
+                        L.s[k] = x
+                        k += 1
+                L.ns = k
             dirty.clear()
         _grow_u32(&self._c_free, &self._cap_free, self._n_free + len(self._pending_dead))
         for x in self._pending_dead:
@@ -638,11 +657,11 @@ cdef class HotIndex:
         return 0
 
     cdef object _locs_of(self, rf_list *L, uint32_t start):
-        arr = np.empty(L.n - start, dtype=np.int64)
+        arr = np.empty(_len(L) - start, dtype=np.int64)
         cdef int64_t[::1] out = arr
         cdef uint32_t i
-        for i in range(start, L.n):
-            out[i - start] = self._c_locs[L.e[i]]
+        for i in range(start, _len(L)):
+            out[i - start] = self._c_locs[_at(L, i)]
         return arr
 
     cdef int64_t _seg_of(self, int64_t seg) except -1:
@@ -877,6 +896,26 @@ cdef class HotIndex:
             return -1
         return self._c_locs[(self._c_slots[slot] & 0xFFFFFFFFULL) - 1]
 
+    def find_many(self, id_keys):
+        """int64 array of the locations of every id key (-1: not indexed)."""
+        cdef list keys = [_key_bytes(k, "id_key") for k in id_keys]
+        out = np.empty(len(keys), dtype=np.int64)
+        cdef int64_t[::1] o = out
+        cdef Py_ssize_t i
+        cdef bytes k
+        cdef const unsigned char *kp
+        cdef size_t kl
+        cdef int64_t slot
+        for i in range(len(keys)):
+            k = keys[i]
+            kp = <const unsigned char *>PyBytes_AS_STRING(k)
+            kl = <size_t>PyBytes_GET_SIZE(k)
+            slot = self._find_slot(_xxh.XXH3_64bits(kp, kl), kp, kl)
+            if slot == -2:
+                raise RuneError(f"find_many({k!r}): a candidate line is in a detached segment")
+            o[i] = -1 if slot < 0 else self._c_locs[(self._c_slots[slot] & 0xFFFFFFFFULL) - 1]
+        return out
+
     def __contains__(self, id_key) -> bool:
         return self.find(id_key) >= 0
 
@@ -935,8 +974,8 @@ cdef class HotIndex:
             return np.empty(0, dtype=np.int64)
         cdef rf_list *L = &self._c_chan[<int64_t>idx]
         cdef uint32_t start = 0
-        if 0 <= n < L.n:
-            start = L.n - <uint32_t>n
+        if 0 <= n < _len(L):
+            start = _len(L) - <uint32_t>n
         return self._locs_of(L, start)
 
     def task_locs(self, task_key):
@@ -950,11 +989,11 @@ cdef class HotIndex:
     def channels(self) -> list:
         """Keys of the channels that hold a message, in order of first sight."""
         cdef uint32_t i
-        return [self._chan_keys[i] for i in range(self._n_chan) if self._c_chan[i].n]
+        return [self._chan_keys[i] for i in range(self._n_chan) if _len(&self._c_chan[i])]
 
     def channel_len(self, ch_key) -> int:
         idx = self._chan_ids.get(_key_bytes(ch_key, "ch_key"))
-        return 0 if idx is None else self._c_chan[<int64_t>idx].n
+        return 0 if idx is None else _len(&self._c_chan[<int64_t>idx])
 
     def latest_task(self, ch_key):
         """Task key of the newest message of the channel that has one, or None."""
@@ -966,9 +1005,9 @@ cdef class HotIndex:
         if idx is None:
             return None
         L = &self._c_chan[<int64_t>idx]
-        for i in range(L.n, 0, -1):
-            if self._parse_entry(L.e[i - 1], &p, &m) != 0:
-                raise RuneError(self._unreadable(L.e[i - 1]))
+        for i in range(_len(L), 0, -1):
+            if self._parse_entry(_at(L, i - 1), &p, &m) != 0:
+                raise RuneError(self._unreadable(_at(L, i - 1)))
             if m.task_len:
                 return PyBytes_FromStringAndSize(<const char *>p + m.task_off, m.task_len)
         return None
@@ -985,9 +1024,9 @@ cdef class HotIndex:
         try:
             for i in range(self._n_chan):
                 L = &self._c_chan[i]
-                if L.n > <uint64_t>hot_window:
-                    for j in range(L.n - <uint32_t>hot_window):
-                        if rf_i64vec_push(&out, self._c_locs[L.e[j]]):
+                if _len(L) > <uint64_t>hot_window:
+                    for j in range(_len(L) - <uint32_t>hot_window):
+                        if rf_i64vec_push(&out, self._c_locs[_at(L, j)]):
                             raise MemoryError("HotIndex.excess")
             return _vec_array(&out)
         finally:
@@ -1142,8 +1181,8 @@ cdef class HotIndex:
             with nogil:
                 for li in range(lo, hi):
                     L = &self._c_chan[li]
-                    for j in range(L.n):
-                        loc = self._c_locs[L.e[j]]
+                    for j in range(_len(L)):
+                        loc = self._c_locs[_at(L, j)]
                         if self._line_at(loc, &p, &avail) != 0:
                             bad = loc
                             break
@@ -1185,9 +1224,9 @@ cdef class HotIndex:
                                + (<uint64_t>self._cap_chan + self._cap_task) * sizeof(rf_list))
         cdef uint32_t i
         for i in range(self._n_chan):
-            total += <uint64_t>self._c_chan[i].cap * sizeof(uint32_t)
+            total += (<uint64_t>self._c_chan[i].cap_u + self._c_chan[i].cap_s) * sizeof(uint32_t)
         for i in range(self._n_task):
-            total += <uint64_t>self._c_task[i].cap * sizeof(uint32_t)
+            total += (<uint64_t>self._c_task[i].cap_u + self._c_task[i].cap_s) * sizeof(uint32_t)
         return total
 
     def __repr__(self):
@@ -1208,9 +1247,9 @@ cdef class HotIndex:
             raise RuneError("save_snapshot: only little-endian machines write snapshots")
         cov = sorted((int(s), int(o)) for s, o in dict(covered).items())
         for i in range(self._n_chan):
-            nlist_chan += self._c_chan[i].n
+            nlist_chan += _len(&self._c_chan[i])
         for i in range(self._n_task):
-            nlist_task += self._c_task[i].n
+            nlist_task += _len(&self._c_task[i])
         keys = b"".join(self._chan_keys) + b"".join(self._task_keys)
         sizes = [16 * len(cov), 8 * self._n_entries, 8 * self._n_slots,
                  16 * (self._n_chan + self._n_task), len(keys), 4 * nlist_chan, 4 * nlist_task]
@@ -1251,8 +1290,8 @@ cdef class HotIndex:
             for i in range(self._n_chan if chan else self._n_task):
                 L = &self._c_chan[i] if chan else &self._c_task[i]
                 k = self._chan_keys[i] if chan else self._task_keys[i]
-                meta[0] = L.n
-                meta[1] = L.n_unstamped
+                meta[0] = _len(L)
+                meta[1] = L.nu
                 meta[2] = <uint32_t>len(k)
                 meta[3] = 0
                 memcpy(o + pos, meta, 16)
@@ -1264,9 +1303,12 @@ cdef class HotIndex:
             start = pos
             for i in range(self._n_chan if chan else self._n_task):
                 L = &self._c_chan[i] if chan else &self._c_task[i]
-                if L.n:
-                    memcpy(o + pos, L.e, 4 * L.n)
-                pos += 4 * L.n
+                if L.nu:
+                    memcpy(o + pos, L.u, 4 * L.nu)
+                pos += 4 * L.nu
+                if L.ns:
+                    memcpy(o + pos, L.s, 4 * L.ns)
+                pos += 4 * L.ns
             pos = start + ((pos - start + 7) & ~7)
         if pos != total:
             raise RuneError(f"save_snapshot: internal size mismatch ({pos} != {total})")
@@ -1420,15 +1462,18 @@ cdef object _load(bytes data, str path):
         if li != (i if chan else i - n_chan):
             raise _bad(path, f"duplicate key {k!r}")
         L = &idx._c_chan[li] if chan else &idx._c_task[li]
-        _grow_u32(&L.e, &L.cap, nlen if nlen else 1)
-        if nlen:
-            memcpy(L.e, o + pos, 4 * nlen)
+        if nun:
+            _grow_u32(&L.u, &L.cap_u, nun)
+            memcpy(L.u, o + pos, 4 * nun)
+        if nlen - nun:
+            _grow_u32(&L.s, &L.cap_s, nlen - nun)
+            memcpy(L.s, o + pos + 4 * nun, 4 * (nlen - nun))
+        L.nu = nun
+        L.ns = nlen - nun
         for j in range(nlen):
-            x = L.e[j]
+            x = _at(L, j)
             if x >= n_entries or idx._c_locs[x] < 0:
                 raise _bad(path, f"array of {k!r} names a bad entry", pos)
-        L.n = nlen
-        L.n_unstamped = nun
         pos += 4 * nlen
         if i == n_chan - 1:
             pos = (pos + 7) & ~7

@@ -5,12 +5,14 @@ from rf_core cimport rf_msg
 
 
 cdef struct rf_list:
-    # entry numbers of one channel or task, in order: the first n_unstamped
-    # (hlc == "") in append order, then the rest by (hlc, msg_id)
-    uint32_t *e
-    uint32_t n
-    uint32_t cap
-    uint32_t n_unstamped
+    # entry numbers of one channel or task; its order is u (hlc == "", in
+    # append order) followed by s (by (hlc, msg_id))
+    uint32_t *u
+    uint32_t nu
+    uint32_t cap_u
+    uint32_t *s
+    uint32_t ns
+    uint32_t cap_s
 
 
 cdef struct rf_seg:
