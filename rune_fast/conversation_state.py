@@ -74,8 +74,11 @@ DURABILITY_MODES = ("fsync", "batch", "none")
 BATCH_WINDOW_S = 0.0005
 #: Roll the tail into a sealed segment past this size at a compaction.
 ROLL_BYTES = 8 << 20
-#: Rewrite a sealed segment when less than this fraction of its bytes is live.
+#: Rewrite a segment (the tail: roll, then rewrite) when less than this
+#: fraction of its bytes is live and it is larger than SPARSE_MIN_BYTES: cooled
+#: lines do not linger, and each line is copied O(1) times on average.
 SPARSE_FRACTION = 0.25
+SPARSE_MIN_BYTES = 64 << 10
 _FORMAT = 1
 
 
@@ -302,7 +305,8 @@ class ConversationStateRepository:
         self._dirty_segs: set[int] = set()        # segments holding lines of deleted messages
         self._cool_deleted: set[str] = set()      # deleted ids still present in a cool file
         self._decoded: dict[int, ConversationMessageRecord] = {}
-        self._interleaved: set[str] = set()
+        # channel -> whether a hot message sorts before a cool one (computed lazily)
+        self._interleaved: dict[str, bool] = {}
         self._since_compact = 0
         self._index = self._load_index()
         # Group commit counts bytes appended in this session, across tail rolls.
@@ -331,53 +335,57 @@ class ConversationStateRepository:
 
     def _attach_all(self, index: HotIndex) -> None:
         for seg in self._seg_order:
-            index.attach(seg, self._segs[seg].buf)
+            index.attach(seg, self._segs[seg].buf, self._segs[seg].path)
         if self._tail is not None:
-            index.attach(self._tail_seg, self._tail.buf)
+            index.attach(self._tail_seg, self._tail.buf, self._tail.path)
+
+    def _reattach_tail(self) -> None:
+        self._index.attach(self._tail_seg, self._tail.buf, self._tail.path)
 
     def _load_index(self) -> HotIndex:
+        """The hot index: the snapshot if it matches the manifest (then only
+        the tail bytes after it are scanned), else a rebuild from every segment."""
         snap_path = os.path.join(self.hot_dir, SNAPSHOT_NAME)
         index = None
-        start = 0
-        snap_cool: list[str] = []
         if os.path.exists(snap_path):
             try:
                 index, covered = HotIndex.load_snapshot(snap_path)
                 meta = self._snapshot_meta(covered)
-                if meta is None:
-                    index = None
-                else:
-                    start, snap_cool = meta
             except CorruptStateCheckpointError as exc:
                 log.warning("index snapshot %s not used, rebuilding from the tail: %s", snap_path, exc)
-                index = None
-        if index is not None:
-            self._attach_all(index)
-            # Cool files written after the snapshot: their rows left the hot tier.
-            new_cool = [f for f in self._manifest["cool_files"] if f not in set(snap_cool)]
-            for mid in self._cool_ids_in(new_cool):
-                index.remove(codec.key(mid))
-            live = index.seg_stats()
-            known = set(self._seg_order) | {self._tail_seg}
-            if any(seg not in known and lines > 0 for seg, (lines, _b) in live.items()):
+                index = meta = None
+            if meta is not None:
+                start, snap_cool = meta
+                # cool files written after the snapshot: their rows left the hot tier
+                known = set(snap_cool)
+                index = self._finish_index(index, start,
+                                           [f for f in self._manifest["cool_files"] if f not in known])
+                live = index.seg_stats()
+                segs = set(self._seg_order) | {self._tail_seg}
+                if not any(seg not in segs and lines > 0 for seg, (lines, _b) in live.items()):
+                    return index
                 log.warning("index snapshot %s names a segment that is gone; rebuilding", snap_path)
-                index = None
-        if index is None:
-            index = HotIndex()
-            self._attach_all(index)
-            for seg in self._seg_order:
-                rep = index.ingest(seg, 0, self._segs[seg].size)
-                self._check_ingest(rep, self._segs[seg].path, sealed=True)
-            start = 0
-            for mid in self._cool_ids_in(self._manifest["cool_files"]):
-                index.remove(codec.key(mid))
+        index = HotIndex()
+        for seg in self._seg_order:
+            index.attach(seg, self._segs[seg].buf, self._segs[seg].path)
+            rep = index.ingest(seg, 0, self._segs[seg].size)
+            self._check_ingest(rep, self._segs[seg].path, sealed=True)
+        return self._finish_index(index, 0, list(self._manifest["cool_files"]))
+
+    def _finish_index(self, index: HotIndex, start: int, cooled_files: list[str]) -> HotIndex:
+        """Scan the tail from ``start``, then drop what was cooled or deleted."""
+        self._attach_all(index)
         if self._tail is not None:
-            end = self._tail.file_size
-            rep = index.ingest(self._tail_seg, start, end)
-            self._check_ingest(rep, self._tail.path, sealed=False)
+            rep = index.ingest(self._tail_seg, start, self._tail.file_size)
+            self._index_building = index
+            try:
+                self._check_ingest(rep, self._tail.path, sealed=False)
+            finally:
+                self._index_building = None
             self._tail.size = rep.good_end
-            if start > self._covered:
-                pass
+        cooled = self._cool_ids_in(cooled_files)
+        if cooled:
+            index.remove_many([codec.key(m) for m in cooled])
         for mid in self._tombstones:
             loc = index.remove(codec.key(mid))
             if loc >= 0:
@@ -387,22 +395,25 @@ class ConversationStateRepository:
         return index
 
     def _snapshot_meta(self, covered: dict) -> tuple[int, list[str]] | None:
-        """Whether a loaded snapshot matches the manifest; (tail start, cool files) if so."""
-        meta = covered.get("meta") if isinstance(covered, dict) else None
-        if not isinstance(meta, dict):
+        """Whether a loaded snapshot matches the manifest; (tail start, cool files) if so.
+
+        ``covered`` (see ``_write_snapshot``): ``seg -> size`` for each sealed
+        segment and ``tail_seg -> offset``; ``_TAIL_MARK -> tail_seg``; and
+        ``-(n + 1) -> 0`` for each cool file number n the index had left.
+        """
+        if covered.get(_TAIL_MARK) != self._tail_seg:
             return None
-        if meta.get("segments") != self._seg_order or meta.get("tail_seg") != self._tail_seg:
+        sealed = {s: o for s, o in covered.items() if s >= 0 and s != self._tail_seg}
+        if sealed != {seg: self._segs[seg].size for seg in self._seg_order}:
             return None
-        sizes = meta.get("sizes", {})
-        for seg in self._seg_order:
-            if sizes.get(str(seg)) != self._segs[seg].size:
-                return None
-        start = int(meta.get("tail_offset", -1))
+        start = int(covered.get(self._tail_seg, -1))
         if self._tail is None or start < 0 or start > self._tail.file_size:
             return None
+        cool_nums = {-(s + 1) for s in covered if s < 0 and s != _TAIL_MARK}
+        snap_cool = [f for f in self._manifest["cool_files"] if _cool_no(f) in cool_nums]
         if start > 0 and self._tail.buf is not None and self._tail.buf[start - 1] != 0x0A:
             return None
-        return start, list(meta.get("cool_files", []))
+        return start, snap_cool
 
     def _check_ingest(self, rep, path: str, *, sealed: bool) -> None:
         if rep.damaged_offset >= 0:
@@ -419,10 +430,18 @@ class ConversationStateRepository:
                                      rep.torn_offset, data.rstrip(b"\0"))
             self._quarantined.append({"file": path, "offset": rep.torn_offset,
                                       "bytes": len(data.rstrip(b"\0")), "quarantine": qpath})
-            self._tail.truncate_to(rep.torn_offset)
+            self._truncate_tail(rep.torn_offset)
         elif not sealed and not self.read_only and self._tail.file_size > rep.good_end:
             # zero padding (preallocation): cut it so appends continue at the logical end
-            self._tail.truncate_to(rep.good_end)
+            self._truncate_tail(rep.good_end)
+
+    def _truncate_tail(self, size: int) -> None:
+        index = getattr(self, "_index_building", None)
+        if index is not None:
+            index.detach(self._tail_seg)
+        self._tail.truncate_to(size)
+        if index is not None:
+            index.attach(self._tail_seg, self._tail.buf, self._tail.path)
 
     def _load_tombstones(self) -> dict[str, str]:
         path = os.path.join(self.hot_dir, TOMBSTONES_NAME)
@@ -635,7 +654,7 @@ class ConversationStateRepository:
         off, remapped = self._tail.append(data)
         self._wpos += len(data)
         if remapped:
-            self._index.attach(self._tail_seg, self._tail.buf)
+            self._reattach_tail()
         pos = off
         base = self._tail_seg << 40
         for j, i in enumerate(fresh):
@@ -655,14 +674,28 @@ class ConversationStateRepository:
         return self._wpos, len(fresh)
 
     def _note_order(self, m: ConversationMessageRecord) -> None:
-        """Mark a channel whose new hot message sorts before one of its cool rows."""
-        if m.channel_id in self._interleaved or not self._cool_has_channel(m.channel_id):
-            return
-        last = self._cool_max_order(m.channel_id)   # (hlc, msg_id) of the newest stamped row, or None
-        if last is None:
-            return
-        if not m.hlc or (m.hlc, m.msg_id) < last:
-            self._interleaved.add(m.channel_id)
+        """Keep the interleave verdict of the channel true after an append."""
+        if self._interleaved.get(m.channel_id) is False:
+            last = self._cool_max_order(m.channel_id)
+            if last is not None and (not m.hlc or (m.hlc, m.msg_id) < last):
+                self._interleaved[m.channel_id] = True
+
+    def _is_interleaved(self, channel_id: str) -> bool:
+        """Whether some hot message of the channel sorts before one of its cool
+        rows (a late merge or an unstamped message after stamped ones were
+        cooled): reads then merge the tiers in full. The hot array is sorted,
+        so its first message decides."""
+        verdict = self._interleaved.get(channel_id)
+        if verdict is None:
+            verdict = False
+            last = self._cool_max_order(channel_id) if self._cool_has_channel(channel_id) else None
+            if last is not None:
+                locs = self._index.channel_locs(codec.key(channel_id), -1)
+                if len(locs):
+                    first = self._read_loc(int(locs[0]))
+                    verdict = not first.hlc or (first.hlc, first.msg_id) < last
+            self._interleaved[channel_id] = verdict
+        return verdict
 
     def _wait_durable(self, target: int) -> None:
         """Return once the tail is synced up to ``target`` (group commit)."""
@@ -891,7 +924,7 @@ class ConversationStateRepository:
             return [r for r, _t in self._window(channel_id, n)]
 
     def _window(self, channel_id: str, n: int) -> list[tuple[ConversationMessageRecord, str]]:
-        if channel_id in self._interleaved:
+        if self._is_interleaved(channel_id):
             return self._channel_all(channel_id)[-n:]
         hot = self._hot_channel(channel_id, n)
         if len(hot) >= n or not self._cool_has_channel(channel_id):
@@ -976,7 +1009,7 @@ class ConversationStateRepository:
             raise TypeError(f"channel_id: expected str, got {type(channel_id).__name__}")
         with self._lock:
             self._check_open()
-            if channel_id not in self._interleaved:
+            if not self._is_interleaved(channel_id):
                 k = self._index.latest_task(codec.key(channel_id))
                 if k is not None:
                     return _unkey(k)
@@ -1150,8 +1183,10 @@ class ConversationStateRepository:
                 self._cool_max.clear()
             # 3. segments: roll the tail if it holds deleted lines or grew large
             stats = self._index.seg_stats()
+            tail_live = stats.get(self._tail_seg, (0, 0))
             roll = (self._tail_seg in self._dirty_segs or self._tail.size >= ROLL_BYTES
-                    or (self._tail.size > 0 and stats.get(self._tail_seg, (0, 0))[0] == 0))
+                    or (self._tail.size > 0 and tail_live[0] == 0)
+                    or self._sparse(self._tail.size, tail_live[1]))
             if roll:
                 self._roll_tail()
                 stats = self._index.seg_stats()
@@ -1164,7 +1199,7 @@ class ConversationStateRepository:
                     old_segs.append(seg)
                     rep.segments_reclaimed += 1
                     continue
-                if seg in self._dirty_segs or (size > (1 << 20) and live_bytes < SPARSE_FRACTION * size):
+                if seg in self._dirty_segs or self._sparse(size, live_bytes):
                     new_seg = self._rewrite_segment(seg)
                     rep.bytes_written += self._segs[new_seg].size
                     old_segs.append(seg)
@@ -1193,7 +1228,7 @@ class ConversationStateRepository:
             self._dirty_segs.clear()
             self._pending_erase.clear()
             self._cool_deleted.clear()
-            self._interleaved = {ch for ch in self._interleaved if self._still_interleaved(ch)}
+            self._interleaved.clear()
             self._since_compact = 0
             if self._snapshot_due():
                 self._write_snapshot()
@@ -1203,14 +1238,9 @@ class ConversationStateRepository:
             self._last_compaction = rep
             return rep
 
-    def _still_interleaved(self, channel_id: str) -> bool:
-        last = self._cool_max_order(channel_id) if self._cool_has_channel(channel_id) else None
-        if last is None:
-            return False
-        for rec, _t in self._hot_channel(channel_id):
-            if not rec.hlc or (rec.hlc, rec.msg_id) < last:
-                return True
-        return False
+    @staticmethod
+    def _sparse(size: int, live_bytes: int) -> bool:
+        return size > SPARSE_MIN_BYTES and live_bytes < SPARSE_FRACTION * size
 
     def _roll_tail(self) -> None:
         """Seal the tail as segment ``tail_seg`` and open an empty tail (lock held)."""
@@ -1224,7 +1254,7 @@ class ConversationStateRepository:
         fsync_dir(self.hot_dir)
         self._segs[seg] = Segment(sealed, seg)
         self._seg_order.append(seg)
-        self._index.attach(seg, self._segs[seg].buf)
+        self._index.attach(seg, self._segs[seg].buf, sealed)
         self._tail_seg = self._next_seg
         self._next_seg += 1
         self._tail = TailFile(os.path.join(self.hot_dir, TAIL_NAME), self._tail_seg)
@@ -1251,9 +1281,10 @@ class ConversationStateRepository:
         _write_new_file(path, b"".join(chunks))
         fsync_dir(self.hot_dir)
         self._segs[new_seg] = Segment(path, new_seg)
-        self._index.attach(new_seg, self._segs[new_seg].buf)
+        self._index.attach(new_seg, self._segs[new_seg].buf, path)
+        if moves:
+            self._index.relocate([a for a, _b in moves], [b for _a, b in moves])
         for old_loc, new_loc in moves:
-            self._index.relocate(old_loc, new_loc)
             rec = self._decoded.pop(old_loc, None)
             if rec is not None:
                 self._decoded[new_loc] = rec
@@ -1271,19 +1302,12 @@ class ConversationStateRepository:
         return self._snap_changes >= max(4096, len(self._index) // 4)
 
     def _write_snapshot(self) -> None:
-        meta = {"segments": list(self._seg_order), "tail_seg": self._tail_seg,
-                "sizes": {str(s): self._segs[s].size for s in self._seg_order},
-                "tail_offset": self._tail.size, "cool_files": list(self._manifest["cool_files"])}
-        path = os.path.join(self.hot_dir, SNAPSHOT_NAME)
-        tmp = path + ".tmp"
-        self._index.save_snapshot(tmp, {"meta": meta})
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        fsync_dir(self.hot_dir)
+        covered = {seg: self._segs[seg].size for seg in self._seg_order}
+        covered[self._tail_seg] = self._tail.size
+        covered[_TAIL_MARK] = self._tail_seg
+        for f in self._manifest["cool_files"]:
+            covered[-(_cool_no(f) + 1)] = 0
+        self._index.save_snapshot(os.path.join(self.hot_dir, SNAPSHOT_NAME), covered)
         self._snap_changes = 0
 
     # ------------------------------------------------------------------
@@ -1303,7 +1327,7 @@ class ConversationStateRepository:
             elif self._tail is not None:
                 start = self._tail.size
                 if self._tail.refresh_map():
-                    self._index.attach(self._tail_seg, self._tail.buf)
+                    self._reattach_tail()
                 rep = self._index.ingest(self._tail_seg, start, self._tail.file_size)
                 self._check_ingest(rep, self._tail.path, sealed=False)
                 self._tail.size = rep.good_end
@@ -1441,6 +1465,14 @@ class ConversationStateRepository:
 
     def __repr__(self) -> str:
         return f"ConversationStateRepository({self.state_dir!r}, durability={self.durability!r})"
+
+
+_TAIL_MARK = -1
+
+
+def _cool_no(name: str) -> int:
+    """The number n of a cool file ``cool-<n>.parquet``."""
+    return int(name.split("-", 1)[1].split(".", 1)[0])
 
 
 def _unlink(path: str) -> None:

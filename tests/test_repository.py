@@ -27,6 +27,11 @@ def msg(i: int, channel: str = "ch", task: str = "", content: str | None = None,
                                      channel_id=channel, task_id=task, hlc=hlc, ts=1_700_000_000.0 + i)
 
 
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def files_under(root):
     for dirpath, _dirs, names in os.walk(root):
         for n in names:
@@ -185,7 +190,7 @@ def test_second_writer_is_refused_and_reader_is_not(tmp_path):
         repo.append(msg(1))
         with pytest.raises(StateLockedError):
             ConversationStateRepository(tmp_path)
-        before = {p: open(p, "rb").read() for p in files_under(tmp_path)}
+        before = {p: read(p) for p in files_under(tmp_path)}
         with ConversationStateRepository(tmp_path, read_only=True) as viewer:
             assert viewer.window("ch") == [msg(1)]
             repo.append(msg(2))
@@ -195,7 +200,7 @@ def test_second_writer_is_refused_and_reader_is_not(tmp_path):
                 viewer.append(msg(3))
             with pytest.raises(RuneError):
                 viewer.compact()
-        after = {p: open(p, "rb").read() for p in files_under(tmp_path)}
+        after = {p: read(p) for p in files_under(tmp_path)}
         assert set(before) <= set(after)
 
 
