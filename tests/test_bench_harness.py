@@ -41,6 +41,8 @@ class FakeRepository:
         self.path = os.path.join(state_dir, "fake.jsonl")
         self.by_id: dict[str, dict] = {}
         self.order: list[str] = []
+        self.by_channel: dict[str, list[dict]] = {}
+        self.by_task: dict[str, list[dict]] = {}
         if os.path.exists(self.path):
             with open(self.path, "rb") as f:
                 for line in f:
@@ -53,6 +55,8 @@ class FakeRepository:
             return False
         self.by_id[d["msg_id"]] = d
         self.order.append(d["msg_id"])
+        self.by_channel.setdefault(d["channel_id"], []).append(d)
+        self.by_task.setdefault(d["task_id"], []).append(d)
         return True
 
     def _write(self, msgs: list[dict]) -> None:
@@ -75,7 +79,7 @@ class FakeRepository:
     def window(self, channel_id: str, n: int = 8) -> list[dict]:
         if n <= 0:
             return []
-        return [m for m in self._all() if m["channel_id"] == channel_id][-n:]
+        return self.by_channel.get(channel_id, [])[-n:]
 
     def get_message(self, msg_id: str) -> Any:
         rec = self.by_id.get(msg_id)
@@ -83,7 +87,7 @@ class FakeRepository:
                                record=rec, tier="hot" if rec else None)
 
     def messages_for_task(self, task_id: str) -> list[dict]:
-        return [m for m in self._all() if m["task_id"] == task_id]
+        return list(self.by_task.get(task_id, []))
 
     def search(self, text: str, channel_id: str | None = None, *, limit: int | None = None,
                case_sensitive: bool = False) -> list[Any]:
