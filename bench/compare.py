@@ -41,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
@@ -48,10 +49,64 @@ from typing import Any, Callable, Sequence
 from . import workload as wl
 from .sqlite_store import SQLiteStore
 
-__all__ = ["Config", "Row", "Report", "StoreSpec", "run_comparison", "main", "OPERATIONS"]
+__all__ = ["Config", "Row", "Report", "StoreSpec", "run_comparison", "main", "OPERATIONS", "DESCRIPTIONS",
+           "format_table", "plot", "machine_info"]
 
 BENCH_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNE_REF = "rune_fast.conversation_state:ConversationStateRepository"
+
+#: What each line measures, and at which durability (``--explain`` prints this).
+DESCRIPTIONS = {
+    "append_fsync": "append(msg) of one new message with durability='fsync' (on stable storage when the "
+                    "call returns; includes the store's automatic compactions), per message, on the "
+                    "N-message store; vs SQLite WAL synchronous=FULL, one transaction per append.",
+    "append_fsync_vs_raw": "the same rune_fast appends vs the floor: os.write + os.fdatasync of each "
+                           "message's canonical JSON line to a plain file.",
+    "append_many": "append_many of a batch of 1,000 new messages (one sync at the end), per batch; vs "
+                   "SQLite one transaction per batch at synchronous=FULL.",
+    "append_batch": "append(msg) with durability='batch' from one thread (group commit; each call still "
+                    "durable on return); vs SQLite synchronous=FULL (same promise).",
+    "append_batch_threads": "append(msg) with durability='batch' from 2 threads at once on one store "
+                            "(group commit: concurrent appends share a sync; each call durable on "
+                            "return), per message; vs SQLite synchronous=FULL, one connection per thread "
+                            "(writers serialise on the WAL lock, default busy handler).",
+    "append_none_off": "append(msg) with durability='none' (survives a process crash, not power loss); "
+                       "vs SQLite WAL synchronous=OFF (no syncs: the same promise).",
+    "append_none_normal": "the same rune_fast appends vs SQLite WAL synchronous=NORMAL (no sync per "
+                          "commit, sync at WAL checkpoints: consistent after power loss, may lose the "
+                          "latest commits).",
+    "window": "window(ch, 8): the last 8 messages of a random channel, decoded into records; vs SQLite "
+              "ORDER BY seq DESC LIMIT 8 on the (channel_id, seq) index.",
+    "get_message": "get_message(id) of a random stored id (digest verified); vs SQLite lookup on the "
+                   "unique msg_id index.",
+    "messages_for_task": "messages_for_task(task) of a random task (about 40 messages), all tiers; vs "
+                         "SQLite on the (task_id, seq) index.",
+    "search_ci": "search(text) case-insensitive over every message (hot and cool), an ASCII needle "
+                 "planted in ~0.3% of messages; vs SQLite's instr(lower(content), lower(?)) full scan "
+                 "(ASCII-only folding: see the hit-count notes).",
+    "open_first_window": "open the N-message store and read its first window(ch, 8) (page cache warm; "
+                         "close not timed); vs SQLite connect + pragmas + the same query.",
+    "open_after_kill": "the same, right after a writer process appended 3 messages and was killed with "
+                       "SIGKILL (recovery included); SQLite replays its WAL likewise.",
+    "rss_per_msg": "resident memory (VmRSS) added by opening the N-message store and touching it "
+                   "(window on every channel, 50 tasks, 1,000 get_message), divided by N; fresh "
+                   "subprocess, baseline taken after the imports.",
+    "write_amp_bulk": "bytes written to disk (/proc/self/io write_bytes - cancelled_write_bytes) per "
+                      "byte of message content, for a bulk load in batches of 1,000 (durability='fsync') "
+                      "plus compact() (with cooling beyond hot_window); vs SQLite, one txn per batch.",
+    "write_amp_durable": "the same ratio for single durable appends (fsync per append) into a store; "
+                         "vs SQLite synchronous=FULL.",
+    "write_amp_durable_vs_raw": "the same rune_fast number vs the raw write+fdatasync loop of the "
+                                "messages' JSON lines (the floor: every sync re-dirties a 4 KiB page).",
+    "disk_size": "allocated bytes of every file of the N-message store after close; vs the SQLite "
+                 "database after close (WAL checkpointed away).",
+    "append_at_small": "durable append (fsync) cost on a store of the small size (10,000 by default).",
+    "append_at_n": "durable append (fsync) cost on the N-message store (same samples as append_fsync).",
+    "append_flatness": "growth of the durable append cost from the small store to N (t_N / t_small); "
+                       "flat means about 1.",
+    "bulk_load": "building the N-message store (append_many batches of 1,000, durability='fsync', then "
+                 "compact()), per message, one run only; vs SQLite one transaction per batch.",
+}
 
 #: Keys of the rows every run produces, in table order.
 OPERATIONS = (
@@ -59,6 +114,7 @@ OPERATIONS = (
     "append_fsync_vs_raw",
     "append_many",
     "append_batch",
+    "append_batch_threads",
     "append_none_off",
     "append_none_normal",
     "window",
@@ -92,6 +148,7 @@ class Config:
     queries: int = 2_000          # window / get_message calls per repeat
     task_queries: int = 200       # messages_for_task calls per repeat
     search_queries: int = 1       # full searches per repeat
+    slices: int = 10              # each repeat of a loop is cut in this many turns, interleaved
     appends: int = 200            # single appends per repeat (each durability mode)
     batch: int = 1_000            # append_many batch size (also the bulk-load batch)
     small: int = 10_000           # store size of the flatness baseline
@@ -112,7 +169,7 @@ class Config:
     @classmethod
     def tiny(cls, **kw: Any) -> "Config":
         """For the harness test: a few hundred messages, one repeat."""
-        base = dict(n=200, repeats=1, queries=20, task_queries=5, appends=5, batch=20, small=50,
+        base = dict(n=200, repeats=1, slices=1, queries=20, task_queries=5, appends=5, batch=20, small=50,
                     io_n=200, io_appends=10)
         base.update(kw)
         return cls(**base)
@@ -122,6 +179,7 @@ class Config:
         self.small = max(1, min(self.small, self.n // 2 if self.n >= 4 else self.n))
         self.io_n = max(1, min(self.io_n, self.n))
         self.repeats = max(1, self.repeats)
+        self.slices = max(1, min(self.slices, self.appends, self.queries, self.task_queries))
         return self
 
 
@@ -255,20 +313,33 @@ def _timed(fn: Callable[[Any], Any], items: Sequence[Any]) -> float:
     return (t1 - t0) / max(1, len(items))
 
 
-def _interleaved(jobs: dict[str, Callable[[int], float]], repeats: int, warmup: bool = True) -> dict[str, list[float]]:
-    """Run each job once per repeat, alternating between them; ``job(i)`` returns ns/op.
+def _interleaved(jobs: dict[str, Callable[[int], float]], repeats: int, warmup: bool = True,
+                 slices: int = 1) -> dict[str, list[float]]:
+    """Per repeat, run each job ``slices`` times, alternating between jobs; returns ns/op per repeat.
 
-    With ``warmup``, every job first runs once untimed (``i = -1``).
+    ``job(i)`` does one slice of a repeat's work and returns its ns/op; a
+    repeat's value is the mean over its equal-sized slices. Jobs take turns in
+    a rotating order, slice by slice, so that a burst of load from other
+    processes on a shared machine falls on every side alike. With ``warmup``,
+    every job first runs once untimed (``i = -1``).
     """
     if warmup:
         for job in jobs.values():
             job(-1)
+    names = list(jobs)
     out: dict[str, list[float]] = {name: [] for name in jobs}
     for i in range(repeats):
         gc.collect()
-        names = list(jobs) if i % 2 == 0 else list(reversed(jobs))
+        acc: dict[str, list[float]] = {name: [] for name in jobs}
+        for j in range(slices):
+            shift = (i * slices + j) % len(names)
+            order = names[shift:] + names[:shift]
+            if (i + j) % 2:
+                order.reverse()
+            for name in order:
+                acc[name].append(jobs[name](i))
         for name in names:
-            out[name].append(jobs[name](i))
+            out[name].append(statistics.fmean(acc[name]))
     return out
 
 
@@ -678,16 +749,28 @@ def _run(cfg: Config, rune: StoreSpec, sql: StoreSpec, factory: Callable[[dict],
     tasks = w.sample_tasks(cfg.task_queries, seed=33)
     needles = [wl.NEEDLE_ASCII] * cfg.search_queries
 
+    sl = cfg.slices
+
     def loop(fn: Callable[[Any], Any], items: Sequence[Any]) -> Callable[[int], float]:
-        return lambda _i: _timed(fn, items)
+        """A job timing ``fn`` over the next 1/slices of ``items`` per call (cycling)."""
+        size = max(1, len(items) // sl)
+        chunks = [items[j:j + size] for j in range(0, size * sl, size)] if len(items) >= sl else [items]
+        state = {"next": 0}
+
+        def job(_i: int) -> float:
+            chunk = chunks[state["next"] % len(chunks)]
+            state["next"] += 1
+            return _timed(fn, chunk)
+        return job
 
     res = _interleaved({"rune": loop(lambda c: s_rune.window(c, 8), chans),
-                        "sql": loop(lambda c: s_sql.window(c, 8), chans)}, reps)
+                        "sql": loop(lambda c: s_sql.window(c, 8), chans)}, reps, slices=sl)
     rows.append(_time_row("window", "window(ch, 8)", res, "SQLite index (channel_id, seq)", ">= 10x", 10))
-    res = _interleaved({"rune": loop(s_rune.get_message, ids), "sql": loop(s_sql.get_message, ids)}, reps)
+    res = _interleaved({"rune": loop(s_rune.get_message, ids), "sql": loop(s_sql.get_message, ids)}, reps,
+                       slices=sl)
     rows.append(_time_row("get_message", "get_message(id)", res, "SQLite unique index on msg_id", ">= 3x", 3))
     res = _interleaved({"rune": loop(s_rune.messages_for_task, tasks),
-                        "sql": loop(s_sql.messages_for_task, tasks)}, reps)
+                        "sql": loop(s_sql.messages_for_task, tasks)}, reps, slices=sl)
     rows.append(_time_row("messages_for_task", "messages_for_task(task)", res, "SQLite index (task_id, seq)",
                           ">= 10x", 10))
     res = _interleaved({"rune": loop(lambda t: s_rune.search(t), needles),
@@ -720,10 +803,11 @@ def _run(cfg: Config, rune: StoreSpec, sql: StoreSpec, factory: Callable[[dict],
     def append_job(store: Any, k: int) -> Callable[[int], float]:
         return lambda _i: _timed(store.append, take(k))
 
-    k = cfg.appends
+    # k appends per turn, ``slices`` turns per repeat: cfg.appends per repeat and side.
+    k = max(1, cfg.appends // sl)
     res = _interleaved({"rune": append_job(s_rune, k), "sql": append_job(s_sql, k),
                         "raw": lambda _i: _timed(raw_append, take(k)),
-                        "rune_s": append_job(s_rune_s, k), "sql_s": append_job(s_sql_s, k)}, reps)
+                        "rune_s": append_job(s_rune_s, k), "sql_s": append_job(s_sql_s, k)}, reps, slices=sl)
     os.close(raw_fd)
     rows.append(_time_row("append_fsync", "append, durable (fsync), per msg", res,
                           "SQLite WAL synchronous=FULL, 1 txn/append", ">= 1.2x", 1.2))
@@ -754,19 +838,52 @@ def _run(cfg: Config, rune: StoreSpec, sql: StoreSpec, factory: Callable[[dict],
     say("appends: batch and none durability modes ...")
     s_rune = rune.open(d_rune, "batch", rt)
     s_sql = sql.open(d_sql, "fsync", rt)
-    res = _interleaved({"rune": append_job(s_rune, k), "sql": append_job(s_sql, k)}, reps)
+    res = _interleaved({"rune": append_job(s_rune, k), "sql": append_job(s_sql, k)}, reps, slices=sl)
     rows.append(_time_row("append_batch", "append, durability=batch, per msg (1 thread)", res,
                           "SQLite FULL (both durable on return)", "", None))
+    s_sql2 = sql.open(d_sql, "fsync", rt)
+
+    def threaded_job(stores: list[Any]) -> Callable[[int], float]:
+        def job(_i: int) -> float:
+            parts = [take(k) for _ in stores]
+            barrier = threading.Barrier(len(stores) + 1)
+            errors: list[BaseException] = []
+
+            def worker(store: Any, part: list[Any]) -> None:
+                barrier.wait()
+                try:
+                    for m in part:
+                        store.append(m)
+                except BaseException as exc:  # reported below, not swallowed
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=worker, args=(st, part)) for st, part in zip(stores, parts)]
+            for t in threads:
+                t.start()
+            barrier.wait()
+            t0 = time.perf_counter_ns()
+            for t in threads:
+                t.join()
+            t1 = time.perf_counter_ns()
+            if errors:
+                raise errors[0]
+            return (t1 - t0) / (k * len(stores))
+        return job
+
+    res = _interleaved({"rune": threaded_job([s_rune, s_rune]), "sql": threaded_job([s_sql, s_sql2])}, reps, slices=sl)
+    rows.append(_time_row("append_batch_threads", "append, durability=batch, 2 threads, per msg", res,
+                          "SQLite FULL, 1 connection per thread", "", None))
     s_rune.close()
     s_sql.close()
+    s_sql2.close()
     s_rune = rune.open(d_rune, "none", rt)
     s_off = sql.open(d_sql, "off", rt)
-    res = _interleaved({"rune": append_job(s_rune, k), "sql": append_job(s_off, k)}, reps)
+    res = _interleaved({"rune": append_job(s_rune, k), "sql": append_job(s_off, k)}, reps, slices=sl)
     rows.append(_time_row("append_none_off", "append, durability=none, per msg", res,
                           "SQLite WAL synchronous=OFF (both: no sync)", "", None))
     s_off.close()
     s_norm = sql.open(d_sql, "normal", rt)
-    res = _interleaved({"rune": append_job(s_rune, k), "sql": append_job(s_norm, k)}, reps)
+    res = _interleaved({"rune": append_job(s_rune, k), "sql": append_job(s_norm, k)}, reps, slices=sl)
     rows.append(_time_row("append_none_normal", "append, durability=none, per msg", res,
                           "SQLite WAL synchronous=NORMAL (sync at checkpoint)", "", None))
     s_norm.close()
@@ -877,11 +994,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--dir", help="parent directory of the temporary stores (default: the system temp dir)")
     p.add_argument("--json", dest="json_out", help="write the report as JSON here")
     p.add_argument("--plot", dest="plot_out", help="write a PNG bar chart of the ratios here (needs matplotlib)")
+    p.add_argument("--explain", action="store_true", help="say what each line measures, then exit")
     p.add_argument("--store", default=RUNE_REF, metavar="MODULE:CLASS",
                    help="the store on the rune_fast side (default: %(default)s)")
     p.add_argument("--factory", default="bench.workload:default_message_factory", metavar="MODULE:FUNC",
                    help="dict -> message for that store (default: %(default)s)")
     args = p.parse_args(argv)
+    if args.explain:
+        for key in OPERATIONS:
+            print(f"{key}:\n    {DESCRIPTIONS[key]}")
+        return 0
     cfg = Config.quick() if args.quick else Config()
     if args.n is not None:
         cfg.n = args.n
@@ -894,7 +1016,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         rune_store = _load_ref(args.store)
         factory = _load_ref(args.factory)
-    except (ImportError, AttributeError) as exc:
+    except (ImportError, AttributeError, ValueError) as exc:
         print(f"cannot import {args.store}: {exc}\n(build rune_fast first: make build)", file=sys.stderr)
         return 2
     t0 = time.perf_counter()

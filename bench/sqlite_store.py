@@ -71,7 +71,9 @@ class SQLiteStore:
         self._from_dict = getattr(record_type, "from_dict", None)
         # isolation_level=None: autocommit, so a bare INSERT is one transaction
         # and batches use explicit BEGIN/COMMIT.
-        self.conn = sqlite3.connect(self.path, isolation_level=None)
+        # check_same_thread=False: a connection may be handed to one worker thread
+        # (never used by two threads at once).
+        self.conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute(f"PRAGMA synchronous={self.synchronous}")
         if read_only:

@@ -201,10 +201,13 @@ class Workload:
 
 class _Generator:
     def __init__(self, seed: int, channel_ids: list[str], channel_tasks: dict[str, list[str]],
-                 weights: list[float]) -> None:
+                 weights: list[float], n: int) -> None:
         rng = random.Random(seed ^ 0xC0FFEE)
-        self.prose = _prose_corpus(rng, 400_000)
-        self.tool = _tool_corpus(rng, 400_000)
+        # Texts are slices of two corpora at random offsets; small workloads get
+        # smaller corpora (still far longer than the longest message).
+        chars = min(400_000, max(40_000, 1_000 * n))
+        self.prose = _prose_corpus(rng, chars)
+        self.tool = _tool_corpus(rng, chars)
         self.channel_ids = channel_ids
         self.channel_tasks = channel_tasks
         self.cum_weights = list(_accumulate(weights))
@@ -328,7 +331,7 @@ def generate(n: int, *, channels: int | None = None, tasks: int | None = None,
         ts = channel_tasks[channel]
         return ts[min(len(ts) - 1, int(i * len(ts) / expected[channel]))]
 
-    gen = _Generator(seed, channel_ids, channel_tasks, weights)
+    gen = _Generator(seed, channel_ids, channel_tasks, weights, n)
     messages = gen.stream(rng, n, task_plan=plan)
     return Workload(seed=seed, messages=messages, channel_ids=channel_ids,
                     task_ids=task_ids, channel_tasks=channel_tasks, _gen=gen)
