@@ -43,6 +43,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -610,14 +611,23 @@ def run_comparison(config: Config | None = None, *, rune_store: Any = None,
                      fref, fpath)
     sql = StoreSpec("sqlite", "bench.sqlite_store:SQLiteStore", BENCH_ROOT, {}, fref, fpath)
 
-    owned = cfg.workdir is None
     root = tempfile.mkdtemp(prefix="rune-bench-", dir=cfg.workdir or None)
     try:
-        return _run(cfg, rune, sql, factory, root, say)
+        # Warnings from the stores (say, a recovery report after the killed
+        # writer) become notes of the report instead of errors or noise.
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            report = _run(cfg, rune, sql, factory, root, say)
+        seen: set[str] = set()
+        for wmsg in caught:
+            text = f"{wmsg.category.__name__}: {wmsg.message}"
+            if text not in seen:
+                seen.add(text)
+                report.notes.append(f"warning during the run: {text}")
+        return report
     finally:
         gc.unfreeze()
-        if owned or os.path.isdir(root):
-            shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _run(cfg: Config, rune: StoreSpec, sql: StoreSpec, factory: Callable[[dict], Any],
@@ -879,12 +889,12 @@ def _run(cfg: Config, rune: StoreSpec, sql: StoreSpec, factory: Callable[[dict],
     s_rune = rune.open(d_rune, "none", rt)
     s_off = sql.open(d_sql, "off", rt)
     res = _interleaved({"rune": append_job(s_rune, k), "sql": append_job(s_off, k)}, reps, slices=sl)
-    rows.append(_time_row("append_none_off", "append, durability=none, per msg", res,
+    rows.append(_time_row("append_none_off", "append, durability=none vs sync=OFF, per msg", res,
                           "SQLite WAL synchronous=OFF (both: no sync)", "", None))
     s_off.close()
     s_norm = sql.open(d_sql, "normal", rt)
     res = _interleaved({"rune": append_job(s_rune, k), "sql": append_job(s_norm, k)}, reps, slices=sl)
-    rows.append(_time_row("append_none_normal", "append, durability=none, per msg", res,
+    rows.append(_time_row("append_none_normal", "append, durability=none vs sync=NORMAL, per msg", res,
                           "SQLite WAL synchronous=NORMAL (sync at checkpoint)", "", None))
     s_norm.close()
     s_rune.close()
