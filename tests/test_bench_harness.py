@@ -123,6 +123,13 @@ def _check_report(report: compare.Report) -> None:
     assert not [n for n in report.notes if n.startswith("SANITY")], report.notes
 
 
+def test_every_line_is_explained(capsys: pytest.CaptureFixture[str]) -> None:
+    assert set(compare.DESCRIPTIONS) == set(compare.OPERATIONS)
+    assert compare.main(["--explain"]) == 0
+    out = capsys.readouterr().out
+    assert all(key in out for key in compare.OPERATIONS)
+
+
 def test_workload_is_deterministic_and_realistic() -> None:
     a = workload.generate(300, seed=7)
     b = workload.generate(300, seed=7)
