@@ -6,6 +6,7 @@ Run::
     python -m bench.compare --quick         # 20,000 messages, well under a minute
     python -m bench.compare --n 1000000     # the full size (slow: minutes)
     python -m bench.compare --json out.json --plot out.png --dir /some/tmp
+    python -m bench.compare --explain       # what each line measures, at which durability
 
 Both stores get the same seeded workload (:mod:`bench.workload`) in the same
 process, and their measurements are interleaved (rune, sqlite, rune, sqlite,
@@ -941,8 +942,7 @@ def _run(cfg: Config, rune: StoreSpec, sql: StoreSpec, factory: Callable[[dict],
     s_norm.close()
     s_rune.close()
 
-    # -- bytes written per content byte (subprocesses) --------------------------
-
+    # -- bytes written per content byte (measured by the probes above) ----------
     def amp(key: tuple[str, str]) -> float:
         r = io[key]
         return r["io"]["disk_bytes"] / max(1, r["content"])
