@@ -157,6 +157,8 @@ class Config:
     io_n: int = 50_000            # messages of the bytes-written bulk load
     io_appends: int = 500         # durable appends of the bytes-written measure
     seed: int = 0
+    channels: int | None = None   # None: scaled with n (see bench.workload.generate)
+    tasks: int | None = None
     workdir: str | None = None
     compact_every: int = 64
     hot_window: int = 512
@@ -658,7 +660,7 @@ def _run(cfg: Config, rune: StoreSpec, sql: StoreSpec, factory: Callable[[dict],
     say(f"filesystem: {machine['filesystem']}")
     say(f"rune_fast side: {rune.ref}")
     say(f"generating workload: {cfg.n:,} messages (seed {cfg.seed}) ...")
-    w = wl.generate(cfg.n, seed=cfg.seed)
+    w = wl.generate(cfg.n, channels=cfg.channels, tasks=cfg.tasks, seed=cfg.seed)
     msgs = [factory(m) for m in w.messages]
     rt = _record_type(msgs[0])
     need_fresh = (2 * reps + 2) * cfg.appends * 4 + (reps + 1) * cfg.batch * 2 + 64
@@ -1038,7 +1040,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="20,000 messages and shorter loops (well under a minute)")
     p.add_argument("--n", type=int, help="messages in the main stores (default 100,000; the issue's size is 1000000)")
     p.add_argument("--repeats", type=int, help="repeats per timed line, median reported (default 5)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    p.add_argument("--channels", type=int, help="channels of the workload (default: n // 1000, 2..1000)")
+    p.add_argument("--tasks", type=int, help="tasks of the workload (default: n // 40)")
     p.add_argument("--dir", help="parent directory of the temporary stores (default: the system temp dir)")
     p.add_argument("--json", dest="json_out", help="write the report as JSON here")
     p.add_argument("--plot", dest="plot_out", help="write a PNG bar chart of the ratios here (needs matplotlib)")
@@ -1060,6 +1064,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.repeats is not None:
         cfg.repeats = args.repeats
     cfg.seed = args.seed
+    cfg.channels = args.channels
+    cfg.tasks = args.tasks
     cfg.workdir = args.dir
     try:
         rune_store = _load_ref(args.store)
