@@ -95,7 +95,9 @@ class FakeRepository:
         needle = fold(text)
         hits = [SimpleNamespace(record=m, tier="hot") for m in self._all()
                 if needle in fold(m["content"]) and (channel_id is None or m["channel_id"] == channel_id)]
-        return hits if limit is None else hits[len(hits) - limit:] if limit else []
+        if limit is None:
+            return hits
+        return hits[-limit:] if limit > 0 else []
 
     def compact(self) -> dict:
         return {}
