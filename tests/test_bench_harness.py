@@ -162,10 +162,19 @@ def test_sqlite_store_round_trip(tmp_path) -> None:
     assert got[-1]["tool_calls"] == list(want[-1]["tool_calls"])
     assert s.get_message(w.messages[5]["msg_id"])["content"] == w.messages[5]["content"]
     assert s.get_message("msg_nope") is None
+    base = dict(w.messages[0], channel_id="fold", task_id="")
+    s.append_many([dict(base, msg_id=f"msg_fold{i}", content=c)
+                   for i, c in enumerate(("QUARTERLY report", "ÜBERWEISUNG", "überweisung"))])
+    assert len(s.search_ci("quarterly REPORT", channel_id="fold")) == 1
+    # SQLite's lower() folds ASCII only: the upper-case umlaut is missed.
+    assert [m["content"] for m in s.search_ci("überweisung", channel_id="fold")] == ["überweisung"]
+    assert len(s.search_ci("", channel_id="fold", limit=2)) == 2
     task = w.messages[10]["task_id"]
     assert [m["msg_id"] for m in s.messages_for_task(task)] == \
         [m["msg_id"] for m in w.messages if m["task_id"] == task]
     s.close()
+    with pytest.raises(ValueError):
+        SQLiteStore(tmp_path, durability="sometimes")
 
 
 def test_harness_runs_with_fake_store(tmp_path) -> None:
