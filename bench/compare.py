@@ -1015,7 +1015,8 @@ def plot(report: Report, path: str) -> bool:
     colors = ["tab:green" if r.met else ("tab:red" if r.met is False else "tab:gray") for r in rows]
     ax.barh(list(ys), [r.ratio for r in rows], color=colors)
     for y, r in zip(ys, rows):
-        ax.annotate(f" {r.ratio:.2g}x", (r.ratio, y), va="center", fontsize=7)
+        label = f"{r.ratio:.0f}" if r.ratio >= 100 else f"{r.ratio:.1f}" if r.ratio >= 10 else f"{r.ratio:.2g}"
+        ax.annotate(f" {label}x", (r.ratio, y), va="center", fontsize=7)
         if r.goal is not None:
             ax.plot([r.goal], [y], marker="|", color="black", markersize=14, markeredgewidth=2)
     ax.set_yticks(list(ys))
@@ -1023,8 +1024,8 @@ def plot(report: Report, path: str) -> bool:
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.axvline(1.0, color="black", linewidth=0.8)
-    ax.set_xlabel("ratio other / rune_fast (> 1: rune_fast faster or smaller); | = target; "
-                  "green met, red missed, grey no target")
+    ax.set_xlabel("ratio other / rune_fast (> 1: rune_fast faster or smaller)\n"
+                  "| = target; green met, red missed, grey no target", fontsize=9)
     title = f"rune_fast vs SQLite, {report.config['n']:,} messages, {report.machine['cpu']}"
     if report.rune_store != RUNE_REF:
         title += f"\n(rune side: {report.rune_store} -- not the real repository)"
