@@ -18,7 +18,8 @@ from libc.string cimport memchr, memcmp, memcpy, memmove, memset
 
 cimport _xxh
 from rf_core cimport (RF_ID_OFF, RF_MAX_LINE, RF_OK, rf_all_zero, rf_check_frame,
-                      rf_cmp_bytes, rf_content_has, rf_has_nonascii, rf_i64vec,
+                      rf_cmp_bytes, rf_content_has, rf_find, rf_find_nonascii,
+                      rf_has_nonascii, rf_i64vec, rf_line_start,
                       rf_i64vec_push, rf_lower, rf_msg, rf_parse_msg, rf_reason,
                       rf_scan_result)
 
@@ -1314,6 +1315,8 @@ cdef class HotIndex:
         cdef const unsigned char *p
         cdef const unsigned char *nl
         cdef const unsigned char *c
+        cdef const unsigned char *nh
+        cdef const unsigned char *hb
         cdef rf_msg msg
         cdef int oom = 0
         cdef uint32_t li, j, e
@@ -1330,15 +1333,34 @@ cdef class HotIndex:
                     base = self._c_segs[seg].ptr
                     end = self._c_segs[seg].len
                     pos = 0
+                    nh = NULL
+                    hb = NULL
                     while pos < end and not oom:
+                        # jump to the next line that can match: a needle candidate
+                        # or (with na) a non-ASCII byte; each stream scans forward once
                         p = base + pos
-                        nl = <const unsigned char *>memchr(p, b'\n', <size_t>(end - pos))
+                        if nh == NULL or nh < p:
+                            nh = rf_find(p, <size_t>(end - pos), nd, m, ci)
+                            if nh == NULL:
+                                nh = base + end
+                        c = nh
+                        if na:
+                            if hb == NULL or hb < p:
+                                hb = rf_find_nonascii(p, <size_t>(end - pos))
+                                if hb == NULL:
+                                    hb = base + end
+                            if hb < c:
+                                c = hb
+                        if c >= base + end:
+                            break
+                        p = rf_line_start(p, c)
+                        nl = <const unsigned char *>memchr(c, b'\n', <size_t>(base + end - c))
                         if nl == NULL:
                             break          # a torn or in-flight final line: never indexed
                         ln = nl - p
-                        loc = (seg << 40) | pos
+                        loc = (seg << 40) | (p - base)
                         # checksums are checked when a hit is read (line());
-                        # a line that does not even parse is damage if it is live
+                        # a candidate line that does not even parse is damage if live
                         if rf_parse_msg(p, <size_t>ln, &msg, 0) != RF_OK:
                             oom = rf_i64vec_push(&bad, loc)
                         elif msg.kind == b'm':
@@ -1346,7 +1368,7 @@ cdef class HotIndex:
                             if (rf_content_has(c, nl, nd, m, ci)
                                     or (na and rf_has_nonascii(c, <size_t>(nl - c)))):
                                 oom = rf_i64vec_push(&hits, loc)
-                        pos += ln + 1
+                        pos = (nl - base) + 1
                 # hits and bad lines are sorted by loc; keep the live ones, in channel order
                 if not oom and (hits.n or bad.n):
                     for li in range(self._n_chan):
