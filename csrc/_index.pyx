@@ -19,7 +19,7 @@ from libc.string cimport memchr, memcmp, memcpy, memmove, memset
 cimport _xxh
 from rf_core cimport (RF_ID_OFF, RF_MAX_LINE, RF_OK, rf_all_zero, rf_check_frame,
                       rf_cmp_bytes, rf_content_has, rf_find, rf_find_nonascii,
-                      rf_has_nonascii, rf_i64vec, rf_line_start,
+                      rf_has_nonascii, rf_i64vec, rf_line_start, rf_prefault,
                       rf_i64vec_push, rf_lower, rf_msg, rf_parse_msg, rf_reason,
                       rf_scan_result)
 
@@ -877,6 +877,8 @@ cdef class HotIndex:
             r.good_end = start
             r.torn_offset = -1
             r.damaged_offset = -1
+            with nogil:
+                rf_prefault(base + start, <size_t>(end - start))
             while more:
                 self._c_busy = 1
                 with nogil:

@@ -309,6 +309,23 @@ static inline const unsigned char *rf_find_nonascii(const unsigned char *h, size
     return NULL;
 }
 
+#include <sys/mman.h>
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+
+/* Ask the kernel to map the pages of [p, p+n) in one call (a mapped file is
+ * then read without a page fault per 4 KiB). Advice only: errors are ignored
+ * (old kernels, buffers that are not file maps). */
+static inline void rf_prefault(const unsigned char *p, size_t n)
+{
+    uintptr_t a = (uintptr_t)p & ~(uintptr_t)4095;
+    size_t len = (size_t)((uintptr_t)p + n - a);
+    if (n < (1u << 20)) return;
+    if (madvise((void *)a, len, MADV_POPULATE_READ) != 0)
+        (void)madvise((void *)a, len, MADV_WILLNEED);
+}
+
 /* Start of the line holding p, not before lo. */
 static inline const unsigned char *rf_line_start(const unsigned char *lo, const unsigned char *p)
 {
