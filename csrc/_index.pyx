@@ -542,7 +542,7 @@ cdef class HotIndex:
         n = self._n_chan if chan else self._n_task
         cap = self._cap_chan if chan else self._cap_task
         if n == cap:
-            cap = cap * 2 + 8
+            cap = cap + (cap >> 2) + 8
             arr = <rf_list *>realloc(self._c_chan if chan else self._c_task,
                                      cap * sizeof(rf_list))
             if arr == NULL:
@@ -569,7 +569,7 @@ cdef class HotIndex:
         cdef uint64_t *nh
         cdef uint32_t *ni
         cdef uint32_t count = (self._n_chan if which == 0 else self._n_task) + 1
-        if <uint64_t>count * 2 > cap:
+        if <uint64_t>count * 4 > cap * 3:
             nc = cap * 2 if cap else 16
             nh = <uint64_t *>calloc(<size_t>nc, sizeof(uint64_t))
             ni = <uint32_t *>calloc(<size_t>nc, sizeof(uint32_t))
@@ -631,7 +631,7 @@ cdef class HotIndex:
         if L.ns:
             if not L.lk_ok:
                 if self._parse_entry(L.s[L.ns - 1], &lp, &lm) != 0:
-                    raise RuneError(self._unreadable(L.s[L.ns - 1]))
+                    raise (self._unreadable(L.s[L.ns - 1]))
                 self._set_lk(L, lp + lm.hlc_off, lm.hlc_len, lp + lm.id_off, lm.id_len)
             c = rf_cmp_bytes(L.lk, L.lk_hl, hp, m.hlc_len)
             if c == 0:
@@ -643,7 +643,7 @@ cdef class HotIndex:
                 while lo < hi:
                     mid = lo + (hi - lo) // 2
                     if self._cmp_entry(L.s[mid], hp, m.hlc_len, ip, m.id_len, &c) != 0:
-                        raise RuneError(self._unreadable(L.s[mid]))
+                        raise (self._unreadable(L.s[mid]))
                     if c > 0:
                         hi = mid
                     else:
@@ -677,10 +677,16 @@ cdef class HotIndex:
         L.lk_ok = 1
         return 0
 
-    cdef str _unreadable(self, uint32_t e):
+    cdef object _unreadable(self, uint32_t e):
+        """The error for an indexed line that cannot be parsed: RuneError if its
+        segment is not attached, else CorruptStateCheckpointError (file, offset)."""
         cdef int64_t loc = self._c_locs[e] & LOC_MASK
-        return (f"indexed line at offset {loc & OFF_MASK} of {self._where(loc >> 40)} "
-                f"cannot be read (segment not attached or line not a message)")
+        cdef int64_t seg = loc >> 40
+        if seg >= self._n_segs or self._c_segs[seg].state == 0:
+            return RuneError(f"indexed line at offset {loc & OFF_MASK} of segment {seg} cannot "
+                             f"be read: the segment is not attached")
+        return CorruptStateCheckpointError("indexed line is no longer a readable message line",
+                                           path=self._where(seg), offset=loc & OFF_MASK)
 
     cdef int _index_line(self, int64_t loc, const unsigned char *p, rf_msg *m, uint64_t h) except -1:
         """Index the checked, parsed message line p at loc (its id is not indexed)."""
@@ -704,14 +710,22 @@ cdef class HotIndex:
         cdef rf_msg m
         cdef int64_t ci, ti
         if self._parse_entry(e, &p, &m) != 0:
-            raise RuneError(self._unreadable(e))
-        ci = self._list_index(True, p + m.ch_off, m.ch_len, False)
-        if ci >= 0:
-            self._dirty_chan.add(ci)
-        if m.task_len:
-            ti = self._list_index(False, p + m.task_off, m.task_len, False)
-            if ti >= 0:
-                self._dirty_task.add(ti)
+            # a damaged line can still be removed: its channel and task are
+            # unknown, so every array drops it at the sweep
+            err = self._unreadable(e)
+            if isinstance(err, CorruptStateCheckpointError):
+                self._dirty_chan.update(range(self._n_chan))
+                self._dirty_task.update(range(self._n_task))
+            else:
+                raise err
+        else:
+            ci = self._list_index(True, p + m.ch_off, m.ch_len, False)
+            if ci >= 0:
+                self._dirty_chan.add(ci)
+            if m.task_len:
+                ti = self._list_index(False, p + m.task_off, m.task_len, False)
+                if ti >= 0:
+                    self._dirty_task.add(ti)
         self._table_del(slot)
         self._c_locs[e] |= DEAD_BIT
         self._pending_dead.append(e)
@@ -994,7 +1008,7 @@ cdef class HotIndex:
 
     def find_many(self, id_keys):
         """int64 array of the locations of every id key (-1: not indexed)."""
-        cdef list keys = [_key_bytes(k, "id_key") for k in id_keys]
+        cdef list keys = [_key_bytes(x, "id_key") for x in id_keys]
         out = np.empty(len(keys), dtype=np.int64)
         cdef int64_t[::1] o = out
         cdef Py_ssize_t i
@@ -1037,7 +1051,7 @@ cdef class HotIndex:
     def remove_many(self, id_keys):
         """Unindex every id key; int64 array of their locations (-1: unknown).
         One pass per affected channel/task array, however many ids."""
-        cdef list keys = [_key_bytes(k, "id_key") for k in id_keys]
+        cdef list keys = [_key_bytes(x, "id_key") for x in id_keys]
         out = np.full(len(keys), -1, dtype=np.int64)
         cdef int64_t[::1] o = out
         cdef Py_ssize_t i
@@ -1103,7 +1117,7 @@ cdef class HotIndex:
         L = &self._c_chan[<int64_t>idx]
         for i in range(_len(L), 0, -1):
             if self._parse_entry(_at(L, i - 1), &p, &m) != 0:
-                raise RuneError(self._unreadable(_at(L, i - 1)))
+                raise (self._unreadable(_at(L, i - 1)))
             if m.task_len:
                 return PyBytes_FromStringAndSize(<const char *>p + m.task_off, m.task_len)
         return None
@@ -1143,7 +1157,7 @@ cdef class HotIndex:
                 continue
             seg = loc >> 40
             if self._line_at(loc, &p, &avail) != 0:
-                raise RuneError(self._unreadable(e))
+                raise (self._unreadable(e))
             nl = <const unsigned char *>memchr(p, b'\n', avail)
             if nl == NULL:
                 raise CorruptStateCheckpointError("indexed line has no newline",

@@ -94,7 +94,7 @@ cdef class HotIndex:
     cdef int _grow_entries(self, uint64_t nc) except -1
     cdef int _cmp_entry(self, uint32_t x, const unsigned char *hp, size_t hl,
                         const unsigned char *ip, size_t il, int *out) noexcept nogil
-    cdef str _unreadable(self, uint32_t e)
+    cdef object _unreadable(self, uint32_t e)
     cdef void _release(self, int64_t seg)
     cdef int64_t _seg_of(self, int64_t seg) except -1
     cdef int _set_lk(self, rf_list *L, const unsigned char *hp, uint32_t hl,
