@@ -11,13 +11,15 @@ RuneError instead of corrupting memory).
 cimport cython
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.list cimport PyList_GET_ITEM
 from libc.stdint cimport INT64_MIN, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memchr, memcmp, memcpy, memmove, memset
 
 cimport _xxh
 from rf_core cimport (RF_ID_OFF, RF_MAX_LINE, RF_OK, rf_all_zero, rf_check_frame,
-                      rf_cmp_bytes, rf_content_has, rf_has_nonascii, rf_i64vec,
+                      rf_cmp_bytes, rf_content_has, rf_find, rf_find_nonascii,
+                      rf_has_nonascii, rf_i64vec, rf_line_start, rf_prefault,
                       rf_i64vec_push, rf_lower, rf_msg, rf_parse_msg, rf_reason,
                       rf_scan_result)
 
@@ -295,6 +297,17 @@ class IngestReport:
                 f"dup_locs={len(self.dup_locs)}, tombstones={len(self.tombstones)})")
 
 
+cdef inline bint _bsearch(const int64_t *v, size_t n, int64_t x) noexcept nogil:
+    cdef size_t lo = 0, hi = n, mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if v[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo < n and v[lo] == x
+
+
 cdef inline uint32_t _len(rf_list *L) noexcept nogil:
     return L.nu + L.ns
 
@@ -354,15 +367,20 @@ cdef class HotIndex:
             for i in range(self._n_chan):
                 free(self._c_chan[i].u)
                 free(self._c_chan[i].s)
+                free(self._c_chan[i].lk)
             free(self._c_chan)
         if self._c_task != NULL:
             for i in range(self._n_task):
                 free(self._c_task[i].u)
                 free(self._c_task[i].s)
+                free(self._c_task[i].lk)
             free(self._c_task)
         free(self._c_locs)
         free(self._c_free)
         free(self._c_slots)
+        for i in range(2):
+            free(self._c_nmh[i])
+            free(self._c_nmi[i])
 
     # ---- internals -------------------------------------------------------
 
@@ -499,19 +517,32 @@ cdef class HotIndex:
 
     cdef int64_t _list_index(self, bint chan, const unsigned char *key, size_t klen,
                              bint create) except -2:
-        cdef bytes k = PyBytes_FromStringAndSize(<const char *>key, klen)
-        cdef dict ids = self._chan_ids if chan else self._task_ids
+        cdef int which = 0 if chan else 1
+        cdef uint64_t h = _xxh.XXH3_64bits(key, klen), mask, i
+        cdef uint32_t x
+        cdef list keys = self._chan_keys if chan else self._task_keys
+        cdef bytes k
         cdef rf_list *arr
         cdef uint32_t n, cap
-        idx = ids.get(k)
-        if idx is not None:
-            return <int64_t>idx
+        if self._nm_cap[which]:
+            mask = self._nm_cap[which] - 1
+            i = h & mask
+            while True:
+                x = self._c_nmi[which][i]
+                if x == 0:
+                    break
+                if self._c_nmh[which][i] == h:
+                    k = <bytes>PyList_GET_ITEM(keys, x - 1)
+                    if <size_t>PyBytes_GET_SIZE(k) == klen and memcmp(PyBytes_AS_STRING(k), key, klen) == 0:
+                        return x - 1
+                i = (i + 1) & mask
         if not create:
             return -1
+        k = PyBytes_FromStringAndSize(<const char *>key, klen)
         n = self._n_chan if chan else self._n_task
         cap = self._cap_chan if chan else self._cap_task
         if n == cap:
-            cap = cap * 2 + 8
+            cap = cap + (cap >> 2) + 8
             arr = <rf_list *>realloc(self._c_chan if chan else self._c_task,
                                      cap * sizeof(rf_list))
             if arr == NULL:
@@ -524,14 +555,49 @@ cdef class HotIndex:
                 self._cap_task = cap
         arr = self._c_chan if chan else self._c_task
         memset(&arr[n], 0, sizeof(rf_list))
-        ids[k] = n
+        self._nm_put(which, h, n)
+        (self._chan_ids if chan else self._task_ids)[k] = n
+        keys.append(k)
         if chan:
-            self._chan_keys.append(k)
             self._n_chan += 1
         else:
-            self._task_keys.append(k)
             self._n_task += 1
         return n
+
+    cdef int _nm_put(self, int which, uint64_t h, uint32_t idx) except -1:
+        cdef uint64_t cap = self._nm_cap[which], nc, i, j, mask
+        cdef uint64_t *nh
+        cdef uint32_t *ni
+        cdef uint32_t count = (self._n_chan if which == 0 else self._n_task) + 1
+        if <uint64_t>count * 4 > cap * 3:
+            nc = cap * 2 if cap else 16
+            nh = <uint64_t *>calloc(<size_t>nc, sizeof(uint64_t))
+            ni = <uint32_t *>calloc(<size_t>nc, sizeof(uint32_t))
+            if nh == NULL or ni == NULL:
+                free(nh)
+                free(ni)
+                raise MemoryError("HotIndex: name table")
+            mask = nc - 1
+            for i in range(cap):
+                if self._c_nmi[which][i]:
+                    j = self._c_nmh[which][i] & mask
+                    while ni[j]:
+                        j = (j + 1) & mask
+                    nh[j] = self._c_nmh[which][i]
+                    ni[j] = self._c_nmi[which][i]
+            free(self._c_nmh[which])
+            free(self._c_nmi[which])
+            self._c_nmh[which] = nh
+            self._c_nmi[which] = ni
+            self._nm_cap[which] = nc
+            cap = nc
+        mask = cap - 1
+        i = h & mask
+        while self._c_nmi[which][i]:
+            i = (i + 1) & mask
+        self._c_nmh[which][i] = h
+        self._c_nmi[which][i] = idx + 1
+        return 0
 
     cdef int _cmp_entry(self, uint32_t x, const unsigned char *hp, size_t hl,
                         const unsigned char *ip, size_t il, int *out) noexcept nogil:
@@ -549,6 +615,8 @@ cdef class HotIndex:
 
     cdef int _list_insert(self, rf_list *L, uint32_t e, const unsigned char *p, rf_msg *m) except -1:
         cdef uint32_t pos, lo, hi, mid
+        cdef const unsigned char *lp
+        cdef rf_msg lm
         cdef int c = 0
         cdef const unsigned char *hp = p + m.hlc_off
         cdef const unsigned char *ip = p + m.id_off
@@ -561,8 +629,13 @@ cdef class HotIndex:
             return 0
         pos = L.ns
         if L.ns:
-            if self._cmp_entry(L.s[L.ns - 1], hp, m.hlc_len, ip, m.id_len, &c) != 0:
-                raise RuneError(self._unreadable(L.s[L.ns - 1]))
+            if not L.lk_ok:
+                if self._parse_entry(L.s[L.ns - 1], &lp, &lm) != 0:
+                    raise (self._unreadable(L.s[L.ns - 1]))
+                self._set_lk(L, lp + lm.hlc_off, lm.hlc_len, lp + lm.id_off, lm.id_len)
+            c = rf_cmp_bytes(L.lk, L.lk_hl, hp, m.hlc_len)
+            if c == 0:
+                c = rf_cmp_bytes(L.lk + L.lk_hl, L.lk_il, ip, m.id_len)
             if c > 0:
                 # out of order: binary search for the first element after the key
                 lo = 0
@@ -570,7 +643,7 @@ cdef class HotIndex:
                 while lo < hi:
                     mid = lo + (hi - lo) // 2
                     if self._cmp_entry(L.s[mid], hp, m.hlc_len, ip, m.id_len, &c) != 0:
-                        raise RuneError(self._unreadable(L.s[mid]))
+                        raise (self._unreadable(L.s[mid]))
                     if c > 0:
                         hi = mid
                     else:
@@ -582,12 +655,38 @@ cdef class HotIndex:
             memmove(L.s + pos + 1, L.s + pos, (L.ns - pos) * sizeof(uint32_t))
         L.s[pos] = e
         L.ns += 1
+        if pos == L.ns - 1:
+            self._set_lk(L, hp, m.hlc_len, ip, m.id_len)
         return 0
 
-    cdef str _unreadable(self, uint32_t e):
+    cdef int _set_lk(self, rf_list *L, const unsigned char *hp, uint32_t hl,
+                     const unsigned char *ip, uint32_t il) except -1:
+        cdef unsigned char *p
+        if hl + il > L.lk_cap:
+            p = <unsigned char *>realloc(L.lk, hl + il)
+            if p == NULL:
+                raise MemoryError("HotIndex: order key")
+            L.lk = p
+            L.lk_cap = hl + il
+        if hl:
+            memcpy(L.lk, hp, hl)
+        if il:
+            memcpy(L.lk + hl, ip, il)
+        L.lk_hl = hl
+        L.lk_il = il
+        L.lk_ok = 1
+        return 0
+
+    cdef object _unreadable(self, uint32_t e):
+        """The error for an indexed line that cannot be parsed: RuneError if its
+        segment is not attached, else CorruptStateCheckpointError (file, offset)."""
         cdef int64_t loc = self._c_locs[e] & LOC_MASK
-        return (f"indexed line at offset {loc & OFF_MASK} of {self._where(loc >> 40)} "
-                f"cannot be read (segment not attached or line not a message)")
+        cdef int64_t seg = loc >> 40
+        if seg >= self._n_segs or self._c_segs[seg].state == 0:
+            return RuneError(f"indexed line at offset {loc & OFF_MASK} of segment {seg} cannot "
+                             f"be read: the segment is not attached")
+        return CorruptStateCheckpointError("indexed line is no longer a readable message line",
+                                           path=self._where(seg), offset=loc & OFF_MASK)
 
     cdef int _index_line(self, int64_t loc, const unsigned char *p, rf_msg *m, uint64_t h) except -1:
         """Index the checked, parsed message line p at loc (its id is not indexed)."""
@@ -611,14 +710,22 @@ cdef class HotIndex:
         cdef rf_msg m
         cdef int64_t ci, ti
         if self._parse_entry(e, &p, &m) != 0:
-            raise RuneError(self._unreadable(e))
-        ci = self._list_index(True, p + m.ch_off, m.ch_len, False)
-        if ci >= 0:
-            self._dirty_chan.add(ci)
-        if m.task_len:
-            ti = self._list_index(False, p + m.task_off, m.task_len, False)
-            if ti >= 0:
-                self._dirty_task.add(ti)
+            # a damaged line can still be removed: its channel and task are
+            # unknown, so every array drops it at the sweep
+            err = self._unreadable(e)
+            if isinstance(err, CorruptStateCheckpointError):
+                self._dirty_chan.update(range(self._n_chan))
+                self._dirty_task.update(range(self._n_task))
+            else:
+                raise err
+        else:
+            ci = self._list_index(True, p + m.ch_off, m.ch_len, False)
+            if ci >= 0:
+                self._dirty_chan.add(ci)
+            if m.task_len:
+                ti = self._list_index(False, p + m.task_off, m.task_len, False)
+                if ti >= 0:
+                    self._dirty_task.add(ti)
         self._table_del(slot)
         self._c_locs[e] |= DEAD_BIT
         self._pending_dead.append(e)
@@ -647,6 +754,7 @@ cdef class HotIndex:
                         L.s[k] = x
                         k += 1
                 L.ns = k
+                L.lk_ok = 0
             dirty.clear()
         _grow_u32(&self._c_free, &self._cap_free, self._n_free + len(self._pending_dead))
         for x in self._pending_dead:
@@ -783,6 +891,8 @@ cdef class HotIndex:
             r.good_end = start
             r.torn_offset = -1
             r.damaged_offset = -1
+            with nogil:
+                rf_prefault(base + start, <size_t>(end - start))
             while more:
                 self._c_busy = 1
                 with nogil:
@@ -898,7 +1008,7 @@ cdef class HotIndex:
 
     def find_many(self, id_keys):
         """int64 array of the locations of every id key (-1: not indexed)."""
-        cdef list keys = [_key_bytes(k, "id_key") for k in id_keys]
+        cdef list keys = [_key_bytes(x, "id_key") for x in id_keys]
         out = np.empty(len(keys), dtype=np.int64)
         cdef int64_t[::1] o = out
         cdef Py_ssize_t i
@@ -941,7 +1051,7 @@ cdef class HotIndex:
     def remove_many(self, id_keys):
         """Unindex every id key; int64 array of their locations (-1: unknown).
         One pass per affected channel/task array, however many ids."""
-        cdef list keys = [_key_bytes(k, "id_key") for k in id_keys]
+        cdef list keys = [_key_bytes(x, "id_key") for x in id_keys]
         out = np.full(len(keys), -1, dtype=np.int64)
         cdef int64_t[::1] o = out
         cdef Py_ssize_t i
@@ -1007,7 +1117,7 @@ cdef class HotIndex:
         L = &self._c_chan[<int64_t>idx]
         for i in range(_len(L), 0, -1):
             if self._parse_entry(_at(L, i - 1), &p, &m) != 0:
-                raise RuneError(self._unreadable(_at(L, i - 1)))
+                raise (self._unreadable(_at(L, i - 1)))
             if m.task_len:
                 return PyBytes_FromStringAndSize(<const char *>p + m.task_off, m.task_len)
         return None
@@ -1047,7 +1157,7 @@ cdef class HotIndex:
                 continue
             seg = loc >> 40
             if self._line_at(loc, &p, &avail) != 0:
-                raise RuneError(self._unreadable(e))
+                raise (self._unreadable(e))
             nl = <const unsigned char *>memchr(p, b'\n', avail)
             if nl == NULL:
                 raise CorruptStateCheckpointError("indexed line has no newline",
@@ -1166,15 +1276,13 @@ cdef class HotIndex:
         if ci:
             for i in range(m):
                 ndp[i] = rf_lower(ndp[i])
-        if ch_key is not None:
-            idx = self._chan_ids.get(_key_bytes(ch_key, "ch_key"))
-            if idx is None:
-                return np.empty(0, dtype=np.int64)
-            lo = <uint32_t>idx
-            hi = lo + 1
-        else:
-            lo = 0
-            hi = self._n_chan
+        if ch_key is None:
+            return self._search_all(ndp, m, ci, na)
+        idx = self._chan_ids.get(_key_bytes(ch_key, "ch_key"))
+        if idx is None:
+            return np.empty(0, dtype=np.int64)
+        lo = <uint32_t>idx
+        hi = lo + 1
         memset(&out, 0, sizeof(out))
         self._c_busy = 1
         try:
@@ -1212,6 +1320,101 @@ cdef class HotIndex:
             self._c_busy = 0
             free(out.v)
 
+    @cython.boundscheck(False)
+    @cython.wraparound(False)
+    cdef object _search_all(self, const unsigned char *nd, size_t m, bint ci, bint na):
+        """search() over every channel: one sequential pass over each attached
+        segment, then the hits that are live entries, in channel order."""
+        cdef rf_i64vec hits, bad, out
+        cdef int64_t seg, pos, end, ln, loc
+        cdef const unsigned char *base
+        cdef const unsigned char *p
+        cdef const unsigned char *nl
+        cdef const unsigned char *c
+        cdef const unsigned char *nh
+        cdef const unsigned char *hb
+        cdef rf_msg msg
+        cdef int oom = 0
+        cdef uint32_t li, j, e
+        cdef rf_list *L
+        memset(&hits, 0, sizeof(hits))
+        memset(&bad, 0, sizeof(bad))
+        memset(&out, 0, sizeof(out))
+        self._c_busy = 1
+        try:
+            with nogil:
+                for seg in range(self._n_segs):
+                    if self._c_segs[seg].state != 1:
+                        continue
+                    base = self._c_segs[seg].ptr
+                    end = self._c_segs[seg].len
+                    pos = 0
+                    nh = NULL
+                    hb = NULL
+                    while pos < end and not oom:
+                        # jump to the next line that can match: a needle candidate
+                        # or (with na) a non-ASCII byte; each stream scans forward once
+                        p = base + pos
+                        if nh == NULL or nh < p:
+                            nh = rf_find(p, <size_t>(end - pos), nd, m, ci)
+                            if nh == NULL:
+                                nh = base + end
+                        c = nh
+                        if na:
+                            if hb == NULL or hb < p:
+                                hb = rf_find_nonascii(p, <size_t>(end - pos))
+                                if hb == NULL:
+                                    hb = base + end
+                            if hb < c:
+                                c = hb
+                        if c >= base + end:
+                            break
+                        p = rf_line_start(p, c)
+                        nl = <const unsigned char *>memchr(c, b'\n', <size_t>(base + end - c))
+                        if nl == NULL:
+                            break          # a torn or in-flight final line: never indexed
+                        ln = nl - p
+                        loc = (seg << 40) | (p - base)
+                        # checksums are checked when a hit is read (line());
+                        # a candidate line that does not even parse is damage if live
+                        if rf_parse_msg(p, <size_t>ln, &msg, 0) != RF_OK:
+                            oom = rf_i64vec_push(&bad, loc)
+                        elif msg.kind == b'm':
+                            c = p + msg.content_off
+                            if (rf_content_has(c, nl, nd, m, ci)
+                                    or (na and rf_has_nonascii(c, <size_t>(nl - c)))):
+                                oom = rf_i64vec_push(&hits, loc)
+                        pos = (nl - base) + 1
+                # hits and bad lines are sorted by loc; keep the live ones, in channel order
+                if not oom and (hits.n or bad.n):
+                    for li in range(self._n_chan):
+                        L = &self._c_chan[li]
+                        for j in range(_len(L)):
+                            loc = self._c_locs[_at(L, j)]
+                            if bad.n and _bsearch(bad.v, bad.n, loc):
+                                oom = 2
+                                out.n = 0
+                                rf_i64vec_push(&out, loc)
+                                break
+                            if hits.n and _bsearch(hits.v, hits.n, loc):
+                                if rf_i64vec_push(&out, loc):
+                                    oom = 1
+                                    break
+                        if oom:
+                            break
+            if oom == 1:
+                raise MemoryError("HotIndex.search")
+            if oom == 2:
+                loc = out.v[0]
+                raise CorruptStateCheckpointError("search: an indexed line fails its check",
+                                                  path=self._where(loc >> 40), offset=loc & OFF_MASK)
+            return _vec_array(&out)
+        finally:
+            self._c_busy = 0
+            free(hits.v)
+            free(bad.v)
+            free(out.v)
+
     def __len__(self):
         return self._n_live
 
@@ -1221,12 +1424,13 @@ cdef class HotIndex:
         cdef uint64_t total = (<uint64_t>self._cap_entries * sizeof(int64_t)
                                + <uint64_t>self._cap_free * sizeof(uint32_t)
                                + self._n_slots * sizeof(uint64_t)
-                               + (<uint64_t>self._cap_chan + self._cap_task) * sizeof(rf_list))
+                               + (<uint64_t>self._cap_chan + self._cap_task) * sizeof(rf_list)
+                               + (self._nm_cap[0] + self._nm_cap[1]) * (sizeof(uint64_t) + sizeof(uint32_t)))
         cdef uint32_t i
         for i in range(self._n_chan):
-            total += (<uint64_t>self._c_chan[i].cap_u + self._c_chan[i].cap_s) * sizeof(uint32_t)
+            total += (<uint64_t>self._c_chan[i].cap_u + self._c_chan[i].cap_s) * sizeof(uint32_t) + self._c_chan[i].lk_cap
         for i in range(self._n_task):
-            total += (<uint64_t>self._c_task[i].cap_u + self._c_task[i].cap_s) * sizeof(uint32_t)
+            total += (<uint64_t>self._c_task[i].cap_u + self._c_task[i].cap_s) * sizeof(uint32_t) + self._c_task[i].lk_cap
         return total
 
     def __repr__(self):

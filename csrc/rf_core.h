@@ -293,6 +293,51 @@ static inline int rf_has_nonascii(const unsigned char *h, size_t n)
     return 0;
 }
 
+/* First byte >= 0x80 in h[0:n), or NULL. */
+static inline const unsigned char *rf_find_nonascii(const unsigned char *h, size_t n)
+{
+    size_t i = 0;
+#if defined(__SSE2__)
+    for (; i + 16 <= n; i += 16) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(h + i));
+        int mask = _mm_movemask_epi8(a);
+        if (mask) return h + i + __builtin_ctz((unsigned)mask);
+    }
+#endif
+    for (; i < n; i++)
+        if (h[i] & 0x80) return h + i;
+    return NULL;
+}
+
+#include <sys/mman.h>
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+
+/* Ask the kernel to map the pages of [p, p+n) in one call (a mapped file is
+ * then read without a page fault per 4 KiB). Advice only: errors are ignored
+ * (old kernels, buffers that are not file maps). */
+static inline void rf_prefault(const unsigned char *p, size_t n)
+{
+    uintptr_t a = (uintptr_t)p & ~(uintptr_t)4095;
+    size_t len = (size_t)((uintptr_t)p + n - a);
+    if (n < (1u << 20)) return;
+    if (madvise((void *)a, len, MADV_POPULATE_READ) != 0)
+        (void)madvise((void *)a, len, MADV_WILLNEED);
+}
+
+/* Start of the line holding p, not before lo. */
+static inline const unsigned char *rf_line_start(const unsigned char *lo, const unsigned char *p)
+{
+#if defined(__GLIBC__) && defined(_GNU_SOURCE)
+    const unsigned char *q = (const unsigned char *)memrchr(lo, '\n', (size_t)(p - lo));
+    return q ? q + 1 : lo;
+#else
+    while (p > lo && p[-1] != '\n') p--;
+    return p;
+#endif
+}
+
 /* Is position p of the escaped JSON string starting at s on a character
  * boundary (not inside a backslash escape)? */
 static inline int rf_at_boundary(const unsigned char *s, const unsigned char *p)

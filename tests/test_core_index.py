@@ -412,3 +412,42 @@ def test_nbytes_per_message_is_small():
     ix, _, _ = build(ls)
     assert len(ix) == n
     assert ix.nbytes / n <= 40
+
+
+def test_search_reports_a_live_line_that_no_longer_parses():
+    ls = [line("m0", "c", content="alpha"), line("m1", "c", content="beta"),
+          line("m2", "c", content="alpha beta")]
+    data = bytearray(b"".join(ls))
+    ix = _index.HotIndex()
+    ix.attach(0, bytes(data), path="/state/seg-0")
+    ix.ingest(0)
+    assert ids(ix, ix.search(b"alpha")) == ["m0", "m2"]
+    # break the field layout of the live line m1 (its checksum fails too)
+    pos = len(ls[0]) + data[len(ls[0]):].index(b'"hlc"')
+    data[pos + 1] = ord("X")
+    ix.attach(0, bytes(data), path="/state/seg-0")
+    with pytest.raises(CorruptStateCheckpointError) as ei:
+        ix.search(b"beta")
+    assert ei.value.offset == len(ls[0]) and ei.value.path == "/state/seg-0"
+    # a damaged hit whose fields still parse is returned, and reading it is loud
+    data2 = bytearray(b"".join(ls))
+    data2[len(ls[0]) + len(ls[1]) + data2[len(ls[0]) + len(ls[1]):].index(b"alpha")] = ord("A")
+    ix.attach(0, bytes(data2))
+    hits = ix.search(b"beta")
+    assert len(hits) == 2
+    with pytest.raises(CorruptStateCheckpointError):
+        ix.line(int(hits[1]))
+    # a dead line that does not parse is not the index's business
+    ix.attach(0, bytes(data))
+    ix.remove(b"m1")
+    assert ids(ix, ix.search(b"beta")) == ["m2"]
+
+
+def test_find_many():
+    ls = [line(f"m{i}", "c") for i in range(10)]
+    ix, _, _ = build(ls)
+    off = offsets(ls)
+    assert ix.find_many([b"m3", b"zz", bytearray(b"m0")]).tolist() == [off[3], -1, off[0]]
+    assert ix.find_many([]).tolist() == []
+    with pytest.raises(FramingError):
+        ix.find_many([3])

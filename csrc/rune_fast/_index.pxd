@@ -13,6 +13,13 @@ cdef struct rf_list:
     uint32_t *s
     uint32_t ns
     uint32_t cap_s
+    # copy of the order key (hlc bytes then msg_id bytes) of s[ns - 1], so an
+    # in-order append compares without touching the mapped line
+    unsigned char *lk
+    uint32_t lk_cap
+    uint32_t lk_hl
+    uint32_t lk_il
+    uint32_t lk_ok
 
 
 cdef struct rf_seg:
@@ -62,6 +69,11 @@ cdef class HotIndex:
     cdef list _pending_dead
     cdef set _dirty_chan
     cdef set _dirty_task
+    # name hash -> list index (+1), verified against the key bytes: the fast
+    # path of ingest, without building a bytes object per line
+    cdef uint64_t *_c_nmh[2]
+    cdef uint32_t *_c_nmi[2]
+    cdef uint64_t _nm_cap[2]
 
     cdef int _guard(self) except -1
     cdef object _where(self, int64_t seg)
@@ -82,6 +94,10 @@ cdef class HotIndex:
     cdef int _grow_entries(self, uint64_t nc) except -1
     cdef int _cmp_entry(self, uint32_t x, const unsigned char *hp, size_t hl,
                         const unsigned char *ip, size_t il, int *out) noexcept nogil
-    cdef str _unreadable(self, uint32_t e)
+    cdef object _unreadable(self, uint32_t e)
     cdef void _release(self, int64_t seg)
     cdef int64_t _seg_of(self, int64_t seg) except -1
+    cdef int _set_lk(self, rf_list *L, const unsigned char *hp, uint32_t hl,
+                     const unsigned char *ip, uint32_t il) except -1
+    cdef int _nm_put(self, int which, uint64_t h, uint32_t idx) except -1
+    cdef object _search_all(self, const unsigned char *nd, size_t m, bint ci, bint na)
