@@ -552,6 +552,30 @@ def _TURN_KEY(t: Turn) -> tuple[int, int, str, str]:
     return (h[0], h[1], h[2], t[0])
 
 
+class _NulInDeviceId(Exception):
+    pass
+
+
+def _str_key(t: Turn) -> str:
+    # The same order as _TURN_KEY as one str (which the garbage collector does
+    # not track, unlike 100,000 live key tuples): the hlc string sorts like the
+    # tuple, and "\x00" sorts below every other character, so it ends the
+    # device id unambiguously unless the device id itself holds one.
+    h = t[1]
+    d = h[2]
+    if "\x00" in d:
+        raise _NulInDeviceId
+    return "%015d-%010d-%s\x00%s" % (h[0], h[1], d, t[0])
+
+
+def _sort_turns(turns: list[Turn]) -> None:
+    """Sort in place by (hlc, op_id)."""
+    try:
+        turns.sort(key=_str_key)
+    except _NulInDeviceId:
+        turns.sort(key=_TURN_KEY)
+
+
 def _norm_calls(raw: Any, where: Callable[[], str]) -> tuple[dict[str, Any], ...]:
     """Tool calls as ``{"id", "name", "arguments"}`` dicts. Also accepts the
     OpenAI shape ``{"id", "type": "function", "function": {"name",
@@ -719,7 +743,7 @@ def fold(ops: Iterable[Any], conversation_id: str = DEFAULT_CONVERSATION) -> lis
             op = best[k]
             _turn_from(k, op[1], op[2].get("conversation_id") or default, op[2])
     turns = [t for t in turn_of.values() if t is not None]
-    turns.sort(key=_TURN_KEY)
+    _sort_turns(turns)
     return turns
 
 
@@ -778,21 +802,20 @@ def _extract(m: Any, i: int) -> tuple[int, str, Any, str] | None:
     return _K_TOOL, content, (), tuid
 
 
-def _coalesce(items: Iterable[list]) -> list[list]:
-    """Merge adjacent user/user and assistant/assistant working messages;
-    tool results stay separate."""
-    out: list[list] = []
-    prev: list | None = None
-    for m in items:
-        k = m[0]
-        if prev is not None and k != _K_TOOL and prev[0] == k:
-            prev[1].extend(m[1])
-            if m[2]:
-                prev[2].extend(m[2])
-            continue
-        out.append(m)
-        prev = m
-    return out
+def _merge_into(prev: list, text: str, calls: Any) -> None:
+    """Coalesce a user/assistant message into the working message before it.
+    prev[1] is a str until a second non-blank text arrives, then a list."""
+    if text:
+        t = prev[1]
+        if not t:
+            prev[1] = text
+        elif type(t) is str:
+            prev[1] = [t, text]
+        else:
+            t.append(text)
+    if calls:
+        c = prev[2]
+        prev[2] = (list(c) + list(calls)) if type(c) is not list else (c.extend(calls) or c)
 
 
 def repair(turns: Iterable[Any]) -> list[dict[str, Any]]:
@@ -822,12 +845,16 @@ def repair(turns: Iterable[Any]) -> list[dict[str, Any]]:
     ``{"role": "assistant", "content", "tool_calls"}``, ``{"role":
     "tool_result", "tool_use_id", "content"}``.
     """
+    # Working message: [kind, text (str, or list of str once coalesced),
+    # calls (tuple or list), tool_use_id]. Kept small: repair runs over whole
+    # transcripts, and every live container costs the garbage collector.
     # Pass 1: coalesce the raw sequence.
     msgs: list[list] = []
     prev: list | None = None
+    kind_of = _KIND_OF
     for i, t in enumerate(turns):
-        if type(t) is Turn and t[3] in _KIND_OF:
-            k = _KIND_OF[t[3]]
+        if type(t) is Turn and t[3] in kind_of:
+            k = kind_of[t[3]]
             text = t[4]
             calls = t[5] if k == _K_ASSISTANT else ()
             if calls:  # fresh, normalised dicts: the output never aliases a turn
@@ -839,21 +866,17 @@ def repair(turns: Iterable[Any]) -> list[dict[str, Any]]:
                 continue
             k, text, calls, tuid = e
         if k == _K_TOOL:
-            prev = [k, text, None, tuid]
+            prev = [k, text, (), tuid]
             msgs.append(prev)
             continue
-        if _blank(text):
+        if not text or text.isspace():
             if not calls:
                 continue
-            parts = []
-        else:
-            parts = [text]
+            text = ""
         if prev is not None and prev[0] == k:
-            prev[1].extend(parts)
-            if calls:
-                prev[2].extend(calls)
+            _merge_into(prev, text, calls)
             continue
-        prev = [k, parts, list(calls)]
+        prev = [k, text, calls, ""]
         msgs.append(prev)
 
     # Pass 2: keep tool results only in the block right after their call;
@@ -875,7 +898,6 @@ def repair(turns: Iterable[Any]) -> list[dict[str, Any]]:
         j = i + 1
         while j < n and msgs[j][0] == _K_TOOL:
             j += 1
-        results = []
         calls = m[2]
         if calls:
             cand: dict[str, dict] = {}
@@ -883,29 +905,44 @@ def repair(turns: Iterable[Any]) -> list[dict[str, Any]]:
                 cid = c["id"]
                 if cid and cid not in seen and cid not in cand:
                     cand[cid] = c
+            results = []
             answered: set[str] = set()
             for r in msgs[i + 1:j]:
                 tu = r[3]
                 if tu in cand and tu not in answered:
                     answered.add(tu)
                     results.append(r)
-            m[2] = [c for cid, c in cand.items() if cid in answered]
+            m[2] = calls = [c for cid, c in cand.items() if cid in answered]
             seen.update(answered)
-        if m[1] or m[2]:
+            if m[1] or calls:
+                kept.append(m)
+                kept.extend(results)
+        elif m[1]:
             kept.append(m)
-            kept.extend(results)
         i = j
 
-    # Pass 3: coalesce again, then build the message dicts.
+    # Pass 3: coalesce again (after the drops and strips), then build the dicts.
     out: list[dict[str, Any]] = []
-    for m in _coalesce(kept):
+    append = out.append
+    prev = None
+    for m in kept:
         k = m[0]
+        if prev is not None and k != _K_TOOL and prev[0] == k:
+            _merge_into(prev, m[1] if type(m[1]) is str else "\n".join(m[1]), m[2])
+            continue
+        prev = m if k != _K_TOOL else None
+        append(m)  # a working message for now, a dict below
+    for idx, m in enumerate(out):
+        k = m[0]
+        text = m[1] if type(m[1]) is str else "\n".join(m[1])
         if k == _K_USER:
-            out.append({"role": "user", "content": "\n".join(m[1])})
+            out[idx] = {"role": "user", "content": text}
         elif k == _K_ASSISTANT:
-            out.append({"role": "assistant", "content": "\n".join(m[1]), "tool_calls": m[2]})
+            c = m[2]
+            out[idx] = {"role": "assistant", "content": text,
+                        "tool_calls": c if type(c) is list else list(c)}
         else:
-            out.append({"role": "tool_result", "tool_use_id": m[3], "content": m[1]})
+            out[idx] = {"role": "tool_result", "tool_use_id": m[3], "content": text}
     return out
 
 

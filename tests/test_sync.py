@@ -333,3 +333,14 @@ def test_big_shuffle_is_stable():
     for _ in range(3):
         rng.shuffle(ops)
         assert canonical_json(fold(ops + ops[:100], "c")) == ref
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2), st.text("ab\x00-", max_size=3),
+                          st.text("xy\x00", min_size=1, max_size=3)),
+                unique_by=lambda x: x[3], max_size=30))
+def test_order_is_exactly_hlc_tuple_then_op_id(stamps):
+    """Device ids that are prefixes of each other, or hold odd characters, still
+    order exactly like the tuple."""
+    ops = [(op_id, Hlc(w, c, d), P("user", "x")) for w, c, d, op_id in stamps]
+    got = [(t.hlc.wall_ms, t.hlc.counter, t.hlc.device_id, t.op_id) for t in fold(ops, "c")]
+    assert got == sorted(stamps)
