@@ -344,3 +344,28 @@ def test_order_is_exactly_hlc_tuple_then_op_id(stamps):
     ops = [(op_id, Hlc(w, c, d), P("user", "x")) for w, c, d, op_id in stamps]
     got = [(t.hlc.wall_ms, t.hlc.counter, t.hlc.device_id, t.op_id) for t in fold(ops, "c")]
     assert got == sorted(stamps)
+
+
+def test_public_names_are_pinned():
+    from rune_fast import sync
+    assert sorted(sync.__all__) == sorted([
+        "DEFAULT_CONVERSATION", "Hlc", "HlcClock", "Surface", "OpRecord", "as_op", "Role", "Turn",
+        "fold", "repair", "to_anthropic", "to_openai", "check_repaired", "check_anthropic",
+        "check_openai", "LastN", "compact", "SyncState", "resume_messages", "canonical_json",
+        "transcript_hash", "is_tombstone", "tombstone_op", "op_from_record_dict",
+        "record_dict_from_op", "turns_from_records"])
+    assert all(hasattr(sync, n) for n in sync.__all__)
+
+
+def test_every_checked_rule_is_written_down():
+    """The checkers' rule ids and docs/PROVIDER_RULES.md agree, both ways."""
+    import pathlib
+    import re
+
+    from rune_fast import sync
+    src = pathlib.Path(sync.__file__).read_text(encoding="utf-8")
+    doc = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "PROVIDER_RULES.md"
+           ).read_text(encoding="utf-8")
+    used = set(re.findall(r'_rule\("([ARO]\d+)"', src))
+    written = set(re.findall(r"^\| ([ARO]\d+) \|", doc, flags=re.M))
+    assert used == written, (used ^ written)
