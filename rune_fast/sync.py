@@ -445,11 +445,25 @@ def canonical_json(obj: Any) -> bytes:
     except orjson.JSONEncodeError:
         # Integers beyond 64 bits, say: the stdlib writes them.
         try:
-            return json.dumps(obj, default=_json_default, sort_keys=True,
+            return json.dumps(_plain(obj), default=_json_default, sort_keys=True,
                               separators=(",", ":"), ensure_ascii=False,
                               allow_nan=False).encode("utf-8")
         except (TypeError, ValueError) as e:
             raise ValueError(f"value is not canonical JSON: {e}") from None
+
+
+def _plain(o: Any) -> Any:
+    """``o`` with Turn, OpRecord and Hlc values written as canonical_json
+    writes them (the stdlib would write the tuple subclasses as arrays)."""
+    if isinstance(o, (Turn, OpRecord)):
+        return _plain(o.to_dict())
+    if isinstance(o, Hlc):
+        return str(o)
+    if isinstance(o, Mapping):
+        return {k: _plain(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_plain(v) for v in o]
+    return o
 
 
 def _json_default(o: Any) -> Any:

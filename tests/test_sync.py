@@ -369,3 +369,12 @@ def test_every_checked_rule_is_written_down():
     used = set(re.findall(r'_rule\("([ARO]\d+)"', src))
     written = set(re.findall(r"^\| ([ARO]\d+) \|", doc, flags=re.M))
     assert used == written, (used ^ written)
+
+
+def test_canonical_json_same_for_hlc_whatever_the_codec():
+    small = canonical_json({"h": Hlc(1, 2, "a"), "n": 1})
+    big = canonical_json({"h": Hlc(1, 2, "a"), "n": 2**70})  # beyond orjson: the stdlib path
+    assert small == b'{"h":"000000000000001-0000000002-a","n":1}'
+    assert big == b'{"h":"000000000000001-0000000002-a","n":1180591620717411303424}'
+    with pytest.raises(ValueError):
+        canonical_json({"x": object()})
