@@ -816,22 +816,6 @@ def _extract(m: Any, i: int) -> tuple[int, str, Any, str] | None:
     return _K_TOOL, content, (), tuid
 
 
-def _merge_into(prev: list, text: str, calls: Any) -> None:
-    """Coalesce a user/assistant message into the working message before it.
-    prev[1] is a str until a second non-blank text arrives, then a list."""
-    if text:
-        t = prev[1]
-        if not t:
-            prev[1] = text
-        elif type(t) is str:
-            prev[1] = [t, text]
-        else:
-            t.append(text)
-    if calls:
-        c = prev[2]
-        prev[2] = (list(c) + list(calls)) if type(c) is not list else (c.extend(calls) or c)
-
-
 def repair(turns: Iterable[Any]) -> list[dict[str, Any]]:
     """A provider-valid message list from an ordered transcript (a list of
     :class:`Turn`, or of message dicts as :meth:`Turn.to_message` makes them;
@@ -859,13 +843,17 @@ def repair(turns: Iterable[Any]) -> list[dict[str, Any]]:
     ``{"role": "assistant", "content", "tool_calls"}``, ``{"role":
     "tool_result", "tool_use_id", "content"}``.
     """
-    # Working message: [kind, text (str, or list of str once coalesced),
-    # calls (tuple or list), tool_use_id]. Kept small: repair runs over whole
-    # transcripts, and every live container costs the garbage collector.
-    # Pass 1: coalesce the raw sequence.
-    msgs: list[list] = []
-    prev: list | None = None
+    # Working messages live in parallel lists (kind, text, calls, tool_use_id)
+    # rather than one small object each: repair runs over whole transcripts,
+    # and every live container costs the garbage collector. A text is a str,
+    # or a list of str once two non-blank texts have been coalesced.
+    kinds: list[int] = []
+    texts: list[Any] = []
+    callsl: list[Any] = []
+    tuids: list[str] = []
+    last = -1  # kind of the last working message
     kind_of = _KIND_OF
+    # Pass 1: coalesce the raw sequence.
     for i, t in enumerate(turns):
         if type(t) is Turn and t[3] in kind_of:
             k = kind_of[t[3]]
@@ -879,40 +867,48 @@ def repair(turns: Iterable[Any]) -> list[dict[str, Any]]:
             if e is None:
                 continue
             k, text, calls, tuid = e
-        if k == _K_TOOL:
-            prev = [k, text, (), tuid]
-            msgs.append(prev)
-            continue
-        if not text or text.isspace():
-            if not calls:
+        if k != _K_TOOL:
+            if not text or text.isspace():
+                if not calls:
+                    continue
+                text = ""
+            if last == k:
+                if text:
+                    prev = texts[-1]
+                    if not prev:
+                        texts[-1] = text
+                    elif type(prev) is str:
+                        texts[-1] = [prev, text]
+                    else:
+                        prev.append(text)
+                if calls:
+                    callsl[-1] = [*callsl[-1], *calls]
                 continue
-            text = ""
-        if prev is not None and prev[0] == k:
-            _merge_into(prev, text, calls)
-            continue
-        prev = [k, text, calls, ""]
-        msgs.append(prev)
+        kinds.append(k)
+        texts.append(text)
+        callsl.append(calls)
+        tuids.append(tuid)
+        last = k
 
     # Pass 2: keep tool results only in the block right after their call;
-    # strip unanswered calls; drop what is left empty.
-    kept: list[list] = []
+    # strip unanswered calls; drop what is left empty. `kept` holds indices.
+    kept: list[int] = []
     seen: set[str] = set()
-    n = len(msgs)
+    n = len(kinds)
     i = 0
     while i < n:
-        m = msgs[i]
-        k = m[0]
+        k = kinds[i]
         if k == _K_USER:
-            kept.append(m)
+            kept.append(i)
             i += 1
             continue
         if k == _K_TOOL:  # not right after an assistant message: orphan
             i += 1
             continue
         j = i + 1
-        while j < n and msgs[j][0] == _K_TOOL:
+        while j < n and kinds[j] == _K_TOOL:
             j += 1
-        calls = m[2]
+        calls = callsl[i]
         if calls:
             cand: dict[str, dict] = {}
             for c in calls:
@@ -921,42 +917,46 @@ def repair(turns: Iterable[Any]) -> list[dict[str, Any]]:
                     cand[cid] = c
             results = []
             answered: set[str] = set()
-            for r in msgs[i + 1:j]:
-                tu = r[3]
+            for r in range(i + 1, j):
+                tu = tuids[r]
                 if tu in cand and tu not in answered:
                     answered.add(tu)
                     results.append(r)
-            m[2] = calls = [c for cid, c in cand.items() if cid in answered]
+            callsl[i] = calls = [c for cid, c in cand.items() if cid in answered]
             seen.update(answered)
-            if m[1] or calls:
-                kept.append(m)
+            if texts[i] or calls:
+                kept.append(i)
                 kept.extend(results)
-        elif m[1]:
-            kept.append(m)
+        elif texts[i]:
+            kept.append(i)
         i = j
 
-    # Pass 3: coalesce again (after the drops and strips), then build the dicts.
+    # Pass 3: coalesce again (after the drops and strips) while building the
+    # message dicts.
     out: list[dict[str, Any]] = []
     append = out.append
-    prev = None
-    for m in kept:
-        k = m[0]
-        if prev is not None and k != _K_TOOL and prev[0] == k:
-            _merge_into(prev, m[1] if type(m[1]) is str else "\n".join(m[1]), m[2])
+    last = -1
+    for i in kept:
+        k = kinds[i]
+        text = texts[i]
+        if type(text) is not str:
+            text = "\n".join(text)
+        if k == last and k != _K_TOOL:
+            m = out[-1]
+            if text:
+                m["content"] = f"{m['content']}\n{text}" if m["content"] else text
+            if k == _K_ASSISTANT and callsl[i]:
+                m["tool_calls"].extend(callsl[i])
             continue
-        prev = m if k != _K_TOOL else None
-        append(m)  # a working message for now, a dict below
-    for idx, m in enumerate(out):
-        k = m[0]
-        text = m[1] if type(m[1]) is str else "\n".join(m[1])
+        last = k
         if k == _K_USER:
-            out[idx] = {"role": "user", "content": text}
+            append({"role": "user", "content": text})
         elif k == _K_ASSISTANT:
-            c = m[2]
-            out[idx] = {"role": "assistant", "content": text,
-                        "tool_calls": c if type(c) is list else list(c)}
+            c = callsl[i]
+            append({"role": "assistant", "content": text,
+                    "tool_calls": c if type(c) is list else list(c)})
         else:
-            out[idx] = {"role": "tool_result", "tool_use_id": m[3], "content": text}
+            append({"role": "tool_result", "tool_use_id": tuids[i], "content": text})
     return out
 
 
