@@ -28,8 +28,24 @@ by ``op_id`` whose entries are independent, so it tolerates retention
 surfaces are keyed by content (the same fact written twice is one entry) and
 forbid trimming too: dropping an entity loses state, not history.
 
+Decisions a caller should know:
+
+- Identity is the op: a resent op (same ``op_id``) is one turn; two ops with
+  byte-identical payloads are two turns. If two *different* versions of one
+  ``op_id`` meet, the one with the smaller ``(hlc, canonical JSON of the
+  payload)`` wins on every device. A tombstone (payload ``{"deleted": true}``)
+  removes its ``op_id`` whatever the order of arrival.
+- ``system`` turns are not part of a transcript; user/assistant turns whose
+  text is blank (and that carry no tool calls) are skipped by :func:`repair`,
+  because both providers reject or ignore empty messages.
+- :func:`repair` keeps a leading assistant message (OpenAI accepts it);
+  :func:`to_anthropic` drops everything before the first user message rather
+  than invent a user turn.
+- Malformed input raises ``TypeError``/``ValueError`` naming the op, message
+  or tool call; nothing is silently replaced.
+
 Nothing here does I/O and nothing holds module-level mutable state; the only
-object with state is :class:`HlcClock` (thread-safe) and :class:`SyncState`.
+objects with state are :class:`HlcClock` (thread-safe) and :class:`SyncState`.
 """
 from __future__ import annotations
 
@@ -1382,11 +1398,8 @@ class LastN:
         if self.n == 0:
             return []
         ts = list(turns)
-        if len(ts) > self.n:
-            ts.sort(key=_TURN_KEY)
-            return ts[-self.n:]
-        ts.sort(key=_TURN_KEY)
-        return ts
+        _sort_turns(ts)
+        return ts[-self.n:] if len(ts) > self.n else ts
 
     __call__ = apply
 
