@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rune_fast.sync import (
@@ -284,7 +284,7 @@ def _bytes(turns):
     return canonical_json(turns)
 
 
-@settings(max_examples=150)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(op_sets(), st.randoms(use_true_random=False))
 def test_any_delivery_order_gives_byte_identical_transcripts(ops, rng):
     devices = [_deliver(ops, rng) for _ in range(3)]
@@ -302,7 +302,7 @@ def test_any_delivery_order_gives_byte_identical_transcripts(ops, rng):
         assert all(t.conversation_id == conv and t.role in ("user", "assistant", "tool") for t in ts)
 
 
-@settings(max_examples=100)
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(op_sets(), st.randoms(use_true_random=False))
 def test_fold_is_a_function_of_the_op_set(ops, rng):
     """Merging deliveries (a set union of ops) in any grouping gives the same fold."""
@@ -335,6 +335,7 @@ def test_big_shuffle_is_stable():
         assert canonical_json(fold(ops + ops[:100], "c")) == ref
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2), st.text("ab\x00-", max_size=3),
                           st.text("xy\x00", min_size=1, max_size=3)),
                 unique_by=lambda x: x[3], max_size=30))
