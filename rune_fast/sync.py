@@ -260,8 +260,11 @@ class HlcClock:
 
     def _read_wall(self) -> int:
         pt = self._wall()
-        if isinstance(pt, bool) or not isinstance(pt, int):
-            raise TypeError(f"HlcClock wall() must return int milliseconds, got {pt!r}")
+        if type(pt) is not int:
+            if isinstance(pt, bool) or not isinstance(pt, (int, float)) or pt != pt:
+                raise TypeError(f"HlcClock wall() must return milliseconds as a number, "
+                                f"got {pt!r}")
+            pt = int(pt)
         # A wall clock before the epoch (or absurdly far ahead) cannot be
         # written in the string form; the logical part carries on regardless.
         return min(max(pt, 0), _WALL_MAX)
@@ -728,11 +731,14 @@ def fold(ops: Iterable[Any], conversation_id: str = DEFAULT_CONVERSATION) -> lis
     it arrives (delete wins), and two versions of one ``op_id`` resolve to the
     one with the smaller ``(hlc, canonical payload)``. Ops whose payload has no
     ``conversation_id`` belong to :data:`DEFAULT_CONVERSATION`; legacy
-    ``speaker``/``text`` keys stand for ``role``/``content``.
+    ``speaker``/``text`` keys stand for ``role``/``content``; an empty or
+    ``None`` ``conversation_id`` argument means the default conversation too.
 
     Raises ``ValueError``/``TypeError`` naming the op for a malformed op or a
     kept payload with an unknown role or non-str content.
     """
+    if not conversation_id:
+        conversation_id = DEFAULT_CONVERSATION
     # One pass: deduplicate (the conflict rule of _wins) and build the turn of
     # each current winner, so every payload is read once.
     best: dict[str, OpRecord] = {}
@@ -1435,20 +1441,25 @@ class SyncState:
     older turn a fresh fold would pull in is gone), so a state with
     retention ``LastN(m)`` answers ``LastN(n)`` exactly for ``n <= m - d``,
     where ``d`` counts tombstones that arrived after their turn was retained.
-    Not thread-safe: one owner per state.
+    Thread-safe.
     """
 
     def __init__(self, conversation_id: str = DEFAULT_CONVERSATION,
                  retention: LastN | None = None) -> None:
-        self.conversation_id = conversation_id
+        self.conversation_id = conversation_id or DEFAULT_CONVERSATION
         self.retention = retention
         self._ops: dict[str, OpRecord] = {}
         self._gone: set[str] = set()
+        self._lock = threading.Lock()
 
     def merge(self, ops: Iterable[Any]) -> int:
         """Fold ``ops`` in; returns how many turns of this conversation were
         added or replaced (before retention)."""
         best, deleted = _winners(ops)
+        with self._lock:
+            return self._merge(best, deleted)
+
+    def _merge(self, best: dict[str, OpRecord], deleted: set[str]) -> int:
         changed = 0
         for op_id in deleted:
             if self._ops.pop(op_id, None) is not None:
@@ -1470,7 +1481,10 @@ class SyncState:
         return changed
 
     def turns(self) -> list[Turn]:
-        return fold(self._ops.values(), self.conversation_id)
+        """The retained transcript, ordered by ``(hlc, op_id)``."""
+        with self._lock:
+            ops = list(self._ops.values())
+        return fold(ops, self.conversation_id)
 
 
 def resume_messages(ops: Iterable[Any], conversation_id: str = DEFAULT_CONVERSATION,

@@ -379,3 +379,9 @@ def test_canonical_json_same_for_hlc_whatever_the_codec():
     assert big == b'{"h":"000000000000001-0000000002-a","n":1180591620717411303424}'
     with pytest.raises(ValueError):
         canonical_json({"x": object()})
+
+
+def test_fold_none_or_empty_conversation_means_default():
+    ops = [("l1", H(1), {"speaker": "user", "text": "hi"})]
+    assert fold(ops, None) == fold(ops, "") == fold(ops, DEFAULT_CONVERSATION)  # type: ignore[arg-type]
+    assert len(fold(ops, None)) == 1  # type: ignore[arg-type]

@@ -185,3 +185,11 @@ def test_hlc_and_its_string_are_interchangeable():
     assert sorted([str(Hlc(5, 0, "a")), Hlc(1, 0, "a"), str(Hlc(3, 0, "a"))]) == [
         Hlc(1, 0, "a"), Hlc(3, 0, "a"), Hlc(5, 0, "a")]
     assert h == (3, 1, "a") and h != Hlc(3, 1, "b")
+
+
+def test_clock_accepts_float_milliseconds_and_refuses_garbage():
+    assert HlcClock("f", wall=lambda: 12.9).now() == Hlc(12, 0, "f")
+    with pytest.raises(TypeError, match="milliseconds"):
+        HlcClock("f", wall=lambda: "now").now()
+    with pytest.raises(TypeError):
+        HlcClock("f", wall=lambda: float("nan")).now()

@@ -146,3 +146,17 @@ def test_sync_state_without_retention_is_the_fold():
     s.merge(ops[6:])
     s.merge(ops[:6] + [tombstone_op("m0003", Hlc(1, 0, "z"), "c")])
     assert s.turns() == fold(ops + [tombstone_op("m0003", Hlc(1, 0, "z"), "c")], "c")
+
+
+def test_sync_state_is_thread_safe():
+    import threading
+    ops = ops_n(400)
+    s = SyncState("c", LastN(50))
+    chunks = [ops[k::4] for k in range(4)]
+    threads = [threading.Thread(target=lambda c=c: [s.merge(c[i:i + 7]) for i in range(0, 100, 7)])
+               for c in chunks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert s.turns() == LastN(50)(fold(ops, "c"))
