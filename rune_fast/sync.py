@@ -28,8 +28,24 @@ by ``op_id`` whose entries are independent, so it tolerates retention
 surfaces are keyed by content (the same fact written twice is one entry) and
 forbid trimming too: dropping an entity loses state, not history.
 
+Decisions a caller should know:
+
+- Identity is the op: a resent op (same ``op_id``) is one turn; two ops with
+  byte-identical payloads are two turns. If two *different* versions of one
+  ``op_id`` meet, the one with the smaller ``(hlc, canonical JSON of the
+  payload)`` wins on every device. A tombstone (payload ``{"deleted": true}``)
+  removes its ``op_id`` whatever the order of arrival.
+- ``system`` turns are not part of a transcript; user/assistant turns whose
+  text is blank (and that carry no tool calls) are skipped by :func:`repair`,
+  because both providers reject or ignore empty messages.
+- :func:`repair` keeps a leading assistant message (OpenAI accepts it);
+  :func:`to_anthropic` drops everything before the first user message rather
+  than invent a user turn.
+- Malformed input raises ``TypeError``/``ValueError`` naming the op, message
+  or tool call; nothing is silently replaced.
+
 Nothing here does I/O and nothing holds module-level mutable state; the only
-object with state is :class:`HlcClock` (thread-safe) and :class:`SyncState`.
+objects with state are :class:`HlcClock` (thread-safe) and :class:`SyncState`.
 """
 from __future__ import annotations
 
@@ -244,8 +260,11 @@ class HlcClock:
 
     def _read_wall(self) -> int:
         pt = self._wall()
-        if isinstance(pt, bool) or not isinstance(pt, int):
-            raise TypeError(f"HlcClock wall() must return int milliseconds, got {pt!r}")
+        if type(pt) is not int:
+            if isinstance(pt, bool) or not isinstance(pt, (int, float)) or pt != pt:
+                raise TypeError(f"HlcClock wall() must return milliseconds as a number, "
+                                f"got {pt!r}")
+            pt = int(pt)
         # A wall clock before the epoch (or absurdly far ahead) cannot be
         # written in the string form; the logical part carries on regardless.
         return min(max(pt, 0), _WALL_MAX)
@@ -445,11 +464,25 @@ def canonical_json(obj: Any) -> bytes:
     except orjson.JSONEncodeError:
         # Integers beyond 64 bits, say: the stdlib writes them.
         try:
-            return json.dumps(obj, default=_json_default, sort_keys=True,
+            return json.dumps(_plain(obj), default=_json_default, sort_keys=True,
                               separators=(",", ":"), ensure_ascii=False,
                               allow_nan=False).encode("utf-8")
         except (TypeError, ValueError) as e:
             raise ValueError(f"value is not canonical JSON: {e}") from None
+
+
+def _plain(o: Any) -> Any:
+    """``o`` with Turn, OpRecord and Hlc values written as canonical_json
+    writes them (the stdlib would write the tuple subclasses as arrays)."""
+    if isinstance(o, (Turn, OpRecord)):
+        return _plain(o.to_dict())
+    if isinstance(o, Hlc):
+        return str(o)
+    if isinstance(o, Mapping):
+        return {k: _plain(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_plain(v) for v in o]
+    return o
 
 
 def _json_default(o: Any) -> Any:
@@ -550,6 +583,30 @@ def _TURN_KEY(t: Turn) -> tuple[int, int, str, str]:
     # type-specialised fast paths (an Hlc, a tuple subclass, would not).
     h = t[1]
     return (h[0], h[1], h[2], t[0])
+
+
+class _NulInDeviceId(Exception):
+    pass
+
+
+def _str_key(t: Turn) -> str:
+    # The same order as _TURN_KEY as one str (which the garbage collector does
+    # not track, unlike 100,000 live key tuples): the hlc string sorts like the
+    # tuple, and "\x00" sorts below every other character, so it ends the
+    # device id unambiguously unless the device id itself holds one.
+    h = t[1]
+    d = h[2]
+    if "\x00" in d:
+        raise _NulInDeviceId
+    return "%015d-%010d-%s\x00%s" % (h[0], h[1], d, t[0])
+
+
+def _sort_turns(turns: list[Turn]) -> None:
+    """Sort in place by (hlc, op_id)."""
+    try:
+        turns.sort(key=_str_key)
+    except _NulInDeviceId:
+        turns.sort(key=_TURN_KEY)
 
 
 def _norm_calls(raw: Any, where: Callable[[], str]) -> tuple[dict[str, Any], ...]:
@@ -674,11 +731,14 @@ def fold(ops: Iterable[Any], conversation_id: str = DEFAULT_CONVERSATION) -> lis
     it arrives (delete wins), and two versions of one ``op_id`` resolve to the
     one with the smaller ``(hlc, canonical payload)``. Ops whose payload has no
     ``conversation_id`` belong to :data:`DEFAULT_CONVERSATION`; legacy
-    ``speaker``/``text`` keys stand for ``role``/``content``.
+    ``speaker``/``text`` keys stand for ``role``/``content``; an empty or
+    ``None`` ``conversation_id`` argument means the default conversation too.
 
     Raises ``ValueError``/``TypeError`` naming the op for a malformed op or a
     kept payload with an unknown role or non-str content.
     """
+    if not conversation_id:
+        conversation_id = DEFAULT_CONVERSATION
     # One pass: deduplicate (the conflict rule of _wins) and build the turn of
     # each current winner, so every payload is read once.
     best: dict[str, OpRecord] = {}
@@ -719,7 +779,7 @@ def fold(ops: Iterable[Any], conversation_id: str = DEFAULT_CONVERSATION) -> lis
             op = best[k]
             _turn_from(k, op[1], op[2].get("conversation_id") or default, op[2])
     turns = [t for t in turn_of.values() if t is not None]
-    turns.sort(key=_TURN_KEY)
+    _sort_turns(turns)
     return turns
 
 
@@ -778,23 +838,6 @@ def _extract(m: Any, i: int) -> tuple[int, str, Any, str] | None:
     return _K_TOOL, content, (), tuid
 
 
-def _coalesce(items: Iterable[list]) -> list[list]:
-    """Merge adjacent user/user and assistant/assistant working messages;
-    tool results stay separate."""
-    out: list[list] = []
-    prev: list | None = None
-    for m in items:
-        k = m[0]
-        if prev is not None and k != _K_TOOL and prev[0] == k:
-            prev[1].extend(m[1])
-            if m[2]:
-                prev[2].extend(m[2])
-            continue
-        out.append(m)
-        prev = m
-    return out
-
-
 def repair(turns: Iterable[Any]) -> list[dict[str, Any]]:
     """A provider-valid message list from an ordered transcript (a list of
     :class:`Turn`, or of message dicts as :meth:`Turn.to_message` makes them;
@@ -822,12 +865,20 @@ def repair(turns: Iterable[Any]) -> list[dict[str, Any]]:
     ``{"role": "assistant", "content", "tool_calls"}``, ``{"role":
     "tool_result", "tool_use_id", "content"}``.
     """
+    # Working messages live in parallel lists (kind, text, calls, tool_use_id)
+    # rather than one small object each: repair runs over whole transcripts,
+    # and every live container costs the garbage collector. A text is a str,
+    # or a list of str once two non-blank texts have been coalesced.
+    kinds: list[int] = []
+    texts: list[Any] = []
+    callsl: list[Any] = []
+    tuids: list[str] = []
+    last = -1  # kind of the last working message
+    kind_of = _KIND_OF
     # Pass 1: coalesce the raw sequence.
-    msgs: list[list] = []
-    prev: list | None = None
     for i, t in enumerate(turns):
-        if type(t) is Turn and t[3] in _KIND_OF:
-            k = _KIND_OF[t[3]]
+        if type(t) is Turn and t[3] in kind_of:
+            k = kind_of[t[3]]
             text = t[4]
             calls = t[5] if k == _K_ASSISTANT else ()
             if calls:  # fresh, normalised dicts: the output never aliases a turn
@@ -838,74 +889,96 @@ def repair(turns: Iterable[Any]) -> list[dict[str, Any]]:
             if e is None:
                 continue
             k, text, calls, tuid = e
-        if k == _K_TOOL:
-            prev = [k, text, None, tuid]
-            msgs.append(prev)
-            continue
-        if _blank(text):
-            if not calls:
+        if k != _K_TOOL:
+            if not text or text.isspace():
+                if not calls:
+                    continue
+                text = ""
+            if last == k:
+                if text:
+                    prev = texts[-1]
+                    if not prev:
+                        texts[-1] = text
+                    elif type(prev) is str:
+                        texts[-1] = [prev, text]
+                    else:
+                        prev.append(text)
+                if calls:
+                    callsl[-1] = [*callsl[-1], *calls]
                 continue
-            parts = []
-        else:
-            parts = [text]
-        if prev is not None and prev[0] == k:
-            prev[1].extend(parts)
-            if calls:
-                prev[2].extend(calls)
-            continue
-        prev = [k, parts, list(calls)]
-        msgs.append(prev)
+        kinds.append(k)
+        texts.append(text)
+        callsl.append(calls)
+        tuids.append(tuid)
+        last = k
 
     # Pass 2: keep tool results only in the block right after their call;
-    # strip unanswered calls; drop what is left empty.
-    kept: list[list] = []
+    # strip unanswered calls; drop what is left empty. `kept` holds indices.
+    kept: list[int] = []
     seen: set[str] = set()
-    n = len(msgs)
+    n = len(kinds)
     i = 0
     while i < n:
-        m = msgs[i]
-        k = m[0]
+        k = kinds[i]
         if k == _K_USER:
-            kept.append(m)
+            kept.append(i)
             i += 1
             continue
         if k == _K_TOOL:  # not right after an assistant message: orphan
             i += 1
             continue
         j = i + 1
-        while j < n and msgs[j][0] == _K_TOOL:
+        while j < n and kinds[j] == _K_TOOL:
             j += 1
-        results = []
-        calls = m[2]
+        calls = callsl[i]
         if calls:
             cand: dict[str, dict] = {}
             for c in calls:
                 cid = c["id"]
                 if cid and cid not in seen and cid not in cand:
                     cand[cid] = c
+            results = []
             answered: set[str] = set()
-            for r in msgs[i + 1:j]:
-                tu = r[3]
+            for r in range(i + 1, j):
+                tu = tuids[r]
                 if tu in cand and tu not in answered:
                     answered.add(tu)
                     results.append(r)
-            m[2] = [c for cid, c in cand.items() if cid in answered]
+            callsl[i] = calls = [c for cid, c in cand.items() if cid in answered]
             seen.update(answered)
-        if m[1] or m[2]:
-            kept.append(m)
-            kept.extend(results)
+            if texts[i] or calls:
+                kept.append(i)
+                kept.extend(results)
+        elif texts[i]:
+            kept.append(i)
         i = j
 
-    # Pass 3: coalesce again, then build the message dicts.
+    # Pass 3: coalesce again (after the drops and strips) while building the
+    # message dicts.
     out: list[dict[str, Any]] = []
-    for m in _coalesce(kept):
-        k = m[0]
+    append = out.append
+    last = -1
+    for i in kept:
+        k = kinds[i]
+        text = texts[i]
+        if type(text) is not str:
+            text = "\n".join(text)
+        if k == last and k != _K_TOOL:
+            m = out[-1]
+            if text:
+                m["content"] = f"{m['content']}\n{text}" if m["content"] else text
+            if k == _K_ASSISTANT and callsl[i]:
+                m["tool_calls"].extend(callsl[i])
+            continue
+        last = k
         if k == _K_USER:
-            out.append({"role": "user", "content": "\n".join(m[1])})
+            append({"role": "user", "content": text})
         elif k == _K_ASSISTANT:
-            out.append({"role": "assistant", "content": "\n".join(m[1]), "tool_calls": m[2]})
+            c = callsl[i]
+            append({"role": "assistant", "content": text,
+                    "tool_calls": c if type(c) is list else list(c)})
         else:
-            out.append({"role": "tool_result", "tool_use_id": m[3], "content": m[1]})
+            append({"role": "tool_result", "tool_use_id": tuids[i], "content": text})
     return out
 
 
@@ -1331,11 +1404,8 @@ class LastN:
         if self.n == 0:
             return []
         ts = list(turns)
-        if len(ts) > self.n:
-            ts.sort(key=_TURN_KEY)
-            return ts[-self.n:]
-        ts.sort(key=_TURN_KEY)
-        return ts
+        _sort_turns(ts)
+        return ts[-self.n:] if len(ts) > self.n else ts
 
     __call__ = apply
 
@@ -1371,20 +1441,25 @@ class SyncState:
     older turn a fresh fold would pull in is gone), so a state with
     retention ``LastN(m)`` answers ``LastN(n)`` exactly for ``n <= m - d``,
     where ``d`` counts tombstones that arrived after their turn was retained.
-    Not thread-safe: one owner per state.
+    Thread-safe.
     """
 
     def __init__(self, conversation_id: str = DEFAULT_CONVERSATION,
                  retention: LastN | None = None) -> None:
-        self.conversation_id = conversation_id
+        self.conversation_id = conversation_id or DEFAULT_CONVERSATION
         self.retention = retention
         self._ops: dict[str, OpRecord] = {}
         self._gone: set[str] = set()
+        self._lock = threading.Lock()
 
     def merge(self, ops: Iterable[Any]) -> int:
         """Fold ``ops`` in; returns how many turns of this conversation were
         added or replaced (before retention)."""
         best, deleted = _winners(ops)
+        with self._lock:
+            return self._merge(best, deleted)
+
+    def _merge(self, best: dict[str, OpRecord], deleted: set[str]) -> int:
         changed = 0
         for op_id in deleted:
             if self._ops.pop(op_id, None) is not None:
@@ -1406,7 +1481,10 @@ class SyncState:
         return changed
 
     def turns(self) -> list[Turn]:
-        return fold(self._ops.values(), self.conversation_id)
+        """The retained transcript, ordered by ``(hlc, op_id)``."""
+        with self._lock:
+            ops = list(self._ops.values())
+        return fold(ops, self.conversation_id)
 
 
 def resume_messages(ops: Iterable[Any], conversation_id: str = DEFAULT_CONVERSATION,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rune_fast.sync import (
@@ -275,7 +275,7 @@ def any_turn(draw):
     return t.to_message() if draw(st.booleans()) else t
 
 
-@settings(max_examples=400)
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(any_turn(), max_size=25))
 def test_every_repair_output_obeys_the_provider_rules(seq):
     out = repair(seq)
@@ -292,7 +292,7 @@ def test_every_repair_output_obeys_the_provider_rules(seq):
     assert all(s in joined for s in said if s.strip())
 
 
-@settings(max_examples=100)
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(any_turn(), max_size=25), st.integers(0, 25))
 def test_any_window_of_a_repaired_transcript_repairs_validly(seq, cut):
     out = repair(repair(seq)[cut:])

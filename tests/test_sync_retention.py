@@ -3,7 +3,7 @@ compacted state equals retention over a fresh fold, byte for byte."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rune_fast.sync import (
@@ -89,7 +89,7 @@ def _same(x, y):
     assert transcript_hash(x) == transcript_hash(y)
 
 
-@settings(max_examples=150)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(op_lists(), st.integers(0, 12), st.integers(0, 12), st.randoms(use_true_random=False))
 def test_lastn_over_compacted_state_equals_lastn_over_fresh_fold(ops, n, extra, rng):
     m = n + extra
@@ -113,7 +113,7 @@ def test_lastn_over_compacted_state_equals_lastn_over_fresh_fold(ops, n, extra, 
     _same(repair(LastN(n)(s.turns())), repair(fresh))
 
 
-@settings(max_examples=100)
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(op_lists(), st.integers(0, 10), st.randoms(use_true_random=False))
 def test_sync_state_with_deletes_keeps_the_documented_margin(ops, n, rng):
     targets = [o.op_id for o in ops if rng.random() < 0.3]
@@ -146,3 +146,17 @@ def test_sync_state_without_retention_is_the_fold():
     s.merge(ops[6:])
     s.merge(ops[:6] + [tombstone_op("m0003", Hlc(1, 0, "z"), "c")])
     assert s.turns() == fold(ops + [tombstone_op("m0003", Hlc(1, 0, "z"), "c")], "c")
+
+
+def test_sync_state_is_thread_safe():
+    import threading
+    ops = ops_n(400)
+    s = SyncState("c", LastN(50))
+    chunks = [ops[k::4] for k in range(4)]
+    threads = [threading.Thread(target=lambda c=c: [s.merge(c[i:i + 7]) for i in range(0, 100, 7)])
+               for c in chunks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert s.turns() == LastN(50)(fold(ops, "c"))
