@@ -921,6 +921,11 @@ class ConversationStateRepository:
             self._check_open()
             if n <= 0:
                 return []
+            if not self._is_interleaved(channel_id):
+                locs = self._index.channel_locs(codec.key(channel_id), n).tolist()
+                if len(locs) >= n or not self._cool_has_channel(channel_id):
+                    read = self._read_loc
+                    return [read(loc) for loc in locs]
             return [r for r, _t in self._window(channel_id, n)]
 
     def _window(self, channel_id: str, n: int) -> list[tuple[ConversationMessageRecord, str]]:
@@ -1147,7 +1152,9 @@ class ConversationStateRepository:
             self._check_writable()
             t0 = time.perf_counter()
             rep = CompactionReport()
-            self._sync_now()
+            durable = self.durability != "none"
+            if durable:
+                self._sync_now()
             rep.folded = self._since_compact
             old_segs: list[int] = []
             old_cool: list[str] = []
@@ -1209,10 +1216,11 @@ class ConversationStateRepository:
                     new_order.append(seg)
             rep.erased = len(self._pending_erase)
             # 5. envelopes before the checkpoint that depends on them
-            self._events.sync()
+            if durable:
+                self._events.sync()
             self._seg_order = new_order
             self._covered = self._tail.size
-            self._write_manifest(manifest_cool)
+            self._write_manifest(manifest_cool, durable=durable)
             # 6. now the old files are unreferenced: remove them
             for seg in old_segs:
                 s = self._segs.pop(seg, None)
@@ -1223,7 +1231,7 @@ class ConversationStateRepository:
             if old_cool:
                 self._cool.unlink_files(old_cool)
                 rep.cool_files_removed += len(old_cool)
-            if old_segs or old_cool:
+            if (old_segs or old_cool) and durable:
                 fsync_dir(self.hot_dir)
             self._dirty_segs.clear()
             self._pending_erase.clear()
@@ -1290,12 +1298,12 @@ class ConversationStateRepository:
                 self._decoded[new_loc] = rec
         return new_seg
 
-    def _write_manifest(self, cool_files: list[str]) -> None:
+    def _write_manifest(self, cool_files: list[str], *, durable: bool = True) -> None:
         m = {"format": _FORMAT, "segments": list(self._seg_order), "tail_seg": self._tail_seg,
              "covered": self._covered, "cool_files": list(cool_files),
              "events_offset": self._events.size, "next_seg": self._next_seg,
              "cool_ord": self._cool_ord}
-        self._manifest_store.write(m)
+        self._manifest_store.write(m, durable=durable)
         self._manifest = m
 
     def _snapshot_due(self) -> bool:
@@ -1451,6 +1459,9 @@ class ConversationStateRepository:
             tail.close()
         for s in getattr(self, "_segs", {}).values():
             s.close()
+        cool = getattr(self, "_cool", None)
+        if cool is not None:
+            cool.close()
         if self._own_events and self._events is not None:
             self._events.close()
         if self._lockfile is not None:
