@@ -19,6 +19,7 @@ import argparse
 import datetime as _dt
 import io
 import json
+import logging
 import os
 import shutil
 import sys
@@ -1073,7 +1074,13 @@ def _warning_line(message: Any, category: type, filename: str, lineno: int, file
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # Recovery notes arrive both as a warning and a log record: show the
+    # warning (one line), and of the log only errors (e.g. a failed exact read).
     warnings.showwarning = _warning_line
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.ERROR)
+    handler.setFormatter(logging.Formatter("rune-fast: %(message)s"))
+    logging.getLogger("rune_fast").addHandler(handler)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

@@ -65,14 +65,23 @@ def store(tmp_path_factory):
 # ---------------------------------------------------------------- help
 
 
-def test_help_on_every_subcommand():
-    top = ok(run("--help")).stdout
-    for name in SUBCOMMANDS:
+def test_help_on_every_subcommand(capsys):
+    top = ok(run("--help")).stdout      # the real entry point, once
+    from rune_fast import canary
+    from rune_fast.cli import build_parser
+
+    parser = build_parser()
+    for name in SUBCOMMANDS:            # each subcommand's --help, in-process (same parser)
         assert name in top
-        out = ok(run(name, "--help")).stdout
+        with pytest.raises(SystemExit) as exit_:
+            parser.parse_args([name, "--help"])
+        assert exit_.value.code == 0
+        out = capsys.readouterr().out
         assert out.startswith(f"usage: rune-fast {name}"), out
         assert "--state" in out and "--json" in out
-    assert ok(run("--help", module="rune_fast.canary")).stdout.startswith("usage:")
+    with pytest.raises(SystemExit):
+        canary.main(["--help"])
+    assert capsys.readouterr().out.startswith("usage: python -m rune_fast.canary")
 
 
 # ---------------------------------------------------------------- reads
@@ -95,7 +104,6 @@ def test_window_table_and_json(store):
     # --state and --json also after the subcommand
     again = as_json(run("window", "--channel", "random", "--json", "--state", str(store["state"])))
     assert [r["msg_id"] for r in again] == ["msg_s00", "msg_s02", "msg_s04", "msg_s06", "msg_s08"]
-    assert "no messages" in ok(run("window", "--channel", "nope", state=store["state"])).stdout
 
 
 def test_task_messages(store):
@@ -146,8 +154,6 @@ def test_import_operator_json_twice(tmp_path):
     assert any(line.startswith("*") and CURRENT in line for line in out.splitlines())
     everything = as_json(run("--json", "tasks", "--channel", "ops", "--all", state=state))
     assert len(everything["tasks"]) == 7
-    prompt = as_json(run("--json", "get", f"msg_{CURRENT}.prompt", state=state))
-    assert prompt["record"]["content"].startswith("Bisect the latency regression")
 
 
 def test_import_legacy_checkpoint_and_jsonl(tmp_path):
@@ -208,17 +214,14 @@ def test_compact_stats_delete(tmp_path):
     report = as_json(run("--json", "compact", "--hot-window", "10", state=state))
     assert isinstance(report, dict) and report
     assert as_json(run("--json", "get", "msg_c000", state=state))["tier"] == "cool"
-    out = ok(run("compact", state=state)).stdout
-    assert out.strip()
-    stats = as_json(run("--json", "stats", state=state))
-    assert set(stats) == {"conversation", "tasks"}
-    assert stats["conversation"]["messages"] == 40
-    assert "conversation" in ok(run("stats", state=state)).stdout
     p = ok(run("delete", "msg_c001", "msg_nope", state=state), rc=1)
     assert "deleted msg_c001" in p.stdout and "not found msg_nope" in p.stdout
-    ok(run("get", "msg_c001", state=state), rc=1)
-    ok(run("compact", state=state))
-    assert as_json(run("--json", "stats", state=state))["conversation"]["messages"] == 39
+    assert ok(run("compact", state=state)).stdout.strip()       # the table form
+    stats = as_json(run("--json", "stats", state=state))
+    assert set(stats) == {"conversation", "tasks"}
+    assert stats["conversation"]["messages"] == 39
+    out = ok(run("stats", state=state)).stdout
+    assert out.startswith("conversation") and "\ntasks\n" in out
 
 
 def test_verify_ok_then_damaged(tmp_path):
@@ -258,7 +261,7 @@ def test_expected_failures_are_one_line(tmp_path):
            rc=2)
     assert "stdin line 2" in p.stderr
     p = ok(run("append", state=tmp_path / "s", stdin=lines({"role": "bot", "content": "a", "channel_id": "c"})), rc=2)
-    assert "role" in p.stderr
+    assert "role" in p.stderr and len(p.stderr.strip().splitlines()) == 1
     junk = tmp_path / "junk.txt"
     junk.write_text("this is not json\n")
     p = ok(run("import", str(junk), state=tmp_path / "s"), rc=2)
@@ -267,7 +270,6 @@ def test_expected_failures_are_one_line(tmp_path):
     bad_op.write_text(json.dumps({"tasks": [{"title": "no id"}]}))
     p = ok(run("import", str(bad_op), state=tmp_path / "s"), rc=2)
     assert "task id" in p.stderr
-    ok(run("import", str(tmp_path / "nope.json"), state=tmp_path / "s"), rc=2)
 
 
 # ---------------------------------------------------------------- bench, demo
@@ -291,11 +293,24 @@ def test_demo_small(tmp_path):
     assert (state / ".rune-demo").exists()
     assert "its bytes are gone from every file" in p.stdout
     assert "OK: no damage" in p.stdout
-    # a second run wipes only what the demo made
-    ok(run("--state", str(state), "--history", "10", "--tasks", "2", "--no-bench", module="rune_fast.demo"))
+    # a directory the demo did not make is left alone: the demo works beside it
     foreign = tmp_path / "theirs"
     foreign.mkdir()
     (foreign / "keep.txt").write_text("mine")
-    p = ok(run("--state", str(foreign), "--history", "10", "--tasks", "2", "--no-bench", module="rune_fast.demo"))
+    ok(run("--state", str(foreign), "--history", "10", "--tasks", "2", "--no-bench", module="rune_fast.demo"))
     assert (foreign / "keep.txt").read_text() == "mine"
     assert [d.name for d in foreign.iterdir() if d.name.startswith("demo-")]
+
+
+def test_demo_wipes_only_its_own_directory(tmp_path):
+    from rune_fast.demo import MARKER, prepare_state_dir
+
+    base = tmp_path / "rune-state"
+    first = prepare_state_dir(str(base))
+    assert first == str(base) and (base / MARKER).exists()
+    (base / "old.txt").write_text("from the last demo")
+    assert prepare_state_dir(str(base)) == str(base)
+    assert not (base / "old.txt").exists()            # the demo's own directory: wiped
+    (base / MARKER).write_text("someone else's")       # not the demo's marker text
+    other = prepare_state_dir(str(base))
+    assert other != str(base) and os.path.dirname(other) == str(base)
