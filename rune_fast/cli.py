@@ -563,11 +563,16 @@ def verify_state(state: str, progress: Progress | None = None) -> dict[str, Any]
         opened = True
         with repo:
             report = repo.verify()
-        for p in report.problems:
-            add(getattr(p, "file", None), getattr(p, "offset", None), getattr(p, "message", str(p)))
-        checked.update(getattr(report, "checked", {}) or {})
+            for p in report.problems:
+                add(getattr(p, "file", None), getattr(p, "offset", None), getattr(p, "message", str(p)))
+            checked.update(getattr(report, "checked", {}) or {})
+            if not checked.get("envelopes"):
+                # A read-only store has no event store of its own: check the
+                # message envelopes against the stored records here.
+                _verify_message_envelopes(state, repo, add, checked, progress)
     tick("task ledger")
-    _verify_tasks(state, add, checked)
+    tasks = _verify_tasks(state, add, checked)
+    _verify_task_envelopes(state, tasks, add, checked)
     tick("offline scan" if not opened else "events")
     _scan_framed_files(state, add, checked, conversation=not opened)
     tick("done")
@@ -575,7 +580,66 @@ def verify_state(state: str, progress: Progress | None = None) -> dict[str, Any]
     return {"ok": not problems, "problems": problems, "checked": checked, "state_dir": state}
 
 
-def _verify_tasks(state: str, add: Callable[..., None], checked: dict[str, Any]) -> None:
+def _envelopes(state: str, add: Callable[..., None]) -> Iterator[dict[str, Any]]:
+    """Every envelope of ``state/events.jsonl`` (read-only); damage is reported
+    by the frame scan, so iteration just stops there."""
+    from .events import EventStore
+
+    path = os.path.join(state, "events.jsonl")
+    if not os.path.exists(path):
+        return
+    with EventStore(path, read_only=True) as store:
+        try:
+            yield from store.iter_envelopes(0)
+        except CorruptStateCheckpointError as exc:
+            add(exc.path or path, exc.offset, str(exc))
+
+
+def _verify_message_envelopes(state: str, repo: Any, add: Callable[..., None], checked: dict[str, Any],
+                              progress: Progress | None) -> None:
+    """Each ``conversation.message`` envelope whose message is stored must
+    carry that record's payload_hash (an envelope whose message is absent is
+    an append a crash cut short, or a deleted message: not damage)."""
+    from .records import payload_hash
+
+    path = os.path.join(state, "events.jsonl")
+    size = max(1, os.path.getsize(path)) if os.path.exists(path) else 1
+    n = 0
+    for env in _envelopes(state, add):
+        n += 1
+        if env.get("type") != "conversation.message":
+            continue
+        read = repo.get_message(env.get("id", ""))
+        if read.record is not None and env.get("payload_hash") != payload_hash(read.record):
+            add(path, env.get("offset"), f"envelope of {env.get('id')} does not match its stored record")
+        if progress is not None and n % 4096 == 0:
+            progress.update(None, f"envelopes {100 * env.get('offset', 0) // size}%")
+    checked["envelopes"] = n
+
+
+def _verify_task_envelopes(state: str, tasks: dict[str, Any], add: Callable[..., None],
+                           checked: dict[str, Any]) -> None:
+    """Every task's current record must have been journaled: some
+    ``task_state.*`` envelope of its id carries its payload_hash (the ledger
+    syncs the envelope before the change)."""
+    from .records import payload_hash
+
+    if not tasks:
+        return
+    seen: dict[str, set[str]] = {}
+    for env in _envelopes(state, add):
+        if str(env.get("type", "")).startswith("task_state."):
+            seen.setdefault(env.get("id", ""), set()).add(env.get("payload_hash", ""))
+    for tid, rec in tasks.items():
+        if payload_hash(rec) not in seen.get(tid, ()):
+            add(os.path.join(state, "events.jsonl"), None,
+                f"task {tid}: no envelope carries the payload_hash of its current record")
+    checked["task_envelopes"] = len(tasks)
+
+
+def _verify_tasks(state: str, add: Callable[..., None], checked: dict[str, Any]) -> dict[str, Any]:
+    """Check the task checkpoint and log read-only; return the folded
+    records (task_id -> record) of what parsed."""
     import re
 
     from .atomic import AtomicStore
@@ -584,18 +648,20 @@ def _verify_tasks(state: str, add: Callable[..., None], checked: dict[str, Any])
 
     hot = os.path.join(state, "hot")
     cp_path = os.path.join(hot, "task_state.json")
+    tasks: dict[str, Any] = {}
     try:
         cp = AtomicStore(cp_path).read()
         if cp is not None:
             for item in cp.get("tasks", []):
-                TaskStateRecord.from_dict(item["r"])
+                rec = TaskStateRecord.from_dict(item["r"])
+                tasks[rec.task_id] = rec
             checked["task_checkpoint_tasks"] = len(cp.get("tasks", []))
     except CorruptStateCheckpointError as exc:
         add(exc.path or cp_path, exc.offset, str(exc))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         add(cp_path, None, f"task checkpoint has a bad structure: {exc}")
     if not os.path.isdir(hot):
-        return
+        return tasks
     n = 0
     for name in sorted(os.listdir(hot)):
         if not re.fullmatch(r"task_log-\d{8}\.jsonl", name):
@@ -611,7 +677,8 @@ def _verify_tasks(state: str, add: Callable[..., None], checked: dict[str, Any])
                 n += 1
                 try:
                     entry = parse_line(line, path=path, offset=offset)
-                    TaskStateRecord.from_dict(entry["r"])
+                    rec = TaskStateRecord.from_dict(entry["r"])
+                    tasks[rec.task_id] = rec
                 except CorruptStateCheckpointError as exc:
                     add(path, offset, str(exc))
                 except (KeyError, TypeError, ValueError) as exc:
@@ -619,6 +686,7 @@ def _verify_tasks(state: str, add: Callable[..., None], checked: dict[str, Any])
         finally:
             log.close()
     checked["task_log_lines"] = n
+    return tasks
 
 
 def _good_lines(log: Any, bad: set[int]) -> Iterator[tuple[int, bytes]]:

@@ -288,18 +288,22 @@ def _erased(state: str, needle: bytes) -> list[str]:
     return left
 
 
-def _bench(n: int, plot_path: str, repeats: int) -> None:
+def _bench(n: int | None, plot_path: str, repeats: int | None) -> None:
     from .cli import Progress, load_bench
     from .errors import RuneError
 
-    _section(f"Side by side with SQLite (WAL, same durability): bench.compare, {n:,} messages")
     try:
         bc = load_bench()
     except RuneError as exc:
+        _section("Side by side with SQLite")
         _say(f"skipped: {exc}")
         return
-    cfg = bc.Config.quick(n=n, repeats=repeats)
-    cfg.small = min(cfg.small, max(1, n // 4))
+    cfg = bc.Config.quick()
+    if n is not None:
+        cfg.n = n
+    if repeats is not None:
+        cfg.repeats = repeats
+    _section(f"Side by side with SQLite (WAL, same durability): bench.compare --quick, {cfg.n:,} messages")
     t0 = time.perf_counter()
     with Progress("bench") as bar:
         def log(line: str) -> None:
@@ -371,8 +375,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--state", default="./rune-state", help="where to put the demo state (default ./rune-state)")
     p.add_argument("--history", type=int, default=600, help="earlier messages per channel (default 600)")
     p.add_argument("--tasks", type=int, default=64, help="live tasks through the operator (default 64)")
-    p.add_argument("--bench-n", type=int, default=10_000, help="messages in the SQLite comparison (default 10,000)")
-    p.add_argument("--bench-repeats", type=int, default=3, help="repeats per timed line (default 3)")
+    p.add_argument("--bench-n", type=int, default=None,
+                   help="messages in the SQLite comparison (default: bench.compare's quick mode, 20,000)")
+    p.add_argument("--bench-repeats", type=int, default=None,
+                   help="repeats per timed line (default: bench.compare's, 5)")
     p.add_argument("--no-bench", action="store_true", help="skip the SQLite comparison")
     p.add_argument("--plot", default="bench-results.png", help="where to write the plot (default bench-results.png)")
     args = p.parse_args(argv)
@@ -399,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     comp = counts.pop("compaction")
     secret_id = counts.pop("secret_msg_id")
     _say(f"done in {secs:.1f} s: " + ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in counts.items()))
-    _say("compaction: " + ", ".join(f"{k} {v}" for k, v in comp.items() if v not in (0, False, 0.0)))
+    _say("compaction: " + ", ".join(f"{k.replace('_', ' ')} {v:.3f}" if isinstance(v, float) else f"{k.replace('_', ' ')} {v:,}"
+                                    for k, v in comp.items() if v not in (0, False, 0.0) and not isinstance(v, bool)))
     left = _erased(state, b"4111 1111 1111 1111")
     _say(f"deleted message {secret_id}: "
          + ("its bytes are gone from every file" if not left else f"STILL ON DISK in {left}"))

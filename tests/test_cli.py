@@ -252,6 +252,16 @@ def test_verify_ok_then_damaged(tmp_path):
     assert g.returncode == 2 and "Traceback" not in g.stderr
     assert "FOUND_VERIFIED" not in g.stdout
 
+    events = state / "events.jsonl"
+    data = bytearray(events.read_bytes())
+    second = data.index(b"\n") + 1                      # damage the second envelope
+    data[second + 40] ^= 0x01
+    events.write_bytes(bytes(data))
+    j = run("--json", "verify", state=state)
+    assert j.returncode == 1
+    problems = json.loads(j.stdout)["problems"]
+    assert any(pr["file"].endswith("events.jsonl") and pr["offset"] == second for pr in problems), problems
+
 
 def test_expected_failures_are_one_line(tmp_path):
     missing = tmp_path / "missing"
