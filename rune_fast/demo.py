@@ -375,10 +375,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--state", default="./rune-state", help="where to put the demo state (default ./rune-state)")
     p.add_argument("--history", type=int, default=600, help="earlier messages per channel (default 600)")
     p.add_argument("--tasks", type=int, default=64, help="live tasks through the operator (default 64)")
-    p.add_argument("--bench-n", type=int, default=None,
-                   help="messages in the SQLite comparison (default: bench.compare's quick mode, 20,000)")
-    p.add_argument("--bench-repeats", type=int, default=None,
-                   help="repeats per timed line (default: bench.compare's, 5)")
+    # Quick mode, scaled so that `make demo` on a fresh clone (venv, build,
+    # demo) stays under two minutes on a 2-core machine; `rune-fast bench
+    # --quick` or `python -m bench.compare` give the fuller run.
+    p.add_argument("--bench-n", type=int, default=10_000,
+                   help="messages in the SQLite comparison (default 10,000; bench.compare --quick uses 20,000)")
+    p.add_argument("--bench-repeats", type=int, default=3,
+                   help="repeats per timed line, median reported (default 3)")
     p.add_argument("--no-bench", action="store_true", help="skip the SQLite comparison")
     p.add_argument("--plot", default="bench-results.png", help="where to write the plot (default bench-results.png)")
     args = p.parse_args(argv)
