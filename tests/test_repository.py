@@ -310,3 +310,21 @@ def test_bad_input_writes_nothing(tmp_path):
         assert repo.window("nope") == []
         with pytest.raises(ValueError):
             ConversationStateRepository(tmp_path / "x", durability="sometimes")
+
+
+def test_folds_to_ascii_table_matches_unicodedata():
+    from rune_fast.conversation_state import FOLDS_TO_ASCII
+    computed = "".join(c for c in map(chr, range(0x80, 0x110000))
+                       if any(ord(x) < 0x80 for x in c.casefold()))
+    assert FOLDS_TO_ASCII == computed
+
+
+def test_search_casefold_through_non_ascii(tmp_path):
+    texts = ["STRASSE", "straße", "Kelvin \u212a unit", "ﬂight", "plain flight", "İstanbul", "nothing"]
+    with ConversationStateRepository(tmp_path) as repo:
+        repo.append_many(msg(i, content=t) for i, t in enumerate(texts))
+        for needle in ["strasse", "Straße", "k unit", "flight", "i̇stanbul", "ß", "FL"]:
+            got = [h.record.content for h in repo.search(needle)]
+            assert got == [t for t in texts if needle.casefold() in t.casefold()], needle
+        assert [h.record.content for h in repo.search("ss", case_sensitive=True)] == []
+        assert [h.record.content for h in repo.search("SS", case_sensitive=True)] == ["STRASSE"]
