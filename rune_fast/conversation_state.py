@@ -184,6 +184,12 @@ def _order_key(rec: ConversationMessageRecord, tier_rank: int, pos: Any) -> tupl
     return (0, tier_rank, pos)
 
 
+def _fold_key(rec: ConversationMessageRecord) -> tuple[str, str]:
+    """A message's place in the fold order: (its hlc, or the one section 7
+    derives from ts and origin, as text; msg_id)."""
+    return (rec.hlc or "%015d-%010d-%s" % (round(rec.ts * 1000), 0, rec.origin), rec.msg_id)
+
+
 _COOL_RANK = 0
 _HOT_RANK = 1
 
@@ -314,6 +320,8 @@ class ConversationStateRepository:
         self._dirty_segs: set[int] = set()        # segments holding lines of deleted messages
         self._cool_deleted: set[str] = set()      # deleted ids still present in a cool file
         self._decoded: dict[int, ConversationMessageRecord] = {}
+        # channel -> [store order agrees with fold order, last fold key] (lazily)
+        self._fold_order: dict[str, list] = {}
         # channel -> whether a hot message sorts before a cool one (computed lazily)
         self._interleaved: dict[str, bool] = {}
         self._since_compact = 0
@@ -677,6 +685,7 @@ class ConversationStateRepository:
                 raise RuneError(f"index refused new message {m.msg_id!r} at {self._tail.path}:{pos}")
             self._cache(loc, m)
             self._note_order(m)
+            self._note_fold_order(m)
             if m.hlc:
                 self._clock.observe(m.hlc)
             envelopes.append(encode("conversation.message", m.msg_id, payload_hash(m),
@@ -1089,12 +1098,53 @@ class ConversationStateRepository:
             raise ValueError(f"n: must be >= 0, got {n}")
         with self._lock:
             self._check_open()
-            records = [r for r, _t in self._channel_all(channel_id)]
+            records = self._resume_candidates(channel_id, n)
         ops = [_sync.op_from_record_dict(r.to_dict()) for r in records if r.role != "system"]
         turns = _sync.fold(ops, channel_id)
         if n is not None:
             turns = _sync.LastN(n).apply(turns)
         return _sync.repair(turns)
+
+    def _resume_candidates(self, channel_id: str, n: int | None) -> list[ConversationMessageRecord]:
+        """The channel's messages that ``LastN(n)`` can keep (lock held).
+
+        When the channel's store order agrees with the fold order (checked once
+        per channel, then kept up to date on append), that is a suffix of the
+        channel: the cost follows ``n``, not the size of the channel or store."""
+        if n is not None and self._fold_consistent(channel_id):
+            k = n + 16
+            while True:
+                recs = [r for r, _t in self._window(channel_id, k)] if k else []
+                if len(recs) < k or sum(1 for r in recs if r.role != "system") >= n:
+                    return recs
+                k *= 4
+        return [r for r, _t in self._channel_all(channel_id)]
+
+    def _fold_consistent(self, channel_id: str) -> bool:
+        state = self._fold_order.get(channel_id)
+        if state is None:
+            last = None
+            ok = True
+            for r, _t in self._channel_all(channel_id):
+                if r.role == "system":
+                    continue
+                k = _fold_key(r)
+                if last is not None and k < last:
+                    ok = False
+                    break
+                last = k
+            state = self._fold_order[channel_id] = [ok, last]
+        return state[0]
+
+    def _note_fold_order(self, m: ConversationMessageRecord) -> None:
+        state = self._fold_order.get(m.channel_id)
+        if state is None or not state[0] or m.role == "system":
+            return
+        k = _fold_key(m)
+        if state[1] is not None and k < state[1]:
+            state[0] = False
+        else:
+            state[1] = k
 
     def _all_records(self) -> list[tuple[ConversationMessageRecord, str]]:
         out = []
@@ -1368,6 +1418,8 @@ class ConversationStateRepository:
                 rep = self._index.ingest(self._tail_seg, start, self._tail.file_size)
                 self._check_ingest(rep, self._tail.path, sealed=False)
                 self._tail.size = rep.good_end
+                self._fold_order.clear()
+                self._interleaved.clear()
             else:
                 self._load_state()
             return len(self) - before

@@ -328,3 +328,25 @@ def test_search_casefold_through_non_ascii(tmp_path):
             assert got == [t for t in texts if needle.casefold() in t.casefold()], needle
         assert [h.record.content for h in repo.search("ss", case_sensitive=True)] == []
         assert [h.record.content for h in repo.search("SS", case_sensitive=True)] == ["STRASSE"]
+
+
+def test_resume_messages_suffix_matches_full_fold(tmp_path):
+    from rune_fast import sync
+    with ConversationStateRepository(tmp_path, hot_window=4, compact_every=6) as repo:
+        for i in range(40):
+            role = ["user", "assistant", "system"][i % 3]
+            repo.append(msg(i, role=role))
+        full = [sync.op_from_record_dict(r.to_dict()) for r in repo.window("ch", 1000) if r.role != "system"]
+        for n in (0, 1, 5, 13, 100, None):
+            turns = sync.fold(full, "ch")
+            expect = sync.repair(sync.LastN(n).apply(turns) if n is not None else turns)
+            assert repo.resume_messages("ch", n) == expect, n
+        # a late message (older ts) breaks the suffix shortcut; the answer stays exact
+        late = ConversationMessageRecord(msg_id="msg_late", role="user", content="late", channel_id="ch",
+                                         ts=1_600_000_000.0)
+        repo.append(late)
+        full.append(sync.op_from_record_dict(late.to_dict()))
+        for n in (1, 3, None):
+            turns = sync.fold(full, "ch")
+            expect = sync.repair(sync.LastN(n).apply(turns) if n is not None else turns)
+            assert repo.resume_messages("ch", n) == expect, n
