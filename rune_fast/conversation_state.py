@@ -464,10 +464,12 @@ class ConversationStateRepository:
         path = os.path.join(self.hot_dir, TOMBSTONES_NAME)
         self._tomb_path = path
         out: dict[str, str] = {}
+        self._tomb_size = 0
         if not os.path.exists(path):
             return out
         with open(path, "rb") as f:
             data = f.read()
+        self._tomb_size = len(data)
         scan = scan_frames(data)
         if scan.damaged_offset >= 0:
             raise CorruptStateCheckpointError(f"damaged tombstone line: {scan.damage}", path=path,
@@ -1420,9 +1422,28 @@ class ConversationStateRepository:
                 self._tail.size = rep.good_end
                 self._fold_order.clear()
                 self._interleaved.clear()
+                self._refresh_tombstones()
             else:
                 self._load_state()
             return len(self) - before
+
+    def _refresh_tombstones(self) -> None:
+        """Apply deletions the writer made since the tombstones were read."""
+        try:
+            size = os.path.getsize(self._tomb_path)
+        except FileNotFoundError:
+            return
+        if size == self._tomb_size:
+            return
+        for mid, ch in self._load_tombstones().items():
+            if mid in self._tombstones:
+                continue
+            self._tombstones[mid] = ch
+            loc = self._index.remove(codec.key(mid))
+            if loc >= 0:
+                self._decoded.pop(loc, None)
+            elif self._cool.contains(mid):
+                self._cool_deleted.add(mid)
 
     # ------------------------------------------------------------------
     # integrity

@@ -350,3 +350,15 @@ def test_resume_messages_suffix_matches_full_fold(tmp_path):
             turns = sync.fold(full, "ch")
             expect = sync.repair(sync.LastN(n).apply(turns) if n is not None else turns)
             assert repo.resume_messages("ch", n) == expect, n
+
+
+def test_reader_sees_deletions_after_refresh(tmp_path):
+    with ConversationStateRepository(tmp_path) as repo:
+        repo.append_many(msg(i) for i in range(4))
+        with ConversationStateRepository(tmp_path, read_only=True) as viewer:
+            repo.delete("msg_00000001")
+            repo.append(msg(9))
+            viewer.refresh()
+            assert [r.msg_id for r in viewer.window("ch", 10)] == [
+                "msg_00000000", "msg_00000002", "msg_00000003", "msg_00000009"]
+            assert viewer.get_message("msg_00000001").status is ReadStatus.NOT_FOUND_CONFIRMED
