@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import io
 import json
 import logging
 import os

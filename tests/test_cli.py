@@ -324,3 +324,24 @@ def test_demo_wipes_only_its_own_directory(tmp_path):
     (base / MARKER).write_text("someone else's")       # not the demo's marker text
     other = prepare_state_dir(str(base))
     assert other != str(base) and os.path.dirname(other) == str(base)
+
+
+def test_progress_bar_only_on_a_terminal():
+    import io
+
+    from rune_fast.cli import Progress
+
+    quiet = io.StringIO()                        # not a TTY: nothing drawn
+    with Progress("import", 10, stream=quiet) as bar:
+        bar.update(5, force=True)
+    assert quiet.getvalue() == ""
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    tty = Tty()
+    with Progress("import", 10, stream=tty) as bar:
+        bar.update(5, "half", force=True)
+        assert "[############------------]  50% 5/10  half" in tty.getvalue()
+    assert tty.getvalue().endswith("\r")        # the line is cleared at the end
