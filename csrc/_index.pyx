@@ -1006,6 +1006,31 @@ cdef class HotIndex:
             return -1
         return self._c_locs[(self._c_slots[slot] & 0xFFFFFFFFULL) - 1]
 
+    def candidates(self, id_key):
+        """int64 array of the locations of every entry whose id hash has the
+        same 32-bit tag as `id_key`, whatever the id bytes of its line say.
+        For telling a damaged id (its line then fails its checksum) from an
+        unknown one after `find` returned -1."""
+        cdef bytes k = _key_bytes(id_key, "id_key")
+        cdef uint64_t h = _xxh.XXH3_64bits(<const unsigned char *>PyBytes_AS_STRING(k),
+                                           <size_t>PyBytes_GET_SIZE(k))
+        cdef uint64_t tag = h >> 32, n = self._n_slots
+        cdef uint64_t i, s
+        out = []
+        if n == 0:
+            return np.zeros(0, dtype=np.int64)
+        i = _home(tag, n)
+        while True:
+            s = self._c_slots[i]
+            if s == 0:
+                break
+            if (s >> 32) == tag:
+                out.append(self._c_locs[(s & 0xFFFFFFFFULL) - 1])
+            i += 1
+            if i == n:
+                i = 0
+        return np.array(out, dtype=np.int64)
+
     def find_many(self, id_keys):
         """int64 array of the locations of every id key (-1: not indexed)."""
         cdef list keys = [_key_bytes(x, "id_key") for x in id_keys]
