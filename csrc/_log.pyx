@@ -268,6 +268,8 @@ cdef class TailWriter:
         cdef int flags = O_WRONLY | O_APPEND | O_CLOEXEC
         cdef int fd
         cdef struct_stat st
+        if self._c_fd >= 0:
+            raise RuneError(f"TailWriter of {self.path} is already open")
         self.path = os.fsdecode(path)
         if create:
             flags |= O_CREAT
