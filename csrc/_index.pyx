@@ -1566,15 +1566,10 @@ cdef object _load(bytes data, str path):
     cdef const unsigned char *o = <const unsigned char *>PyBytes_AS_STRING(data)
     cdef Py_ssize_t total = len(data), pos, need, i
     cdef uint32_t meta[4]
-    cdef uint32_t n_cov, n_entries, n_chan, n_task, j, x, nlen, nun
-    cdef uint64_t n_slots, n_live, u64, digest, live = 0, used = 0, s
-    cdef int64_t loc
+    cdef uint32_t n_cov, n_entries, n_chan, n_task
+    cdef uint64_t n_slots, n_live, u64, digest
+    cdef uint64_t *livebits
     cdef HotIndex idx
-    cdef rf_list *L
-    cdef Py_ssize_t keys_len = 0, nlist = 0
-
-    cdef int64_t li
-    cdef bint chan
     if total < HEADER_LEN or data[:8] != SNAPSHOT_MAGIC:
         raise _bad(path, "bad magic or short header", 0)
     memcpy(meta, o + 8, 8)
@@ -1607,15 +1602,37 @@ cdef object _load(bytes data, str path):
         covered[cs] = co
         pos += 16
     idx = HotIndex()
-    idx._grow_entries(n_entries + 64)
+    idx._grow_entries(<uint64_t>n_entries + 64)
     if n_entries:
         memcpy(idx._c_locs, o + pos, 8 * n_entries)
     pos += (8 * n_entries + 7) & ~7
     idx._n_entries = n_entries
+    # live entries as a bitmap: the checks below then stay in cache
+    livebits = <uint64_t *>calloc((<size_t>n_entries >> 6) + 1, 8)
+    if livebits == NULL:
+        raise MemoryError("load_snapshot: entry bitmap")
+    try:
+        _load_arrays(idx, o, pos, total, n_entries, n_slots, n_live, n_chan, n_task, data, path, livebits)
+    finally:
+        free(livebits)
+    return idx, covered
+
+
+cdef int _load_arrays(HotIndex idx, const unsigned char *o, Py_ssize_t pos, Py_ssize_t total,
+                      uint32_t n_entries, uint64_t n_slots, uint64_t n_live, uint32_t n_chan,
+                      uint32_t n_task, bytes data, str path, uint64_t *livebits) except -1:
+    cdef uint32_t j, x, nlen, nun
+    cdef uint64_t live = 0, used = 0, s, u64
+    cdef int64_t loc, li
+    cdef Py_ssize_t i, keys_len = 0, nlist = 0
+    cdef uint32_t meta[4]
+    cdef rf_list *L
+    cdef bint chan
     for j in range(n_entries):
         loc = idx._c_locs[j]
         if loc >= 0:
             live += 1
+            livebits[j >> 6] |= (<uint64_t>1) << (j & 63)
         elif loc != -1:
             raise _bad(path, f"entry {j} has a bad location", pos)
     if live != n_live:
@@ -1637,7 +1654,7 @@ cdef object _load(bytes data, str path):
         s = idx._c_slots[u64]
         if s:
             x = <uint32_t>(s & 0xFFFFFFFFULL)
-            if x == 0 or x > n_entries or idx._c_locs[x - 1] < 0:
+            if x == 0 or x > n_entries or not (livebits[(x - 1) >> 6] >> ((x - 1) & 63)) & 1:
                 raise _bad(path, f"id table slot {u64} names a bad entry")
             used += 1
     if used != n_live:
@@ -1676,7 +1693,7 @@ cdef object _load(bytes data, str path):
         L.ns = nlen - nun
         for j in range(nlen):
             x = _at(L, j)
-            if x >= n_entries or idx._c_locs[x] < 0:
+            if x >= n_entries or not (livebits[x >> 6] >> (x & 63)) & 1:
                 raise _bad(path, f"array of {k!r} names a bad entry", pos)
         pos += 4 * nlen
         if i == n_chan - 1:
@@ -1684,4 +1701,4 @@ cdef object _load(bytes data, str path):
     pos = (pos + 7) & ~7
     if pos != total:
         raise _bad(path, f"{total - pos} bytes past the last array", pos)
-    return idx, covered
+    return 0
