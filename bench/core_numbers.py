@@ -2,8 +2,9 @@
 
     python3 bench/core_numbers.py [n_messages]
 
-Builds an n-message tail (default 1,000,000, ~300 bytes a line, 200 channels,
-half the messages in tasks, half stamped with an hlc) in a temp folder, then
+Builds an n-message tail (default 1,000,000, ~400 bytes a line, 200 channels
+written to in random order, each working through tasks of ~50 messages of which
+half carry the task id, half the messages stamped with an hlc) in a temp folder, then
 measures: scan with checksum verification, full rescan into the index, id
 lookup and insert cost inside the core, index bytes per message, snapshot save
 and open, and content search (exact and ASCII-case-insensitive).
@@ -34,9 +35,16 @@ def make_rests(n: int, seed: int = 1) -> list[bytes]:
     words = ("the quick brown fox jumps over lazy dog agent tool call result assistant user "
              "plan step retry error function return value context window token").split()
     out = []
+    current = {}          # channel -> (task, messages left in it): agents work task by task
+    ntask = 0
     for i in range(n):
         ch = f"ch_{rnd.randrange(200):04d}"
-        task = f"task_{rnd.randrange(20000):022d}" if i % 2 else ""
+        task, left = current.get(ch, ("", 0))
+        if left == 0:
+            ntask += 1
+            task, left = f"task_{ntask:022d}", 50
+        current[ch] = (task, left - 1)
+        task = task if i % 2 else ""
         hlc = f"{1732900000000 + i:015d}-0000000000-dev1" if i % 4 < 2 else ""
         text = " ".join(rnd.choice(words) for _ in range(rnd.randrange(10, 40)))
         out.append(b',"k":"m","r":{"msg_id":"' + key(f"msg_{i:026d}") + b'","channel_id":"'
