@@ -20,6 +20,7 @@ cimport _xxh
 from rf_core cimport (RF_ID_OFF, RF_MAX_LINE, RF_OK, rf_all_zero, rf_check_frame,
                       rf_cmp_bytes, rf_content_has, rf_find, rf_find_nonascii,
                       rf_has_nonascii, rf_i64vec, rf_line_start, rf_prefault,
+                      rf_prefetch,
                       rf_i64vec_push, rf_lower, rf_msg, rf_parse_msg, rf_reason,
                       rf_scan_result)
 
@@ -34,7 +35,7 @@ cdef int64_t OFF_MASK = (<int64_t>1 << 40) - 1
 cdef int64_t LOC_MASK = 0x7FFFFFFFFFFFFFFFLL
 cdef int64_t DEAD_BIT = INT64_MIN
 cdef int64_t MAX_SEG = (<int64_t>1 << 23) - 1
-cdef Py_ssize_t CHUNK = 65536
+cdef Py_ssize_t CHUNK = 4096      # lines per scan pass: the parsed records stay in L2
 
 SEG_SHIFT = 40
 SNAPSHOT_MAGIC = b"RFHOTIX\x00"
@@ -902,6 +903,9 @@ cdef class HotIndex:
                 for i in range(nrec):
                     rec = &recs[i]
                     p = base + rec.off
+                    if i + 8 < nrec:
+                        # the id table slot of a later line: its miss overlaps this work
+                        rf_prefetch(&self._c_slots[_home(recs[i + 8].h >> 32, self._n_slots)])
                     loc = (seg << 40) | rec.off
                     slot = self._find_slot(rec.h, p + rec.m.id_off, rec.m.id_len)
                     if slot == -2:

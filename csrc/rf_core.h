@@ -223,6 +223,12 @@ static inline int rf_parse_msg(const unsigned char *p, size_t len, rf_msg *m, in
     return RF_OK;
 }
 
+/* Hint the cache (never faults, so a stale address is harmless). */
+static inline void rf_prefetch(const void *p)
+{
+    __builtin_prefetch(p, 0, 1);
+}
+
 /* Compare the order keys (hlc, msg_id) of two parsed lines. */
 static inline int rf_cmp_bytes(const unsigned char *a, size_t na, const unsigned char *b, size_t nb)
 {
