@@ -1011,20 +1011,42 @@ cdef class HotIndex:
         return self._c_locs[(self._c_slots[slot] & 0xFFFFFFFFULL) - 1]
 
     def find_many(self, id_keys):
-        """int64 array of the locations of every id key (-1: not indexed)."""
+        """int64 array of the locations of every id key (-1: not indexed).
+        Lookups are pipelined: the table slot, entry and line of later keys are
+        prefetched while earlier ones are verified."""
         cdef list keys = [_key_bytes(x, "id_key") for x in id_keys]
-        out = np.empty(len(keys), dtype=np.int64)
+        cdef Py_ssize_t n = len(keys), i, j
+        out = np.empty(n, dtype=np.int64)
+        hs = np.empty(n, dtype=np.uint64)
         cdef int64_t[::1] o = out
-        cdef Py_ssize_t i
+        cdef uint64_t[::1] hv = hs
         cdef bytes k
         cdef const unsigned char *kp
-        cdef size_t kl
+        cdef const unsigned char *lp
+        cdef size_t kl, avail
         cdef int64_t slot
-        for i in range(len(keys)):
+        cdef uint64_t sv
+        for i in range(n):
+            k = keys[i]
+            hv[i] = _xxh.XXH3_64bits(PyBytes_AS_STRING(k), <size_t>PyBytes_GET_SIZE(k))
+        for i in range(n):
+            # stage 1: the slot 12 keys ahead; stage 2: the entry of the key 6
+            # ahead (if its home slot holds its tag); stage 3: its line, 3 ahead
+            if i + 12 < n:
+                rf_prefetch(&self._c_slots[_home(hv[i + 12] >> 32, self._n_slots)])
+            if i + 6 < n:
+                sv = self._c_slots[_home(hv[i + 6] >> 32, self._n_slots)]
+                if sv and (sv >> 32) == (hv[i + 6] >> 32):
+                    rf_prefetch(&self._c_locs[(sv & 0xFFFFFFFFULL) - 1])
+            if i + 3 < n:
+                sv = self._c_slots[_home(hv[i + 3] >> 32, self._n_slots)]
+                if sv and (sv >> 32) == (hv[i + 3] >> 32):
+                    if self._line_at(self._c_locs[(sv & 0xFFFFFFFFULL) - 1], &lp, &avail) == 0:
+                        rf_prefetch(lp + RF_ID_OFF)
             k = keys[i]
             kp = <const unsigned char *>PyBytes_AS_STRING(k)
             kl = <size_t>PyBytes_GET_SIZE(k)
-            slot = self._find_slot(_xxh.XXH3_64bits(kp, kl), kp, kl)
+            slot = self._find_slot(hv[i], kp, kl)
             if slot == -2:
                 raise RuneError(f"find_many({k!r}): a candidate line is in a detached segment")
             o[i] = -1 if slot < 0 else self._c_locs[(self._c_slots[slot] & 0xFFFFFFFFULL) - 1]

@@ -451,3 +451,11 @@ def test_find_many():
     assert ix.find_many([]).tolist() == []
     with pytest.raises(FramingError):
         ix.find_many([3])
+
+
+def test_find_many_matches_find_on_a_larger_index():
+    ls = [line(f"m{i}", f"c{i % 9}", "", "" if i % 2 else f"{i:05d}") for i in range(3000)]
+    ix, _, _ = build(ls)
+    ix.remove_many([f"m{i}".encode() for i in range(0, 3000, 7)])
+    keys = [f"m{i}".encode() for i in range(0, 3100, 3)]
+    assert ix.find_many(keys).tolist() == [ix.find(k) for k in keys]
