@@ -1451,57 +1451,57 @@ cdef class HotIndex:
         try:
             with nogil:
                 for seg in range(self._n_segs):
-                  for reg in range(2):
-                    # the mapped buffer, then the bytes appended after it
-                    if reg == 0:
-                        if self._c_segs[seg].state != 1:
-                            continue
-                        base = self._c_segs[seg].ptr
-                        end = self._c_segs[seg].len
-                        off0 = 0
-                    else:
-                        if self._c_segs[seg].state == 0 or self._c_segs[seg].ov_len == 0:
-                            continue
-                        base = self._c_segs[seg].ov
-                        end = self._c_segs[seg].ov_len
-                        off0 = self._c_segs[seg].len
-                    pos = 0
-                    nh = NULL
-                    hb = NULL
-                    while pos < end and not oom:
-                        # jump to the next line that can match: a needle candidate
-                        # or (with na) a non-ASCII byte; each stream scans forward once
-                        p = base + pos
-                        if nh == NULL or nh < p:
-                            nh = rf_find(p, <size_t>(end - pos), nd, m, ci)
-                            if nh == NULL:
-                                nh = base + end
-                        c = nh
-                        if na:
-                            if hb == NULL or hb < p:
-                                hb = rf_find_nonascii(p, <size_t>(end - pos))
-                                if hb == NULL:
-                                    hb = base + end
-                            if hb < c:
-                                c = hb
-                        if c >= base + end:
-                            break
-                        p = rf_line_start(p, c)
-                        nl = <const unsigned char *>memchr(c, b'\n', <size_t>(base + end - c))
-                        if nl == NULL:
-                            break          # a torn or in-flight final line: never indexed
-                        ln = nl - p
-                        loc = (seg << 40) | (off0 + (p - base))
-                        # checksums are checked when a hit is read (line());
-                        # a candidate line that does not even parse is damage if live
-                        if rf_parse_msg(p, <size_t>ln, &msg, 0) != RF_OK:
-                            oom = rf_i64vec_push(&bad, loc)
-                        elif msg.kind == b'm':
-                            c = p + msg.content_off
-                            if (rf_content_has(c, nl, nd, m, ci)
-                                    or (na and rf_has_nonascii(c, <size_t>(nl - c)))):
-                                oom = rf_i64vec_push(&hits, loc)
-                        pos = (nl - base) + 1
+                    for reg in range(2):
+                      # the mapped buffer, then the bytes appended after it
+                      if reg == 0:
+                          if self._c_segs[seg].state != 1:
+                              continue
+                          base = self._c_segs[seg].ptr
+                          end = self._c_segs[seg].len
+                          off0 = 0
+                      else:
+                          if self._c_segs[seg].state == 0 or self._c_segs[seg].ov_len == 0:
+                              continue
+                          base = self._c_segs[seg].ov
+                          end = self._c_segs[seg].ov_len
+                          off0 = self._c_segs[seg].len
+                      pos = 0
+                      nh = NULL
+                      hb = NULL
+                      while pos < end and not oom:
+                          # jump to the next line that can match: a needle candidate
+                          # or (with na) a non-ASCII byte; each stream scans forward once
+                          p = base + pos
+                          if nh == NULL or nh < p:
+                              nh = rf_find(p, <size_t>(end - pos), nd, m, ci)
+                              if nh == NULL:
+                                  nh = base + end
+                          c = nh
+                          if na:
+                              if hb == NULL or hb < p:
+                                  hb = rf_find_nonascii(p, <size_t>(end - pos))
+                                  if hb == NULL:
+                                      hb = base + end
+                              if hb < c:
+                                  c = hb
+                          if c >= base + end:
+                              break
+                          p = rf_line_start(p, c)
+                          nl = <const unsigned char *>memchr(c, b'\n', <size_t>(base + end - c))
+                          if nl == NULL:
+                              break          # a torn or in-flight final line: never indexed
+                          ln = nl - p
+                          loc = (seg << 40) | (off0 + (p - base))
+                          # checksums are checked when a hit is read (line());
+                          # a candidate line that does not even parse is damage if live
+                          if rf_parse_msg(p, <size_t>ln, &msg, 0) != RF_OK:
+                              oom = rf_i64vec_push(&bad, loc)
+                          elif msg.kind == b'm':
+                              c = p + msg.content_off
+                              if (rf_content_has(c, nl, nd, m, ci)
+                                      or (na and rf_has_nonascii(c, <size_t>(nl - c)))):
+                                  oom = rf_i64vec_push(&hits, loc)
+                          pos = (nl - base) + 1
                 # hits and bad lines are sorted by loc; keep the live ones, in channel order
                 if not oom and (hits.n or bad.n):
                     for li in range(self._n_chan):
