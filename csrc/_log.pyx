@@ -30,8 +30,7 @@ import os
 
 import numpy as np
 
-from rune_fast.errors import (CorruptStateCheckpointError, DurabilityError,
-                              FramingError, RuneError, StoreClosedError)
+from rune_fast.errors import DurabilityError, FramingError, RuneError, StoreClosedError
 
 PREFIX_LEN = RF_PREFIX_LEN
 MAX_LINE = RF_MAX_LINE
