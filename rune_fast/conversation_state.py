@@ -307,6 +307,8 @@ class ConversationStateRepository:
                                                   path=path)
             self._segs[seg] = Segment(path, seg)
         self._recover_roll()
+        if not self.read_only:
+            self._remove_stray_segments()
         tail_path = os.path.join(self.hot_dir, TAIL_NAME)
         if self.read_only and not os.path.exists(tail_path):
             self._tail = None
@@ -363,6 +365,19 @@ class ConversationStateRepository:
             return -1
         _rec, seq = codec.record_from_line(line, path=self._tail.path, offset=start)
         return -1 if seq is None else seq
+
+    def _remove_stray_segments(self) -> None:
+        """Unlink segment files the manifest does not name: a rewrite whose
+        manifest never moved, or an old segment a crash kept from being
+        unlinked after it did (it may hold erased content)."""
+        keep = {seg_name(s) for s in self._seg_order} | {seg_name(self._tail_seg)}
+        removed = False
+        for name in os.listdir(self.hot_dir):
+            if name.startswith("conversation_seg-") and name.endswith(".jsonl") and name not in keep:
+                _unlink(os.path.join(self.hot_dir, name))
+                removed = True
+        if removed:
+            fsync_dir(self.hot_dir)
 
     def _recover_roll(self) -> None:
         """Finish a tail roll that a crash interrupted (tail renamed, manifest not moved)."""
