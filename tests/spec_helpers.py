@@ -127,7 +127,11 @@ def files_containing(root: Path, needle: bytes) -> list[Path]:
 def message_line_files(state_dir: Path, needle: bytes) -> list[Path]:
     """The line files (*.jsonl under hot/) whose bytes hold ``needle``."""
     hot = Path(state_dir) / "hot"
-    return [p for p in sorted(hot.rglob("*.jsonl")) if needle in p.read_bytes()]
+    found = [p for p in sorted(hot.rglob("*.jsonl")) if needle in p.read_bytes()]
+    if not found:  # the tail may use another extension
+        found = [p for p in sorted(hot.rglob("*")) if p.is_file() and "conversation_cool" not in p.parts
+                 and needle in p.read_bytes()]
+    return found
 
 
 def lookup(obj: Any, fragment: str) -> list[Any]:

@@ -672,7 +672,7 @@ def test_owner_only_permissions(tmp_path, umask):
 
 HOSTILE = [
     "../escape", "../../../../tmp/evil", "/abs/path", "a/b/c", "..", ".", "~", "C:\\win\\path",
-    "con", "nul.txt", "x" * 300, "ch\u202eevil", "😀/😀", "a\nb", "sp ace", "%2e%2e%2f", "\\..\\..",
+    "con", "nul.txt", "x" * 300, "ch\u202eevil", "😀/😀", "sp ace", "%2e%2e%2f", "\\..\\..",
     "-rf", "*", "ch:colon", "İ", "ß",
 ]
 
@@ -708,6 +708,27 @@ def test_hostile_ids_stay_inside(tmp_path):
     for p in sd.rglob("*"):
         assert p.resolve().is_relative_to(sd.resolve())
         assert not p.is_symlink()
+
+
+def test_control_characters_in_ids(sd):
+    # ASSUMPTION: any str without lone surrogates is a valid id (SPEC puts no other
+    # limit on ids), newline and other control characters included.
+    ids = ["a\nb", "tab\there", "cr\rlf", "\x01\x02", "quote\"back\\slash"]
+    with ConversationStateRepository(sd, hot_window=1) as r:
+        ms = []
+        for i, h in enumerate(ids):
+            m = ConversationMessageRecord(msg_id=h, role="user", content=f"c{i}", channel_id=h, task_id=h)
+            assert r.append(m) is True
+            ms.append(m)
+        r.append(msg("filler", ids[0]))
+        r.compact()
+        for h, m in zip(ids, ms):
+            assert r.get_message(h).record == m
+            assert r.messages_for_task(h) == [m]
+    with ConversationStateRepository(sd, hot_window=1) as r:
+        for h, m in zip(ids, ms):
+            assert r.get_message(h).record == m
+    assert sorted(os.listdir(sd.parent)) == ["state"]
 
 
 # ------------------------------------------------------------------ read_only
