@@ -931,3 +931,39 @@ def test_legacy_import_dedupes_against_stored(sd):
     with ConversationStateRepository(sd) as r:
         assert len(r) == 5
         assert r.window("c1", 10) == ms[:3]
+
+
+def test_readers_during_writes_and_compaction(sd):
+    with ConversationStateRepository(sd, compact_every=10, hot_window=5) as r:
+        stop = threading.Event()
+        errors = []
+        made = [msg(f"w{i}", task_id="task_w") for i in range(120)]
+
+        def reader():
+            try:
+                while not stop.is_set():
+                    w = r.window("ch", 20)
+                    ids = [m.msg_id for m in w]
+                    assert len(ids) == len(set(ids))
+                    order = {m.msg_id: i for i, m in enumerate(made)}
+                    assert [order[i] for i in ids] == sorted(order[i] for i in ids)
+                    r.search("w1")
+                    if w:
+                        assert r.get_message(w[0].msg_id).status == ReadStatus.FOUND_VERIFIED
+                    r.messages_for_task("task_w")
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        ths = [threading.Thread(target=reader) for _ in range(2)]
+        for t in ths:
+            t.start()
+        try:
+            for m in made:
+                assert r.append(m) is True
+        finally:
+            stop.set()
+            for t in ths:
+                t.join()
+        assert not errors, errors
+        assert r.window("ch", 1000) == made
+        assert r.messages_for_task("task_w") == made

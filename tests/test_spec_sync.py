@@ -607,3 +607,47 @@ def test_clock_stamped_messages_order(tmp_path):
         for m in reversed(ms):
             r.append(m)
         assert r.window("ch", 10) == ms
+
+
+def test_merged_messages_take_their_hlc_place(two):
+    a, b = two
+    h = [Hlc(5000 + i, 0, "d") for i in range(5)]
+    a_msgs = [msg(f"a{i}", "conv", task_id="task_m", hlc=str(h[i])) for i in (0, 2, 4)]
+    b_msgs = [msg(f"b{i}", "conv", task_id="task_m", hlc=str(h[i])) for i in (1, 3)]
+    a.append_many(a_msgs)
+    a.compact()
+    b.append_many(b_msgs)
+    assert a.merge_ops(b.export_ops()) == 2
+    want = sorted(a_msgs + b_msgs, key=lambda m: (m.hlc, m.msg_id))
+    assert a.window("conv", 100) == want
+    assert a.window("conv", 2) == want[-2:]
+    assert a.messages_for_task("task_m") == want
+    assert [x.record for x in a.search("", "conv")] == want
+    assert [m["content"] for m in a.resume_messages("conv")] == ["\n".join(m.content for m in want)]
+
+
+@pytest.mark.parametrize("form", ["mapping", "tuple"])
+def test_merge_accepts_plain_op_forms(tmp_path, form):
+    with ConversationStateRepository(tmp_path / "src") as s:
+        ms = [msg(f"p{i}", "conv", ts=10.0 + i, origin="S") for i in range(3)]
+        s.append_many(ms)
+        exported = [op_parts(o) for o in s.export_ops()]
+        want = s.resume_messages("conv")
+    if form == "mapping":
+        ops = [{"op_id": i, "hlc": h, "payload": dict(p)} for i, h, p in exported]
+    else:
+        ops = [(i, Hlc.parse(h), dict(p)) for i, h, p in exported]
+    with ConversationStateRepository(tmp_path / "dst") as d:
+        assert d.merge_ops(ops) == 3
+        for m in ms:
+            assert d.get_message(m.msg_id).record == m
+        assert d.resume_messages("conv") == want
+
+
+def test_export_ops_fold_equals_resume(tmp_path):
+    with ConversationStateRepository(tmp_path / "s") as r:
+        r.append(msg("u", "c1", ts=1.0))
+        r.append(msg("a", "c1", role="assistant", ts=2.0))
+        r.append(msg("other", "c2", ts=1.5))
+        assert repair(fold(r.export_ops(), "c1")) == r.resume_messages("c1")
+        assert [t.op_id for t in fold(r.export_ops(), "c2")] == [m.msg_id for m in r.window("c2")]
