@@ -262,7 +262,7 @@ def test_records_come_back_exactly(sd, tier):
     ]
     r = ConversationStateRepository(sd, hot_window=1 if tier == "cool" else 512)
     try:
-        filler = msg("filler", "ch", hlc="999999999999999-9999999999-zzz")
+        filler = msg("filler", "ch", hlc="%015d-%010d-%s" % (4102444800000, 0, "zzz"))  # year 2100: sorts last
         for m in ms:
             assert r.append(m) is True
         if tier != "tail":
@@ -629,6 +629,25 @@ def test_append_many_bad_element_writes_nothing(sd):
         assert tree_snapshot(sd) == snap
         assert r.get_message(good.msg_id).status == ReadStatus.NOT_FOUND_CONFIRMED
         assert len(r) == 1
+
+
+def test_append_that_raises_stores_nothing(sd):
+    """The largest stamp the HLC string form can hold: the store may refuse it,
+    but then it must store nothing; or it stores it and says True."""
+    m = msg("max stamp", hlc="%015d-%010d-%s" % (10**15 - 1, 10**10 - 1, "zzz"))
+    with ConversationStateRepository(sd) as r:
+        try:
+            ok = r.append(m)
+        except (ValueError, RuneError):
+            assert r.get_message(m.msg_id).status == ReadStatus.NOT_FOUND_CONFIRMED
+            assert len(r) == 0
+        else:
+            assert ok is True
+            assert r.get_message(m.msg_id).record == m
+        n = msg("plain message after")
+        assert r.append(n) is True
+    with ConversationStateRepository(sd) as r:
+        assert r.get_message(n.msg_id).record == n
 
 
 def test_append_many_non_iterable(repo):
