@@ -282,6 +282,23 @@ def test_records_come_back_exactly(sd, tier):
             assert r.get_message(m.msg_id).record == m
 
 
+@pytest.mark.parametrize("tier", ["tail", "hot", "cool"])
+def test_large_record_every_tier(sd, tier):
+    big = msg("L" * 700_000 + "✓" * 100_000 + "\n\"end", task_id="task_big")
+    with ConversationStateRepository(sd, hot_window=1) as r:
+        assert r.append(big) is True
+        if tier != "tail":
+            if tier == "cool":
+                r.append(msg("newer"))
+            r.compact()
+        assert r.get_message(big.msg_id).tier == tier
+        assert r.get_message(big.msg_id).record == big
+        assert r.messages_for_task("task_big") == [big]
+        assert [h.record for h in r.search("✓\n\"END")] == [big]
+    with ConversationStateRepository(sd, hot_window=1) as r:
+        assert r.get_message(big.msg_id).record == big
+
+
 # ------------------------------------------------------------------ search
 
 def _hits(repo, *a, **kw):
@@ -374,6 +391,33 @@ def test_search_spans_tiers_with_tier(sd):
         assert [h.tier for h in hits] == ["cool", "cool", "cool", "hot", "hot", "tail"]
         assert [h.record for h in _hits(r, "findme", limit=3)] == [ms[3], ms[4], last]
         assert [h.tier for h in _hits(r, "findme 1")] == ["cool"]
+
+
+def test_search_across_channels_spanning_tiers(sd):
+    # ASSUMPTION: "oldest first" across channels means append order for unstamped
+    # messages (the same order search gives before any compaction).
+    with ConversationStateRepository(sd, hot_window=1) as r:
+        a = msg("alpha A", "c1")  # oldest; stays hot (its channel's newest)
+        c0 = [msg(f"alpha {i}", "c0") for i in range(4)]
+        r.append(a)
+        r.append_many(c0)
+        before = [h.record for h in r.search("alpha")]
+        assert before == [a] + c0
+        r.compact()  # c0's three oldest cool
+        assert [r.get_message(m.msg_id).tier for m in c0] == ["cool", "cool", "cool", "hot"]
+        assert [h.record for h in r.search("alpha")] == [a] + c0
+        assert [h.record for h in r.search("alpha", limit=4)] == c0  # the newest four hits
+        assert [h.record for h in r.search("", limit=1)] == c0[-1:]
+
+
+def test_messages_for_task_across_channels_spanning_tiers(sd):
+    # ASSUMPTION: as above, global append order for unstamped messages.
+    with ConversationStateRepository(sd, hot_window=1) as r:
+        ms = [msg(f"t{i}", f"c{i % 2}", task_id="task_X") for i in range(6)]
+        r.append_many(ms)
+        assert r.messages_for_task("task_X") == ms
+        r.compact()
+        assert r.messages_for_task("task_X") == ms
 
 
 _alpha = st.sampled_from(list("aAbBßsSkK\u212aİiı\u0307 Σσς"))
@@ -770,7 +814,8 @@ def test_read_only_beside_writer(sd):
             assert [h.record for h in ro.search("m")] == ms
             assert len(ro) == 5
             for call in (lambda: ro.append(msg("no")), lambda: ro.append_many([msg("no")]),
-                         lambda: ro.delete(ms[0].msg_id), lambda: ro.clear_channel("ch"), ro.compact):
+                         lambda: ro.delete(ms[0].msg_id), lambda: ro.clear_channel("ch"), ro.compact,
+                         lambda: ro.merge_ops(w.export_ops())):
                 with pytest.raises(RuneError):
                     call()
             assert len(ro) == 5

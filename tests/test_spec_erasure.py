@@ -236,3 +236,31 @@ def test_delete_many_then_window_still_right(sd):
         r.compact()
         assert r.window("ch", 5) == ms[-3:]
         assert verify_ok(r.verify())
+
+
+def test_erasure_reaches_imported_legacy_checkpoint(sd):
+    """The fat legacy checkpoint is superseded after import: deleting an
+    imported message and compacting leaves its content nowhere under state_dir."""
+    ms = [msg(f"LEGACY-SECRET-{i}-q9", "c1", ts=100.0 + i) for i in range(3)]
+    (sd / "hot").mkdir(parents=True)
+    (sd / "hot" / "conversation_messages.json").write_text(json.dumps([m.to_dict() for m in ms]))
+    with ConversationStateRepository(sd) as r:
+        assert r.window("c1", 10) == ms
+        assert r.delete(ms[1].msg_id) is True
+        r.compact()
+        assert r.window("c1", 10) == [ms[0], ms[2]]
+    assert content_places(sd, "LEGACY-SECRET-1-q9") == []
+    with ConversationStateRepository(sd) as r:
+        assert r.window("c1", 10) == [ms[0], ms[2]]
+        assert len(r) == 2
+
+
+def test_deleted_message_not_exported_as_message(sd):
+    from rune_fast.sync import fold
+
+    with ConversationStateRepository(sd) as r:
+        a, b = msg("keep", "c"), msg("drop", "c")
+        r.append_many([a, b])
+        r.delete(b.msg_id)
+        turns = fold(r.export_ops(), "c")
+        assert [t.op_id for t in turns] == [a.msg_id]

@@ -651,3 +651,11 @@ def test_export_ops_fold_equals_resume(tmp_path):
         r.append(msg("other", "c2", ts=1.5))
         assert repair(fold(r.export_ops(), "c1")) == r.resume_messages("c1")
         assert [t.op_id for t in fold(r.export_ops(), "c2")] == [m.msg_id for m in r.window("c2")]
+
+
+def test_resume_messages_negative_n(tmp_path):
+    with ConversationStateRepository(tmp_path / "s") as r:
+        r.append(msg("x", "c"))
+        with pytest.raises(ValueError):
+            r.resume_messages("c", -1)
+        assert r.resume_messages("c", 0) == []
