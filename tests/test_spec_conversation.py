@@ -1031,3 +1031,142 @@ def test_readers_during_writes_and_compaction(sd):
         assert not errors, errors
         assert r.window("ch", 1000) == made
         assert r.messages_for_task("task_w") == made
+
+
+def test_read_only_refresh_sees_deletions_and_erasure(sd):
+    w = ConversationStateRepository(sd, hot_window=2)
+    try:
+        ms = [msg(f"d{i}") for i in range(6)]
+        w.append_many(ms)
+        w.compact()
+        ro = ConversationStateRepository(sd, read_only=True)
+        try:
+            assert ro.window("ch", 100) == ms
+            assert w.delete(ms[0].msg_id) is True  # a cool one
+            assert w.delete(ms[5].msg_id) is True  # a hot one
+            ro.refresh()
+            assert ro.window("ch", 100) == ms[1:5]
+            assert ro.get_message(ms[0].msg_id).status == ReadStatus.NOT_FOUND_CONFIRMED
+            w.compact()  # erasure rewrites files under the reader
+            w.append(msg("after erase"))
+            ro.refresh()
+            assert [m.content for m in ro.window("ch", 100)] == ["d1", "d2", "d3", "d4", "after erase"]
+            assert len(ro) == 5
+        finally:
+            ro.close()
+    finally:
+        w.close()
+
+
+def test_read_only_refresh_loop_while_writer_compacts(sd):
+    w = ConversationStateRepository(sd, hot_window=3, compact_every=5)
+    errors = []
+    stop = threading.Event()
+    try:
+        w.append(msg("seed"))
+        ro = ConversationStateRepository(sd, read_only=True)
+
+        def reader():
+            try:
+                last = 0
+                while not stop.is_set():
+                    ro.refresh()
+                    got = ro.window("ch", 1000)
+                    assert len(got) >= last, "a reader lost messages it had seen"
+                    assert len(got) == len({m.msg_id for m in got})
+                    last = len(got)
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        t = threading.Thread(target=reader)
+        t.start()
+        try:
+            for i in range(80):
+                w.append(msg(f"w{i}"))
+        finally:
+            stop.set()
+            t.join()
+        ro.refresh()
+        assert ro.window("ch", 1000) == w.window("ch", 1000)
+        ro.close()
+    finally:
+        w.close()
+    assert not errors, errors
+
+
+def test_threads_append_delete_compact(sd):
+    import random
+
+    with ConversationStateRepository(sd, hot_window=4, compact_every=9) as r:
+        made = [[msg(f"t{k}-{i}", f"c{k}") for i in range(40)] for k in range(3)]
+        deleted = set()
+        lock = threading.Lock()
+        errors = []
+
+        def writer(k):
+            try:
+                for m in made[k]:
+                    assert r.append(m) is True
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+
+        def deleter():
+            rnd = random.Random(3)
+            try:
+                for _ in range(40):
+                    k = rnd.randrange(3)
+                    i = rnd.randrange(40)
+                    m = made[k][i]
+                    if r.get_message(m.msg_id).status == ReadStatus.FOUND_VERIFIED:
+                        if r.delete(m.msg_id):
+                            with lock:
+                                deleted.add(m.msg_id)
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+
+        def compactor():
+            try:
+                for _ in range(10):
+                    r.compact()
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+
+        ths = [threading.Thread(target=writer, args=(k,)) for k in range(3)]
+        ths += [threading.Thread(target=deleter), threading.Thread(target=compactor)]
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join()
+        assert not errors, errors
+        live = [[m for m in made[k] if m.msg_id not in deleted] for k in range(3)]
+        for k in range(3):
+            assert r.window(f"c{k}", 1000) == live[k]
+        assert len(r) == sum(len(x) for x in live)
+        r.compact()
+        rep = r.verify()
+        from spec_helpers import problems_text, verify_ok
+
+        assert verify_ok(rep), problems_text(rep)
+    with ConversationStateRepository(sd, hot_window=4) as r:
+        for k in range(3):
+            assert r.window(f"c{k}", 1000) == live[k]
+        for mid in deleted:
+            assert r.get_message(mid).status == ReadStatus.NOT_FOUND_CONFIRMED
+
+
+@pytest.mark.parametrize("hlc", ["garbage", "1-2-3", "000000000000001-0000000000-", "-", " "])
+def test_append_odd_hlc_atomic(sd, hlc):
+    """A record whose hlc is not an Hlc string: refused with nothing written, or
+    stored and returned exactly."""
+    m = msg("odd stamp", hlc=hlc)
+    with ConversationStateRepository(sd) as r:
+        snap = tree_snapshot(sd)
+        try:
+            ok = r.append(m)
+        except (ValueError, TypeError):
+            assert r.get_message(m.msg_id).status == ReadStatus.NOT_FOUND_CONFIRMED
+            assert len(r) == 0
+            assert tree_snapshot(sd) == snap
+        else:
+            assert ok is True
+            assert r.get_message(m.msg_id).record == m

@@ -455,3 +455,21 @@ def test_lock_dies_with_process(sd):
         p.stderr.close()
     with TaskStateRepository(sd) as r:
         assert r.latest("c").title == "x"
+
+
+@pytest.mark.parametrize("bad", [None, 5, b"x", "bad\ud800"])
+def test_create_bad_title_writes_nothing(repo, sd, bad):
+    n = len(read_envelopes(sd / "events.jsonl"))
+    with pytest.raises((TypeError, ValueError)):
+        repo.create(bad, "c")
+    assert len(read_envelopes(sd / "events.jsonl")) == n
+    assert repo.latest("c") is None
+
+
+def test_amend_bad_title_changes_nothing(repo, sd):
+    t = repo.create("ok", "c")
+    n = len(read_envelopes(sd / "events.jsonl"))
+    with pytest.raises((TypeError, ValueError)):
+        repo.amend(t.task_id, None)
+    assert repo.get(t.task_id) == t
+    assert len(read_envelopes(sd / "events.jsonl")) == n
