@@ -1170,3 +1170,13 @@ def test_append_odd_hlc_atomic(sd, hlc):
         else:
             assert ok is True
             assert r.get_message(m.msg_id).record == m
+
+
+def test_corrupt_legacy_checkpoint_is_loud(sd):
+    from rune_fast.conversation_state import CorruptStateCheckpointError
+
+    (sd / "hot").mkdir(parents=True)
+    (sd / "hot" / "conversation_messages.json").write_text('[{"msg_id": "m1", "role": "user", "cont')
+    with pytest.raises(CorruptStateCheckpointError) as ei:
+        ConversationStateRepository(sd)
+    assert "conversation_messages.json" in str(ei.value)

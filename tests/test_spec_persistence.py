@@ -192,6 +192,8 @@ def test_torn_final_tail_line_quarantined(sd):
         assert r.append(c) is True
     finally:
         r.close()
+    for p in [sd] + list(sd.rglob("*")):  # the quarantine file is private too
+        assert not (os.lstat(p).st_mode & 0o077), p
     # ASSUMPTION: once quarantined, the next open is clean (no second warning).
     with ConversationStateRepository(sd) as r:
         assert r.window("ch", 10) == [a, b, c]

@@ -659,3 +659,38 @@ def test_resume_messages_negative_n(tmp_path):
         with pytest.raises(ValueError):
             r.resume_messages("c", -1)
         assert r.resume_messages("c", 0) == []
+
+
+def test_incremental_export_carries_later_deletion(two):
+    """Two devices syncing incrementally with export_ops(since=last seen): a
+    deletion made after a sync point reaches the other device."""
+    a, b = two
+    m = msg("to be retracted", "conv", hlc=str(a.clock.now()))
+    keep = msg("stays", "conv", hlc=str(a.clock.now()))
+    a.append_many([m, keep])
+    first = list(a.export_ops())
+    assert b.merge_ops(first) == 2
+    last_seen = max(Hlc.parse(op_parts(o)[1]) for o in first)
+    assert a.delete(m.msg_id) is True
+    later = list(a.export_ops(since=last_seen))
+    tombs = [o for o in later if op_parts(o)[2].get("deleted") is True]
+    assert [op_parts(o)[0] for o in tombs] == [m.msg_id]
+    Hlc.parse(op_parts(tombs[0])[1])
+    b.merge_ops(later)
+    assert b.get_message(m.msg_id).status == ReadStatus.NOT_FOUND_CONFIRMED
+    assert b.resume_messages("conv") == a.resume_messages("conv")
+
+
+def test_incremental_export_carries_later_messages(two):
+    a, b = two
+    m1 = msg("one", "conv", hlc=str(a.clock.now()))
+    a.append(m1)
+    first = list(a.export_ops())
+    b.merge_ops(first)
+    last_seen = max(Hlc.parse(op_parts(o)[1]) for o in first)
+    m2 = msg("two", "conv", hlc=str(a.clock.now()))
+    a.append(m2)
+    later = list(a.export_ops(since=last_seen))
+    assert [op_parts(o)[0] for o in later] == [m2.msg_id]
+    assert b.merge_ops(later) == 1
+    assert b.window("conv") == [m1, m2]

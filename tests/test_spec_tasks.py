@@ -473,3 +473,43 @@ def test_amend_bad_title_changes_nothing(repo, sd):
         repo.amend(t.task_id, None)
     assert repo.get(t.task_id) == t
     assert len(read_envelopes(sd / "events.jsonl")) == n
+
+
+def test_tasks_survive_sigkill(sd):
+    import time as _time
+
+    code = (
+        "import sys\n"
+        "from rune_fast.conversation_state import TaskStateRepository\n"
+        "r = TaskStateRepository(sys.argv[1])\n"
+        "i = 0\n"
+        "while True:\n"
+        "    t = r.create('t%d' % i, 'ch%d' % (i % 2))\n"
+        "    r.transition(t.task_id, 'running')\n"
+        "    sys.stdout.write(t.task_id + '\\n')\n"
+        "    sys.stdout.flush()\n"
+        "    i += 1\n"
+    )
+    acked = []
+    for run in range(3):
+        p = subprocess.Popen([sys.executable, "-c", code, str(sd)], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+        first = p.stdout.readline()
+        _time.sleep(0.1 + 0.1 * run)
+        p.kill()
+        rest, _ = p.communicate(timeout=30)
+        acked += [x.decode() for x in (first + rest).split(b"\n")[:-1] if x]
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a torn final envelope is reported with a warning
+            r = TaskStateRepository(sd)
+        try:
+            for tid in acked:
+                t = r.get(tid)
+                assert t is not None and t.status == "running", tid
+            opened = r.list_open("ch0") + r.list_open("ch1")
+            assert len(opened) == len({t.task_id for t in opened})
+        finally:
+            r.close()
+    assert acked
