@@ -823,3 +823,25 @@ def test_flipped_byte_anywhere_never_served_as_sound(tmp_path):
             finally:
                 r.close()
     assert not problems, "\n".join(problems[:40])
+
+
+def test_tail_grows_by_appends_only(sd):
+    with ConversationStateRepository(sd) as r:
+        r.append(msg("first-TAILGROW"))
+        tail = _tail_file(sd, b"first-TAILGROW")
+        before = tail.read_bytes().rstrip(b"\x00")
+        for i in range(5):
+            r.append(msg(f"more {i}"))
+            now = tail.read_bytes()
+            assert now.startswith(before), "the tail was rewritten by an append"
+            before = now.rstrip(b"\x00")
+
+
+def test_envelopes_on_disk_before_checkpoint_moves(sd):
+    with ConversationStateRepository(sd) as r:
+        ms = [msg(f"cp{i}") for i in range(4)]
+        r.append_many(ms)
+        r.compact()  # the hot checkpoint now depends on these messages
+        hashes = hashes_of(sd / "events.jsonl", "conversation.message")
+        for m in ms:
+            assert canonical_hash(m.to_dict()) in hashes

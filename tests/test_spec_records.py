@@ -338,3 +338,14 @@ def test_message_round_trip_property(content, channel, task_id, ts, role, hlc, o
     d = m.to_dict()
     assert _no_tuples(d)
     assert ConversationMessageRecord.from_dict(json.loads(json.dumps(d, ensure_ascii=False))) == m
+
+
+def test_tool_calls_list_input_equals_tuple_input():
+    # ASSUMPTION: tool_calls given as a list is kept as the same value as the tuple.
+    c = {"id": "k", "name": "n", "arguments": {"a": 1}}
+    a = ConversationMessageRecord(role="assistant", content="x", channel_id="c", msg_id="m", ts=1.0,
+                                  tool_calls=[c])
+    b = ConversationMessageRecord(role="assistant", content="x", channel_id="c", msg_id="m", ts=1.0,
+                                  tool_calls=(c,))
+    assert a == b
+    assert a.to_dict() == b.to_dict()
