@@ -1081,7 +1081,7 @@ def test_read_only_refresh_loop_while_writer_compacts(sd):
         t = threading.Thread(target=reader)
         t.start()
         try:
-            for i in range(80):
+            for i in range(150):  # 30 compactions, each racing the reader
                 w.append(msg(f"w{i}"))
         finally:
             stop.set()
