@@ -264,3 +264,38 @@ def test_deleted_message_not_exported_as_message(sd):
         r.delete(b.msg_id)
         turns = fold(r.export_ops(), "c")
         assert [t.op_id for t in turns] == [a.msg_id]
+
+
+def test_delete_durable_across_sigkill(sd):
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
+    code = (
+        "import sys, os\n"
+        "from rune_fast.conversation_state import ConversationStateRepository\n"
+        "from rune_fast.records import ConversationMessageRecord\n"
+        "r = ConversationStateRepository(sys.argv[1], hot_window=2, compact_every=4)\n"
+        "ms = [ConversationMessageRecord(role='user', content='KILLSECRET-%d-zz' % i, channel_id='ch')"
+        " for i in range(6)]\n"
+        "r.append_many(ms)\n"
+        "r.compact()\n"
+        "for m in ms[:3]:\n"
+        "    assert r.delete(m.msg_id)\n"
+        "    print(m.msg_id, flush=True)\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(sd)], cwd=root, env=env, capture_output=True, text=True,
+                         timeout=60)
+    ids = out.stdout.split()
+    assert len(ids) == 3, out.stderr
+    with ConversationStateRepository(sd, hot_window=2) as r:
+        for mid in ids:
+            assert r.get_message(mid).status == ReadStatus.NOT_FOUND_CONFIRMED
+        assert len(r) == 3
+        r.compact()
+    for i in range(3):
+        assert content_places(sd, f"KILLSECRET-{i}-zz") == []
