@@ -1,0 +1,694 @@
+"""Crash safety proven by crashes: a writer subprocess (tests/crash_writer.py)
+appends, deletes and compacts while printing what each call acknowledged, and is
+killed with SIGKILL at random moments; the store is then reopened here and must
+hold every acknowledged message exactly once, with its exact content, and
+nothing else (SPEC sections 4-5, issues 4 and 7).
+
+Several kill generations run on one state directory; each reopen checks every
+read path (get_message, window, messages_for_task, search, len, channels),
+verify(), the event store's envelopes, and that a read-only open changes no file.
+Then a fresh writer continues on the same directory.
+
+Kill points are random; the checks are not. The seed is printed in every
+failure; rerun with RUNE_CRASH_SEED=<seed> to replay the same plan (the kill
+instants themselves depend on timing).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import warnings
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+WRITER = os.path.join(HERE, "crash_writer.py")
+
+
+def _load_writer():
+    name = "rune_crash_writer"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, WRITER)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+cw = _load_writer()
+
+SEED = int(os.environ.get("RUNE_CRASH_SEED", random.SystemRandom().randrange(1 << 31)))
+
+pytestmark = pytest.mark.slow
+
+LIVE, DELETED, ABSENT, MAYBE_LIVE, MAYBE_DELETED = "live", "deleted", "absent", "maybe-live", "maybe-deleted"
+BIG = 1 << 20
+
+
+# ------------------------------------------------------------ the subprocess
+
+class WriterRun:
+    """One writer subprocess: its stdout lines as they arrive, and how it ended."""
+
+    def __init__(self, state: str, errfile: str, **opts) -> None:
+        self.lines: list[str] = []
+        self.cond = threading.Condition()
+        self.eof = False
+        self.killed_at: str = "(not killed)"
+        argv = [sys.executable, WRITER, "--state", state]
+        for k, v in opts.items():
+            flag = "--" + k.replace("_", "-")
+            if v is True:
+                argv.append(flag)
+            elif v is not False and v is not None:
+                argv += [flag, str(v)]
+        self.argv = argv
+        self.errfile = errfile
+        self._err = open(errfile, "wb")
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self._err, cwd=ROOT,
+                                     env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for raw in self.proc.stdout:
+            if not raw.endswith(b"\n"):
+                break                                 # cannot happen: one write(2) per line
+            with self.cond:
+                self.lines.append(raw[:-1].decode("utf-8"))
+                self.cond.notify_all()
+        with self.cond:
+            self.eof = True
+            self.cond.notify_all()
+
+    def wait_for(self, pred, timeout: float = 60.0) -> bool:
+        """Wait until ``pred(lines)`` holds or the writer's stdout closed."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while not pred(self.lines):
+                if self.eof:
+                    return False
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"writer stuck: no progress in {timeout}s; last lines "
+                                         f"{self.lines[-5:]}; stderr:\n{self.stderr()}")
+                self.cond.wait(left)
+            return True
+
+    def kill(self) -> None:
+        with self.cond:
+            self.killed_at = self.lines[-1] if self.lines else "(before any output)"
+        try:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def finish(self, timeout: float = 120.0) -> int:
+        rc = self.proc.wait(timeout)
+        self._reader.join(30)
+        self.proc.stdout.close()
+        self._err.close()
+        return rc
+
+    def stderr(self) -> str:
+        if not self._err.closed:
+            self._err.flush()
+        with open(self.errfile, "rb") as f:
+            return f.read().decode("utf-8", "replace")[-4000:]
+
+
+def plan_kill(rng: random.Random) -> tuple:
+    r = rng.random()
+    if r < 0.15:
+        return ("open", round(rng.uniform(0.0, 0.08), 4))       # during open / recovery
+    if r < 0.60:
+        return ("acks", rng.randint(1, 90), round(rng.uniform(0.0, 0.01), 4))
+    return ("time", round(rng.uniform(0.0, 0.5), 4))
+
+
+def execute(run: WriterRun, plan: tuple | None) -> int:
+    if plan is None:
+        rc = run.finish()
+        return rc
+    if plan[0] == "open":
+        if run.wait_for(lambda ls: "IMPORTED" in ls):
+            time.sleep(plan[1])
+    elif plan[0] == "acks":
+        n = plan[1]
+        if run.wait_for(lambda ls: sum(1 for x in ls if x.startswith(("ACK", "TACK"))) >= n):
+            time.sleep(plan[2])
+    else:
+        if run.wait_for(lambda ls: "READY" in ls):
+            time.sleep(plan[1])
+    run.kill()
+    return run.finish()
+
+
+# ------------------------------------------------------------- the models
+
+class Failures(list):
+    def add(self, msg: str) -> None:
+        self.append(msg)
+
+
+class ConvModel:
+    """What the store must hold, from the writers' acknowledgements."""
+
+    def __init__(self) -> None:
+        self.state: dict[str, str] = {}
+        self.fields: dict[str, dict] = {}
+        self.acked_msgs: set[str] = set()      # ACKed (or observed stored after a crash)
+        self.acked_dels: set[str] = set()      # DEL/CLEAR acknowledged
+
+    def f(self, mid: str) -> dict:
+        d = self.fields.get(mid)
+        if d is None:
+            d = self.fields[mid] = cw.make_fields(mid)
+        return d
+
+    def apply(self, lines: list[str], fails: Failures) -> None:
+        for line in lines:
+            word, _, rest = line.partition(" ")
+            if word == "TRY":
+                for mid in rest.split():
+                    self.state.setdefault(mid, MAYBE_LIVE)
+            elif word == "ACK":
+                if self.state.get(rest) in (DELETED, ABSENT):
+                    fails.add(f"writer got ACK for {rest}, which is {self.state[rest]}")
+                self.state[rest] = LIVE
+                self.acked_msgs.add(rest)
+            elif word in ("DUPOK", "TOMBOK", "NODEL"):
+                if word == "DUPOK" and self.state.get(rest) != LIVE:
+                    fails.add(f"re-append of {rest} returned False but the model has it {self.state.get(rest)}")
+            elif word == "TRYDEL":
+                st = self.state.get(rest)
+                if st is None:
+                    self.state[rest] = ABSENT       # a never-appended id
+                elif st == LIVE:
+                    self.state[rest] = MAYBE_DELETED
+            elif word == "DEL":
+                self.state[rest] = DELETED
+                self.acked_dels.add(rest)
+            elif word == "TRYCLEAR":
+                for mid, st in self.state.items():
+                    if st == LIVE and self.f(mid)["channel_id"] == rest:
+                        self.state[mid] = MAYBE_DELETED
+            elif word == "CLEAR":
+                ch, n = rest.split()
+                hit = [m for m, st in self.state.items()
+                       if st in (MAYBE_DELETED, MAYBE_LIVE) and self.f(m)["channel_id"] == ch]
+                if int(n) != len(hit):
+                    fails.add(f"clear_channel({ch!r}) returned {n}, expected {len(hit)}")
+                for mid in hit:
+                    self.state[mid] = DELETED
+                    self.acked_dels.add(mid)
+            elif word == "BUG":
+                fails.add(f"writer reported: {line}")
+            elif word not in ("IMPORTED", "READY", "TRYCOMPACT", "COMPACTED", "DONE"):
+                fails.add(f"unparsable writer line {line!r}")
+
+    def live(self) -> list[str]:
+        return [m for m, s in self.state.items() if s == LIVE]
+
+    def deleted(self) -> list[str]:
+        return [m for m, s in self.state.items() if s == DELETED]
+
+
+def _stream_order_ok(ids: list[str]) -> str | None:
+    """Append order of the crash writer: generations in order; within one
+    generation and writer thread, increasing index. None if ``ids`` respects it."""
+    last_gen = -1
+    last_i: dict[tuple[int, int], int] = {}
+    for pos, mid in enumerate(ids):
+        g, t, i = cw.parse_msg_id(mid)
+        if g < last_gen:
+            return f"{mid} (generation {g}) at position {pos} after a generation-{last_gen} message"
+        last_gen = g
+        if last_i.get((g, t), -1) >= i:
+            return f"{mid} at position {pos} after message index {last_i[(g, t)]} of the same writer"
+        last_i[(g, t)] = i
+    return None
+
+
+def _open_conv(state: str, cfg: dict, **kw):
+    from rune_fast.conversation_state import ConversationStateRepository
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        repo = ConversationStateRepository(state, compact_every=cfg["compact_every"],
+                                           hot_window=cfg["hot_window"],
+                                           durability=cfg["durability"], **kw)
+    return repo, [f"{w.category.__name__}: {w.message}" for w in caught]
+
+
+def quarantine_count(stats) -> int:
+    """How many quarantined items ``stats()`` reports, wherever it nests them
+    (any key containing "quarantin": a list, a dict, a count or a path)."""
+    n = 0
+    if isinstance(stats, dict):
+        items = stats.items()
+    elif hasattr(stats, "__dict__"):
+        items = vars(stats).items()
+    else:
+        return 0
+    for k, v in items:
+        if "quarantin" in str(k).lower():
+            if isinstance(v, bool):
+                n += int(v)
+            elif isinstance(v, int):
+                n += v
+            elif isinstance(v, (list, tuple, dict, set)):
+                n += len(v)
+            elif v:
+                n += 1
+        elif isinstance(v, dict):
+            n += quarantine_count(v)
+    return n
+
+
+def _quarantine_reported(stats) -> bool:
+    return quarantine_count(stats) > 0
+
+
+def check_conv_store(repo, model: ConvModel, fails: Failures, *, promote: bool) -> None:
+    """Every read path against the model. With ``promote``, ids whose fate was
+    open (a call in flight at the kill) are fixed to what this reopen found."""
+    from rune_fast.conversation_state import ReadStatus
+    present: set[str] = set()
+    for mid, st in sorted(model.state.items()):
+        try:
+            rd = repo.get_message(mid)
+        except Exception as exc:  # noqa: BLE001 - reported as a failure with its type
+            fails.add(f"get_message({mid}) raised {type(exc).__name__}: {exc}")
+            continue
+        if rd.status == ReadStatus.FOUND_VERIFIED:
+            present.add(mid)
+            if rd.record != cw.make_message(mid):
+                fails.add(f"get_message({mid}) returned a different record (tier {rd.tier}): "
+                          f"{rd.record!r:.300}")
+            if rd.tier not in ("hot", "tail", "cool"):
+                fails.add(f"get_message({mid}).tier is {rd.tier!r}")
+            if st in (DELETED, ABSENT):
+                fails.add(f"{mid} is {st} but get_message found it (tier {rd.tier})")
+        elif rd.status == ReadStatus.NOT_FOUND_CONFIRMED:
+            if rd.record is not None:
+                fails.add(f"get_message({mid}) is NOT_FOUND_CONFIRMED with a record")
+            if st == LIVE:
+                fails.add(f"acknowledged message {mid} lost: NOT_FOUND_CONFIRMED "
+                          f"(channel {model.f(mid)['channel_id']}, task {model.f(mid)['task_id']!r})")
+        else:
+            fails.add(f"get_message({mid}) is {rd.status} (tier {rd.tier}) in a store nobody damaged")
+
+    def bulk(name: str, got, want: set[str], check_order: bool = True) -> None:
+        ids = [r.msg_id for r in got]
+        if len(ids) != len(set(ids)):
+            dup = sorted({m for m in ids if ids.count(m) > 1})
+            fails.add(f"{name}: duplicated ids {dup[:10]}")
+        unknown = [m for m in ids if m not in model.state]
+        if unknown:
+            fails.add(f"{name}: invented ids {unknown[:10]}")
+        for r in got:
+            if r.msg_id in model.state and r != cw.make_message(r.msg_id):
+                fails.add(f"{name}: record {r.msg_id} differs from what was appended: {r!r:.300}")
+        missing = sorted(want - set(ids))
+        extra = sorted(set(ids) - want)
+        if missing:
+            fails.add(f"{name}: missing {len(missing)} messages get_message finds, e.g. "
+                      f"{[(m, model.state.get(m)) for m in missing[:8]]}")
+        if extra:
+            fails.add(f"{name}: {len(extra)} messages get_message does not find, e.g. "
+                      f"{[(m, model.state.get(m)) for m in extra[:8]]}")
+        if check_order and not unknown:
+            bad = _stream_order_ok(ids)
+            if bad:
+                fails.add(f"{name}: not in append order: {bad}")
+
+    def guarded(name: str, fn, *a, **kw):
+        try:
+            return fn(*a, **kw)
+        except Exception as exc:  # noqa: BLE001
+            fails.add(f"{name} raised {type(exc).__name__}: {exc}")
+            return None
+
+    for ch in cw.CHANNELS:
+        want = {m for m in present if model.f(m)["channel_id"] == ch}
+        w = guarded(f"window({ch!r})", repo.window, ch, BIG)
+        if w is not None:
+            bulk(f"window({ch!r}, {BIG})", w, want)
+            w3 = guarded(f"window({ch!r}, 3)", repo.window, ch, 3)
+            if w3 is not None and [r.msg_id for r in w3] != [r.msg_id for r in w[-3:]]:
+                fails.add(f"window({ch!r}, 3) = {[r.msg_id for r in w3]} but the last 3 of the "
+                          f"full window are {[r.msg_id for r in w[-3:]]}")
+    for task in sorted(set(cw.TASKS) - {""}):
+        want = {m for m in present if model.f(m)["task_id"] == task}
+        got = guarded(f"messages_for_task({task!r})", repo.messages_for_task, task)
+        if got is not None:
+            bulk(f"messages_for_task({task!r})", got, want)
+    hits = guarded("search('')", repo.search, "")
+    if hits is not None:
+        bulk("search('')", [h.record for h in hits], present, check_order=False)
+    if present:
+        probe = sorted(present)[len(present) // 2]
+        hits = guarded("search(marker)", repo.search, f"<<{probe}>>")
+        if hits is not None and [h.record.msg_id for h in hits] != [probe]:
+            fails.add(f"search('<<{probe}>>') gave {[h.record.msg_id for h in hits]}")
+    n = guarded("len(repo)", len, repo)
+    if n is not None and n != len(present):
+        fails.add(f"len(repo) = {n}, but get_message finds {len(present)} messages")
+    chans = guarded("channels()", repo.channels)
+    if chans is not None:
+        need = {model.f(m)["channel_id"] for m in present}
+        if not need <= set(chans) or not set(chans) <= set(cw.CHANNELS):
+            fails.add(f"channels() = {sorted(chans)}; channels with messages: {sorted(need)}")
+    rep = guarded("verify()", repo.verify)
+    if rep is not None:
+        ok = rep.ok if hasattr(rep, "ok") else rep["ok"]
+        if not ok:
+            probs = rep.problems if hasattr(rep, "problems") else rep.get("problems")
+            fails.add(f"verify() not ok on an undamaged store: {[str(p) for p in probs][:5]}")
+    if promote:
+        for mid, st in list(model.state.items()):
+            if st == MAYBE_LIVE:
+                model.state[mid] = LIVE if mid in present else ABSENT
+                if mid in present:
+                    model.acked_msgs.add(mid)
+            elif st == MAYBE_DELETED:
+                model.state[mid] = LIVE if mid in present else DELETED
+
+
+def check_envelopes(state: str, model: ConvModel, fails: Failures) -> None:
+    """After a writable reopen, every stored message and every acknowledged
+    deletion has its envelope in events.jsonl (SPEC 5; issue 4: recovery
+    re-derives envelopes a crash lost), once, with the right payload_hash."""
+    path = os.path.join(state, "events.jsonl")
+    if not os.path.exists(path):
+        fails.add("events.jsonl does not exist")
+        return
+    envs, problems = cw.read_envelopes(path)
+    for p in problems:
+        fails.add(p)
+    msgs: dict[str, list[str]] = {}
+    dels: dict[str, list[str]] = {}
+    for e in envs:
+        if e.get("type") == "conversation.message":
+            msgs.setdefault(e.get("id"), []).append(e.get("payload_hash"))
+        elif e.get("type") == "conversation.deleted":
+            dels.setdefault(e.get("id"), []).append(e.get("payload_hash"))
+    for mid in sorted(model.acked_msgs):
+        want = cw.payload_hash_of(cw.make_message(mid).to_dict())
+        got = msgs.get(mid, [])
+        if not got:
+            fails.add(f"no conversation.message envelope for stored message {mid}")
+        elif len(got) > 1:
+            fails.add(f"{len(got)} conversation.message envelopes for {mid} (one append)")
+        elif got[0] != want:
+            fails.add(f"envelope of {mid}: payload_hash {got[0]} != {want}")
+    for mid in sorted(model.acked_dels):
+        want = cw.payload_hash_of({"msg_id": mid})
+        got = dels.get(mid, [])
+        if not got:
+            fails.add(f"no conversation.deleted envelope for acknowledged delete of {mid}")
+        elif want not in got:
+            fails.add(f"conversation.deleted envelope of {mid}: payload_hash {got} != {want}")
+    invented = sorted(m for m in msgs if m not in model.state)
+    if invented:
+        fails.add(f"conversation.message envelopes for ids never appended: {invented[:10]}")
+
+
+# ----------------------------------------------------------- conversation runs
+
+CONV_CONFIGS = {
+    # name: options; gens = killed writer generations on one directory
+    "fsync-deletes": dict(durability="fsync", compact_every=8, hot_window=4, deletes=True, threads=1, gens=7),
+    "fsync-plain": dict(durability="fsync", compact_every=12, hot_window=6, deletes=False, threads=1, gens=5),
+    "batch-threads": dict(durability="batch", compact_every=16, hot_window=8, deletes=True, threads=2, gens=6),
+    "none-deletes": dict(durability="none", compact_every=32, hot_window=16, deletes=True, threads=1, gens=6),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONV_CONFIGS))
+def test_sigkill_conversation_writer(tmp_path, name):
+    cfg = CONV_CONFIGS[name]
+    seed = SEED + sorted(CONV_CONFIGS).index(name)
+    rng = random.Random(seed)
+    state = str(tmp_path / "state")
+    model = ConvModel()
+    log: list[str] = []
+
+    def fail_here(fails: Failures, gen: int, plan, run: WriterRun | None, rc) -> None:
+        head = (f"crash test {name!r} failed: seed={seed} (rerun with RUNE_CRASH_SEED={SEED}), "
+                f"generation {gen}, kill plan {plan}, writer rc {rc}")
+        if run is not None:
+            head += (f"\nkilled after stdout line: {run.killed_at!r}\nlast writer lines: "
+                     f"{run.lines[-8:]}\nwriter argv: {' '.join(run.argv)}\nwriter stderr:\n{run.stderr()}")
+        pytest.fail(head + "\nhistory:\n  " + "\n  ".join(log[-12:]) + "\nfailures:\n  - "
+                    + "\n  - ".join(fails[:40]), pytrace=False)
+
+    n_gens = cfg["gens"] + 1
+    for gen in range(n_gens):
+        final = gen == n_gens - 1
+        plan = None if final else plan_kill(rng)
+        live, dels = model.live(), model.deleted()
+        dups = rng.sample(live, min(3, len(live)))
+        tombs = rng.sample(dels, min(2, len(dels)))
+        run = WriterRun(state, str(tmp_path / f"writer-{gen}.err"), mode="conv", gen=gen, seed=seed,
+                        durability=cfg["durability"], compact_every=cfg["compact_every"],
+                        hot_window=cfg["hot_window"], deletes=cfg["deletes"], threads=cfg["threads"],
+                        count=40 if final else 100_000, dups=",".join(dups), tombs=",".join(tombs))
+        rc = execute(run, plan)
+        fails = Failures()
+        model.apply(run.lines, fails)
+        if plan is None and (rc != 0 or "DONE" not in run.lines):
+            fails.add(f"the final writer (not killed) exited with {rc}")
+        if plan is not None and rc not in (-signal.SIGKILL, 0):
+            fails.add(f"the writer died by itself with exit code {rc} before the kill")
+        n_ack = sum(1 for ln in run.lines if ln.startswith("ACK"))
+        log.append(f"gen {gen}: plan {plan}, rc {rc}, {len(run.lines)} lines, {n_ack} ACKs, "
+                   f"killed after {run.killed_at!r}")
+        if fails:
+            fail_here(fails, gen, plan, run, rc)
+
+        # A read-only open (every other generation) sees every acknowledged
+        # message and changes no file, torn tail or not.
+        if gen % 2 == 1:
+            before = cw.tree_digest(state)
+            try:
+                ro, ro_warn = _open_conv(state, cfg, read_only=True)
+            except Exception as exc:  # noqa: BLE001
+                fails.add(f"read-only open after the kill raised {type(exc).__name__}: {exc}")
+            else:
+                from rune_fast.conversation_state import ReadStatus
+                for mid in model.live():
+                    rd = ro.get_message(mid)
+                    if rd.status != ReadStatus.FOUND_VERIFIED or rd.record != cw.make_message(mid):
+                        fails.add(f"read-only open: acknowledged {mid} is {rd.status}")
+                        break
+                ro.close()
+                after = cw.tree_digest(state)
+                changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+                if changed:
+                    fails.add(f"read-only open changed files: {changed}")
+            if fails:
+                fail_here(fails, gen, plan, run, rc)
+
+        try:
+            repo, warns = _open_conv(state, cfg)
+        except Exception as exc:  # noqa: BLE001
+            fails.add(f"reopen after the kill raised {type(exc).__name__}: {exc}")
+            fail_here(fails, gen, plan, run, rc)
+        try:
+            if warns:
+                log.append(f"gen {gen}: reopen warned: {warns}")
+                if not _quarantine_reported(repo.stats()):
+                    fails.add(f"reopen warned {warns} but stats() does not report a quarantine: "
+                              f"{repo.stats()!r:.500}")
+            check_conv_store(repo, model, fails, promote=True)
+        finally:
+            repo.close()
+        check_envelopes(state, model, fails)
+        if fails:
+            fail_here(fails, gen, plan, run, rc)
+
+    # A last reopen after the clean close: same answers, nothing quarantined.
+    fails = Failures()
+    repo, warns = _open_conv(state, cfg)
+    try:
+        if warns:
+            fails.add(f"reopen after a clean close warned: {warns}")
+        check_conv_store(repo, model, fails, promote=False)
+    finally:
+        repo.close()
+    if fails:
+        fail_here(fails, n_gens, None, None, 0)
+    assert model.live(), f"seed {seed}: no message was ever acknowledged; the test proved nothing"
+
+
+# ------------------------------------------------------------------ task ledger
+
+class TaskModel:
+    def __init__(self) -> None:
+        self.tasks: dict[str, dict] = {}
+        self.order: list[str] = []              # creation order
+        self.touch: dict[str, int] = {}         # seq of the last create/amend
+        self.seq = 0
+        self.acked: list[dict] = []             # every acknowledged change: (op, record dict)
+        self.pending: dict | None = None
+
+    def apply(self, lines: list[str], fails: Failures) -> None:
+        import json
+        for line in lines:
+            word, _, rest = line.partition(" ")
+            if word == "TTRY":
+                self.pending = json.loads(rest)
+            elif word == "TACK":
+                rec = json.loads(rest)
+                op = self.pending["op"] if self.pending else "?"
+                self._put(op, rec)
+                self.acked.append({"op": op, "rec": rec})
+                self.pending = None
+            elif word == "TREFUSED":
+                pass
+            elif word == "BUG":
+                fails.add(f"writer reported: {line}")
+            elif word not in ("IMPORTED", "READY", "DONE"):
+                fails.add(f"unparsable writer line {line!r}")
+
+    def _put(self, op: str, rec: dict) -> None:
+        tid = rec["task_id"]
+        self.seq += 1
+        if tid not in self.tasks:
+            self.order.append(tid)
+        if op in ("create", "amend") or tid not in self.tasks:
+            self.touch[tid] = self.seq
+        self.tasks[tid] = rec
+
+    def terminal(self) -> list[str]:
+        from rune_fast.records import TASK_TRANSITIONS
+        return [t for t, r in self.tasks.items() if not TASK_TRANSITIONS[r["status"]]]
+
+
+def _pending_matches(p: dict, old: dict | None, new: dict) -> bool:
+    if p["op"] == "create":
+        return (old is None and new["title"] == p["title"] and new["channel_id"] == p["channel_id"]
+                and new["status"] == "created")
+    if old is None:
+        return False
+    same = {k: v for k, v in old.items() if k not in ("title", "status", "outcome_ref", "updated_at")}
+    if {k: new.get(k) for k in same} != same or new["updated_at"] < old["updated_at"]:
+        return False
+    if p["op"] == "amend":
+        return new["title"] == p["title"] and new["status"] == old["status"]
+    # outcome_ref="" may mean "leave it" or "clear it": SPEC does not say
+    outcome_ok = new["outcome_ref"] == p["outcome_ref"] or (
+        p["outcome_ref"] == "" and new["outcome_ref"] == old["outcome_ref"])
+    return new["status"] == p["status"] and outcome_ok and new["title"] == old["title"]
+
+
+def check_tasks(state: str, model: TaskModel, fails: Failures) -> None:
+    from rune_fast.conversation_state import TaskStateRepository
+    from rune_fast.records import TASK_TRANSITIONS
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            repo = TaskStateRepository(state)
+        except Exception as exc:  # noqa: BLE001
+            fails.add(f"task ledger reopen raised {type(exc).__name__}: {exc}")
+            return
+    try:
+        p = model.pending
+        applied = None
+        for tid in model.order:
+            want = model.tasks[tid]
+            got = repo.get(tid)
+            if got is None:
+                fails.add(f"acknowledged task {tid} lost")
+                continue
+            gd = got.to_dict()
+            if gd == want:
+                continue
+            if p is not None and p.get("task_id") == tid and _pending_matches(p, want, gd):
+                applied = gd
+                continue
+            fails.add(f"task {tid}: reopened as {gd}, last acknowledged {want}, in flight {p}")
+        seen: set[str] = set()
+        for ch in cw.TASK_CHANNELS:
+            for t in repo.list_open(ch):
+                seen.add(t.task_id)
+                if t.task_id in model.tasks:
+                    continue
+                if p is not None and p["op"] == "create" and applied is None \
+                        and _pending_matches(p, None, t.to_dict()):
+                    applied = t.to_dict()
+                else:
+                    fails.add(f"list_open({ch!r}) holds a task nobody created: {t.to_dict()}")
+        if applied is not None:
+            model._put(p["op"], applied)
+            model.acked.append({"op": p["op"], "rec": applied})
+        model.pending = None
+        for ch in cw.TASK_CHANNELS:
+            want_open = [t for t in model.order if model.tasks[t]["channel_id"] == ch
+                         and TASK_TRANSITIONS[model.tasks[t]["status"]]]
+            got_open = [t.task_id for t in repo.list_open(ch)]
+            if got_open != want_open:
+                fails.add(f"list_open({ch!r}) = {got_open}, expected (oldest first) {want_open}")
+            active = max(want_open, key=lambda t: model.touch[t], default=None)
+            ga = repo.get_active(ch)
+            if (ga.task_id if ga else None) != active:
+                fails.add(f"get_active({ch!r}) = {ga.task_id if ga else None}, expected {active}")
+            created = [t for t in model.order if model.tasks[t]["channel_id"] == ch]
+            gl = repo.latest(ch)
+            if (gl.task_id if gl else None) != (created[-1] if created else None):
+                fails.add(f"latest({ch!r}) = {gl.task_id if gl else None}, expected "
+                          f"{created[-1] if created else None}")
+        if caught:
+            if not _quarantine_reported(repo.stats()):
+                fails.add(f"task reopen warned {[str(w.message) for w in caught]} but stats() "
+                          f"does not report a quarantine")
+    finally:
+        repo.close()
+    envs, problems = cw.read_envelopes(os.path.join(state, "events.jsonl"))
+    for pr in problems:
+        fails.add(pr)
+    have = {(e.get("type"), e.get("id"), e.get("payload_hash")) for e in envs}
+    for ch in model.acked:
+        typ = {"create": "task_state.created", "amend": "task_state.amended",
+               "transition": "task_state.transition"}.get(ch["op"])
+        key = (typ, ch["rec"]["task_id"], cw.payload_hash_of(ch["rec"]))
+        if key not in have:
+            fails.add(f"no {typ} envelope with the record's payload_hash for acknowledged change "
+                      f"{ch['op']} of {ch['rec']['task_id']}")
+
+
+def test_sigkill_task_ledger(tmp_path):
+    seed = SEED + 100
+    rng = random.Random(seed)
+    state = str(tmp_path / "state")
+    model = TaskModel()
+    gens = 6
+    for gen in range(gens + 1):
+        final = gen == gens
+        plan = None if final else plan_kill(rng)
+        run = WriterRun(state, str(tmp_path / f"task-{gen}.err"), mode="task", gen=gen, seed=seed,
+                        count=30 if final else 100_000, tombs=",".join(model.terminal()[:3]))
+        rc = execute(run, plan)
+        fails = Failures()
+        model.apply(run.lines, fails)
+        if plan is None and (rc != 0 or "DONE" not in run.lines):
+            fails.add(f"the final task writer exited with {rc}")
+        if plan is not None and rc not in (-signal.SIGKILL, 0):
+            fails.add(f"the task writer died by itself with exit code {rc}")
+        if not fails:
+            check_tasks(state, model, fails)
+        if fails:
+            pytest.fail(f"task crash test failed: seed={seed} (RUNE_CRASH_SEED={SEED}), generation "
+                        f"{gen}, kill plan {plan}, killed after {run.killed_at!r}, rc {rc}\n"
+                        f"last writer lines: {run.lines[-6:]}\nstderr:\n{run.stderr()}\nfailures:\n  - "
+                        + "\n  - ".join(fails[:30]), pytrace=False)
+    assert model.tasks, f"seed {seed}: no task change was ever acknowledged"
