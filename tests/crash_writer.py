@@ -27,6 +27,12 @@ task mode (``--mode task``)::
     TACK <json>                  the change returned; the record's to_dict()
     TREFUSED <task_id>           an illegal transition was refused (nothing changed)
 
+compact-die mode (``--mode compact-die --die-at N [--die-after]``): a few
+appends and ``--tombs`` deletes, then one ``compact()`` during which every
+file step (write, fsync, rename, unlink, ...) prints ``SYS <n> <name> <file>``
+and step N ends the process with ``os._exit(137)`` (a torn half-write for a
+``write``); ``SYSCOUNT <n>`` when it survives.
+
 Everything a message holds is a pure function of its id (:func:`make_fields`),
 so the parent can rebuild the exact record of every id it reads back.
 """
@@ -97,14 +103,15 @@ def unknown_id(gen: int, thread: int, i: int) -> str:
 # ---------------------------------------------------------------------- output
 
 _out_lock = threading.Lock()
+_os_write = os.write          # out() keeps the real write when arm_syscall_death wraps os.write
 
 
 def out(line: str) -> None:
     data = (line + "\n").encode("utf-8")
     with _out_lock:
-        n = os.write(1, data)
+        n = _os_write(1, data)
         while n < len(data):           # a pipe write this small is atomic; be safe anyway
-            n += os.write(1, data[n:])
+            n += _os_write(1, data[n:])
 
 
 # --------------------------------------------------------- conversation writer
@@ -336,6 +343,80 @@ def run_task(args) -> None:
     out("DONE")
 
 
+# ------------------------------------------ dying at one exact step of compact()
+
+_PATCHED = ("write", "pwrite", "fsync", "fdatasync", "replace", "rename", "unlink", "remove",
+            "truncate", "ftruncate", "rmdir")
+
+
+def arm_syscall_death(die_at: int, after: bool) -> dict:
+    """Wrap the ``os`` functions a compaction uses to move files and make them
+    durable. Once armed, call ``n`` prints ``SYS <n> <name> <arg>``; call
+    ``die_at`` ends the process with ``os._exit(137)``, as SIGKILL would:
+    before the call, or (``after``) right after it; a ``write`` dies after
+    half its bytes, a torn write. Returns the control dict (``armed``, ``n``)."""
+    ctl = {"armed": False, "n": 0}
+
+    def wrap(name, fn):
+        def inner(*a, **kw):
+            if not ctl["armed"]:
+                return fn(*a, **kw)
+            ctl["n"] += 1
+            n = ctl["n"]
+            arg = a[0] if a else ""
+            if isinstance(arg, (str, bytes, os.PathLike)):
+                arg = os.path.basename(os.fsdecode(arg))
+            out(f"SYS {n} {name} {arg}")
+            if n == die_at:
+                if name in ("write", "pwrite") and len(a) >= 2 and len(a[1]) > 1:
+                    half = bytes(a[1])[: len(a[1]) // 2]
+                    fn(a[0], half, *a[2:])
+                    os._exit(137)
+                if not after:
+                    os._exit(137)
+                fn(*a, **kw)
+                os._exit(137)
+            return fn(*a, **kw)
+        return inner
+
+    for name in _PATCHED:
+        if hasattr(os, name):
+            setattr(os, name, wrap(name, getattr(os, name)))
+    return ctl
+
+
+def run_compact_die(args) -> None:
+    """Open, append a few, delete one, then compact() and die at its
+    ``--die-at``-th file step (0: never; prints ``SYSCOUNT`` at the end)."""
+    from rune_fast.conversation_state import ConversationStateRepository
+    ctl = arm_syscall_death(args.die_at, args.die_after)
+    out("IMPORTED")
+    repo = ConversationStateRepository(args.state, compact_every=args.compact_every,
+                                       hot_window=args.hot_window, durability=args.durability)
+    out("READY")
+    mids = [msg_id(args.gen, 0, i) for i in range(6)]
+    for mid in mids[:3]:
+        out(f"TRY {mid}")
+        if repo.append(make_message(mid)):
+            out(f"ACK {mid}")
+    out("TRY " + " ".join(mids[3:]))
+    if repo.append_many([make_message(m) for m in mids[3:]]) == 3:
+        for mid in mids[3:]:
+            out(f"ACK {mid}")
+    for mid in filter(None, args.tombs.split(",")):     # ids to delete now
+        out(f"TRYDEL {mid}")
+        if repo.delete(mid):
+            out(f"DEL {mid}")
+    out("TRYCOMPACT")
+    ctl["armed"] = True
+    repo.compact()
+    ctl["armed"] = False
+    out("COMPACTED")
+    out(f"SYSCOUNT {ctl['n']}")
+    repo.close()
+    out("DONE")
+
+
 # ------------------------------------------------ helpers for the parent tests
 
 def payload_hash_of(body: dict) -> str:
@@ -384,7 +465,7 @@ def tree_digest(state_dir: str) -> dict[str, tuple[int, str]]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--state", required=True)
-    p.add_argument("--mode", choices=("conv", "task"), default="conv")
+    p.add_argument("--mode", choices=("conv", "task", "compact-die"), default="conv")
     p.add_argument("--gen", type=int, default=0, help="generation: 0..99, makes ids distinct")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--count", type=int, default=100_000, help="steps before a clean close")
@@ -393,6 +474,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hot-window", type=int, default=4)
     p.add_argument("--deletes", action="store_true")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--die-at", type=int, default=0, help="compact-die: die at this file step")
+    p.add_argument("--die-after", action="store_true", help="compact-die: die just after the step")
     p.add_argument("--dups", default="", help="comma-separated stored ids to re-append first")
     p.add_argument("--tombs", default="", help="comma-separated deleted ids (task mode: terminal task ids)")
     args = p.parse_args(argv)
@@ -400,6 +483,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--gen must be 0..99 and --threads 1..4")
     if args.mode == "conv":
         run_conv(args)
+    elif args.mode == "compact-die":
+        run_compact_die(args)
     else:
         run_task(args)
     return 0

@@ -226,7 +226,7 @@ class ConvModel:
                     self.acked_dels.add(mid)
             elif word == "BUG":
                 fails.add(f"writer reported: {line}")
-            elif word not in ("IMPORTED", "READY", "TRYCOMPACT", "COMPACTED", "DONE"):
+            elif word not in ("IMPORTED", "READY", "TRYCOMPACT", "COMPACTED", "DONE", "SYS", "SYSCOUNT"):
                 fails.add(f"unparsable writer line {line!r}")
 
     def live(self) -> list[str]:
@@ -531,15 +531,19 @@ def test_sigkill_conversation_writer(tmp_path, name):
         if fails:
             fail_here(fails, gen, plan, run, rc)
 
-    # A last reopen after the clean close: same answers, nothing quarantined.
+    # A last reopen after the clean close: same answers, nothing quarantined;
+    # then compact() erases every deleted message's content from every file.
     fails = Failures()
     repo, warns = _open_conv(state, cfg)
     try:
         if warns:
             fails.add(f"reopen after a clean close warned: {warns}")
         check_conv_store(repo, model, fails, promote=False)
+        repo.compact()
+        check_conv_store(repo, model, fails, promote=False)
     finally:
         repo.close()
+    check_erased(state, model, fails)
     if fails:
         fail_here(fails, n_gens, None, None, 0)
     assert model.live(), f"seed {seed}: no message was ever acknowledged; the test proved nothing"
@@ -708,3 +712,125 @@ def test_sigkill_task_ledger(tmp_path):
                         f"last writer lines: {run.lines[-6:]}\nstderr:\n{run.stderr()}\nfailures:\n  - "
                         + "\n  - ".join(fails[:30]), pytrace=False)
     assert model.tasks, f"seed {seed}: no task change was ever acknowledged"
+
+
+# ---------------------------------------------- death at each step of compact()
+
+def files_holding_content(state: str, mids: list[str]) -> dict[str, list[str]]:
+    """For each id, the files under ``state`` that still hold its content
+    marker: raw bytes, and the decoded rows of every readable Parquet file."""
+    found: dict[str, list[str]] = {}
+    markers = {m: f"<<{m}>>" for m in mids}
+    for path in cw.all_files(state):
+        with open(path, "rb") as f:
+            data = f.read()
+        texts = [data]
+        if path.endswith(".parquet"):
+            try:
+                import pyarrow.parquet as pq
+                tab = pq.read_table(path)
+                texts.append("\n".join(str(v) for col in tab.columns for v in col.to_pylist()).encode())
+            except Exception:  # noqa: BLE001 - an unreadable archive is judged elsewhere
+                pass
+        for m, mk in markers.items():
+            if any(mk.encode() in t for t in texts):
+                found.setdefault(m, []).append(os.path.relpath(path, state))
+    return found
+
+
+def check_erased(state: str, model: ConvModel, fails: Failures) -> None:
+    held = files_holding_content(state, model.deleted())
+    for mid, paths in sorted(held.items()):
+        fails.add(f"after compact() the content of deleted {mid} is still in {paths}")
+
+
+COMPACT_CFG = dict(durability="fsync", compact_every=100_000, hot_window=4)
+
+
+def _compact_template(state: str) -> ConvModel:
+    """A store with cooled, hot and tail messages and pending deletions in each tier."""
+    from rune_fast.conversation_state import ConversationStateRepository
+    model = ConvModel()
+    mids = [cw.msg_id(0, 0, i) for i in range(40)]
+    repo = ConversationStateRepository(state, **COMPACT_CFG)
+    try:
+        assert repo.append_many([cw.make_message(m) for m in mids[:24]]) == 24
+        repo.compact()
+        for m in mids[24:]:
+            assert repo.append(cw.make_message(m))
+        tiers = {m: repo.get_message(m).tier for m in mids}
+        assert {"cool", "hot", "tail"} <= set(tiers.values()), tiers
+        doomed = [next(m for m in mids if tiers[m] == t) for t in ("cool", "hot", "tail")]
+        for m in doomed:
+            assert repo.delete(m)
+    finally:
+        repo.close()
+    for m in mids:
+        model.state[m] = DELETED if m in doomed else LIVE
+        model.acked_msgs.add(m)
+    model.acked_dels.update(doomed)
+    model.tiers = tiers
+    return model
+
+
+@pytest.mark.slow
+def test_death_at_each_step_of_compaction(tmp_path):
+    """compact() folds, cools into Parquet, erases deletions and reclaims
+    segments; the writer dies (os._exit, as SIGKILL) just before or just after
+    one of its file steps (write -- torn in half --, fsync, rename, unlink...).
+    Every reopen holds every acknowledged message once and nothing deleted;
+    the next compact() finishes the job and erases the deleted content."""
+    import copy
+    import shutil
+    seed = SEED + 200
+    rng = random.Random(seed)
+    template = str(tmp_path / "template")
+    base = _compact_template(template)
+    victim = next(m for m in base.live() if base.tiers[m] == "cool")   # deleted during the run
+
+    def run_at(k: int, after: bool, tag: str):
+        state = str(tmp_path / tag)
+        shutil.copytree(template, state, symlinks=True)
+        run = WriterRun(state, str(tmp_path / f"{tag}.err"), mode="compact-die", gen=1, seed=seed,
+                        die_at=k, die_after=after, tombs=victim, **COMPACT_CFG)
+        return state, run, run.finish()
+
+    state, dry, rc = run_at(0, False, "dry")
+    counts = [ln for ln in dry.lines if ln.startswith("SYSCOUNT")]
+    assert rc == 0 and counts, f"dry run failed (rc {rc}): {dry.lines[-5:]}\n{dry.stderr()}"
+    steps = [ln for ln in dry.lines if ln.startswith("SYS ")]
+    total = int(counts[0].split()[1])
+    assert total > 0, "compact() made no file step this test can intercept"
+    points = sorted({1, total} | set(rng.sample(range(1, total + 1), min(total, 8))))
+    done = []
+    for k in points:
+        for after in ((False, True) if k in (1, total) else (rng.random() < 0.5,)):
+            tag = f"k{k}{'a' if after else 'b'}"
+            state, run, rc = run_at(k, after, tag)
+            model = copy.deepcopy(base)
+            fails = Failures()
+            model.apply(run.lines, fails)
+            if rc != 137:
+                fails.add(f"the writer should have died at step {k} but exited with {rc}")
+            if not fails:
+                try:
+                    repo, warns = _open_conv(state, COMPACT_CFG)
+                except Exception as exc:  # noqa: BLE001
+                    fails.add(f"reopen raised {type(exc).__name__}: {exc}")
+                else:
+                    try:
+                        check_conv_store(repo, model, fails, promote=True)
+                        repo.compact()
+                        check_conv_store(repo, model, fails, promote=False)
+                    finally:
+                        repo.close()
+                    check_envelopes(state, model, fails)
+                    check_erased(state, model, fails)
+            done.append(tag)
+            if fails:
+                pytest.fail(f"death at compaction step {k} ({'after' if after else 'before'} "
+                            f"{steps[k - 1] if k <= len(steps) else '?'}), seed {seed}: last writer lines "
+                            f"{run.lines[-4:]}\nstderr:\n{run.stderr()}\nsteps of a whole compact(): "
+                            f"{[s.split(' ', 2)[2] for s in steps]}\nfailures:\n  - "
+                            + "\n  - ".join(fails[:30]), pytrace=False)
+    assert done
