@@ -303,6 +303,27 @@ def test_torn_final_tail_line_is_quarantined(tmp_path, caplog, how):
     assert file_containing(state, torn, exclude=path), "the quarantine file was removed"
 
 
+def test_read_only_open_skips_torn_line_and_changes_nothing(tmp_path):
+    """Beside a writer, an incomplete final line is the writer's append in
+    flight: a read-only open skips it, quarantines nothing, writes nothing."""
+    from rune_fast.conversation_state import ReadStatus
+    state = str(tmp_path / "s")
+    mids = build(state, crash=True)
+    path, start, end = line_of(state, mids[-1])
+    os.truncate(path, start + (end - start) // 2)
+    before = cw.tree_digest(state)
+    repo, warns = open_conv(state, read_only=True)
+    try:
+        assert not warns, f"read-only open warned: {warns}"
+        for mid in mids[:-1]:
+            rd = repo.get_message(mid)
+            assert rd.status == ReadStatus.FOUND_VERIFIED and rd.record == cw.make_message(mid)
+        assert repo.get_message(mids[-1]).status == ReadStatus.NOT_FOUND_CONFIRMED
+    finally:
+        repo.close()
+    assert cw.tree_digest(state) == before, "a read-only open changed files"
+
+
 @pytest.mark.parametrize("nzeros", [1, 7, 4096, 1 << 20])
 def test_zero_bytes_after_last_line_are_not_damage(tmp_path, nzeros):
     state = str(tmp_path / "s")
