@@ -377,9 +377,9 @@ def test_flipped_byte_in_complete_line_is_loud(tmp_path, tier, field):
     from rune_fast.conversation_state import ReadStatus
     from rune_fast.errors import CorruptStateCheckpointError
     state = str(tmp_path / "s")
-    mids = build(state, compact=(tier == "hot"))
+    mids = build(state, compact=(tier == "hot"), crash=True)
     target = mids[5]
-    repo, _ = open_conv(state)
+    repo, _ = open_conv(state, read_only=True)
     try:
         assert repo.get_message(target).tier == tier
     finally:
@@ -469,8 +469,12 @@ def _damage(path: str, how: str) -> None:
         data = data[:mid] + bytes([data[mid] ^ 0x01]) + data[mid + 1:]
     elif how == "digit":
         # change one digit of a number: still valid JSON, wrong value
-        i = next(i for i in range(len(data) // 3, len(data)) if data[i:i + 1].isdigit()
-                 and data[i - 1:i] in (b":", b" ", b","))
+        cands = [i for i in range(len(data) // 3, len(data)) if data[i:i + 1].isdigit()
+                 and data[i - 1:i] in (b":", b" ", b",", b"[")]
+        cands = cands or [i for i in range(1, len(data)) if data[i:i + 1].isdigit()
+                          and data[i - 1:i] in (b":", b" ", b",", b"[")]
+        assert cands, f"no number in {data[:200]!r}"
+        i = cands[0]
         data = data[:i] + (b"7" if data[i:i + 1] != b"7" else b"3") + data[i + 1:]
     elif how == "garbage":
         data = b"{not json" + b"\x00\xff" * 10
