@@ -1,0 +1,670 @@
+"""The durable event store (``events.jsonl``) and the framed append-only log under it.
+
+Every line of a rune_fast log is one *frame* (docs/DESIGN.md, "The frame")::
+
+    {"x":"<16 lowercase hex of xxh3_64(rest)>"<rest>\\n
+
+``rest`` starts with ``,"`` and ends with ``}`` and holds no raw newline, so each
+line is a JSON object by itself and a flipped byte anywhere in it is caught.
+
+:class:`FramedLog` owns one such file: appends are single ``write(2)`` calls on
+an ``O_APPEND`` descriptor (so several processes may append to one file), a
+sync makes everything appended so far durable, and opening recovers from a
+crash (a torn final line is quarantined, never silently dropped). The
+:class:`EventStore` builds typed envelopes on top of it.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import re
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import orjson
+import xxhash
+
+from .errors import (
+    CorruptStateCheckpointError,
+    DurabilityError,
+    FramingError,
+    ReadOnlyStoreError,
+    StoreClosedError,
+)
+
+__all__ = [
+    "EVENT_TYPES",
+    "MAX_LINE",
+    "RecoveryWarning",
+    "frame",
+    "frame_object",
+    "check_line",
+    "parse_line",
+    "FramedLog",
+    "EventStore",
+]
+
+log = logging.getLogger("rune_fast.events")
+
+MAX_LINE = 16 * 1024 * 1024
+"""Largest frame in bytes, prefix and newline included."""
+
+EVENT_TYPES: frozenset[str] = frozenset({
+    "task_state.created",
+    "task_state.amended",
+    "task_state.transition",
+    "task_state.imported",
+    "conversation.message",
+    "conversation.deleted",
+})
+
+_PREFIX_LEN = 23  # len('{"x":"') + 16 hex + len('"')
+_HEX = frozenset(b"0123456789abcdef")
+_HASH_RE = re.compile(r"[0-9a-f]{64}")
+_RESERVED = frozenset({"x", "type", "id", "payload_hash", "ts", "offset"})
+_READ_CHUNK = 1 << 20
+NEWLINE = b"\n"
+
+
+class RecoveryWarning(UserWarning):
+    """Recovery kept the bytes of a torn final line in a quarantine file."""
+
+
+# ----------------------------------------------------------------- the frame
+# The one place that computes line checksums. It matches the compiled core's
+# rune_fast._log.frame byte for byte (xxh3_64, seed 0), so this can switch to it.
+
+
+def frame(rest: bytes) -> bytes:
+    """Return the full framed line for ``rest`` (newline included).
+
+    ``rest`` must start with ``,"``, end with ``}``, hold no ``\\n`` byte, and
+    the line must fit in :data:`MAX_LINE`; otherwise :class:`FramingError`.
+    """
+    if not rest.startswith(b',"') or not rest.endswith(b"}"):
+        raise FramingError(f"frame: rest must start with ',\"' and end with '}}', got {bytes(rest[:16])!r}...")
+    if b"\n" in rest:
+        raise FramingError(f"frame: rest holds a raw newline at byte {rest.index(NEWLINE)}")
+    if len(rest) + _PREFIX_LEN + 1 > MAX_LINE:
+        raise FramingError(f"frame: line of {len(rest) + _PREFIX_LEN + 1} bytes exceeds MAX_LINE {MAX_LINE}")
+    return b'{"x":"' + xxhash.xxh3_64_hexdigest(rest).encode("ascii") + b'"' + rest + b"\n"
+
+
+def frame_object(obj: Mapping[str, Any]) -> bytes:
+    """Frame a non-empty JSON object whose keys do not include ``"x"``:
+    ``rest`` is its compact JSON with the opening brace replaced by a comma."""
+    if not obj:
+        raise FramingError("frame_object: the object must not be empty")
+    if "x" in obj:
+        raise FramingError("frame_object: the key 'x' is reserved for the checksum")
+    try:
+        body = orjson.dumps(obj)
+    except TypeError as exc:
+        raise FramingError(f"frame_object: not JSON-serialisable: {exc}") from None
+    return frame(b"," + body[1:])
+
+
+def check_line(line: bytes | memoryview) -> str:
+    """Check one line (without its newline). Return ``""`` if sound, else a
+    short reason (``"bad prefix"``, ``"bad hex"``, ``"checksum mismatch"``)."""
+    if len(line) < _PREFIX_LEN + 3 or line[:6] != b'{"x":"' or line[22:25] != b'","':
+        return "bad prefix"
+    hexpart = bytes(line[6:22])
+    if not _HEX.issuperset(hexpart):
+        return "bad hex"
+    if line[-1:] != b"}":
+        return "bad prefix"
+    if xxhash.xxh3_64_hexdigest(line[_PREFIX_LEN:]).encode("ascii") != hexpart:
+        return "checksum mismatch"
+    return ""
+
+
+def parse_line(line: bytes, *, path: str = "", offset: int = 0) -> dict[str, Any]:
+    """Verify one line (without newline) and return its JSON object without the
+    ``"x"`` key. :class:`CorruptStateCheckpointError` naming ``path`` and
+    ``offset`` if it fails its check or does not parse."""
+    reason = check_line(line)
+    if reason:
+        raise CorruptStateCheckpointError(f"damaged line: {reason}", path=path, offset=offset)
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        raise CorruptStateCheckpointError(f"damaged line: JSON error {exc}", path=path, offset=offset) from None
+    if not isinstance(obj, dict):
+        raise CorruptStateCheckpointError("damaged line: not a JSON object", path=path, offset=offset)
+    del obj["x"]
+    return obj
+
+
+# ------------------------------------------------------------------ files
+
+
+def ensure_private_dir(path: str | os.PathLike[str]) -> None:
+    """Create ``path`` (and missing parents) as owner-only (0700) folders,
+    each new entry made durable by an fsync of its parent. Existing folders
+    are left as they are."""
+    path = target = os.path.abspath(os.fspath(path))
+    if os.path.isdir(path):
+        return
+    missing = []
+    while not os.path.exists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:  # made concurrently by another writer
+            continue
+        fsync_dir(os.path.dirname(folder))
+    if not os.path.isdir(target):
+        raise NotADirectoryError(errno.ENOTDIR, "not a folder", target)
+
+
+def fsync_dir(path: str) -> None:
+    """fsync a folder so a create/rename/unlink in it is durable;
+    :class:`DurabilityError` naming the folder on failure."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        raise DurabilityError(f"fsync of folder {path} failed: {exc}") from exc
+    finally:
+        os.close(fd)
+
+
+def _close_fd(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError as exc:  # already closed: nothing left to release
+        if exc.errno != errno.EBADF:
+            raise
+
+
+class FramedLog:
+    """One append-only file of framed lines.
+
+    ``FramedLog(path)`` opens (creating it 0600, its folder 0700) for appending
+    and recovers: a final line without newline is a torn append that was never
+    acknowledged -- its bytes move to ``<path>.quarantine-<n>``, the file is cut
+    back, and a :class:`RecoveryWarning` plus a log record report it (also kept
+    in :attr:`quarantined`). Zero bytes after the last complete line
+    (preallocation) are cut away. A complete final line that fails its check is
+    damage: :class:`CorruptStateCheckpointError` naming the file and offset.
+    Damage further back is found by :meth:`iter_lines` and :meth:`verify`.
+
+    ``read_only=True`` changes nothing on disk (no recovery, appends raise
+    :class:`ReadOnlyStoreError`); an incomplete final line is then read as an
+    append in flight and skipped.
+
+    Appends are one ``write(2)`` each on an ``O_APPEND`` descriptor and are not
+    durable until :meth:`sync`. Other processes may append to the same file;
+    appenders hold a shared ``flock`` on it while writing and recovery an
+    exclusive one, so recovery never cuts another process's append in half.
+    All methods are thread-safe.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, read_only: bool = False) -> None:
+        self.path = os.path.abspath(os.fspath(path))
+        self.read_only = read_only
+        self.quarantined: list[dict[str, Any]] = []
+        self._lock = threading.RLock()
+        self._failed: str | None = None
+        self._closed = False
+        if read_only:
+            self._fd = -1
+            if not os.path.exists(self.path):
+                raise FileNotFoundError(errno.ENOENT, "log file does not exist (read-only open)", self.path)
+            self._closer = None
+            return
+        ensure_private_dir(os.path.dirname(self.path))
+        created = not os.path.exists(self.path)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._closer = weakref.finalize(self, _close_fd, self._fd)
+        try:
+            if created:
+                os.fsync(self._fd)
+                fsync_dir(os.path.dirname(self.path))
+            self._recover()
+        except BaseException:
+            self._closer()
+            raise
+
+    # -- recovery -----------------------------------------------------------
+
+    def _recover(self) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            size = os.fstat(self._fd).st_size
+            if size == 0:
+                return
+            with open(self.path, "rb") as f:
+                end_of_lines, tail = _find_tail(f, size, self.path)
+                if end_of_lines > 0:
+                    start = _line_start(f, end_of_lines - 1)
+                    f.seek(start)
+                    last = f.read(end_of_lines - 1 - start)
+                    reason = check_line(last)
+                    if reason:
+                        raise CorruptStateCheckpointError(
+                            f"damaged final line: {reason}", path=self.path, offset=start)
+            if end_of_lines == size:
+                return
+            if not tail:  # zero padding (preallocation): not damage; cut it so appends stay contiguous
+                os.ftruncate(self._fd, end_of_lines)
+                os.fsync(self._fd)
+                return
+            qpath = self._quarantine(tail)
+            os.ftruncate(self._fd, end_of_lines)
+            os.fsync(self._fd)
+            entry = {"path": self.path, "offset": end_of_lines, "length": len(tail), "quarantine": qpath}
+            self.quarantined.append(entry)
+            message = (f"torn final line in {self.path} at offset {end_of_lines} "
+                       f"({len(tail)} bytes) moved to {qpath}")
+            log.warning("%s", message)
+            warnings.warn(message, RecoveryWarning, stacklevel=4)
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def _quarantine(self, data: bytes) -> str:
+        n = 0
+        while True:
+            qpath = f"{self.path}.quarantine-{n}"
+            try:
+                fd = os.open(qpath, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            except FileExistsError:
+                n += 1
+                continue
+            try:
+                view = memoryview(data)
+                while view:
+                    written = os.write(fd, view)
+                    view = view[written:]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            fsync_dir(os.path.dirname(qpath))
+            return qpath
+
+    # -- writing -----------------------------------------------------------
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"log {self.path} is closed")
+        if self.read_only:
+            raise ReadOnlyStoreError(f"log {self.path} is open read-only")
+        if self._failed is not None:
+            raise DurabilityError(f"log {self.path} refuses writes after a failed write or sync: {self._failed}")
+
+    def append_bytes(self, data: bytes) -> int:
+        """Append already framed lines with one ``write(2)``; return the offset
+        where they start. Not durable until :meth:`sync`."""
+        with self._lock:
+            self._check_writable()
+            fd = self._fd
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            try:
+                written = os.write(fd, data)
+                end = os.lseek(fd, 0, os.SEEK_CUR)
+            except OSError as exc:
+                self._failed = str(exc)
+                raise DurabilityError(f"append to {self.path} failed: {exc}") from exc
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            if written != len(data):
+                self._failed = f"short write {written} of {len(data)} bytes"
+                raise DurabilityError(f"append to {self.path}: {self._failed} at offset {end - written}")
+            return end - written
+
+    def sync(self) -> None:
+        """Make every append so far durable (one ``fdatasync``).
+        :class:`DurabilityError` naming the file if it fails; the log then
+        refuses further writes (a failed sync may have lost pages)."""
+        with self._lock:
+            self._check_writable()
+            try:
+                os.fdatasync(self._fd)
+            except OSError as exc:
+                self._failed = f"fdatasync failed: {exc}"
+                raise DurabilityError(f"sync of {self.path} failed: {exc}") from exc
+
+    @property
+    def size(self) -> int:
+        """Current size of the file in bytes."""
+        with self._lock:
+            if self._closed:
+                raise StoreClosedError(f"log {self.path} is closed")
+            if self._fd >= 0:
+                return os.fstat(self._fd).st_size
+            return os.stat(self.path).st_size
+
+    # -- reading -----------------------------------------------------------
+
+    def iter_lines(self, start: int = 0) -> Iterator[tuple[int, bytes]]:
+        """Yield ``(offset, line)`` for every verified complete line from
+        ``start`` (a line boundary) on; ``line`` excludes the newline.
+
+        A complete line that fails its check raises
+        :class:`CorruptStateCheckpointError` naming the file and offset. An
+        incomplete final line (another writer's append in flight) and zero
+        padding end the iteration.
+        """
+        for offset, line, reason in self._scan(start):
+            if reason is None:
+                return
+            if reason:
+                raise CorruptStateCheckpointError(f"damaged line: {reason}", path=self.path, offset=offset)
+            yield offset, line
+
+    def _scan(self, start: int) -> Iterator[tuple[int, bytes, str | None]]:
+        """Yield (offset, line, reason) for complete lines (reason "" if sound)
+        and, at the end, (offset, tail, None) for non-zero bytes after the last
+        newline, if any. Zero padding at the end is skipped."""
+        if self._closed:
+            raise StoreClosedError(f"log {self.path} is closed")
+        with open(self.path, "rb") as f:
+            f.seek(start)
+            offset = start          # file offset of buf[0]
+            zeros_from = -1         # start of a skipped run of zero bytes, if any
+            buf = b""
+            while True:
+                chunk = f.read(_READ_CHUNK)
+                if not chunk:
+                    break
+                buf += chunk
+                pos = 0
+                while True:
+                    nl = buf.find(b"\n", pos)
+                    if nl < 0:
+                        break
+                    if zeros_from >= 0:
+                        yield zeros_from, b"", "zero bytes inside the log"
+                        return
+                    line = buf[pos:nl]
+                    yield offset, line, check_line(line)
+                    offset += nl + 1 - pos
+                    pos = nl + 1
+                buf = buf[pos:]
+                if len(buf) > MAX_LINE:
+                    if buf.count(0) != len(buf):
+                        yield offset, b"", "line longer than MAX_LINE"
+                        return
+                    if zeros_from < 0:
+                        zeros_from = offset
+                    offset += len(buf)
+                    buf = b""
+            if buf and buf.count(0) != len(buf):
+                yield (zeros_from if zeros_from >= 0 else offset), buf, None
+
+    def verify(self) -> list[dict[str, Any]]:
+        """Check every line; never raises for damage. Return one
+        ``{"path", "offset", "problem"}`` dict per damaged line (and one for a
+        non-zero incomplete final line)."""
+        problems = []
+        for offset, _line, reason in self._scan(0):
+            if reason is None:
+                problems.append({"path": self.path, "offset": offset,
+                                 "problem": "incomplete final line (torn, or an append in flight)"})
+            elif reason:
+                problems.append({"path": self.path, "offset": offset, "problem": reason})
+        return problems
+
+    # -- lifecycle ---------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return self._closed
+
+    def close(self) -> None:
+        """Close the descriptor (idempotent). Appends not yet synced stay in
+        the OS page cache: they survive a process exit, not a power loss."""
+        with self._lock:
+            if self._closer is not None:
+                self._closer()
+                self._closer = None
+            self._fd = -1
+            self._closed = True
+
+    def __enter__(self) -> "FramedLog":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _find_tail(f: Any, size: int, path: str) -> tuple[int, bytes]:
+    """Return (offset just past the last newline, the bytes after it with
+    trailing zero bytes stripped). Reads backwards; a zero-filled
+    (preallocated) region of any length costs no memory. Non-zero trailing
+    bytes longer than any frame are damage, not a tear."""
+    pos = size
+    pieces: list[bytes] = []
+    kept = 0
+    seen_data = False
+    while pos > 0:
+        step = min(_READ_CHUNK, pos)
+        pos -= step
+        f.seek(pos)
+        chunk = f.read(step)
+        nl = chunk.rfind(b"\n")
+        part = chunk[nl + 1:] if nl >= 0 else chunk
+        if not seen_data:
+            part = part.rstrip(b"\0")
+            seen_data = bool(part)
+        if part:
+            pieces.append(part)
+            kept += len(part)
+            if kept > MAX_LINE:
+                raise CorruptStateCheckpointError(
+                    f"{kept} bytes without a newline at the end of the file: longer than any line",
+                    path=path, offset=pos + (nl + 1 if nl >= 0 else 0))
+        if nl >= 0:
+            return pos + nl + 1, b"".join(reversed(pieces))
+    return 0, b"".join(reversed(pieces))
+
+
+def _line_start(f: Any, newline_at: int) -> int:
+    """Offset of the start of the line whose newline is at ``newline_at``."""
+    pos = newline_at
+    while pos > 0:
+        step = min(65536, pos)
+        f.seek(pos - step)
+        chunk = f.read(step)
+        nl = chunk.rfind(b"\n")
+        if nl >= 0:
+            return pos - step + nl + 1
+        pos -= step
+        if newline_at - pos > MAX_LINE:
+            return pos
+    return 0
+
+
+# --------------------------------------------------------------- event store
+
+
+class EventStore:
+    """Typed envelopes in ``events.jsonl``, one framed line each::
+
+        {"x":"...","type":"task_state.created","id":"task_...","payload_hash":"<sha256 hex>","ts":1.7e9,...}
+
+    ``type`` is one of :data:`EVENT_TYPES`, ``id`` the record id,
+    ``payload_hash`` the sha256 hex of the canonical JSON of the record body
+    (:func:`rune_fast.records.payload_hash`), ``ts`` the append time; extra
+    JSON-safe fields may follow. Opening recovers as :class:`FramedLog` does.
+    Appends are not durable until :meth:`sync`, so a caller can make several
+    envelopes durable with one sync; :meth:`append_durable` does both. Several
+    EventStores, in one or many processes, may append to the same file.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, read_only: bool = False) -> None:
+        self._log = FramedLog(path, read_only=read_only)
+        self.path = self._log.path
+
+    @property
+    def quarantined(self) -> list[dict[str, Any]]:
+        """What recovery on open moved to quarantine files."""
+        return self._log.quarantined
+
+    @property
+    def read_only(self) -> bool:
+        return self._log.read_only
+
+    @property
+    def closed(self) -> bool:
+        return self._log.closed
+
+    @staticmethod
+    def encode(type: str, record_id: str, payload_hash: str, **extra: Any) -> bytes:
+        """The framed line of one envelope; ``ValueError``/``TypeError`` naming
+        the field for an unknown type, an empty id, a malformed hash or an
+        extra field that is reserved or not JSON."""
+        if type not in EVENT_TYPES:
+            raise ValueError(f"event type: unknown {type!r} (one of {', '.join(sorted(EVENT_TYPES))})")
+        if not isinstance(record_id, str) or not record_id:
+            raise ValueError(f"event id: must be a non-empty str, got {record_id!r}")
+        if not isinstance(payload_hash, str) or not _HASH_RE.fullmatch(payload_hash):
+            raise ValueError(f"event payload_hash: must be 64 lowercase hex digits, got {payload_hash!r}")
+        env = {"type": type, "id": record_id, "payload_hash": payload_hash, "ts": time.time()}
+        for key, value in extra.items():
+            if key in _RESERVED:
+                raise ValueError(f"event field {key!r} is reserved")
+            env[key] = value
+        try:
+            return frame_object(env)
+        except FramingError as exc:
+            raise ValueError(f"event for id {record_id!r}: {exc}") from None
+
+    def append(self, type: str, record_id: str, payload_hash: str, **extra: Any) -> int:
+        """Append one envelope (one ``write(2)``, not synced); return its offset."""
+        return self._log.append_bytes(self.encode(type, record_id, payload_hash, **extra))
+
+    def append_many(self, envelopes: Iterable[tuple[str, str, str] | tuple[str, str, str, Mapping[str, Any]]]) -> list[int]:
+        """Append ``(type, id, payload_hash[, extra])`` envelopes with one
+        ``write(2)`` (not synced); return their offsets."""
+        lines = []
+        for env in envelopes:
+            if len(env) == 4:
+                t, rid, h, extra = env  # type: ignore[misc]
+                lines.append(self.encode(t, rid, h, **extra))
+            else:
+                t, rid, h = env  # type: ignore[misc]
+                lines.append(self.encode(t, rid, h))
+        if not lines:
+            return []
+        start = self._log.append_bytes(b"".join(lines))
+        offsets = []
+        for line in lines:
+            offsets.append(start)
+            start += len(line)
+        return offsets
+
+    def append_encoded(self, lines: bytes) -> int:
+        """Append lines made by :meth:`encode` (one or several, concatenated)
+        with one ``write(2)``, not synced; return the offset of the first.
+        ``ValueError`` if ``lines`` is empty or does not end with a newline."""
+        if not lines or not lines.endswith(b"\n"):
+            raise ValueError(f"append_encoded to {self.path}: expected whole framed lines")
+        return self._log.append_bytes(lines)
+
+    def sync(self) -> None:
+        """Make every envelope appended so far durable (one fdatasync)."""
+        self._log.sync()
+
+    def append_durable(self, type: str, record_id: str, payload_hash: str, **extra: Any) -> int:
+        """:meth:`append` then :meth:`sync`: on stable storage when it returns."""
+        offset = self.append(type, record_id, payload_hash, **extra)
+        self._log.sync()
+        return offset
+
+    @property
+    def size(self) -> int:
+        """Size of ``events.jsonl`` in bytes."""
+        return self._log.size
+
+    def iter_envelopes(self, start: int = 0) -> Iterator[dict[str, Any]]:
+        """Yield each envelope from offset ``start`` on as a dict (without
+        ``"x"``) with its byte ``"offset"`` added. A damaged line raises
+        :class:`CorruptStateCheckpointError` naming the file and offset."""
+        for offset, line in self._log.iter_lines(start):
+            env = parse_line(line, path=self.path, offset=offset)
+            env["offset"] = offset
+            yield env
+
+    def envelope_at(self, offset: int) -> dict[str, Any] | None:
+        """The envelope of the sound line that starts at byte ``offset``, or
+        ``None`` if no complete line passing its check starts there (past the
+        end, mid-line, torn or damaged: :meth:`verify` reports damage)."""
+        if self._log.closed:
+            raise StoreClosedError(f"event store {self.path} is closed")
+        if not isinstance(offset, int) or offset < 0:
+            return None
+        with open(self.path, "rb") as f:
+            if offset > 0:
+                f.seek(offset - 1)
+                if f.read(1) != b"\n":
+                    return None
+            line = f.readline(MAX_LINE + 1)
+        if not line.endswith(b"\n") or check_line(line[:-1]):
+            return None
+        try:
+            env = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(env, dict):
+            return None
+        del env["x"]
+        return env
+
+    def verify(self) -> list[dict[str, Any]]:
+        """Check every line and envelope; never raises for damage. Return one
+        ``{"path", "offset", "problem"}`` dict per problem."""
+        problems = self._log.verify()
+        bad = {p["offset"] for p in problems}
+        for offset, line, reason in self._log._scan(0):
+            if reason or reason is None or offset in bad:
+                continue
+            try:
+                env = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                problems.append({"path": self.path, "offset": offset, "problem": f"JSON error {exc}"})
+                continue
+            problem = _envelope_problem(env)
+            if problem:
+                problems.append({"path": self.path, "offset": offset, "problem": problem})
+        problems.sort(key=lambda p: p["offset"])
+        return problems
+
+    def close(self) -> None:
+        """Close the file (idempotent); unsynced envelopes are left to the OS."""
+        self._log.close()
+
+    def __enter__(self) -> "EventStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"EventStore({self.path!r})"
+
+
+def _envelope_problem(env: Any) -> str:
+    if not isinstance(env, dict):
+        return "envelope is not a JSON object"
+    if env.get("type") not in EVENT_TYPES:
+        return f"unknown envelope type {env.get('type')!r}"
+    if not isinstance(env.get("id"), str) or not env["id"]:
+        return "envelope id missing or empty"
+    h = env.get("payload_hash")
+    if not isinstance(h, str) or not _HASH_RE.fullmatch(h):
+        return "envelope payload_hash is not 64 hex digits"
+    return ""
