@@ -90,6 +90,16 @@ def make_fields(mid: str) -> dict:
     }
 
 
+def task_repository_class():
+    """SPEC: rune_fast.conversation_state re-exports TaskStateRepository; the
+    ledger itself lives in rune_fast.tasks (used until the re-export lands)."""
+    try:
+        from rune_fast.conversation_state import TaskStateRepository
+    except ImportError:
+        from rune_fast.tasks import TaskStateRepository
+    return TaskStateRepository
+
+
 def make_message(mid: str):
     from rune_fast.records import ConversationMessageRecord
     return ConversationMessageRecord(**make_fields(mid))
@@ -286,7 +296,7 @@ def run_conv(args) -> None:
 def run_task(args) -> None:
     from rune_fast.errors import IllegalTaskTransitionError
     from rune_fast.records import TASK_TRANSITIONS
-    from rune_fast.conversation_state import TaskStateRepository
+    TaskStateRepository = task_repository_class()
     out("IMPORTED")
     repo = TaskStateRepository(args.state)
     out("READY")

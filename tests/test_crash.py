@@ -611,7 +611,7 @@ def _pending_matches(p: dict, old: dict | None, new: dict) -> bool:
 
 
 def check_tasks(state: str, model: TaskModel, fails: Failures) -> None:
-    from rune_fast.conversation_state import TaskStateRepository
+    TaskStateRepository = cw.task_repository_class()
     from rune_fast.records import TASK_TRANSITIONS
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

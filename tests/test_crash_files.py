@@ -66,7 +66,7 @@ def open_conv(state, **kw):
 
 
 def open_tasks(state):
-    from rune_fast.conversation_state import TaskStateRepository
+    TaskStateRepository = cw.task_repository_class()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         repo = TaskStateRepository(state)
@@ -546,8 +546,7 @@ def test_damaged_task_log_line_raises(tmp_path):
     from rune_fast.errors import CorruptStateCheckpointError
     state = str(tmp_path / "s")
     run_child(f"""
-from rune_fast.conversation_state import TaskStateRepository
-repo = TaskStateRepository({state!r})
+repo = cw.task_repository_class()({state!r})
 t = repo.create("first", "tch-1")
 repo.amend(t.task_id, "second title")
 repo.transition(t.task_id, "running")
@@ -570,8 +569,7 @@ repo.transition(t.task_id, "running")
 def test_torn_task_log_line_is_quarantined(tmp_path):
     state = str(tmp_path / "s")
     run_child(f"""
-from rune_fast.conversation_state import TaskStateRepository
-repo = TaskStateRepository({state!r})
+repo = cw.task_repository_class()({state!r})
 t = repo.create("first", "tch-1")
 print(t.task_id)
 repo.amend(t.task_id, "second title")
