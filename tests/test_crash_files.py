@@ -607,13 +607,23 @@ def test_damaged_cool_archive_is_loud(tmp_path, how):
     from rune_fast.conversation_state import ReadStatus
     from rune_fast.errors import CorruptStateCheckpointError
     state = str(tmp_path / "s")
-    mids = build(state, 40, compact=True, hot_window=2)
-    repo, _ = open_conv(state)
+    mids = ids(40)
+    repo, _ = open_conv(state, hot_window=2)
     try:
-        cooled = [m for m in mids if repo.get_message(m).tier == "cool"]
+        _fill(repo, mids, True)
+        cooled_then = [m for m in mids if repo.get_message(m).tier == "cool"]
     finally:
         repo.close()
-    assert cooled, "compact() with hot_window=2 cooled nothing"
+    assert cooled_then, "compact() with hot_window=2 cooled nothing"
+    repo, _ = open_conv(state, read_only=True)
+    try:
+        tiers = {m: repo.get_message(m).tier for m in mids}
+    finally:
+        repo.close()
+    cooled = [m for m in cooled_then if tiers[m] == "cool"]
+    assert cooled == cooled_then, (
+        f"after a reopen, {len(cooled_then) - len(cooled)} of the {len(cooled_then)} messages compact() "
+        f"cooled are no longer read from the archive: tiers {sorted(set(tiers[m] for m in cooled_then))}")
     archives = files_under(state, ext=".parquet")
     assert len(archives) == 1, f"one cooling run should write one archive: {archives}"
     path = archives[0]
