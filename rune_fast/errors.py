@@ -18,6 +18,7 @@ __all__ = [
     "RecordTooLargeError",
     "UnknownTaskError",
     "FramingError",
+    "RecoveryWarning",
 ]
 
 
@@ -78,3 +79,7 @@ class UnknownTaskError(RuneError, KeyError):
 class FramingError(RuneError, ValueError):
     """Bad input at the log layer: a line too long for the framing, an id with a
     newline, a field that cannot be framed."""
+
+
+class RecoveryWarning(UserWarning):
+    """Recovery kept the bytes of a torn final line in a quarantine file."""

@@ -31,6 +31,7 @@ import orjson
 import xxhash
 
 from .errors import (
+    RecoveryWarning,
     CorruptStateCheckpointError,
     DurabilityError,
     FramingError,
@@ -71,9 +72,6 @@ _RESERVED = frozenset({"x", "type", "id", "payload_hash", "ts", "offset"})
 _READ_CHUNK = 1 << 20
 NEWLINE = b"\n"
 
-
-class RecoveryWarning(UserWarning):
-    """Recovery kept the bytes of a torn final line in a quarantine file."""
 
 
 # ----------------------------------------------------------------- the frame

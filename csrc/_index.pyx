@@ -1,0 +1,1687 @@
+"""The indexes of the hot tier and the tail: message id -> location, and per
+channel and per task the ordered locations of their messages.
+
+A location ("loc") is ``(seg << 40) | offset`` of a line in segment file
+``seg``. The index never copies message bytes: it reads keys and order fields
+from the read-only buffers the caller attaches per segment, and verifies a hash
+hit against the id bytes in the line. Not thread-safe by itself: the repository
+serialises calls (a call that finds another one running without the GIL raises
+RuneError instead of corrupting memory).
+"""
+cimport cython
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.list cimport PyList_GET_ITEM
+from libc.stdint cimport INT64_MIN, int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdlib cimport calloc, free, malloc, realloc
+from libc.string cimport memchr, memcmp, memcpy, memmove, memset
+
+cimport _xxh
+from rf_core cimport (RF_ID_OFF, RF_MAX_LINE, RF_OK, rf_all_zero, rf_check_frame,
+                      rf_cmp_bytes, rf_content_has, rf_find, rf_find_nonascii,
+                      rf_has_nonascii, rf_i64vec, rf_line_start, rf_prefault,
+                      rf_i64vec_push, rf_lower, rf_msg, rf_parse_msg, rf_reason,
+                      rf_scan_result)
+
+import os
+import sys
+
+import numpy as np
+
+from rune_fast.errors import CorruptStateCheckpointError, FramingError, RuneError
+
+cdef int64_t OFF_MASK = (<int64_t>1 << 40) - 1
+cdef int64_t LOC_MASK = 0x7FFFFFFFFFFFFFFFLL
+cdef int64_t DEAD_BIT = INT64_MIN
+cdef int64_t MAX_SEG = (<int64_t>1 << 23) - 1
+cdef Py_ssize_t CHUNK = 65536
+
+SEG_SHIFT = 40
+SNAPSHOT_MAGIC = b"RFHOTIX\x00"
+SNAPSHOT_VERSION = 1
+cdef Py_ssize_t HEADER_LEN = 64
+
+
+cdef inline uint64_t _mix(uint64_t h) noexcept nogil:
+    h ^= h >> 33
+    h *= 0xff51afd7ed558ccdULL
+    h ^= h >> 33
+    h *= 0xc4ceb9fe1a85ec53ULL
+    h ^= h >> 33
+    return h
+
+
+cdef inline uint64_t _home(uint64_t tag, uint64_t n_slots) noexcept nogil:
+    # fastrange: map the 32-bit tag onto [0, n_slots) without a modulo
+    return (tag * n_slots) >> 32
+
+
+cdef bytes _key_bytes(object key, str what):
+    if isinstance(key, bytes):
+        return <bytes>key
+    try:
+        return bytes(memoryview(key))
+    except TypeError:
+        raise FramingError(f"{what} must be bytes (the escaped key), "
+                           f"got {type(key).__name__}") from None
+
+
+cdef object _vec_array(rf_i64vec *v):
+    arr = np.empty(v.n, dtype=np.int64)
+    cdef int64_t[::1] out = arr
+    if v.n:
+        memcpy(&out[0], v.v, v.n * sizeof(int64_t))
+    return arr
+
+
+# --------------------------------------------------------------------------
+# HashIndex: a generic uint64 -> int64 multimap
+
+
+cdef class HashIndex:
+    """Open-addressing multimap from a uint64 hash to int64 values (duplicates
+    allowed), e.g. xxh3 of an id -> row of an archive. Callers verify hits."""
+
+    def __cinit__(self):
+        self._alloc(16)
+
+    def __dealloc__(self):
+        free(self._c_keys)
+        free(self._c_vals)
+        free(self._c_used)
+
+    cdef int _alloc(self, size_t cap) except -1:
+        cdef uint64_t *keys = <uint64_t *>calloc(cap, sizeof(uint64_t))
+        cdef int64_t *vals = <int64_t *>calloc(cap, sizeof(int64_t))
+        cdef uint8_t *used = <uint8_t *>calloc(cap, 1)
+        cdef uint64_t *ok = self._c_keys
+        cdef int64_t *ov = self._c_vals
+        cdef uint8_t *ou = self._c_used
+        cdef size_t ocap = self._cap, i, j, mask = cap - 1
+        if keys == NULL or vals == NULL or used == NULL:
+            free(keys)
+            free(vals)
+            free(used)
+            raise MemoryError(f"HashIndex: cannot allocate {cap} slots")
+        for i in range(ocap):
+            if ou[i]:
+                j = _mix(ok[i]) & mask
+                while used[j]:
+                    j = (j + 1) & mask
+                keys[j] = ok[i]
+                vals[j] = ov[i]
+                used[j] = 1
+        free(ok)
+        free(ov)
+        free(ou)
+        self._c_keys = keys
+        self._c_vals = vals
+        self._c_used = used
+        self._cap = cap
+        return 0
+
+    cdef int _insert(self, uint64_t h, int64_t v) except -1:
+        cdef size_t i, mask
+        if (self._n + 1) * 4 > self._cap * 3:
+            self._alloc(self._cap * 2)
+        mask = self._cap - 1
+        i = _mix(h) & mask
+        while self._c_used[i]:
+            i = (i + 1) & mask
+        self._c_keys[i] = h
+        self._c_vals[i] = v
+        self._c_used[i] = 1
+        self._n += 1
+        return 0
+
+    def insert(self, uint64_t h, int64_t v) -> None:
+        """Add the pair (h, v) (a second pair with the same h is kept too)."""
+        self._insert(h, v)
+
+    def insert_many(self, hashes, values) -> None:
+        """Add every pair (hashes[i], values[i])."""
+        cdef const uint64_t[::1] hs = np.ascontiguousarray(hashes, dtype=np.uint64)
+        cdef const int64_t[::1] vs = np.ascontiguousarray(values, dtype=np.int64)
+        cdef Py_ssize_t i
+        if hs.shape[0] != vs.shape[0]:
+            raise FramingError(f"insert_many: {hs.shape[0]} hashes but {vs.shape[0]} values")
+        while (self._n + <size_t>hs.shape[0]) * 4 > self._cap * 3:
+            self._alloc(self._cap * 2)
+        for i in range(hs.shape[0]):
+            self._insert(hs[i], vs[i])
+
+    def lookup(self, uint64_t h):
+        """int64 array of every value stored under h (empty if none)."""
+        cdef size_t mask = self._cap - 1
+        cdef size_t i = _mix(h) & mask
+        cdef rf_i64vec out
+        memset(&out, 0, sizeof(out))
+        try:
+            while self._c_used[i]:
+                if self._c_keys[i] == h:
+                    if rf_i64vec_push(&out, self._c_vals[i]):
+                        raise MemoryError("HashIndex.lookup")
+                i = (i + 1) & mask
+            return _vec_array(&out)
+        finally:
+            free(out.v)
+
+    def remove(self, uint64_t h, int64_t v) -> bool:
+        """Remove one pair (h, v); False if it is not stored."""
+        cdef size_t mask = self._cap - 1
+        cdef size_t i = _mix(h) & mask, j, k
+        while self._c_used[i]:
+            if self._c_keys[i] == h and self._c_vals[i] == v:
+                break
+            i = (i + 1) & mask
+        else:
+            return False
+        # backward-shift deletion: no tombstones, probes stay short
+        j = i
+        while True:
+            j = (j + 1) & mask
+            if not self._c_used[j]:
+                break
+            k = _mix(self._c_keys[j]) & mask
+            if (i < k <= j) if i <= j else (i < k or k <= j):
+                continue
+            self._c_keys[i] = self._c_keys[j]
+            self._c_vals[i] = self._c_vals[j]
+            i = j
+        self._c_used[i] = 0
+        self._n -= 1
+        return True
+
+    def clear(self) -> None:
+        memset(self._c_used, 0, self._cap)
+        self._n = 0
+
+    def __len__(self):
+        return self._n
+
+    @property
+    def nbytes(self) -> int:
+        return self._cap * (sizeof(uint64_t) + sizeof(int64_t) + 1)
+
+    def to_arrays(self):
+        """(hashes uint64 array, values int64 array) of every pair."""
+        hs = np.empty(self._n, dtype=np.uint64)
+        vs = np.empty(self._n, dtype=np.int64)
+        cdef uint64_t[::1] ho = hs
+        cdef int64_t[::1] vo = vs
+        cdef size_t i, k = 0
+        for i in range(self._cap):
+            if self._c_used[i]:
+                ho[k] = self._c_keys[i]
+                vo[k] = self._c_vals[i]
+                k += 1
+        return hs, vs
+
+    @staticmethod
+    def from_arrays(hashes, values) -> HashIndex:
+        cdef HashIndex idx = HashIndex()
+        idx.insert_many(hashes, values)
+        return idx
+
+
+# --------------------------------------------------------------------------
+# HotIndex
+
+
+cdef struct rf_rec:
+    int64_t off
+    uint64_t h
+    rf_msg m
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef Py_ssize_t _scan_messages(const unsigned char *buf, int64_t pos, int64_t end,
+                               rf_rec *recs, Py_ssize_t cap, rf_scan_result *r,
+                               bint *more) noexcept nogil:
+    """Check, parse and hash up to `cap` message lines of buf[pos:end]."""
+    cdef Py_ssize_t n = 0
+    cdef const unsigned char *nl
+    cdef int64_t ln
+    cdef int v
+    more[0] = False
+    r.torn_offset = -1
+    r.damaged_offset = -1
+    r.damage = RF_OK
+    while pos < end:
+        if n == cap:
+            more[0] = True
+            break
+        nl = <const unsigned char *>memchr(buf + pos, b'\n', <size_t>(end - pos))
+        if nl == NULL:
+            if not rf_all_zero(buf + pos, <size_t>(end - pos)):
+                r.torn_offset = pos
+            break
+        ln = nl - (buf + pos)
+        v = rf_check_frame(buf + pos, <size_t>ln)
+        if v == RF_OK:
+            v = rf_parse_msg(buf + pos, <size_t>ln, &recs[n].m, 1)
+        if v != RF_OK:
+            r.damaged_offset = pos
+            r.damage = v
+            break
+        recs[n].off = pos
+        recs[n].h = _xxh.XXH3_64bits(buf + pos + recs[n].m.id_off, recs[n].m.id_len)
+        n += 1
+        pos += ln + 1
+    r.good_end = pos
+    return n
+
+
+class IngestReport:
+    """What :meth:`HotIndex.ingest` found in a region of a segment."""
+
+    __slots__ = ("good_end", "torn_offset", "damaged_offset", "damage", "n_lines",
+                 "added", "dup_locs", "tombstones")
+
+    def __init__(self, good_end, torn_offset, damaged_offset, damage, n_lines, added,
+                 dup_locs, tombstones):
+        self.good_end = good_end
+        self.torn_offset = torn_offset
+        self.damaged_offset = damaged_offset
+        self.damage = damage
+        self.n_lines = n_lines
+        self.added = added
+        self.dup_locs = dup_locs
+        self.tombstones = tombstones
+
+    def __repr__(self):
+        return (f"IngestReport(good_end={self.good_end}, torn_offset={self.torn_offset}, "
+                f"damaged_offset={self.damaged_offset}, damage={self.damage!r}, "
+                f"n_lines={self.n_lines}, added={len(self.added)}, "
+                f"dup_locs={len(self.dup_locs)}, tombstones={len(self.tombstones)})")
+
+
+cdef inline bint _bsearch(const int64_t *v, size_t n, int64_t x) noexcept nogil:
+    cdef size_t lo = 0, hi = n, mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if v[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo < n and v[lo] == x
+
+
+cdef inline uint32_t _len(rf_list *L) noexcept nogil:
+    return L.nu + L.ns
+
+
+cdef inline uint32_t _at(rf_list *L, uint32_t i) noexcept nogil:
+    # the i-th entry in order: unstamped ones first
+    return L.u[i] if i < L.nu else L.s[i - L.nu]
+
+
+cdef int _grow_u32(uint32_t **arr, uint32_t *cap, uint32_t need) except -1:
+    cdef uint64_t nc
+    cdef uint32_t *p
+    if need <= cap[0]:
+        return 0
+    nc = <uint64_t>cap[0] + (cap[0] >> 2) + 4
+    if nc < need:
+        nc = need
+    if nc > 0xFFFFFFFFULL:
+        raise RuneError("HotIndex: more than 2**32 entries")
+    p = <uint32_t *>realloc(arr[0], <size_t>nc * sizeof(uint32_t))
+    if p == NULL:
+        raise MemoryError(f"HotIndex: cannot grow an array to {nc} entries")
+    arr[0] = p
+    cap[0] = <uint32_t>nc
+    return 0
+
+
+cdef class HotIndex:
+    """Index of every live message line of the hot tier and the tail.
+
+    Per message it keeps 8 bytes of location, a slot in the id table (8 bytes,
+    load <= 0.75) and one 4-byte entry in its channel's array (and its task's).
+    Keys are the escaped JSON bytes of the ids (``codec.key``).
+    """
+
+    def __cinit__(self):
+        self._chan_ids = {}
+        self._chan_keys = []
+        self._task_ids = {}
+        self._task_keys = []
+        self._views = {}
+        self._paths = {}
+        self._pending_dead = []
+        self._dirty_chan = set()
+        self._dirty_task = set()
+        self._table_reserve(1)
+
+    def __dealloc__(self):
+        cdef uint32_t i
+        cdef int64_t s
+        if self._c_segs != NULL:
+            for s in range(self._n_segs):
+                if self._c_segs[s].state == 1:
+                    PyBuffer_Release(&self._c_segs[s].view)
+            free(self._c_segs)
+        if self._c_chan != NULL:
+            for i in range(self._n_chan):
+                free(self._c_chan[i].u)
+                free(self._c_chan[i].s)
+                free(self._c_chan[i].lk)
+            free(self._c_chan)
+        if self._c_task != NULL:
+            for i in range(self._n_task):
+                free(self._c_task[i].u)
+                free(self._c_task[i].s)
+                free(self._c_task[i].lk)
+            free(self._c_task)
+        free(self._c_locs)
+        free(self._c_free)
+        free(self._c_slots)
+        for i in range(2):
+            free(self._c_nmh[i])
+            free(self._c_nmi[i])
+
+    # ---- internals -------------------------------------------------------
+
+    cdef int _guard(self) except -1:
+        if self._c_busy:
+            raise RuneError("HotIndex is in use by another thread (calls must be serialised)")
+        return 0
+
+    cdef object _where(self, int64_t seg):
+        path = self._paths.get(seg)
+        return path if path is not None else f"segment {seg}"
+
+    cdef int _line_at(self, int64_t loc, const unsigned char **p, size_t *avail) noexcept nogil:
+        cdef int64_t seg = (loc & LOC_MASK) >> 40, off = loc & OFF_MASK
+        if seg >= self._n_segs or self._c_segs[seg].state != 1 or off >= self._c_segs[seg].len:
+            return -1
+        p[0] = self._c_segs[seg].ptr + off
+        avail[0] = <size_t>(self._c_segs[seg].len - off)
+        return 0
+
+    cdef int _parse_entry(self, uint32_t e, const unsigned char **p, rf_msg *m) noexcept nogil:
+        cdef size_t avail
+        if self._line_at(self._c_locs[e], p, &avail) != 0:
+            return -1
+        if avail > RF_MAX_LINE:
+            avail = RF_MAX_LINE
+        if rf_parse_msg(p[0], avail, m, 0) != RF_OK:
+            return -1
+        return 0
+
+    cdef int64_t _find_slot(self, uint64_t h, const unsigned char *key, size_t klen) noexcept nogil:
+        """Slot of the id `key` (hash h), -1 if absent, -2 if a candidate line
+        cannot be read (its segment is not attached)."""
+        cdef uint64_t tag = h >> 32, n = self._n_slots
+        cdef uint64_t i = _home(tag, n), s
+        cdef const unsigned char *p
+        cdef size_t avail
+        while True:
+            s = self._c_slots[i]
+            if s == 0:
+                return -1
+            if (s >> 32) == tag:
+                if self._line_at(self._c_locs[(s & 0xFFFFFFFFULL) - 1], &p, &avail) != 0:
+                    return -2
+                if (avail > RF_ID_OFF + klen and p[RF_ID_OFF + klen] == b'"'
+                        and memcmp(p + RF_ID_OFF, key, klen) == 0):
+                    return <int64_t>i
+            i += 1
+            if i == n:
+                i = 0
+
+    cdef int _table_reserve(self, uint64_t need) except -1:
+        cdef uint64_t nc, i, j, s, old_n = self._n_slots
+        cdef uint64_t *old = self._c_slots
+        cdef uint64_t *slots
+        if self._c_slots != NULL and need * 4 <= self._n_slots * 3:
+            return 0
+        nc = old_n + (old_n >> 1)
+        if nc < need * 10 // 7 + 1:
+            nc = need * 10 // 7 + 1
+        if nc < 16:
+            nc = 16
+        if nc > 0xFFFFFFFFULL:
+            raise RuneError("HotIndex: id table would exceed 2**32 slots")
+        slots = <uint64_t *>calloc(<size_t>nc, sizeof(uint64_t))
+        if slots == NULL:
+            raise MemoryError(f"HotIndex: cannot allocate an id table of {nc} slots")
+        for i in range(old_n):
+            s = old[i]
+            if s:
+                j = _home(s >> 32, nc)
+                while slots[j]:
+                    j += 1
+                    if j == nc:
+                        j = 0
+                slots[j] = s
+        free(old)
+        self._c_slots = slots
+        self._n_slots = nc
+        return 0
+
+    cdef void _table_put(self, uint64_t h, uint32_t e) noexcept nogil:
+        cdef uint64_t tag = h >> 32, n = self._n_slots
+        cdef uint64_t i = _home(tag, n)
+        while self._c_slots[i]:
+            i += 1
+            if i == n:
+                i = 0
+        self._c_slots[i] = (tag << 32) | (<uint64_t>e + 1)
+
+    cdef void _table_del(self, uint64_t i) noexcept nogil:
+        cdef uint64_t n = self._n_slots, j = i, k, s
+        while True:
+            j += 1
+            if j == n:
+                j = 0
+            s = self._c_slots[j]
+            if s == 0:
+                break
+            k = _home(s >> 32, n)
+            if (i < k <= j) if i <= j else (i < k or k <= j):
+                continue
+            self._c_slots[i] = s
+            i = j
+        self._c_slots[i] = 0
+
+    cdef int64_t _new_entry(self, int64_t loc) except -1:
+        cdef uint32_t e
+        if self._n_free:
+            self._n_free -= 1
+            e = self._c_free[self._n_free]
+        else:
+            if self._n_entries == 0xFFFFFFFEULL:
+                raise RuneError("HotIndex: more than 2**32 - 2 entries")
+            if self._n_entries == self._cap_entries:
+                self._grow_entries(<uint64_t>self._cap_entries + (self._cap_entries >> 2) + 64)
+            e = self._n_entries
+            self._n_entries += 1
+        self._c_locs[e] = loc
+        return e
+
+    cdef int _grow_entries(self, uint64_t nc) except -1:
+        cdef int64_t *p
+        if nc <= self._cap_entries:
+            return 0
+        if nc > 0xFFFFFFFFULL:
+            nc = 0xFFFFFFFFULL
+        p = <int64_t *>realloc(self._c_locs, <size_t>nc * sizeof(int64_t))
+        if p == NULL:
+            raise MemoryError(f"HotIndex: cannot grow the entry array to {nc}")
+        self._c_locs = p
+        self._cap_entries = <uint32_t>nc
+        return 0
+
+    cdef int64_t _list_index(self, bint chan, const unsigned char *key, size_t klen,
+                             bint create) except -2:
+        cdef int which = 0 if chan else 1
+        cdef uint64_t h = _xxh.XXH3_64bits(key, klen), mask, i
+        cdef uint32_t x
+        cdef list keys = self._chan_keys if chan else self._task_keys
+        cdef bytes k
+        cdef rf_list *arr
+        cdef uint32_t n, cap
+        if self._nm_cap[which]:
+            mask = self._nm_cap[which] - 1
+            i = h & mask
+            while True:
+                x = self._c_nmi[which][i]
+                if x == 0:
+                    break
+                if self._c_nmh[which][i] == h:
+                    k = <bytes>PyList_GET_ITEM(keys, x - 1)
+                    if <size_t>PyBytes_GET_SIZE(k) == klen and memcmp(PyBytes_AS_STRING(k), key, klen) == 0:
+                        return x - 1
+                i = (i + 1) & mask
+        if not create:
+            return -1
+        k = PyBytes_FromStringAndSize(<const char *>key, klen)
+        n = self._n_chan if chan else self._n_task
+        cap = self._cap_chan if chan else self._cap_task
+        if n == cap:
+            cap = cap + (cap >> 2) + 8
+            arr = <rf_list *>realloc(self._c_chan if chan else self._c_task,
+                                     cap * sizeof(rf_list))
+            if arr == NULL:
+                raise MemoryError("HotIndex: cannot grow the channel/task table")
+            if chan:
+                self._c_chan = arr
+                self._cap_chan = cap
+            else:
+                self._c_task = arr
+                self._cap_task = cap
+        arr = self._c_chan if chan else self._c_task
+        memset(&arr[n], 0, sizeof(rf_list))
+        self._nm_put(which, h, n)
+        (self._chan_ids if chan else self._task_ids)[k] = n
+        keys.append(k)
+        if chan:
+            self._n_chan += 1
+        else:
+            self._n_task += 1
+        return n
+
+    cdef int _nm_put(self, int which, uint64_t h, uint32_t idx) except -1:
+        cdef uint64_t cap = self._nm_cap[which], nc, i, j, mask
+        cdef uint64_t *nh
+        cdef uint32_t *ni
+        cdef uint32_t count = (self._n_chan if which == 0 else self._n_task) + 1
+        if <uint64_t>count * 4 > cap * 3:
+            nc = cap * 2 if cap else 16
+            nh = <uint64_t *>calloc(<size_t>nc, sizeof(uint64_t))
+            ni = <uint32_t *>calloc(<size_t>nc, sizeof(uint32_t))
+            if nh == NULL or ni == NULL:
+                free(nh)
+                free(ni)
+                raise MemoryError("HotIndex: name table")
+            mask = nc - 1
+            for i in range(cap):
+                if self._c_nmi[which][i]:
+                    j = self._c_nmh[which][i] & mask
+                    while ni[j]:
+                        j = (j + 1) & mask
+                    nh[j] = self._c_nmh[which][i]
+                    ni[j] = self._c_nmi[which][i]
+            free(self._c_nmh[which])
+            free(self._c_nmi[which])
+            self._c_nmh[which] = nh
+            self._c_nmi[which] = ni
+            self._nm_cap[which] = nc
+            cap = nc
+        mask = cap - 1
+        i = h & mask
+        while self._c_nmi[which][i]:
+            i = (i + 1) & mask
+        self._c_nmh[which][i] = h
+        self._c_nmi[which][i] = idx + 1
+        return 0
+
+    cdef int _cmp_entry(self, uint32_t x, const unsigned char *hp, size_t hl,
+                        const unsigned char *ip, size_t il, int *out) noexcept nogil:
+        """out = order of entry x against the key (hlc, id); -1 if x is unreadable."""
+        cdef const unsigned char *p
+        cdef rf_msg m
+        cdef int c
+        if self._parse_entry(x, &p, &m) != 0:
+            return -1
+        c = rf_cmp_bytes(p + m.hlc_off, m.hlc_len, hp, hl)
+        if c == 0:
+            c = rf_cmp_bytes(p + m.id_off, m.id_len, ip, il)
+        out[0] = c
+        return 0
+
+    cdef int _list_insert(self, rf_list *L, uint32_t e, const unsigned char *p, rf_msg *m) except -1:
+        cdef uint32_t pos, lo, hi, mid
+        cdef const unsigned char *lp
+        cdef rf_msg lm
+        cdef int c = 0
+        cdef const unsigned char *hp = p + m.hlc_off
+        cdef const unsigned char *ip = p + m.id_off
+        if m.hlc_len == 0:
+            # unstamped: append order, always at the end of u
+            if L.nu == L.cap_u:
+                _grow_u32(&L.u, &L.cap_u, L.nu + 1)
+            L.u[L.nu] = e
+            L.nu += 1
+            return 0
+        pos = L.ns
+        if L.ns:
+            if not L.lk_ok:
+                if self._parse_entry(L.s[L.ns - 1], &lp, &lm) != 0:
+                    raise (self._unreadable(L.s[L.ns - 1]))
+                self._set_lk(L, lp + lm.hlc_off, lm.hlc_len, lp + lm.id_off, lm.id_len)
+            c = rf_cmp_bytes(L.lk, L.lk_hl, hp, m.hlc_len)
+            if c == 0:
+                c = rf_cmp_bytes(L.lk + L.lk_hl, L.lk_il, ip, m.id_len)
+            if c > 0:
+                # out of order: binary search for the first element after the key
+                lo = 0
+                hi = L.ns - 1
+                while lo < hi:
+                    mid = lo + (hi - lo) // 2
+                    if self._cmp_entry(L.s[mid], hp, m.hlc_len, ip, m.id_len, &c) != 0:
+                        raise (self._unreadable(L.s[mid]))
+                    if c > 0:
+                        hi = mid
+                    else:
+                        lo = mid + 1
+                pos = lo
+        if L.ns == L.cap_s:
+            _grow_u32(&L.s, &L.cap_s, L.ns + 1)
+        if pos < L.ns:
+            memmove(L.s + pos + 1, L.s + pos, (L.ns - pos) * sizeof(uint32_t))
+        L.s[pos] = e
+        L.ns += 1
+        if pos == L.ns - 1:
+            self._set_lk(L, hp, m.hlc_len, ip, m.id_len)
+        return 0
+
+    cdef int _set_lk(self, rf_list *L, const unsigned char *hp, uint32_t hl,
+                     const unsigned char *ip, uint32_t il) except -1:
+        cdef unsigned char *p
+        if hl + il > L.lk_cap:
+            p = <unsigned char *>realloc(L.lk, hl + il)
+            if p == NULL:
+                raise MemoryError("HotIndex: order key")
+            L.lk = p
+            L.lk_cap = hl + il
+        if hl:
+            memcpy(L.lk, hp, hl)
+        if il:
+            memcpy(L.lk + hl, ip, il)
+        L.lk_hl = hl
+        L.lk_il = il
+        L.lk_ok = 1
+        return 0
+
+    cdef object _unreadable(self, uint32_t e):
+        """The error for an indexed line that cannot be parsed: RuneError if its
+        segment is not attached, else CorruptStateCheckpointError (file, offset)."""
+        cdef int64_t loc = self._c_locs[e] & LOC_MASK
+        cdef int64_t seg = loc >> 40
+        if seg >= self._n_segs or self._c_segs[seg].state == 0:
+            return RuneError(f"indexed line at offset {loc & OFF_MASK} of segment {seg} cannot "
+                             f"be read: the segment is not attached")
+        return CorruptStateCheckpointError("indexed line is no longer a readable message line",
+                                           path=self._where(seg), offset=loc & OFF_MASK)
+
+    cdef int _index_line(self, int64_t loc, const unsigned char *p, rf_msg *m, uint64_t h) except -1:
+        """Index the checked, parsed message line p at loc (its id is not indexed)."""
+        cdef int64_t e, ci, ti
+        self._table_reserve(self._n_live + 1)
+        e = self._new_entry(loc)
+        self._table_put(h, <uint32_t>e)
+        self._n_live += 1
+        ci = self._list_index(True, p + m.ch_off, m.ch_len, True)
+        self._list_insert(&self._c_chan[ci], <uint32_t>e, p, m)
+        if m.task_len:
+            ti = self._list_index(False, p + m.task_off, m.task_len, True)
+            self._list_insert(&self._c_task[ti], <uint32_t>e, p, m)
+        return 0
+
+    cdef int _kill(self, uint64_t slot) except -1:
+        """Drop the entry in `slot` from the id table now; its channel and task
+        arrays drop it at the next _sweep."""
+        cdef uint32_t e = <uint32_t>((self._c_slots[slot] & 0xFFFFFFFFULL) - 1)
+        cdef const unsigned char *p
+        cdef rf_msg m
+        cdef int64_t ci, ti
+        if self._parse_entry(e, &p, &m) != 0:
+            # a damaged line can still be removed: its channel and task are
+            # unknown, so every array drops it at the sweep
+            err = self._unreadable(e)
+            if isinstance(err, CorruptStateCheckpointError):
+                self._dirty_chan.update(range(self._n_chan))
+                self._dirty_task.update(range(self._n_task))
+            else:
+                raise err
+        else:
+            ci = self._list_index(True, p + m.ch_off, m.ch_len, False)
+            if ci >= 0:
+                self._dirty_chan.add(ci)
+            if m.task_len:
+                ti = self._list_index(False, p + m.task_off, m.task_len, False)
+                if ti >= 0:
+                    self._dirty_task.add(ti)
+        self._table_del(slot)
+        self._c_locs[e] |= DEAD_BIT
+        self._pending_dead.append(e)
+        self._n_live -= 1
+        return 0
+
+    cdef int _sweep(self) except -1:
+        cdef uint32_t i, k, nu, x
+        cdef rf_list *L
+        cdef int64_t idx
+        cdef bint chan
+        for chan, dirty in ((True, self._dirty_chan), (False, self._dirty_task)):
+            for idx in dirty:
+                L = &self._c_chan[idx] if chan else &self._c_task[idx]
+                k = 0
+                for i in range(L.nu):
+                    x = L.u[i]
+                    if self._c_locs[x] >= 0:
+                        L.u[k] = x
+                        k += 1
+                L.nu = k
+                k = 0
+                for i in range(L.ns):
+                    x = L.s[i]
+                    if self._c_locs[x] >= 0:
+                        L.s[k] = x
+                        k += 1
+                L.ns = k
+                L.lk_ok = 0
+            dirty.clear()
+        _grow_u32(&self._c_free, &self._cap_free, self._n_free + len(self._pending_dead))
+        for x in self._pending_dead:
+            self._c_locs[x] = -1
+            self._c_free[self._n_free] = x
+            self._n_free += 1
+        self._pending_dead.clear()
+        return 0
+
+    cdef object _locs_of(self, rf_list *L, uint32_t start):
+        arr = np.empty(_len(L) - start, dtype=np.int64)
+        cdef int64_t[::1] out = arr
+        cdef uint32_t i
+        for i in range(start, _len(L)):
+            out[i - start] = self._c_locs[_at(L, i)]
+        return arr
+
+    cdef int64_t _seg_of(self, int64_t seg) except -1:
+        if seg < 0 or seg > MAX_SEG:
+            raise FramingError(f"segment number {seg} outside [0, {MAX_SEG}]")
+        return seg
+
+    # ---- buffers ---------------------------------------------------------
+
+    def attach(self, int64_t seg, buf, path=None) -> None:
+        """(Re)register the read-only buffer (an mmap, bytes, memoryview) of
+        segment `seg`; None or an empty buffer registers an empty segment. The
+        index holds the buffer until :meth:`detach` (so an mmap cannot be closed
+        under it); attach again after remapping a grown file. `path` only
+        names the file in error messages."""
+        cdef rf_seg *segs
+        cdef int64_t n
+        self._guard()
+        self._seg_of(seg)
+        mv = None
+        if buf is not None:
+            try:
+                mv = memoryview(buf)
+            except TypeError:
+                raise FramingError(f"attach: buffer of segment {seg} must support the buffer "
+                                   f"protocol, got {type(buf).__name__}") from None
+            if not mv.c_contiguous:
+                raise FramingError(f"attach: buffer of segment {seg} is not contiguous")
+            if mv.itemsize != 1 or mv.ndim != 1:
+                mv = mv.cast("B")
+        if seg >= self._n_segs:
+            n = max(seg + 1, self._n_segs * 2)
+            segs = <rf_seg *>realloc(self._c_segs, <size_t>n * sizeof(rf_seg))
+            if segs == NULL:
+                raise MemoryError("HotIndex.attach: segment table")
+            memset(&segs[self._n_segs], 0, <size_t>(n - self._n_segs) * sizeof(rf_seg))
+            self._c_segs = segs
+            self._n_segs = n
+        self._release(seg)
+        if mv is None or len(mv) == 0:
+            self._c_segs[seg].state = 2
+        else:
+            PyObject_GetBuffer(mv, &self._c_segs[seg].view, PyBUF_SIMPLE)
+            self._c_segs[seg].ptr = <const unsigned char *>self._c_segs[seg].view.buf
+            self._c_segs[seg].len = self._c_segs[seg].view.len
+            self._c_segs[seg].state = 1
+            self._views[seg] = mv
+        if path is not None:
+            self._paths[seg] = os.fspath(path)
+
+    cdef void _release(self, int64_t seg):
+        if seg < self._n_segs:
+            if self._c_segs[seg].state == 1:
+                PyBuffer_Release(&self._c_segs[seg].view)
+            self._c_segs[seg].state = 0
+            self._c_segs[seg].ptr = NULL
+            self._c_segs[seg].len = 0
+        self._views.pop(seg, None)
+
+    def detach(self, int64_t seg) -> None:
+        """Release the buffer of segment `seg` (its entries stay indexed; reads
+        of them raise until it is attached again)."""
+        self._guard()
+        self._seg_of(seg)
+        self._release(seg)
+        self._paths.pop(seg, None)
+
+    def attached(self) -> list:
+        """Numbers of the segments with a registered buffer (empty ones too)."""
+        return [s for s in range(self._n_segs) if self._c_segs[s].state]
+
+    # ---- building --------------------------------------------------------
+
+    def ingest(self, int64_t seg, int64_t start=0, int64_t end=-1):
+        """Check every line of segment `seg` in [start, end) (end -1: to the end
+        of its buffer), index each message line and apply each tombstone line.
+        Stops at the first damaged complete line or at a torn final line and
+        reports it; lines before it are indexed. Returns an IngestReport."""
+        cdef Py_buffer view
+        cdef const unsigned char *base
+        cdef rf_rec *recs = NULL
+        cdef rf_scan_result r
+        cdef rf_i64vec added, dups
+        cdef Py_ssize_t nrec, i, n_lines = 0
+        cdef bint more = True
+        cdef int64_t pos, loc, slot
+        cdef rf_rec *rec
+        cdef const unsigned char *p
+        cdef const unsigned char *last_ch = NULL
+        cdef const unsigned char *last_task = NULL
+        cdef size_t last_ch_len = 0, last_task_len = 0
+        cdef int64_t last_ci = -1, last_ti = -1, e
+        cdef list tombstones = []
+        self._guard()
+        self._seg_of(seg)
+        if seg >= self._n_segs or self._c_segs[seg].state == 0:
+            raise RuneError(f"ingest: segment {seg} is not attached")
+        if self._c_segs[seg].state == 2:
+            if start != 0 or end > 0:
+                raise FramingError(f"ingest: region [{start}, {end}) of the empty segment {seg}")
+            return IngestReport(0, -1, -1, "", 0, np.empty(0, np.int64), np.empty(0, np.int64), [])
+        PyObject_GetBuffer(self._views[seg], &view, PyBUF_SIMPLE)
+        memset(&added, 0, sizeof(added))
+        memset(&dups, 0, sizeof(dups))
+        memset(&r, 0, sizeof(r))
+        try:
+            base = <const unsigned char *>view.buf
+            if end < 0:
+                end = view.len
+            if start < 0 or start > end or end > view.len:
+                raise FramingError(f"ingest: region [{start}, {end}) outside segment {seg} "
+                                   f"of {view.len} bytes")
+            if end > OFF_MASK:
+                raise FramingError(f"ingest: segment {seg} is larger than 2**40 bytes")
+            recs = <rf_rec *>malloc(CHUNK * sizeof(rf_rec))
+            if recs == NULL:
+                raise MemoryError("HotIndex.ingest: line table")
+            pos = start
+            r.good_end = start
+            r.torn_offset = -1
+            r.damaged_offset = -1
+            with nogil:
+                rf_prefault(base + start, <size_t>(end - start))
+            while more:
+                self._c_busy = 1
+                with nogil:
+                    nrec = _scan_messages(base, pos, end, recs, CHUNK, &r, &more)
+                self._c_busy = 0
+                n_lines += nrec
+                for i in range(nrec):
+                    rec = &recs[i]
+                    p = base + rec.off
+                    loc = (seg << 40) | rec.off
+                    slot = self._find_slot(rec.h, p + rec.m.id_off, rec.m.id_len)
+                    if slot == -2:
+                        raise RuneError(f"ingest: an indexed line of a detached segment shares "
+                                        f"the id at offset {rec.off} of {self._where(seg)}")
+                    if rec.m.kind == b'd':
+                        if slot >= 0:
+                            self._kill(<uint64_t>slot)
+                        tombstones.append((PyBytes_FromStringAndSize(<const char *>p + rec.m.id_off, rec.m.id_len),
+                                           PyBytes_FromStringAndSize(<const char *>p + rec.m.ch_off, rec.m.ch_len)))
+                        continue
+                    if slot >= 0:
+                        if rf_i64vec_push(&dups, loc):
+                            raise MemoryError("HotIndex.ingest")
+                        continue
+                    # inline of _index_line with the channel/task of the previous
+                    # line remembered: runs of one channel skip the dict lookup
+                    self._table_reserve(self._n_live + 1)
+                    e = self._new_entry(loc)
+                    self._table_put(rec.h, <uint32_t>e)
+                    self._n_live += 1
+                    if not (last_ch != NULL and last_ch_len == rec.m.ch_len
+                            and memcmp(last_ch, p + rec.m.ch_off, last_ch_len) == 0):
+                        last_ci = self._list_index(True, p + rec.m.ch_off, rec.m.ch_len, True)
+                        last_ch = p + rec.m.ch_off
+                        last_ch_len = rec.m.ch_len
+                    self._list_insert(&self._c_chan[last_ci], <uint32_t>e, p, &rec.m)
+                    if rec.m.task_len:
+                        if not (last_task != NULL and last_task_len == rec.m.task_len
+                                and memcmp(last_task, p + rec.m.task_off, last_task_len) == 0):
+                            last_ti = self._list_index(False, p + rec.m.task_off, rec.m.task_len, True)
+                            last_task = p + rec.m.task_off
+                            last_task_len = rec.m.task_len
+                        self._list_insert(&self._c_task[last_ti], <uint32_t>e, p, &rec.m)
+                    if rf_i64vec_push(&added, loc):
+                        raise MemoryError("HotIndex.ingest")
+                pos = r.good_end
+            return IngestReport(r.good_end, r.torn_offset, r.damaged_offset,
+                                rf_reason(r.damage).decode("ascii"), n_lines,
+                                _vec_array(&added), _vec_array(&dups), tombstones)
+        finally:
+            self._c_busy = 0
+            self._sweep()
+            free(recs)
+            free(added.v)
+            free(dups.v)
+            PyBuffer_Release(&view)
+
+    def add(self, int64_t loc) -> bool:
+        """Index the message line already written at `loc` (its segment must be
+        attached and cover it). False if its id is already indexed. A line that
+        fails its check raises CorruptStateCheckpointError; a tombstone line
+        raises FramingError (use :meth:`remove`)."""
+        cdef const unsigned char *p
+        cdef const unsigned char *nl
+        cdef size_t avail
+        cdef rf_msg m
+        cdef int v
+        cdef int64_t slot, seg = loc >> 40
+        cdef uint64_t h
+        self._guard()
+        if loc < 0:
+            raise FramingError(f"add: negative loc {loc}")
+        if self._line_at(loc, &p, &avail) != 0:
+            raise RuneError(f"add: offset {loc & OFF_MASK} is not inside the attached buffer of "
+                            f"{self._where(seg)}")
+        if avail > RF_MAX_LINE:
+            avail = RF_MAX_LINE
+        nl = <const unsigned char *>memchr(p, b'\n', avail)
+        if nl == NULL:
+            raise CorruptStateCheckpointError("add: no complete line", path=self._where(seg),
+                                              offset=loc & OFF_MASK)
+        v = rf_check_frame(p, <size_t>(nl - p))
+        if v == RF_OK:
+            v = rf_parse_msg(p, <size_t>(nl - p), &m, 1)
+        if v != RF_OK:
+            raise CorruptStateCheckpointError(f"add: line fails its check: {rf_reason(v).decode()}",
+                                              path=self._where(seg), offset=loc & OFF_MASK)
+        if m.kind != b'm':
+            raise FramingError(f"add: the line at offset {loc & OFF_MASK} of {self._where(seg)} "
+                               f"is a tombstone; use remove()")
+        h = _xxh.XXH3_64bits(p + m.id_off, m.id_len)
+        slot = self._find_slot(h, p + m.id_off, m.id_len)
+        if slot == -2:
+            raise RuneError("add: an indexed line with a matching hash is in a detached segment")
+        if slot >= 0:
+            return False
+        self._index_line(loc, p, &m, h)
+        return True
+
+    # ---- reads -----------------------------------------------------------
+
+    def find(self, id_key) -> int:
+        """Location of the message with this id key, or -1."""
+        cdef bytes k = _key_bytes(id_key, "id_key")
+        cdef const unsigned char *kp = <const unsigned char *>PyBytes_AS_STRING(k)
+        cdef size_t kl = <size_t>PyBytes_GET_SIZE(k)
+        cdef int64_t slot = self._find_slot(_xxh.XXH3_64bits(kp, kl), kp, kl)
+        if slot == -2:
+            raise RuneError(f"find({k!r}): a candidate line is in a detached segment")
+        if slot < 0:
+            return -1
+        return self._c_locs[(self._c_slots[slot] & 0xFFFFFFFFULL) - 1]
+
+    def find_many(self, id_keys):
+        """int64 array of the locations of every id key (-1: not indexed)."""
+        cdef list keys = [_key_bytes(x, "id_key") for x in id_keys]
+        out = np.empty(len(keys), dtype=np.int64)
+        cdef int64_t[::1] o = out
+        cdef Py_ssize_t i
+        cdef bytes k
+        cdef const unsigned char *kp
+        cdef size_t kl
+        cdef int64_t slot
+        for i in range(len(keys)):
+            k = keys[i]
+            kp = <const unsigned char *>PyBytes_AS_STRING(k)
+            kl = <size_t>PyBytes_GET_SIZE(k)
+            slot = self._find_slot(_xxh.XXH3_64bits(kp, kl), kp, kl)
+            if slot == -2:
+                raise RuneError(f"find_many({k!r}): a candidate line is in a detached segment")
+            o[i] = -1 if slot < 0 else self._c_locs[(self._c_slots[slot] & 0xFFFFFFFFULL) - 1]
+        return out
+
+    def __contains__(self, id_key) -> bool:
+        return self.find(id_key) >= 0
+
+    def remove(self, id_key) -> int:
+        """Unindex the message with this id key; its location, or -1 if unknown."""
+        cdef bytes k = _key_bytes(id_key, "id_key")
+        cdef const unsigned char *kp = <const unsigned char *>PyBytes_AS_STRING(k)
+        cdef size_t kl = <size_t>PyBytes_GET_SIZE(k)
+        cdef int64_t slot, loc
+        self._guard()
+        slot = self._find_slot(_xxh.XXH3_64bits(kp, kl), kp, kl)
+        if slot == -2:
+            raise RuneError(f"remove({k!r}): a candidate line is in a detached segment")
+        if slot < 0:
+            return -1
+        loc = self._c_locs[(self._c_slots[slot] & 0xFFFFFFFFULL) - 1]
+        try:
+            self._kill(<uint64_t>slot)
+        finally:
+            self._sweep()
+        return loc
+
+    def remove_many(self, id_keys):
+        """Unindex every id key; int64 array of their locations (-1: unknown).
+        One pass per affected channel/task array, however many ids."""
+        cdef list keys = [_key_bytes(x, "id_key") for x in id_keys]
+        out = np.full(len(keys), -1, dtype=np.int64)
+        cdef int64_t[::1] o = out
+        cdef Py_ssize_t i
+        cdef bytes k
+        cdef const unsigned char *kp
+        cdef size_t kl
+        cdef int64_t slot
+        self._guard()
+        try:
+            for i in range(len(keys)):
+                k = keys[i]
+                kp = <const unsigned char *>PyBytes_AS_STRING(k)
+                kl = <size_t>PyBytes_GET_SIZE(k)
+                slot = self._find_slot(_xxh.XXH3_64bits(kp, kl), kp, kl)
+                if slot == -2:
+                    raise RuneError(f"remove_many({k!r}): a candidate line is in a detached segment")
+                if slot >= 0:
+                    o[i] = self._c_locs[(self._c_slots[slot] & 0xFFFFFFFFULL) - 1]
+                    self._kill(<uint64_t>slot)
+        finally:
+            self._sweep()
+        return out
+
+    def channel_locs(self, ch_key, Py_ssize_t n=-1):
+        """Locations of the last n messages of the channel (all if n < 0),
+        oldest first; empty for an unknown channel."""
+        cdef bytes k = _key_bytes(ch_key, "ch_key")
+        idx = self._chan_ids.get(k)
+        if idx is None or n == 0:
+            return np.empty(0, dtype=np.int64)
+        cdef rf_list *L = &self._c_chan[<int64_t>idx]
+        cdef uint32_t start = 0
+        if 0 <= n < _len(L):
+            start = _len(L) - <uint32_t>n
+        return self._locs_of(L, start)
+
+    def task_locs(self, task_key):
+        """Locations of every message of the task, oldest first."""
+        cdef bytes k = _key_bytes(task_key, "task_key")
+        idx = self._task_ids.get(k)
+        if idx is None:
+            return np.empty(0, dtype=np.int64)
+        return self._locs_of(&self._c_task[<int64_t>idx], 0)
+
+    def channels(self) -> list:
+        """Keys of the channels that hold a message, in order of first sight."""
+        cdef uint32_t i
+        return [self._chan_keys[i] for i in range(self._n_chan) if _len(&self._c_chan[i])]
+
+    def channel_len(self, ch_key) -> int:
+        idx = self._chan_ids.get(_key_bytes(ch_key, "ch_key"))
+        return 0 if idx is None else _len(&self._c_chan[<int64_t>idx])
+
+    def latest_task(self, ch_key):
+        """Task key of the newest message of the channel that has one, or None."""
+        cdef const unsigned char *p
+        cdef rf_msg m
+        cdef rf_list *L
+        cdef uint32_t i
+        idx = self._chan_ids.get(_key_bytes(ch_key, "ch_key"))
+        if idx is None:
+            return None
+        L = &self._c_chan[<int64_t>idx]
+        for i in range(_len(L), 0, -1):
+            if self._parse_entry(_at(L, i - 1), &p, &m) != 0:
+                raise (self._unreadable(_at(L, i - 1)))
+            if m.task_len:
+                return PyBytes_FromStringAndSize(<const char *>p + m.task_off, m.task_len)
+        return None
+
+    def excess(self, Py_ssize_t hot_window):
+        """Locations beyond each channel's newest `hot_window` messages, grouped
+        by channel (in channel order), oldest first: what cooling moves out."""
+        cdef uint32_t i, j
+        cdef rf_list *L
+        cdef rf_i64vec out
+        if hot_window < 0:
+            raise FramingError(f"excess: hot_window must be >= 0, got {hot_window}")
+        memset(&out, 0, sizeof(out))
+        try:
+            for i in range(self._n_chan):
+                L = &self._c_chan[i]
+                if _len(L) > <uint64_t>hot_window:
+                    for j in range(_len(L) - <uint32_t>hot_window):
+                        if rf_i64vec_push(&out, self._c_locs[_at(L, j)]):
+                            raise MemoryError("HotIndex.excess")
+            return _vec_array(&out)
+        finally:
+            free(out.v)
+
+    def seg_stats(self) -> dict:
+        """seg -> (live_lines, live_bytes incl. newlines) over every segment
+        with a live message."""
+        cdef uint32_t e
+        cdef int64_t loc, seg
+        cdef const unsigned char *p
+        cdef const unsigned char *nl
+        cdef size_t avail
+        cdef dict lines = {}, nbytes = {}
+        for e in range(self._n_entries):
+            loc = self._c_locs[e]
+            if loc < 0:
+                continue
+            seg = loc >> 40
+            if self._line_at(loc, &p, &avail) != 0:
+                raise (self._unreadable(e))
+            nl = <const unsigned char *>memchr(p, b'\n', avail)
+            if nl == NULL:
+                raise CorruptStateCheckpointError("indexed line has no newline",
+                                                  path=self._where(seg), offset=loc & OFF_MASK)
+            lines[seg] = lines.get(seg, 0) + 1
+            nbytes[seg] = nbytes.get(seg, 0) + (nl - p) + 1
+        return {s: (lines[s], nbytes[s]) for s in sorted(lines)}
+
+    def seg_locs(self, int64_t seg):
+        """Sorted locations of the live messages in segment `seg`."""
+        cdef uint32_t e
+        cdef rf_i64vec out
+        memset(&out, 0, sizeof(out))
+        try:
+            for e in range(self._n_entries):
+                if self._c_locs[e] >= 0 and (self._c_locs[e] >> 40) == seg:
+                    if rf_i64vec_push(&out, self._c_locs[e]):
+                        raise MemoryError("HotIndex.seg_locs")
+            arr = _vec_array(&out)
+            arr.sort()
+            return arr
+        finally:
+            free(out.v)
+
+    def relocate(self, old_locs, new_locs) -> int:
+        """Point every entry at old_locs[i] to new_locs[i] (after a segment was
+        rewritten or renamed: same lines, new places); order and ids are
+        unchanged. Returns how many entries moved. The new buffers must be
+        attached before the next read."""
+        cdef const int64_t[::1] olds = np.ascontiguousarray(old_locs, dtype=np.int64)
+        cdef const int64_t[::1] news = np.ascontiguousarray(new_locs, dtype=np.int64)
+        cdef Py_ssize_t n = olds.shape[0], lo, hi, mid
+        cdef uint32_t e
+        cdef int64_t loc, moved = 0
+        self._guard()
+        if news.shape[0] != n:
+            raise FramingError(f"relocate: {n} old locs but {news.shape[0]} new locs")
+        order = np.argsort(np.asarray(olds), kind="stable")
+        cdef const int64_t[::1] so = np.asarray(olds)[order]
+        cdef const int64_t[::1] sn = np.asarray(news)[order]
+        for e in range(self._n_entries):
+            loc = self._c_locs[e]
+            if loc < 0 or n == 0:
+                continue
+            lo = 0
+            hi = n
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if so[mid] < loc:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            if lo < n and so[lo] == loc:
+                if sn[lo] < 0:
+                    raise FramingError(f"relocate: negative new loc {sn[lo]}")
+                self._c_locs[e] = sn[lo]
+                moved += 1
+        return moved
+
+    def line(self, int64_t loc):
+        """memoryview of the line at `loc` (without its newline), after checking
+        its checksum; CorruptStateCheckpointError naming the file and offset if
+        it fails. The view keeps the segment's buffer exported: copy it
+        (``bytes(v)``) before detaching or closing the map."""
+        cdef const unsigned char *p
+        cdef const unsigned char *nl
+        cdef size_t avail
+        cdef int v
+        cdef int64_t seg = loc >> 40, off = loc & OFF_MASK
+        if loc < 0:
+            raise FramingError(f"line: negative loc {loc}")
+        if seg >= self._n_segs or self._c_segs[seg].state == 0:
+            raise RuneError(f"line: segment {seg} is not attached")
+        if self._line_at(loc, &p, &avail) != 0:
+            raise CorruptStateCheckpointError("no line at this offset (file shorter than the index)",
+                                              path=self._where(seg), offset=off)
+        if avail > RF_MAX_LINE:
+            avail = RF_MAX_LINE
+        nl = <const unsigned char *>memchr(p, b'\n', avail)
+        if nl == NULL:
+            raise CorruptStateCheckpointError("line has no newline", path=self._where(seg),
+                                              offset=off)
+        v = rf_check_frame(p, <size_t>(nl - p))
+        if v != RF_OK:
+            raise CorruptStateCheckpointError(f"line fails its check: {rf_reason(v).decode()}",
+                                              path=self._where(seg), offset=off)
+        return self._views[seg][off:off + (nl - p)]
+
+    @cython.boundscheck(False)
+    @cython.wraparound(False)
+    def search(self, needle, bint ignore_ascii_case=False, bint nonascii_candidates=False,
+               ch_key=None):
+        """Locations of the messages whose content contains `needle` (the
+        escaped key bytes of the text, ``codec.key(text)``), channel by channel
+        in channel order, oldest first. Matches start on a character boundary
+        of the escaped content. With `ignore_ascii_case`, ASCII letters match
+        either case; with `nonascii_candidates`, lines holding any byte >= 0x80
+        after the start of the content are returned too, for the caller to
+        check Unicode casefolding."""
+        cdef bytes nb = _key_bytes(needle, "needle")
+        cdef Py_ssize_t m = len(nb), i
+        cdef bytearray nd = bytearray(nb)
+        cdef unsigned char *ndp
+        cdef rf_i64vec out
+        cdef uint32_t li, lo, hi, j
+        cdef rf_list *L
+        cdef const unsigned char *p
+        cdef const unsigned char *s
+        cdef const unsigned char *nl
+        cdef size_t avail
+        cdef rf_msg msg
+        cdef int64_t bad = -1, loc
+        cdef bint ci = ignore_ascii_case, na = nonascii_candidates
+        self._guard()
+        ndp = <unsigned char *>(<char *>nd) if m else <unsigned char *>b""
+        if ci:
+            for i in range(m):
+                ndp[i] = rf_lower(ndp[i])
+        if ch_key is None:
+            return self._search_all(ndp, m, ci, na)
+        idx = self._chan_ids.get(_key_bytes(ch_key, "ch_key"))
+        if idx is None:
+            return np.empty(0, dtype=np.int64)
+        lo = <uint32_t>idx
+        hi = lo + 1
+        memset(&out, 0, sizeof(out))
+        self._c_busy = 1
+        try:
+            with nogil:
+                for li in range(lo, hi):
+                    L = &self._c_chan[li]
+                    for j in range(_len(L)):
+                        loc = self._c_locs[_at(L, j)]
+                        if self._line_at(loc, &p, &avail) != 0:
+                            bad = loc
+                            break
+                        if avail > RF_MAX_LINE:
+                            avail = RF_MAX_LINE
+                        nl = <const unsigned char *>memchr(p, b'\n', avail)
+                        if nl == NULL or rf_parse_msg(p, <size_t>(nl - p), &msg, 0) != RF_OK:
+                            bad = loc
+                            break
+                        s = p + msg.content_off
+                        if (rf_content_has(s, nl, ndp, <size_t>m, ci)
+                                or (na and rf_has_nonascii(s, <size_t>(nl - s)))):
+                            if rf_i64vec_push(&out, loc):
+                                bad = -2
+                                break
+                    if bad != -1:
+                        break
+            if bad == -2:
+                raise MemoryError("HotIndex.search")
+            if bad >= 0:
+                if (bad >> 40) >= self._n_segs or self._c_segs[bad >> 40].state == 0:
+                    raise RuneError(f"search: segment {bad >> 40} is not attached")
+                raise CorruptStateCheckpointError("search: indexed line is not a readable message line",
+                                                  path=self._where(bad >> 40), offset=bad & OFF_MASK)
+            return _vec_array(&out)
+        finally:
+            self._c_busy = 0
+            free(out.v)
+
+    @cython.boundscheck(False)
+    @cython.wraparound(False)
+    cdef object _search_all(self, const unsigned char *nd, size_t m, bint ci, bint na):
+        """search() over every channel: one sequential pass over each attached
+        segment, then the hits that are live entries, in channel order."""
+        cdef rf_i64vec hits, bad, out
+        cdef int64_t seg, pos, end, ln, loc
+        cdef const unsigned char *base
+        cdef const unsigned char *p
+        cdef const unsigned char *nl
+        cdef const unsigned char *c
+        cdef const unsigned char *nh
+        cdef const unsigned char *hb
+        cdef rf_msg msg
+        cdef int oom = 0
+        cdef uint32_t li, j, e
+        cdef rf_list *L
+        memset(&hits, 0, sizeof(hits))
+        memset(&bad, 0, sizeof(bad))
+        memset(&out, 0, sizeof(out))
+        self._c_busy = 1
+        try:
+            with nogil:
+                for seg in range(self._n_segs):
+                    if self._c_segs[seg].state != 1:
+                        continue
+                    base = self._c_segs[seg].ptr
+                    end = self._c_segs[seg].len
+                    pos = 0
+                    nh = NULL
+                    hb = NULL
+                    while pos < end and not oom:
+                        # jump to the next line that can match: a needle candidate
+                        # or (with na) a non-ASCII byte; each stream scans forward once
+                        p = base + pos
+                        if nh == NULL or nh < p:
+                            nh = rf_find(p, <size_t>(end - pos), nd, m, ci)
+                            if nh == NULL:
+                                nh = base + end
+                        c = nh
+                        if na:
+                            if hb == NULL or hb < p:
+                                hb = rf_find_nonascii(p, <size_t>(end - pos))
+                                if hb == NULL:
+                                    hb = base + end
+                            if hb < c:
+                                c = hb
+                        if c >= base + end:
+                            break
+                        p = rf_line_start(p, c)
+                        nl = <const unsigned char *>memchr(c, b'\n', <size_t>(base + end - c))
+                        if nl == NULL:
+                            break          # a torn or in-flight final line: never indexed
+                        ln = nl - p
+                        loc = (seg << 40) | (p - base)
+                        # checksums are checked when a hit is read (line());
+                        # a candidate line that does not even parse is damage if live
+                        if rf_parse_msg(p, <size_t>ln, &msg, 0) != RF_OK:
+                            oom = rf_i64vec_push(&bad, loc)
+                        elif msg.kind == b'm':
+                            c = p + msg.content_off
+                            if (rf_content_has(c, nl, nd, m, ci)
+                                    or (na and rf_has_nonascii(c, <size_t>(nl - c)))):
+                                oom = rf_i64vec_push(&hits, loc)
+                        pos = (nl - base) + 1
+                # hits and bad lines are sorted by loc; keep the live ones, in channel order
+                if not oom and (hits.n or bad.n):
+                    for li in range(self._n_chan):
+                        L = &self._c_chan[li]
+                        for j in range(_len(L)):
+                            loc = self._c_locs[_at(L, j)]
+                            if bad.n and _bsearch(bad.v, bad.n, loc):
+                                oom = 2
+                                out.n = 0
+                                rf_i64vec_push(&out, loc)
+                                break
+                            if hits.n and _bsearch(hits.v, hits.n, loc):
+                                if rf_i64vec_push(&out, loc):
+                                    oom = 1
+                                    break
+                        if oom:
+                            break
+            if oom == 1:
+                raise MemoryError("HotIndex.search")
+            if oom == 2:
+                loc = out.v[0]
+                raise CorruptStateCheckpointError("search: an indexed line fails its check",
+                                                  path=self._where(loc >> 40), offset=loc & OFF_MASK)
+            return _vec_array(&out)
+        finally:
+            self._c_busy = 0
+            free(hits.v)
+            free(bad.v)
+            free(out.v)
+
+    def __len__(self):
+        return self._n_live
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of memory held by the index structures (not the mapped files)."""
+        cdef uint64_t total = (<uint64_t>self._cap_entries * sizeof(int64_t)
+                               + <uint64_t>self._cap_free * sizeof(uint32_t)
+                               + self._n_slots * sizeof(uint64_t)
+                               + (<uint64_t>self._cap_chan + self._cap_task) * sizeof(rf_list)
+                               + (self._nm_cap[0] + self._nm_cap[1]) * (sizeof(uint64_t) + sizeof(uint32_t)))
+        cdef uint32_t i
+        for i in range(self._n_chan):
+            total += (<uint64_t>self._c_chan[i].cap_u + self._c_chan[i].cap_s) * sizeof(uint32_t) + self._c_chan[i].lk_cap
+        for i in range(self._n_task):
+            total += (<uint64_t>self._c_task[i].cap_u + self._c_task[i].cap_s) * sizeof(uint32_t) + self._c_task[i].lk_cap
+        return total
+
+    def __repr__(self):
+        return (f"HotIndex(messages={self._n_live}, channels={self._n_chan}, "
+                f"tasks={self._n_task}, nbytes={self.nbytes})")
+
+    # ---- snapshot --------------------------------------------------------
+
+    def save_snapshot(self, path, covered) -> None:
+        """Write the index to `path` atomically (temp file, fsync, rename, fsync
+        of the folder; mode 0600), recording `covered` (seg -> offset up to which
+        the segment's lines are in the index). See docs/FORMAT.md."""
+        cdef uint32_t i, j
+        cdef Py_ssize_t nkeys = 0, nlist_chan = 0, nlist_task = 0, pos
+        cdef rf_list *L
+        self._guard()
+        if sys.byteorder != "little":
+            raise RuneError("save_snapshot: only little-endian machines write snapshots")
+        cov = sorted((int(s), int(o)) for s, o in dict(covered).items())
+        for i in range(self._n_chan):
+            nlist_chan += _len(&self._c_chan[i])
+        for i in range(self._n_task):
+            nlist_task += _len(&self._c_task[i])
+        keys = b"".join(self._chan_keys) + b"".join(self._task_keys)
+        sizes = [16 * len(cov), 8 * self._n_entries, 8 * self._n_slots,
+                 16 * (self._n_chan + self._n_task), len(keys), 4 * nlist_chan, 4 * nlist_task]
+        total = HEADER_LEN + sum((s + 7) & ~7 for s in sizes)
+        buf = bytearray(total)
+        cdef unsigned char[::1] b = buf
+        cdef unsigned char *o = &b[0]
+        cdef uint32_t meta[4]
+        cdef uint64_t u64
+        cdef int64_t i64
+        memcpy(o, b"RFHOTIX\x00", 8)
+        meta[0] = SNAPSHOT_VERSION
+        meta[1] = <uint32_t>HEADER_LEN
+        memcpy(o + 8, meta, 8)
+        u64 = total - HEADER_LEN
+        memcpy(o + 24, &u64, 8)
+        meta[0] = <uint32_t>len(cov)
+        meta[1] = self._n_entries
+        meta[2] = self._n_chan
+        meta[3] = self._n_task
+        memcpy(o + 32, meta, 16)
+        memcpy(o + 48, &self._n_slots, 8)
+        memcpy(o + 56, &self._n_live, 8)
+        pos = HEADER_LEN
+        for s, off in cov:
+            i64 = s
+            memcpy(o + pos, &i64, 8)
+            i64 = off
+            memcpy(o + pos + 8, &i64, 8)
+            pos += 16
+        pos = (pos + 7) & ~7
+        if self._n_entries:
+            memcpy(o + pos, self._c_locs, 8 * self._n_entries)
+        pos += (8 * self._n_entries + 7) & ~7
+        memcpy(o + pos, self._c_slots, 8 * self._n_slots)
+        pos += 8 * self._n_slots
+        for chan in (True, False):
+            for i in range(self._n_chan if chan else self._n_task):
+                L = &self._c_chan[i] if chan else &self._c_task[i]
+                k = self._chan_keys[i] if chan else self._task_keys[i]
+                meta[0] = _len(L)
+                meta[1] = L.nu
+                meta[2] = <uint32_t>len(k)
+                meta[3] = 0
+                memcpy(o + pos, meta, 16)
+                pos += 16
+        if keys:
+            memcpy(o + pos, <const char *>keys, len(keys))
+        pos += (len(keys) + 7) & ~7
+        for chan in (True, False):
+            start = pos
+            for i in range(self._n_chan if chan else self._n_task):
+                L = &self._c_chan[i] if chan else &self._c_task[i]
+                if L.nu:
+                    memcpy(o + pos, L.u, 4 * L.nu)
+                pos += 4 * L.nu
+                if L.ns:
+                    memcpy(o + pos, L.s, 4 * L.ns)
+                pos += 4 * L.ns
+            pos = start + ((pos - start + 7) & ~7)
+        if pos != total:
+            raise RuneError(f"save_snapshot: internal size mismatch ({pos} != {total})")
+        u64 = _xxh.XXH3_64bits(o + 24, total - 24)
+        memcpy(o + 16, &u64, 8)
+        _write_atomic(os.fspath(path), buf)
+
+    @staticmethod
+    def load_snapshot(path):
+        """(HotIndex, covered) from a snapshot written by save_snapshot; buffers
+        are not attached. A missing, unreadable, damaged or unknown-version file
+        raises CorruptStateCheckpointError naming it. Whether `covered` is
+        stale against the files is for the caller to judge."""
+        path = os.fspath(path)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as exc:
+            raise CorruptStateCheckpointError(f"index snapshot unreadable: {exc}", path=path) from exc
+        return _load(data, path)
+
+
+def _write_atomic(str path, buf) -> None:
+    d = os.path.dirname(path) or "."
+    tmp = f"{path}.tmp.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        mv = memoryview(buf)
+        while mv:
+            n = os.write(fd, mv)
+            mv = mv[n:]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(d, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _bad(path, msg, offset=None):
+    return CorruptStateCheckpointError(f"index snapshot damaged: {msg}", path=path, offset=offset)
+
+
+cdef object _load(bytes data, str path):
+    cdef const unsigned char *o = <const unsigned char *>PyBytes_AS_STRING(data)
+    cdef Py_ssize_t total = len(data), pos, need, i
+    cdef uint32_t meta[4]
+    cdef uint32_t n_cov, n_entries, n_chan, n_task, j, x, nlen, nun
+    cdef uint64_t n_slots, n_live, u64, digest, live = 0, used = 0, s
+    cdef int64_t loc
+    cdef HotIndex idx
+    cdef rf_list *L
+    cdef Py_ssize_t keys_len = 0, nlist = 0
+
+    cdef int64_t li
+    cdef bint chan
+    if total < HEADER_LEN or data[:8] != SNAPSHOT_MAGIC:
+        raise _bad(path, "bad magic or short header", 0)
+    memcpy(meta, o + 8, 8)
+    if meta[0] != SNAPSHOT_VERSION or meta[1] != HEADER_LEN:
+        raise _bad(path, f"unknown version {meta[0]} (this build reads {SNAPSHOT_VERSION})", 8)
+    memcpy(&digest, o + 16, 8)
+    memcpy(&u64, o + 24, 8)
+    if u64 != <uint64_t>(total - HEADER_LEN):
+        raise _bad(path, f"payload of {total - HEADER_LEN} bytes, header says {u64}", 24)
+    with nogil:
+        u64 = _xxh.XXH3_64bits(o + 24, <size_t>(total - 24))
+    if u64 != digest:
+        raise _bad(path, "digest mismatch", 16)
+    memcpy(meta, o + 32, 16)
+    n_cov, n_entries, n_chan, n_task = meta[0], meta[1], meta[2], meta[3]
+    memcpy(&n_slots, o + 48, 8)
+    memcpy(&n_live, o + 56, 8)
+    if n_slots < 16 or n_slots > 0xFFFFFFFF or n_live > n_entries or n_live * 4 > n_slots * 3:
+        raise _bad(path, "inconsistent counts", 32)
+    need = (HEADER_LEN + 16 * <Py_ssize_t>n_cov + ((8 * <Py_ssize_t>n_entries + 7) & ~7)
+            + 8 * <Py_ssize_t>n_slots + 16 * (<Py_ssize_t>n_chan + n_task))
+    if need > total:
+        raise _bad(path, "file shorter than its counts", total)
+    pos = HEADER_LEN
+    covered = {}
+    cdef int64_t cs, co
+    for i in range(n_cov):
+        memcpy(&cs, o + pos, 8)
+        memcpy(&co, o + pos + 8, 8)
+        covered[cs] = co
+        pos += 16
+    idx = HotIndex()
+    idx._grow_entries(n_entries + 64)
+    if n_entries:
+        memcpy(idx._c_locs, o + pos, 8 * n_entries)
+    pos += (8 * n_entries + 7) & ~7
+    idx._n_entries = n_entries
+    for j in range(n_entries):
+        loc = idx._c_locs[j]
+        if loc >= 0:
+            live += 1
+        elif loc != -1:
+            raise _bad(path, f"entry {j} has a bad location", pos)
+    if live != n_live:
+        raise _bad(path, "live entry count mismatch", 56)
+    _grow_u32(&idx._c_free, &idx._cap_free, n_entries - <uint32_t>n_live)
+    for j in range(n_entries):
+        if idx._c_locs[j] == -1:
+            idx._c_free[idx._n_free] = j
+            idx._n_free += 1
+    free(idx._c_slots)
+    idx._c_slots = <uint64_t *>malloc(<size_t>n_slots * 8)
+    if idx._c_slots == NULL:
+        idx._n_slots = 0
+        raise MemoryError("load_snapshot: id table")
+    idx._n_slots = n_slots
+    memcpy(idx._c_slots, o + pos, <size_t>n_slots * 8)
+    pos += 8 * n_slots
+    for u64 in range(n_slots):
+        s = idx._c_slots[u64]
+        if s:
+            x = <uint32_t>(s & 0xFFFFFFFFULL)
+            if x == 0 or x > n_entries or idx._c_locs[x - 1] < 0:
+                raise _bad(path, f"id table slot {u64} names a bad entry")
+            used += 1
+    if used != n_live:
+        raise _bad(path, "id table count mismatch")
+    idx._n_live = n_live
+    metas = []
+    for i in range(n_chan + n_task):
+        memcpy(meta, o + pos, 16)
+        pos += 16
+        if meta[1] > meta[0]:
+            raise _bad(path, "array with more unstamped entries than entries", pos - 16)
+        metas.append((meta[0], meta[1], meta[2]))
+        keys_len += meta[2]
+        nlist += meta[0]
+    kstart = pos
+    pos += (keys_len + 7) & ~7
+    if pos + 4 * nlist > total:
+        raise _bad(path, "file shorter than its arrays", total)
+    kp = kstart
+    for i in range(n_chan + n_task):
+        nlen, nun, klen = metas[i]
+        chan = i < n_chan
+        k = data[kp:kp + klen]
+        kp += klen
+        li = idx._list_index(chan, <const unsigned char *>PyBytes_AS_STRING(k), klen, True)
+        if li != (i if chan else i - n_chan):
+            raise _bad(path, f"duplicate key {k!r}")
+        L = &idx._c_chan[li] if chan else &idx._c_task[li]
+        if nun:
+            _grow_u32(&L.u, &L.cap_u, nun)
+            memcpy(L.u, o + pos, 4 * nun)
+        if nlen - nun:
+            _grow_u32(&L.s, &L.cap_s, nlen - nun)
+            memcpy(L.s, o + pos + 4 * nun, 4 * (nlen - nun))
+        L.nu = nun
+        L.ns = nlen - nun
+        for j in range(nlen):
+            x = _at(L, j)
+            if x >= n_entries or idx._c_locs[x] < 0:
+                raise _bad(path, f"array of {k!r} names a bad entry", pos)
+        pos += 4 * nlen
+        if i == n_chan - 1:
+            pos = (pos + 7) & ~7
+    pos = (pos + 7) & ~7
+    if pos != total:
+        raise _bad(path, f"{total - pos} bytes past the last array", pos)
+    return idx, covered

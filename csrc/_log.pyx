@@ -1,0 +1,418 @@
+"""The frame of every line rune_fast writes, the scan that checks it, and the
+append-only writer.
+
+A line is ``{"x":"<16 hex>"<rest>\\n`` where the hex digits are xxh3_64 of
+``rest`` (see docs/FORMAT.md). Everything here works on any object with the
+buffer protocol (bytes, bytearray, memoryview, mmap) and raises a
+:class:`rune_fast.errors.RuneError` subclass on bad input.
+"""
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.pythread cimport (PyThread_acquire_lock, PyThread_allocate_lock,
+                               PyThread_free_lock, PyThread_release_lock)
+from libc.errno cimport EINTR, errno
+from libc.stdint cimport int64_t, uint64_t
+from libc.stdlib cimport free
+from libc.string cimport memchr, memcpy, memset
+from posix.fcntl cimport O_APPEND, O_CLOEXEC, O_CREAT, O_WRONLY
+from posix.fcntl cimport open as c_open
+from posix.stat cimport fstat, struct_stat
+from posix.unistd cimport close as c_close
+from posix.unistd cimport fdatasync, ftruncate
+from posix.unistd cimport write as c_write
+
+cimport _xxh
+from rf_core cimport (RF_MAX_LINE, RF_OK, RF_PREFIX_LEN, rf_check_frame,
+                      rf_i64vec, rf_reason, rf_scan, rf_scan_result,
+                      rf_write_prefix)
+
+import os
+
+import numpy as np
+
+from rune_fast.errors import (CorruptStateCheckpointError, DurabilityError,
+                              FramingError, RuneError, StoreClosedError)
+
+PREFIX_LEN = RF_PREFIX_LEN
+MAX_LINE = RF_MAX_LINE
+
+
+cdef int _get_buffer(object obj, Py_buffer *view, str what) except -1:
+    """Acquire a simple (contiguous byte) buffer or raise FramingError naming `what`."""
+    try:
+        PyObject_GetBuffer(obj, view, PyBUF_SIMPLE)
+    except (TypeError, BufferError) as exc:
+        raise FramingError(f"{what} must be a contiguous bytes-like object, "
+                           f"got {type(obj).__name__}: {exc}") from None
+    return 0
+
+
+cdef object _vec_to_array(rf_i64vec *v):
+    arr = np.empty(v.n, dtype=np.int64)
+    cdef int64_t[::1] out = arr
+    if v.n:
+        memcpy(&out[0], v.v, v.n * sizeof(int64_t))
+    return arr
+
+
+def hash64(data) -> int:
+    """xxh3_64 (seed 0) of the bytes of any buffer, as an unsigned int."""
+    cdef Py_buffer view
+    cdef uint64_t h
+    _get_buffer(data, &view, "data")
+    with nogil:
+        h = _xxh.XXH3_64bits(view.buf, <size_t>view.len)
+    PyBuffer_Release(&view)
+    return h
+
+
+def digest128(data) -> str:
+    """xxh3_128 (seed 0) of the bytes of any buffer, as 32 lowercase hex digits
+    (the canonical big-endian form, as ``xxhash.xxh3_128_hexdigest``)."""
+    cdef Py_buffer view
+    cdef _xxh.XXH128_hash_t h
+    _get_buffer(data, &view, "data")
+    with nogil:
+        h = _xxh.XXH3_128bits(view.buf, <size_t>view.len)
+    PyBuffer_Release(&view)
+    return "%016x%016x" % (h.high64, h.low64)
+
+
+cdef int _check_rest(const unsigned char *p, Py_ssize_t n) except -1:
+    if n < 3 or p[0] != b',' or p[1] != b'"' or p[n - 1] != b'}':
+        raise FramingError(f'rest must start with \',"\' and end with \'}}\' (got {n} bytes '
+                           f'starting {bytes(p[:min(n, 16)])!r})')
+    if memchr(p, b'\n', <size_t>n) != NULL:
+        raise FramingError("rest holds a raw newline byte at offset "
+                           f"{<const unsigned char *>memchr(p, b'\n', <size_t>n) - p}")
+    if <size_t>n + RF_PREFIX_LEN + 1 > RF_MAX_LINE:
+        raise FramingError(f"line of {n + RF_PREFIX_LEN + 1} bytes exceeds MAX_LINE "
+                           f"({RF_MAX_LINE} bytes)")
+    return 0
+
+
+def frame(rest) -> bytes:
+    """The full line (prefix, rest, newline) for `rest`.
+
+    `rest` starts with ``,"`` and ends with ``}``, holds no newline and fits in
+    MAX_LINE with its prefix; anything else raises FramingError.
+    """
+    cdef Py_buffer view
+    cdef bytes out
+    cdef unsigned char *o
+    _get_buffer(rest, &view, "rest")
+    try:
+        _check_rest(<const unsigned char *>view.buf, view.len)
+        out = PyBytes_FromStringAndSize(NULL, view.len + RF_PREFIX_LEN + 1)
+        o = <unsigned char *>PyBytes_AS_STRING(out)
+        with nogil:
+            rf_write_prefix(<const unsigned char *>view.buf, <size_t>view.len, o)
+            memcpy(o + RF_PREFIX_LEN, view.buf, <size_t>view.len)
+            o[RF_PREFIX_LEN + view.len] = b'\n'
+    finally:
+        PyBuffer_Release(&view)
+    return out
+
+
+def frame_many(rests) -> bytes:
+    """The concatenated lines of every rest in `rests` (see :func:`frame`)."""
+    cdef list items = list(rests)
+    cdef Py_ssize_t total = 0, i, n = len(items), pos = 0
+    cdef Py_buffer view
+    cdef bytes out
+    cdef unsigned char *o
+    for i in range(n):
+        _get_buffer(items[i], &view, f"rests[{i}]")
+        try:
+            _check_rest(<const unsigned char *>view.buf, view.len)
+            total += view.len + RF_PREFIX_LEN + 1
+        finally:
+            PyBuffer_Release(&view)
+    out = PyBytes_FromStringAndSize(NULL, total)
+    o = <unsigned char *>PyBytes_AS_STRING(out)
+    for i in range(n):
+        _get_buffer(items[i], &view, f"rests[{i}]")
+        if pos + view.len + RF_PREFIX_LEN + 1 > total:
+            PyBuffer_Release(&view)
+            raise FramingError(f"rests[{i}] changed size while framing")
+        rf_write_prefix(<const unsigned char *>view.buf, <size_t>view.len, o + pos)
+        memcpy(o + pos + RF_PREFIX_LEN, view.buf, <size_t>view.len)
+        pos += view.len + RF_PREFIX_LEN + 1
+        o[pos - 1] = b'\n'
+        PyBuffer_Release(&view)
+    return out
+
+
+cdef class FrameScan:
+    """Verdict of :func:`scan_frames` over a region of a file.
+
+    ``offsets``/``lengths`` (int64 arrays; lengths exclude the newline) list the
+    good complete lines; ``good_end`` is the offset just past the last of them;
+    ``torn_offset`` is the offset of a torn final line (bytes after the last
+    newline that are not all zero) or -1; ``damaged_offset`` is the offset of
+    the first complete line that fails its check or -1, and ``damage`` says why.
+    """
+
+    def __repr__(self):
+        return (f"FrameScan(lines={len(self.offsets)}, good_end={self.good_end}, "
+                f"torn_offset={self.torn_offset}, damaged_offset={self.damaged_offset}, "
+                f"damage={self.damage!r})")
+
+
+def scan_frames(buf, Py_ssize_t start=0, Py_ssize_t end=-1) -> FrameScan:
+    """Check every line of ``buf[start:end]`` (end -1: the whole buffer).
+
+    The scan stops at the first damaged complete line; `start` must be the
+    offset of a line. Runs without the GIL.
+    """
+    cdef Py_buffer view
+    cdef rf_i64vec offs, lens
+    cdef rf_scan_result r
+    cdef FrameScan fs
+    _get_buffer(buf, &view, "buf")
+    memset(&offs, 0, sizeof(offs))
+    memset(&lens, 0, sizeof(lens))
+    try:
+        if end < 0:
+            end = view.len
+        if start < 0 or start > end or end > view.len:
+            raise FramingError(f"scan region [{start}, {end}) is outside the buffer "
+                               f"of {view.len} bytes")
+        with nogil:
+            rf_scan(<const unsigned char *>view.buf, start, end, &offs, &lens, &r)
+        if r.oom:
+            raise MemoryError("scan_frames: out of memory for the line table")
+        fs = FrameScan.__new__(FrameScan)
+        fs.offsets = _vec_to_array(&offs)
+        fs.lengths = _vec_to_array(&lens)
+        fs.good_end = r.good_end
+        fs.torn_offset = r.torn_offset
+        fs.damaged_offset = r.damaged_offset
+        fs.damage = rf_reason(r.damage).decode("ascii")
+        return fs
+    finally:
+        free(offs.v)
+        free(lens.v)
+        PyBuffer_Release(&view)
+
+
+def check_line(buf, Py_ssize_t offset) -> int:
+    """Length (without the newline) of the complete, verified line at `offset`
+    of `buf`, or -1 if there is no such line there."""
+    cdef Py_buffer view
+    cdef const unsigned char *p
+    cdef const unsigned char *nl
+    cdef Py_ssize_t avail
+    cdef int v = -1
+    _get_buffer(buf, &view, "buf")
+    try:
+        if offset < 0 or offset >= view.len:
+            return -1
+        p = <const unsigned char *>view.buf + offset
+        avail = view.len - offset
+        if <size_t>avail > RF_MAX_LINE:
+            avail = RF_MAX_LINE
+        with nogil:
+            nl = <const unsigned char *>memchr(p, b'\n', <size_t>avail)
+            if nl != NULL:
+                v = rf_check_frame(p, <size_t>(nl - p))
+        if nl == NULL or v != RF_OK:
+            return -1
+        return nl - p
+    finally:
+        PyBuffer_Release(&view)
+
+
+def line_verdict(buf, Py_ssize_t offset) -> str:
+    """Why the line at `offset` fails its check ("" if it is sound, "torn" if
+    it has no newline)."""
+    cdef Py_buffer view
+    cdef const unsigned char *p
+    cdef const unsigned char *nl
+    cdef Py_ssize_t avail
+    _get_buffer(buf, &view, "buf")
+    try:
+        if offset < 0 or offset >= view.len:
+            return "offset outside the buffer"
+        p = <const unsigned char *>view.buf + offset
+        avail = view.len - offset
+        nl = <const unsigned char *>memchr(p, b'\n', <size_t>avail)
+        if nl == NULL:
+            return "torn"
+        return rf_reason(rf_check_frame(p, <size_t>(nl - p))).decode("ascii")
+    finally:
+        PyBuffer_Release(&view)
+
+
+cdef class TailWriter:
+    """Append-only writer of one file (``O_WRONLY|O_APPEND|O_CREAT|O_CLOEXEC``,
+    mode 0600). Safe to share between threads: appends are serialised, and the
+    GIL is released around write(2) and fdatasync(2).
+
+    A failed write or sync raises DurabilityError naming the path; after that
+    the writer refuses appends (a failed write may have left a partial line:
+    recover with :meth:`truncate`; a failed sync is final: reopen).
+    """
+
+    def __cinit__(self, *args, **kwargs):
+        self._c_fd = -1
+        self._c_lock = PyThread_allocate_lock()
+        if self._c_lock == NULL:
+            raise MemoryError("TailWriter: cannot allocate its lock")
+        self._failed = ""
+        self._sync_failed = False
+
+    def __init__(self, path, bint create=True):
+        cdef bytes bpath = os.fsencode(path)
+        cdef const char *cpath = bpath
+        cdef int flags = O_WRONLY | O_APPEND | O_CLOEXEC
+        cdef int fd
+        cdef struct_stat st
+        self.path = os.fsdecode(path)
+        if create:
+            flags |= O_CREAT
+        with nogil:
+            fd = c_open(cpath, flags, 0o600)
+        if fd < 0:
+            err = errno
+            raise OSError(err, f"cannot open tail {self.path} for appending: {os.strerror(err)}",
+                          self.path)
+        if fstat(fd, &st) != 0:
+            err = errno
+            c_close(fd)
+            raise OSError(err, f"cannot stat tail {self.path}: {os.strerror(err)}", self.path)
+        self._c_fd = fd
+        self._size = st.st_size
+
+    def __dealloc__(self):
+        if self._c_fd >= 0:
+            c_close(self._c_fd)
+            self._c_fd = -1
+        if self._c_lock != NULL:
+            PyThread_free_lock(self._c_lock)
+            self._c_lock = NULL
+
+    cdef int _check_open(self) except -1:
+        if self._c_fd < 0:
+            raise StoreClosedError(f"tail writer of {self.path} is closed")
+        return 0
+
+    @property
+    def size(self) -> int:
+        """Bytes in the file (as far as this writer knows: it is the only writer)."""
+        return self._size
+
+    @property
+    def closed(self) -> bool:
+        return self._c_fd < 0
+
+    def fileno(self) -> int:
+        self._check_open()
+        return self._c_fd
+
+    def append(self, data) -> int:
+        """Append the bytes of `data` with write(2) (looping over partial writes
+        and EINTR) and return the offset where they start. Not durable until
+        :meth:`sync`."""
+        cdef Py_buffer view
+        cdef const char *p
+        cdef Py_ssize_t left, done = 0
+        cdef Py_ssize_t w
+        cdef int64_t start
+        cdef int err = 0
+        _get_buffer(data, &view, "data")
+        try:
+            with nogil:
+                PyThread_acquire_lock(self._c_lock, 1)
+            try:
+                self._check_open()
+                if self._failed:
+                    raise DurabilityError(f"tail {self.path} refuses appends: {self._failed}")
+                start = self._size
+                p = <const char *>view.buf
+                left = view.len
+                with nogil:
+                    while left > 0:
+                        w = c_write(self._c_fd, p + done, <size_t>left)
+                        if w < 0:
+                            if errno == EINTR:
+                                continue
+                            err = errno
+                            break
+                        done += w
+                        left -= w
+                self._size += done
+                if err:
+                    self._failed = (f"write of {view.len} bytes at offset {start} failed after "
+                                    f"{done} bytes: [Errno {err}] {os.strerror(err)}")
+                    raise DurabilityError(f"append to {self.path} failed: {self._failed}") \
+                        from OSError(err, os.strerror(err), self.path)
+                return start
+            finally:
+                PyThread_release_lock(self._c_lock)
+        finally:
+            PyBuffer_Release(&view)
+
+    def sync(self) -> None:
+        """fdatasync(2) the file: every append made before the call is on stable
+        storage when it returns. Failure raises DurabilityError and is final."""
+        cdef int rc, err = 0
+        self._check_open()
+        if self._sync_failed:
+            raise DurabilityError(f"tail {self.path} refuses sync: {self._failed}")
+        with nogil:
+            rc = fdatasync(self._c_fd)
+            if rc != 0:
+                err = errno
+        if rc != 0:
+            self._sync_failed = True
+            self._failed = f"fdatasync failed: [Errno {err}] {os.strerror(err)}"
+            raise DurabilityError(f"sync of {self.path} failed: {self._failed}") \
+                from OSError(err, os.strerror(err), self.path)
+
+    def truncate(self, Py_ssize_t size) -> None:
+        """Cut the file to `size` bytes (recovery of a torn tail or of a failed
+        append; never grows the file). Clears a failed-write state, not a
+        failed sync."""
+        cdef int rc, err = 0
+        with nogil:
+            PyThread_acquire_lock(self._c_lock, 1)
+        try:
+            self._check_open()
+            if size < 0 or size > self._size:
+                raise FramingError(f"truncate({size}) of {self.path}: size must be within "
+                                   f"[0, {self._size}]")
+            with nogil:
+                rc = ftruncate(self._c_fd, size)
+                if rc != 0:
+                    err = errno
+            if rc != 0:
+                raise OSError(err, f"cannot truncate {self.path} to {size}: {os.strerror(err)}",
+                              self.path)
+            self._size = size
+            if not self._sync_failed:
+                self._failed = ""
+        finally:
+            PyThread_release_lock(self._c_lock)
+
+    def close(self) -> None:
+        """Close the file descriptor (idempotent). Does not sync."""
+        with nogil:
+            PyThread_acquire_lock(self._c_lock, 1)
+        try:
+            if self._c_fd >= 0:
+                c_close(self._c_fd)
+                self._c_fd = -1
+        finally:
+            PyThread_release_lock(self._c_lock)
+
+    def __enter__(self):
+        self._check_open()
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        state = "closed" if self._c_fd < 0 else f"size={self._size}"
+        return f"TailWriter({self.path!r}, {state})"

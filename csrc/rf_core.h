@@ -1,0 +1,443 @@
+/* Byte-level kernels of the rune_fast core: the frame check, the message line
+ * parser and the substring search. Pure C, no Python, safe to call without
+ * the GIL. The on-disk format they read is described in docs/FORMAT.md.
+ */
+#ifndef RF_CORE_H
+#define RF_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <stdlib.h>
+#include "rf_xxhash.h"
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#define RF_PREFIX_LEN 23                        /* {"x":"<16 hex>" */
+#define RF_MAX_LINE ((size_t)16 * 1024 * 1024)  /* prefix + rest + newline */
+
+/* Verdicts of rf_check_frame / rf_parse_msg. */
+enum {
+    RF_OK = 0,
+    RF_BAD_PREFIX = 1,
+    RF_BAD_HEX = 2,
+    RF_BAD_CHECKSUM = 3,
+    RF_BAD_REST = 4,
+    RF_TOO_LONG = 5,
+    RF_NOT_MESSAGE = 6,
+    RF_BAD_FIELDS = 7
+};
+
+static inline const char *rf_reason(int code)
+{
+    switch (code) {
+    case RF_OK: return "";
+    case RF_BAD_PREFIX: return "bad prefix";
+    case RF_BAD_HEX: return "bad checksum hex";
+    case RF_BAD_CHECKSUM: return "checksum mismatch";
+    case RF_BAD_REST: return "bad rest";
+    case RF_TOO_LONG: return "line too long";
+    case RF_NOT_MESSAGE: return "not a message line";
+    case RF_BAD_FIELDS: return "message fields do not parse";
+    default: return "unknown damage";
+    }
+}
+
+/* ---- hex --------------------------------------------------------------- */
+
+static const signed char rf_hexval[256] = {
+    ['0'] = 1, ['1'] = 2, ['2'] = 3, ['3'] = 4, ['4'] = 5, ['5'] = 6, ['6'] = 7,
+    ['7'] = 8, ['8'] = 9, ['9'] = 10, ['a'] = 11, ['b'] = 12, ['c'] = 13,
+    ['d'] = 14, ['e'] = 15, ['f'] = 16,
+};
+
+/* 16 lowercase hex digits -> value; -1 if any digit is not [0-9a-f]. */
+static inline int rf_parse_hex16(const unsigned char *p, uint64_t *out)
+{
+    uint64_t v = 0;
+    int bad = 0;
+    for (int i = 0; i < 16; i++) {
+        int d = rf_hexval[p[i]];
+        bad |= (d == 0);
+        v = (v << 4) | (uint64_t)((d - 1) & 15);
+    }
+    *out = v;
+    return bad ? -1 : 0;
+}
+
+static inline void rf_write_hex16(uint64_t v, unsigned char *out)
+{
+    static const char digits[] = "0123456789abcdef";
+    for (int i = 15; i >= 0; i--) {
+        out[i] = (unsigned char)digits[v & 15];
+        v >>= 4;
+    }
+}
+
+/* Write the 23-byte prefix for `rest` at out. */
+static inline void rf_write_prefix(const unsigned char *rest, size_t n, unsigned char *out)
+{
+    memcpy(out, "{\"x\":\"", 6);
+    rf_write_hex16(XXH3_64bits(rest, n), out + 6);
+    out[22] = '"';
+}
+
+/* ---- frame ------------------------------------------------------------- */
+
+/* Check the complete line p[0:len) (len excludes the newline). */
+static inline int rf_check_frame(const unsigned char *p, size_t len)
+{
+    uint64_t want;
+    if (len + 1 > RF_MAX_LINE) return RF_TOO_LONG;
+    if (len < RF_PREFIX_LEN || memcmp(p, "{\"x\":\"", 6) != 0 || p[22] != '"')
+        return RF_BAD_PREFIX;
+    if (rf_parse_hex16(p + 6, &want) != 0) return RF_BAD_HEX;
+    if (len < RF_PREFIX_LEN + 3 || p[23] != ',' || p[24] != '"' || p[len - 1] != '}')
+        return RF_BAD_REST;
+    if (XXH3_64bits(p + RF_PREFIX_LEN, len - RF_PREFIX_LEN) != want) return RF_BAD_CHECKSUM;
+    return RF_OK;
+}
+
+/* Are all n bytes at p zero? */
+static inline int rf_all_zero(const unsigned char *p, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        if (w) return 0;
+    }
+    for (; i < n; i++)
+        if (p[i]) return 0;
+    return 1;
+}
+
+/* ---- JSON strings ------------------------------------------------------ */
+
+/* The closing quote of the JSON string whose bytes start at s (just past the
+ * opening quote), or NULL if there is none before e. */
+static inline const unsigned char *rf_str_end(const unsigned char *s, const unsigned char *e)
+{
+    const unsigned char *p = s;
+    while (p < e) {
+        const unsigned char *q = (const unsigned char *)memchr(p, '"', (size_t)(e - p));
+        const unsigned char *b;
+        if (q == NULL) return NULL;
+        b = q;
+        while (b > s && b[-1] == '\\') b--;
+        if (((q - b) & 1) == 0) return q;
+        p = q + 1;
+    }
+    return NULL;
+}
+
+/* Short string scan (ids, channel, task, hlc): a byte loop beats memchr's setup. */
+static inline const unsigned char *rf_short_str_end(const unsigned char *s, const unsigned char *e)
+{
+    const unsigned char *p = s;
+    while (p < e) {
+        unsigned char c = *p;
+        if (c == '"') return p;
+        if (c == '\\') p += 2;
+        else p++;
+    }
+    return NULL;
+}
+
+/* ---- message lines ----------------------------------------------------- */
+
+#define RF_M_HEAD ",\"k\":\"m\",\"r\":{\"msg_id\":\""
+#define RF_HEAD_LEN 24
+#define RF_ID_OFF (RF_PREFIX_LEN + RF_HEAD_LEN)     /* 47: first byte of the id */
+
+typedef struct {
+    int kind;              /* 'm' (message) or 'd' (deletion tombstone) */
+    uint32_t id_off, id_len;
+    uint32_t ch_off, ch_len;
+    uint32_t task_off, task_len;
+    uint32_t hlc_off, hlc_len;
+    uint32_t content_off;  /* first byte of the content string */
+    uint32_t content_len;  /* only set by rf_parse_msg with full=1 */
+} rf_msg;
+
+static inline int rf_expect(const unsigned char **pp, const unsigned char *e, const char *lit, size_t n)
+{
+    if ((size_t)(e - *pp) < n || memcmp(*pp, lit, n) != 0) return -1;
+    *pp += n;
+    return 0;
+}
+
+/* Parse the leading fields of the message line p[0:len) (a line whose frame
+ * was checked). full=1 also finds the end of the content and checks what
+ * follows it; full=0 stops at the start of the content. */
+static inline int rf_parse_msg(const unsigned char *p, size_t len, rf_msg *m, int full)
+{
+    const unsigned char *e = p + len;
+    const unsigned char *q = p + RF_PREFIX_LEN, *s;
+    if (len < RF_ID_OFF) return RF_NOT_MESSAGE;
+    if (memcmp(q, ",\"k\":\"", 6) != 0 || (q[6] != 'm' && q[6] != 'd')
+        || memcmp(q + 7, "\",\"r\":{\"msg_id\":\"", 17) != 0)
+        return RF_NOT_MESSAGE;
+    m->kind = q[6];
+    s = p + RF_ID_OFF;
+    if ((q = rf_short_str_end(s, e)) == NULL) return RF_BAD_FIELDS;
+    m->id_off = (uint32_t)(s - p); m->id_len = (uint32_t)(q - s);
+    if (rf_expect(&q, e, "\",\"channel_id\":\"", 16)) return RF_BAD_FIELDS;
+    s = q;
+    if ((q = rf_short_str_end(s, e)) == NULL) return RF_BAD_FIELDS;
+    m->ch_off = (uint32_t)(s - p); m->ch_len = (uint32_t)(q - s);
+    if (rf_expect(&q, e, "\",\"task_id\":\"", 13)) return RF_BAD_FIELDS;
+    s = q;
+    if ((q = rf_short_str_end(s, e)) == NULL) return RF_BAD_FIELDS;
+    m->task_off = (uint32_t)(s - p); m->task_len = (uint32_t)(q - s);
+    if (rf_expect(&q, e, "\",\"hlc\":\"", 9)) return RF_BAD_FIELDS;
+    s = q;
+    if ((q = rf_short_str_end(s, e)) == NULL) return RF_BAD_FIELDS;
+    m->hlc_off = (uint32_t)(s - p); m->hlc_len = (uint32_t)(q - s);
+    if (rf_expect(&q, e, "\",\"content\":\"", 13)) return RF_BAD_FIELDS;
+    m->content_off = (uint32_t)(q - p);
+    m->content_len = 0;
+    if (full) {
+        s = q;
+        if ((q = rf_str_end(s, e)) == NULL) return RF_BAD_FIELDS;
+        m->content_len = (uint32_t)(q - s);
+        if (q + 1 >= e || (q[1] != ',' && q[1] != '}')) return RF_BAD_FIELDS;
+    }
+    return RF_OK;
+}
+
+/* Compare the order keys (hlc, msg_id) of two parsed lines. */
+static inline int rf_cmp_bytes(const unsigned char *a, size_t na, const unsigned char *b, size_t nb)
+{
+    size_t n = na < nb ? na : nb;
+    int c = n ? memcmp(a, b, n) : 0;
+    if (c) return c;
+    return (na > nb) - (na < nb);
+}
+
+/* ---- substring search -------------------------------------------------- */
+
+static inline unsigned char rf_lower(unsigned char c)
+{
+    return (c >= 'A' && c <= 'Z') ? (unsigned char)(c | 0x20) : c;
+}
+
+static inline unsigned char rf_upper(unsigned char c)
+{
+    return (c >= 'a' && c <= 'z') ? (unsigned char)(c & ~0x20) : c;
+}
+
+static inline int rf_eq_ci(const unsigned char *h, const unsigned char *lower_needle, size_t m)
+{
+    for (size_t i = 0; i < m; i++)
+        if (rf_lower(h[i]) != lower_needle[i]) return 0;
+    return 1;
+}
+
+/* First occurrence of needle nd[0:m) in h[0:n), or NULL. With ci, ASCII letters
+ * match either case and nd must already be ASCII-lowercased. SSE2 filter on the
+ * first and last needle byte (W. Mula's generic SIMD substring search). */
+static inline const unsigned char *rf_find(const unsigned char *h, size_t n,
+                                           const unsigned char *nd, size_t m, int ci)
+{
+    size_t i = 0;
+    unsigned char f1, f2, l1, l2;
+    if (m == 0) return h;
+    if (m > n) return NULL;
+    if (!ci && m == 1) return (const unsigned char *)memchr(h, nd[0], n);
+    f1 = nd[0]; l1 = nd[m - 1];
+    f2 = ci ? rf_upper(f1) : f1;
+    l2 = ci ? rf_upper(l1) : l1;
+#if defined(__SSE2__)
+    {
+        const __m128i F1 = _mm_set1_epi8((char)f1), F2 = _mm_set1_epi8((char)f2);
+        const __m128i L1 = _mm_set1_epi8((char)l1), L2 = _mm_set1_epi8((char)l2);
+        for (; i + m + 15 <= n; i += 16) {
+            __m128i a = _mm_loadu_si128((const __m128i *)(h + i));
+            __m128i b = _mm_loadu_si128((const __m128i *)(h + i + m - 1));
+            __m128i ea = _mm_or_si128(_mm_cmpeq_epi8(a, F1), _mm_cmpeq_epi8(a, F2));
+            __m128i eb = _mm_or_si128(_mm_cmpeq_epi8(b, L1), _mm_cmpeq_epi8(b, L2));
+            unsigned mask = (unsigned)_mm_movemask_epi8(_mm_and_si128(ea, eb));
+            while (mask) {
+                size_t pos = i + (size_t)__builtin_ctz(mask);
+                if (m <= 2) return h + pos;
+                if (ci ? rf_eq_ci(h + pos + 1, nd + 1, m - 2)
+                       : memcmp(h + pos + 1, nd + 1, m - 2) == 0)
+                    return h + pos;
+                mask &= mask - 1;
+            }
+        }
+    }
+#endif
+    for (; i + m <= n; i++) {
+        unsigned char c = h[i];
+        if ((c == f1 || c == f2) && (ci ? rf_eq_ci(h + i, nd, m) : memcmp(h + i, nd, m) == 0))
+            return h + i;
+    }
+    return NULL;
+}
+
+/* Does h[0:n) hold a byte >= 0x80? */
+static inline int rf_has_nonascii(const unsigned char *h, size_t n)
+{
+    size_t i = 0;
+#if defined(__SSE2__)
+    for (; i + 16 <= n; i += 16) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(h + i));
+        if (_mm_movemask_epi8(a)) return 1;
+    }
+#endif
+    for (; i < n; i++)
+        if (h[i] & 0x80) return 1;
+    return 0;
+}
+
+/* First byte >= 0x80 in h[0:n), or NULL. */
+static inline const unsigned char *rf_find_nonascii(const unsigned char *h, size_t n)
+{
+    size_t i = 0;
+#if defined(__SSE2__)
+    for (; i + 16 <= n; i += 16) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(h + i));
+        int mask = _mm_movemask_epi8(a);
+        if (mask) return h + i + __builtin_ctz((unsigned)mask);
+    }
+#endif
+    for (; i < n; i++)
+        if (h[i] & 0x80) return h + i;
+    return NULL;
+}
+
+#include <sys/mman.h>
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+
+/* Ask the kernel to map the pages of [p, p+n) in one call (a mapped file is
+ * then read without a page fault per 4 KiB). Advice only: errors are ignored
+ * (old kernels, buffers that are not file maps). */
+static inline void rf_prefault(const unsigned char *p, size_t n)
+{
+    uintptr_t a = (uintptr_t)p & ~(uintptr_t)4095;
+    size_t len = (size_t)((uintptr_t)p + n - a);
+    if (n < (1u << 20)) return;
+    if (madvise((void *)a, len, MADV_POPULATE_READ) != 0)
+        (void)madvise((void *)a, len, MADV_WILLNEED);
+}
+
+/* Start of the line holding p, not before lo. */
+static inline const unsigned char *rf_line_start(const unsigned char *lo, const unsigned char *p)
+{
+#if defined(__GLIBC__) && defined(_GNU_SOURCE)
+    const unsigned char *q = (const unsigned char *)memrchr(lo, '\n', (size_t)(p - lo));
+    return q ? q + 1 : lo;
+#else
+    while (p > lo && p[-1] != '\n') p--;
+    return p;
+#endif
+}
+
+/* Is position p of the escaped JSON string starting at s on a character
+ * boundary (not inside a backslash escape)? */
+static inline int rf_at_boundary(const unsigned char *s, const unsigned char *p)
+{
+    const unsigned char *b = p;
+    while (b > s && b[-1] == '\\') b--;
+    if ((p - b) & 1) return 0;           /* p follows an escaping backslash */
+    /* inside \uXXXX: a boundary backslash + 'u' within the 5 bytes before p */
+    for (int k = 2; k <= 5 && p - k >= s; k++) {
+        const unsigned char *u = p - k;
+        if (u[0] == '\\' && u[1] == 'u') {
+            const unsigned char *c = u;
+            while (c > s && c[-1] == '\\') c--;
+            if (((u - c) & 1) == 0) return 0;
+        }
+    }
+    return 1;
+}
+
+/* Does the escaped content string starting at s (line ends at e) contain the
+ * escaped needle at a character boundary? */
+static inline int rf_content_has(const unsigned char *s, const unsigned char *e,
+                                 const unsigned char *nd, size_t m, int ci)
+{
+    const unsigned char *cur = s, *cend = NULL, *hit;
+    if (m == 0) return 1;
+    while ((hit = rf_find(cur, (size_t)(e - cur), nd, m, ci)) != NULL) {
+        if (cend == NULL) {
+            cend = rf_str_end(s, e);
+            if (cend == NULL) cend = e;
+        }
+        if (hit + m > cend) return 0;
+        if (rf_at_boundary(s, hit)) return 1;
+        cur = hit + 1;
+    }
+    return 0;
+}
+
+/* ---- growable int64 array --------------------------------------------- */
+
+typedef struct {
+    int64_t *v;
+    size_t n, cap;
+} rf_i64vec;
+
+static inline int rf_i64vec_push(rf_i64vec *a, int64_t x)
+{
+    if (a->n == a->cap) {
+        size_t nc = a->cap ? a->cap * 2 : 256;
+        int64_t *nv = (int64_t *)realloc(a->v, nc * sizeof(int64_t));
+        if (nv == NULL) return -1;
+        a->v = nv;
+        a->cap = nc;
+    }
+    a->v[a->n++] = x;
+    return 0;
+}
+
+/* ---- frame scan -------------------------------------------------------- */
+
+typedef struct {
+    int64_t good_end;
+    int64_t torn_offset;
+    int64_t damaged_offset;
+    int damage;          /* RF_* verdict of the damaged line */
+    int oom;
+} rf_scan_result;
+
+/* Scan buf[start:end): record offset and length of each good line until
+ * damage. Lines are checked with rf_check_frame. */
+static inline void rf_scan(const unsigned char *buf, int64_t start, int64_t end,
+                           rf_i64vec *offs, rf_i64vec *lens, rf_scan_result *r)
+{
+    int64_t pos = start;
+    r->torn_offset = -1;
+    r->damaged_offset = -1;
+    r->damage = RF_OK;
+    r->oom = 0;
+    while (pos < end) {
+        const unsigned char *nl = (const unsigned char *)memchr(buf + pos, '\n', (size_t)(end - pos));
+        int64_t len;
+        int v;
+        if (nl == NULL) {
+            if (!rf_all_zero(buf + pos, (size_t)(end - pos))) r->torn_offset = pos;
+            break;
+        }
+        len = (int64_t)(nl - (buf + pos));
+        v = rf_check_frame(buf + pos, (size_t)len);
+        if (v != RF_OK) {
+            r->damaged_offset = pos;
+            r->damage = v;
+            break;
+        }
+        if (rf_i64vec_push(offs, pos) || rf_i64vec_push(lens, len)) {
+            r->oom = 1;
+            break;
+        }
+        pos += len + 1;
+    }
+    r->good_end = pos;
+}
+
+#endif /* RF_CORE_H */

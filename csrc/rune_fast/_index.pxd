@@ -1,0 +1,103 @@
+# Declarations of rune_fast._index: the id hash index and the offset arrays.
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+
+from rf_core cimport rf_msg
+
+
+cdef struct rf_list:
+    # entry numbers of one channel or task; its order is u (hlc == "", in
+    # append order) followed by s (by (hlc, msg_id))
+    uint32_t *u
+    uint32_t nu
+    uint32_t cap_u
+    uint32_t *s
+    uint32_t ns
+    uint32_t cap_s
+    # copy of the order key (hlc bytes then msg_id bytes) of s[ns - 1], so an
+    # in-order append compares without touching the mapped line
+    unsigned char *lk
+    uint32_t lk_cap
+    uint32_t lk_hl
+    uint32_t lk_il
+    uint32_t lk_ok
+
+
+cdef struct rf_seg:
+    # the attached read-only buffer of one segment (state 0: none, 1: buffer, 2: empty)
+    Py_buffer view
+    const unsigned char *ptr
+    int64_t len
+    int state
+
+
+cdef class HashIndex:
+    cdef uint64_t *_c_keys
+    cdef int64_t *_c_vals
+    cdef uint8_t *_c_used
+    cdef size_t _cap
+    cdef size_t _n
+
+    cdef int _alloc(self, size_t cap) except -1
+    cdef int _insert(self, uint64_t h, int64_t v) except -1
+
+
+cdef class HotIndex:
+    cdef int64_t *_c_locs          # entry -> loc; -1 free; bit 63 set: removed, sweep pending
+    cdef uint32_t _n_entries
+    cdef uint32_t _cap_entries
+    cdef uint32_t *_c_free         # free entry numbers
+    cdef uint32_t _n_free
+    cdef uint32_t _cap_free
+    cdef uint64_t *_c_slots        # id table: (hash >> 32) << 32 | (entry + 1); 0 empty
+    cdef uint64_t _n_slots
+    cdef uint64_t _n_live
+    cdef rf_list *_c_chan
+    cdef uint32_t _n_chan
+    cdef uint32_t _cap_chan
+    cdef rf_list *_c_task
+    cdef uint32_t _n_task
+    cdef uint32_t _cap_task
+    cdef rf_seg *_c_segs
+    cdef int64_t _n_segs
+    cdef int _c_busy               # a nogil pass is running
+    cdef dict _chan_ids
+    cdef list _chan_keys
+    cdef dict _task_ids
+    cdef list _task_keys
+    cdef dict _views               # seg -> memoryview held while attached
+    cdef dict _paths               # seg -> path, for error messages
+    cdef list _pending_dead
+    cdef set _dirty_chan
+    cdef set _dirty_task
+    # name hash -> list index (+1), verified against the key bytes: the fast
+    # path of ingest, without building a bytes object per line
+    cdef uint64_t *_c_nmh[2]
+    cdef uint32_t *_c_nmi[2]
+    cdef uint64_t _nm_cap[2]
+
+    cdef int _guard(self) except -1
+    cdef object _where(self, int64_t seg)
+    cdef int _line_at(self, int64_t loc, const unsigned char **p, size_t *avail) noexcept nogil
+    cdef int _parse_entry(self, uint32_t e, const unsigned char **p, rf_msg *m) noexcept nogil
+    cdef int64_t _find_slot(self, uint64_t h, const unsigned char *key, size_t klen) noexcept nogil
+    cdef int _table_reserve(self, uint64_t need) except -1
+    cdef void _table_put(self, uint64_t h, uint32_t e) noexcept nogil
+    cdef void _table_del(self, uint64_t slot) noexcept nogil
+    cdef int64_t _new_entry(self, int64_t loc) except -1
+    cdef int64_t _list_index(self, bint chan, const unsigned char *key, size_t klen,
+                             bint create) except -2
+    cdef int _list_insert(self, rf_list *L, uint32_t e, const unsigned char *p, rf_msg *m) except -1
+    cdef int _index_line(self, int64_t loc, const unsigned char *p, rf_msg *m, uint64_t h) except -1
+    cdef int _kill(self, uint64_t slot) except -1
+    cdef int _sweep(self) except -1
+    cdef object _locs_of(self, rf_list *L, uint32_t start)
+    cdef int _grow_entries(self, uint64_t nc) except -1
+    cdef int _cmp_entry(self, uint32_t x, const unsigned char *hp, size_t hl,
+                        const unsigned char *ip, size_t il, int *out) noexcept nogil
+    cdef object _unreadable(self, uint32_t e)
+    cdef void _release(self, int64_t seg)
+    cdef int64_t _seg_of(self, int64_t seg) except -1
+    cdef int _set_lk(self, rf_list *L, const unsigned char *hp, uint32_t hl,
+                     const unsigned char *ip, uint32_t il) except -1
+    cdef int _nm_put(self, int which, uint64_t h, uint32_t idx) except -1
+    cdef object _search_all(self, const unsigned char *nd, size_t m, bint ci, bint na)

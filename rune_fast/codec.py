@@ -1,0 +1,111 @@
+"""Encode: a message record to the bytes of its tail line, and back.
+
+A message line is a frame (see docs/FORMAT.md) whose rest is
+``,"k":"m","r":<record JSON>}``; the record JSON starts with the five fields the
+compiled scanner reads at positions the writer controls (``msg_id``,
+``channel_id``, ``task_id``, ``hlc``, ``content``), which
+``ConversationMessageRecord.to_dict()`` always puts first.
+
+JSON is encoded with orjson (3-10x faster than the standard library on these
+records, measured in bench/); the rare value orjson refuses (an integer wider
+than 64 bits inside tool-call arguments) falls back to the standard library,
+whose output orjson and the scanner read alike.
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import orjson
+
+from .errors import CorruptStateCheckpointError, RecordTooLargeError
+from .records import ConversationMessageRecord
+
+__all__ = [
+    "MAX_RECORD_BYTES",
+    "MESSAGE_PREFIX",
+    "TOMBSTONE_PREFIX",
+    "BODY_START",
+    "key",
+    "dumps",
+    "message_rest",
+    "tombstone_rest",
+    "decode_body",
+    "record_from_line",
+]
+
+#: The largest encoded record a store accepts (bytes of its JSON).
+MAX_RECORD_BYTES = 8 * 1024 * 1024
+
+MESSAGE_PREFIX = b',"k":"m","r":'
+TOMBSTONE_PREFIX = b',"k":"d","r":'
+#: A message line is 23 bytes of frame prefix, then MESSAGE_PREFIX, then the body.
+BODY_START = 23 + len(MESSAGE_PREFIX)
+
+
+def dumps(value: Any) -> bytes:
+    """Compact JSON bytes of ``value`` (UTF-8, no ASCII escaping)."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        # orjson refuses integers wider than 64 bits; the stdlib does not.
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False,
+                          allow_nan=False).encode("utf-8")
+
+
+def key(s: str) -> bytes:
+    """The index key of an id, channel or task: its JSON-escaped UTF-8 bytes,
+    exactly as they stand between the quotes in a tail line."""
+    return orjson.dumps(s)[1:-1]
+
+
+def _check_finite(value: Any, field: str) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{field}: {value!r} is not a finite number and cannot be stored as JSON")
+
+
+def message_rest(record: ConversationMessageRecord) -> bytes:
+    """The frame rest of ``record``'s tail line.
+
+    Raises ``RecordTooLargeError`` (naming the msg_id) past ``MAX_RECORD_BYTES``
+    and ``ValueError`` for values JSON cannot hold exactly.
+    """
+    d = record.to_dict()
+    _check_finite(d["ts"], "ts")
+    body = dumps(d)
+    if len(body) > MAX_RECORD_BYTES:
+        raise RecordTooLargeError(
+            f"message {record.msg_id!r}: encoded size {len(body)} bytes exceeds the limit "
+            f"of {MAX_RECORD_BYTES} bytes")
+    return MESSAGE_PREFIX + body + b"}"
+
+
+def tombstone_rest(msg_id: str, channel_id: str, hlc: str) -> bytes:
+    """The frame rest of a deletion tombstone line."""
+    body = dumps({"msg_id": msg_id, "channel_id": channel_id, "task_id": "",
+                  "hlc": hlc, "content": ""})
+    return TOMBSTONE_PREFIX + body + b"}"
+
+
+def decode_body(body: bytes | memoryview, *, path: str, offset: int) -> dict:
+    """Parse a record body; damage raises ``CorruptStateCheckpointError``."""
+    try:
+        d = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise CorruptStateCheckpointError(f"record body is not valid JSON: {exc}",
+                                          path=path, offset=offset) from None
+    if not isinstance(d, dict):
+        raise CorruptStateCheckpointError("record body is not a JSON object",
+                                          path=path, offset=offset)
+    return d
+
+
+def record_from_line(line: bytes | memoryview, *, path: str, offset: int) -> ConversationMessageRecord:
+    """Decode a verified message line (without its newline) into its record."""
+    d = decode_body(line[BODY_START:-1], path=path, offset=offset)
+    try:
+        return ConversationMessageRecord.from_dict(d)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise CorruptStateCheckpointError(f"stored record does not validate: {exc}",
+                                          path=path, offset=offset) from None

@@ -1,0 +1,1500 @@
+"""The conversation and task repositories (SPEC sections 3-5).
+
+``ConversationStateRepository`` stores messages in three tiers:
+
+- ``tail``: lines appended since the last compaction, in the open tail file;
+- ``hot``: lines folded into the hot checkpoint (the manifest), in sealed
+  segments or in the covered part of the tail file;
+- ``cool``: rows of Parquet archives under ``hot/conversation_cool/``.
+
+The compiled ``HotIndex`` maps ids, channels and tasks to packed line locations
+in the hot and tail tiers; ``CoolArchive`` does the same for the cool tier. A
+read goes id/channel/task -> location -> bytes -> checksum -> record.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import os
+import threading
+import time
+from typing import Any, Iterable, Iterator, Sequence
+
+from . import codec
+from . import sync as _sync
+from ._index import HotIndex
+from ._log import frame, frame_many, scan_frames
+from .atomic import AtomicStore
+from .cool import CoolArchive
+from .errors import (
+    CorruptStateCheckpointError,
+    DurabilityError,
+    IllegalTaskTransitionError,
+    ReadOnlyStoreError,
+    RuneError,
+    StateLockedError,
+    StoreClosedError,
+)
+from .events import EventStore
+from .locking import DirLock
+from .records import ConversationMessageRecord, payload_hash
+from .segments import TAIL_NAME, Segment, TailFile, fsync_dir, quarantine_bytes, seg_name
+from .tasks import TaskStateRepository
+
+__all__ = [
+    "ConversationStateRepository",
+    "TaskStateRepository",
+    "ReadStatus",
+    "MessageRead",
+    "SearchHit",
+    "CompactionReport",
+    "VerifyReport",
+    "Problem",
+    "RuneError",
+    "CorruptStateCheckpointError",
+    "IllegalTaskTransitionError",
+    "StateLockedError",
+    "ReadOnlyStoreError",
+    "StoreClosedError",
+    "DurabilityError",
+]
+
+log = logging.getLogger("rune_fast")
+
+MANIFEST_NAME = "conversation_manifest.json"
+SNAPSHOT_NAME = "conversation_index.snap"
+TOMBSTONES_NAME = "conversation_tombstones.jsonl"
+LEGACY_NAME = "conversation_messages.json"
+DEVICE_NAME = "device_id"
+COOL_DIR = "conversation_cool"
+QUARANTINE_DIR = "quarantine"
+DURABILITY_MODES = ("fsync", "batch", "none")
+#: How long a batch-mode sync leader waits for other appenders to join.
+BATCH_WINDOW_S = 0.0005
+#: Roll the tail into a sealed segment past this size at a compaction.
+ROLL_BYTES = 8 << 20
+#: Rewrite a segment (the tail: roll, then rewrite) when less than this
+#: fraction of its bytes is live and it is larger than SPARSE_MIN_BYTES: cooled
+#: lines do not linger, and each line is copied O(1) times on average.
+SPARSE_FRACTION = 0.25
+SPARSE_MIN_BYTES = 64 << 10
+_FORMAT = 1
+
+
+class ReadStatus(enum.Enum):
+    """Verdict of an exact read."""
+
+    FOUND_VERIFIED = "found_verified"
+    SOURCE_CORRUPT = "source_corrupt"
+    NOT_FOUND_CONFIRMED = "not_found_confirmed"
+
+
+@dataclasses.dataclass(frozen=True)
+class MessageRead:
+    """Result of ``get_message``: ``status``, ``record`` (or None), ``tier``."""
+
+    status: ReadStatus
+    record: ConversationMessageRecord | None = None
+    tier: str | None = None
+
+    @property
+    def found(self) -> bool:
+        return self.status is ReadStatus.FOUND_VERIFIED
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchHit:
+    """One ``search`` result: the record and the tier it was read from."""
+
+    record: ConversationMessageRecord
+    tier: str
+
+
+class _Report:
+    """Attribute and mapping access, for callers that expect either."""
+
+    def __getitem__(self, name: str) -> Any:
+        return getattr(self, name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return getattr(self, name, default)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class CompactionReport(_Report):
+    """What one ``compact()`` did."""
+
+    folded: int = 0            # tail lines folded into the hot checkpoint
+    cooled: int = 0            # messages moved to a Parquet archive
+    erased: int = 0            # deleted messages whose bytes were erased
+    segments_rewritten: int = 0
+    segments_reclaimed: int = 0
+    cool_files_written: int = 0
+    cool_files_removed: int = 0
+    bytes_written: int = 0
+    snapshot_written: bool = False
+    seconds: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One problem ``verify()`` found: the file, the byte offset (or row), what."""
+
+    file: str
+    offset: int | None
+    message: str
+
+    def __str__(self) -> str:
+        where = self.file if self.offset is None else f"{self.file} @ {self.offset}"
+        return f"{where}: {self.message}"
+
+
+@dataclasses.dataclass
+class VerifyReport(_Report):
+    """Result of ``verify()``: ``ok`` and every ``problems`` entry."""
+
+    ok: bool
+    problems: list[Problem]
+    checked: dict[str, int]
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+def _unkey(k: bytes) -> str:
+    return codec.orjson.loads(b'"' + k + b'"')
+
+
+def _order_key(rec: ConversationMessageRecord, tier_rank: int, pos: Any) -> tuple:
+    """Sort key of SPEC's "oldest first": unstamped first, in append order
+    (cool before hot), then stamped by (hlc, msg_id)."""
+    if rec.hlc:
+        return (1, rec.hlc, rec.msg_id)
+    return (0, tier_rank, pos)
+
+
+_COOL_RANK = 0
+_HOT_RANK = 1
+
+
+class ConversationStateRepository:
+    """Durable, verified message history for one state directory.
+
+    ``durability``: ``"fsync"`` (each write call durable on return),
+    ``"batch"`` (group commit: concurrent appends share one sync after a bounded
+    wait; each call still durable on return), ``"none"`` (left to the OS:
+    survives a process crash, not a power loss). ``read_only=True`` opens beside
+    a running writer without its lock and without changing any file.
+    """
+
+    def __init__(self, state_dir: str | os.PathLike, *, events: EventStore | str | os.PathLike | None = None,
+                 compact_every: int = 64, hot_window: int = 512, durability: str = "fsync",
+                 read_only: bool = False) -> None:
+        if durability not in DURABILITY_MODES:
+            raise ValueError(f"durability: {durability!r} is not one of {', '.join(DURABILITY_MODES)}")
+        if not isinstance(compact_every, int) or compact_every < 1:
+            raise ValueError(f"compact_every: must be a positive int, got {compact_every!r}")
+        if not isinstance(hot_window, int) or hot_window < 0:
+            raise ValueError(f"hot_window: must be a non-negative int, got {hot_window!r}")
+        self.state_dir = os.path.abspath(os.fspath(state_dir))
+        self.hot_dir = os.path.join(self.state_dir, "hot")
+        self.durability = durability
+        self.compact_every = compact_every
+        self.hot_window = hot_window
+        self.read_only = bool(read_only)
+        self._lock = threading.RLock()
+        self._sync_cond = threading.Condition(threading.Lock())
+        self._closed = False
+        self._lockfile: DirLock | None = None
+        self._own_events = False
+        self._events: EventStore | None = None
+        self._quarantined: list[dict] = []
+        self._compactions = 0
+        self._last_compaction: CompactionReport | None = None
+        try:
+            self._open(events)
+        except BaseException:
+            self._release()
+            raise
+
+    # ------------------------------------------------------------------
+    # open and recovery
+    # ------------------------------------------------------------------
+    def _open(self, events: Any) -> None:
+        if not self.read_only:
+            for d in (self.state_dir, self.hot_dir):
+                if not os.path.isdir(d):
+                    os.makedirs(d, mode=0o700, exist_ok=True)
+                    os.chmod(d, 0o700)
+            self._lockfile = DirLock(self.state_dir, "conversation")
+        if isinstance(events, EventStore):
+            self._events = events
+        else:
+            path = os.fspath(events) if events is not None else os.path.join(self.state_dir, "events.jsonl")
+            if not self.read_only:
+                self._events = EventStore(path)
+                self._own_events = True
+        self._manifest_store = AtomicStore(os.path.join(self.hot_dir, MANIFEST_NAME))
+        self._clock = _sync.HlcClock(self._device_id())
+        self._load_state()
+        if not self.read_only:
+            self._rederive_envelopes()
+            self._import_legacy()
+
+    def _device_id(self) -> str:
+        path = os.path.join(self.hot_dir, DEVICE_NAME)
+        try:
+            with open(path, encoding="utf-8") as f:
+                dev = f.read().strip()
+            if dev:
+                return dev
+        except FileNotFoundError:
+            pass
+        from .records import new_id
+        dev = new_id("dev")
+        if self.read_only:
+            return dev
+        _write_small_file(path, dev.encode())
+        return dev
+
+    def _load_state(self) -> None:
+        """Read the manifest, map every segment, load or rebuild the index."""
+        m = self._manifest_store.read()
+        if m is None:
+            m = {"format": _FORMAT, "segments": [], "tail_seg": 1, "covered": 0,
+                 "cool_files": [], "events_offset": 0, "next_seg": 2, "cool_ord": 0}
+        if m.get("format") != _FORMAT:
+            raise CorruptStateCheckpointError(
+                f"manifest format {m.get('format')!r} is not one this build reads ({_FORMAT})",
+                path=self._manifest_store.path)
+        self._manifest = m
+        self._covered = int(m["covered"])
+        self._tail_seg = int(m["tail_seg"])
+        self._next_seg = int(m["next_seg"])
+        self._cool_ord = int(m.get("cool_ord", 0))
+        # Sealed segments, in logical (append) order.
+        self._segs: dict[int, Segment] = {}
+        self._seg_order: list[int] = list(m["segments"])
+        for seg in self._seg_order:
+            path = os.path.join(self.hot_dir, seg_name(seg))
+            if not os.path.exists(path):
+                raise CorruptStateCheckpointError(f"segment {seg} named by the manifest is missing",
+                                                  path=path)
+            self._segs[seg] = Segment(path, seg)
+        self._recover_roll()
+        tail_path = os.path.join(self.hot_dir, TAIL_NAME)
+        if self.read_only and not os.path.exists(tail_path):
+            self._tail = None
+        else:
+            self._tail = TailFile(tail_path, self._tail_seg, read_only=self.read_only)
+            if not self.read_only and self._tail.file_size == 0:
+                fsync_dir(self.hot_dir)
+        self._cool = CoolArchive.open(os.path.join(self.hot_dir, COOL_DIR), list(m["cool_files"]),
+                                      read_only=self.read_only)
+        if not self.read_only:
+            # files a crash left unreferenced (written before the manifest moved,
+            # or replaced by it before they were unlinked)
+            self._cool.gc(list(m["cool_files"]))
+        self._cool_max: dict[str, tuple | None] = {}
+        self._tombstones: dict[str, str] = self._load_tombstones()   # msg_id -> channel_id
+        self._pending_erase: set[str] = set()    # deleted ids whose bytes are still on disk
+        self._dirty_segs: set[int] = set()        # segments holding lines of deleted messages
+        self._cool_deleted: set[str] = set()      # deleted ids still present in a cool file
+        self._decoded: dict[int, ConversationMessageRecord] = {}
+        # channel -> whether a hot message sorts before a cool one (computed lazily)
+        self._interleaved: dict[str, bool] = {}
+        self._since_compact = 0
+        self._index = self._load_index()
+        # Group commit counts bytes appended in this session, across tail rolls.
+        self._wpos = 0
+        self._synced = 0
+        self._syncing = False
+        self._sync_error: BaseException | None = None
+        for mid in self._tombstones:
+            if self._cool.contains(mid):
+                self._cool_deleted.add(mid)
+                self._pending_erase.add(mid)
+
+    def _recover_roll(self) -> None:
+        """Finish a tail roll that a crash interrupted (tail renamed, manifest not moved)."""
+        sealed = os.path.join(self.hot_dir, seg_name(self._tail_seg))
+        if self._tail_seg not in self._segs and os.path.exists(sealed):
+            tail_path = os.path.join(self.hot_dir, TAIL_NAME)
+            if os.path.exists(tail_path) and os.path.getsize(tail_path) > 0:
+                raise CorruptStateCheckpointError(
+                    f"both the tail and sealed segment {self._tail_seg} hold data", path=tail_path)
+            if self.read_only:
+                # The writer is mid-roll; read the sealed file as the tail.
+                return
+            os.replace(sealed, tail_path)
+            fsync_dir(self.hot_dir)
+
+    def _attach_all(self, index: HotIndex) -> None:
+        for seg in self._seg_order:
+            index.attach(seg, self._segs[seg].buf, self._segs[seg].path)
+        if self._tail is not None:
+            index.attach(self._tail_seg, self._tail.buf, self._tail.path)
+
+    def _reattach_tail(self) -> None:
+        self._index.attach(self._tail_seg, self._tail.buf, self._tail.path)
+
+    def _load_index(self) -> HotIndex:
+        """The hot index: the snapshot if it matches the manifest (then only
+        the tail bytes after it are scanned), else a rebuild from every segment."""
+        snap_path = os.path.join(self.hot_dir, SNAPSHOT_NAME)
+        index = None
+        if os.path.exists(snap_path):
+            try:
+                index, covered = HotIndex.load_snapshot(snap_path)
+                meta = self._snapshot_meta(covered)
+            except CorruptStateCheckpointError as exc:
+                log.warning("index snapshot %s not used, rebuilding from the tail: %s", snap_path, exc)
+                index = meta = None
+            if meta is not None:
+                start, snap_cool = meta
+                # cool files written after the snapshot: their rows left the hot tier
+                known = set(snap_cool)
+                index = self._finish_index(index, start,
+                                           [f for f in self._manifest["cool_files"] if f not in known])
+                live = index.seg_stats()
+                segs = set(self._seg_order) | {self._tail_seg}
+                if not any(seg not in segs and lines > 0 for seg, (lines, _b) in live.items()):
+                    return index
+                log.warning("index snapshot %s names a segment that is gone; rebuilding", snap_path)
+        index = HotIndex()
+        for seg in self._seg_order:
+            index.attach(seg, self._segs[seg].buf, self._segs[seg].path)
+            rep = index.ingest(seg, 0, self._segs[seg].size)
+            self._check_ingest(rep, self._segs[seg].path, sealed=True)
+        return self._finish_index(index, 0, list(self._manifest["cool_files"]))
+
+    def _finish_index(self, index: HotIndex, start: int, cooled_files: list[str]) -> HotIndex:
+        """Scan the tail from ``start``, then drop what was cooled or deleted."""
+        self._attach_all(index)
+        if self._tail is not None:
+            rep = index.ingest(self._tail_seg, start, self._tail.file_size)
+            self._index_building = index
+            try:
+                self._check_ingest(rep, self._tail.path, sealed=False)
+            finally:
+                self._index_building = None
+            self._tail.size = rep.good_end
+        cooled = self._cool_ids_in(cooled_files)
+        if cooled:
+            index.remove_many([codec.key(m) for m in cooled])
+        for mid in self._tombstones:
+            loc = index.remove(codec.key(mid))
+            if loc >= 0:
+                self._pending_erase.add(mid)
+                self._dirty_segs.add(loc >> 40)
+        self._snap_changes = 0
+        return index
+
+    def _snapshot_meta(self, covered: dict) -> tuple[int, list[str]] | None:
+        """Whether a loaded snapshot matches the manifest; (tail start, cool files) if so.
+
+        ``covered`` (see ``_write_snapshot``): ``seg -> size`` for each sealed
+        segment and ``tail_seg -> offset``; ``_TAIL_MARK -> tail_seg``; and
+        ``-(n + 1) -> 0`` for each cool file number n the index had left.
+        """
+        if covered.get(_TAIL_MARK) != self._tail_seg:
+            return None
+        sealed = {s: o for s, o in covered.items() if s >= 0 and s != self._tail_seg}
+        if sealed != {seg: self._segs[seg].size for seg in self._seg_order}:
+            return None
+        start = int(covered.get(self._tail_seg, -1))
+        if self._tail is None or start < 0 or start > self._tail.file_size:
+            return None
+        cool_nums = {-(s + 1) for s in covered if s < 0 and s != _TAIL_MARK}
+        snap_cool = [f for f in self._manifest["cool_files"] if _cool_no(f) in cool_nums]
+        if start > 0 and self._tail.buf is not None and self._tail.buf[start - 1] != 0x0A:
+            return None
+        return start, snap_cool
+
+    def _check_ingest(self, rep, path: str, *, sealed: bool) -> None:
+        if rep.damaged_offset >= 0:
+            raise CorruptStateCheckpointError(f"damaged line: {rep.damage}", path=path,
+                                              offset=rep.damaged_offset)
+        if rep.torn_offset >= 0:
+            if sealed:
+                raise CorruptStateCheckpointError("sealed segment ends in a cut-short line",
+                                                  path=path, offset=rep.torn_offset)
+            if self.read_only:
+                return  # the writer's append in flight: skipped, not quarantined
+            data = bytes(self._tail.buf[rep.torn_offset:self._tail.file_size])
+            qpath = quarantine_bytes(os.path.join(self.hot_dir, QUARANTINE_DIR), path,
+                                     rep.torn_offset, data.rstrip(b"\0"))
+            self._quarantined.append({"file": path, "offset": rep.torn_offset,
+                                      "bytes": len(data.rstrip(b"\0")), "quarantine": qpath})
+            self._truncate_tail(rep.torn_offset)
+        elif not sealed and not self.read_only and self._tail.file_size > rep.good_end:
+            # zero padding (preallocation): cut it so appends continue at the logical end
+            self._truncate_tail(rep.good_end)
+
+    def _truncate_tail(self, size: int) -> None:
+        index = getattr(self, "_index_building", None)
+        if index is not None:
+            index.detach(self._tail_seg)
+        self._tail.truncate_to(size)
+        if index is not None:
+            index.attach(self._tail_seg, self._tail.buf, self._tail.path)
+
+    def _load_tombstones(self) -> dict[str, str]:
+        path = os.path.join(self.hot_dir, TOMBSTONES_NAME)
+        self._tomb_path = path
+        out: dict[str, str] = {}
+        if not os.path.exists(path):
+            return out
+        with open(path, "rb") as f:
+            data = f.read()
+        scan = scan_frames(data)
+        if scan.damaged_offset >= 0:
+            raise CorruptStateCheckpointError(f"damaged tombstone line: {scan.damage}", path=path,
+                                              offset=scan.damaged_offset)
+        if scan.torn_offset >= 0 and not self.read_only:
+            quarantine_bytes(os.path.join(self.hot_dir, QUARANTINE_DIR), path, scan.torn_offset,
+                             data[scan.torn_offset:].rstrip(b"\0"))
+            with open(path, "r+b") as f:
+                f.truncate(scan.torn_offset)
+                os.fsync(f.fileno())
+        for off, ln in zip(scan.offsets.tolist(), scan.lengths.tolist()):
+            body = codec.decode_body(data[off + len(codec.TOMBSTONE_PREFIX) + 23: off + ln - 1],
+                                     path=path, offset=off)
+            out[body["msg_id"]] = body["channel_id"]
+        return out
+
+    def _rederive_envelopes(self) -> None:
+        """Write the ``conversation.message`` envelope of every tail message a
+        crash kept out of the event store (the tail holds the body)."""
+        if self._tail is None or self._tail.size <= self._covered:
+            return
+        have = set()
+        for env in self._events.iter_envelopes(int(self._manifest.get("events_offset", 0))):
+            if env.get("type") == "conversation.message":
+                have.add(env.get("id"))
+        missing = []
+        for off, ln in self._tail_lines(self._covered, self._tail.size):
+            line = self._tail.buf[off:off + ln]
+            if bytes(line[23:30]) != codec.MESSAGE_PREFIX[:7]:
+                continue
+            rec = codec.record_from_line(line, path=self._tail.path, offset=off)
+            if rec.msg_id not in have:
+                missing.append(rec)
+        if missing:
+            for rec in missing:
+                self._events.append("conversation.message", rec.msg_id, payload_hash(rec),
+                                    channel_id=rec.channel_id)
+            self._events.sync()
+
+    def _tail_lines(self, start: int, end: int) -> Iterator[tuple[int, int]]:
+        scan = scan_frames(self._tail.buf, start, end)
+        yield from zip(scan.offsets.tolist(), scan.lengths.tolist())
+
+    def _import_legacy(self) -> None:
+        path = os.path.join(self.hot_dir, LEGACY_NAME)
+        if not os.path.exists(path):
+            return
+        try:
+            with open(path, "rb") as f:
+                data = codec.orjson.loads(f.read())
+        except (codec.orjson.JSONDecodeError, OSError) as exc:
+            raise CorruptStateCheckpointError(f"legacy checkpoint is not readable JSON: {exc}",
+                                              path=path) from None
+        items = data.get("messages") if isinstance(data, dict) else data
+        if not isinstance(items, list):
+            raise CorruptStateCheckpointError(
+                "legacy checkpoint holds neither a list of messages nor {\"messages\": [...]}", path=path)
+        records = []
+        for i, d in enumerate(items):
+            try:
+                records.append(ConversationMessageRecord.from_dict(d))
+            except (TypeError, ValueError, KeyError, AttributeError) as exc:
+                raise CorruptStateCheckpointError(f"legacy message {i} does not validate: {exc}",
+                                                  path=path, offset=i) from None
+        self.append_many(records)
+        os.unlink(path)
+        fsync_dir(self.hot_dir)
+        log.info("imported %d messages from legacy checkpoint %s", len(records), path)
+
+    # ------------------------------------------------------------------
+    # helpers
+    # ------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"conversation repository {self.state_dir} is closed")
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self.read_only:
+            raise ReadOnlyStoreError(f"conversation repository {self.state_dir} is open read-only")
+        if self._sync_error is not None:
+            raise DurabilityError(f"conversation repository {self.state_dir} refuses writes after a "
+                                  f"failed sync ({self._sync_error}); reopen it") from self._sync_error
+
+    def _path_of(self, seg: int) -> str:
+        if seg == self._tail_seg and self._tail is not None:
+            return self._tail.path
+        s = self._segs.get(seg)
+        return s.path if s is not None else os.path.join(self.hot_dir, seg_name(seg))
+
+    def _tier_of(self, loc: int) -> str:
+        seg, off = loc >> 40, loc & ((1 << 40) - 1)
+        return "tail" if seg == self._tail_seg and off >= self._covered else "hot"
+
+    def _seg_rank(self) -> dict[int, int]:
+        rank = {seg: i for i, seg in enumerate(self._seg_order)}
+        rank[self._tail_seg] = len(self._seg_order)
+        return rank
+
+    def _read_loc(self, loc: int) -> ConversationMessageRecord:
+        """The verified record at ``loc``; CorruptStateCheckpointError if damaged."""
+        line = self._index.line(loc)     # verifies the checksum, names seg and offset
+        rec = self._decoded.get(loc)
+        if rec is None:
+            seg = loc >> 40
+            rec = codec.record_from_line(line, path=self._path_of(seg), offset=loc & ((1 << 40) - 1))
+            self._cache(loc, rec)
+        return rec
+
+    def _cache(self, loc: int, rec: ConversationMessageRecord) -> None:
+        if len(self._decoded) >= 65536:
+            # drop the oldest quarter (dicts keep insertion order)
+            for k in list(self._decoded)[:16384]:
+                del self._decoded[k]
+        self._decoded[loc] = rec
+
+    @staticmethod
+    def _cool_record(row) -> ConversationMessageRecord:
+        d = row.record if hasattr(row, "record") else row
+        try:
+            return ConversationMessageRecord.from_dict(d)
+        except (TypeError, ValueError, KeyError) as exc:
+            raise CorruptStateCheckpointError(f"archived record does not validate: {exc}",
+                                              path=getattr(row, "file", None),
+                                              offset=getattr(row, "row", None)) from None
+
+    def _cool_has_channel(self, channel_id: str) -> bool:
+        return self._cool.channel_len(channel_id) > 0
+
+    def _cool_has_task(self, task_id: str) -> bool:
+        return self._cool.task_len(task_id) > 0
+
+    def _cool_max_order(self, channel_id: str) -> tuple | None:
+        """(hlc, msg_id) of the channel's newest stamped cool row, or None."""
+        if channel_id not in self._cool_max:
+            rows = self._cool.channel_tail(channel_id, 1)
+            d = rows[-1].record if rows else None
+            self._cool_max[channel_id] = (d["hlc"], d["msg_id"]) if d and d["hlc"] else None
+        return self._cool_max[channel_id]
+
+    def _cool_ids_in(self, files: Sequence[str]) -> list[str]:
+        import pyarrow.parquet as pq
+        out: list[str] = []
+        for name in files:
+            path = os.path.join(self._cool.cool_dir, name)
+            try:
+                out.extend(pq.read_table(path, columns=["msg_id"]).column(0).to_pylist())
+            except (OSError, ValueError) as exc:
+                raise CorruptStateCheckpointError(f"cool archive is not readable: {exc}",
+                                                  path=path) from None
+        return out
+
+    def _is_known(self, msg_id: str, k: bytes) -> bool:
+        return (msg_id in self._tombstones or self._index.find(k) >= 0
+                or self._cool.contains(msg_id))
+
+    # ------------------------------------------------------------------
+    # writes
+    # ------------------------------------------------------------------
+    def append(self, msg: ConversationMessageRecord) -> bool:
+        """Store ``msg``. True if stored, False if its ``msg_id`` was already
+        stored or deleted (nothing is written then). Durable on return as the
+        ``durability`` mode says."""
+        return self.append_many([msg]) == 1
+
+    def append_many(self, msgs: Iterable[ConversationMessageRecord]) -> int:
+        """Store a batch with one sync at the end; returns how many were new."""
+        msgs = list(msgs)
+        rests = []
+        for i, m in enumerate(msgs):
+            if not isinstance(m, ConversationMessageRecord):
+                raise TypeError(f"msgs[{i}]: expected ConversationMessageRecord, got {type(m).__name__}")
+            rests.append(codec.message_rest(m))
+        if not msgs:
+            return 0
+        with self._lock:
+            self._check_writable()
+            target, added = self._write_messages(msgs, rests)
+        if added:
+            self._wait_durable(target)
+            if self._since_compact >= self.compact_every:
+                with self._lock:
+                    if self._since_compact >= self.compact_every and not self._closed:
+                        self.compact()
+        return added
+
+    def _write_messages(self, msgs: Sequence[ConversationMessageRecord], rests: Sequence[bytes],
+                        ) -> tuple[int, int]:
+        """Write the new ones among ``msgs`` to the tail and index them (lock held)."""
+        fresh: list[int] = []
+        seen: set[str] = set()
+        for i, m in enumerate(msgs):
+            if m.msg_id in seen or self._is_known(m.msg_id, codec.key(m.msg_id)):
+                continue
+            seen.add(m.msg_id)
+            fresh.append(i)
+        if not fresh:
+            return 0, 0
+        lines = [frame(rests[i]) for i in fresh]
+        data = lines[0] if len(lines) == 1 else b"".join(lines)
+        off, remapped = self._tail.append(data)
+        self._wpos += len(data)
+        if remapped:
+            self._reattach_tail()
+        pos = off
+        base = self._tail_seg << 40
+        for j, i in enumerate(fresh):
+            m = msgs[i]
+            loc = base | pos
+            if not self._index.add(loc):     # cannot happen: checked above under the lock
+                raise RuneError(f"index refused new message {m.msg_id!r} at {self._tail.path}:{pos}")
+            self._cache(loc, m)
+            self._note_order(m)
+            if m.hlc:
+                self._clock.observe(m.hlc)
+            self._events.append("conversation.message", m.msg_id, payload_hash(m),
+                                channel_id=m.channel_id)
+            pos += len(lines[j])
+        self._since_compact += len(fresh)
+        self._snap_changes += len(fresh)
+        return self._wpos, len(fresh)
+
+    def _note_order(self, m: ConversationMessageRecord) -> None:
+        """Keep the interleave verdict of the channel true after an append."""
+        if self._interleaved.get(m.channel_id) is False:
+            last = self._cool_max_order(m.channel_id)
+            if last is not None and (not m.hlc or (m.hlc, m.msg_id) < last):
+                self._interleaved[m.channel_id] = True
+
+    def _is_interleaved(self, channel_id: str) -> bool:
+        """Whether some hot message of the channel sorts before one of its cool
+        rows (a late merge or an unstamped message after stamped ones were
+        cooled): reads then merge the tiers in full. The hot array is sorted,
+        so its first message decides."""
+        verdict = self._interleaved.get(channel_id)
+        if verdict is None:
+            verdict = False
+            last = self._cool_max_order(channel_id) if self._cool_has_channel(channel_id) else None
+            if last is not None:
+                locs = self._index.channel_locs(codec.key(channel_id), -1)
+                if len(locs):
+                    first = self._read_loc(int(locs[0]))
+                    verdict = not first.hlc or (first.hlc, first.msg_id) < last
+            self._interleaved[channel_id] = verdict
+        return verdict
+
+    def _wait_durable(self, target: int) -> None:
+        """Return once the tail is synced up to ``target`` (group commit)."""
+        if self.durability == "none":
+            return
+        cond = self._sync_cond
+        with cond:
+            while True:
+                if self._sync_error is not None:
+                    raise DurabilityError(f"sync of {self._tail.path} failed: {self._sync_error}") \
+                        from self._sync_error
+                if self._synced >= target:
+                    return
+                if not self._syncing:
+                    self._syncing = True
+                    break
+                cond.wait()
+        try:
+            if self.durability == "batch":
+                time.sleep(BATCH_WINDOW_S)
+            upto = self._wpos
+            self._tail.sync()
+        except BaseException as exc:
+            with cond:
+                self._sync_error = exc
+                self._syncing = False
+                cond.notify_all()
+            raise
+        with cond:
+            self._synced = max(self._synced, upto)
+            self._syncing = False
+            cond.notify_all()
+
+    def _sync_now(self) -> None:
+        """Sync the tail now (lock held); records a failure for every waiter."""
+        if self._tail is None:
+            return
+        with self._sync_cond:
+            while self._syncing:
+                self._sync_cond.wait()
+            if self._sync_error is not None:
+                raise DurabilityError(f"sync of {self._tail.path} failed: {self._sync_error}")
+            self._syncing = True
+        try:
+            upto = self._wpos
+            self._tail.sync()
+        except BaseException as exc:
+            with self._sync_cond:
+                self._sync_error = exc
+                self._syncing = False
+                self._sync_cond.notify_all()
+            raise
+        with self._sync_cond:
+            self._synced = max(self._synced, upto)
+            self._syncing = False
+            self._sync_cond.notify_all()
+
+    def flush(self) -> None:
+        """Make everything written so far durable (whatever the mode)."""
+        with self._lock:
+            self._check_open()
+            if self.read_only:
+                return
+            self._sync_now()
+            self._events.sync()
+
+    # ------------------------------------------------------------------
+    # deletion
+    # ------------------------------------------------------------------
+    def delete(self, msg_id: str) -> bool:
+        """Delete a stored message. True if one was deleted. Durable on return;
+        the bytes are erased from every tier by the next ``compact()``."""
+        if not isinstance(msg_id, str):
+            raise TypeError(f"msg_id: expected str, got {type(msg_id).__name__}")
+        with self._lock:
+            self._check_writable()
+            return self._delete_ids([msg_id], record_unknown=False) == 1
+
+    def clear_channel(self, channel_id: str) -> int:
+        """Delete every message of the channel; returns how many."""
+        if not isinstance(channel_id, str):
+            raise TypeError(f"channel_id: expected str, got {type(channel_id).__name__}")
+        with self._lock:
+            self._check_writable()
+            ids = [r.msg_id for r, _t in self._channel_all(channel_id)]
+            return self._delete_ids(ids, record_unknown=False)
+
+    def _delete_ids(self, ids: Sequence[str], *, record_unknown: bool,
+                    hlcs: dict[str, str] | None = None, channels: dict[str, str] | None = None) -> int:
+        """Tombstone ``ids`` (lock held): one sync for the batch. Returns how many
+        stored messages were deleted. With ``record_unknown`` an id that is not
+        stored is tombstoned too (a tombstone op merged ahead of its message)."""
+        lines = []
+        todo: list[tuple[str, str, int, bool]] = []  # (id, channel, loc, in_cool)
+        for mid in dict.fromkeys(ids):
+            if mid in self._tombstones:
+                continue
+            k = codec.key(mid)
+            loc = self._index.find(k)
+            channel = None
+            in_cool = False
+            if loc >= 0:
+                channel = self._read_loc(loc).channel_id
+            elif self._cool.contains(mid):
+                in_cool = True
+                channel = self._cool.get(mid)["channel_id"]
+            elif record_unknown:
+                channel = (channels or {}).get(mid, "")
+            else:
+                continue
+            hlc = (hlcs or {}).get(mid) or str(self._clock.now())
+            lines.append(codec.tombstone_rest(mid, channel, hlc))
+            todo.append((mid, channel, loc, in_cool))
+        if not todo:
+            return 0
+        data = frame_many(lines)
+        fd = os.open(self._tomb_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            new_file = os.fstat(fd).st_size == 0
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if self.durability != "none":
+                os.fdatasync(fd)
+        except OSError as exc:
+            raise DurabilityError(f"write of tombstones to {self._tomb_path} failed: {exc}") from exc
+        finally:
+            os.close(fd)
+        if new_file and self.durability != "none":
+            fsync_dir(self.hot_dir)
+        deleted = 0
+        for mid, channel, loc, in_cool in todo:
+            self._tombstones[mid] = channel
+            self._events.append("conversation.deleted", mid, payload_hash({"msg_id": mid}),
+                                channel_id=channel)
+            if loc >= 0:
+                self._index.remove(codec.key(mid))
+                self._decoded.pop(loc, None)
+                self._dirty_segs.add(loc >> 40)
+                self._pending_erase.add(mid)
+                deleted += 1
+            elif in_cool:
+                self._cool_deleted.add(mid)
+                self._pending_erase.add(mid)
+                deleted += 1
+        self._snap_changes += len(todo)
+        if self.durability != "none":
+            self._events.sync()
+        return deleted
+
+    # ------------------------------------------------------------------
+    # reads
+    # ------------------------------------------------------------------
+    def get_message(self, msg_id: str) -> MessageRead:
+        """Exact read across tiers, verified against the stored checksum or digest."""
+        if not isinstance(msg_id, str):
+            raise TypeError(f"msg_id: expected str, got {type(msg_id).__name__}")
+        with self._lock:
+            self._check_open()
+            if msg_id in self._tombstones:
+                return MessageRead(ReadStatus.NOT_FOUND_CONFIRMED)
+            k = codec.key(msg_id)
+            loc = self._index.find(k)
+            if loc >= 0:
+                tier = self._tier_of(loc)
+                try:
+                    rec = self._read_loc(loc)
+                except CorruptStateCheckpointError as exc:
+                    log.error("exact read of %s: %s", msg_id, exc)
+                    return MessageRead(ReadStatus.SOURCE_CORRUPT, None, tier)
+                if rec.msg_id != msg_id:
+                    return MessageRead(ReadStatus.SOURCE_CORRUPT, None, tier)
+                return MessageRead(ReadStatus.FOUND_VERIFIED, rec, tier)
+            if loc < -1:
+                # a line whose stored id no longer matches its checksum answered this id's hash
+                return MessageRead(ReadStatus.SOURCE_CORRUPT, None, "hot")
+            try:
+                row = self._cool.get(msg_id)
+            except CorruptStateCheckpointError as exc:
+                log.error("exact read of %s: %s", msg_id, exc)
+                return MessageRead(ReadStatus.SOURCE_CORRUPT, None, "cool")
+            if row is None:
+                return MessageRead(ReadStatus.NOT_FOUND_CONFIRMED)
+            try:
+                rec = self._cool_record(row)
+            except CorruptStateCheckpointError:
+                return MessageRead(ReadStatus.SOURCE_CORRUPT, None, "cool")
+            return MessageRead(ReadStatus.FOUND_VERIFIED, rec, "cool")
+
+    def _hot_channel(self, channel_id: str, n: int = -1) -> list[tuple[ConversationMessageRecord, str]]:
+        locs = self._index.channel_locs(codec.key(channel_id), n)
+        return [(self._read_loc(loc), self._tier_of(loc)) for loc in locs.tolist()]
+
+    def _cool_rows(self, rows) -> list[ConversationMessageRecord]:
+        if self._cool_deleted:
+            rows = [r for r in rows if r.record["msg_id"] not in self._cool_deleted]
+        return [self._cool_record(r) for r in rows]
+
+    def _channel_all(self, channel_id: str) -> list[tuple[ConversationMessageRecord, str]]:
+        """Every live message of a channel, all tiers, oldest first."""
+        hot = self._hot_channel(channel_id)
+        if not self._cool_has_channel(channel_id):
+            return hot
+        cool = self._cool_rows(self._cool.channel_rows(channel_id))
+        return self._merge(cool, hot)
+
+    @staticmethod
+    def _merge(cool: list[ConversationMessageRecord], hot: list[tuple[ConversationMessageRecord, str]],
+               ) -> list[tuple[ConversationMessageRecord, str]]:
+        keyed = [(_order_key(r, _COOL_RANK, i), r, "cool") for i, r in enumerate(cool)]
+        keyed += [(_order_key(r, _HOT_RANK, i), r, t) for i, (r, t) in enumerate(hot)]
+        keyed.sort(key=lambda e: e[0])
+        return [(r, t) for _k, r, t in keyed]
+
+    def window(self, channel_id: str, n: int = 8) -> list[ConversationMessageRecord]:
+        """The last ``n`` messages of the channel, oldest first ([] for n <= 0
+        or an unknown channel)."""
+        if not isinstance(channel_id, str):
+            raise TypeError(f"channel_id: expected str, got {type(channel_id).__name__}")
+        if not isinstance(n, int) or isinstance(n, bool):
+            raise TypeError(f"n: expected int, got {type(n).__name__}")
+        with self._lock:
+            self._check_open()
+            if n <= 0:
+                return []
+            return [r for r, _t in self._window(channel_id, n)]
+
+    def _window(self, channel_id: str, n: int) -> list[tuple[ConversationMessageRecord, str]]:
+        if self._is_interleaved(channel_id):
+            return self._channel_all(channel_id)[-n:]
+        hot = self._hot_channel(channel_id, n)
+        if len(hot) >= n or not self._cool_has_channel(channel_id):
+            return hot
+        need = n - len(hot)
+        rows = self._cool.channel_tail(channel_id, need + len(self._cool_deleted))
+        cool = self._cool_rows(rows)[-need:]
+        return self._merge(cool, hot)[-n:]
+
+    def messages_for_task(self, task_id: str) -> list[ConversationMessageRecord]:
+        """Every message of the task, all tiers, oldest first."""
+        if not isinstance(task_id, str):
+            raise TypeError(f"task_id: expected str, got {type(task_id).__name__}")
+        with self._lock:
+            self._check_open()
+            if task_id == "":
+                return []
+            locs = self._index.task_locs(codec.key(task_id)).tolist()
+            rank = self._seg_rank()
+            hot = [(self._read_loc(loc), loc) for loc in locs]
+            keyed = [(_order_key(r, _HOT_RANK, (rank.get(loc >> 40, 1 << 30), loc & ((1 << 40) - 1))), r)
+                     for r, loc in hot]
+            if self._cool_has_task(task_id):
+                for row in self._cool.task_rows(task_id):
+                    if row.record["msg_id"] in self._cool_deleted:
+                        continue
+                    rec = self._cool_record(row)
+                    keyed.append((_order_key(rec, _COOL_RANK, row.ord), rec))
+                keyed.sort(key=lambda e: e[0])
+            return [r for _k, r in keyed]
+
+    def search(self, text: str, channel_id: str | None = None, *, limit: int | None = None,
+               case_sensitive: bool = False) -> list[SearchHit]:
+        """Every message whose content contains ``text`` (hot and cool tiers),
+        oldest first; with ``limit``, the newest ``limit`` hits.
+
+        Case-insensitive means ``text.casefold() in content.casefold()``."""
+        if not isinstance(text, str):
+            raise TypeError(f"text: expected str, got {type(text).__name__}")
+        if channel_id is not None and not isinstance(channel_id, str):
+            raise TypeError(f"channel_id: expected str or None, got {type(channel_id).__name__}")
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)):
+            raise TypeError(f"limit: expected int or None, got {type(limit).__name__}")
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit: must be >= 0, got {limit}")
+        with self._lock:
+            self._check_open()
+            if limit == 0:
+                return []
+            if case_sensitive:
+                needle = codec.key(text)
+                check = (lambda c: text in c)
+                locs = self._index.search(needle, False, False,
+                                          codec.key(channel_id) if channel_id is not None else None)
+            else:
+                folded = text.casefold()
+                ascii_fold = folded.isascii()
+                needle = codec.key(folded) if ascii_fold else b""
+                locs = self._index.search(needle, True, True,
+                                          codec.key(channel_id) if channel_id is not None else None)
+                check = (lambda c: folded in c.casefold())
+            rank = self._seg_rank()
+            keyed = []
+            for loc in locs.tolist():
+                rec = self._read_loc(loc)
+                if check(rec.content):
+                    pos = (rank.get(loc >> 40, 1 << 30), loc & ((1 << 40) - 1))
+                    keyed.append((_order_key(rec, _HOT_RANK, pos), rec, self._tier_of(loc)))
+            for row in self._cool.search(text, channel_id, case_sensitive=case_sensitive):
+                if row.record["msg_id"] in self._cool_deleted:
+                    continue
+                rec = self._cool_record(row)
+                keyed.append((_order_key(rec, _COOL_RANK, row.ord), rec, "cool"))
+            keyed.sort(key=lambda e: e[0])
+            if limit is not None:
+                keyed = keyed[-limit:]
+            return [SearchHit(r, t) for _k, r, t in keyed]
+
+    def latest_task(self, channel_id: str) -> str | None:
+        """task_id of the newest message on the channel that has one, or None."""
+        if not isinstance(channel_id, str):
+            raise TypeError(f"channel_id: expected str, got {type(channel_id).__name__}")
+        with self._lock:
+            self._check_open()
+            if not self._is_interleaved(channel_id):
+                k = self._index.latest_task(codec.key(channel_id))
+                if k is not None:
+                    return _unkey(k)
+                if not self._cool_has_channel(channel_id):
+                    return None
+            for rec, _t in reversed(self._channel_all(channel_id)):
+                if rec.task_id:
+                    return rec.task_id
+            return None
+
+    def channels(self) -> list[str]:
+        """Every channel that holds at least one message, sorted."""
+        with self._lock:
+            self._check_open()
+            out = {_unkey(k) for k in self._index.channels() if self._index.channel_len(k) > 0}
+            for ch in self._cool.channels():
+                if ch in out:
+                    continue
+                if not self._cool_deleted or self._cool_rows(self._cool.channel_rows(ch)):
+                    out.add(ch)
+            return sorted(out)
+
+    def __len__(self) -> int:
+        with self._lock:
+            self._check_open()
+            return len(self._index) + len(self._cool) - len(self._cool_deleted)
+
+    def __contains__(self, msg_id: object) -> bool:
+        if not isinstance(msg_id, str):
+            return False
+        return self.get_message(msg_id).status is not ReadStatus.NOT_FOUND_CONFIRMED
+
+    # ------------------------------------------------------------------
+    # transcripts and sync
+    # ------------------------------------------------------------------
+    @property
+    def clock(self) -> "_sync.HlcClock":
+        """The store's hybrid logical clock (device id persisted in the state dir)."""
+        return self._clock
+
+    def resume_messages(self, channel_id: str, n: int | None = None) -> list[dict]:
+        """The channel's transcript as a provider-valid message list: fold of its
+        ops, then ``LastN(n)``, then ``repair`` (system messages left out)."""
+        if not isinstance(channel_id, str):
+            raise TypeError(f"channel_id: expected str, got {type(channel_id).__name__}")
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool)):
+            raise TypeError(f"n: expected int or None, got {type(n).__name__}")
+        if n is not None and n < 0:
+            raise ValueError(f"n: must be >= 0, got {n}")
+        with self._lock:
+            self._check_open()
+            records = [r for r, _t in self._channel_all(channel_id)]
+        ops = [_sync.op_from_record_dict(r.to_dict()) for r in records if r.role != "system"]
+        turns = _sync.fold(ops, channel_id)
+        if n is not None:
+            turns = _sync.LastN(n).apply(turns)
+        return _sync.repair(turns)
+
+    def _all_records(self) -> list[tuple[ConversationMessageRecord, str]]:
+        out = []
+        for k in self._index.channels():
+            out.extend(self._hot_channel(_unkey(k)))
+        for ch in self._cool.channels():
+            out.extend((r, "cool") for r in self._cool_rows(self._cool.channel_rows(ch)))
+        return out
+
+    def export_ops(self, since: "_sync.Hlc | str | None" = None) -> list:
+        """Every stored message (all tiers) and every tombstone as ops, by
+        ``(hlc, op_id)``; with ``since`` (exclusive) only those stamped after it."""
+        if since is not None and not isinstance(since, _sync.Hlc):
+            since = _sync.Hlc.parse(since)
+        with self._lock:
+            self._check_open()
+            records = self._all_records()
+            tombs = dict(self._tombstones)
+            tomb_hlc = self._tombstone_hlcs()
+        ops = [_sync.op_from_record_dict(r.to_dict()) for r, _t in records]
+        for mid, ch in tombs.items():
+            ops.append(_sync.tombstone_op(mid, tomb_hlc.get(mid) or str(self._clock.now()), ch))
+        if since is not None:
+            ops = [op for op in ops if _sync.as_op(op).hlc > since]
+        ops.sort(key=lambda op: (_sync.as_op(op).hlc, _sync.as_op(op).op_id))
+        return ops
+
+    def _tombstone_hlcs(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        if not os.path.exists(self._tomb_path):
+            return out
+        with open(self._tomb_path, "rb") as f:
+            data = f.read()
+        scan = scan_frames(data)
+        for off, ln in zip(scan.offsets.tolist(), scan.lengths.tolist()):
+            body = codec.decode_body(data[off + len(codec.TOMBSTONE_PREFIX) + 23: off + ln - 1],
+                                     path=self._tomb_path, offset=off)
+            out[body["msg_id"]] = body["hlc"]
+        return out
+
+    def merge_ops(self, ops: Iterable[Any]) -> int:
+        """Store the messages and apply the tombstones of ``ops`` (from another
+        store's ``export_ops``); returns how many messages were new."""
+        with self._lock:
+            self._check_writable()
+            records: list[ConversationMessageRecord] = []
+            tomb_ids: list[str] = []
+            tomb_hlc: dict[str, str] = {}
+            tomb_ch: dict[str, str] = {}
+            for raw in ops:
+                op = _sync.as_op(raw)
+                payload = op.payload
+                self._clock.observe(op.hlc)
+                if isinstance(payload, dict) and payload.get("deleted"):
+                    tomb_ids.append(op.op_id)
+                    tomb_hlc[op.op_id] = str(op.hlc)
+                    tomb_ch[op.op_id] = payload.get("conversation_id", "")
+                    continue
+                d = _sync.record_dict_from_op(op)
+                if d is None:
+                    continue
+                try:
+                    records.append(ConversationMessageRecord.from_dict(d))
+                except (TypeError, ValueError, KeyError) as exc:
+                    raise ValueError(f"op {op.op_id!r}: payload is not a storable message: {exc}") from None
+            if tomb_ids:
+                self._delete_ids(tomb_ids, record_unknown=True, hlcs=tomb_hlc, channels=tomb_ch)
+        return self.append_many(records) if records else 0
+
+    # ------------------------------------------------------------------
+    # compaction
+    # ------------------------------------------------------------------
+    def compact(self) -> CompactionReport:
+        """Fold the tail into the hot checkpoint, cool each channel's messages
+        beyond its newest ``hot_window`` into a Parquet archive, and erase the
+        bytes of deleted messages. Work is proportional to what moves."""
+        with self._lock:
+            self._check_writable()
+            t0 = time.perf_counter()
+            rep = CompactionReport()
+            self._sync_now()
+            rep.folded = self._since_compact
+            old_segs: list[int] = []
+            old_cool: list[str] = []
+            manifest_cool = list(self._manifest["cool_files"])
+            # 1. cooling
+            excess = self._index.excess(self.hot_window).tolist()
+            if excess:
+                rows = [self._read_loc(loc).to_dict() for loc in excess]
+                ords = range(self._cool_ord, self._cool_ord + len(rows))
+                run = self._cool.cool(rows, ords)
+                self._cool_ord += len(rows)
+                manifest_cool = list(run.files)
+                rep.cooled = len(rows)
+                rep.cool_files_written += 1
+                for loc, d in zip(excess, rows):
+                    self._index.remove(codec.key(d["msg_id"]))
+                    self._decoded.pop(loc, None)
+                self._snap_changes += len(rows)
+            # 2. erasure in the cool tier
+            cool_erase = [m for m in self._pending_erase if m in self._cool_deleted]
+            if cool_erase:
+                change = self._cool.erase(cool_erase)
+                manifest_cool = list(change.files)
+                old_cool.extend(change.removed)
+                rep.cool_files_written += len(change.added)
+            groups = self._cool.plan_merge()
+            if groups:
+                change = self._cool.merge(groups)
+                manifest_cool = list(change.files)
+                old_cool.extend(change.removed)
+                rep.cool_files_written += len(change.added)
+            if excess or cool_erase or groups:
+                self._cool_max.clear()
+            # 3. segments: roll the tail if it holds deleted lines or grew large
+            stats = self._index.seg_stats()
+            tail_live = stats.get(self._tail_seg, (0, 0))
+            roll = (self._tail_seg in self._dirty_segs or self._tail.size >= ROLL_BYTES
+                    or (self._tail.size > 0 and tail_live[0] == 0)
+                    or self._sparse(self._tail.size, tail_live[1]))
+            if roll:
+                self._roll_tail()
+                stats = self._index.seg_stats()
+            # 4. rewrite sealed segments holding deleted lines or mostly dead; drop empty ones
+            new_order: list[int] = []
+            for seg in self._seg_order:
+                lines, live_bytes = stats.get(seg, (0, 0))
+                size = self._segs[seg].size
+                if lines == 0:
+                    old_segs.append(seg)
+                    rep.segments_reclaimed += 1
+                    continue
+                if seg in self._dirty_segs or self._sparse(size, live_bytes):
+                    new_seg = self._rewrite_segment(seg)
+                    rep.bytes_written += self._segs[new_seg].size
+                    old_segs.append(seg)
+                    new_order.append(new_seg)
+                    rep.segments_rewritten += 1
+                else:
+                    new_order.append(seg)
+            rep.erased = len(self._pending_erase)
+            # 5. envelopes before the checkpoint that depends on them
+            self._events.sync()
+            self._seg_order = new_order
+            self._covered = self._tail.size
+            self._write_manifest(manifest_cool)
+            # 6. now the old files are unreferenced: remove them
+            for seg in old_segs:
+                s = self._segs.pop(seg, None)
+                self._index.detach(seg)
+                if s is not None:
+                    s.close()
+                    _unlink(s.path)
+            if old_cool:
+                self._cool.unlink_files(old_cool)
+                rep.cool_files_removed += len(old_cool)
+            if old_segs or old_cool:
+                fsync_dir(self.hot_dir)
+            self._dirty_segs.clear()
+            self._pending_erase.clear()
+            self._cool_deleted.clear()
+            self._interleaved.clear()
+            self._since_compact = 0
+            if self._snapshot_due():
+                self._write_snapshot()
+                rep.snapshot_written = True
+            rep.seconds = time.perf_counter() - t0
+            self._compactions += 1
+            self._last_compaction = rep
+            return rep
+
+    @staticmethod
+    def _sparse(size: int, live_bytes: int) -> bool:
+        return size > SPARSE_MIN_BYTES and live_bytes < SPARSE_FRACTION * size
+
+    def _roll_tail(self) -> None:
+        """Seal the tail as segment ``tail_seg`` and open an empty tail (lock held)."""
+        self._tail.sync()
+        old = self._tail
+        seg = self._tail_seg
+        size = old.size
+        old.close()
+        sealed = os.path.join(self.hot_dir, seg_name(seg))
+        os.replace(old.path, sealed)
+        fsync_dir(self.hot_dir)
+        self._segs[seg] = Segment(sealed, seg)
+        self._seg_order.append(seg)
+        self._index.attach(seg, self._segs[seg].buf, sealed)
+        self._tail_seg = self._next_seg
+        self._next_seg += 1
+        self._tail = TailFile(os.path.join(self.hot_dir, TAIL_NAME), self._tail_seg)
+        fsync_dir(self.hot_dir)
+        # the decode cache is keyed by location; locations in the sealed file are unchanged
+        assert self._segs[seg].size == size
+
+    def _rewrite_segment(self, seg: int) -> int:
+        """Copy the live lines of sealed segment ``seg`` into a new segment (lock held)."""
+        src = self._segs[seg]
+        locs = self._index.seg_locs(seg).tolist()
+        new_seg = self._next_seg
+        self._next_seg += 1
+        path = os.path.join(self.hot_dir, seg_name(new_seg))
+        moves = []
+        chunks = []
+        pos = 0
+        for loc in locs:
+            off = loc & ((1 << 40) - 1)
+            line = bytes(self._index.line(loc)) + b"\n"
+            chunks.append(line)
+            moves.append((loc, (new_seg << 40) | pos))
+            pos += len(line)
+        _write_new_file(path, b"".join(chunks))
+        fsync_dir(self.hot_dir)
+        self._segs[new_seg] = Segment(path, new_seg)
+        self._index.attach(new_seg, self._segs[new_seg].buf, path)
+        if moves:
+            self._index.relocate([a for a, _b in moves], [b for _a, b in moves])
+        for old_loc, new_loc in moves:
+            rec = self._decoded.pop(old_loc, None)
+            if rec is not None:
+                self._decoded[new_loc] = rec
+        return new_seg
+
+    def _write_manifest(self, cool_files: list[str]) -> None:
+        m = {"format": _FORMAT, "segments": list(self._seg_order), "tail_seg": self._tail_seg,
+             "covered": self._covered, "cool_files": list(cool_files),
+             "events_offset": self._events.size, "next_seg": self._next_seg,
+             "cool_ord": self._cool_ord}
+        self._manifest_store.write(m)
+        self._manifest = m
+
+    def _snapshot_due(self) -> bool:
+        return self._snap_changes >= max(4096, len(self._index) // 4)
+
+    def _write_snapshot(self) -> None:
+        covered = {seg: self._segs[seg].size for seg in self._seg_order}
+        covered[self._tail_seg] = self._tail.size
+        covered[_TAIL_MARK] = self._tail_seg
+        for f in self._manifest["cool_files"]:
+            covered[-(_cool_no(f) + 1)] = 0
+        self._index.save_snapshot(os.path.join(self.hot_dir, SNAPSHOT_NAME), covered)
+        self._snap_changes = 0
+
+    # ------------------------------------------------------------------
+    # read-only viewers
+    # ------------------------------------------------------------------
+    def refresh(self) -> int:
+        """Pick up what the writer made durable since open or the last refresh
+        (read-only stores). Returns how many messages became visible."""
+        with self._lock:
+            self._check_open()
+            if not self.read_only:
+                return 0
+            before = len(self)
+            m = self._manifest_store.read()
+            if m != self._manifest:
+                self._load_state()
+            elif self._tail is not None:
+                start = self._tail.size
+                if self._tail.refresh_map():
+                    self._reattach_tail()
+                rep = self._index.ingest(self._tail_seg, start, self._tail.file_size)
+                self._check_ingest(rep, self._tail.path, sealed=False)
+                self._tail.size = rep.good_end
+            else:
+                self._load_state()
+            return len(self) - before
+
+    # ------------------------------------------------------------------
+    # integrity
+    # ------------------------------------------------------------------
+    def verify(self) -> VerifyReport:
+        """A full check of every tier; raises nothing, reports every problem
+        with its file and offset."""
+        problems: list[Problem] = []
+        checked: dict[str, int] = {"lines": 0, "cool_rows": 0, "envelopes": 0, "records": 0}
+        with self._lock:
+            self._check_open()
+            files = [(seg, self._segs[seg].path, self._segs[seg].buf, self._segs[seg].size)
+                     for seg in self._seg_order]
+            if self._tail is not None:
+                files.append((self._tail_seg, self._tail.path, self._tail.buf, self._tail.size))
+            fresh = HotIndex()
+            for seg, path, buf, size in files:
+                scan = scan_frames(buf if buf is not None else b"", 0, size)
+                checked["lines"] += len(scan.offsets)
+                if scan.damaged_offset >= 0:
+                    problems.append(Problem(path, scan.damaged_offset, f"damaged line: {scan.damage}"))
+                if scan.torn_offset >= 0:
+                    problems.append(Problem(path, scan.torn_offset, "final line cut short"))
+            try:
+                for seg, path, buf, size in files:
+                    fresh.attach(seg, buf)
+                for seg, path, buf, size in files:
+                    fresh.ingest(seg, 0, size)
+            except RuneError as exc:
+                problems.append(Problem(self.hot_dir, None, f"index rebuild failed: {exc}"))
+            for p in self._cool.verify():
+                problems.append(Problem(os.path.join(self._cool.cool_dir, p.file), p.row, p.problem))
+            # index snapshot against the tail
+            snap_path = os.path.join(self.hot_dir, SNAPSHOT_NAME)
+            if os.path.exists(snap_path):
+                try:
+                    HotIndex.load_snapshot(snap_path)
+                except CorruptStateCheckpointError as exc:
+                    problems.append(Problem(snap_path, getattr(exc, "offset", None), str(exc)))
+            # live index against the files: every indexed line verifies and decodes
+            hashes: dict[str, str] = {}
+            for ch in list(self._index.channels()):
+                for loc in self._index.channel_locs(ch, -1).tolist():
+                    try:
+                        rec = self._read_loc(loc)
+                        hashes[rec.msg_id] = payload_hash(rec)
+                    except CorruptStateCheckpointError as exc:
+                        problems.append(Problem(self._path_of(loc >> 40), loc & ((1 << 40) - 1), str(exc)))
+            checked["records"] = len(hashes)
+            # envelopes against records
+            if self._events is not None:
+                try:
+                    for p in self._events.verify():
+                        problems.append(Problem(getattr(p, "path", self._events.path),
+                                                getattr(p, "offset", None), getattr(p, "message", str(p))))
+                    for env in self._events.iter_envelopes(0):
+                        checked["envelopes"] += 1
+                        if env.get("type") != "conversation.message":
+                            continue
+                        mid = env.get("id")
+                        if mid in hashes and env.get("payload_hash") != hashes[mid]:
+                            problems.append(Problem(self._events.path, env.get("offset"),
+                                                    f"envelope of {mid} does not match its record"))
+                except CorruptStateCheckpointError as exc:
+                    problems.append(Problem(self._events.path, exc.offset, str(exc)))
+        return VerifyReport(ok=not problems, problems=problems, checked=checked)
+
+    # ------------------------------------------------------------------
+    # lifecycle
+    # ------------------------------------------------------------------
+    def stats(self) -> dict:
+        """Counts, sizes and recovery notes of the store."""
+        with self._lock:
+            self._check_open()
+            hot_bytes = sum(s.size for s in self._segs.values()) + (self._tail.size if self._tail else 0)
+            return {
+                "messages": len(self),
+                "hot_and_tail": len(self._index),
+                "cool": len(self._cool) - len(self._cool_deleted),
+                "channels": len(self.channels()),
+                "segments": len(self._seg_order),
+                "tail_bytes": (self._tail.size - self._covered) if self._tail else 0,
+                "hot_bytes": hot_bytes,
+                "cool_files": len(self._manifest["cool_files"]),
+                "cool_bytes": self._cool.stats()["bytes"],
+                "tombstones": len(self._tombstones),
+                "pending_erase": len(self._pending_erase),
+                "index_bytes": self._index.nbytes,
+                "compactions": self._compactions,
+                "durability": self.durability,
+                "read_only": self.read_only,
+                "quarantined": list(self._quarantined),
+                "device_id": self._clock.device_id,
+                "state_dir": self.state_dir,
+            }
+
+    def close(self) -> None:
+        """Make everything durable, write the index snapshot, release the lock."""
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                if not self.read_only and self._sync_error is None and self._tail is not None:
+                    self._sync_now()
+                    self._events.sync()
+                    if self._snap_changes:
+                        self._write_snapshot()
+            finally:
+                self._closed = True
+                self._release()
+
+    def _release(self) -> None:
+        tail = getattr(self, "_tail", None)
+        if tail is not None:
+            tail.close()
+        for s in getattr(self, "_segs", {}).values():
+            s.close()
+        if self._own_events and self._events is not None:
+            self._events.close()
+        if self._lockfile is not None:
+            self._lockfile.release()
+            self._lockfile = None
+
+    def __enter__(self) -> "ConversationStateRepository":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"ConversationStateRepository({self.state_dir!r}, durability={self.durability!r})"
+
+
+_TAIL_MARK = -1
+
+
+def _cool_no(name: str) -> int:
+    """The number n of a cool file ``cool-<n>.parquet``."""
+    return int(name.split("-", 1)[1].split(".", 1)[0])
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _write_new_file(path: str, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_small_file(path: str, data: bytes) -> None:
+    tmp = path + ".tmp"
+    _write_new_file(tmp, data)
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path))

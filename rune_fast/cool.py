@@ -1,0 +1,1565 @@
+"""The cool tier: Parquet archives of cooled conversation messages.
+
+A :class:`CoolArchive` owns the folder ``state_dir/hot/conversation_cool/``.
+Each cooling run writes one immutable Parquet file ``cool-<n:08d>.parquet``
+(zstd, page checksums on) holding plain record dicts (the output of
+``ConversationMessageRecord.to_dict()``) sorted by channel, plus a sidecar
+``cool-<n:08d>.idx`` that lets the archive answer id, channel and task queries
+without reading every file. The Parquet file is the truth: a missing or
+damaged sidecar is rebuilt from it.
+
+Which files are live is the caller's business (the repository's manifest):
+the archive opens from a list of names, and every change (``cool``, ``erase``,
+``merge``) writes new files under new names and returns the new list. The
+caller moves its manifest, then calls :meth:`CoolArchive.unlink_files` on the
+files it no longer references. A crash at any point leaves the old set or the
+new set referenced and intact; files nobody references are strays that
+:meth:`CoolArchive.gc` removes.
+
+Every row carries ``digest`` = xxh3_128 of the canonical JSON of its record
+dict; every read that returns a row checks it, and a mismatch raises
+:class:`~rune_fast.errors.CorruptStateCheckpointError` naming the file and row.
+See ``docs/FORMAT_COOL.md`` for the bytes.
+"""
+from __future__ import annotations
+
+import bisect
+import heapq
+import json
+import math
+import os
+import re
+import struct
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, NamedTuple, Sequence
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import xxhash
+
+from .errors import CorruptStateCheckpointError
+
+__all__ = [
+    "CoolArchive",
+    "CoolRow",
+    "CoolRun",
+    "CoolChange",
+    "CoolProblem",
+    "record_digest",
+    "COOL_SCHEMA",
+    "ROW_GROUP_ROWS",
+]
+
+#: Rows per Parquet row group: the unit a single-row read decompresses.
+ROW_GROUP_ROWS = 4096
+
+#: The record dict fields, in the column order of the file.
+RECORD_FIELDS = (
+    "msg_id", "channel_id", "task_id", "hlc", "content", "ts", "role",
+    "token_estimate", "tool_calls", "tool_call_id", "origin", "schema_version",
+)
+_STR_FIELDS = ("msg_id", "channel_id", "task_id", "hlc", "content", "role",
+               "tool_call_id", "origin")
+_FIELD_SET = frozenset(RECORD_FIELDS)
+
+#: The Parquet schema of every cool file: plain types only, so DuckDB, Polars
+#: or Spark read the files as they are.
+COOL_SCHEMA = pa.schema([
+    pa.field("msg_id", pa.string(), nullable=False),
+    pa.field("channel_id", pa.string(), nullable=False),
+    pa.field("task_id", pa.string(), nullable=False),
+    pa.field("hlc", pa.string(), nullable=False),
+    pa.field("content", pa.string(), nullable=False),
+    pa.field("ts", pa.float64(), nullable=False),
+    pa.field("role", pa.string(), nullable=False),
+    pa.field("token_estimate", pa.int64(), nullable=False),
+    pa.field("tool_calls", pa.string(), nullable=False),      # JSON text
+    pa.field("tool_call_id", pa.string(), nullable=False),
+    pa.field("origin", pa.string(), nullable=False),
+    pa.field("schema_version", pa.int32(), nullable=False),
+    pa.field("extra", pa.string(), nullable=False),           # JSON object of fields beyond these
+    pa.field("ord", pa.int64(), nullable=False),
+    pa.field("digest", pa.string(), nullable=False),
+], metadata={b"rune_fast.format": b"cool/1"})
+
+_COLS = COOL_SCHEMA.names
+_COL_TYPES = [(f.name, f.type) for f in COOL_SCHEMA]
+_PARQUET_RE = re.compile(r"^cool-(\d{8,})\.parquet$")
+_OURS_RE = re.compile(r"^\.?cool-(\d{8,})\.(parquet|idx)(\.tmp)?$")
+_IDX_MAGIC = b"RFCIDX01"
+_IDX_VERSION = 1
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+_PARQUET_ERRORS = (OSError, pa.ArrowException, ValueError, KeyError, IndexError)
+
+
+# --------------------------------------------------------------------------- #
+# Public value types
+# --------------------------------------------------------------------------- #
+
+class CoolRow(NamedTuple):
+    """One archived message: its record dict, the caller's append ordinal,
+    and where it lives (file name and row)."""
+
+    record: dict
+    ord: int
+    file: str
+    row: int
+
+
+@dataclass(frozen=True)
+class CoolRun:
+    """Result of :meth:`CoolArchive.cool`: the new file (add it to the
+    manifest), its row count and size, and the archive's new file list."""
+
+    file: str | None
+    rows: int
+    bytes: int
+    files: list[str]
+
+
+@dataclass(frozen=True)
+class CoolChange:
+    """Result of :meth:`CoolArchive.erase` and :meth:`CoolArchive.merge`.
+
+    ``replaced`` maps each old file name to its replacement (``None`` when it
+    became empty; for a merge several old names map to one new one).
+    ``files`` is the new live list: record it in the manifest, then call
+    :meth:`CoolArchive.unlink_files` with ``removed``.
+    """
+
+    replaced: dict[str, str | None]
+    added: list[str]
+    removed: list[str]
+    files: list[str]
+    rows_removed: int = 0
+    rows_rewritten: int = 0
+    not_found: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CoolProblem:
+    """One problem found by :meth:`CoolArchive.verify`."""
+
+    file: str
+    row: int | None
+    problem: str
+
+    def __str__(self) -> str:
+        where = self.file if self.row is None else f"{self.file} row {self.row}"
+        return f"{where}: {self.problem}"
+
+
+# --------------------------------------------------------------------------- #
+# Digests and keys
+# --------------------------------------------------------------------------- #
+
+_CANON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
+def _canonical(d: dict) -> bytes:
+    """``json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=False)``
+    as UTF-8.
+
+    orjson (4x faster) gives the same bytes for a plain record: it escapes
+    every character exactly as json does and sorts keys the same way; the one
+    difference is float exponents (``1e16`` vs ``1e+16``) and non-finite
+    floats, so records with floats beyond ``ts`` (tool call arguments, extra
+    fields) or a ``ts`` that orjson would spell differently take json."""
+    if len(d) == 12 and not d.get("tool_calls", True):
+        ts = d.get("ts")
+        if type(ts) is float:
+            try:
+                if orjson.dumps(ts) == repr(ts).encode("ascii"):
+                    return orjson.dumps(d, option=orjson.OPT_SORT_KEYS)
+            except orjson.JSONEncodeError:
+                pass  # lone surrogates or big ints: json names the problem below
+    return _CANON.encode(d).encode("utf-8")
+
+
+def record_digest(d: dict) -> str:
+    """xxh3_128 hex digest of the canonical JSON of a record dict (the value of
+    the ``digest`` column)."""
+    return xxhash.xxh3_128_hexdigest(_canonical(d))
+
+
+def _id_hash(msg_id: str) -> int:
+    return xxhash.xxh3_64_intdigest(msg_id.encode("utf-8"))
+
+
+def _esc(s: str) -> bytes:
+    # The order key of DESIGN.md compares JSON-escaped bytes (codec.key).
+    return orjson.dumps(s)[1:-1]
+
+
+def _order_key(record: dict, ord_: int) -> tuple:
+    """Order within a channel or task (DESIGN.md): unstamped messages first in
+    append order, then stamped ones by (hlc, msg_id)."""
+    hlc = record["hlc"]
+    if hlc == "":
+        return (0, ord_, b"", b"")
+    return (1, 0, _esc(hlc), _esc(record["msg_id"]))
+
+
+def _row_key(row: CoolRow) -> tuple:
+    return _order_key(row.record, row.ord)
+
+
+# --------------------------------------------------------------------------- #
+# Validation of incoming rows
+# --------------------------------------------------------------------------- #
+
+def _check_json(value: Any, where: str) -> None:
+    if value is None or isinstance(value, (bool, str)):
+        if isinstance(value, str):
+            _check_utf8(value, where)
+        return
+    if isinstance(value, int):
+        return
+    if isinstance(value, float):
+        return
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_json(v, f"{where}[{i}]")
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TypeError(f"{where}: JSON object key {k!r} is not a str")
+            _check_utf8(k, where)
+            _check_json(v, f"{where}.{k}")
+        return
+    raise TypeError(f"{where}: {type(value).__name__} is not a JSON value")
+
+
+def _check_utf8(s: str, where: str) -> None:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{where} is not valid UTF-8 (lone surrogate at {exc.start})") from None
+
+
+def _validate(d: Any, i: int) -> None:
+    if not isinstance(d, dict):
+        raise TypeError(f"row {i}: expected a record dict, got {type(d).__name__}")
+    if not d.keys() >= _FIELD_SET:
+        missing = [k for k in RECORD_FIELDS if k not in d]
+        raise ValueError(f"row {i}: record dict lacks field(s) {', '.join(missing)}")
+    for k in _STR_FIELDS:
+        v = d[k]
+        if type(v) is not str and not isinstance(v, str):
+            raise TypeError(f"row {i}: field {k} must be str, got {type(v).__name__}")
+    if d["msg_id"] == "":
+        raise ValueError(f"row {i}: field msg_id is empty")
+    if d["channel_id"] == "":
+        raise ValueError(f"row {i}: field channel_id is empty")
+    if type(d["ts"]) is not float:
+        raise TypeError(f"row {i}: field ts must be float, got {type(d['ts']).__name__}")
+    for k, (lo, hi) in (("token_estimate", _INT64), ("schema_version", _INT32)):
+        v = d[k]
+        if type(v) is not int:
+            raise TypeError(f"row {i}: field {k} must be int, got {type(v).__name__}")
+        if not lo <= v <= hi:
+            raise ValueError(f"row {i}: field {k} = {v} is out of range")
+    tc = d["tool_calls"]
+    if not isinstance(tc, (list, tuple)):
+        raise TypeError(f"row {i}: field tool_calls must be a list, got {type(tc).__name__}")
+    if tc:
+        _check_json(tc, f"row {i}: field tool_calls")
+    if len(d) != len(RECORD_FIELDS):
+        for k in d:
+            if k not in _FIELD_SET:
+                if not isinstance(k, str):
+                    raise TypeError(f"row {i}: record key {k!r} is not a str")
+                _check_json(d[k], f"row {i}: field {k}")
+
+
+def _digest_checked(d: dict, i: int) -> str:
+    """The digest of a validated dict; a lone surrogate anywhere is named."""
+    try:
+        return xxhash.xxh3_128_hexdigest(_canonical(d))
+    except UnicodeEncodeError:
+        for k in _STR_FIELDS:
+            _check_utf8(d[k], f"row {i}: field {k}")
+        _check_json(d, f"row {i}")
+        raise
+
+
+def _dumps(value: Any) -> str:
+    return _COMPACT.encode(value)
+
+
+# --------------------------------------------------------------------------- #
+# Files: atomic writes, Parquet footers
+# --------------------------------------------------------------------------- #
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _file_no(name: str) -> int:
+    m = _PARQUET_RE.match(name)
+    if m is None:
+        raise ValueError(f"not a cool archive file name: {name!r}")
+    return int(m.group(1))
+
+
+def _parquet_name(no: int) -> str:
+    return f"cool-{no:08d}.parquet"
+
+
+def _idx_name(no: int) -> str:
+    return f"cool-{no:08d}.idx"
+
+
+def _footer_hash(path: str) -> tuple[int, str]:
+    """(size, xxh3_64 hex of the Parquet footer): ties a sidecar to the exact
+    file it indexes without reading the whole file."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        if size < 12:
+            raise CorruptStateCheckpointError("cool archive too short to be Parquet", path=path, offset=0)
+        f.seek(size - 8)
+        tail = f.read(8)
+        if tail[4:] != b"PAR1":
+            raise CorruptStateCheckpointError("cool archive lacks the Parquet footer magic", path=path,
+                                              offset=size - 4)
+        flen = struct.unpack("<I", tail[:4])[0]
+        if flen + 12 > size:
+            raise CorruptStateCheckpointError("cool archive footer length is out of range", path=path,
+                                              offset=size - 8)
+        f.seek(size - 8 - flen)
+        footer = f.read(flen)
+    return size, xxhash.xxh3_64_hexdigest(footer + tail)
+
+
+# --------------------------------------------------------------------------- #
+# The sidecar index of one file
+# --------------------------------------------------------------------------- #
+
+@dataclass
+class _FileIndex:
+    """What the archive keeps in memory about one live file."""
+
+    no: int
+    name: str
+    rows: int
+    size: int
+    footer: str
+    rg_starts: np.ndarray                     # int64, first row of each row group, + [rows]
+    hashes: np.ndarray                        # uint64 sorted xxh3_64 of msg_id
+    hrows: np.ndarray                         # uint32 row of each hash
+    channels: dict[str, tuple[int, int, int]]  # ch -> (start, end, latest task row or -1)
+    tasks: dict[str, np.ndarray]              # task -> uint32 rows (ascending)
+    rg_list: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.rg_list = [int(x) for x in self.rg_starts]
+
+    def encode(self) -> bytes:
+        task_names = list(self.tasks)
+        task_rows = [self.tasks[t] for t in task_names]
+        offs = np.cumsum([0] + [len(r) for r in task_rows]).tolist()
+        header = {
+            "format": "rune_fast.cool.idx", "version": _IDX_VERSION,
+            "file": self.name, "file_size": self.size, "footer_xxh3_64": self.footer,
+            "rows": self.rows, "row_group_starts": [int(x) for x in self.rg_starts],
+            "channels": [[c, s, e, lt] for c, (s, e, lt) in self.channels.items()],
+            "tasks": [[t, offs[i], offs[i + 1]] for i, t in enumerate(task_names)],
+        }
+        hb = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        hb += b" " * (-(len(hb) + 4) % 8)
+        all_task_rows = (np.concatenate(task_rows) if task_rows else np.zeros(0, np.uint32)).astype("<u4")
+        body = b"".join([
+            struct.pack("<I", len(hb)), hb,
+            self.hashes.astype("<u8").tobytes(),
+            self.hrows.astype("<u4").tobytes(),
+            b"\0" * (4 if self.rows % 2 else 0),
+            all_task_rows.tobytes(),
+        ])
+        return _IDX_MAGIC + xxhash.xxh3_128_digest(body) + body
+
+    @classmethod
+    def decode(cls, data: bytes, no: int, path: str) -> "_FileIndex":
+        """Parse a sidecar; ValueError says why it is unusable."""
+        if len(data) < 28 or data[:8] != _IDX_MAGIC:
+            raise ValueError("bad magic")
+        body = memoryview(data)[24:]
+        if xxhash.xxh3_128_digest(body) != data[8:24]:
+            raise ValueError("digest mismatch")
+        (hlen,) = struct.unpack_from("<I", body, 0)
+        header = json.loads(bytes(body[4:4 + hlen]))
+        if header.get("version") != _IDX_VERSION or header.get("file") != _parquet_name(no):
+            raise ValueError("wrong version or file name")
+        n = int(header["rows"])
+        pos = 4 + hlen
+        hashes = np.frombuffer(body, dtype="<u8", count=n, offset=pos).astype(np.uint64)
+        pos += 8 * n
+        hrows = np.frombuffer(body, dtype="<u4", count=n, offset=pos).astype(np.uint32)
+        pos += 4 * n + (4 if n % 2 else 0)
+        tasks_h = header["tasks"]
+        total = tasks_h[-1][2] if tasks_h else 0
+        all_rows = np.frombuffer(body, dtype="<u4", count=total, offset=pos).astype(np.uint32)
+        if pos + 4 * total != len(body):
+            raise ValueError("length mismatch")
+        return cls(
+            no=no, name=_parquet_name(no), rows=n, size=int(header["file_size"]),
+            footer=str(header["footer_xxh3_64"]),
+            rg_starts=np.asarray(header["row_group_starts"], dtype=np.int64),
+            hashes=hashes, hrows=hrows,
+            channels={c: (int(s), int(e), int(lt)) for c, s, e, lt in header["channels"]},
+            tasks={t: all_rows[a:b] for t, a, b in tasks_h},
+        )
+
+
+def _build_index(no: int, size: int, footer: str, msg_ids: list[str], channel_ids: list[str],
+                 task_ids: list[str], rg_counts: Sequence[int], path: str) -> _FileIndex:
+    n = len(msg_ids)
+    hashes = np.fromiter((_id_hash(m) for m in msg_ids), dtype=np.uint64, count=n)
+    order = np.argsort(hashes, kind="stable")
+    channels: dict[str, tuple[int, int, int]] = {}
+    tasks: dict[str, list[int]] = {}
+    start = 0
+    for i in range(n + 1):
+        if i == n or (i > start and channel_ids[i] != channel_ids[start]):
+            ch = channel_ids[start] if n else ""
+            if i > start:
+                if ch in channels:
+                    raise CorruptStateCheckpointError(
+                        f"channel {ch!r} is not contiguous in the cool archive", path=path, offset=start)
+                latest = -1
+                for j in range(i - 1, start - 1, -1):
+                    if task_ids[j] != "":
+                        latest = j
+                        break
+                channels[ch] = (start, i, latest)
+            start = i
+        if i < n and task_ids[i] != "":
+            tasks.setdefault(task_ids[i], []).append(i)
+    rg_starts = np.concatenate([[0], np.cumsum(np.asarray(rg_counts, dtype=np.int64))]).astype(np.int64)
+    return _FileIndex(
+        no=no, name=_parquet_name(no), rows=n, size=size, footer=footer, rg_starts=rg_starts,
+        hashes=hashes[order], hrows=order.astype(np.uint32), channels=channels,
+        tasks={t: np.asarray(r, dtype=np.uint32) for t, r in tasks.items()},
+    )
+
+
+# --------------------------------------------------------------------------- #
+# Row groups in memory
+# --------------------------------------------------------------------------- #
+
+class _Haystack:
+    """The bytes of one string column of a row group, for substring search:
+    ``data`` (one bytes object), row ``i`` is ``data[offs[i]:offs[i + 1]]``."""
+
+    __slots__ = ("data", "offs", "offs_list", "nbytes")
+
+    def __init__(self, arr: pa.Array) -> None:
+        # a fresh, unsliced array: offsets start at arr.offset
+        bufs = arr.buffers()
+        offs = np.frombuffer(bufs[1], dtype=np.int32, count=len(arr) + 1, offset=4 * arr.offset)
+        lo, hi = int(offs[0]), int(offs[-1])
+        self.data = bufs[2].to_pybytes()[lo:hi] if bufs[2] is not None else b""
+        self.offs = (offs - lo).astype(np.int64)
+        self.offs_list = self.offs.tolist()
+        self.nbytes = len(self.data) + 9 * len(self.offs_list) + 28 * len(self.offs_list)
+
+    def find_rows(self, needle: bytes, lo: int, hi: int) -> np.ndarray:
+        """Rows in [lo, hi) whose bytes contain ``needle`` (non-empty)."""
+        data, offs, ol = self.data, self.offs, self.offs_list
+        out: list[int] = []
+        end_all = ol[hi]
+        p = data.find(needle, ol[lo], end_all)
+        k = len(needle)
+        hits = 0
+        while p >= 0:
+            r = bisect.bisect_right(ol, p) - 1
+            end = ol[r + 1]
+            if p + k <= end:
+                out.append(r)
+                hits += 1
+                if hits >= 32 and r + 1 < hi:
+                    # a frequent needle: test the remaining rows in one vectorized pass
+                    rest = pa.StringArray.from_buffers(
+                        hi - r - 1, pa.py_buffer(offs[r + 1:hi + 1].astype(np.int32) - np.int32(end)),
+                        pa.py_buffer(data[end:end_all]))
+                    mask = pc.match_substring(rest, needle.decode("utf-8"))
+                    more = np.flatnonzero(mask.to_numpy(zero_copy_only=False)) + (r + 1)
+                    return np.concatenate([np.asarray(out, dtype=np.int64), more.astype(np.int64)])
+                p = data.find(needle, end, end_all)
+            else:
+                p = data.find(needle, p + 1, end_all)
+        return np.asarray(out, dtype=np.int64)
+
+
+class _Group:
+    """One decoded row group: its columns as Arrow arrays, plus search
+    haystacks (raw and casefolded content) made on demand."""
+
+    __slots__ = ("cols", "collist", "n", "nbytes", "folded", "raw")
+
+    def __init__(self, table: pa.Table) -> None:
+        self.cols = {name: table.column(name).combine_chunks() for name in _COLS}
+        self.collist = [self.cols[name] for name in _COLS]
+        self.n = table.num_rows
+        self.nbytes = table.nbytes
+        self.folded: _Haystack | None = None
+        self.raw: _Haystack | None = None
+
+    def haystack(self, case_sensitive: bool) -> _Haystack:
+        if case_sensitive:
+            if self.raw is None:
+                self.raw = _Haystack(self.cols["content"])
+                self.nbytes += self.raw.nbytes
+            return self.raw
+        if self.folded is None:
+            content = self.cols["content"]
+            # ASCII casefold is ASCII lowercase; anything else goes through str.casefold
+            lowered = pc.ascii_lower(content)
+            non_ascii = pc.invert(pc.string_is_ascii(content))
+            idx = np.flatnonzero(non_ascii.to_numpy(zero_copy_only=False))
+            if len(idx):
+                repl = pa.array([content[int(i)].as_py().casefold() for i in idx], type=pa.string())
+                lowered = pc.replace_with_mask(lowered, non_ascii, repl)
+            self.folded = _Haystack(lowered)
+            self.nbytes += self.folded.nbytes
+        return self.folded
+
+
+class _Located(NamedTuple):
+    no: int
+    row: int
+
+
+# --------------------------------------------------------------------------- #
+# The archive
+# --------------------------------------------------------------------------- #
+
+class CoolArchive:
+    """The cool tier: a set of Parquet files plus their id/channel/task index.
+
+    ``CoolArchive(cool_dir, files=(), *, read_only=False, cache_bytes=64 MiB)``
+    opens the live files named in ``files`` (names such as
+    ``"cool-00000003.parquet"``, as returned by :meth:`files`). Files in the
+    folder that are not named are ignored (see :meth:`gc`). A missing or
+    damaged sidecar is rebuilt from its Parquet file (and rewritten unless
+    ``read_only``); a Parquet file that cannot be read, or whose rows fail
+    their digests while rebuilding, raises
+    :class:`~rune_fast.errors.CorruptStateCheckpointError` naming the file.
+
+    Reads are safe from many threads. Writes (``cool``, ``erase``, ``merge``,
+    ``unlink_files``, ``gc``) expect the caller's lock, but take the archive's
+    own lock too.
+    """
+
+    def __init__(self, cool_dir: str | os.PathLike, files: Iterable[str] = (), *,
+                 read_only: bool = False, cache_bytes: int = 64 << 20,
+                 row_group_rows: int = ROW_GROUP_ROWS) -> None:
+        self._dir = os.fspath(cool_dir)
+        self._read_only = read_only
+        self._cache_bytes = int(cache_bytes)
+        self._rg_rows = int(row_group_rows)
+        self._lock = threading.RLock()
+        self._files: dict[int, _FileIndex] = {}
+        self._cache: OrderedDict[tuple[int, int], _Group] = OrderedDict()
+        self._cached_bytes = 0
+        self._handles: OrderedDict[int, pq.ParquetFile] = OrderedDict()
+        self._channels: dict[str, list[int]] = {}
+        self._tasks: dict[str, list[int]] = {}
+        # id index: a sorted base plus a few sorted runs not yet folded into it
+        self._base_h = np.zeros(0, np.uint64)
+        self._base_loc = np.zeros(0, np.int64)
+        self._runs: list[tuple[np.ndarray, np.ndarray]] = []
+        self.rebuilt_sidecars: list[str] = []
+        if not read_only:
+            if not os.path.isdir(self._dir):
+                os.makedirs(self._dir, mode=0o700, exist_ok=True)
+                os.chmod(self._dir, 0o700)
+        self._next_no = 1 + max([0] + self._numbers_on_disk())
+        for name in files:
+            no = _file_no(name)
+            if no in self._files:
+                raise ValueError(f"cool archive file listed twice: {name}")
+            self._add_file(self._load_index(no))
+
+    @classmethod
+    def open(cls, cool_dir: str | os.PathLike, files: Iterable[str], **kwargs: Any) -> "CoolArchive":
+        """Open the archive whose live files are ``files`` (see the class)."""
+        return cls(cool_dir, files, **kwargs)
+
+    # ------------------------------------------------------------------ info
+
+    @property
+    def cool_dir(self) -> str:
+        return self._dir
+
+    def files(self) -> list[str]:
+        """Names of the live files, oldest first: what the manifest records."""
+        with self._lock:
+            return [self._files[no].name for no in sorted(self._files)]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(fi.rows for fi in self._files.values())
+
+    def channels(self) -> list[str]:
+        """Every channel with at least one cooled message, sorted."""
+        with self._lock:
+            return sorted(self._channels)
+
+    def channel_len(self, channel_id: str) -> int:
+        with self._lock:
+            return sum(self._files[no].channels[channel_id][1] - self._files[no].channels[channel_id][0]
+                       for no in self._channels.get(channel_id, ()))
+
+    def channel_counts(self) -> dict[str, int]:
+        with self._lock:
+            return {ch: self.channel_len(ch) for ch in sorted(self._channels)}
+
+    def task_len(self, task_id: str) -> int:
+        with self._lock:
+            return sum(len(self._files[no].tasks[task_id]) for no in self._tasks.get(task_id, ()))
+
+    def file_rows(self) -> dict[str, int]:
+        """Rows per live file."""
+        with self._lock:
+            return {self._files[no].name: self._files[no].rows for no in sorted(self._files)}
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {
+                "files": len(self._files),
+                "rows": len(self),
+                "bytes": sum(fi.size for fi in self._files.values()),
+                "index_bytes": int(self._base_h.nbytes + self._base_loc.nbytes
+                                   + sum(h.nbytes + v.nbytes for h, v in self._runs)),
+                "cached_bytes": self._cached_bytes,
+                "rebuilt_sidecars": list(self.rebuilt_sidecars),
+            }
+
+    # ------------------------------------------------------------------ loading
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self._dir, name)
+
+    def _numbers_on_disk(self) -> list[int]:
+        try:
+            names = os.listdir(self._dir)
+        except FileNotFoundError:
+            return []
+        out = []
+        for n in names:
+            m = _OURS_RE.match(n)
+            if m:
+                out.append(int(m.group(1)))
+        return out
+
+    def _load_index(self, no: int) -> _FileIndex:
+        path = self._path(_parquet_name(no))
+        if not os.path.exists(path):
+            raise CorruptStateCheckpointError("cool archive named by the manifest is missing", path=path)
+        size, footer = _footer_hash(path)
+        ipath = self._path(_idx_name(no))
+        try:
+            with open(ipath, "rb") as f:
+                data = f.read()
+            fi = _FileIndex.decode(data, no, ipath)
+            if fi.size == size and fi.footer == footer:
+                return fi
+        except FileNotFoundError:
+            pass
+        except (ValueError, KeyError, TypeError, IndexError, struct.error):
+            pass  # damaged sidecar: the Parquet file is the truth, rebuild below
+        fi = self._index_from_parquet(no, size, footer, verify=True)
+        self.rebuilt_sidecars.append(_idx_name(no))
+        if not self._read_only:
+            self._write_atomic(_idx_name(no), fi.encode())
+        return fi
+
+    def _parquet(self, no: int) -> pq.ParquetFile:
+        pf = self._handles.get(no)
+        if pf is not None:
+            self._handles.move_to_end(no)
+            return pf
+        path = self._path(_parquet_name(no))
+        pf = _open_parquet(path)
+        got = [(f.name, f.type) for f in pf.schema_arrow]
+        if got != _COL_TYPES:
+            _close(pf)
+            raise CorruptStateCheckpointError(
+                f"cool archive has columns {got}, expected {_COL_TYPES}", path=path)
+        self._handles[no] = pf
+        while len(self._handles) > 16:
+            _, old = self._handles.popitem(last=False)
+            _close(old)
+        return pf
+
+    def _read_table(self, no: int) -> pa.Table:
+        path = self._path(_parquet_name(no))
+        pf = self._parquet(no)
+        try:
+            table = pf.read()
+        except _PARQUET_ERRORS as exc:
+            raise CorruptStateCheckpointError(f"cool archive cannot be read: {exc}", path=path) from None
+        return table
+
+    def _index_from_parquet(self, no: int, size: int, footer: str, *, verify: bool) -> _FileIndex:
+        path = self._path(_parquet_name(no))
+        pf = self._parquet(no)
+        rg_counts = [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)]
+        table = self._read_table(no)
+        if verify:
+            for row, bad in self._check_table(table):
+                raise CorruptStateCheckpointError(f"cool row {row} fails its digest ({bad})",
+                                                  path=path, offset=row)
+        return _build_index(no, size, footer, table.column("msg_id").to_pylist(),
+                            table.column("channel_id").to_pylist(),
+                            table.column("task_id").to_pylist(), rg_counts, path)
+
+    @staticmethod
+    def _check_table(table: pa.Table, base: int = 0) -> Iterator[tuple[int, str]]:
+        """Yield (row, reason) for every row whose digest does not match."""
+        for i, (rec, _o, dig) in enumerate(_records(table, 0, table.num_rows)):
+            if rec is None:
+                yield base + i, str(dig)
+            elif record_digest(rec) != dig:
+                yield base + i, "digest mismatch"
+
+    # ------------------------------------------------------------------ index upkeep
+
+    def _add_file(self, fi: _FileIndex) -> None:
+        self._files[fi.no] = fi
+        for ch in fi.channels:
+            self._channels.setdefault(ch, []).append(fi.no)
+            self._channels[ch].sort()
+        for t in fi.tasks:
+            self._tasks.setdefault(t, []).append(fi.no)
+            self._tasks[t].sort()
+        locs = (np.int64(fi.no) << np.int64(32)) | fi.hrows.astype(np.int64)
+        self._runs.append((fi.hashes, locs))
+        # the global index holds them now: ~16 bytes per cooled message in all
+        fi.hashes = fi.hrows = None  # type: ignore[assignment]
+        if len(self._runs) > 8:
+            self._fold_runs()
+
+    def _fold_runs(self) -> None:
+        hs = np.concatenate([self._base_h] + [h for h, _ in self._runs])
+        ls = np.concatenate([self._base_loc] + [v for _, v in self._runs])
+        order = np.argsort(hs, kind="stable")  # timsort: sorted runs merge in O(n log runs)
+        self._base_h, self._base_loc = hs[order], ls[order]
+        self._runs = []
+
+    def _drop_file(self, no: int) -> None:
+        fi = self._files.pop(no)
+        for ch in fi.channels:
+            lst = self._channels[ch]
+            lst.remove(no)
+            if not lst:
+                del self._channels[ch]
+        for t in fi.tasks:
+            lst = self._tasks[t]
+            lst.remove(no)
+            if not lst:
+                del self._tasks[t]
+        self._fold_runs()
+        keep = (self._base_loc >> np.int64(32)) != no
+        self._base_h, self._base_loc = self._base_h[keep], self._base_loc[keep]
+        self._forget_cache(no)
+
+    def _file_entries(self, no: int) -> tuple[np.ndarray, np.ndarray]:
+        """(hashes, rows) of file ``no`` in the id index, by hash then row."""
+        hs, rs = [], []
+        for h, loc in [(self._base_h, self._base_loc)] + self._runs:
+            m = (loc >> np.int64(32)) == no
+            hs.append(h[m])
+            rs.append((loc[m] & np.int64(0xFFFFFFFF)).astype(np.uint32))
+        h, r = np.concatenate(hs), np.concatenate(rs)
+        order = np.lexsort((r, h))
+        return h[order], r[order]
+
+    def _forget_cache(self, no: int) -> None:
+        for key in [k for k in self._cache if k[0] == no]:
+            self._cached_bytes -= self._cache.pop(key).nbytes
+        pf = self._handles.pop(no, None)
+        if pf is not None:
+            _close(pf)
+
+    def _locate(self, msg_id: str) -> list[_Located]:
+        h = np.uint64(_id_hash(msg_id))
+        out = []
+        for hs, ls in [(self._base_h, self._base_loc)] + self._runs:
+            a = int(hs.searchsorted(h, "left"))
+            if a < len(hs) and hs[a] == h:
+                b = int(hs.searchsorted(h, "right"))
+                for loc in ls[a:b].tolist():
+                    out.append(_Located(loc >> 32, loc & 0xFFFFFFFF))
+        return out
+
+    # ------------------------------------------------------------------ row access
+
+    def _group(self, no: int, rg: int) -> _Group:
+        key = (no, rg)
+        g = self._cache.get(key)
+        if g is not None:
+            self._cache.move_to_end(key)
+            return g
+        pf = self._parquet(no)
+        try:
+            table = pf.read_row_group(rg)
+        except _PARQUET_ERRORS as exc:
+            fi = self._files.get(no)
+            first = int(fi.rg_starts[rg]) if fi is not None else None
+            raise CorruptStateCheckpointError(
+                f"cool archive row group {rg} (from row {first}) cannot be read: {exc}",
+                path=self._path(_parquet_name(no)), offset=first) from None
+        g = _Group(table)
+        self._cache[key] = g
+        self._cached_bytes += g.nbytes
+        self._evict()
+        return g
+
+    def _evict(self) -> None:
+        while self._cached_bytes > self._cache_bytes and len(self._cache) > 1:
+            _, old = self._cache.popitem(last=False)
+            self._cached_bytes -= old.nbytes
+
+    def _rg_of(self, fi: _FileIndex, row: int) -> int:
+        return int(np.searchsorted(fi.rg_starts, row, "right")) - 1
+
+    def _rows(self, no: int, start: int, stop: int, rows: np.ndarray | None = None) -> list[CoolRow]:
+        """Verified rows [start, stop) of file ``no`` (or just ``rows``)."""
+        fi = self._files[no]
+        path = self._path(fi.name)
+        out: list[CoolRow] = []
+        if rows is None:
+            rows = np.arange(start, stop, dtype=np.int64)
+        else:
+            rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) == 0:
+            return out
+        rgs = np.searchsorted(fi.rg_starts, rows, "right") - 1
+        for rg in np.unique(rgs).tolist():
+            sel = rows[rgs == rg]
+            base = int(fi.rg_starts[rg])
+            g = self._group(no, rg)
+            local = sel - base
+            if len(local) and (local[-1] >= g.n or local[0] < 0):
+                raise CorruptStateCheckpointError(
+                    f"cool index points past row group {rg}", path=path, offset=int(sel[-1]))
+            for r, (rec, o, dig) in zip(sel.tolist(), _group_records(g, local)):
+                if rec is None:
+                    raise CorruptStateCheckpointError(f"cool row {r} is malformed ({dig})", path=path, offset=r)
+                if record_digest(rec) != dig:
+                    raise CorruptStateCheckpointError(f"cool row {r} fails its digest", path=path, offset=r)
+                out.append(CoolRow(rec, o, fi.name, r))
+        return out
+
+    def _row(self, no: int, row: int) -> CoolRow:
+        return self._rows(no, row, row + 1)[0]
+
+    # ------------------------------------------------------------------ reads
+
+    def get_row(self, msg_id: str) -> CoolRow | None:
+        """The archived message ``msg_id`` with its ordinal and place, or None.
+
+        Raises CorruptStateCheckpointError (file and row) when the stored row
+        fails its digest or its id does not match."""
+        with self._lock:
+            for no, row in self._locate(msg_id):
+                fi = self._files[no]
+                rg = bisect.bisect_right(fi.rg_list, row) - 1
+                g = self._group(no, rg)
+                i = row - fi.rg_list[rg]
+                if not 0 <= i < g.n:
+                    raise CorruptStateCheckpointError(f"cool index points past row group {rg}",
+                                                      path=self._path(fi.name), offset=row)
+                if g.cols["msg_id"][i].as_py() != msg_id:
+                    continue  # another id with the same 64-bit hash
+                rec, o, dig = _assemble(tuple(col[i].as_py() for col in g.collist))
+                if rec is None or record_digest(rec) != dig:
+                    why = "fails its digest" if rec is not None else f"is malformed ({dig})"
+                    raise CorruptStateCheckpointError(f"cool row {row} {why}",
+                                                      path=self._path(fi.name), offset=row)
+                return CoolRow(rec, o, fi.name, row)
+            return None
+
+    def get(self, msg_id: str) -> dict | None:
+        """The record dict of ``msg_id`` (verified against its digest), or None."""
+        r = self.get_row(msg_id)
+        return None if r is None else r.record
+
+    def contains(self, msg_id: str) -> bool:
+        """True if ``msg_id`` is archived (the matching row is verified)."""
+        return self.get_row(msg_id) is not None
+
+    def contains_many(self, msg_ids: Sequence[str]) -> np.ndarray:
+        """Boolean array: which of ``msg_ids`` are archived."""
+        with self._lock:
+            self._fold_runs()
+            out = np.zeros(len(msg_ids), dtype=bool)
+            if len(self._base_h) == 0 or not len(msg_ids):
+                return out
+            hs = np.fromiter((_id_hash(m) for m in msg_ids), dtype=np.uint64, count=len(msg_ids))
+            pos = np.searchsorted(self._base_h, hs)
+            pos = np.minimum(pos, len(self._base_h) - 1)
+            maybe = np.flatnonzero(self._base_h[pos] == hs)
+            for i in maybe.tolist():
+                out[i] = self.get_row(msg_ids[i]) is not None
+            return out
+
+    def _channel_parts(self, channel_id: str) -> list[list[CoolRow]]:
+        parts = []
+        for no in self._channels.get(channel_id, ()):
+            s, e, _ = self._files[no].channels[channel_id]
+            rows = self._rows(no, s, e)
+            self._check_field(rows, "channel_id", channel_id)
+            parts.append(rows)
+        return parts
+
+    def _check_field(self, rows: list[CoolRow], fld: str, want: str) -> None:
+        for r in rows:
+            if r.record[fld] != want:
+                raise CorruptStateCheckpointError(
+                    f"cool index says row {r.row} has {fld} {want!r}, the file says {r.record[fld]!r}",
+                    path=self._path(r.file), offset=r.row)
+
+    def channel_rows(self, channel_id: str) -> list[CoolRow]:
+        """Every archived message of the channel, oldest first by the order key
+        (unstamped by ``ord``, then stamped by ``(hlc, msg_id)``). Each row is
+        verified; damage raises CorruptStateCheckpointError (file and row)."""
+        with self._lock:
+            parts = self._channel_parts(channel_id)
+        return _merge(parts)
+
+    def channel_tail(self, channel_id: str, n: int) -> list[CoolRow]:
+        """The newest ``n`` archived messages of the channel, oldest first."""
+        if n <= 0:
+            return []
+        with self._lock:
+            parts = []
+            for no in self._channels.get(channel_id, ()):
+                s, e, _ = self._files[no].channels[channel_id]
+                # each file's range is in key order: only its last n can qualify
+                rows = self._rows(no, max(s, e - n), e)
+                self._check_field(rows, "channel_id", channel_id)
+                parts.append(rows)
+        merged = _merge(parts)
+        return merged[-n:]
+
+    def task_rows(self, task_id: str) -> list[CoolRow]:
+        """Every archived message of the task, oldest first by the order key."""
+        with self._lock:
+            out = []
+            for no in self._tasks.get(task_id, ()):
+                rows = self._rows(no, 0, 0, self._files[no].tasks[task_id])
+                self._check_field(rows, "task_id", task_id)
+                out.extend(rows)
+        out.sort(key=_row_key)
+        return out
+
+    def latest_task_row(self, channel_id: str) -> CoolRow | None:
+        """The newest archived message of the channel that has a task, or None."""
+        with self._lock:
+            best: CoolRow | None = None
+            for no in self._channels.get(channel_id, ()):
+                s, e, lt = self._files[no].channels[channel_id]
+                if lt < 0:
+                    continue
+                r = self._row(no, lt)
+                if r.record["channel_id"] != channel_id or r.record["task_id"] == "":
+                    raise CorruptStateCheckpointError(
+                        f"cool index says row {lt} is a task message of channel {channel_id!r}",
+                        path=self._path(r.file), offset=lt)
+                if best is None or _row_key(r) > _row_key(best):
+                    best = r
+            return best
+
+    def latest_task(self, channel_id: str) -> str | None:
+        """task_id of the newest archived message of the channel that has one."""
+        r = self.latest_task_row(channel_id)
+        return None if r is None else r.record["task_id"]
+
+    def search(self, text: str, channel_id: str | None = None, *,
+               case_sensitive: bool = False) -> list[CoolRow]:
+        """Archived messages whose content contains ``text`` (case-insensitive:
+        ``text.casefold() in content.casefold()``), oldest first by the order
+        key. Every hit is verified against its digest."""
+        if not isinstance(text, str):
+            raise TypeError(f"search text must be str, got {type(text).__name__}")
+        needle = text if case_sensitive else text.casefold()
+        nb = needle.encode("utf-8", "surrogatepass")
+        hits: list[CoolRow] = []
+        with self._lock:
+            if channel_id is None:
+                targets = [(no, 0, fi.rows) for no, fi in sorted(self._files.items())]
+            else:
+                targets = [(no, *self._files[no].channels[channel_id][:2])
+                           for no in self._channels.get(channel_id, ())]
+            for no, s, e in targets:
+                fi = self._files[no]
+                rg_a = self._rg_of(fi, s) if e > s else 0
+                rg_b = self._rg_of(fi, e - 1) + 1 if e > s else 0
+                sel_rows = []
+                for rg in range(rg_a, rg_b):
+                    base = int(fi.rg_starts[rg])
+                    g = self._group(no, rg)
+                    lo, hi = max(s - base, 0), min(e - base, g.n)
+                    if needle == "":
+                        idx = np.arange(lo, hi)
+                    else:
+                        before = g.nbytes
+                        hay = g.haystack(case_sensitive)
+                        self._cached_bytes += g.nbytes - before
+                        idx = hay.find_rows(nb, lo, hi)
+                    if len(idx):
+                        sel_rows.append(idx + base)
+                if sel_rows:
+                    rows = self._rows(no, 0, 0, np.concatenate(sel_rows))
+                    for r in rows:
+                        c = r.record["content"]
+                        ok = (needle in c) if case_sensitive else (needle in c.casefold())
+                        if not ok:  # the cache disagrees with the verified row: never serve it
+                            raise CorruptStateCheckpointError(
+                                f"cool row {r.row} changed under the search cache",
+                                path=self._path(r.file), offset=r.row)
+                    if channel_id is not None:
+                        self._check_field(rows, "channel_id", channel_id)
+                    hits.extend(rows)
+            self._evict()
+        hits.sort(key=_row_key)
+        return hits
+
+    def iter_rows(self) -> Iterator[CoolRow]:
+        """Every archived row, file by file in stored order (verified)."""
+        for name in self.files():
+            no = _file_no(name)
+            with self._lock:
+                if no not in self._files:
+                    continue
+                fi = self._files[no]
+                for rg in range(len(fi.rg_starts) - 1):
+                    rows = self._rows(no, int(fi.rg_starts[rg]), int(fi.rg_starts[rg + 1]))
+                    yield from rows
+
+    # ------------------------------------------------------------------ writing
+
+    def _write_atomic(self, name: str, data: bytes | None = None, table: pa.Table | None = None) -> int:
+        """Write ``name`` in the archive folder atomically: temp file (0600),
+        fsync, rename, fsync of the folder. Returns the size written."""
+        final = self._path(name)
+        tmp = self._path("." + name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            with os.fdopen(fd, "wb", closefd=True) as f:
+                if data is not None:
+                    f.write(data)
+                else:
+                    pq.write_table(
+                        table, f, row_group_size=self._rg_rows, compression="zstd",
+                        write_page_checksum=True,
+                        use_dictionary=["channel_id", "task_id", "role", "origin", "tool_call_id"],
+                        write_statistics=["channel_id", "ts", "ord"],
+                    )
+                f.flush()
+                os.fsync(f.fileno())
+                size = f.tell()
+            os.replace(tmp, final)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        _fsync_dir(self._dir)
+        return size
+
+    def _write_file(self, table: pa.Table) -> _FileIndex:
+        """Write ``table`` as the next numbered file plus its sidecar."""
+        no = self._next_no
+        self._next_no += 1
+        name = _parquet_name(no)
+        self._write_atomic(name, table=table)
+        size, footer = _footer_hash(self._path(name))
+        pf = self._parquet(no)
+        rg_counts = [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)]
+        fi = _build_index(no, size, footer, table.column("msg_id").to_pylist(),
+                          table.column("channel_id").to_pylist(),
+                          table.column("task_id").to_pylist(), rg_counts, self._path(name))
+        self._write_atomic(_idx_name(no), fi.encode())
+        return fi
+
+    def _writable(self) -> None:
+        if self._read_only:
+            from .errors import ReadOnlyStoreError
+            raise ReadOnlyStoreError(f"cool archive {self._dir} is open read-only")
+
+    def cool(self, rows: Sequence[dict], ords: Sequence[int]) -> CoolRun:
+        """Archive ``rows`` (record dicts) with their append ordinals ``ords``
+        as ONE new Parquet file; durable when this returns.
+
+        Rows are grouped by channel (stable: within a channel the given order,
+        which must be the order key, is kept). Raises TypeError/ValueError
+        naming the row and field for a malformed dict, a msg_id given twice or
+        already archived; nothing is written then. Returns the new file's name
+        (None for no rows): the caller records it in its manifest."""
+        self._writable()
+        rows = list(rows)
+        ords = [int(o) for o in ords]
+        if len(ords) != len(rows):
+            raise ValueError(f"cool: {len(rows)} rows but {len(ords)} ordinals")
+        with self._lock:
+            if not rows:
+                return CoolRun(None, 0, 0, self.files())
+            seen = set()
+            digests = []
+            for i, d in enumerate(rows):
+                _validate(d, i)
+                digests.append(_digest_checked(d, i))
+                if d["msg_id"] in seen:
+                    raise ValueError(f"row {i}: msg_id {d['msg_id']!r} given twice")
+                seen.add(d["msg_id"])
+                if not _INT64[0] <= ords[i] <= _INT64[1]:
+                    raise ValueError(f"row {i}: ord {ords[i]} is out of range")
+            already = self.contains_many([d["msg_id"] for d in rows])
+            if already.any():
+                i = int(np.flatnonzero(already)[0])
+                raise ValueError(f"row {i}: msg_id {rows[i]['msg_id']!r} is already archived")
+            order = sorted(range(len(rows)), key=lambda i: rows[i]["channel_id"])
+            table = _table_from_records([rows[i] for i in order], [ords[i] for i in order],
+                                        [digests[i] for i in order])
+            fi = self._write_file(table)
+            self._add_file(fi)
+            return CoolRun(fi.name, fi.rows, fi.size, self.files())
+
+    def erase(self, msg_ids: Iterable[str]) -> CoolChange:
+        """Rewrite every file holding one of ``msg_ids`` without those rows.
+
+        Each affected file is copied, minus the rows, to a NEW file (next
+        number; an emptied file gets none), durable before this returns; the
+        archive then serves the new set. The caller records ``files`` in its
+        manifest and then calls ``unlink_files(change.removed)``: only then is
+        no byte of the erased content left under the folder. Ids not archived
+        are listed in ``not_found``."""
+        self._writable()
+        with self._lock:
+            by_file: dict[int, set[int]] = {}
+            not_found = []
+            for mid in dict.fromkeys(msg_ids):
+                found = False
+                for loc in self._locate(mid):
+                    if self._raw_field(loc.no, loc.row, "msg_id") == mid:
+                        by_file.setdefault(loc.no, set()).add(loc.row)
+                        found = True
+                if not found:
+                    not_found.append(mid)
+            replaced: dict[str, str | None] = {}
+            new: list[_FileIndex] = []
+            n_removed = n_rewritten = 0
+            try:
+                for no in sorted(by_file):
+                    table = self._read_table(no)
+                    keep = np.ones(table.num_rows, dtype=bool)
+                    keep[sorted(by_file[no])] = False
+                    n_removed += int((~keep).sum())
+                    new_name = None
+                    if keep.any():
+                        kept = table.filter(pa.array(keep))
+                        del table
+                        n_rewritten += kept.num_rows
+                        fi = self._write_file(kept)
+                        new.append(fi)
+                        new_name = fi.name
+                    replaced[self._files[no].name] = new_name
+            except BaseException:
+                self._abandon(new)
+                raise
+            self._switch(sorted(by_file), new)
+            return CoolChange(replaced, [fi.name for fi in new], list(replaced), self.files(),
+                              n_removed, n_rewritten, not_found)
+
+    def _abandon(self, new: list[_FileIndex]) -> None:
+        """Remove files written by a change that failed half-way (the archive
+        still serves the old set, so they are strays)."""
+        for fi in new:
+            self._forget_cache(fi.no)
+            for n in (fi.name, _idx_name(fi.no)):
+                try:
+                    os.unlink(self._path(n))
+                except FileNotFoundError:
+                    pass
+
+    def _switch(self, old_nos: list[int], new: list[_FileIndex]) -> None:
+        """Serve ``new`` instead of ``old_nos`` (all new files are durable)."""
+        for no in old_nos:
+            self._drop_file(no)
+        for fi in new:
+            self._add_file(fi)
+
+    def _raw_field(self, no: int, row: int, fld: str) -> Any:
+        fi = self._files[no]
+        rg = self._rg_of(fi, row)
+        g = self._group(no, rg)
+        return g.cols[fld][row - int(fi.rg_starts[rg])].as_py()
+
+    def plan_merge(self, *, fanout: int = 4, max_files: int | None = None) -> list[list[str]]:
+        """Groups of live files to merge (size-tiered, so every row is rewritten
+        O(log n) times over the archive's life).
+
+        A file's tier is ``floor(log_fanout(rows))``; any tier holding
+        ``fanout`` or more files is merged into one (which lands in a higher
+        tier). With ``max_files``, the smallest files are then also merged
+        until at most that many remain."""
+        with self._lock:
+            sizes = {fi.name: fi.rows for fi in self._files.values()}
+        return plan_merge(sizes, fanout=fanout, max_files=max_files)
+
+    def merge(self, groups: Sequence[Sequence[str]] | None = None, *, fanout: int = 4,
+              max_files: int | None = None) -> CoolChange:
+        """Merge each group of live files (default: :meth:`plan_merge`) into
+        one new file, rows sorted by channel then order key. Same protocol as
+        :meth:`erase`: record ``files``, then ``unlink_files(removed)``."""
+        self._writable()
+        with self._lock:
+            if groups is None:
+                groups = self.plan_merge(fanout=fanout, max_files=max_files)
+            seen: set[int] = set()
+            jobs = []
+            for group in groups:
+                nos = [_file_no(name) for name in group]
+                for name, no in zip(group, nos):
+                    if no not in self._files:
+                        raise ValueError(f"merge: {name} is not a live cool file")
+                    if no in seen:
+                        raise ValueError(f"merge: {name} is in two groups")
+                    seen.add(no)
+                if len(nos) >= 2:
+                    jobs.append(nos)
+            replaced: dict[str, str | None] = {}
+            new: list[_FileIndex] = []
+            try:
+                for nos in jobs:
+                    table = pa.concat_tables([self._read_table(no) for no in nos])
+                    table = table.take(_merge_order(table))
+                    fi = self._write_file(table)
+                    del table
+                    new.append(fi)
+                    for no in nos:
+                        replaced[self._files[no].name] = fi.name
+            except BaseException:
+                self._abandon(new)
+                raise
+            self._switch([no for nos in jobs for no in nos], new)
+            return CoolChange(replaced, [fi.name for fi in new], list(replaced), self.files(),
+                              0, sum(fi.rows for fi in new), [])
+
+    def unlink_files(self, names: Iterable[str]) -> list[str]:
+        """Delete files (and their sidecars) the manifest no longer references.
+        Live files are refused (ValueError). Returns the names removed."""
+        self._writable()
+        with self._lock:
+            done = []
+            names = list(names)
+            for name in names:
+                no = _file_no(name)
+                if no in self._files:
+                    raise ValueError(f"unlink_files: {name} is still live")
+            for name in names:
+                no = _file_no(name)
+                self._forget_cache(no)
+                for n in (name, _idx_name(no), "." + name + ".tmp", "." + _idx_name(no) + ".tmp"):
+                    try:
+                        os.unlink(self._path(n))
+                        done.append(n)
+                    except FileNotFoundError:
+                        pass
+            if done:
+                _fsync_dir(self._dir)
+            return done
+
+    def strays(self, keep: Iterable[str] | None = None) -> list[str]:
+        """Archive-owned files in the folder that ``keep`` (default: the live
+        files) does not reference: leftovers of a crash."""
+        with self._lock:
+            keep_nos = {_file_no(n) for n in (self.files() if keep is None else keep)}
+            out = []
+            try:
+                names = sorted(os.listdir(self._dir))
+            except FileNotFoundError:
+                return []
+            for n in names:
+                m = _OURS_RE.match(n)
+                if m and (int(m.group(1)) not in keep_nos or n.startswith(".")):
+                    out.append(n)
+            return out
+
+    def gc(self, keep: Iterable[str] | None = None) -> list[str]:
+        """Remove stray archive files (see :meth:`strays`); returns their names.
+        Call after open, with the manifest's list, to finish any interrupted
+        cool, erase or merge. Files the archive does not own are left alone."""
+        self._writable()
+        with self._lock:
+            keep = list(self.files() if keep is None else keep)
+            live = set(self.files())
+            if not set(keep) <= live:
+                raise ValueError(f"gc: keep names files that are not live: {sorted(set(keep) - live)}")
+            gone = []
+            for n in self.strays(keep):
+                m = _OURS_RE.match(n)
+                if m and int(m.group(1)) in self._files and not n.startswith("."):
+                    continue
+                try:
+                    os.unlink(self._path(n))
+                    gone.append(n)
+                except FileNotFoundError:
+                    pass
+            if gone:
+                _fsync_dir(self._dir)
+            return gone
+
+    # ------------------------------------------------------------------ verify
+
+    def verify(self) -> list[CoolProblem]:
+        """Check every live file: readable, schema, every row's digest, the
+        sidecar on disk against the file, ids unique. Raises nothing."""
+        problems: list[CoolProblem] = []
+        with self._lock:
+            files = sorted(self._files.items())
+        seen: dict[str, tuple[str, int]] = {}
+        for no, fi in files:
+            name = fi.name
+            path = self._path(name)
+            try:
+                size, footer = _footer_hash(path)
+            except (CorruptStateCheckpointError, OSError) as exc:
+                problems.append(CoolProblem(name, None, str(exc)))
+                continue
+            if (size, footer) != (fi.size, fi.footer):
+                problems.append(CoolProblem(name, None, "file changed since it was indexed"))
+            try:
+                pf = _open_parquet(path)
+            except CorruptStateCheckpointError as exc:
+                problems.append(CoolProblem(name, None, str(exc)))
+                continue
+            try:
+                if [(f.name, f.type) for f in pf.schema_arrow] != _COL_TYPES:
+                    problems.append(CoolProblem(name, None, f"unexpected columns {pf.schema_arrow}"))
+                    continue
+                rg_counts = [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)]
+                mids, chs, tids = [], [], []
+                base = 0
+                for rg in range(pf.metadata.num_row_groups):
+                    try:
+                        t = pf.read_row_group(rg)
+                    except _PARQUET_ERRORS as exc:
+                        problems.append(CoolProblem(name, base, f"row group {rg} unreadable: {exc}"))
+                        raise _Skip() from None
+                    for row, why in self._check_table(t, base):
+                        problems.append(CoolProblem(name, row, why))
+                    mids += t.column("msg_id").to_pylist()
+                    chs += t.column("channel_id").to_pylist()
+                    tids += t.column("task_id").to_pylist()
+                    base += t.num_rows
+            except _Skip:
+                continue
+            except _PARQUET_ERRORS as exc:
+                problems.append(CoolProblem(name, None, f"not readable Parquet: {exc}"))
+                continue
+            finally:
+                _close(pf)
+            try:
+                truth = _build_index(no, size, footer, mids, chs, tids, rg_counts, path)
+            except CorruptStateCheckpointError as exc:
+                problems.append(CoolProblem(name, exc.offset, str(exc)))
+                continue
+            with self._lock:
+                mine = self._file_entries(no)
+            if not (_same_index(truth, fi, ids=False) and np.array_equal(mine[0], truth.hashes)
+                    and np.array_equal(mine[1], truth.hrows)):
+                problems.append(CoolProblem(name, None, "index in memory disagrees with the file"))
+            ipath = self._path(_idx_name(no))
+            try:
+                with open(ipath, "rb") as f:
+                    disk = _FileIndex.decode(f.read(), no, ipath)
+                if not _same_index(truth, disk):
+                    problems.append(CoolProblem(_idx_name(no), None, "sidecar disagrees with its file"))
+            except FileNotFoundError:
+                problems.append(CoolProblem(_idx_name(no), None, "sidecar missing"))
+            except (ValueError, KeyError, TypeError, IndexError, struct.error) as exc:
+                problems.append(CoolProblem(_idx_name(no), None, f"sidecar damaged: {exc}"))
+            for row, mid in enumerate(mids):
+                if mid in seen:
+                    problems.append(CoolProblem(name, row, f"msg_id {mid!r} also in {seen[mid][0]} "
+                                                           f"row {seen[mid][1]}"))
+                else:
+                    seen[mid] = (name, row)
+        return problems
+
+
+def plan_merge(sizes: dict[str, int], *, fanout: int = 4,
+               max_files: int | None = None) -> list[list[str]]:
+    """The merge policy of :meth:`CoolArchive.plan_merge` over ``{name: rows}``."""
+    if fanout < 2:
+        raise ValueError("fanout must be at least 2")
+    tiers: dict[int, list[str]] = {}
+    for name, rows in sizes.items():
+        t, r = 0, max(rows, 1)
+        while r >= fanout:
+            r //= fanout
+            t += 1
+        tiers.setdefault(t, []).append(name)
+    groups = [sorted(v) for _t, v in sorted(tiers.items()) if len(v) >= fanout]
+    if max_files is not None:
+        if max_files < 1:
+            raise ValueError("max_files must be at least 1")
+        count = len(sizes) - sum(len(g) - 1 for g in groups)
+        if count > max_files:
+            # fold the smallest remaining units (files or planned groups) into one group
+            grouped = {n for g in groups for n in g}
+            units = [[n] for n in sizes if n not in grouped] + groups
+            units.sort(key=lambda u: sum(sizes[n] for n in u))
+            take = units[:count - max_files + 1]
+            groups = [g for g in groups if g not in take] + [sorted(n for u in take for n in u)]
+    return [g for g in groups if len(g) > 1]
+
+
+class _Skip(Exception):
+    pass
+
+
+def _open_parquet(path: str) -> pq.ParquetFile:
+    """A ParquetFile that verifies page checksums on every read, over a file
+    handle we own (closed again if the footer cannot be parsed)."""
+    try:
+        src = pa.OSFile(path, "rb")
+    except _PARQUET_ERRORS as exc:
+        raise CorruptStateCheckpointError(f"cool archive cannot be opened: {exc}", path=path) from None
+    try:
+        pf = pq.ParquetFile(src, page_checksum_verification=True)
+    except _PARQUET_ERRORS as exc:
+        src.close()
+        raise CorruptStateCheckpointError(f"cool archive is not readable Parquet: {exc}",
+                                          path=path) from None
+    pf._rune_src = src  # type: ignore[attr-defined]  # closed with the ParquetFile by _close
+    return pf
+
+
+def _close(pf: pq.ParquetFile) -> None:
+    pf.close()
+    src = getattr(pf, "_rune_src", None)
+    if src is not None:
+        src.close()
+
+
+def _same_index(a: _FileIndex, b: _FileIndex, ids: bool = True) -> bool:
+    return (a.rows == b.rows and a.size == b.size and a.footer == b.footer
+            and np.array_equal(a.rg_starts, b.rg_starts)
+            and (not ids or (np.array_equal(a.hashes, b.hashes) and np.array_equal(a.hrows, b.hrows)))
+            and a.channels == b.channels
+            and a.tasks.keys() == b.tasks.keys()
+            and all(np.array_equal(a.tasks[t], b.tasks[t]) for t in a.tasks))
+
+
+# --------------------------------------------------------------------------- #
+# Conversions between record dicts and Arrow
+# --------------------------------------------------------------------------- #
+
+def _table_from_records(rows: list[dict], ords: list[int], digests: list[str]) -> pa.Table:
+    cols: dict[str, list] = {name: [] for name in _COLS}
+    for d, o, dig in zip(rows, ords, digests):
+        for k in ("msg_id", "channel_id", "task_id", "hlc", "content", "ts", "role",
+                  "token_estimate", "tool_call_id", "origin", "schema_version"):
+            cols[k].append(d[k])
+        tc = d["tool_calls"]
+        cols["tool_calls"].append(_dumps(list(tc)) if tc else "[]")
+        if len(d) == len(RECORD_FIELDS):
+            cols["extra"].append("{}")
+        else:
+            cols["extra"].append(_dumps({k: v for k, v in d.items() if k not in _FIELD_SET}))
+        cols["ord"].append(o)
+        cols["digest"].append(dig)
+    return pa.Table.from_pydict(cols, schema=COOL_SCHEMA)
+
+
+def _assemble(vals: tuple) -> tuple[dict | None, int, str]:
+    (mid, ch, task, hlc, content, ts, role, tok, tc, tcid, origin, sv, extra, o, dig) = vals
+    try:
+        calls = [] if tc == "[]" else json.loads(tc)
+        more = None if extra == "{}" else json.loads(extra)
+    except ValueError as exc:
+        return None, o, f"bad JSON in tool_calls or extra: {exc}"
+    rec = {"msg_id": mid, "channel_id": ch, "task_id": task, "hlc": hlc, "content": content,
+           "ts": ts, "role": role, "token_estimate": tok, "tool_calls": calls,
+           "tool_call_id": tcid, "origin": origin, "schema_version": sv}
+    if more:
+        if not isinstance(more, dict):
+            return None, o, "extra is not a JSON object"
+        rec.update(more)
+    return rec, o, dig
+
+
+def _records(table: pa.Table, start: int, stop: int) -> Iterator[tuple[dict | None, int, str]]:
+    t = table.slice(start, stop - start)
+    cols = [t.column(name).to_pylist() for name in _COLS]
+    for vals in zip(*cols):
+        yield _assemble(vals)
+
+
+def _group_records(g: _Group, local: np.ndarray) -> Iterator[tuple[dict | None, int, str]]:
+    if len(local) == 1:
+        i = int(local[0])
+        vals = tuple(g.cols[name][i].as_py() for name in _COLS)
+        yield _assemble(vals)
+        return
+    a, b = int(local[0]), int(local[-1]) + 1
+    if b - a == len(local):
+        cols = [g.cols[name].slice(a, b - a).to_pylist() for name in _COLS]
+    else:
+        idx = pa.array(local, type=pa.int64())
+        cols = [g.cols[name].take(idx).to_pylist() for name in _COLS]
+    for vals in zip(*cols):
+        yield _assemble(vals)
+
+
+def _merge(parts: list[list[CoolRow]]) -> list[CoolRow]:
+    parts = [p for p in parts if p]
+    if not parts:
+        return []
+    if len(parts) == 1:
+        return parts[0]
+    return list(heapq.merge(*parts, key=_row_key))
+
+
+def _needs_escape(arr: pa.ChunkedArray) -> bool:
+    return bool(pc.any(pc.match_substring_regex(arr, r'[\x00-\x1f"\\]')).as_py())
+
+
+def _merge_order(table: pa.Table) -> pa.Array:
+    """Row order of a merged file: channel, then the order key."""
+    if not (_needs_escape(table.column("hlc")) or _needs_escape(table.column("msg_id"))):
+        stamped = pc.not_equal(table.column("hlc"), "")
+        ord_key = pc.if_else(stamped, 0, table.column("ord"))
+        t = pa.table({"c": table.column("channel_id"), "s": stamped, "o": ord_key,
+                      "h": table.column("hlc"), "m": table.column("msg_id")})
+        return pc.sort_indices(t, sort_keys=[("c", "ascending"), ("s", "ascending"), ("o", "ascending"),
+                                             ("h", "ascending"), ("m", "ascending")])
+    chs = table.column("channel_id").to_pylist()
+    hlcs = table.column("hlc").to_pylist()
+    mids = table.column("msg_id").to_pylist()
+    ords = table.column("ord").to_pylist()
+
+    def key(i: int) -> tuple:
+        if hlcs[i] == "":
+            return (chs[i], 0, ords[i], b"", b"")
+        return (chs[i], 1, 0, _esc(hlcs[i]), _esc(mids[i]))
+    return pa.array(sorted(range(table.num_rows), key=key), type=pa.int64())

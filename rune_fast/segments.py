@@ -1,0 +1,189 @@
+"""Tail append: the segment files of the hot tier and the open tail.
+
+Segment ``n`` is the file ``hot/conversation_seg-<n:08d>.jsonl`` once sealed;
+the open tail is ``hot/conversation_tail.jsonl``. Lines are frames (see
+docs/FORMAT.md). The tail is written with ``pwrite`` at its logical end and
+preallocated ahead in zero-filled chunks, so one read-only memory map covers
+every appended byte without a remap per append; the zeros past the last line
+are preallocation, not damage. Nothing is ever written through a map.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+import time
+import warnings
+import logging
+
+from .errors import DurabilityError, FramingError, StoreClosedError, RecoveryWarning
+
+__all__ = ["TAIL_NAME", "seg_name", "fsync_dir", "Segment", "TailFile", "quarantine_bytes"]
+
+log = logging.getLogger("rune_fast")
+
+TAIL_NAME = "conversation_tail.jsonl"
+_MIN_CHUNK = 1 << 20
+_MAX_CHUNK = 64 << 20
+
+
+def seg_name(seg: int) -> str:
+    """File name of sealed segment ``seg``."""
+    return f"conversation_seg-{seg:08d}.jsonl"
+
+
+def fsync_dir(path: str) -> None:
+    """Make a directory entry change (create, rename, unlink) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _map(fd: int, size: int):
+    if size == 0:
+        return None
+    return mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+
+
+class Segment:
+    """A sealed segment: a read-only file and its map."""
+
+    def __init__(self, path: str, seg: int) -> None:
+        self.path = path
+        self.seg = seg
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            self.size = os.fstat(fd).st_size
+            self.buf = _map(fd, self.size)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        self.buf = None
+
+
+class TailFile:
+    """The open tail: appends at the logical end, one map over the whole file.
+
+    ``size`` is the logical end (bytes of complete lines); the file may be
+    longer, zero-filled. ``remapped`` counts how often the map was replaced, so
+    the caller knows when to hand the index the new buffer.
+    """
+
+    def __init__(self, path: str, seg: int, *, logical_size: int | None = None,
+                 read_only: bool = False) -> None:
+        self.path = path
+        self.seg = seg
+        self.read_only = read_only
+        flags = os.O_CLOEXEC | (os.O_RDONLY if read_only else os.O_RDWR | os.O_CREAT)
+        self._fd = os.open(path, flags, 0o600)
+        self.file_size = os.fstat(self._fd).st_size
+        self.size = self.file_size if logical_size is None else logical_size
+        self.buf = _map(self._fd, self.file_size)
+        self.failed: BaseException | None = None
+        self._io_lock = threading.Lock()
+
+    # -- reading -------------------------------------------------------
+    def refresh_map(self) -> bool:
+        """Re-map if the file grew (a reader beside a writer). True if remapped."""
+        st = os.fstat(self._fd).st_size
+        if st == self.file_size:
+            return False
+        self.file_size = st
+        self.buf = _map(self._fd, st)
+        return True
+
+    # -- writing -------------------------------------------------------
+    def _ensure_capacity(self, need: int) -> bool:
+        if need <= self.file_size:
+            return False
+        chunk = min(max(self.file_size // 4, _MIN_CHUNK), _MAX_CHUNK)
+        new_size = max(need, self.file_size + chunk)
+        os.ftruncate(self._fd, new_size)
+        self.file_size = new_size
+        self.buf = _map(self._fd, new_size)
+        return True
+
+    def append(self, data: bytes) -> tuple[int, bool]:
+        """Write ``data`` at the logical end. Returns (offset, remapped).
+
+        Not durable until :meth:`sync`. A failed write leaves the tail refusing
+        further appends (``DurabilityError``), never half-acknowledged.
+        """
+        if self._fd < 0:
+            raise StoreClosedError(f"tail {self.path} is closed")
+        if self.read_only:
+            raise FramingError(f"tail {self.path} is open read-only")
+        if self.failed is not None:
+            raise DurabilityError(f"tail {self.path} refused the append: an earlier write or sync "
+                                  f"failed ({self.failed}); reopen the store") from self.failed
+        off = self.size
+        try:
+            remapped = self._ensure_capacity(off + len(data))
+            view = memoryview(data)
+            done = 0
+            while done < len(data):
+                done += os.pwrite(self._fd, view[done:], off + done)
+        except OSError as exc:
+            self.failed = exc
+            raise DurabilityError(f"write to {self.path} at offset {off} failed: {exc}") from exc
+        self.size = off + len(data)
+        return off, remapped
+
+    def sync(self) -> None:
+        """fdatasync the tail; on failure the tail refuses every later write."""
+        if self.failed is not None:
+            raise DurabilityError(f"tail {self.path}: an earlier write or sync failed "
+                                  f"({self.failed}); reopen the store") from self.failed
+        try:
+            os.fdatasync(self._fd)
+        except OSError as exc:
+            self.failed = exc
+            raise DurabilityError(f"fdatasync of {self.path} failed: {exc}") from exc
+
+    def truncate_to(self, size: int) -> None:
+        """Cut the file to ``size`` (recovery of a torn or zero-padded end)."""
+        os.ftruncate(self._fd, size)
+        os.fsync(self._fd)
+        self.file_size = size
+        self.size = size
+        self.buf = _map(self._fd, size)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            if not self.read_only and self.failed is None and self.file_size > self.size:
+                # Give back the preallocated zeros so a sealed file holds only lines.
+                try:
+                    os.ftruncate(self._fd, self.size)
+                except OSError as exc:  # the zeros are harmless; say so and go on
+                    log.warning("could not trim preallocation of %s: %s", self.path, exc)
+            os.close(self._fd)
+            self._fd = -1
+        self.buf = None
+
+
+def quarantine_bytes(qdir: str, source: str, offset: int, data: bytes) -> str:
+    """Keep the bytes of a torn final line in a quarantine file; returns its path.
+
+    Reported with a ``warnings`` warning and a log record: nothing is dropped
+    silently.
+    """
+    os.makedirs(qdir, mode=0o700, exist_ok=True)
+    name = f"{os.path.basename(source)}.{offset}.{time.time_ns()}.torn"
+    path = os.path.join(qdir, name)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    fsync_dir(qdir)
+    msg = (f"rune_fast: {source}: a final line cut short at offset {offset} ({len(data)} bytes, "
+           f"an append that was never acknowledged) was moved to {path}")
+    log.warning(msg)
+    warnings.warn(msg, RecoveryWarning, stacklevel=3)
+    return path

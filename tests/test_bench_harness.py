@@ -1,0 +1,191 @@
+"""The benchmark harness (bench/) runs end to end at tiny scale.
+
+These tests check that every line of the comparison table is produced and
+that its ratios are finite numbers; they never assert on wall time. The
+rune_fast side is a dict-backed fake here (its numbers mean nothing), and the
+real ``ConversationStateRepository`` when it is importable.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from bench import compare, workload  # noqa: E402
+from bench.sqlite_store import SQLiteStore  # noqa: E402
+
+
+class FakeRepository:
+    """A dict-backed stand-in honouring the repository API the harness calls.
+
+    Messages are plain dicts (``bench.workload.as_dict``), kept in memory and in
+    one JSON-lines file (synced per append with ``durability="fsync"``) so the
+    harness can reopen it, also from a subprocess.
+    """
+
+    def __init__(self, state_dir: str, *, compact_every: int = 64, hot_window: int = 512,
+                 durability: str = "fsync", read_only: bool = False) -> None:
+        if durability not in ("fsync", "batch", "none"):
+            raise ValueError(durability)
+        os.makedirs(state_dir, exist_ok=True)
+        self.durability = durability
+        self.path = os.path.join(state_dir, "fake.jsonl")
+        self.by_id: dict[str, dict] = {}
+        self.order: list[str] = []
+        self.by_channel: dict[str, list[dict]] = {}
+        self.by_task: dict[str, list[dict]] = {}
+        if os.path.exists(self.path):
+            with open(self.path, "rb") as f:
+                for line in f:
+                    if line.endswith(b"\n"):
+                        self._index(json.loads(line))
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+    def _index(self, d: dict) -> bool:
+        if d["msg_id"] in self.by_id:
+            return False
+        self.by_id[d["msg_id"]] = d
+        self.order.append(d["msg_id"])
+        self.by_channel.setdefault(d["channel_id"], []).append(d)
+        self.by_task.setdefault(d["task_id"], []).append(d)
+        return True
+
+    def _write(self, msgs: list[dict]) -> None:
+        os.write(self.fd, b"".join(workload.json_line(m) for m in msgs))
+        if self.durability != "none":
+            os.fdatasync(self.fd)
+
+    def append(self, msg: dict) -> bool:
+        return self.append_many([msg]) == 1
+
+    def append_many(self, msgs: list[dict]) -> int:
+        new = [m for m in msgs if self._index(workload.to_plain_dict(m))]
+        if new:
+            self._write(new)
+        return len(new)
+
+    def _all(self) -> list[dict]:
+        return [self.by_id[i] for i in self.order]
+
+    def window(self, channel_id: str, n: int = 8) -> list[dict]:
+        if n <= 0:
+            return []
+        return self.by_channel.get(channel_id, [])[-n:]
+
+    def get_message(self, msg_id: str) -> Any:
+        rec = self.by_id.get(msg_id)
+        return SimpleNamespace(status="FOUND_VERIFIED" if rec else "NOT_FOUND_CONFIRMED",
+                               record=rec, tier="hot" if rec else None)
+
+    def messages_for_task(self, task_id: str) -> list[dict]:
+        return list(self.by_task.get(task_id, []))
+
+    def search(self, text: str, channel_id: str | None = None, *, limit: int | None = None,
+               case_sensitive: bool = False) -> list[Any]:
+        fold = (lambda s: s) if case_sensitive else str.casefold
+        needle = fold(text)
+        hits = [SimpleNamespace(record=m, tier="hot") for m in self._all()
+                if needle in fold(m["content"]) and (channel_id is None or m["channel_id"] == channel_id)]
+        if limit is None:
+            return hits
+        return hits[-limit:] if limit > 0 else []
+
+    def compact(self) -> dict:
+        return {}
+
+    def stats(self) -> dict:
+        return {"messages": len(self.by_id)}
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _check_report(report: compare.Report) -> None:
+    keys = [r.key for r in report.rows]
+    assert keys == list(compare.OPERATIONS)
+    for row in report.rows:
+        assert row.rune is not None and row.other is not None, row.key
+        assert row.ratio is not None and math.isfinite(row.ratio), row.key
+        assert row.ratio >= 0, row.key
+    table = compare.format_table(report)
+    for row in report.rows:
+        assert row.operation in table
+    json.dumps(report.to_json())
+    assert not [n for n in report.notes if n.startswith("SANITY")], report.notes
+
+
+def test_every_line_is_explained(capsys: pytest.CaptureFixture[str]) -> None:
+    assert set(compare.DESCRIPTIONS) == set(compare.OPERATIONS)
+    assert compare.main(["--explain"]) == 0
+    out = capsys.readouterr().out
+    assert all(key in out for key in compare.OPERATIONS)
+
+
+def test_workload_is_deterministic_and_realistic() -> None:
+    a = workload.generate(300, seed=7)
+    b = workload.generate(300, seed=7)
+    assert a.messages == b.messages
+    assert workload.generate(300, seed=8).messages != a.messages
+    roles = {m["role"] for m in a.messages}
+    assert roles >= {"user", "assistant", "tool"}
+    assert all(m["msg_id"].startswith("msg_") and len(m["msg_id"]) == 30 for m in a.messages)
+    assert len({m["msg_id"] for m in a.messages}) == 300
+    tools = [m for m in a.messages if m["role"] == "tool"]
+    assert tools and all(m["tool_call_id"].startswith("call_") for m in tools)
+    calls = [c for m in a.messages for c in m["tool_calls"]]
+    assert calls and all(isinstance(json.loads(c["arguments"]), dict) for c in calls)
+    fresh = a.fresh(20, seed=1)
+    assert not {m["msg_id"] for m in fresh} & {m["msg_id"] for m in a.messages}
+
+
+def test_sqlite_store_round_trip(tmp_path) -> None:
+    w = workload.generate(100, seed=3)
+    s = SQLiteStore(tmp_path, durability="fsync")
+    assert s.append(w.messages[0]) is True
+    assert s.append(w.messages[0]) is False
+    assert s.append_many(w.messages) == 99
+    ch = w.messages[-1]["channel_id"]
+    want = [m for m in w.messages if m["channel_id"] == ch][-8:]
+    got = s.window(ch, 8)
+    assert [m["msg_id"] for m in got] == [m["msg_id"] for m in want]
+    assert got[-1]["tool_calls"] == list(want[-1]["tool_calls"])
+    assert s.get_message(w.messages[5]["msg_id"])["content"] == w.messages[5]["content"]
+    assert s.get_message("msg_nope") is None
+    base = dict(w.messages[0], channel_id="fold", task_id="")
+    s.append_many([dict(base, msg_id=f"msg_fold{i}", content=c)
+                   for i, c in enumerate(("QUARTERLY report", "ÜBERWEISUNG", "überweisung"))])
+    assert len(s.search_ci("quarterly REPORT", channel_id="fold")) == 1
+    # SQLite's lower() folds ASCII only: the upper-case umlaut is missed.
+    assert [m["content"] for m in s.search_ci("überweisung", channel_id="fold")] == ["überweisung"]
+    assert len(s.search_ci("", channel_id="fold", limit=2)) == 2
+    task = w.messages[10]["task_id"]
+    assert [m["msg_id"] for m in s.messages_for_task(task)] == \
+        [m["msg_id"] for m in w.messages if m["task_id"] == task]
+    s.close()
+    with pytest.raises(ValueError):
+        SQLiteStore(tmp_path, durability="sometimes")
+
+
+def test_harness_runs_with_fake_store(tmp_path) -> None:
+    cfg = compare.Config.tiny(workdir=str(tmp_path))
+    report = compare.run_comparison(cfg, rune_store=FakeRepository, message_factory=workload.as_dict, log=None)
+    _check_report(report)
+    assert report.rune_store.endswith("FakeRepository")
+
+
+def test_harness_runs_with_real_repository(tmp_path) -> None:
+    mod = pytest.importorskip("rune_fast.conversation_state")
+    cfg = compare.Config.tiny(workdir=str(tmp_path))
+    report = compare.run_comparison(cfg, rune_store=mod.ConversationStateRepository, log=None)
+    _check_report(report)

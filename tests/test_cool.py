@@ -1,0 +1,616 @@
+"""The cool tier (rune_fast.cool): round trips, queries, digests, damage,
+erasure and merging of the Parquet archive."""
+from __future__ import annotations
+
+import os
+import stat
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rune_fast.cool import COOL_SCHEMA, CoolArchive, record_digest
+from rune_fast.errors import CorruptStateCheckpointError
+
+
+def rec(i: int, ch: str = "ch", *, content: str | None = None, task: str = "", hlc: str = "",
+        tool_calls: list | None = None) -> dict:
+    return {
+        "msg_id": f"msg_{i:08d}", "channel_id": ch, "task_id": task, "hlc": hlc,
+        "content": f"message number {i}" if content is None else content,
+        "ts": 1700000000.0 + i, "role": "user" if i % 2 else "assistant",
+        "token_estimate": i % 50, "tool_calls": tool_calls or [], "tool_call_id": "",
+        "origin": "", "schema_version": 1,
+    }
+
+
+@pytest.fixture
+def cdir(tmp_path):
+    return str(tmp_path / "hot" / "conversation_cool")
+
+
+def read_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def all_bytes(folder: str) -> list[tuple[str, bytes]]:
+    out = []
+    for root, _dirs, names in os.walk(folder):
+        for n in names:
+            with open(os.path.join(root, n), "rb") as f:
+                out.append((n, f.read()))
+    return out
+
+
+# ----------------------------------------------------------------- round trips
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(), kids, max_size=3),
+    max_leaves=8,
+)
+texts = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40)
+records = st.fixed_dictionaries({
+    "msg_id": texts.filter(bool), "channel_id": texts.filter(bool), "task_id": texts, "hlc": texts,
+    "content": texts, "ts": st.floats(allow_nan=False), "role": st.sampled_from(
+        ["user", "assistant", "system", "tool"]),
+    "token_estimate": st.integers(-(1 << 63), (1 << 63) - 1),
+    "tool_calls": st.lists(st.fixed_dictionaries(
+        {"id": texts, "name": texts, "arguments": json_values}), max_size=3),
+    "tool_call_id": texts, "origin": texts, "schema_version": st.integers(-(1 << 31), (1 << 31) - 1),
+})
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(records, max_size=12, unique_by=lambda d: d["msg_id"]))
+def test_round_trip_every_field(tmp_path_factory, rows):
+    d = str(tmp_path_factory.mktemp("c") / "cool")
+    a = CoolArchive(d)
+    a.cool(rows, list(range(len(rows))))
+    for src in (a, CoolArchive.open(d, a.files())):
+        assert len(src) == len(rows)
+        for i, r in enumerate(rows):
+            got = src.get_row(r["msg_id"])
+            assert got.record == r
+            assert got.ord == i
+        for ch in {r["channel_id"] for r in rows}:
+            want = [r for r in rows if r["channel_id"] == ch]
+            assert sorted(x.record["msg_id"] for x in src.channel_rows(ch)) == sorted(
+                r["msg_id"] for r in want)
+        assert src.verify() == []
+
+
+@settings(max_examples=150, deadline=None)
+@given(r=records, plain=st.booleans(), ts=st.floats() | st.sampled_from([1e16, 1e-7, 1.5e300, -0.0]))
+def test_digest_is_xxh3_of_json_dumps(r, plain, ts):
+    """The digest equals the spec's definition, whichever encoder computed it."""
+    import json
+    import xxhash
+    r = dict(r, ts=ts)
+    if plain:
+        r["tool_calls"] = []
+    want = xxhash.xxh3_128_hexdigest(json.dumps(r, sort_keys=True, separators=(",", ":"),
+                                                ensure_ascii=False).encode("utf-8"))
+    assert record_digest(r) == want
+
+
+def test_control_chars_and_unicode(cdir):
+    rows = [rec(1, "c\x00h\n", content="a\x00b\x1f\"\\\u2028é😀"), rec(2, "ch/../x", task="t\x7f")]
+    a = CoolArchive(cdir)
+    a.cool(rows, [1, 2])
+    assert a.get("msg_00000001") == rows[0]
+    assert a.task_rows("t\x7f")[0].record == rows[1]
+    assert a.get("missing") is None
+
+
+def test_extra_fields_round_trip(cdir):
+    r = rec(1)
+    r["future_field"] = {"a": [1, 2]}
+    a = CoolArchive(cdir)
+    a.cool([r], [0])
+    assert CoolArchive.open(cdir, a.files()).get(r["msg_id"]) == r
+
+
+@pytest.mark.parametrize("bad,exc", [
+    ({"ts": 1}, TypeError), ({"content": b"x"}, TypeError), ({"token_estimate": 1.0}, TypeError),
+    ({"channel_id": ""}, ValueError), ({"content": "\ud800"}, ValueError),
+    ({"tool_calls": [{"id": "a", "name": "b", "arguments": {1: 2}}]}, TypeError),
+    ({"schema_version": 1 << 40}, ValueError),
+])
+def test_bad_rows_refused_and_nothing_written(cdir, bad, exc):
+    a = CoolArchive(cdir)
+    r = rec(1)
+    r.update(bad)
+    with pytest.raises(exc):
+        a.cool([rec(0), r], [0, 1])
+    assert a.files() == [] and os.listdir(cdir) == []
+
+
+def test_missing_field_and_duplicates_refused(cdir):
+    a = CoolArchive(cdir)
+    r = rec(1)
+    del r["hlc"]
+    with pytest.raises(ValueError, match="hlc"):
+        a.cool([r], [0])
+    with pytest.raises(ValueError, match="twice"):
+        a.cool([rec(1), rec(1)], [0, 1])
+    a.cool([rec(1)], [0])
+    with pytest.raises(ValueError, match="already archived"):
+        a.cool([rec(1)], [1])
+
+
+def test_permissions_and_names(cdir):
+    a = CoolArchive(cdir)
+    run = a.cool([rec(1)], [0])
+    assert run.file == "cool-00000001.parquet"
+    assert stat.S_IMODE(os.stat(cdir).st_mode) == 0o700
+    for n in os.listdir(cdir):
+        assert stat.S_IMODE(os.stat(os.path.join(cdir, n)).st_mode) == 0o600
+    assert sorted(os.listdir(cdir)) == ["cool-00000001.idx", "cool-00000001.parquet"]
+    with pytest.raises(ValueError):
+        CoolArchive(cdir, ["../../etc/passwd"])
+
+
+# ----------------------------------------------------------------- queries
+
+def make_archive(cdir, n=300, runs=3):
+    a = CoolArchive(cdir)
+    rows = [rec(i, f"ch{i % 4}", task=f"t{i % 5}" if i % 3 else "") for i in range(n)]
+    per = n // runs
+    for k in range(runs):
+        part = rows[k * per:(k + 1) * per]
+        part = sorted(part, key=lambda r: r["channel_id"])  # channel, then given (append) order
+        a.cool(part, [int(r["msg_id"][4:]) for r in part])
+    return a, rows
+
+
+def test_channel_task_queries(cdir):
+    a, rows = make_archive(cdir)
+    assert a.channels() == ["ch0", "ch1", "ch2", "ch3"]
+    assert len(a) == 300 and len(a.files()) == 3
+    for ch in a.channels():
+        want = [r for r in rows if r["channel_id"] == ch]
+        got = a.channel_rows(ch)
+        assert [g.record for g in got] == want
+        assert [g.ord for g in got] == [int(r["msg_id"][4:]) for r in want]
+        assert [g.record for g in a.channel_tail(ch, 7)] == want[-7:]
+        assert a.channel_len(ch) == len(want)
+        tasks = [r["task_id"] for r in want if r["task_id"]]
+        assert a.latest_task(ch) == tasks[-1]
+    assert a.channel_tail("ch0", 0) == [] and a.channel_rows("nope") == []
+    for t in ("t1", "t2"):
+        assert [g.record for g in a.task_rows(t)] == [r for r in rows if r["task_id"] == t]
+        assert a.task_len(t) == len([r for r in rows if r["task_id"] == t])
+    assert a.task_rows("nope") == [] and a.latest_task("nope") is None
+    assert a.contains("msg_00000005") and not a.contains("msg_x")
+    assert a.contains_many(["msg_00000005", "zz"]).tolist() == [True, False]
+
+
+def test_order_key_stamped_after_unstamped(cdir):
+    a = CoolArchive(cdir)
+    a.cool([rec(1, hlc="000000000000002-0000000000-d"), rec(2, hlc="000000000000009-0000000000-d")],
+           [10, 11])
+    a.cool([rec(3), rec(4, hlc="000000000000005-0000000000-d")], [12, 13])
+    assert [r.record["msg_id"][-1] for r in a.channel_rows("ch")] == ["3", "1", "4", "2"]
+    assert [r.record["msg_id"][-1] for r in a.channel_tail("ch", 2)] == ["4", "2"]
+    a.merge([a.files()])
+    assert [r.record["msg_id"][-1] for r in a.channel_rows("ch")] == ["3", "1", "4", "2"]
+
+
+def test_search_case_rules(cdir):
+    contents = ["Die Straße ist lang", "STRASSE", "strasse", "\u212a is Kelvin", "plain k", "nothing",
+                "MiXeD Case", "ﬁne ligature"]
+    a = CoolArchive(cdir)
+    rows = [rec(i, "a" if i % 2 else "b", content=c) for i, c in enumerate(contents)]
+    a.cool(sorted(rows, key=lambda r: r["channel_id"]), [0] * 0 + [i for i in range(len(rows))])
+
+    def ids(hits):
+        return sorted(int(h.record["msg_id"][4:]) for h in hits)
+
+    def model(text, cs, ch=None):
+        return sorted(i for i, c in enumerate(contents)
+                      if (ch is None or rows[i]["channel_id"] == ch)
+                      and ((text in c) if cs else (text.casefold() in c.casefold())))
+
+    for text in ["ß", "SS", "ss", "strasse", "Straße", "k", "K", "\u212a", "mixed", "MiXeD", "fine",
+                 "", "zz", "e "]:
+        for cs in (False, True):
+            assert ids(a.search(text, case_sensitive=cs)) == model(text, cs), (text, cs)
+            assert ids(a.search(text, "a", case_sensitive=cs)) == model(text, cs, "a"), (text, cs)
+    assert ids(a.search("ss")) == [0, 1, 2]           # 'ß' casefolds to 'ss'
+    assert ids(a.search("k")) == [3, 4]               # Kelvin sign casefolds to 'k'
+    assert a.search("x", "nope") == []
+
+
+# ----------------------------------------------------------------- damage
+
+def tamper(path: str, row: int, content: str) -> None:
+    """Rewrite the file with one content cell changed but the old digest."""
+    t = pq.read_table(path)
+    col = t.column("content").to_pylist()
+    col[row] = content
+    t = t.set_column(t.schema.get_field_index("content"), COOL_SCHEMA.field("content"),
+                     pa.array(col, pa.string()))
+    pq.write_table(t, path, compression="zstd", write_page_checksum=True)
+
+
+def test_digest_mismatch_is_loud(cdir):
+    a = CoolArchive(cdir)
+    a.cool([rec(i) for i in range(10)], list(range(10)))
+    path = os.path.join(cdir, a.files()[0])
+    tamper(path, 3, "message number 3!")
+    # the sidecar no longer matches the file: rebuild verifies every digest
+    with pytest.raises(CorruptStateCheckpointError) as ei:
+        CoolArchive.open(cdir, a.files())
+    assert ei.value.path == path and ei.value.offset == 3
+
+
+def test_digest_mismatch_on_reads(cdir):
+    a = CoolArchive(cdir)
+    a.cool([rec(i) for i in range(10)], list(range(10)))
+    name = a.files()[0]
+    path = os.path.join(cdir, name)
+    tamper(path, 3, "message number 3!")
+    # open trusting a sidecar that vouches for the tampered file (attacker or bug)
+    from rune_fast.cool import _FileIndex, _footer_hash
+    ipath = os.path.join(cdir, "cool-00000001.idx")
+    with open(ipath, "rb") as f:
+        fi = _FileIndex.decode(f.read(), 1, ipath)
+    fi.size, fi.footer = _footer_hash(path)
+    with open(ipath, "wb") as f:
+        f.write(fi.encode())
+    b = CoolArchive.open(cdir, [name])
+    assert b.get("msg_00000002")["content"] == "message number 2"
+    for call in (lambda: b.get("msg_00000003"), lambda: b.channel_rows("ch"),
+                 lambda: b.search("number 3"), lambda: b.channel_tail("ch", 8),
+                 lambda: b.contains("msg_00000003")):
+        with pytest.raises(CorruptStateCheckpointError) as ei:
+            call()
+        assert ei.value.path == path and ei.value.offset == 3
+    problems = b.verify()
+    assert [(p.file, p.row) for p in problems] == [(name, 3)]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "flip", "empty"])
+def test_unreadable_parquet_is_loud(cdir, damage):
+    a = CoolArchive(cdir)
+    a.cool([rec(i, content="x" * 50 + str(i)) for i in range(200)], list(range(200)))
+    name = a.files()[0]
+    path = os.path.join(cdir, name)
+    data = bytearray(read_bytes(path))
+    if damage == "truncate":
+        data = data[: len(data) // 2]
+    elif damage == "garbage":
+        data = bytearray(b"not parquet at all" * 10)
+    elif damage == "empty":
+        data = bytearray()
+    else:                                # inside the content column's data page
+        cc = pq.ParquetFile(path).metadata.row_group(0).column(4)
+        assert cc.path_in_schema == "content"
+        data[cc.data_page_offset + cc.total_compressed_size * 2 // 3] ^= 0x40
+    with open(path, "wb") as f:
+        f.write(data)
+    if damage == "flip":
+        b = CoolArchive.open(cdir, [name])   # footer intact: sidecar still vouches
+        with pytest.raises(CorruptStateCheckpointError) as ei:
+            for r in range(200):
+                b.get(f"msg_{r:08d}")
+        assert ei.value.path == path
+        assert b.verify() and all(p.file == name for p in b.verify())
+    else:
+        with pytest.raises(CorruptStateCheckpointError) as ei:
+            CoolArchive.open(cdir, [name])
+        assert ei.value.path == path
+        assert name in str(ei.value)
+
+
+def test_missing_file_is_loud(cdir):
+    with pytest.raises(CorruptStateCheckpointError, match="missing"):
+        CoolArchive(cdir, ["cool-00000007.parquet"])
+
+
+@pytest.mark.parametrize("damage", ["delete", "flip", "truncate", "garbage"])
+def test_sidecar_damage_rebuilt(cdir, damage):
+    a, rows = make_archive(cdir, 90, 1)
+    ipath = os.path.join(cdir, "cool-00000001.idx")
+    good = read_bytes(ipath)
+    if damage == "delete":
+        os.unlink(ipath)
+    else:
+        data = bytearray(good)
+        if damage == "flip":
+            data[len(data) // 2] ^= 1
+        elif damage == "truncate":
+            data = data[:40]
+        else:
+            data = bytearray(b"\x00" * 64)
+        with open(ipath, "wb") as f:
+            f.write(data)
+    b = CoolArchive.open(cdir, a.files())
+    assert b.rebuilt_sidecars == ["cool-00000001.idx"]
+    assert read_bytes(ipath) == good
+    assert [r.record for r in b.channel_rows("ch1")] == [r for r in rows if r["channel_id"] == "ch1"]
+    assert b.verify() == []
+    # read-only opens rebuild in memory and leave files alone
+    os.unlink(ipath)
+    c = CoolArchive.open(cdir, a.files(), read_only=True)
+    assert c.rebuilt_sidecars and not os.path.exists(ipath)
+    assert [p.problem for p in c.verify()] == ["sidecar missing"]
+
+
+# ----------------------------------------------------------------- erasure
+
+def test_erase_leaves_no_bytes(cdir):
+    a = CoolArchive(cdir)
+    secret = "SECRET-ÄÖÜ-payload-" + "q" * 40
+    rows = [rec(i, f"c{i % 3}", content=(secret + str(i)) if i in (4, 17) else f"keep {i} " * 8)
+            for i in range(60)]
+    a.cool(sorted(rows[:30], key=lambda r: r["channel_id"]), list(range(30)))
+    a.cool(sorted(rows[30:], key=lambda r: r["channel_id"]), list(range(30, 60)))
+    untouched = a.files()[1]
+    ch = a.erase(["msg_00000004", "msg_00000017", "nope"])
+    assert ch.rows_removed == 2 and ch.not_found == ["nope"]
+    assert ch.replaced == {"cool-00000001.parquet": "cool-00000003.parquet"}
+    assert untouched in ch.files and ch.removed == ["cool-00000001.parquet"]
+    # before unlink the old file still exists (the manifest may still point at it)
+    assert os.path.exists(os.path.join(cdir, "cool-00000001.parquet"))
+    a.unlink_files(ch.removed)
+    needle = secret.encode("utf-8")
+    for name, data in all_bytes(cdir):
+        assert needle not in data, name
+        assert b"msg_00000004" not in data, name
+    assert a.get("msg_00000004") is None and len(a) == 58
+    assert a.search("SECRET") == []
+    assert {r.record["msg_id"] for r in a.iter_rows()} == {r["msg_id"] for r in rows} - {
+        "msg_00000004", "msg_00000017"}
+    b = CoolArchive.open(cdir, ch.files)
+    assert len(b) == 58 and b.verify() == []
+    with pytest.raises(ValueError, match="live"):
+        b.unlink_files(ch.files[:1])
+
+
+def test_erase_whole_file_and_crash_sets(cdir):
+    a = CoolArchive(cdir)
+    a.cool([rec(1), rec(2)], [1, 2])
+    old = a.files()
+    ch = a.erase(["msg_00000001", "msg_00000002"])
+    assert ch.replaced == {old[0]: None} and ch.files == [] and len(a) == 0
+    # crash before the manifest moved: the old set is still whole and readable
+    b = CoolArchive.open(cdir, old)
+    assert len(b) == 2 and b.verify() == []
+    # crash after it moved: the new set opens, gc removes the old remnants
+    c = CoolArchive.open(cdir, ch.files)
+    assert c.gc() == ["cool-00000001.idx", "cool-00000001.parquet"]
+    assert os.listdir(cdir) == []
+
+
+def test_gc_removes_strays_and_temps(cdir):
+    a = CoolArchive(cdir)
+    a.cool([rec(1)], [1])
+    run = a.cool([rec(2)], [2])                       # never reached the manifest
+    for n in (".cool-00000009.parquet.tmp", "unrelated.txt"):
+        open(os.path.join(cdir, n), "wb").close()
+    b = CoolArchive.open(cdir, ["cool-00000001.parquet"])
+    assert b.strays() == [".cool-00000009.parquet.tmp", "cool-00000002.idx", "cool-00000002.parquet"]
+    assert b.cool([rec(3)], [3]).file == "cool-00000010.parquet"  # never reuses a stray's name
+    assert run.file not in b.files()
+    assert set(b.gc()) == {".cool-00000009.parquet.tmp", "cool-00000002.idx", "cool-00000002.parquet"}
+    assert sorted(os.listdir(cdir)) == ["cool-00000001.idx", "cool-00000001.parquet",
+                                        "cool-00000010.idx", "cool-00000010.parquet", "unrelated.txt"]
+
+
+# ----------------------------------------------------------------- merge
+
+def test_merge_keeps_every_row(cdir):
+    a = CoolArchive(cdir, row_group_rows=64)
+    rows = []
+    for k in range(9):
+        part = [rec(k * 40 + j, f"c{j % 3}", task=f"t{j % 4}",
+                    hlc="" if j % 2 else f"{k * 40 + j:015d}-0000000000-dev") for j in range(40)]
+        part.sort(key=lambda r: (r["channel_id"], r["hlc"] != "", r["hlc"]))
+        a.cool(part, [int(r["msg_id"][4:]) for r in part])
+        rows += part
+    before = {ch: [r.record for r in a.channel_rows(ch)] for ch in a.channels()}
+    plan = a.plan_merge(fanout=4)
+    assert plan == [a.files()]                   # 9 small files: one tier
+    ch = a.merge(plan)
+    assert len(ch.files) == 1 and len(ch.removed) == 9 and ch.rows_rewritten == 360
+    a.unlink_files(ch.removed)
+    assert {ch_: [r.record for r in a.channel_rows(ch_)] for ch_ in a.channels()} == before
+    assert len(a) == 360 and a.verify() == []
+    for r in rows[::17]:
+        assert a.get(r["msg_id"]) == r
+    b = CoolArchive.open(cdir, ch.files)
+    assert {ch_: [r.record for r in b.channel_rows(ch_)] for ch_ in b.channels()} == before
+    assert sorted(os.listdir(cdir)) == sorted(ch.files + [f[:-8] + ".idx" for f in ch.files])
+
+
+def test_plan_merge_tiers_and_max_files(cdir):
+    a = CoolArchive(cdir)
+    for k in range(3):
+        a.cool([rec(k * 10 + j) for j in range(10)], list(range(10)))
+    assert a.plan_merge(fanout=4) == []
+    assert a.plan_merge(fanout=4, max_files=2) in ([a.files()[:2]], [a.files()])
+    assert len(a.merge(max_files=1).files) == 1
+    assert a.merge().replaced == {}
+
+
+@pytest.mark.parametrize("per", [1, 7, 64, 1000])
+def test_merge_is_logarithmic(per):
+    """Simulated: size-tiered merging rewrites each row O(log n) times and
+    keeps O(log n) files."""
+    import math
+    from rune_fast.cool import plan_merge
+    sizes: dict[str, int] = {}
+    written, n_runs = 0, 3000
+    for k in range(n_runs):
+        sizes[f"f{k}"] = per
+        while True:
+            plan = plan_merge(sizes, fanout=4)
+            if not plan:
+                break
+            for g in plan:
+                merged = sum(sizes.pop(n) for n in g)
+                written += merged
+                sizes["m" + g[0] + str(k)] = merged
+    total = n_runs * per
+    assert sum(sizes.values()) == total
+    assert written <= total * (math.log(n_runs, 4) + 1)
+    assert len(sizes) <= 3 * (math.log(n_runs, 4) + 1)
+
+
+# ----------------------------------------------------------------- other readers
+
+def test_readable_by_pyarrow_as_is(cdir):
+    a, rows = make_archive(cdir, 30, 1)
+    path = os.path.join(cdir, a.files()[0])
+    t = pq.read_table(path)
+    assert t.schema.field("content").type == pa.string()
+    assert t.schema.field("ts").type == pa.float64()
+    assert t.schema.field("ord").type == pa.int64()
+    assert t.schema.field("schema_version").type == pa.int32()
+    md = pq.ParquetFile(path).metadata
+    assert md.row_group(0).column(0).compression == "ZSTD"
+    by_id = {r["msg_id"]: r for r in rows}
+    for d in t.to_pylist():
+        r = by_id[d["msg_id"]]
+        assert d["content"] == r["content"] and d["digest"] == record_digest(r)
+    assert t.column("channel_id").to_pylist() == sorted(t.column("channel_id").to_pylist())
+
+
+def test_readable_by_duckdb(cdir):
+    duckdb = pytest.importorskip("duckdb")
+    a, rows = make_archive(cdir, 30, 1)
+    path = os.path.join(cdir, a.files()[0])
+    n = duckdb.sql(f"select count(*) from read_parquet('{path}') where content like 'message%'").fetchone()
+    assert n[0] == 30
+
+
+def test_readable_by_polars(cdir):
+    pl = pytest.importorskip("polars")
+    a, rows = make_archive(cdir, 30, 1)
+    df = pl.read_parquet(os.path.join(cdir, a.files()[0]))
+    assert df.height == 30 and df.schema["content"] == pl.String
+
+
+def test_concurrent_reads(cdir):
+    import threading
+    a, rows = make_archive(cdir, 300, 3)
+    errors = []
+
+    def worker(k):
+        try:
+            for r in rows[k::7]:
+                assert a.get(r["msg_id"]) == r
+            assert len(a.search("number 1")) == len([r for r in rows if "number 1" in r["content"]])
+        except BaseException as exc:  # collected and re-raised in the main thread
+            errors.append(exc)
+
+    ts = [threading.Thread(target=worker, args=(k,)) for k in range(7)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert errors == []
+
+
+# ----------------------------------------------------------------- golden fixture
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "cool_v1")
+
+
+def test_golden_fixture_still_reads(tmp_path):
+    """A committed archive (Parquet + sidecar, format cool/1) reads unchanged,
+    its sidecar is trusted as is, and today's writer indexes it identically."""
+    import json
+    import shutil
+    d = str(tmp_path / "cool")
+    shutil.copytree(FIXTURE, d)
+    with open(os.path.join(d, "rows.json"), encoding="utf-8") as f:
+        want = json.load(f)
+    os.unlink(os.path.join(d, "rows.json"))
+    a = CoolArchive.open(d, ["cool-00000001.parquet"], read_only=True)
+    assert a.rebuilt_sidecars == [] and a.verify() == []
+    for r, o in zip(want["rows"], want["ords"]):
+        row = a.get_row(r["msg_id"])
+        assert row.record == r and row.ord == o
+    schema = pq.read_schema(os.path.join(d, "cool-00000001.parquet"))
+    assert schema.remove_metadata() == COOL_SCHEMA.remove_metadata()
+    assert schema.metadata[b"rune_fast.format"] == b"cool/1"
+    assert a.latest_task("general") == "task_01HZY00000000000000000T1"
+    assert [h.record["msg_id"][-2:] for h in a.search("kelvin")] == ["B1"]
+    # the sidecar format: rebuilding from the Parquet file gives the same index
+    from rune_fast.cool import _FileIndex, _footer_hash
+    ipath = os.path.join(d, "cool-00000001.idx")
+    disk = _FileIndex.decode(read_bytes(ipath), 1, ipath)
+    b = CoolArchive(str(tmp_path / "fresh"))
+    b.cool(want["rows"], want["ords"])
+    fresh_path = str(tmp_path / "fresh" / "cool-00000001.idx")
+    fresh = _FileIndex.decode(read_bytes(fresh_path), 1, fresh_path)
+    assert (disk.channels, disk.rows, disk.hashes.tolist(), disk.hrows.tolist()) == (
+        fresh.channels, fresh.rows, fresh.hashes.tolist(), fresh.hrows.tolist())
+    assert {t: v.tolist() for t, v in disk.tasks.items()} == {t: v.tolist() for t, v in fresh.tasks.items()}
+    assert (disk.size, disk.footer) == _footer_hash(os.path.join(d, "cool-00000001.parquet"))
+
+
+# ----------------------------------------------------------------- failures half-way
+
+@pytest.mark.parametrize("op,fail_at", [("erase", k) for k in range(6)] + [("merge", k) for k in range(2)])
+def test_failure_half_way_keeps_old_set(cdir, monkeypatch, op, fail_at):
+    """A change that dies at any write leaves the old set serving, readable
+    after reopen, and gc leaves exactly the old files."""
+    import rune_fast.cool as cool_mod
+    a = CoolArchive(cdir)
+    for k in range(3):
+        a.cool([rec(k * 10 + j, f"c{j % 2}") for j in range(10)], list(range(10)))
+    old = a.files()
+    before = sorted(r.record["msg_id"] for r in a.iter_rows())
+    real = os.replace
+    calls = []
+
+    def flaky(src, dst):
+        calls.append(dst)
+        if len(calls) > fail_at:
+            raise OSError(28, "No space left on device (injected)")
+        return real(src, dst)
+
+    monkeypatch.setattr(cool_mod.os, "replace", flaky)
+    with pytest.raises(OSError, match="injected"):
+        if op == "erase":
+            a.erase(["msg_00000001", "msg_00000011", "msg_00000021"])
+        else:
+            a.merge([old])
+    monkeypatch.setattr(cool_mod.os, "replace", real)
+    assert a.files() == old
+    assert sorted(r.record["msg_id"] for r in a.iter_rows()) == before
+    b = CoolArchive.open(cdir, old)
+    b.gc()
+    assert sorted(os.listdir(cdir)) == sorted(old + [n[:-8] + ".idx" for n in old])
+    assert b.verify() == [] and len(b) == 30
+
+
+def test_erase_of_unreadable_file_changes_nothing(cdir):
+    a = CoolArchive(cdir)
+    a.cool([rec(1, "a")], [1])
+    a.cool([rec(2, "b")], [2])
+    old = a.files()
+    with open(os.path.join(cdir, old[1]), "r+b") as f:
+        f.truncate(20)
+    with pytest.raises(CorruptStateCheckpointError) as ei:
+        a.erase(["msg_00000001", "msg_00000002"])
+    assert ei.value.path == os.path.join(cdir, old[1])
+    assert a.files() == old and a.get("msg_00000001") == rec(1, "a")
+    assert sorted(os.listdir(cdir)) == sorted(old + [n[:-8] + ".idx" for n in old])
+
+
+def test_foreign_parquet_is_loud(cdir):
+    """A Parquet file with the right name but another schema is refused."""
+    os.makedirs(cdir)
+    path = os.path.join(cdir, "cool-00000001.parquet")
+    pq.write_table(pa.table({"msg_id": ["a"], "content": [1]}), path)
+    with pytest.raises(CorruptStateCheckpointError, match="columns") as ei:
+        CoolArchive(cdir, ["cool-00000001.parquet"])
+    assert ei.value.path == path

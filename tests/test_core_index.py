@@ -1,0 +1,453 @@
+"""rune_fast._index: HashIndex and HotIndex, function by function."""
+from __future__ import annotations
+
+import mmap
+import os
+
+import numpy as np
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from _core_support import key, line, tombstone
+from rune_fast import _index
+from rune_fast.errors import CorruptStateCheckpointError, FramingError, RuneError
+
+S = _index.SEG_SHIFT
+
+
+# ---- HashIndex ---------------------------------------------------------------
+
+@given(st.lists(st.tuples(st.sampled_from(["ins", "rm"]), st.integers(0, 40),
+                          st.integers(-3, 3)), max_size=300))
+def test_hash_index_matches_multimap_model(ops):
+    h = _index.HashIndex()
+    model: dict[int, list[int]] = {}
+    for op, k, v in ops:
+        k = (k * 0x9E3779B97F4A7C15) & (2**64 - 1) if k % 3 else k   # clustered and spread keys
+        if op == "ins":
+            h.insert(k, v)
+            model.setdefault(k, []).append(v)
+        else:
+            had = v in model.get(k, [])
+            assert h.remove(k, v) is had
+            if had:
+                model[k].remove(v)
+    assert len(h) == sum(len(v) for v in model.values())
+    for k, vs in model.items():
+        assert sorted(h.lookup(k).tolist()) == sorted(vs)
+    hs, vs = h.to_arrays()
+    h2 = _index.HashIndex.from_arrays(hs, vs)
+    for k, vals in model.items():
+        assert sorted(h2.lookup(k).tolist()) == sorted(vals)
+
+
+def test_hash_index_bulk_and_clear():
+    h = _index.HashIndex()
+    hs = np.arange(10000, dtype=np.uint64) * np.uint64(2654435761)
+    h.insert_many(hs, np.arange(10000))
+    assert len(h) == 10000 and h.lookup(int(hs[1234])).tolist() == [1234]
+    assert h.nbytes >= 10000 * 17
+    with pytest.raises(FramingError):
+        h.insert_many([1, 2], [1])
+    h.clear()
+    assert len(h) == 0 and h.lookup(int(hs[5])).tolist() == []
+
+
+# ---- HotIndex ----------------------------------------------------------------
+
+def build(lines, seg=0):
+    data = b"".join(lines)
+    ix = _index.HotIndex()
+    ix.attach(seg, data, path=f"/state/seg-{seg}")
+    rep = ix.ingest(seg)
+    return ix, data, rep
+
+
+def ids(ix, locs):
+    return [orjson.loads(bytes(ix.line(int(l))))["r"]["msg_id"] for l in locs]
+
+
+def offsets(lines):
+    out, pos = [], 0
+    for ln in lines:
+        out.append(pos)
+        pos += len(ln)
+    return out
+
+
+def test_ingest_find_and_report():
+    ls = [line("m1", "c1", "t1", content="hi"), line("m2", "c2"), line("m1", "c1"),
+          tombstone("m2", "c2", "h"), tombstone("zz", "c9")]
+    ix, data, r = build(ls)
+    off = offsets(ls)
+    assert (r.good_end, r.torn_offset, r.damaged_offset, r.damage, r.n_lines) == (len(data), -1, -1, "", 5)
+    assert r.added.tolist() == [off[0], off[1]]
+    assert r.dup_locs.tolist() == [off[2]]
+    assert r.tombstones == [(b"m2", b"c2"), (b"zz", b"c9")]
+    assert ix.find(b"m1") == off[0] and ix.find(b"m2") == -1 and ix.find(b"nope") == -1
+    assert b"m1" in ix and len(ix) == 1
+    assert ix.channels() == [b"c1"]
+    assert "IngestReport" in repr(r) and "HotIndex" in repr(ix)
+
+
+def test_ingest_in_steps_and_segments():
+    a = [line(f"a{i}", "c") for i in range(5)]
+    b = [line(f"b{i}", "c") for i in range(3)]
+    ix = _index.HotIndex()
+    data = b"".join(a)
+    ix.attach(3, data[:len(a[0]) + len(a[1])])
+    r1 = ix.ingest(3)
+    ix.attach(3, data)
+    r2 = ix.ingest(3, r1.good_end)
+    ix.attach(4, b"".join(b))
+    ix.ingest(4)
+    assert r1.n_lines == 2 and r2.n_lines == 3
+    assert ids(ix, ix.channel_locs(b"c")) == [f"a{i}" for i in range(5)] + [f"b{i}" for i in range(3)]
+    assert ix.find(b"b0") == 4 << S
+    assert ix.attached() == [3, 4]
+
+
+def test_order_unstamped_first_then_hlc_then_id():
+    ls = [line("z", "c", hlc="0005"), line("u1", "c"), line("a", "c", hlc="0005"),
+          line("y", "c", hlc="0001"), line("u2", "c"), line("x", "c", hlc="0009"),
+          line("b", "c", hlc="0003")]
+    ix, _, _ = build(ls)
+    want = ["u1", "u2", "y", "b", "a", "z", "x"]
+    assert ids(ix, ix.channel_locs(b"c")) == want
+    assert ids(ix, ix.channel_locs(b"c", 3)) == want[-3:]
+    assert ids(ix, ix.channel_locs(b"c", 100)) == want
+    assert ix.channel_locs(b"c", 0).tolist() == []
+    assert ix.channel_locs(b"nope").tolist() == []
+    assert ix.channel_len(b"c") == 7 and ix.channel_len(b"nope") == 0
+
+
+def test_add_appended_lines():
+    ix = _index.HotIndex()
+    data = b""
+    locs = []
+    for i, (h, t) in enumerate([("3", "t"), ("1", ""), ("", "t"), ("2", "u")]):
+        off = len(data)
+        data += line(f"m{i}", "c", t, h)
+        ix.attach(0, data)
+        assert ix.add(off) is True
+        assert ix.add(off) is False
+        locs.append(off)
+    assert ids(ix, ix.channel_locs(b"c")) == ["m2", "m1", "m3", "m0"]
+    assert ids(ix, ix.task_locs(b"t")) == ["m2", "m0"]
+    assert ids(ix, ix.task_locs(b"u")) == ["m3"]
+    assert ix.task_locs(b"") .tolist() == []
+    assert ix.latest_task(b"c") == b"t"      # newest in order is m0 (hlc 3), task t
+    assert ix.latest_task(b"nope") is None
+
+
+def test_add_errors():
+    ix = _index.HotIndex()
+    good = line("m", "c")
+    ix.attach(0, good + tombstone("m", "c") + good[:-1] + b"X\n" + good[:20])
+    with pytest.raises(FramingError, match="tombstone"):
+        ix.add(len(good))
+    with pytest.raises(CorruptStateCheckpointError) as ei:
+        ix.add(2 * len(good) + len(tombstone("m", "c")))
+    assert ei.value.offset == 2 * len(good) + len(tombstone("m", "c"))
+    with pytest.raises(CorruptStateCheckpointError, match="no complete line"):
+        ix.add(2 * len(good) + 1 + len(tombstone("m", "c")))
+    with pytest.raises(RuneError, match="not inside"):
+        ix.add(10**6)
+    with pytest.raises(RuneError):
+        ix.add(5 << S)
+    with pytest.raises(FramingError):
+        ix.add(-1)
+
+
+def test_not_a_message_line_is_damage():
+    from rune_fast import _log
+    ls = [line("m", "c"), _log.frame(b',"k":"h","v":1}'), line("n", "c")]
+    ix, _, r = build(ls)
+    assert r.damaged_offset == len(ls[0]) and r.damage == "not a message line"
+    assert r.good_end == len(ls[0]) and len(ix) == 1
+    bad_fields = _log.frame(b',"k":"m","r":{"msg_id":"x","channel":"c"}}')
+    ix, _, r = build([bad_fields])
+    assert r.damaged_offset == 0 and r.damage == "message fields do not parse"
+
+
+def test_torn_and_damaged_ingest_and_zero_tail():
+    ls = [line(f"m{i}", "c") for i in range(3)]
+    data = b"".join(ls)
+    ix = _index.HotIndex()
+    ix.attach(0, data + ls[0][:7])
+    r = ix.ingest(0)
+    assert r.torn_offset == len(data) and r.good_end == len(data) and len(ix) == 3
+    ix = _index.HotIndex()
+    ix.attach(0, data + b"\0" * 100)
+    r = ix.ingest(0)
+    assert r.torn_offset == -1 and r.good_end == len(data)
+    flipped = bytearray(data)
+    flipped[len(ls[0]) + 60] ^= 0x20
+    ix = _index.HotIndex()
+    ix.attach(0, bytes(flipped))
+    r = ix.ingest(0)
+    assert r.damaged_offset == len(ls[0]) and r.damage == "checksum mismatch" and len(ix) == 1
+
+
+def test_line_verifies_checksum():
+    ls = [line("m0", "c"), line("m1", "c")]
+    data = bytearray(b"".join(ls))
+    ix = _index.HotIndex()
+    ix.attach(0, bytes(data), path="/state/seg-0")
+    ix.ingest(0)
+    assert bytes(ix.line(len(ls[0]))) == ls[1][:-1]
+    data[len(ls[0]) + 50] ^= 1
+    ix.attach(0, bytes(data), path="/state/seg-0")
+    with pytest.raises(CorruptStateCheckpointError) as ei:
+        ix.line(len(ls[0]))
+    assert ei.value.path == "/state/seg-0" and ei.value.offset == len(ls[0])
+    ix.attach(0, bytes(data[:len(ls[0]) + 10]))
+    with pytest.raises(CorruptStateCheckpointError, match="no newline"):
+        ix.line(len(ls[0]))
+    ix.attach(0, bytes(data[:len(ls[0])]))
+    with pytest.raises(CorruptStateCheckpointError, match="shorter"):
+        ix.line(len(ls[0]))
+    ix.detach(0)
+    with pytest.raises(RuneError, match="not attached"):
+        ix.line(0)
+    with pytest.raises(RuneError, match="detached"):
+        ix.find(b"m0")
+    with pytest.raises(FramingError):
+        ix.line(-5)
+
+
+def test_remove_and_remove_many_keep_arrays_consistent():
+    ls = [line(f"m{i}", "c" if i % 2 else "d", "t" if i % 3 == 0 else "", "" if i % 4 else f"{i:04d}")
+          for i in range(40)]
+    ix, _, _ = build(ls)
+    before = ids(ix, ix.channel_locs(b"c"))
+    assert ix.remove(b"m1") == offsets(ls)[1]
+    assert ix.remove(b"m1") == -1
+    assert ids(ix, ix.channel_locs(b"c")) == [i for i in before if i != "m1"]
+    gone = [f"m{i}".encode() for i in range(0, 40, 3)] + [b"unknown"]
+    locs = ix.remove_many(gone)
+    assert locs[-1] == -1 and (locs[:-1] >= 0).all()
+    assert ix.task_locs(b"t").tolist() == []
+    assert len(ix) == 40 - 1 - 14
+    live = set(ids(ix, ix.channel_locs(b"c"))) | set(ids(ix, ix.channel_locs(b"d")))
+    assert live == {f"m{i}" for i in range(40) if i != 1 and i % 3}
+    # freed entries are reused, order still right
+    data2 = b"".join(ls) + line("m0", "d", "t", "")
+    ix.attach(0, data2)
+    assert ix.add(len(data2) - len(line("m0", "d", "t", ""))) is True
+    assert ids(ix, ix.task_locs(b"t")) == ["m0"]
+    d = ids(ix, ix.channel_locs(b"d"))
+    assert d[0] in ("m2", "m10") or d.index("m0") < len(d)
+
+
+def test_channels_exclude_emptied_and_excess():
+    ls = [line(f"a{i}", "A") for i in range(5)] + [line(f"b{i}", "B") for i in range(2)] + [line("c0", "C")]
+    ix, _, _ = build(ls)
+    off = offsets(ls)
+    assert ix.channels() == [b"A", b"B", b"C"]
+    ix.remove(b"c0")
+    assert ix.channels() == [b"A", b"B"]
+    assert ix.excess(2).tolist() == off[0:3]
+    assert ix.excess(1).tolist() == off[0:4] + off[5:6]
+    assert ix.excess(10).tolist() == []
+    with pytest.raises(FramingError):
+        ix.excess(-1)
+
+
+def test_seg_stats_seg_locs_relocate():
+    a = [line(f"a{i}", "c") for i in range(3)]
+    ix = _index.HotIndex()
+    ix.attach(0, b"".join(a))
+    ix.ingest(0)
+    ix.attach(1, b"".join(a[:1]) + line("b", "c"))
+    ix.ingest(1)
+    assert ix.seg_stats() == {0: (3, sum(map(len, a))), 1: (1, len(line("b", "c")))}  # a0 in seg 1: dup
+    ix.remove(b"a1")
+    assert ix.seg_stats() == {0: (2, len(a[0]) + len(a[2])), 1: (1, len(line("b", "c")))}
+    assert ix.seg_locs(0).tolist() == [0, len(a[0]) + len(a[1])]
+    # rewrite of segment 0 into segment 2 without a1
+    new = a[0] + a[2]
+    ix.attach(2, new)
+    moved = ix.relocate(ix.seg_locs(0), [2 << S, (2 << S) + len(a[0])])
+    ix.detach(0)
+    assert moved == 2
+    assert ids(ix, ix.channel_locs(b"c")) == ["a0", "a2", "b"]
+    assert ix.find(b"a2") == (2 << S) + len(a[0])
+    with pytest.raises(FramingError):
+        ix.relocate([1, 2], [3])
+
+
+def test_search_in_escaped_content():
+    ls = [line("m0", "c", content="line one\nline two"), line("m1", "c", content="say \"hi\""),
+          line("m2", "d", content="back\\slash n"), line("m3", "c", content="\u00c9t\u00e9 and \x0b"),
+          line("m4", "d", content="plain", role="nomatch"), line("m5", "e", content="\n\t\n")]
+    ix, _, _ = build(ls)
+    s = lambda t, ci=False, na=False, ch=None: ids(ix, ix.search(key(t), ci, na, ch))
+    assert s("\n") == ["m0", "m5"]
+    assert s("n") == ["m0", "m3", "m2", "m4"]   # never the n of an escaped newline (m5)
+    assert s("t") == ["m0", "m3"]
+    assert s("\\n") == []                   # backslash-n text appears nowhere
+    assert s("\\") == ["m2"]
+    assert s('"hi"') == ["m1"]
+    assert s('"') == ["m1"]
+    assert s("u000b") == []                  # inside the \u000b escape
+    assert s("\x0b") == ["m3"]
+    assert s("LINE", ci=True) == ["m0"]
+    assert s("LINE") == []
+    assert s("\u00e9t\u00e9") == []           # exact, not casefolded
+    assert s("t\u00e9", ci=True, na=True) == ["m3"]
+    assert s("zzz", na=True) == ["m3"]        # non-ASCII candidate
+    assert s("nomatch") == []                # fields after the content do not match
+    assert s("") == ["m0", "m1", "m3", "m2", "m4", "m5"]
+    assert s("\t\n") == ["m5"]
+    assert s("n", ch=key("d")) == ["m2", "m4"]
+    assert s("n", ch=key("zz")) == []
+
+
+def test_attach_variants_and_errors(tmp_path):
+    ix = _index.HotIndex()
+    ix.attach(0, None)
+    assert ix.ingest(0).good_end == 0
+    ix.attach(1, b"")
+    assert ix.ingest(1).n_lines == 0
+    with pytest.raises(FramingError):
+        ix.attach(2, "text")
+    with pytest.raises(FramingError):
+        ix.attach(-1, b"")
+    with pytest.raises(FramingError):
+        ix.attach(1 << 23, b"")
+    with pytest.raises(RuneError, match="not attached"):
+        ix.ingest(7)
+    ix.attach(3, line("m", "c"))
+    with pytest.raises(FramingError):
+        ix.ingest(3, 5, 2)
+    with pytest.raises(FramingError):
+        ix.find(42)
+    # an mmap stays valid while attached and cannot be closed under the index
+    p = tmp_path / "seg"
+    p.write_bytes(line("m", "c"))
+    with open(p, "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    ix.attach(5, m)
+    ix.ingest(5)
+    with pytest.raises(BufferError):
+        m.close()
+    ix.detach(5)
+    m.close()
+
+
+# ---- snapshots -------------------------------------------------------------
+
+def sample_index(n=300):
+    ls = [line(f"m{i}", f"c{i % 7}", f"t{i % 5}" if i % 2 else "",
+               "" if i % 3 else f"{(i * 7919) % 1000:04d}", f"content {i}") for i in range(n)]
+    ix, data, _ = build(ls)
+    ix.remove_many([f"m{i}".encode() for i in range(0, n, 11)])
+    return ix, data
+
+
+def test_snapshot_roundtrip(tmp_path):
+    ix, data = sample_index()
+    p = tmp_path / "idx.snap"
+    ix.save_snapshot(p, {0: len(data), 3: 17})
+    assert oct(os.stat(p).st_mode & 0o777) == "0o600"
+    j, cov = _index.HotIndex.load_snapshot(p)
+    assert cov == {0: len(data), 3: 17}
+    j.attach(0, data)
+    assert len(j) == len(ix)
+    for c in ix.channels():
+        assert j.channel_locs(c).tolist() == ix.channel_locs(c).tolist()
+        assert j.latest_task(c) == ix.latest_task(c)
+    for t in (b"t1", b"t3"):
+        assert j.task_locs(t).tolist() == ix.task_locs(t).tolist()
+    for i in range(300):
+        assert j.find(f"m{i}".encode()) == ix.find(f"m{i}".encode())
+    assert j.channels() == ix.channels()
+    # the loaded index keeps working: add, remove, save again
+    extra = line("new", "c1", "", "0001")
+    j.attach(0, data + extra)
+    assert j.add(len(data)) is True and j.remove(b"m1") >= 0
+    j.save_snapshot(p, {0: len(data) + len(extra)})
+    k, _ = _index.HotIndex.load_snapshot(p)
+    k.attach(0, data + extra)
+    assert k.channel_locs(b"c1").tolist() == j.channel_locs(b"c1").tolist()
+
+
+def test_snapshot_empty_index(tmp_path):
+    p = tmp_path / "e.snap"
+    _index.HotIndex().save_snapshot(p, {})
+    j, cov = _index.HotIndex.load_snapshot(p)
+    assert len(j) == 0 and cov == {} and j.channels() == []
+
+
+def test_snapshot_damage_is_refused(tmp_path):
+    ix, data = sample_index(100)
+    p = tmp_path / "idx.snap"
+    ix.save_snapshot(p, {0: len(data)})
+    raw = p.read_bytes()
+    with pytest.raises(CorruptStateCheckpointError, match="unreadable") as ei:
+        _index.HotIndex.load_snapshot(tmp_path / "missing.snap")
+    assert ei.value.path.endswith("missing.snap")
+    for pos in (0, 9, 17, 30, 40, 64, len(raw) // 2, len(raw) - 1):
+        bad = bytearray(raw)
+        bad[pos] ^= 0x10
+        p.write_bytes(bytes(bad))
+        with pytest.raises(CorruptStateCheckpointError) as ei:
+            _index.HotIndex.load_snapshot(p)
+        assert ei.value.path == str(p)
+    for cut in (0, 10, 64, len(raw) - 8):
+        p.write_bytes(raw[:cut])
+        with pytest.raises(CorruptStateCheckpointError):
+            _index.HotIndex.load_snapshot(p)
+    p.write_bytes(raw + b"\0" * 8)
+    with pytest.raises(CorruptStateCheckpointError):
+        _index.HotIndex.load_snapshot(p)
+
+
+def test_nbytes_per_message_is_small():
+    n = 20000
+    ls = [line(f"msg_{i:026d}", f"c{i % 50}", f"t{i % 300}", "", "x") for i in range(n)]
+    ix, _, _ = build(ls)
+    assert len(ix) == n
+    assert ix.nbytes / n <= 40
+
+
+def test_search_reports_a_live_line_that_no_longer_parses():
+    ls = [line("m0", "c", content="alpha"), line("m1", "c", content="beta"),
+          line("m2", "c", content="alpha beta")]
+    data = bytearray(b"".join(ls))
+    ix = _index.HotIndex()
+    ix.attach(0, bytes(data), path="/state/seg-0")
+    ix.ingest(0)
+    assert ids(ix, ix.search(b"alpha")) == ["m0", "m2"]
+    # break the field layout of the live line m1 (its checksum fails too)
+    pos = len(ls[0]) + data[len(ls[0]):].index(b'"hlc"')
+    data[pos + 1] = ord("X")
+    ix.attach(0, bytes(data), path="/state/seg-0")
+    with pytest.raises(CorruptStateCheckpointError) as ei:
+        ix.search(b"beta")
+    assert ei.value.offset == len(ls[0]) and ei.value.path == "/state/seg-0"
+    # a damaged hit whose fields still parse is returned, and reading it is loud
+    data2 = bytearray(b"".join(ls))
+    data2[len(ls[0]) + len(ls[1]) + data2[len(ls[0]) + len(ls[1]):].index(b"alpha")] = ord("A")
+    ix.attach(0, bytes(data2))
+    hits = ix.search(b"beta")
+    assert len(hits) == 2
+    with pytest.raises(CorruptStateCheckpointError):
+        ix.line(int(hits[1]))
+    # a dead line that does not parse is not the index's business
+    ix.attach(0, bytes(data))
+    ix.remove(b"m1")
+    assert ids(ix, ix.search(b"beta")) == ["m2"]
+
+
+def test_find_many():
+    ls = [line(f"m{i}", "c") for i in range(10)]
+    ix, _, _ = build(ls)
+    off = offsets(ls)
+    assert ix.find_many([b"m3", b"zz", bytearray(b"m0")]).tolist() == [off[3], -1, off[0]]
+    assert ix.find_many([]).tolist() == []
+    with pytest.raises(FramingError):
+        ix.find_many([3])

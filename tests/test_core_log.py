@@ -1,0 +1,232 @@
+"""rune_fast._log: hashes, the frame, the frame scan and the tail writer."""
+from __future__ import annotations
+
+import os
+import stat
+import threading
+
+import numpy as np
+import pytest
+import xxhash
+from hypothesis import given
+from hypothesis import strategies as st
+
+from _core_support import line, rest
+from rune_fast import _log
+from rune_fast.errors import (DurabilityError, FramingError, RuneError,
+                              StoreClosedError)
+
+
+@given(st.binary(max_size=300))
+def test_hashes_match_reference_xxhash(data):
+    assert _log.hash64(data) == xxhash.xxh3_64_intdigest(data)
+    assert _log.digest128(data) == xxhash.xxh3_128_hexdigest(data)
+    assert _log.hash64(memoryview(data)) == _log.hash64(bytearray(data))
+
+
+def test_hash_rejects_non_buffers():
+    with pytest.raises(FramingError, match="bytes-like"):
+        _log.hash64("text")
+    with pytest.raises(RuneError):
+        _log.digest128(12)
+
+
+def test_frame_layout():
+    r = b',"a":1}'
+    ln = _log.frame(r)
+    assert ln == b'{"x":"%016x"' % xxhash.xxh3_64_intdigest(r) + r + b"\n"
+    assert len(ln) == _log.PREFIX_LEN + len(r) + 1
+    assert _log.frame_many([r, b',"b":2}']) == ln + _log.frame(b',"b":2}')
+    assert _log.frame_many([]) == b""
+
+
+@pytest.mark.parametrize("bad, what", [
+    (b'"a":1}', "start with"), (b',"a":1', "end with"), (b"", "start with"),
+    (b',"a":"\n"}', "newline"), (b",}", "start with"),
+])
+def test_frame_rejects_bad_rest(bad, what):
+    with pytest.raises(FramingError, match=what):
+        _log.frame(bad)
+    with pytest.raises(FramingError):
+        _log.frame_many([b',"ok":1}', bad])
+
+
+def test_frame_rejects_too_long_and_non_bytes():
+    big = b',"a":"' + b"x" * (_log.MAX_LINE - _log.PREFIX_LEN - 8) + b'"}'
+    with pytest.raises(FramingError, match="MAX_LINE"):
+        _log.frame(big)
+    ok = b',"a":"' + b"x" * (_log.MAX_LINE - _log.PREFIX_LEN - 9) + b'"}'
+    assert len(_log.frame(ok)) == _log.MAX_LINE
+    with pytest.raises(FramingError):
+        _log.frame("not bytes")
+    with pytest.raises(FramingError):
+        _log.frame_many([None])
+
+
+def lines3():
+    return [line("a", "c"), line("b", "c", content="x" * 50), line("c", "d")]
+
+
+def test_scan_good_lines():
+    ls = lines3()
+    data = b"".join(ls)
+    s = _log.scan_frames(data)
+    assert s.offsets.dtype == np.int64
+    assert s.offsets.tolist() == [0, len(ls[0]), len(ls[0]) + len(ls[1])]
+    assert s.lengths.tolist() == [len(x) - 1 for x in ls]
+    assert (s.good_end, s.torn_offset, s.damaged_offset, s.damage) == (len(data), -1, -1, "")
+    # a sub-region that starts at a line
+    s2 = _log.scan_frames(data, len(ls[0]), len(ls[0]) + len(ls[1]))
+    assert s2.offsets.tolist() == [len(ls[0])] and s2.good_end == len(ls[0]) + len(ls[1])
+    assert "FrameScan" in repr(s)
+
+
+def test_scan_empty_and_bad_region():
+    s = _log.scan_frames(b"")
+    assert len(s.offsets) == 0 and s.good_end == 0 and s.torn_offset == -1
+    with pytest.raises(FramingError):
+        _log.scan_frames(b"abc", 2, 1)
+    with pytest.raises(FramingError):
+        _log.scan_frames(b"abc", 0, 10)
+    with pytest.raises(FramingError):
+        _log.scan_frames(None)
+
+
+def test_scan_torn_and_preallocated_tail():
+    ls = lines3()
+    data = b"".join(ls)
+    torn = data + ls[0][:10]
+    s = _log.scan_frames(torn)
+    assert s.torn_offset == len(data) and s.good_end == len(data) and s.damaged_offset == -1
+    zeros = data + b"\0" * 4096
+    s = _log.scan_frames(zeros)
+    assert s.torn_offset == -1 and s.good_end == len(data) and len(s.offsets) == 3
+    # a torn line followed by preallocated zeros is still torn
+    s = _log.scan_frames(data + b'{"x":' + b"\0" * 100)
+    assert s.torn_offset == len(data)
+
+
+@pytest.mark.parametrize("mutate, reason", [
+    (lambda l: l[:30] + bytes([l[30] ^ 1]) + l[31:], "checksum mismatch"),
+    (lambda l: b"[" + l[1:], "bad prefix"),
+    (lambda l: l[:6] + b"G" + l[7:], "bad checksum hex"),
+    (lambda l: l[:6] + b"A" + l[7:], "bad checksum hex"),
+    (lambda l: l[:-2] + b" \n", "bad rest"),
+    (lambda l: b"\n", "bad prefix"),
+])
+def test_scan_reports_damage_at_its_offset(mutate, reason):
+    ls = lines3()
+    bad = mutate(ls[1])
+    data = ls[0] + bad + ls[2]
+    s = _log.scan_frames(data)
+    assert s.damaged_offset == len(ls[0]) and s.damage == reason
+    assert s.good_end == len(ls[0]) and s.offsets.tolist() == [0]
+    assert _log.check_line(data, len(ls[0])) == -1
+    assert _log.line_verdict(data, len(ls[0])) == reason
+
+
+def test_complete_final_line_that_fails_is_damage_not_tear():
+    ls = lines3()
+    bad = ls[2][:40] + bytes([ls[2][40] ^ 4]) + ls[2][41:]
+    s = _log.scan_frames(ls[0] + ls[1] + bad)
+    assert s.damaged_offset == len(ls[0]) + len(ls[1]) and s.torn_offset == -1
+
+
+def test_check_line():
+    ls = lines3()
+    data = b"".join(ls)
+    assert _log.check_line(data, 0) == len(ls[0]) - 1
+    assert _log.check_line(data, len(ls[0])) == len(ls[1]) - 1
+    assert _log.check_line(data, 1) == -1
+    assert _log.check_line(data, -1) == -1
+    assert _log.check_line(data, len(data)) == -1
+    assert _log.check_line(data[:-1], len(ls[0]) + len(ls[1])) == -1   # no newline
+    assert _log.line_verdict(data[:-1], len(ls[0]) + len(ls[1])) == "torn"
+    assert _log.line_verdict(data, 0) == ""
+
+
+# ---- TailWriter -----------------------------------------------------------
+
+def test_writer_appends_at_offsets(tmp_path):
+    p = tmp_path / "seg.jsonl"
+    with _log.TailWriter(p) as w:
+        assert w.size == 0 and not w.closed
+        a, b = line("a", "c"), line("b", "c")
+        assert w.append(a) == 0
+        assert w.append(memoryview(b)) == len(a)
+        assert w.append(b"") == len(a) + len(b)
+        w.sync()
+        assert w.size == len(a) + len(b)
+        assert isinstance(w.fileno(), int)
+        assert "TailWriter" in repr(w)
+    assert w.closed
+    assert p.read_bytes() == a + b
+    assert stat.S_IMODE(os.stat(p).st_mode) == 0o600
+    w2 = _log.TailWriter(str(p), create=False)
+    assert w2.size == len(a) + len(b)
+    assert w2.append(a) == len(a) + len(b)
+    w2.close()
+    w2.close()
+
+
+def test_writer_errors(tmp_path):
+    with pytest.raises(FileNotFoundError) as ei:
+        _log.TailWriter(tmp_path / "missing", create=False)
+    assert "missing" in str(ei.value)
+    w = _log.TailWriter(tmp_path / "x")
+    with pytest.raises(FramingError):
+        w.append("text")
+    w.close()
+    for call in (lambda: w.append(b"x"), w.sync, lambda: w.truncate(0), w.fileno):
+        with pytest.raises(StoreClosedError, match="closed"):
+            call()
+
+
+def test_writer_truncate(tmp_path):
+    w = _log.TailWriter(tmp_path / "t")
+    w.append(b"0123456789")
+    w.truncate(4)
+    assert w.size == 4 and w.append(b"ab") == 4
+    with pytest.raises(FramingError):
+        w.truncate(100)
+    w.close()
+    assert (tmp_path / "t").read_bytes() == b"0123ab"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_write_failure_is_loud_and_sticky():
+    w = _log.TailWriter("/dev/full", create=False)
+    with pytest.raises(DurabilityError, match="/dev/full") as ei:
+        w.append(b"x" * 100)
+    assert isinstance(ei.value.__cause__, OSError)
+    with pytest.raises(DurabilityError, match="refuses"):
+        w.append(b"y")
+    w.close()
+
+
+def test_concurrent_appends_do_not_interleave(tmp_path):
+    p = tmp_path / "c"
+    w = _log.TailWriter(p)
+    offs = {}
+
+    def run(k):
+        mine = []
+        for j in range(200):
+            ln = line(f"{k}-{j}", "c", content="z" * (j % 37))
+            mine.append((w.append(ln), ln))
+            if j % 50 == 0:
+                w.sync()
+        offs[k] = mine
+
+    ts = [threading.Thread(target=run, args=(k,)) for k in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    w.close()
+    data = p.read_bytes()
+    s = _log.scan_frames(data)
+    assert len(s.offsets) == 800 and s.good_end == len(data)
+    for mine in offs.values():
+        for off, ln in mine:
+            assert data[off:off + len(ln)] == ln

@@ -1,0 +1,79 @@
+"""rune_fast._search.find_spans against a plain-Python reference."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rune_fast import _search
+from rune_fast.errors import FramingError
+
+
+def ascii_lower(b: bytes) -> bytes:
+    return bytes(c | 0x20 if 65 <= c <= 90 else c for c in b)
+
+
+def reference(data, starts, ends, needle, ci, na):
+    out = []
+    for i, (s, e) in enumerate(zip(starts, ends)):
+        span = data[max(s, 0):min(e, len(data))]
+        hit = (ascii_lower(needle) in ascii_lower(span)) if ci else (needle in span)
+        if hit or (na and any(c >= 0x80 for c in span)):
+            out.append(i)
+    return out
+
+
+ALPHA = st.sampled_from([b"a", b"A", b"b", b"B", b"z", b"\xc3", b"\xa9", b" ", b"\\", b'"'])
+
+
+@given(chunks=st.lists(st.lists(ALPHA, max_size=70).map(b"".join), max_size=8),
+       needle=st.lists(ALPHA, max_size=4).map(b"".join),
+       ci=st.booleans(), na=st.booleans())
+def test_matches_reference(chunks, needle, ci, na):
+    data = b"".join(chunks)
+    starts, ends, pos = [], [], 0
+    for c in chunks:
+        starts.append(pos)
+        pos += len(c)
+        ends.append(pos)
+    got = _search.find_spans(data, np.array(starts, dtype=np.int64), ends, needle, ci, na)
+    assert got.dtype == np.int64
+    assert got.tolist() == reference(data, starts, ends, needle, ci, na)
+
+
+def test_long_spans_use_the_vector_path():
+    body = b"x" * 1000 + b"NeedleInHay" + b"y" * 1000
+    data = body * 3 + b"z" * 3000
+    starts = [0, 2011, 4022, 6033]
+    ends = [2011, 4022, 6033, 9033]
+    assert _search.find_spans(data, starts, ends, b"NeedleInHay").tolist() == [0, 1, 2]
+    assert _search.find_spans(data, starts, ends, b"needleinhay").tolist() == []
+    assert _search.find_spans(data, starts, ends, b"needleinhay", True).tolist() == [0, 1, 2]
+    assert _search.find_spans(data, starts, ends, b"NEEDLE", True).tolist() == [0, 1, 2]
+    # a match must lie inside its span
+    assert _search.find_spans(data, [0], [1005], b"Needle").tolist() == []
+    assert _search.find_spans(data, [0], [1006], b"Needle").tolist() == [0]
+
+
+def test_empty_needle_and_no_spans():
+    assert _search.find_spans(b"abc", [0, 1], [1, 3], b"").tolist() == [0, 1]
+    assert _search.find_spans(b"abc", [], [], b"a").tolist() == []
+
+
+def test_nonascii_candidates():
+    data = "stra\u00dfe".encode() + b"plain"
+    starts, ends = [0, 7], [7, 12]
+    assert _search.find_spans(data, starts, ends, b"ss", True, False).tolist() == []
+    assert _search.find_spans(data, starts, ends, b"ss", True, True).tolist() == [0]
+
+
+def test_bad_arguments():
+    with pytest.raises(FramingError):
+        _search.find_spans("str", [0], [1], b"a")
+    with pytest.raises(FramingError):
+        _search.find_spans(b"abc", [0, 1], [1], b"a")
+    with pytest.raises(FramingError):
+        _search.find_spans(b"abc", [0], [1], 5)
+    with pytest.raises(FramingError):
+        _search.find_spans(b"abc", ["x"], [1], b"a")

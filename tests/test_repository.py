@@ -1,0 +1,312 @@
+"""ConversationStateRepository: tiers, compaction, cooling, erasure, recovery, threads."""
+from __future__ import annotations
+
+import os
+import stat
+import threading
+
+import orjson
+import pytest
+
+from rune_fast.conversation_state import ConversationStateRepository, ReadStatus
+from rune_fast.errors import (
+    CorruptStateCheckpointError,
+    DurabilityError,
+    ReadOnlyStoreError,
+    RuneError,
+    StateLockedError,
+    RecoveryWarning,
+)
+from rune_fast.records import ConversationMessageRecord
+
+
+def msg(i: int, channel: str = "ch", task: str = "", content: str | None = None, hlc: str = "",
+        role: str = "user") -> ConversationMessageRecord:
+    return ConversationMessageRecord(msg_id=f"msg_{i:08d}", role=role,
+                                     content=content if content is not None else f"message number {i}",
+                                     channel_id=channel, task_id=task, hlc=hlc, ts=1_700_000_000.0 + i)
+
+
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def files_under(root):
+    for dirpath, _dirs, names in os.walk(root):
+        for n in names:
+            yield os.path.join(dirpath, n)
+
+
+def test_tiers_move_tail_hot_cool(tmp_path):
+    with ConversationStateRepository(tmp_path, compact_every=1000, hot_window=2) as repo:
+        for i in range(5):
+            assert repo.append(msg(i))
+        assert repo.get_message("msg_00000004").tier == "tail"
+        rep = repo.compact()
+        assert rep.cooled == 3
+        assert [repo.get_message(f"msg_{i:08d}").tier for i in range(5)] == ["cool"] * 3 + ["hot"] * 2
+        assert repo.window("ch", 10) == [msg(i) for i in range(5)]
+        assert repo.append(msg(0)) is False          # duplicate of a cool message
+        assert len(repo) == 5
+    # and after reopen
+    with ConversationStateRepository(tmp_path, compact_every=1000, hot_window=2) as repo:
+        assert [repo.get_message(f"msg_{i:08d}").tier for i in range(5)] == ["cool"] * 3 + ["hot"] * 2
+        assert repo.window("ch", 3) == [msg(i) for i in range(2, 5)]
+        assert [h.record.msg_id for h in repo.search("number")] == [f"msg_{i:08d}" for i in range(5)]
+
+
+def test_auto_compaction_counts_stored_messages_only(tmp_path):
+    with ConversationStateRepository(tmp_path, compact_every=4, hot_window=100) as repo:
+        for i in range(3):
+            repo.append(msg(i))
+        for _ in range(5):
+            repo.append(msg(0))    # duplicates do not count
+        assert repo.stats()["compactions"] == 0
+        repo.append(msg(3))
+        assert repo.stats()["compactions"] == 1
+        assert repo.get_message("msg_00000003").tier == "hot"
+
+
+def test_cooled_segments_are_reclaimed(tmp_path):
+    with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=1) as repo:
+        repo.append_many(msg(i, channel=f"c{i % 2}") for i in range(200))
+        repo.compact()
+        repo.append_many(msg(i, channel=f"c{i % 2}") for i in range(200, 400))
+        repo.compact()
+        st_ = repo.stats()
+        assert st_["hot_and_tail"] == 2
+        assert st_["cool"] == 398
+        assert st_["hot_bytes"] < 4096     # cooled lines do not linger on disk
+        assert len(repo) == 400
+
+
+def test_snapshot_is_used_and_tail_after_it_is_checked(tmp_path):
+    with ConversationStateRepository(tmp_path, compact_every=10_000) as repo:
+        repo.append_many(msg(i) for i in range(100))
+    assert os.path.exists(tmp_path / "hot" / "conversation_index.snap")
+    with ConversationStateRepository(tmp_path) as repo:
+        repo.append(msg(100))
+    # damage a line written after the snapshot: open must see it
+    tail = tmp_path / "hot" / "conversation_tail.jsonl"
+    data = bytearray(tail.read_bytes())
+    last = data.rindex(b"message number 100")
+    data[last] ^= 0x01
+    tail.write_bytes(bytes(data))
+    os.unlink(tmp_path / "hot" / "conversation_index.snap")
+    with pytest.raises(CorruptStateCheckpointError) as e:
+        ConversationStateRepository(tmp_path)
+    assert "conversation_tail.jsonl" in str(e.value)
+    assert e.value.offset is not None
+
+
+def test_flipped_byte_is_source_corrupt_on_exact_read(tmp_path):
+    with ConversationStateRepository(tmp_path) as repo:
+        repo.append_many(msg(i) for i in range(10))
+    tail = tmp_path / "hot" / "conversation_tail.jsonl"
+    data = bytearray(tail.read_bytes())
+    data[data.index(b"message number 3")] ^= 0x20
+    tail.write_bytes(bytes(data))
+    try:
+        repo = ConversationStateRepository(tmp_path)
+    except CorruptStateCheckpointError:
+        return     # detected at open: allowed
+    with repo:
+        assert repo.get_message("msg_00000003").status is ReadStatus.SOURCE_CORRUPT
+        assert repo.get_message("msg_00000004").status is ReadStatus.FOUND_VERIFIED
+        with pytest.raises(CorruptStateCheckpointError):
+            repo.window("ch", 10)
+
+
+def test_torn_final_line_is_quarantined(tmp_path):
+    with ConversationStateRepository(tmp_path) as repo:
+        repo.append_many(msg(i) for i in range(3))
+    tail = tmp_path / "hot" / "conversation_tail.jsonl"
+    with open(tail, "ab") as f:
+        f.write(b'{"x":"0123456789abcdef","k":"m","r":{"msg_id":"msg_9')
+    with pytest.warns(RecoveryWarning):
+        repo = ConversationStateRepository(tmp_path)
+    with repo:
+        q = repo.stats()["quarantined"]
+        assert len(q) == 1 and q[0]["file"].endswith("conversation_tail.jsonl")
+        with open(q[0]["quarantine"], "rb") as f:
+            assert f.read().startswith(b'{"x":"0123456789abcdef"')
+        assert len(repo) == 3
+        assert repo.append(msg(3))
+    with ConversationStateRepository(tmp_path) as repo:
+        assert len(repo) == 4
+
+
+def test_zero_padding_is_not_damage(tmp_path):
+    with ConversationStateRepository(tmp_path) as repo:
+        repo.append_many(msg(i) for i in range(3))
+    tail = tmp_path / "hot" / "conversation_tail.jsonl"
+    with open(tail, "ab") as f:
+        f.write(b"\0" * 5000)
+    with ConversationStateRepository(tmp_path) as repo:
+        assert len(repo) == 3
+        repo.append(msg(3))
+    with ConversationStateRepository(tmp_path) as repo:
+        assert repo.window("ch", 10) == [msg(i) for i in range(4)]
+
+
+def test_erasure_removes_bytes_from_every_tier(tmp_path):
+    secret = "the-secret-payload-%d"
+    with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=2) as repo:
+        repo.append_many(msg(i, content=secret % i) for i in range(6))
+        repo.compact()                         # 0..3 cool, 4..5 hot
+        repo.append(msg(6, content=secret % 6))  # tail
+        for i in (1, 4, 6):
+            assert repo.delete(f"msg_{i:08d}") is True
+        for i in (1, 4, 6):
+            assert repo.get_message(f"msg_{i:08d}").status is ReadStatus.NOT_FOUND_CONFIRMED
+            assert repo.append(msg(i)) is False
+        assert len(repo) == 4
+        assert [r.msg_id for r in repo.window("ch", 10)] == [f"msg_{i:08d}" for i in (0, 2, 3, 5)]
+        repo.compact()
+        assert repo.verify().ok
+    for path in files_under(tmp_path):
+        with open(path, "rb") as f:
+            data = f.read()
+        for i in (1, 4, 6):
+            assert (secret % i).encode() not in data, path
+    with ConversationStateRepository(tmp_path) as repo:
+        assert len(repo) == 4
+        assert repo.get_message("msg_00000001").status is ReadStatus.NOT_FOUND_CONFIRMED
+
+
+def test_clear_channel(tmp_path):
+    with ConversationStateRepository(tmp_path, hot_window=2, compact_every=5) as repo:
+        repo.append_many(msg(i, channel="a" if i % 2 else "b") for i in range(20))
+        assert repo.clear_channel("a") == 10
+        assert repo.window("a", 5) == []
+        assert repo.channels() == ["b"]
+        assert len(repo) == 10
+        assert repo.clear_channel("a") == 0
+
+
+def test_second_writer_is_refused_and_reader_is_not(tmp_path):
+    with ConversationStateRepository(tmp_path) as repo:
+        repo.append(msg(1))
+        with pytest.raises(StateLockedError):
+            ConversationStateRepository(tmp_path)
+        before = {p: read(p) for p in files_under(tmp_path)}
+        with ConversationStateRepository(tmp_path, read_only=True) as viewer:
+            assert viewer.window("ch") == [msg(1)]
+            repo.append(msg(2))
+            assert viewer.refresh() == 1
+            assert viewer.window("ch") == [msg(1), msg(2)]
+            with pytest.raises(ReadOnlyStoreError):
+                viewer.append(msg(3))
+            with pytest.raises(RuneError):
+                viewer.compact()
+        after = {p: read(p) for p in files_under(tmp_path)}
+        assert set(before) <= set(after)
+
+
+def test_reader_follows_compaction(tmp_path):
+    with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=2) as repo:
+        repo.append_many(msg(i) for i in range(5))
+        with ConversationStateRepository(tmp_path, read_only=True) as viewer:
+            repo.compact()
+            repo.append(msg(5))
+            viewer.refresh()
+            assert viewer.window("ch", 10) == [msg(i) for i in range(6)]
+            assert viewer.get_message("msg_00000000").tier == "cool"
+
+
+def test_threads_append_concurrently(tmp_path):
+    for mode in ("fsync", "batch"):
+        d = tmp_path / mode
+        with ConversationStateRepository(d, durability=mode, compact_every=50, hot_window=20) as repo:
+            def work(t):
+                for i in range(60):
+                    assert repo.append(msg(t * 1000 + i, channel=f"c{t}"))
+                    repo.window(f"c{t}", 3)
+            threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            assert len(repo) == 240
+            for t in range(4):
+                assert repo.window(f"c{t}", 100) == [msg(t * 1000 + i, channel=f"c{t}") for i in range(60)]
+        with ConversationStateRepository(d) as repo:
+            assert len(repo) == 240
+
+
+def test_failed_sync_is_reported_and_store_refuses_writes(tmp_path, monkeypatch):
+    repo = ConversationStateRepository(tmp_path)
+    repo.append(msg(1))
+
+    def broken(fd):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", broken)
+    with pytest.raises(DurabilityError):
+        repo.append(msg(2))
+    monkeypatch.undo()
+    with pytest.raises(DurabilityError):
+        repo.append(msg(3))
+    repo.close()
+    with ConversationStateRepository(tmp_path) as repo:
+        assert repo.get_message("msg_00000001").status is ReadStatus.FOUND_VERIFIED
+        assert repo.append(msg(3))
+
+
+def test_late_stamped_message_takes_its_place_across_tiers(tmp_path):
+    hlc = lambda w: f"{w:015d}-{0:010d}-dev"   # noqa: E731
+    with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=2) as repo:
+        repo.append_many(msg(i, hlc=hlc(10 * i)) for i in range(1, 6))
+        repo.compact()      # 1..3 cool
+        late = msg(99, hlc=hlc(15))   # belongs between 1 and 2, which are cool
+        assert repo.append(late)
+        assert [r.msg_id for r in repo.window("ch", 3)] == ["msg_00000003", "msg_00000004", "msg_00000005"]
+        assert [r.msg_id for r in repo.window("ch", 10)][:3] == ["msg_00000001", "msg_00000099", "msg_00000002"]
+        repo.compact()
+        assert [r.msg_id for r in repo.window("ch", 10)][:3] == ["msg_00000001", "msg_00000099", "msg_00000002"]
+
+
+def test_legacy_fat_checkpoint_is_imported_once(tmp_path):
+    hot = tmp_path / "hot"
+    hot.mkdir()
+    legacy = [msg(i).to_dict() for i in range(3)] + [msg(1).to_dict()]
+    (hot / "conversation_messages.json").write_bytes(orjson.dumps({"messages": legacy}))
+    with ConversationStateRepository(tmp_path) as repo:
+        assert len(repo) == 3
+    assert not (hot / "conversation_messages.json").exists()
+    with ConversationStateRepository(tmp_path) as repo:
+        assert repo.window("ch") == [msg(i) for i in range(3)]
+
+
+def test_files_are_owner_only(tmp_path):
+    d = tmp_path / "state"
+    with ConversationStateRepository(d, hot_window=1, compact_every=2) as repo:
+        repo.append_many(msg(i) for i in range(5))
+        repo.compact()
+    for dirpath, dirs, names in os.walk(d):
+        assert stat.S_IMODE(os.stat(dirpath).st_mode) == 0o700, dirpath
+        for n in names:
+            assert stat.S_IMODE(os.stat(os.path.join(dirpath, n)).st_mode) == 0o600, n
+
+
+def test_hostile_ids_never_become_paths(tmp_path):
+    d = tmp_path / "state"
+    with ConversationStateRepository(d, hot_window=1, compact_every=2) as repo:
+        for i, name in enumerate(["../../escape", "/etc/passwd", "a/b", "..", "con\\x"]):
+            repo.append(msg(i, channel=name, task=name))
+        repo.compact()
+        assert repo.window("../../escape") == [msg(0, channel="../../escape", task="../../escape")]
+    assert sorted(os.listdir(tmp_path)) == ["state"]
+
+
+def test_bad_input_writes_nothing(tmp_path):
+    with ConversationStateRepository(tmp_path) as repo:
+        with pytest.raises(TypeError):
+            repo.append({"msg_id": "x"})
+        with pytest.raises(TypeError):
+            repo.append_many([msg(1), "nope"])
+        assert len(repo) == 0
+        assert repo.window("nope") == []
+        with pytest.raises(ValueError):
+            ConversationStateRepository(tmp_path / "x", durability="sometimes")

@@ -1,0 +1,163 @@
+"""The conversation repository against a plain-Python model (hypothesis state machine).
+
+Appends (new and duplicate, stamped and unstamped), batches, deletions,
+compactions with cooling, and reopens (with and without the index snapshot);
+every read is checked against the model after each step.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import hypothesis.strategies as st
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from rune_fast.conversation_state import ConversationStateRepository, ReadStatus
+from rune_fast.records import ConversationMessageRecord
+
+CHANNELS = ["general", "ops/éé", "c\"3"]
+TASKS = ["", "task_a", "task_b"]
+WORDS = ["alpha", "Beta", "straße", "STRASSE", "kelvin \u212a", "zeta\nline", "ω"]
+
+
+def model_order(recs):
+    """SPEC order: unstamped in append order first, then stamped by (hlc, msg_id)."""
+    unstamped = [r for r in recs if not r.hlc]
+    stamped = sorted((r for r in recs if r.hlc), key=lambda r: (r.hlc, r.msg_id))
+    return unstamped + stamped
+
+
+class RepositoryModel(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = tempfile.mkdtemp(prefix="rune-model-")
+        self.repo = ConversationStateRepository(self.dir, compact_every=7, hot_window=3)
+        self.stored: dict[str, ConversationMessageRecord] = {}
+        self.appended: list[str] = []          # append order of live ids
+        self.deleted: set[str] = set()
+        self.n = 0
+
+    def teardown(self) -> None:
+        self.repo.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _new(self, channel, task, word, stamp):
+        self.n += 1
+        hlc = f"{1000 + stamp:015d}-{self.n % 3:010d}-dev{stamp % 2}" if stamp >= 0 else ""
+        return ConversationMessageRecord(msg_id=f"msg_{self.n:06d}", role="user",
+                                         content=f"{word} #{self.n}", channel_id=channel,
+                                         task_id=task, hlc=hlc, ts=1_700_000_000.0 + self.n)
+
+    @rule(channel=st.sampled_from(CHANNELS), task=st.sampled_from(TASKS),
+          word=st.sampled_from(WORDS), stamp=st.integers(-3, 20))
+    def append(self, channel, task, word, stamp):
+        rec = self._new(channel, task, word, stamp)
+        assert self.repo.append(rec) is True
+        self.stored[rec.msg_id] = rec
+        self.appended.append(rec.msg_id)
+
+    @rule(data=st.data())
+    @precondition(lambda self: self.stored or self.deleted)
+    def duplicate(self, data):
+        mid = data.draw(st.sampled_from(sorted(set(self.stored) | self.deleted)))
+        rec = self.stored.get(mid) or ConversationMessageRecord(
+            msg_id=mid, role="user", content="again", channel_id="general")
+        assert self.repo.append(rec) is False
+
+    @rule(k=st.integers(1, 5), channel=st.sampled_from(CHANNELS), stamp=st.integers(-3, 20))
+    def append_many(self, k, channel, stamp):
+        recs = [self._new(channel, TASKS[i % 3], WORDS[i % len(WORDS)], stamp) for i in range(k)]
+        recs.append(recs[0])   # a duplicate inside the batch
+        assert self.repo.append_many(recs) == k
+        for r in recs[:k]:
+            self.stored[r.msg_id] = r
+            self.appended.append(r.msg_id)
+
+    @rule(data=st.data())
+    @precondition(lambda self: self.stored)
+    def delete(self, data):
+        mid = data.draw(st.sampled_from(sorted(self.stored)))
+        assert self.repo.delete(mid) is True
+        del self.stored[mid]
+        self.appended.remove(mid)
+        self.deleted.add(mid)
+        assert self.repo.delete(mid) is False
+
+    @rule()
+    def compact(self):
+        self.repo.compact()
+
+    @rule(snapshot=st.booleans())
+    def reopen(self, snapshot):
+        self.repo.close()
+        if not snapshot:
+            path = os.path.join(self.dir, "hot", "conversation_index.snap")
+            if os.path.exists(path):
+                os.unlink(path)
+        self.repo = ConversationStateRepository(self.dir, compact_every=7, hot_window=3)
+
+    def _channel(self, ch):
+        return model_order([self.stored[m] for m in self.appended if self.stored[m].channel_id == ch])
+
+    @rule(channel=st.sampled_from(CHANNELS), n=st.integers(-1, 12))
+    def window(self, channel, n):
+        expect = self._channel(channel)[-n:] if n > 0 else []
+        assert self.repo.window(channel, n) == expect
+
+    @rule(task=st.sampled_from(TASKS[1:]))
+    def task(self, task):
+        got = self.repo.messages_for_task(task)
+        assert sorted(r.msg_id for r in got) == sorted(m for m in self.appended
+                                                     if self.stored[m].task_id == task)
+        for ch in CHANNELS:   # within a channel, the task's messages keep channel order
+            sub = [r for r in got if r.channel_id == ch]
+            assert sub == [r for r in self._channel(ch) if r.task_id == task]
+
+    @rule(word=st.sampled_from(WORDS + ["ss", "K", "#1", ""]), cs=st.booleans(),
+          channel=st.sampled_from([None] + CHANNELS))
+    def search(self, word, cs, channel):
+        hits = self.repo.search(word, channel, case_sensitive=cs)
+        if cs:
+            expect = {m for m, r in self.stored.items() if word in r.content}
+        else:
+            expect = {m for m, r in self.stored.items() if word.casefold() in r.content.casefold()}
+        if channel is not None:
+            expect = {m for m in expect if self.stored[m].channel_id == channel}
+        assert sorted(h.record.msg_id for h in hits) == sorted(expect)
+        for h in hits:
+            assert h.record == self.stored[h.record.msg_id]
+            assert h.tier in ("tail", "hot", "cool")
+
+    @rule(data=st.data())
+    @precondition(lambda self: self.stored or self.deleted)
+    def get(self, data):
+        mid = data.draw(st.sampled_from(sorted(set(self.stored) | self.deleted)))
+        r = self.repo.get_message(mid)
+        if mid in self.deleted:
+            assert r.status is ReadStatus.NOT_FOUND_CONFIRMED and r.record is None
+        else:
+            assert r.status is ReadStatus.FOUND_VERIFIED
+            assert r.record == self.stored[mid]
+            assert r.tier in ("tail", "hot", "cool")
+
+    @invariant()
+    def length(self):
+        assert len(self.repo) == len(self.stored)
+
+    @invariant()
+    def channels(self):
+        assert self.repo.channels() == sorted({r.channel_id for r in self.stored.values()})
+
+    @invariant()
+    def latest_task(self):
+        for ch in CHANNELS:
+            tasks = [r.task_id for r in self._channel(ch) if r.task_id]
+            assert self.repo.latest_task(ch) == (tasks[-1] if tasks else None)
+
+
+RepositoryModel.TestCase.settings = settings(
+    max_examples=40, stateful_step_count=30, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+TestRepositoryModel = RepositoryModel.TestCase
