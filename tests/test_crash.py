@@ -852,7 +852,8 @@ def test_death_at_each_step_of_compaction(tmp_path):
             model = copy.deepcopy(base)
             fails = Failures()
             model.apply(run.lines, fails)
-            if rc != 137:
+            survived = rc == 0 and "COMPACTED" in run.lines   # this compact() made fewer steps
+            if rc != 137 and not survived:
                 fails.add(f"the writer should have died at step {k} but exited with {rc}")
             if not fails:
                 try:
