@@ -413,7 +413,7 @@ def run_compact_die(args) -> None:
     if repo.append_many([make_message(m) for m in mids[3:]]) == 3:
         for mid in mids[3:]:
             out(f"ACK {mid}")
-    for mid in filter(None, args.tombs.split(",")):     # ids to delete now
+    for mid in [mids[1]] + list(filter(None, args.tombs.split(","))):   # ids to delete now
         out(f"TRYDEL {mid}")
         if repo.delete(mid):
             out(f"DEL {mid}")

@@ -820,3 +820,54 @@ def test_flipped_byte_in_events_line_task_ledger(tmp_path):
     finally:
         conv.close()
     assert not ok and any("events.jsonl" in p and str(start) in p for p in probs), probs
+
+
+# ------------------------------------------------------- deletion, then a crash
+
+@pytest.mark.parametrize("end", ["crash", "close"])
+def test_delete_then_reopen_then_compact_erases_every_tier(tmp_path, end):
+    """Issue 7: a writer deletes a message in each tier and dies (or closes)
+    before any compaction; the reopened store keeps them deleted, and its next
+    compact() erases their content from every file under state_dir."""
+    from rune_fast.conversation_state import ReadStatus
+    state = str(tmp_path / "s")
+    mids = ids(40)
+    run_child(f"""
+from rune_fast.conversation_state import ConversationStateRepository
+repo = ConversationStateRepository({state!r}, compact_every=100_000, hot_window=4)
+mids = {mids!r}
+repo.append_many([cw.make_message(m) for m in mids[:24]])
+repo.compact()
+for m in mids[24:]:
+    repo.append(cw.make_message(m))
+tiers = {{m: repo.get_message(m).tier for m in mids}}
+doomed = [next(m for m in mids if tiers[m] == t) for t in ("cool", "hot", "tail")]
+for m in doomed:
+    assert repo.delete(m)
+with open({str(tmp_path / "doomed")!r}, "w") as f:
+    f.write(",".join(doomed))
+if {end!r} == "close":
+    repo.close()
+""")
+    doomed = (tmp_path / "doomed").read_text().split(",")
+    repo, warns = open_conv(state, hot_window=4)
+    try:
+        assert not warns
+        for m in doomed:
+            assert repo.get_message(m).status == ReadStatus.NOT_FOUND_CONFIRMED, m
+        repo.compact()
+        assert_all_present(repo, [m for m in mids if m not in doomed])
+        assert verify_report(repo)[0]
+    finally:
+        repo.close()
+    held = {}
+    for path in cw.all_files(state):
+        texts = [read_bytes(path)]
+        if path.endswith(".parquet"):
+            import pyarrow.parquet as pq
+            tab = pq.read_table(path)
+            texts.append("\n".join(str(v) for col in tab.columns for v in col.to_pylist()).encode())
+        for m in doomed:
+            if any(f"<<{m}>>".encode() in t for t in texts):
+                held.setdefault(m, []).append(os.path.relpath(path, state))
+    assert not held, f"compact() after the reopen ({end}) left deleted content on disk: {held}"
