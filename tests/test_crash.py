@@ -51,6 +51,8 @@ pytestmark = pytest.mark.slow
 
 LIVE, DELETED, ABSENT, MAYBE_LIVE, MAYBE_DELETED = "live", "deleted", "absent", "maybe-live", "maybe-deleted"
 BIG = 1 << 20
+# Chance that a kill also tears the final line of each log file.
+TEAR_P = float(os.environ.get("RUNE_CRASH_TEAR_P", "0.25"))
 # Warnings that are not recovery reports (garbage collection, deprecations).
 IGNORED_WARNINGS = (ResourceWarning, DeprecationWarning, PendingDeprecationWarning)
 
@@ -287,15 +289,17 @@ def _stream_order_ok(ids: list[str]) -> str | None:
     return None
 
 
-def inject_tears(state: str, rng: random.Random) -> list[str]:
+def inject_tears(state: str, rng: random.Random, files: list[tuple[str, str]] | None = None) -> list[str]:
     """What a write cut short by the kill leaves: at the logical end (before any
     zero preallocation) of the tail and/or events.jsonl, the first part of a
     line (a copy of the file's last line, so it looks like a real frame).
     Returns which files were torn ("tail", "events")."""
     torn = []
-    for kind, path in (("tail", os.path.join(state, "hot", "conversation_tail.jsonl")),
-                       ("events", os.path.join(state, "events.jsonl"))):
-        if rng.random() >= 0.25 or not os.path.exists(path):
+    if files is None:
+        files = [("tail", os.path.join(state, "hot", "conversation_tail.jsonl")),
+                 ("events", os.path.join(state, "events.jsonl"))]
+    for kind, path in files:
+        if rng.random() >= TEAR_P or not os.path.exists(path):
             continue
         with open(path, "rb") as f:
             data = f.read()
@@ -593,7 +597,7 @@ def test_sigkill_conversation_writer(tmp_path, name):
             n_quar = quarantine_count(repo.stats())
             if "tail" in torn and n_quar == 0:
                 fails.add(f"the torn tail line is not reported by stats(): {repo.stats()!r:.500}")
-            elif warns and n_quar == 0:
+            elif (warns and n_quar == 0) or n_quar < len(torn):
                 fails.add_soft(f"stats() does not report the quarantine of the torn line the "
                                f"reopen warned about ({torn or warns})")
             check_conv_store(repo, model, fails, promote=True)
@@ -687,7 +691,17 @@ def _pending_matches(p: dict, old: dict | None, new: dict) -> bool:
     return new["status"] == p["status"] and outcome_ok and new["title"] == old["title"]
 
 
-def check_tasks(state: str, model: TaskModel, fails: Failures) -> None:
+def task_files(state: str) -> list[tuple[str, str]]:
+    hot = os.path.join(state, "hot")
+    logs = sorted(n for n in os.listdir(hot) if n.startswith("task_log") and n.endswith(".jsonl")) \
+        if os.path.isdir(hot) else []
+    out = [("events", os.path.join(state, "events.jsonl"))]
+    if logs:
+        out.insert(0, ("tasklog", os.path.join(hot, logs[-1])))
+    return out
+
+
+def check_tasks(state: str, model: TaskModel, fails: Failures, torn: list[str] = ()) -> None:
     TaskStateRepository = cw.task_repository_class()
     from rune_fast.records import TASK_TRANSITIONS
     with warnings.catch_warnings(record=True) as caught:
@@ -744,10 +758,14 @@ def check_tasks(state: str, model: TaskModel, fails: Failures) -> None:
                 fails.add(f"latest({ch!r}) = {gl.task_id if gl else None}, expected "
                           f"{created[-1] if created else None}")
         caught = [w for w in caught if not issubclass(w.category, IGNORED_WARNINGS)]
-        if caught:
-            if not _quarantine_reported(repo.stats()):
-                fails.add(f"task reopen warned {[str(w.message) for w in caught]} but stats() "
-                          f"does not report a quarantine")
+        if torn and not caught:
+            fails.add(f"the torn final line of {torn} was recovered without a warning")
+        n_quar = quarantine_count(repo.stats())
+        if "tasklog" in torn and n_quar == 0:
+            fails.add(f"the torn task log line is not reported by stats(): {repo.stats()}")
+        elif (caught and n_quar == 0) or n_quar < len(torn):
+            fails.add_soft(f"stats() does not report the quarantine of the torn line the task "
+                           f"ledger's reopen warned about ({torn or [str(w.message) for w in caught]})")
     finally:
         repo.close()
     envs, problems = cw.read_envelopes(os.path.join(state, "events.jsonl"))
@@ -768,6 +786,7 @@ def test_sigkill_task_ledger(tmp_path):
     rng = random.Random(seed)
     state = str(tmp_path / "state")
     model = TaskModel()
+    soft = SoftLog()
     gens = 6
     for gen in range(gens + 1):
         final = gen == gens
@@ -781,14 +800,20 @@ def test_sigkill_task_ledger(tmp_path):
             fails.add(f"the final task writer exited with {rc}")
         if plan is not None and rc not in (-signal.SIGKILL, 0):
             fails.add(f"the task writer died by itself with exit code {rc}")
+        torn = inject_tears(state, rng, task_files(state)) if plan is not None and not fails else []
         if not fails:
-            check_tasks(state, model, fails)
+            check_tasks(state, model, fails, torn)
+        soft.take(fails, f"generation {gen} (torn: {torn})")
+        print(f"task gen {gen}: plan {plan}, killed after {run.killed_at!r}, torn {torn}")   # shown with -s
         if fails:
             pytest.fail(f"task crash test failed: seed={seed} (RUNE_CRASH_SEED={SEED}), generation "
                         f"{gen}, kill plan {plan}, killed after {run.killed_at!r}, rc {rc}\n"
-                        f"last writer lines: {run.lines[-6:]}\nstderr:\n{run.stderr()}\nfailures:\n  - "
+                        f"torn: {torn}\nlast writer lines: {run.lines[-6:]}\nstderr:\n{run.stderr()}"
+                        f"\nfailures:\n  - "
                         + "\n  - ".join(fails[:30]), pytrace=False)
     assert model.tasks, f"seed {seed}: no task change was ever acknowledged"
+    soft.check(f"task crash test (seed {seed}): every crash check passed, but these contract "
+               f"checks failed:")
 
 
 # ---------------------------------------------- death at each step of compact()
@@ -799,6 +824,10 @@ def files_holding_content(state: str, mids: list[str]) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     markers = {m: f"<<{m}>>" for m in mids}
     for path in cw.all_files(state):
+        if "quarantin" in os.path.relpath(path, state):
+            # inject_tears copies a stored line: its torn copy in quarantine is
+            # an artefact of this test (a real torn line was never stored)
+            continue
         with open(path, "rb") as f:
             data = f.read()
         texts = [data]
