@@ -10,7 +10,8 @@ PY := $(VENV)/bin/python
 $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,demo]'
+	$(PY) -m pip install -q 'Cython>=3.0' 'setuptools>=68' wheel 'numpy>=1.26'
+	$(PY) -m pip install -q --no-build-isolation -e '.[test,demo]'
 	touch $@
 
 setup: $(VENV)/.installed

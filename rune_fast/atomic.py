@@ -58,9 +58,11 @@ class AtomicStore:
         rest = b',"body":' + body + b"}"
         return _HEAD + xxhash.xxh3_64_hexdigest(rest).encode("ascii") + b'"' + rest + b"\n"
 
-    def write(self, obj: Any) -> None:
+    def write(self, obj: Any, *, durable: bool = True) -> None:
         """Replace the checkpoint with ``obj``: temp file (0600) in the same
         folder, write, fsync, rename, fsync of the folder. Durable on return.
+        With ``durable=False`` the two fsyncs are left out: still old-or-new
+        after a process crash (rename is atomic), not after a power loss.
         :class:`DurabilityError` naming the path if any step fails (the old
         checkpoint is then still in place)."""
         data = self.encode(obj)
@@ -73,7 +75,8 @@ class AtomicStore:
                     view = memoryview(data)
                     while view:
                         view = view[os.write(fd, view):]
-                    os.fsync(fd)
+                    if durable:
+                        os.fsync(fd)
                 finally:
                     os.close(fd)
                 os.replace(tmp, self.path)
@@ -83,7 +86,8 @@ class AtomicStore:
             except BaseException:
                 _unlink_quietly(tmp)
                 raise
-            fsync_dir(folder)
+            if durable:
+                fsync_dir(folder)
 
     def read(self, default: Any = None) -> Any:
         """Return the stored JSON value, or ``default`` if the file is missing.

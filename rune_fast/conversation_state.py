@@ -80,6 +80,13 @@ ROLL_BYTES = 8 << 20
 SPARSE_FRACTION = 0.25
 SPARSE_MIN_BYTES = 64 << 10
 _FORMAT = 1
+#: The non-ASCII characters whose casefold holds an ASCII character (Unicode
+#: 15, checked by a test against this Python's unicodedata).
+FOLDS_TO_ASCII = ("\u00df\u0130\u0149\u017f\u01f0\u1e96\u1e97\u1e98\u1e99\u1e9a\u1e9e"
+                  "\u212a\ufb00\ufb01\ufb02\ufb03\ufb04\ufb05\ufb06")
+#: Decoded records kept by location (the newest appends and reads), so a
+#: window read decodes nothing; bytes are still checksummed on every read.
+_DECODE_CACHE = 4096
 
 
 class ReadStatus(enum.Enum):
@@ -175,6 +182,12 @@ def _order_key(rec: ConversationMessageRecord, tier_rank: int, pos: Any) -> tupl
     if rec.hlc:
         return (1, rec.hlc, rec.msg_id)
     return (0, tier_rank, pos)
+
+
+def _fold_key(rec: ConversationMessageRecord) -> tuple[str, str]:
+    """A message's place in the fold order: (its hlc, or the one section 7
+    derives from ts and origin, as text; msg_id)."""
+    return (rec.hlc or "%015d-%010d-%s" % (round(rec.ts * 1000), 0, rec.origin), rec.msg_id)
 
 
 _COOL_RANK = 0
@@ -299,12 +312,16 @@ class ConversationStateRepository:
             # files a crash left unreferenced (written before the manifest moved,
             # or replaced by it before they were unlinked)
             self._cool.gc(list(m["cool_files"]))
-        self._cool_max: dict[str, tuple | None] = {}
+        # channel -> (hlc, msg_id) of its newest stamped cool row (kept in the
+        # manifest; an erasure may leave it higher than needed, never lower)
+        self._cool_max: dict[str, tuple] = {ch: tuple(v) for ch, v in m.get("cool_max", {}).items()}
         self._tombstones: dict[str, str] = self._load_tombstones()   # msg_id -> channel_id
         self._pending_erase: set[str] = set()    # deleted ids whose bytes are still on disk
         self._dirty_segs: set[int] = set()        # segments holding lines of deleted messages
         self._cool_deleted: set[str] = set()      # deleted ids still present in a cool file
         self._decoded: dict[int, ConversationMessageRecord] = {}
+        # channel -> [store order agrees with fold order, last fold key] (lazily)
+        self._fold_order: dict[str, list] = {}
         # channel -> whether a hot message sorts before a cool one (computed lazily)
         self._interleaved: dict[str, bool] = {}
         self._since_compact = 0
@@ -447,10 +464,12 @@ class ConversationStateRepository:
         path = os.path.join(self.hot_dir, TOMBSTONES_NAME)
         self._tomb_path = path
         out: dict[str, str] = {}
+        self._tomb_size = 0
         if not os.path.exists(path):
             return out
         with open(path, "rb") as f:
             data = f.read()
+        self._tomb_size = len(data)
         scan = scan_frames(data)
         if scan.damaged_offset >= 0:
             raise CorruptStateCheckpointError(f"damaged tombstone line: {scan.damage}", path=path,
@@ -561,9 +580,9 @@ class ConversationStateRepository:
         return rec
 
     def _cache(self, loc: int, rec: ConversationMessageRecord) -> None:
-        if len(self._decoded) >= 65536:
+        if len(self._decoded) >= _DECODE_CACHE:
             # drop the oldest quarter (dicts keep insertion order)
-            for k in list(self._decoded)[:16384]:
+            for k in list(self._decoded)[:_DECODE_CACHE // 4]:
                 del self._decoded[k]
         self._decoded[loc] = rec
 
@@ -585,11 +604,7 @@ class ConversationStateRepository:
 
     def _cool_max_order(self, channel_id: str) -> tuple | None:
         """(hlc, msg_id) of the channel's newest stamped cool row, or None."""
-        if channel_id not in self._cool_max:
-            rows = self._cool.channel_tail(channel_id, 1)
-            d = rows[-1].record if rows else None
-            self._cool_max[channel_id] = (d["hlc"], d["msg_id"]) if d and d["hlc"] else None
-        return self._cool_max[channel_id]
+        return self._cool_max.get(channel_id)
 
     def _cool_ids_in(self, files: Sequence[str]) -> list[str]:
         import pyarrow.parquet as pq
@@ -642,11 +657,17 @@ class ConversationStateRepository:
         """Write the new ones among ``msgs`` to the tail and index them (lock held)."""
         fresh: list[int] = []
         seen: set[str] = set()
+        find = self._index.find
+        tombs = self._tombstones
         for i, m in enumerate(msgs):
-            if m.msg_id in seen or self._is_known(m.msg_id, codec.key(m.msg_id)):
+            mid = m.msg_id
+            if mid in seen or mid in tombs or find(codec.key(mid)) >= 0:
                 continue
-            seen.add(m.msg_id)
+            seen.add(mid)
             fresh.append(i)
+        if fresh and len(self._cool):
+            archived = self._cool.contains_many([msgs[i].msg_id for i in fresh])
+            fresh = [i for i, a in zip(fresh, archived.tolist()) if not a]
         if not fresh:
             return 0, 0
         lines = [frame(rests[i]) for i in fresh]
@@ -657,6 +678,8 @@ class ConversationStateRepository:
             self._reattach_tail()
         pos = off
         base = self._tail_seg << 40
+        encode = self._events.encode
+        envelopes = []
         for j, i in enumerate(fresh):
             m = msgs[i]
             loc = base | pos
@@ -664,11 +687,15 @@ class ConversationStateRepository:
                 raise RuneError(f"index refused new message {m.msg_id!r} at {self._tail.path}:{pos}")
             self._cache(loc, m)
             self._note_order(m)
+            self._note_fold_order(m)
             if m.hlc:
                 self._clock.observe(m.hlc)
-            self._events.append("conversation.message", m.msg_id, payload_hash(m),
-                                channel_id=m.channel_id)
+            envelopes.append(encode("conversation.message", m.msg_id, payload_hash(m),
+                                    channel_id=m.channel_id))
             pos += len(lines[j])
+        # journaled with one write; durable by the next checkpoint, re-derived
+        # from the tail by recovery if a crash loses it first
+        self._events.append_encoded(b"".join(envelopes))
         self._since_compact += len(fresh)
         self._snap_changes += len(fresh)
         return self._wpos, len(fresh)
@@ -921,6 +948,11 @@ class ConversationStateRepository:
             self._check_open()
             if n <= 0:
                 return []
+            if not self._is_interleaved(channel_id):
+                locs = self._index.channel_locs(codec.key(channel_id), n).tolist()
+                if len(locs) >= n or not self._cool_has_channel(channel_id):
+                    read = self._read_loc
+                    return [read(loc) for loc in locs]
             return [r for r, _t in self._window(channel_id, n)]
 
     def _window(self, channel_id: str, n: int) -> list[tuple[ConversationMessageRecord, str]]:
@@ -974,21 +1006,28 @@ class ConversationStateRepository:
             self._check_open()
             if limit == 0:
                 return []
+            ch_key = codec.key(channel_id) if channel_id is not None else None
             if case_sensitive:
-                needle = codec.key(text)
                 check = (lambda c: text in c)
-                locs = self._index.search(needle, False, False,
-                                          codec.key(channel_id) if channel_id is not None else None)
+                locs = self._index.search(codec.key(text), False, False, ch_key).tolist()
             else:
                 folded = text.casefold()
-                ascii_fold = folded.isascii()
-                needle = codec.key(folded) if ascii_fold else b""
-                locs = self._index.search(needle, True, True,
-                                          codec.key(channel_id) if channel_id is not None else None)
                 check = (lambda c: folded in c.casefold())
+                if folded.isascii():
+                    # ASCII-case-insensitive candidates are exact, except where a
+                    # non-ASCII character folds to ASCII letters of the needle
+                    # ('ß' -> 'ss', Kelvin sign -> 'k'): those lines join too.
+                    locs = self._index.search(codec.key(folded), True, False, ch_key).tolist()
+                    letters = set(folded)
+                    for c in FOLDS_TO_ASCII:
+                        if letters & set(c.casefold()):
+                            locs.extend(self._index.search(codec.key(c), False, False, ch_key).tolist())
+                    locs = list(dict.fromkeys(locs))
+                else:
+                    locs = self._index.search(b"", True, True, ch_key).tolist()
             rank = self._seg_rank()
             keyed = []
-            for loc in locs.tolist():
+            for loc in locs:
                 rec = self._read_loc(loc)
                 if check(rec.content):
                     pos = (rank.get(loc >> 40, 1 << 30), loc & ((1 << 40) - 1))
@@ -1061,12 +1100,53 @@ class ConversationStateRepository:
             raise ValueError(f"n: must be >= 0, got {n}")
         with self._lock:
             self._check_open()
-            records = [r for r, _t in self._channel_all(channel_id)]
+            records = self._resume_candidates(channel_id, n)
         ops = [_sync.op_from_record_dict(r.to_dict()) for r in records if r.role != "system"]
         turns = _sync.fold(ops, channel_id)
         if n is not None:
             turns = _sync.LastN(n).apply(turns)
         return _sync.repair(turns)
+
+    def _resume_candidates(self, channel_id: str, n: int | None) -> list[ConversationMessageRecord]:
+        """The channel's messages that ``LastN(n)`` can keep (lock held).
+
+        When the channel's store order agrees with the fold order (checked once
+        per channel, then kept up to date on append), that is a suffix of the
+        channel: the cost follows ``n``, not the size of the channel or store."""
+        if n is not None and self._fold_consistent(channel_id):
+            k = n + 16
+            while True:
+                recs = [r for r, _t in self._window(channel_id, k)] if k else []
+                if len(recs) < k or sum(1 for r in recs if r.role != "system") >= n:
+                    return recs
+                k *= 4
+        return [r for r, _t in self._channel_all(channel_id)]
+
+    def _fold_consistent(self, channel_id: str) -> bool:
+        state = self._fold_order.get(channel_id)
+        if state is None:
+            last = None
+            ok = True
+            for r, _t in self._channel_all(channel_id):
+                if r.role == "system":
+                    continue
+                k = _fold_key(r)
+                if last is not None and k < last:
+                    ok = False
+                    break
+                last = k
+            state = self._fold_order[channel_id] = [ok, last]
+        return state[0]
+
+    def _note_fold_order(self, m: ConversationMessageRecord) -> None:
+        state = self._fold_order.get(m.channel_id)
+        if state is None or not state[0] or m.role == "system":
+            return
+        k = _fold_key(m)
+        if state[1] is not None and k < state[1]:
+            state[0] = False
+        else:
+            state[1] = k
 
     def _all_records(self) -> list[tuple[ConversationMessageRecord, str]]:
         out = []
@@ -1147,7 +1227,9 @@ class ConversationStateRepository:
             self._check_writable()
             t0 = time.perf_counter()
             rep = CompactionReport()
-            self._sync_now()
+            durable = self.durability != "none"
+            if durable:
+                self._sync_now()
             rep.folded = self._since_compact
             old_segs: list[int] = []
             old_cool: list[str] = []
@@ -1156,6 +1238,11 @@ class ConversationStateRepository:
             excess = self._index.excess(self.hot_window).tolist()
             if excess:
                 rows = [self._read_loc(loc).to_dict() for loc in excess]
+                for d in rows:
+                    if d["hlc"]:
+                        k = (d["hlc"], d["msg_id"])
+                        if k > self._cool_max.get(d["channel_id"], ("", "")):
+                            self._cool_max[d["channel_id"]] = k
                 ords = range(self._cool_ord, self._cool_ord + len(rows))
                 run = self._cool.cool(rows, ords)
                 self._cool_ord += len(rows)
@@ -1180,7 +1267,7 @@ class ConversationStateRepository:
                 old_cool.extend(change.removed)
                 rep.cool_files_written += len(change.added)
             if excess or cool_erase or groups:
-                self._cool_max.clear()
+                self._interleaved.clear()
             # 3. segments: roll the tail if it holds deleted lines or grew large
             stats = self._index.seg_stats()
             tail_live = stats.get(self._tail_seg, (0, 0))
@@ -1209,10 +1296,11 @@ class ConversationStateRepository:
                     new_order.append(seg)
             rep.erased = len(self._pending_erase)
             # 5. envelopes before the checkpoint that depends on them
-            self._events.sync()
+            if durable:
+                self._events.sync()
             self._seg_order = new_order
             self._covered = self._tail.size
-            self._write_manifest(manifest_cool)
+            self._write_manifest(manifest_cool, durable=durable)
             # 6. now the old files are unreferenced: remove them
             for seg in old_segs:
                 s = self._segs.pop(seg, None)
@@ -1223,7 +1311,7 @@ class ConversationStateRepository:
             if old_cool:
                 self._cool.unlink_files(old_cool)
                 rep.cool_files_removed += len(old_cool)
-            if old_segs or old_cool:
+            if (old_segs or old_cool) and durable:
                 fsync_dir(self.hot_dir)
             self._dirty_segs.clear()
             self._pending_erase.clear()
@@ -1290,12 +1378,13 @@ class ConversationStateRepository:
                 self._decoded[new_loc] = rec
         return new_seg
 
-    def _write_manifest(self, cool_files: list[str]) -> None:
+    def _write_manifest(self, cool_files: list[str], *, durable: bool = True) -> None:
         m = {"format": _FORMAT, "segments": list(self._seg_order), "tail_seg": self._tail_seg,
              "covered": self._covered, "cool_files": list(cool_files),
              "events_offset": self._events.size, "next_seg": self._next_seg,
-             "cool_ord": self._cool_ord}
-        self._manifest_store.write(m)
+             "cool_ord": self._cool_ord,
+             "cool_max": {ch: list(k) for ch, k in self._cool_max.items()}}
+        self._manifest_store.write(m, durable=durable)
         self._manifest = m
 
     def _snapshot_due(self) -> bool:
@@ -1331,9 +1420,30 @@ class ConversationStateRepository:
                 rep = self._index.ingest(self._tail_seg, start, self._tail.file_size)
                 self._check_ingest(rep, self._tail.path, sealed=False)
                 self._tail.size = rep.good_end
+                self._fold_order.clear()
+                self._interleaved.clear()
+                self._refresh_tombstones()
             else:
                 self._load_state()
             return len(self) - before
+
+    def _refresh_tombstones(self) -> None:
+        """Apply deletions the writer made since the tombstones were read."""
+        try:
+            size = os.path.getsize(self._tomb_path)
+        except FileNotFoundError:
+            return
+        if size == self._tomb_size:
+            return
+        for mid, ch in self._load_tombstones().items():
+            if mid in self._tombstones:
+                continue
+            self._tombstones[mid] = ch
+            loc = self._index.remove(codec.key(mid))
+            if loc >= 0:
+                self._decoded.pop(loc, None)
+            elif self._cool.contains(mid):
+                self._cool_deleted.add(mid)
 
     # ------------------------------------------------------------------
     # integrity
@@ -1451,6 +1561,9 @@ class ConversationStateRepository:
             tail.close()
         for s in getattr(self, "_segs", {}).values():
             s.close()
+        cool = getattr(self, "_cool", None)
+        if cool is not None:
+            cool.close()
         if self._own_events and self._events is not None:
             self._events.close()
         if self._lockfile is not None:

@@ -598,6 +598,15 @@ class CoolArchive:
         """Open the archive whose live files are ``files`` (see the class)."""
         return cls(cool_dir, files, **kwargs)
 
+    def close(self) -> None:
+        """Release open Parquet handles and cached row groups (reads reopen them)."""
+        with self._lock:
+            while self._handles:
+                _, pf = self._handles.popitem(last=False)
+                _close(pf)
+            self._cache.clear()
+            self._cached_bytes = 0
+
     # ------------------------------------------------------------------ info
 
     @property

@@ -310,3 +310,55 @@ def test_bad_input_writes_nothing(tmp_path):
         assert repo.window("nope") == []
         with pytest.raises(ValueError):
             ConversationStateRepository(tmp_path / "x", durability="sometimes")
+
+
+def test_folds_to_ascii_table_matches_unicodedata():
+    from rune_fast.conversation_state import FOLDS_TO_ASCII
+    computed = "".join(c for c in map(chr, range(0x80, 0x110000))
+                       if any(ord(x) < 0x80 for x in c.casefold()))
+    assert FOLDS_TO_ASCII == computed
+
+
+def test_search_casefold_through_non_ascii(tmp_path):
+    texts = ["STRASSE", "straße", "Kelvin \u212a unit", "ﬂight", "plain flight", "İstanbul", "nothing"]
+    with ConversationStateRepository(tmp_path) as repo:
+        repo.append_many(msg(i, content=t) for i, t in enumerate(texts))
+        for needle in ["strasse", "Straße", "k unit", "flight", "i̇stanbul", "ß", "FL"]:
+            got = [h.record.content for h in repo.search(needle)]
+            assert got == [t for t in texts if needle.casefold() in t.casefold()], needle
+        assert [h.record.content for h in repo.search("ss", case_sensitive=True)] == []
+        assert [h.record.content for h in repo.search("SS", case_sensitive=True)] == ["STRASSE"]
+
+
+def test_resume_messages_suffix_matches_full_fold(tmp_path):
+    from rune_fast import sync
+    with ConversationStateRepository(tmp_path, hot_window=4, compact_every=6) as repo:
+        for i in range(40):
+            role = ["user", "assistant", "system"][i % 3]
+            repo.append(msg(i, role=role))
+        full = [sync.op_from_record_dict(r.to_dict()) for r in repo.window("ch", 1000) if r.role != "system"]
+        for n in (0, 1, 5, 13, 100, None):
+            turns = sync.fold(full, "ch")
+            expect = sync.repair(sync.LastN(n).apply(turns) if n is not None else turns)
+            assert repo.resume_messages("ch", n) == expect, n
+        # a late message (older ts) breaks the suffix shortcut; the answer stays exact
+        late = ConversationMessageRecord(msg_id="msg_late", role="user", content="late", channel_id="ch",
+                                         ts=1_600_000_000.0)
+        repo.append(late)
+        full.append(sync.op_from_record_dict(late.to_dict()))
+        for n in (1, 3, None):
+            turns = sync.fold(full, "ch")
+            expect = sync.repair(sync.LastN(n).apply(turns) if n is not None else turns)
+            assert repo.resume_messages("ch", n) == expect, n
+
+
+def test_reader_sees_deletions_after_refresh(tmp_path):
+    with ConversationStateRepository(tmp_path) as repo:
+        repo.append_many(msg(i) for i in range(4))
+        with ConversationStateRepository(tmp_path, read_only=True) as viewer:
+            repo.delete("msg_00000001")
+            repo.append(msg(9))
+            viewer.refresh()
+            assert [r.msg_id for r in viewer.window("ch", 10)] == [
+                "msg_00000000", "msg_00000002", "msg_00000003", "msg_00000009"]
+            assert viewer.get_message("msg_00000001").status is ReadStatus.NOT_FOUND_CONFIRMED
