@@ -27,11 +27,13 @@ task mode (``--mode task``)::
     TACK <json>                  the change returned; the record's to_dict()
     TREFUSED <task_id>           an illegal transition was refused (nothing changed)
 
-compact-die mode (``--mode compact-die --die-at N [--die-after]``): a few
+compact-die mode (``--mode compact-die --die-at N [--die-after] [--die-phase open]``): a few
 appends and ``--tombs`` deletes, then one ``compact()`` during which every
 file step (write, fsync, rename, unlink, ...) prints ``SYS <n> <name> <file>``
 and step N ends the process with ``os._exit(137)`` (a torn half-write for a
-``write``); ``SYSCOUNT <n>`` when it survives.
+``write``); ``SYSCOUNT <n>`` when it survives. With ``--die-phase open`` the
+steps counted are those of opening the repository (crash recovery), and a
+process that survives the open exits at once.
 
 Everything a message holds is a pure function of its id (:func:`make_fields`),
 so the parent can rebuild the exact record of every id it reads back.
@@ -401,8 +403,15 @@ def run_compact_die(args) -> None:
     from rune_fast.conversation_state import ConversationStateRepository
     ctl = arm_syscall_death(args.die_at, args.die_after)
     out("IMPORTED")
+    if args.die_phase == "open":          # die during open's recovery instead
+        ctl["armed"] = True
     repo = ConversationStateRepository(args.state, compact_every=args.compact_every,
                                        hot_window=args.hot_window, durability=args.durability)
+    if args.die_phase == "open":
+        ctl["armed"] = False
+        out("READY")
+        out(f"SYSCOUNT {ctl['n']}")
+        os._exit(0)                       # a crash right after open: nothing else changes
     out("READY")
     mids = [msg_id(args.gen, 0, i) for i in range(6)]
     for mid in mids[:3]:
@@ -486,6 +495,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--die-at", type=int, default=0, help="compact-die: die at this file step")
     p.add_argument("--die-after", action="store_true", help="compact-die: die just after the step")
+    p.add_argument("--die-phase", choices=("compact", "open"), default="compact",
+                   help="compact-die: count the steps of compact() or of the open (recovery)")
     p.add_argument("--dups", default="", help="comma-separated stored ids to re-append first")
     p.add_argument("--tombs", default="", help="comma-separated deleted ids (task mode: terminal task ids)")
     args = p.parse_args(argv)

@@ -949,3 +949,101 @@ def test_death_at_each_step_of_compaction(tmp_path):
     soft.check(f"death at each compaction step (seed {seed}, died at steps {points} of "
                f"{[st.split(' ', 2)[2] for st in steps]}): the store survived every death, but "
                f"these contract checks failed:")
+
+
+class _Always(random.Random):
+    """An rng whose random() always says "tear"."""
+
+    def random(self) -> float:
+        return 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", ["rolled", "torn-tail"])
+def test_death_at_each_step_of_recovery(tmp_path, scenario):
+    """A store left by a writer that died in compact() just after sealing its
+    tail ("rolled": the file renamed, the manifest not moved yet) or just
+    before ("torn-tail", with a torn final line in the tail), and with a torn
+    final line in events.jsonl. Opening it recovers (finish the roll,
+    quarantine, truncate, re-journal envelopes, drop strays); the opener dies
+    at each file step of that recovery. The next open must still hold every
+    acknowledged message exactly once."""
+    import copy
+    import shutil
+    seed = SEED + 300 + (scenario == "rolled")
+    rng = random.Random(seed)
+    template = str(tmp_path / "template")
+    base = _compact_template(template)
+    victims = [next(m for m in base.live() if base.tiers[m] == t) for t in ("cool", "hot")]
+
+    def run(state: str, tag: str, **kw):
+        r = WriterRun(state, str(tmp_path / f"{tag}.err"), mode="compact-die", gen=1, seed=seed,
+                      tombs=",".join(victims), **COMPACT_CFG, **kw)
+        return r, r.finish()
+
+    # 1. find the compaction step just after the tail was sealed, and die there
+    probe = str(tmp_path / "probe")
+    shutil.copytree(template, probe)
+    dry, rc = run(probe, "probe", die_at=0)
+    steps = [ln.split(" ", 3) for ln in dry.lines if ln.startswith("SYS ")]
+    assert rc == 0 and steps, f"dry run failed (rc {rc}): {dry.lines[-4:]}\n{dry.stderr()}"
+    roll = [int(n) for _s, n, name, arg in steps if name in ("replace", "rename") and "tail" in arg]
+    k_roll = roll[0] if roll else len(steps) // 2
+    crashed = str(tmp_path / "crashed")
+    shutil.copytree(template, crashed)
+    first, rc = run(crashed, "crashed", die_at=k_roll, die_after=(scenario == "rolled"))
+    assert rc == 137, f"the first writer did not die at step {k_roll}: {first.lines[-4:]}"
+    base = copy.deepcopy(base)
+    fails = Failures()
+    base.apply(first.lines, fails)
+    assert not fails, fails
+    tail = os.path.join(crashed, "hot", "conversation_tail.jsonl")
+    files = [("events", os.path.join(crashed, "events.jsonl"))]
+    if scenario == "torn-tail":
+        files.append(("tail", tail))
+    torn = inject_tears(crashed, _Always(), files)
+    assert torn, f"nothing to tear in {cw.all_files(crashed)}"
+
+    # 2. die at each step of the recovering open
+    def open_at(k: int, after: bool, tag: str):
+        state = str(tmp_path / tag)
+        shutil.copytree(crashed, state)
+        r, rc = run(state, tag, die_at=k, die_after=after, die_phase="open")
+        return state, r, rc
+
+    state, dry, rc = open_at(0, False, "open-dry")
+    counts = [ln for ln in dry.lines if ln.startswith("SYSCOUNT")]
+    assert rc == 0 and counts, f"recovering open failed (rc {rc}): {dry.lines[-4:]}\n{dry.stderr()}"
+    total = int(counts[0].split()[1])
+    rsteps = [ln.split(" ", 2)[2] for ln in dry.lines if ln.startswith("SYS ")]
+    points = sorted({1, total} | set(rng.sample(range(1, total + 1), min(total, 6)))) if total else []
+    soft = SoftLog()
+    for k in points:
+        for after in ((False, True) if k == 1 else (rng.random() < 0.5,)):
+            tag = f"open-k{k}{'a' if after else 'b'}"
+            state, r, rc = open_at(k, after, tag)
+            fails = Failures()
+            if rc not in (137, 0):
+                fails.add(f"the opener exited with {rc}")
+            model = copy.deepcopy(base)
+            for _ in range(2):          # the reopen after the death, then one more
+                try:
+                    repo, warns = _open_conv(state, COMPACT_CFG)
+                except Exception as exc:  # noqa: BLE001
+                    fails.add(f"reopen after dying at recovery step {k} raised {type(exc).__name__}: {exc}")
+                    break
+                try:
+                    check_conv_store(repo, model, fails, promote=True)
+                finally:
+                    repo.close()
+            if not fails:
+                check_envelopes(state, model, fails)
+            soft.take(fails, f"death at recovery step {k}")
+            if fails:
+                pytest.fail(f"death at recovery step {k} ({'after' if after else 'before'} "
+                            f"{rsteps[k - 1] if k <= len(rsteps) else '?'}) of {rsteps}; first writer died "
+                            f"after compaction step {k_roll} ({steps[k_roll - 1][2:]}), torn {torn}; seed {seed}"
+                            f"\nstderr:\n{r.stderr()}\nfailures:\n  - " + "\n  - ".join(fails[:30]),
+                            pytrace=False)
+    soft.check(f"death at each recovery step (seed {seed}, steps {rsteps}): every crash check passed, "
+               f"but these contract checks failed:")
