@@ -9,6 +9,15 @@ read path (get_message, window, messages_for_task, search, len, channels),
 verify(), the event store's envelopes, and that a read-only open changes no file.
 Then a fresh writer continues on the same directory.
 
+Some kills also tear the final line of the tail or events.jsonl, as a write
+cut short would. Two deterministic sweeps complete the random kills: the
+writer dies (``os._exit``, which loses what SIGKILL loses) just before or just
+after one file step (write -- torn in half --, fsync, rename, unlink) of a
+compact() that folds, cools, erases and rolls the tail; and of a recovering
+open. Contract failures that do not depend on the crash (order of bulk reads,
+erasure, stats() reporting) are collected and reported at the end of a test,
+so the crash checks keep running past them.
+
 Kill points are random; the checks are not. The seed is printed in every
 failure; rerun with RUNE_CRASH_SEED=<seed> to replay the same plan (the kill
 instants themselves depend on timing).
