@@ -710,7 +710,7 @@ def test_torn_events_line_conversation(tmp_path, caplog):
     try:
         assert warns, "a torn events.jsonl line must be reported with a warning"
         assert any(r.levelno >= logging.WARNING for r in caplog.records)
-        assert quarantine_count(repo.stats()) >= 1, repo.stats()
+        stats = repo.stats()
         assert file_containing(state, data[start:cut], exclude=path), "torn envelope bytes not quarantined"
         assert_all_present(repo, mids)
         assert verify_report(repo)[0]
@@ -721,6 +721,7 @@ def test_torn_events_line_conversation(tmp_path, caplog):
     have = {e["id"]: e["payload_hash"] for e in envs if e.get("type") == "conversation.message"}
     for mid in mids:   # the tail holds the body: recovery re-derives the lost envelope
         assert have.get(mid) == cw.payload_hash_of(cw.make_message(mid).to_dict()), mid
+    assert quarantine_count(stats) >= 1, f"stats() does not report the quarantined envelope line: {stats}"
 
 
 def test_zero_bytes_after_events_are_not_damage(tmp_path):
@@ -781,13 +782,14 @@ def test_torn_events_line_task_ledger(tmp_path):
     repo, warns = open_tasks(state)
     try:
         assert warns, "a torn events.jsonl line must be reported with a warning"
-        assert quarantine_count(repo.stats()) >= 1, repo.stats()
+        stats = repo.stats()
         assert file_containing(state, data[start:cut], exclude=path)
         for d in made:
             got = repo.get(d["task_id"])
             assert got is not None and got.to_dict() == d
     finally:
         repo.close()
+    assert quarantine_count(stats) >= 1, f"stats() does not report the quarantined envelope line: {stats}"
 
 
 def test_flipped_byte_in_events_line_task_ledger(tmp_path):
@@ -981,7 +983,7 @@ assert repo.delete({mids[7]!r})
     repo, warns = open_conv(state)
     try:
         assert warns, "a torn tombstone line must be reported with a warning"
-        assert quarantine_count(repo.stats()) >= 1, repo.stats()
+        stats = repo.stats()
         assert file_containing(state, data[start:cut], exclude=path)
         assert repo.get_message(mids[2]).status == ReadStatus.NOT_FOUND_CONFIRMED
         rd = repo.get_message(mids[7])
@@ -991,5 +993,15 @@ assert repo.delete({mids[7]!r})
         else:
             assert rd.status == ReadStatus.NOT_FOUND_CONFIRMED and not listed
         assert verify_report(repo)[0]
+        assert repo.delete(mids[9])          # the recovered file takes new tombstones
     finally:
         repo.close()
+    repo, warns = open_conv(state)
+    try:
+        assert not warns, f"the reopen after recovery warned again: {warns}"
+        for m in (mids[2], mids[9]):
+            assert repo.get_message(m).status == ReadStatus.NOT_FOUND_CONFIRMED, m
+        assert verify_report(repo)[0]
+    finally:
+        repo.close()
+    assert quarantine_count(stats) >= 1, f"stats() does not report the quarantined tombstone line: {stats}"
