@@ -1056,3 +1056,91 @@ def test_death_at_each_step_of_recovery(tmp_path, scenario):
                             pytrace=False)
     soft.check(f"death at each recovery step (seed {seed}, steps {rsteps}): every crash check passed, "
                f"but these contract checks failed:")
+
+
+# -------------------------------------------- a read-only viewer beside the writer
+
+@pytest.mark.slow
+def test_read_only_viewer_beside_a_dying_writer(tmp_path):
+    """SPEC 4: a read-only repository opened beside a running writer, with
+    refresh(), is the viewer next to an agent. While the writer appends,
+    compacts, cools and reclaims, every refresh shows only records that were
+    appended, exactly, once each; after the writer is killed, one refresh shows
+    every acknowledged message."""
+    from rune_fast.conversation_state import ReadStatus
+    seed = SEED + 400
+    rng = random.Random(seed)
+    cfg = dict(durability="fsync", compact_every=8, hot_window=4)
+    state = str(tmp_path / "state")
+    model = ConvModel()
+    soft = SoftLog()
+    for gen in range(3):
+        run = WriterRun(state, str(tmp_path / f"viewer-{gen}.err"), mode="conv", gen=gen, seed=seed,
+                        deletes=False, threads=1, count=100_000, **cfg)
+        fails = Failures()
+        assert run.wait_for(lambda ls: "READY" in ls), f"writer did not start: {run.stderr()}"
+        seen: list[list[str]] = []
+        try:
+            viewer, _ = _open_conv(state, cfg, read_only=True)
+        except Exception as exc:  # noqa: BLE001
+            run.kill()
+            run.finish()
+            pytest.fail(f"read-only open beside a running writer raised {type(exc).__name__}: {exc}")
+        try:
+            deadline = time.monotonic() + rng.uniform(0.3, 0.8)
+            while time.monotonic() < deadline:
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore", ResourceWarning)
+                        viewer.refresh()
+                        ids_now = [r.msg_id for ch in cw.CHANNELS for r in viewer.window(ch, BIG)]
+                        for mid in ids_now[:: max(1, len(ids_now) // 10)]:
+                            rd = viewer.get_message(mid)
+                            if rd.status != ReadStatus.FOUND_VERIFIED:
+                                fails.add_soft(f"viewer: get_message({mid}) is {rd.status} though "
+                                               f"window() lists it")
+                except Exception as exc:  # noqa: BLE001
+                    fails.add_soft(f"viewer refresh/read beside the writer raised "
+                                   f"{type(exc).__name__}: {exc}")
+                    break
+                if len(ids_now) != len(set(ids_now)):
+                    fails.add(f"viewer: duplicated ids {sorted({m for m in ids_now if ids_now.count(m) > 1})[:8]}")
+                seen.append(ids_now)
+                time.sleep(rng.uniform(0.0, 0.03))
+            run.kill()
+            rc = run.finish()
+            model.apply(run.lines, fails)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ResourceWarning)
+                try:
+                    viewer.refresh()
+                    final = {r.msg_id: r for ch in cw.CHANNELS for r in viewer.window(ch, BIG)}
+                except Exception as exc:  # noqa: BLE001
+                    final = None
+                    fails.add_soft(f"viewer refresh after the kill raised {type(exc).__name__}: {exc}")
+        finally:
+            viewer.close()
+        for ids_now in seen:
+            bad = [m for m in ids_now if m not in model.state or model.state[m] in (ABSENT, DELETED)]
+            if bad:
+                fails.add(f"viewer showed ids never appended: {bad[:8]}")
+                break
+        if final is not None:
+            lost = [m for m in model.live() if m not in final]
+            if lost:
+                fails.add_soft(f"viewer refresh after the kill misses {len(lost)} acknowledged messages, "
+                               f"e.g. {lost[:5]}")
+            wrong = [m for m, r in final.items() if m in model.state and r != cw.make_message(m)]
+            if wrong:
+                fails.add(f"viewer served altered records: {wrong[:5]}")
+        # the writable reopen holds everything, as in the other crash tests
+        repo, _warns = _open_conv(state, cfg)
+        try:
+            check_conv_store(repo, model, fails, promote=True)
+        finally:
+            repo.close()
+        soft.take(fails, f"generation {gen} (killed after {run.killed_at!r}, {len(seen)} refreshes)")
+        if fails:
+            pytest.fail(f"viewer test failed: seed {seed}, generation {gen}, writer rc {rc}, killed after "
+                        f"{run.killed_at!r}\nfailures:\n  - " + "\n  - ".join(fails[:30]), pytrace=False)
+    soft.check(f"viewer beside a dying writer (seed {seed}): nothing was lost or invented, but:")
