@@ -115,6 +115,25 @@ def test_append_and_add(benchmark, tmp_path):
     f.close()
 
 
+@pytest.mark.benchmark(group="append")
+def test_append_and_append_bytes(benchmark, tmp_path):
+    """The write path without a remap per append: the index keeps a copy."""
+    path = tmp_path / "seg.jsonl"
+    w = _log.TailWriter(path)
+    ix = _index.HotIndex()
+    ix.attach(0, None)
+    lines = [_log.frame(r) for r in make_rests(2000, seed=9)]
+    it = iter(range(10**9))
+
+    def one():
+        i = next(it) % len(lines)
+        off = w.append(lines[i])
+        ix.append_bytes(0, off, lines[i])
+    benchmark.pedantic(one, rounds=2000, iterations=1)
+    w.close()
+    ix.detach(0)
+
+
 @pytest.mark.benchmark(group="snapshot")
 def test_snapshot_save(benchmark, index, tmp_path):
     p = tmp_path / "idx.snap"

@@ -20,6 +20,7 @@ cimport _xxh
 from rf_core cimport (RF_ID_OFF, RF_MAX_LINE, RF_OK, rf_all_zero, rf_check_frame,
                       rf_cmp_bytes, rf_content_has, rf_find, rf_find_nonascii,
                       rf_has_nonascii, rf_i64vec, rf_line_start, rf_prefault,
+                      rf_prefetch,
                       rf_i64vec_push, rf_lower, rf_msg, rf_parse_msg, rf_reason,
                       rf_scan_result)
 
@@ -34,7 +35,7 @@ cdef int64_t OFF_MASK = (<int64_t>1 << 40) - 1
 cdef int64_t LOC_MASK = 0x7FFFFFFFFFFFFFFFLL
 cdef int64_t DEAD_BIT = INT64_MIN
 cdef int64_t MAX_SEG = (<int64_t>1 << 23) - 1
-cdef Py_ssize_t CHUNK = 65536
+cdef Py_ssize_t CHUNK = 4096      # lines per scan pass: the parsed records stay in L2
 
 SEG_SHIFT = 40
 SNAPSHOT_MAGIC = b"RFHOTIX\x00"
@@ -362,6 +363,7 @@ cdef class HotIndex:
             for s in range(self._n_segs):
                 if self._c_segs[s].state == 1:
                     PyBuffer_Release(&self._c_segs[s].view)
+                free(self._c_segs[s].ov)
             free(self._c_segs)
         if self._c_chan != NULL:
             for i in range(self._n_chan):
@@ -395,11 +397,20 @@ cdef class HotIndex:
 
     cdef int _line_at(self, int64_t loc, const unsigned char **p, size_t *avail) noexcept nogil:
         cdef int64_t seg = (loc & LOC_MASK) >> 40, off = loc & OFF_MASK
-        if seg >= self._n_segs or self._c_segs[seg].state != 1 or off >= self._c_segs[seg].len:
+        cdef rf_seg *sg
+        if seg >= self._n_segs or self._c_segs[seg].state == 0:
             return -1
-        p[0] = self._c_segs[seg].ptr + off
-        avail[0] = <size_t>(self._c_segs[seg].len - off)
-        return 0
+        sg = &self._c_segs[seg]
+        if off < sg.len:
+            p[0] = sg.ptr + off
+            avail[0] = <size_t>(sg.len - off)
+            return 0
+        off -= sg.len
+        if off < sg.ov_len:
+            p[0] = sg.ov + off
+            avail[0] = <size_t>(sg.ov_len - off)
+            return 0
+        return -1
 
     cdef int _parse_entry(self, uint32_t e, const unsigned char **p, rf_msg *m) noexcept nogil:
         cdef size_t avail
@@ -808,15 +819,26 @@ cdef class HotIndex:
             memset(&segs[self._n_segs], 0, <size_t>(n - self._n_segs) * sizeof(rf_seg))
             self._c_segs = segs
             self._n_segs = n
+        cdef int64_t old_len = self._c_segs[seg].len, new_len, shift
+        cdef rf_seg *sg = &self._c_segs[seg]
         self._release(seg)
         if mv is None or len(mv) == 0:
-            self._c_segs[seg].state = 2
+            sg.state = 2
         else:
-            PyObject_GetBuffer(mv, &self._c_segs[seg].view, PyBUF_SIMPLE)
-            self._c_segs[seg].ptr = <const unsigned char *>self._c_segs[seg].view.buf
-            self._c_segs[seg].len = self._c_segs[seg].view.len
-            self._c_segs[seg].state = 1
+            PyObject_GetBuffer(mv, &sg.view, PyBUF_SIMPLE)
+            sg.ptr = <const unsigned char *>sg.view.buf
+            sg.len = sg.view.len
+            sg.state = 1
             self._views[seg] = mv
+        # bytes kept by append_bytes that the new buffer now covers are dropped
+        new_len = sg.len
+        if sg.ov_len:
+            if new_len >= old_len + sg.ov_len or new_len < old_len:
+                sg.ov_len = 0
+            elif new_len > old_len:
+                shift = new_len - old_len
+                memmove(sg.ov, sg.ov + shift, <size_t>(sg.ov_len - shift))
+                sg.ov_len -= shift
         if path is not None:
             self._paths[seg] = os.fspath(path)
 
@@ -830,11 +852,17 @@ cdef class HotIndex:
         self._views.pop(seg, None)
 
     def detach(self, int64_t seg) -> None:
-        """Release the buffer of segment `seg` (its entries stay indexed; reads
-        of them raise until it is attached again)."""
+        """Release the buffer of segment `seg` and the bytes appended to it
+        with append_bytes (its entries stay indexed; reads of them raise until
+        it is attached again)."""
         self._guard()
         self._seg_of(seg)
         self._release(seg)
+        if seg < self._n_segs:
+            free(self._c_segs[seg].ov)
+            self._c_segs[seg].ov = NULL
+            self._c_segs[seg].ov_len = 0
+            self._c_segs[seg].ov_cap = 0
         self._paths.pop(seg, None)
 
     def attached(self) -> list:
@@ -849,7 +877,74 @@ cdef class HotIndex:
         Stops at the first damaged complete line or at a torn final line and
         reports it; lines before it are indexed. Returns an IngestReport."""
         cdef Py_buffer view
-        cdef const unsigned char *base
+        self._guard()
+        self._seg_of(seg)
+        if seg >= self._n_segs or self._c_segs[seg].state == 0:
+            raise RuneError(f"ingest: segment {seg} is not attached")
+        if self._c_segs[seg].state == 2:
+            if start != 0 or end > 0:
+                raise FramingError(f"ingest: region [{start}, {end}) of the empty segment {seg}")
+            return IngestReport(0, -1, -1, "", 0, np.empty(0, np.int64), np.empty(0, np.int64), [])
+        PyObject_GetBuffer(self._views[seg], &view, PyBUF_SIMPLE)
+        try:
+            if end < 0:
+                end = view.len
+            if start < 0 or start > end or end > view.len:
+                raise FramingError(f"ingest: region [{start}, {end}) outside segment {seg} "
+                                   f"of {view.len} bytes")
+            with nogil:
+                rf_prefault(<const unsigned char *>view.buf + start, <size_t>(end - start))
+            return self._ingest_at(seg, <const unsigned char *>view.buf + start, start, end - start)
+        finally:
+            PyBuffer_Release(&view)
+
+    def append_bytes(self, int64_t seg, int64_t offset, data):
+        """Index the lines just appended to segment `seg` at `offset` (what
+        TailWriter.append returned) from a copy of their bytes, without
+        remapping the file: `data` must start at the logical end of the segment
+        (its attached buffer plus earlier append_bytes). The index keeps the
+        copy until an attach covers those bytes (then it is dropped) or the
+        segment is detached. Returns an IngestReport like ingest()."""
+        cdef Py_buffer view
+        cdef rf_seg *sg
+        cdef int64_t nc, logical_end
+        cdef unsigned char *p
+        self._guard()
+        self._seg_of(seg)
+        if seg >= self._n_segs or self._c_segs[seg].state == 0:
+            raise RuneError(f"append_bytes: segment {seg} is not attached")
+        sg = &self._c_segs[seg]
+        logical_end = sg.len + sg.ov_len
+        if offset != logical_end:
+            raise FramingError(f"append_bytes: offset {offset} of segment {seg} is not its "
+                               f"end ({logical_end}); attach the file instead")
+        try:
+            PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+        except (TypeError, BufferError):
+            raise FramingError(f"append_bytes: data must be bytes, got {type(data).__name__}") from None
+        try:
+            if offset + view.len > OFF_MASK:
+                raise FramingError(f"append_bytes: segment {seg} would exceed 2**40 bytes")
+            if sg.ov_len + view.len > sg.ov_cap:
+                nc = max(sg.ov_cap * 2, sg.ov_len + view.len, 65536)
+                p = <unsigned char *>realloc(sg.ov, <size_t>nc)
+                if p == NULL:
+                    raise MemoryError("append_bytes: tail copy")
+                sg.ov = p
+                sg.ov_cap = nc
+            if view.len:
+                memcpy(sg.ov + sg.ov_len, view.buf, <size_t>view.len)
+            sg.ov_len += view.len
+            r = self._ingest_at(seg, sg.ov + (sg.ov_len - view.len), offset, view.len)
+            if r.good_end != offset + view.len:
+                # keep only what was indexed: a torn or damaged line is the caller's to handle
+                sg.ov_len -= offset + view.len - r.good_end
+            return r
+        finally:
+            PyBuffer_Release(&view)
+
+    cdef object _ingest_at(self, int64_t seg, const unsigned char *p0, int64_t off0, int64_t n):
+        """Ingest the bytes p0[0:n), which are file offsets [off0, off0 + n) of seg."""
         cdef rf_rec *recs = NULL
         cdef rf_scan_result r
         cdef rf_i64vec added, dups
@@ -863,50 +958,36 @@ cdef class HotIndex:
         cdef size_t last_ch_len = 0, last_task_len = 0
         cdef int64_t last_ci = -1, last_ti = -1, e
         cdef list tombstones = []
-        self._guard()
-        self._seg_of(seg)
-        if seg >= self._n_segs or self._c_segs[seg].state == 0:
-            raise RuneError(f"ingest: segment {seg} is not attached")
-        if self._c_segs[seg].state == 2:
-            if start != 0 or end > 0:
-                raise FramingError(f"ingest: region [{start}, {end}) of the empty segment {seg}")
-            return IngestReport(0, -1, -1, "", 0, np.empty(0, np.int64), np.empty(0, np.int64), [])
-        PyObject_GetBuffer(self._views[seg], &view, PyBUF_SIMPLE)
         memset(&added, 0, sizeof(added))
         memset(&dups, 0, sizeof(dups))
         memset(&r, 0, sizeof(r))
         try:
-            base = <const unsigned char *>view.buf
-            if end < 0:
-                end = view.len
-            if start < 0 or start > end or end > view.len:
-                raise FramingError(f"ingest: region [{start}, {end}) outside segment {seg} "
-                                   f"of {view.len} bytes")
-            if end > OFF_MASK:
+            if off0 + n > OFF_MASK:
                 raise FramingError(f"ingest: segment {seg} is larger than 2**40 bytes")
             recs = <rf_rec *>malloc(CHUNK * sizeof(rf_rec))
             if recs == NULL:
                 raise MemoryError("HotIndex.ingest: line table")
-            pos = start
-            r.good_end = start
+            pos = 0
+            r.good_end = 0
             r.torn_offset = -1
             r.damaged_offset = -1
-            with nogil:
-                rf_prefault(base + start, <size_t>(end - start))
             while more:
                 self._c_busy = 1
                 with nogil:
-                    nrec = _scan_messages(base, pos, end, recs, CHUNK, &r, &more)
+                    nrec = _scan_messages(p0, pos, n, recs, CHUNK, &r, &more)
                 self._c_busy = 0
                 n_lines += nrec
                 for i in range(nrec):
                     rec = &recs[i]
-                    p = base + rec.off
-                    loc = (seg << 40) | rec.off
+                    p = p0 + rec.off
+                    if i + 8 < nrec:
+                        # the id table slot of a later line: its miss overlaps this work
+                        rf_prefetch(&self._c_slots[_home(recs[i + 8].h >> 32, self._n_slots)])
+                    loc = (seg << 40) | (off0 + rec.off)
                     slot = self._find_slot(rec.h, p + rec.m.id_off, rec.m.id_len)
                     if slot == -2:
                         raise RuneError(f"ingest: an indexed line of a detached segment shares "
-                                        f"the id at offset {rec.off} of {self._where(seg)}")
+                                        f"the id at offset {off0 + rec.off} of {self._where(seg)}")
                     if rec.m.kind == b'd':
                         if slot >= 0:
                             self._kill(<uint64_t>slot)
@@ -918,7 +999,7 @@ cdef class HotIndex:
                             raise MemoryError("HotIndex.ingest")
                         continue
                     # inline of _index_line with the channel/task of the previous
-                    # line remembered: runs of one channel skip the dict lookup
+                    # line remembered: runs of one channel skip the name lookup
                     self._table_reserve(self._n_live + 1)
                     e = self._new_entry(loc)
                     self._table_put(rec.h, <uint32_t>e)
@@ -939,7 +1020,9 @@ cdef class HotIndex:
                     if rf_i64vec_push(&added, loc):
                         raise MemoryError("HotIndex.ingest")
                 pos = r.good_end
-            return IngestReport(r.good_end, r.torn_offset, r.damaged_offset,
+            return IngestReport(off0 + r.good_end,
+                                -1 if r.torn_offset < 0 else off0 + r.torn_offset,
+                                -1 if r.damaged_offset < 0 else off0 + r.damaged_offset,
                                 rf_reason(r.damage).decode("ascii"), n_lines,
                                 _vec_array(&added), _vec_array(&dups), tombstones)
         finally:
@@ -948,7 +1031,6 @@ cdef class HotIndex:
             free(recs)
             free(added.v)
             free(dups.v)
-            PyBuffer_Release(&view)
 
     def add(self, int64_t loc) -> bool:
         """Index the message line already written at `loc` (its segment must be
@@ -1006,21 +1088,68 @@ cdef class HotIndex:
             return -1
         return self._c_locs[(self._c_slots[slot] & 0xFFFFFFFFULL) - 1]
 
+    def candidates(self, id_key):
+        """int64 array of the locations of every entry whose id hash has the
+        same 32-bit tag as `id_key`, whatever the id bytes of its line say.
+        For telling a damaged id (its line then fails its checksum) from an
+        unknown one after `find` returned -1."""
+        cdef bytes k = _key_bytes(id_key, "id_key")
+        cdef uint64_t h = _xxh.XXH3_64bits(<const unsigned char *>PyBytes_AS_STRING(k),
+                                           <size_t>PyBytes_GET_SIZE(k))
+        cdef uint64_t tag = h >> 32, n = self._n_slots
+        cdef uint64_t i, s
+        out = []
+        if n == 0:
+            return np.zeros(0, dtype=np.int64)
+        i = _home(tag, n)
+        while True:
+            s = self._c_slots[i]
+            if s == 0:
+                break
+            if (s >> 32) == tag:
+                out.append(self._c_locs[(s & 0xFFFFFFFFULL) - 1])
+            i += 1
+            if i == n:
+                i = 0
+        return np.array(out, dtype=np.int64)
+
     def find_many(self, id_keys):
-        """int64 array of the locations of every id key (-1: not indexed)."""
+        """int64 array of the locations of every id key (-1: not indexed).
+        Lookups are pipelined: the table slot, entry and line of later keys are
+        prefetched while earlier ones are verified."""
         cdef list keys = [_key_bytes(x, "id_key") for x in id_keys]
-        out = np.empty(len(keys), dtype=np.int64)
+        cdef Py_ssize_t n = len(keys), i, j
+        out = np.empty(n, dtype=np.int64)
+        hs = np.empty(n, dtype=np.uint64)
         cdef int64_t[::1] o = out
-        cdef Py_ssize_t i
+        cdef uint64_t[::1] hv = hs
         cdef bytes k
         cdef const unsigned char *kp
-        cdef size_t kl
+        cdef const unsigned char *lp
+        cdef size_t kl, avail
         cdef int64_t slot
-        for i in range(len(keys)):
+        cdef uint64_t sv
+        for i in range(n):
+            k = keys[i]
+            hv[i] = _xxh.XXH3_64bits(PyBytes_AS_STRING(k), <size_t>PyBytes_GET_SIZE(k))
+        for i in range(n):
+            # stage 1: the slot 12 keys ahead; stage 2: the entry of the key 6
+            # ahead (if its home slot holds its tag); stage 3: its line, 3 ahead
+            if i + 12 < n:
+                rf_prefetch(&self._c_slots[_home(hv[i + 12] >> 32, self._n_slots)])
+            if i + 6 < n:
+                sv = self._c_slots[_home(hv[i + 6] >> 32, self._n_slots)]
+                if sv and (sv >> 32) == (hv[i + 6] >> 32):
+                    rf_prefetch(&self._c_locs[(sv & 0xFFFFFFFFULL) - 1])
+            if i + 3 < n:
+                sv = self._c_slots[_home(hv[i + 3] >> 32, self._n_slots)]
+                if sv and (sv >> 32) == (hv[i + 3] >> 32):
+                    if self._line_at(self._c_locs[(sv & 0xFFFFFFFFULL) - 1], &lp, &avail) == 0:
+                        rf_prefetch(lp + RF_ID_OFF)
             k = keys[i]
             kp = <const unsigned char *>PyBytes_AS_STRING(k)
             kl = <size_t>PyBytes_GET_SIZE(k)
-            slot = self._find_slot(_xxh.XXH3_64bits(kp, kl), kp, kl)
+            slot = self._find_slot(hv[i], kp, kl)
             if slot == -2:
                 raise RuneError(f"find_many({k!r}): a candidate line is in a detached segment")
             o[i] = -1 if slot < 0 else self._c_locs[(self._c_slots[slot] & 0xFFFFFFFFULL) - 1]
@@ -1244,6 +1373,8 @@ cdef class HotIndex:
         if v != RF_OK:
             raise CorruptStateCheckpointError(f"line fails its check: {rf_reason(v).decode()}",
                                               path=self._where(seg), offset=off)
+        if off >= self._c_segs[seg].len:          # in the bytes kept by append_bytes
+            return PyBytes_FromStringAndSize(<const char *>p, nl - p)
         return self._views[seg][off:off + (nl - p)]
 
     @cython.boundscheck(False)
@@ -1326,7 +1457,8 @@ cdef class HotIndex:
         """search() over every channel: one sequential pass over each attached
         segment, then the hits that are live entries, in channel order."""
         cdef rf_i64vec hits, bad, out
-        cdef int64_t seg, pos, end, ln, loc
+        cdef int64_t seg, pos, end, ln, loc, off0
+        cdef int reg
         cdef const unsigned char *base
         cdef const unsigned char *p
         cdef const unsigned char *nl
@@ -1344,47 +1476,57 @@ cdef class HotIndex:
         try:
             with nogil:
                 for seg in range(self._n_segs):
-                    if self._c_segs[seg].state != 1:
-                        continue
-                    base = self._c_segs[seg].ptr
-                    end = self._c_segs[seg].len
-                    pos = 0
-                    nh = NULL
-                    hb = NULL
-                    while pos < end and not oom:
-                        # jump to the next line that can match: a needle candidate
-                        # or (with na) a non-ASCII byte; each stream scans forward once
-                        p = base + pos
-                        if nh == NULL or nh < p:
-                            nh = rf_find(p, <size_t>(end - pos), nd, m, ci)
-                            if nh == NULL:
-                                nh = base + end
-                        c = nh
-                        if na:
-                            if hb == NULL or hb < p:
-                                hb = rf_find_nonascii(p, <size_t>(end - pos))
-                                if hb == NULL:
-                                    hb = base + end
-                            if hb < c:
-                                c = hb
-                        if c >= base + end:
-                            break
-                        p = rf_line_start(p, c)
-                        nl = <const unsigned char *>memchr(c, b'\n', <size_t>(base + end - c))
-                        if nl == NULL:
-                            break          # a torn or in-flight final line: never indexed
-                        ln = nl - p
-                        loc = (seg << 40) | (p - base)
-                        # checksums are checked when a hit is read (line());
-                        # a candidate line that does not even parse is damage if live
-                        if rf_parse_msg(p, <size_t>ln, &msg, 0) != RF_OK:
-                            oom = rf_i64vec_push(&bad, loc)
-                        elif msg.kind == b'm':
-                            c = p + msg.content_off
-                            if (rf_content_has(c, nl, nd, m, ci)
-                                    or (na and rf_has_nonascii(c, <size_t>(nl - c)))):
-                                oom = rf_i64vec_push(&hits, loc)
-                        pos = (nl - base) + 1
+                    for reg in range(2):
+                      # the mapped buffer, then the bytes appended after it
+                      if reg == 0:
+                          if self._c_segs[seg].state != 1:
+                              continue
+                          base = self._c_segs[seg].ptr
+                          end = self._c_segs[seg].len
+                          off0 = 0
+                      else:
+                          if self._c_segs[seg].state == 0 or self._c_segs[seg].ov_len == 0:
+                              continue
+                          base = self._c_segs[seg].ov
+                          end = self._c_segs[seg].ov_len
+                          off0 = self._c_segs[seg].len
+                      pos = 0
+                      nh = NULL
+                      hb = NULL
+                      while pos < end and not oom:
+                          # jump to the next line that can match: a needle candidate
+                          # or (with na) a non-ASCII byte; each stream scans forward once
+                          p = base + pos
+                          if nh == NULL or nh < p:
+                              nh = rf_find(p, <size_t>(end - pos), nd, m, ci)
+                              if nh == NULL:
+                                  nh = base + end
+                          c = nh
+                          if na:
+                              if hb == NULL or hb < p:
+                                  hb = rf_find_nonascii(p, <size_t>(end - pos))
+                                  if hb == NULL:
+                                      hb = base + end
+                              if hb < c:
+                                  c = hb
+                          if c >= base + end:
+                              break
+                          p = rf_line_start(p, c)
+                          nl = <const unsigned char *>memchr(c, b'\n', <size_t>(base + end - c))
+                          if nl == NULL:
+                              break          # a torn or in-flight final line: never indexed
+                          ln = nl - p
+                          loc = (seg << 40) | (off0 + (p - base))
+                          # checksums are checked when a hit is read (line());
+                          # a candidate line that does not even parse is damage if live
+                          if rf_parse_msg(p, <size_t>ln, &msg, 0) != RF_OK:
+                              oom = rf_i64vec_push(&bad, loc)
+                          elif msg.kind == b'm':
+                              c = p + msg.content_off
+                              if (rf_content_has(c, nl, nd, m, ci)
+                                      or (na and rf_has_nonascii(c, <size_t>(nl - c)))):
+                                  oom = rf_i64vec_push(&hits, loc)
+                          pos = (nl - base) + 1
                 # hits and bad lines are sorted by loc; keep the live ones, in channel order
                 if not oom and (hits.n or bad.n):
                     for li in range(self._n_chan):
@@ -1566,15 +1708,10 @@ cdef object _load(bytes data, str path):
     cdef const unsigned char *o = <const unsigned char *>PyBytes_AS_STRING(data)
     cdef Py_ssize_t total = len(data), pos, need, i
     cdef uint32_t meta[4]
-    cdef uint32_t n_cov, n_entries, n_chan, n_task, j, x, nlen, nun
-    cdef uint64_t n_slots, n_live, u64, digest, live = 0, used = 0, s
-    cdef int64_t loc
+    cdef uint32_t n_cov, n_entries, n_chan, n_task
+    cdef uint64_t n_slots, n_live, u64, digest
+    cdef uint64_t *livebits
     cdef HotIndex idx
-    cdef rf_list *L
-    cdef Py_ssize_t keys_len = 0, nlist = 0
-
-    cdef int64_t li
-    cdef bint chan
     if total < HEADER_LEN or data[:8] != SNAPSHOT_MAGIC:
         raise _bad(path, "bad magic or short header", 0)
     memcpy(meta, o + 8, 8)
@@ -1607,15 +1744,37 @@ cdef object _load(bytes data, str path):
         covered[cs] = co
         pos += 16
     idx = HotIndex()
-    idx._grow_entries(n_entries + 64)
+    idx._grow_entries(<uint64_t>n_entries + 64)
     if n_entries:
         memcpy(idx._c_locs, o + pos, 8 * n_entries)
     pos += (8 * n_entries + 7) & ~7
     idx._n_entries = n_entries
+    # live entries as a bitmap: the checks below then stay in cache
+    livebits = <uint64_t *>calloc((<size_t>n_entries >> 6) + 1, 8)
+    if livebits == NULL:
+        raise MemoryError("load_snapshot: entry bitmap")
+    try:
+        _load_arrays(idx, o, pos, total, n_entries, n_slots, n_live, n_chan, n_task, data, path, livebits)
+    finally:
+        free(livebits)
+    return idx, covered
+
+
+cdef int _load_arrays(HotIndex idx, const unsigned char *o, Py_ssize_t pos, Py_ssize_t total,
+                      uint32_t n_entries, uint64_t n_slots, uint64_t n_live, uint32_t n_chan,
+                      uint32_t n_task, bytes data, str path, uint64_t *livebits) except -1:
+    cdef uint32_t j, x, nlen, nun
+    cdef uint64_t live = 0, used = 0, s, u64
+    cdef int64_t loc, li
+    cdef Py_ssize_t i, keys_len = 0, nlist = 0
+    cdef uint32_t meta[4]
+    cdef rf_list *L
+    cdef bint chan
     for j in range(n_entries):
         loc = idx._c_locs[j]
         if loc >= 0:
             live += 1
+            livebits[j >> 6] |= (<uint64_t>1) << (j & 63)
         elif loc != -1:
             raise _bad(path, f"entry {j} has a bad location", pos)
     if live != n_live:
@@ -1637,7 +1796,7 @@ cdef object _load(bytes data, str path):
         s = idx._c_slots[u64]
         if s:
             x = <uint32_t>(s & 0xFFFFFFFFULL)
-            if x == 0 or x > n_entries or idx._c_locs[x - 1] < 0:
+            if x == 0 or x > n_entries or not (livebits[(x - 1) >> 6] >> ((x - 1) & 63)) & 1:
                 raise _bad(path, f"id table slot {u64} names a bad entry")
             used += 1
     if used != n_live:
@@ -1676,7 +1835,7 @@ cdef object _load(bytes data, str path):
         L.ns = nlen - nun
         for j in range(nlen):
             x = _at(L, j)
-            if x >= n_entries or idx._c_locs[x] < 0:
+            if x >= n_entries or not (livebits[x >> 6] >> (x & 63)) & 1:
                 raise _bad(path, f"array of {k!r} names a bad entry", pos)
         pos += 4 * nlen
         if i == n_chan - 1:
@@ -1684,4 +1843,4 @@ cdef object _load(bytes data, str path):
     pos = (pos + 7) & ~7
     if pos != total:
         raise _bad(path, f"{total - pos} bytes past the last array", pos)
-    return idx, covered
+    return 0

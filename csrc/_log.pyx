@@ -30,8 +30,7 @@ import os
 
 import numpy as np
 
-from rune_fast.errors import (CorruptStateCheckpointError, DurabilityError,
-                              FramingError, RuneError, StoreClosedError)
+from rune_fast.errors import DurabilityError, FramingError, RuneError, StoreClosedError
 
 PREFIX_LEN = RF_PREFIX_LEN
 MAX_LINE = RF_MAX_LINE
@@ -268,6 +267,8 @@ cdef class TailWriter:
         cdef int flags = O_WRONLY | O_APPEND | O_CLOEXEC
         cdef int fd
         cdef struct_stat st
+        if self._c_fd >= 0:
+            raise RuneError(f"TailWriter of {self.path} is already open")
         self.path = os.fsdecode(path)
         if create:
             flags |= O_CREAT

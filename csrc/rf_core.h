@@ -132,10 +132,26 @@ static inline const unsigned char *rf_str_end(const unsigned char *s, const unsi
     return NULL;
 }
 
-/* Short string scan (ids, channel, task, hlc): a byte loop beats memchr's setup. */
+/* Short string scan (ids, channel, task, hlc): 16 bytes at a time for the
+ * first quote or backslash, without memchr's call overhead. */
 static inline const unsigned char *rf_short_str_end(const unsigned char *s, const unsigned char *e)
 {
     const unsigned char *p = s;
+#if defined(__SSE2__)
+    const __m128i Q = _mm_set1_epi8('"'), B = _mm_set1_epi8('\\');
+    while (p + 16 <= e) {
+        __m128i a = _mm_loadu_si128((const __m128i *)p);
+        unsigned mask = (unsigned)_mm_movemask_epi8(
+            _mm_or_si128(_mm_cmpeq_epi8(a, Q), _mm_cmpeq_epi8(a, B)));
+        if (mask == 0) {
+            p += 16;
+            continue;
+        }
+        p += __builtin_ctz(mask);
+        if (*p == '"') return p;
+        p += 2;                      /* a backslash escapes the next byte */
+    }
+#endif
     while (p < e) {
         unsigned char c = *p;
         if (c == '"') return p;
@@ -205,6 +221,12 @@ static inline int rf_parse_msg(const unsigned char *p, size_t len, rf_msg *m, in
         if (q + 1 >= e || (q[1] != ',' && q[1] != '}')) return RF_BAD_FIELDS;
     }
     return RF_OK;
+}
+
+/* Hint the cache (never faults, so a stale address is harmless). */
+static inline void rf_prefetch(const void *p)
+{
+    __builtin_prefetch(p, 0, 1);
 }
 
 /* Compare the order keys (hlc, msg_id) of two parsed lines. */

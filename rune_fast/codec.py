@@ -1,7 +1,9 @@
 """Encode: a message record to the bytes of its tail line, and back.
 
 A message line is a frame (see docs/FORMAT.md) whose rest is
-``,"k":"m","r":<record JSON>}``; the record JSON starts with the five fields the
+``,"k":"m","r":<record JSON>,"s":<seq>}``: ``s`` is the store-wide append
+sequence number, which orders unstamped messages across channels and tiers. The
+record JSON starts with the five fields the
 compiled scanner reads at positions the writer controls (``msg_id``,
 ``channel_id``, ``task_id``, ``hlc``, ``content``), which
 ``ConversationMessageRecord.to_dict()`` always puts first.
@@ -30,6 +32,8 @@ __all__ = [
     "key",
     "dumps",
     "message_rest",
+    "message_body",
+    "rest_from_body",
     "tombstone_rest",
     "decode_body",
     "record_from_line",
@@ -65,8 +69,18 @@ def _check_finite(value: Any, field: str) -> None:
         raise ValueError(f"{field}: {value!r} is not a finite number and cannot be stored as JSON")
 
 
-def message_rest(record: ConversationMessageRecord) -> bytes:
-    """The frame rest of ``record``'s tail line.
+def message_rest(record: ConversationMessageRecord, seq: int) -> bytes:
+    """The frame rest of ``record``'s tail line, with append sequence ``seq``."""
+    return rest_from_body(message_body(record), seq)
+
+
+def rest_from_body(body: bytes, seq: int) -> bytes:
+    """The frame rest of a message line from its record JSON and sequence."""
+    return b"".join((MESSAGE_PREFIX, body, b',"s":', str(seq).encode(), b"}"))
+
+
+def message_body(record: ConversationMessageRecord) -> bytes:
+    """The record JSON of a message line (the costly part, done outside locks).
 
     Raises ``RecordTooLargeError`` (naming the msg_id) past ``MAX_RECORD_BYTES``
     and ``ValueError`` for values JSON cannot hold exactly.
@@ -78,7 +92,7 @@ def message_rest(record: ConversationMessageRecord) -> bytes:
         raise RecordTooLargeError(
             f"message {record.msg_id!r}: encoded size {len(body)} bytes exceeds the limit "
             f"of {MAX_RECORD_BYTES} bytes")
-    return MESSAGE_PREFIX + body + b"}"
+    return body
 
 
 def tombstone_rest(msg_id: str, channel_id: str, hlc: str) -> bytes:
@@ -101,11 +115,18 @@ def decode_body(body: bytes | memoryview, *, path: str, offset: int) -> dict:
     return d
 
 
-def record_from_line(line: bytes | memoryview, *, path: str, offset: int) -> ConversationMessageRecord:
-    """Decode a verified message line (without its newline) into its record."""
-    d = decode_body(line[BODY_START:-1], path=path, offset=offset)
+def record_from_line(line: bytes | memoryview, *, path: str, offset: int,
+                     ) -> tuple[ConversationMessageRecord, int | None]:
+    """Decode a verified message line (without its newline) into its record
+    and append sequence number (None in lines written before it existed)."""
+    d = decode_body(line, path=path, offset=offset)
+    r = d.get("r")
+    seq = d.get("s")
+    if not isinstance(r, dict) or not (seq is None or type(seq) is int):
+        raise CorruptStateCheckpointError("message line lacks its record or sequence",
+                                          path=path, offset=offset)
     try:
-        return ConversationMessageRecord.from_dict(d)
+        return ConversationMessageRecord.from_dict(r), seq
     except (TypeError, ValueError, KeyError) as exc:
         raise CorruptStateCheckpointError(f"stored record does not validate: {exc}",
                                           path=path, offset=offset) from None

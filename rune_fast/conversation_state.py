@@ -184,6 +184,14 @@ def _order_key(rec: ConversationMessageRecord, tier_rank: int, pos: Any) -> tupl
     return (0, tier_rank, pos)
 
 
+def _xkey(rec: ConversationMessageRecord, seq: int | None) -> tuple:
+    """Sort key of "oldest first" across channels and tiers: unstamped
+    messages first by append sequence, then stamped by (hlc, msg_id)."""
+    if rec.hlc:
+        return (1, rec.hlc, rec.msg_id)
+    return (0, -1 if seq is None else seq, "")
+
+
 def _fold_key(rec: ConversationMessageRecord) -> tuple[str, str]:
     """A message's place in the fold order: (its hlc, or the one section 7
     derives from ts and origin, as text; msg_id)."""
@@ -279,7 +287,7 @@ class ConversationStateRepository:
         m = self._manifest_store.read()
         if m is None:
             m = {"format": _FORMAT, "segments": [], "tail_seg": 1, "covered": 0,
-                 "cool_files": [], "events_offset": 0, "next_seg": 2, "cool_ord": 0}
+                 "cool_files": [], "events_offset": 0, "next_seg": 2, "next_seq": 0}
         if m.get("format") != _FORMAT:
             raise CorruptStateCheckpointError(
                 f"manifest format {m.get('format')!r} is not one this build reads ({_FORMAT})",
@@ -288,7 +296,7 @@ class ConversationStateRepository:
         self._covered = int(m["covered"])
         self._tail_seg = int(m["tail_seg"])
         self._next_seg = int(m["next_seg"])
-        self._cool_ord = int(m.get("cool_ord", 0))
+        self._next_seq = int(m.get("next_seq", 0))
         # Sealed segments, in logical (append) order.
         self._segs: dict[int, Segment] = {}
         self._seg_order: list[int] = list(m["segments"])
@@ -299,6 +307,8 @@ class ConversationStateRepository:
                                                   path=path)
             self._segs[seg] = Segment(path, seg)
         self._recover_roll()
+        if not self.read_only:
+            self._remove_stray_segments()
         tail_path = os.path.join(self.hot_dir, TAIL_NAME)
         if self.read_only and not os.path.exists(tail_path):
             self._tail = None
@@ -319,22 +329,55 @@ class ConversationStateRepository:
         self._pending_erase: set[str] = set()    # deleted ids whose bytes are still on disk
         self._dirty_segs: set[int] = set()        # segments holding lines of deleted messages
         self._cool_deleted: set[str] = set()      # deleted ids still present in a cool file
-        self._decoded: dict[int, ConversationMessageRecord] = {}
+        # location -> (record, append sequence): decoded lines, newest first out
+        self._decoded: dict[int, tuple[ConversationMessageRecord, int | None]] = {}
         # channel -> [store order agrees with fold order, last fold key] (lazily)
         self._fold_order: dict[str, list] = {}
         # channel -> whether a hot message sorts before a cool one (computed lazily)
         self._interleaved: dict[str, bool] = {}
         self._since_compact = 0
         self._index = self._load_index()
+        self._next_seq = max(self._next_seq, self._last_tail_seq() + 1)
         # Group commit counts bytes appended in this session, across tail rolls.
         self._wpos = 0
         self._synced = 0
         self._syncing = False
         self._sync_error: BaseException | None = None
-        for mid in self._tombstones:
+        # Deletions whose erasure no compaction has finished yet: the cool rows
+        # are hidden, and the next compaction looks for any hot line left.
+        self._unlocated: set[str] = set()
+        for mid in self._unerased:
+            self._pending_erase.add(mid)
             if self._cool.contains(mid):
                 self._cool_deleted.add(mid)
-                self._pending_erase.add(mid)
+            else:
+                self._unlocated.add(mid)
+
+    def _last_tail_seq(self) -> int:
+        """Append sequence of the last message line in the tail (-1 if none)."""
+        if self._tail is None or self._tail.size == 0:
+            return -1
+        buf = self._tail.buf
+        end = self._tail.size - 1                     # the last line's newline
+        start = buf.rfind(b"\n", 0, end) + 1
+        line = buf[start:end]
+        if line[23:30] != codec.MESSAGE_PREFIX[:7]:
+            return -1
+        _rec, seq = codec.record_from_line(line, path=self._tail.path, offset=start)
+        return -1 if seq is None else seq
+
+    def _remove_stray_segments(self) -> None:
+        """Unlink segment files the manifest does not name: a rewrite whose
+        manifest never moved, or an old segment a crash kept from being
+        unlinked after it did (it may hold erased content)."""
+        keep = {seg_name(s) for s in self._seg_order} | {seg_name(self._tail_seg)}
+        removed = False
+        for name in os.listdir(self.hot_dir):
+            if name.startswith("conversation_seg-") and name.endswith(".jsonl") and name not in keep:
+                _unlink(os.path.join(self.hot_dir, name))
+                removed = True
+        if removed:
+            fsync_dir(self.hot_dir)
 
     def _recover_roll(self) -> None:
         """Finish a tail roll that a crash interrupted (tail renamed, manifest not moved)."""
@@ -465,6 +508,7 @@ class ConversationStateRepository:
         self._tomb_path = path
         out: dict[str, str] = {}
         self._tomb_size = 0
+        self._unerased: list[str] = []
         if not os.path.exists(path):
             return out
         with open(path, "rb") as f:
@@ -480,10 +524,13 @@ class ConversationStateRepository:
             with open(path, "r+b") as f:
                 f.truncate(scan.torn_offset)
                 os.fsync(f.fileno())
+        erased_upto = int(self._manifest.get("tombstones_erased", 0))
         for off, ln in zip(scan.offsets.tolist(), scan.lengths.tolist()):
             body = codec.decode_body(data[off + len(codec.TOMBSTONE_PREFIX) + 23: off + ln - 1],
                                      path=path, offset=off)
             out[body["msg_id"]] = body["channel_id"]
+            if off >= erased_upto:
+                self._unerased.append(body["msg_id"])
         return out
 
     def _rederive_envelopes(self) -> None:
@@ -500,7 +547,7 @@ class ConversationStateRepository:
             line = self._tail.buf[off:off + ln]
             if bytes(line[23:30]) != codec.MESSAGE_PREFIX[:7]:
                 continue
-            rec = codec.record_from_line(line, path=self._tail.path, offset=off)
+            rec, _seq = codec.record_from_line(line, path=self._tail.path, offset=off)
             if rec.msg_id not in have:
                 missing.append(rec)
         if missing:
@@ -571,20 +618,24 @@ class ConversationStateRepository:
 
     def _read_loc(self, loc: int) -> ConversationMessageRecord:
         """The verified record at ``loc``; CorruptStateCheckpointError if damaged."""
-        line = self._index.line(loc)     # verifies the checksum, names seg and offset
-        rec = self._decoded.get(loc)
-        if rec is None:
-            seg = loc >> 40
-            rec = codec.record_from_line(line, path=self._path_of(seg), offset=loc & ((1 << 40) - 1))
-            self._cache(loc, rec)
-        return rec
+        return self._read_loc_seq(loc)[0]
 
-    def _cache(self, loc: int, rec: ConversationMessageRecord) -> None:
+    def _read_loc_seq(self, loc: int) -> tuple[ConversationMessageRecord, int | None]:
+        """The verified record at ``loc`` and its append sequence."""
+        line = self._index.line(loc)     # verifies the checksum, names seg and offset
+        hit = self._decoded.get(loc)
+        if hit is None:
+            seg = loc >> 40
+            hit = codec.record_from_line(line, path=self._path_of(seg), offset=loc & ((1 << 40) - 1))
+            self._cache(loc, hit)
+        return hit
+
+    def _cache(self, loc: int, hit: tuple[ConversationMessageRecord, int | None]) -> None:
         if len(self._decoded) >= _DECODE_CACHE:
             # drop the oldest quarter (dicts keep insertion order)
             for k in list(self._decoded)[:_DECODE_CACHE // 4]:
                 del self._decoded[k]
-        self._decoded[loc] = rec
+        self._decoded[loc] = hit
 
     @staticmethod
     def _cool_record(row) -> ConversationMessageRecord:
@@ -638,7 +689,7 @@ class ConversationStateRepository:
         for i, m in enumerate(msgs):
             if not isinstance(m, ConversationMessageRecord):
                 raise TypeError(f"msgs[{i}]: expected ConversationMessageRecord, got {type(m).__name__}")
-            rests.append(codec.message_rest(m))
+            rests.append(codec.message_body(m))
         if not msgs:
             return 0
         with self._lock:
@@ -670,7 +721,9 @@ class ConversationStateRepository:
             fresh = [i for i, a in zip(fresh, archived.tolist()) if not a]
         if not fresh:
             return 0, 0
-        lines = [frame(rests[i]) for i in fresh]
+        seq0 = self._next_seq
+        lines = [frame(codec.rest_from_body(rests[i], seq0 + j)) for j, i in enumerate(fresh)]
+        self._next_seq += len(fresh)
         data = lines[0] if len(lines) == 1 else b"".join(lines)
         off, remapped = self._tail.append(data)
         self._wpos += len(data)
@@ -685,11 +738,11 @@ class ConversationStateRepository:
             loc = base | pos
             if not self._index.add(loc):     # cannot happen: checked above under the lock
                 raise RuneError(f"index refused new message {m.msg_id!r} at {self._tail.path}:{pos}")
-            self._cache(loc, m)
+            self._cache(loc, (m, seq0 + j))
             self._note_order(m)
             self._note_fold_order(m)
             if m.hlc:
-                self._clock.observe(m.hlc)
+                self._observe(m.hlc)
             envelopes.append(encode("conversation.message", m.msg_id, payload_hash(m),
                                     channel_id=m.channel_id))
             pos += len(lines[j])
@@ -699,6 +752,15 @@ class ConversationStateRepository:
         self._since_compact += len(fresh)
         self._snap_changes += len(fresh)
         return self._wpos, len(fresh)
+
+    def _observe(self, hlc: Any) -> None:
+        """Let the clock observe a stored stamp. A stamp that is not in the
+        section 7 form, or one at the clock's very end, is stored as given but
+        cannot move the clock."""
+        try:
+            self._clock.observe(hlc)
+        except ValueError as exc:
+            log.debug("clock does not observe %r: %s", hlc, exc)
 
     def _note_order(self, m: ConversationMessageRecord) -> None:
         """Keep the interleave verdict of the channel true after an append."""
@@ -851,6 +913,7 @@ class ConversationStateRepository:
             raise DurabilityError(f"write of tombstones to {self._tomb_path} failed: {exc}") from exc
         finally:
             os.close(fd)
+        self._tomb_size += len(data)
         if new_file and self.durability != "none":
             fsync_dir(self.hot_dir)
         deleted = 0
@@ -896,15 +959,20 @@ class ConversationStateRepository:
                 if rec.msg_id != msg_id:
                     return MessageRead(ReadStatus.SOURCE_CORRUPT, None, tier)
                 return MessageRead(ReadStatus.FOUND_VERIFIED, rec, tier)
-            if loc < -1:
-                # a line whose stored id no longer matches its checksum answered this id's hash
-                return MessageRead(ReadStatus.SOURCE_CORRUPT, None, "hot")
             try:
                 row = self._cool.get(msg_id)
             except CorruptStateCheckpointError as exc:
                 log.error("exact read of %s: %s", msg_id, exc)
                 return MessageRead(ReadStatus.SOURCE_CORRUPT, None, "cool")
             if row is None:
+                # A hot line indexed under this id's hash whose bytes fail their
+                # checksum may be this message with a damaged id: not "not found".
+                for cand in self._index.candidates(k).tolist():
+                    try:
+                        self._index.line(cand)
+                    except CorruptStateCheckpointError as exc:
+                        log.error("exact read of %s: %s", msg_id, exc)
+                        return MessageRead(ReadStatus.SOURCE_CORRUPT, None, self._tier_of(cand))
                 return MessageRead(ReadStatus.NOT_FOUND_CONFIRMED)
             try:
                 rec = self._cool_record(row)
@@ -975,16 +1043,13 @@ class ConversationStateRepository:
             if task_id == "":
                 return []
             locs = self._index.task_locs(codec.key(task_id)).tolist()
-            rank = self._seg_rank()
-            hot = [(self._read_loc(loc), loc) for loc in locs]
-            keyed = [(_order_key(r, _HOT_RANK, (rank.get(loc >> 40, 1 << 30), loc & ((1 << 40) - 1))), r)
-                     for r, loc in hot]
+            keyed = [(_xkey(r, seq), r) for r, seq in map(self._read_loc_seq, locs)]
             if self._cool_has_task(task_id):
                 for row in self._cool.task_rows(task_id):
                     if row.record["msg_id"] in self._cool_deleted:
                         continue
                     rec = self._cool_record(row)
-                    keyed.append((_order_key(rec, _COOL_RANK, row.ord), rec))
+                    keyed.append((_xkey(rec, row.ord), rec))
                 keyed.sort(key=lambda e: e[0])
             return [r for _k, r in keyed]
 
@@ -1025,18 +1090,16 @@ class ConversationStateRepository:
                     locs = list(dict.fromkeys(locs))
                 else:
                     locs = self._index.search(b"", True, True, ch_key).tolist()
-            rank = self._seg_rank()
             keyed = []
             for loc in locs:
-                rec = self._read_loc(loc)
+                rec, seq = self._read_loc_seq(loc)
                 if check(rec.content):
-                    pos = (rank.get(loc >> 40, 1 << 30), loc & ((1 << 40) - 1))
-                    keyed.append((_order_key(rec, _HOT_RANK, pos), rec, self._tier_of(loc)))
+                    keyed.append((_xkey(rec, seq), rec, self._tier_of(loc)))
             for row in self._cool.search(text, channel_id, case_sensitive=case_sensitive):
                 if row.record["msg_id"] in self._cool_deleted:
                     continue
                 rec = self._cool_record(row)
-                keyed.append((_order_key(rec, _COOL_RANK, row.ord), rec, "cool"))
+                keyed.append((_xkey(rec, row.ord), rec, "cool"))
             keyed.sort(key=lambda e: e[0])
             if limit is not None:
                 keyed = keyed[-limit:]
@@ -1199,7 +1262,7 @@ class ConversationStateRepository:
             for raw in ops:
                 op = _sync.as_op(raw)
                 payload = op.payload
-                self._clock.observe(op.hlc)
+                self._observe(op.hlc)
                 if isinstance(payload, dict) and payload.get("deleted"):
                     tomb_ids.append(op.op_id)
                     tomb_hlc[op.op_id] = str(op.hlc)
@@ -1237,15 +1300,15 @@ class ConversationStateRepository:
             # 1. cooling
             excess = self._index.excess(self.hot_window).tolist()
             if excess:
-                rows = [self._read_loc(loc).to_dict() for loc in excess]
+                hits = [self._read_loc_seq(loc) for loc in excess]
+                rows = [rec.to_dict() for rec, _seq in hits]
                 for d in rows:
                     if d["hlc"]:
                         k = (d["hlc"], d["msg_id"])
                         if k > self._cool_max.get(d["channel_id"], ("", "")):
                             self._cool_max[d["channel_id"]] = k
-                ords = range(self._cool_ord, self._cool_ord + len(rows))
+                ords = [seq if seq is not None else -1 for _rec, seq in hits]
                 run = self._cool.cool(rows, ords)
-                self._cool_ord += len(rows)
                 manifest_cool = list(run.files)
                 rep.cooled = len(rows)
                 rep.cool_files_written += 1
@@ -1270,6 +1333,8 @@ class ConversationStateRepository:
                 self._interleaved.clear()
             # 3. segments: roll the tail if it holds deleted lines or grew large
             stats = self._index.seg_stats()
+            if cool_erase or self._unlocated:
+                self._find_cooled_lines(cool_erase + sorted(self._unlocated), stats)
             tail_live = stats.get(self._tail_seg, (0, 0))
             roll = (self._tail_seg in self._dirty_segs or self._tail.size >= ROLL_BYTES
                     or (self._tail.size > 0 and tail_live[0] == 0)
@@ -1315,6 +1380,7 @@ class ConversationStateRepository:
                 fsync_dir(self.hot_dir)
             self._dirty_segs.clear()
             self._pending_erase.clear()
+            self._unlocated.clear()
             self._cool_deleted.clear()
             self._interleaved.clear()
             self._since_compact = 0
@@ -1325,6 +1391,24 @@ class ConversationStateRepository:
             self._compactions += 1
             self._last_compaction = rep
             return rep
+
+    def _find_cooled_lines(self, ids: list[str], stats: dict) -> None:
+        """Mark the segments that still hold the (dead) hot line of a message
+        that was cooled and then deleted, so erasure rewrites them too. Only
+        segments with dead bytes are scanned, each by a throwaway index."""
+        keys = [codec.key(m) for m in ids]
+        files = [(seg, self._segs[seg].buf, self._segs[seg].path, self._segs[seg].size)
+                 for seg in self._seg_order]
+        files.append((self._tail_seg, self._tail.buf, self._tail.path, self._tail.size))
+        for seg, buf, path, size in files:
+            if seg in self._dirty_segs or size == 0 or stats.get(seg, (0, 0))[1] >= size:
+                continue
+            probe = HotIndex()
+            probe.attach(seg, buf, path)
+            probe.ingest(seg, 0, size)
+            if (probe.find_many(keys) >= 0).any():
+                self._dirty_segs.add(seg)
+            probe.detach(seg)
 
     @staticmethod
     def _sparse(size: int, live_bytes: int) -> bool:
@@ -1382,7 +1466,8 @@ class ConversationStateRepository:
         m = {"format": _FORMAT, "segments": list(self._seg_order), "tail_seg": self._tail_seg,
              "covered": self._covered, "cool_files": list(cool_files),
              "events_offset": self._events.size, "next_seg": self._next_seg,
-             "cool_ord": self._cool_ord,
+             "next_seq": self._next_seq,
+             "tombstones_erased": self._tomb_size,
              "cool_max": {ch: list(k) for ch, k in self._cool_max.items()}}
         self._manifest_store.write(m, durable=durable)
         self._manifest = m
@@ -1535,7 +1620,8 @@ class ConversationStateRepository:
                 "compactions": self._compactions,
                 "durability": self.durability,
                 "read_only": self.read_only,
-                "quarantined": list(self._quarantined),
+                "quarantined": list(self._quarantined) + [
+                    dict(q) for q in (self._events.quarantined if self._events is not None else [])],
                 "device_id": self._clock.device_id,
                 "state_dir": self.state_dir,
             }

@@ -472,7 +472,7 @@ class TaskStateRepository:
                 "open": sum(1 for r in self._tasks.values() if r.status not in TERMINAL_STATUSES),
                 "seq": self._seq,
                 "since_checkpoint": self._since_checkpoint,
-                "quarantined": list(self._log.quarantined),
+                "quarantined": list(self._log.quarantined) + [dict(q) for q in self._events.quarantined],
                 "rejournaled": self.rejournaled,
             }
 

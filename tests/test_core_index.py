@@ -451,3 +451,53 @@ def test_find_many():
     assert ix.find_many([]).tolist() == []
     with pytest.raises(FramingError):
         ix.find_many([3])
+
+
+def test_find_many_matches_find_on_a_larger_index():
+    ls = [line(f"m{i}", f"c{i % 9}", "", "" if i % 2 else f"{i:05d}") for i in range(3000)]
+    ix, _, _ = build(ls)
+    ix.remove_many([f"m{i}".encode() for i in range(0, 3000, 7)])
+    keys = [f"m{i}".encode() for i in range(0, 3100, 3)]
+    assert ix.find_many(keys).tolist() == [ix.find(k) for k in keys]
+
+
+def test_append_bytes_indexes_without_a_remap():
+    a = [line("m0", "c", content="mapped")]
+    b = [line("m1", "c", hlc="0002", content="copied one"), line("m2", "c", "t", content="copied two")]
+    c = [line("m3", "c", content="later"), tombstone("m0", "c")]
+    ix = _index.HotIndex()
+    ix.attach(0, b"".join(a), path="/state/seg-0")
+    ix.ingest(0)
+    base = len(a[0])
+    with pytest.raises(FramingError, match="not its end"):
+        ix.append_bytes(0, base + 1, b"".join(b))
+    r = ix.append_bytes(0, base, b"".join(b))
+    assert r.added.tolist() == [base, base + len(b[0])] and r.good_end == base + len(b[0]) + len(b[1])
+    assert ids(ix, ix.channel_locs(b"c")) == ["m0", "m2", "m1"]
+    assert isinstance(ix.line(base), bytes) and ix.line(base) == b[0][:-1]
+    assert ids(ix, ix.search(b"copied")) == ["m2", "m1"]
+    assert ids(ix, ix.search(b"copied", ch_key=b"c")) == ["m2", "m1"]
+    assert ix.task_locs(b"t").tolist() == [base + len(b[0])]
+    end = r.good_end
+    r2 = ix.append_bytes(0, end, b"".join(c))
+    assert r2.tombstones == [(b"m0", b"c")] and ix.find(b"m0") == -1
+    # a remap that covers part of the copied bytes: the rest stays readable
+    full = b"".join(a + b + c)
+    ix.attach(0, full[:base + len(b[0])])
+    assert ids(ix, ix.channel_locs(b"c")) == ["m2", "m3", "m1"]
+    assert ix.seg_stats() == {0: (3, len(b[0]) + len(b[1]) + len(c[0]))}
+    ix.attach(0, full)
+    assert ids(ix, ix.channel_locs(b"c")) == ["m2", "m3", "m1"]
+    assert isinstance(ix.line(base), memoryview)
+    # a torn append is reported and not kept
+    end = len(full)
+    r3 = ix.append_bytes(0, end, c[0][:10])
+    assert r3.torn_offset == end and r3.good_end == end
+    r4 = ix.append_bytes(0, end, line("m4", "d"))
+    assert r4.added.tolist() == [end]
+    ix.detach(0)
+    with pytest.raises(RuneError):
+        ix.append_bytes(0, 0, b"")
+    ix.attach(1, None)
+    assert ix.append_bytes(1, 0, line("m5", "e")).added.tolist() == [1 << S]
+    assert ix.find(b"m5") == 1 << S

@@ -131,6 +131,23 @@ class CoreMachine(RuleBasedStateMachine):
                 new += 1
         assert len(r.added) == new and len(r.dup_locs) == len(batch) - new
 
+    @rule(batch=st.lists(st.tuples(st.sampled_from(IDS), st.sampled_from(CHANNELS),
+                                   st.sampled_from(TASKS), st.sampled_from(HLCS), TEXT), max_size=4))
+    def append_bytes_without_remap(self, batch):
+        data = b"".join(line(i, ch, t, h, text) for i, ch, t, h, text in batch)
+        off = self.writer.append(data)
+        r = self.index.append_bytes(self.seg, off, data)
+        assert r.damaged_offset == -1 and r.torn_offset == -1
+        assert r.good_end == self.writer.size and r.n_lines == len(batch)
+        new = 0
+        for i, ch, t, h, text in batch:
+            if i not in self.live:
+                self.live[i] = (self.ordinal, ch, t, h)
+                self.content[i] = text
+                self.ordinal += 1
+                new += 1
+        assert len(r.added) == new
+
     @rule(i=st.sampled_from(IDS))
     def delete(self, i):
         self.content.pop(i, None)
@@ -193,6 +210,7 @@ class CoreMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def flipped_byte(self, data):
         path = seg_path(self.dir, self.seg)
+        self.remap(self.seg)          # bytes indexed from append_bytes copies are now mapped
         scan = _log.scan_frames(self.maps[self.seg])
         k = data.draw(st.integers(0, len(scan.offsets) - 1))
         off, ln = int(scan.offsets[k]), int(scan.lengths[k])

@@ -23,11 +23,16 @@ cdef struct rf_list:
 
 
 cdef struct rf_seg:
-    # the attached read-only buffer of one segment (state 0: none, 1: buffer, 2: empty)
+    # the attached read-only buffer of one segment (state 0: none, 1: buffer,
+    # 2: empty), and a copy of the bytes appended after it (append_bytes) that
+    # logically follow it: file offsets [len, len + ov_len)
     Py_buffer view
     const unsigned char *ptr
     int64_t len
     int state
+    unsigned char *ov
+    int64_t ov_len
+    int64_t ov_cap
 
 
 cdef class HashIndex:
@@ -101,3 +106,4 @@ cdef class HotIndex:
                      const unsigned char *ip, uint32_t il) except -1
     cdef int _nm_put(self, int which, uint64_t h, uint32_t idx) except -1
     cdef object _search_all(self, const unsigned char *nd, size_t m, bint ci, bint na)
+    cdef object _ingest_at(self, int64_t seg, const unsigned char *p0, int64_t off0, int64_t n)
