@@ -10,8 +10,8 @@ The reading subcommands (``window``, ``task``, ``get``, ``search``, ``stats``,
 ``verify``, ``export``) open the conversation store with ``read_only=True``:
 they work beside a running writer and change no file; ``verify`` reads the
 task ledger's files read-only too. ``tasks`` and ``stats`` open the task
-ledger itself (it has no read-only mode), so they need its lock for a moment:
-beside a running frontend, ``stats`` says so and ``tasks`` exits 2.
+ledger itself (it has no read-only mode) when it is free, and beside a running
+frontend read a snapshot of its files instead (:class:`TaskLedgerView`).
 """
 from __future__ import annotations
 
@@ -283,6 +283,103 @@ def _open_tasks(args: argparse.Namespace) -> Any:
     return TaskStateRepository(_require_state(args))
 
 
+class TaskLedgerView:
+    """A read-only snapshot of a state directory's task ledger, folded from
+    its documented files (``hot/task_state.json`` and the ``task_log`` it
+    names; see the task ledger section of the format page) without taking
+    the writer's lock or changing a file. Used when a frontend holds the
+    ledger open. Same reads as the repository: ``get``, ``get_active``,
+    ``list_open``, ``list_tasks``, ``latest``, ``stats``."""
+
+    def __init__(self, state_dir: str) -> None:
+        from .atomic import AtomicStore
+        from .events import FramedLog, parse_line
+        from .records import TERMINAL_STATUSES, TaskStateRecord
+
+        self._terminal = TERMINAL_STATUSES
+        hot = os.path.join(state_dir, "hot")
+        for attempt in range(5):
+            tasks: dict[str, Any] = {}
+            touched: dict[str, int] = {}
+            cp = AtomicStore(os.path.join(hot, "task_state.json")).read()
+            gen = 0
+            if cp is not None:
+                try:
+                    gen = int(cp["gen"])
+                    for item in cp["tasks"]:
+                        rec = TaskStateRecord.from_dict(item["r"])
+                        tasks[rec.task_id] = rec
+                        touched[rec.task_id] = int(item["t"])
+                except (KeyError, TypeError, ValueError) as exc:
+                    raise CorruptStateCheckpointError(f"task checkpoint has a bad structure: {exc!r}",
+                                                      path=os.path.join(hot, "task_state.json")) from None
+            path = os.path.join(hot, f"task_log-{gen:08d}.jsonl")
+            try:
+                log = FramedLog(path, read_only=True)
+            except FileNotFoundError:
+                if cp is None:
+                    break          # no ledger yet
+                continue           # the writer checkpointed meanwhile: read again
+            try:
+                for offset, line in log.iter_lines(0):
+                    entry = parse_line(line, path=path, offset=offset)
+                    try:
+                        rec = TaskStateRecord.from_dict(entry["r"])
+                        op, n = entry["op"], int(entry["n"])
+                    except (KeyError, TypeError, ValueError) as exc:
+                        raise CorruptStateCheckpointError(f"task log entry does not parse: {exc!r}",
+                                                          path=path, offset=offset) from None
+                    tasks[rec.task_id] = rec
+                    if op in ("created", "imported", "amended"):
+                        touched[rec.task_id] = n
+            finally:
+                log.close()
+            break
+        self._tasks, self._touched = tasks, touched
+
+    def get(self, task_id: str) -> Any:
+        return self._tasks.get(task_id)
+
+    def list_tasks(self, channel_id: str | None = None) -> list[Any]:
+        return [t for t in self._tasks.values() if channel_id is None or t.channel_id == channel_id]
+
+    def list_open(self, channel_id: str) -> list[Any]:
+        return [t for t in self.list_tasks(channel_id) if t.status not in self._terminal]
+
+    def get_active(self, channel_id: str) -> Any:
+        open_ = self.list_open(channel_id)
+        return max(open_, key=lambda t: self._touched.get(t.task_id, -1)) if open_ else None
+
+    def latest(self, channel_id: str) -> Any:
+        mine = self.list_tasks(channel_id)
+        return mine[-1] if mine else None
+
+    def stats(self) -> dict[str, Any]:
+        return {"tasks": len(self._tasks),
+                "open": sum(1 for t in self._tasks.values() if t.status not in self._terminal),
+                "note": "read-only view: the ledger is open in a writer"}
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "TaskLedgerView":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def _tasks_for_reading(args: argparse.Namespace) -> Any:
+    """The task ledger for a read: the repository, or -- when a frontend
+    holds its lock -- a :class:`TaskLedgerView` of its files."""
+    from .errors import StateLockedError
+
+    try:
+        return _open_tasks(args)
+    except StateLockedError:
+        return TaskLedgerView(_require_state(args))
+
+
 # ---------------------------------------------------------------------------
 # input
 
@@ -461,7 +558,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 def cmd_tasks(args: argparse.Namespace) -> int:
     """Print the open tasks of a channel (oldest first; * marks the active one)."""
-    with _open_tasks(args) as tasks:
+    with _tasks_for_reading(args) as tasks:
         if args.all:
             lister = getattr(tasks, "list_tasks", None)
             if lister is None:
@@ -503,13 +600,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
     """Counts, sizes and recovery notes of the conversation store and the task ledger."""
     with _open_reader(args) as repo:
         conv = repo.stats()
-    from .errors import StateLockedError
-
-    try:
-        with _open_tasks(args) as tasks:
-            tstats = tasks.stats()
-    except StateLockedError:
-        tstats = {"note": "the task ledger is open in a writer; not read"}
+    with _tasks_for_reading(args) as tasks:
+        tstats = tasks.stats()
     if args.json:
         _print_json({"conversation": conv, "tasks": tstats})
     else:
@@ -632,7 +724,8 @@ def _verify_task_envelopes(state: str, tasks: dict[str, Any], add: Callable[...,
     for tid, rec in tasks.items():
         if payload_hash(rec) not in seen.get(tid, ()):
             add(os.path.join(state, "events.jsonl"), None,
-                f"task {tid}: no envelope carries the payload_hash of its current record")
+                f"task {tid}: no envelope carries the payload_hash of its current record (a power loss "
+                f"can drop one; the ledger re-journals it when a writer next opens it)")
     checked["task_envelopes"] = len(tasks)
 
 

@@ -345,3 +345,31 @@ def test_progress_bar_only_on_a_terminal():
         bar.update(5, "half", force=True)
         assert "[############------------]  50% 5/10  half" in tty.getvalue()
     assert tty.getvalue().endswith("\r")        # the line is cleared at the end
+
+
+def test_task_ledger_view_matches_the_repository(tmp_path):
+    from rune_fast.cli import TaskLedgerView
+    from rune_fast.tasks import TaskStateRepository
+
+    state = tmp_path / "state"
+    with TaskStateRepository(state, checkpoint_every=7) as repo:   # some changes checkpointed, some in the log
+        made = {}
+        for i in range(12):
+            ch = f"c{i % 3}"
+            t = repo.create(f"task {i}", ch, parent_task_id=made.get(ch))
+            made[ch] = t.task_id
+            if i % 5 == 0:
+                repo.amend(t.task_id, f"task {i} amended")
+            if i % 4 == 1:
+                repo.transition(t.task_id, "running")
+            if i % 4 == 2:
+                repo.transition(t.task_id, "cancelled")
+        first = repo.list_open("c0")[0]
+        repo.amend(first.task_id, "the oldest open task, amended last")
+        view = TaskLedgerView(str(state))                         # beside the open writer
+        for ch in ("c0", "c1", "c2", "none"):
+            assert view.list_open(ch) == repo.list_open(ch)
+            assert view.get_active(ch) == repo.get_active(ch)
+            assert view.latest(ch) == repo.latest(ch)
+            assert view.list_tasks(ch) == repo.list_tasks(ch)
+        assert view.get_active("c0").task_id == first.task_id
