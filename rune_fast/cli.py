@@ -232,6 +232,8 @@ def _kv_table(pairs: Iterable[tuple[str, Any]]) -> str:
 
 
 def _render_value(v: Any) -> str:
+    if v == "" or v is None:
+        return "-"
     if isinstance(v, (list, tuple)):
         if not v:
             return "none"
