@@ -700,7 +700,7 @@ class ConversationStateRepository:
             if self._since_compact >= self.compact_every:
                 with self._lock:
                     if self._since_compact >= self.compact_every and not self._closed:
-                        self.compact()
+                        self._compact(full=False)
         return added
 
     def _write_messages(self, msgs: Sequence[ConversationMessageRecord], rests: Sequence[bytes],
@@ -1286,6 +1286,25 @@ class ConversationStateRepository:
         """Fold the tail into the hot checkpoint, cool each channel's messages
         beyond its newest ``hot_window`` into a Parquet archive, and erase the
         bytes of deleted messages. Work is proportional to what moves."""
+        return self._compact(full=True)
+
+    def _excess(self, full: bool) -> list[int]:
+        """Locations to cool: every channel's messages beyond its newest
+        ``hot_window``. The automatic compaction (``full=False``) cools a
+        channel only once that excess reaches a quarter window, so a busy
+        channel is cooled in batches instead of a small Parquet run every
+        ``compact_every`` messages."""
+        if full:
+            return self._index.excess(self.hot_window).tolist()
+        slack = max(1, self.hot_window // 4)
+        out: list[int] = []
+        for k in self._index.channels():
+            extra = self._index.channel_len(k) - self.hot_window
+            if extra >= slack:
+                out.extend(self._index.channel_locs(k, -1)[:extra].tolist())
+        return out
+
+    def _compact(self, *, full: bool) -> CompactionReport:
         with self._lock:
             self._check_writable()
             t0 = time.perf_counter()
@@ -1298,7 +1317,7 @@ class ConversationStateRepository:
             old_cool: list[str] = []
             manifest_cool = list(self._manifest["cool_files"])
             # 1. cooling
-            excess = self._index.excess(self.hot_window).tolist()
+            excess = self._excess(full)
             if excess:
                 hits = [self._read_loc_seq(loc) for loc in excess]
                 rows = [rec.to_dict() for rec, _seq in hits]
