@@ -1180,3 +1180,22 @@ def test_corrupt_legacy_checkpoint_is_loud(sd):
     with pytest.raises(CorruptStateCheckpointError) as ei:
         ConversationStateRepository(sd)
     assert "conversation_messages.json" in str(ei.value)
+
+
+def test_hot_window_per_channel_by_order(sd):
+    with ConversationStateRepository(sd, hot_window=3) as r:
+        sizes = {"c1": 1, "c5": 5, "c10": 10}
+        made = {}
+        for ch, k in sizes.items():
+            made[ch] = [msg(f"{ch}-{i}", ch) for i in range(k)]
+            r.append_many(made[ch])
+        # stamped messages appended newest first: the hot ones are the newest by hlc
+        st_ = [msg(f"s{i}", "cs", hlc=f"{1000 + i:015d}-0000000000-d") for i in range(6)]
+        r.append_many(list(reversed(st_)))
+        r.compact()
+        for ch, ms in made.items():
+            tiers = [r.get_message(m.msg_id).tier for m in ms]
+            k = len(ms)
+            assert tiers == ["cool"] * max(0, k - 3) + ["hot"] * min(k, 3), (ch, tiers)
+        assert [r.get_message(m.msg_id).tier for m in st_] == ["cool"] * 3 + ["hot"] * 3
+        assert r.window("cs", 10) == st_
