@@ -420,7 +420,7 @@ def test_messages_for_task_across_channels_spanning_tiers(sd):
         assert r.messages_for_task("task_X") == ms
 
 
-_alpha = st.sampled_from(list("aAbBßsSkK\u212aİiı\u0307 Σσς"))
+_alpha = st.sampled_from(list("aAbBßsSkK\u212aİiı\u0307 Σσςﬃﬅſϐβ\u1e9eFfItT"))
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
