@@ -420,7 +420,7 @@ def test_messages_for_task_across_channels_spanning_tiers(sd):
         assert r.messages_for_task("task_X") == ms
 
 
-_alpha = st.sampled_from(list("aAbBßsSkK\u212aİiı\u0307 Σσς"))
+_alpha = st.sampled_from(list("aAbBßsSkK\u212aİiı\u0307 Σσςﬃﬅſϐβ\u1e9eFfItT"))
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -1180,3 +1180,35 @@ def test_corrupt_legacy_checkpoint_is_loud(sd):
     with pytest.raises(CorruptStateCheckpointError) as ei:
         ConversationStateRepository(sd)
     assert "conversation_messages.json" in str(ei.value)
+
+
+def test_hot_window_per_channel_by_order(sd):
+    with ConversationStateRepository(sd, hot_window=3) as r:
+        sizes = {"c1": 1, "c5": 5, "c10": 10}
+        made = {}
+        for ch, k in sizes.items():
+            made[ch] = [msg(f"{ch}-{i}", ch) for i in range(k)]
+            r.append_many(made[ch])
+        # stamped messages appended newest first: the hot ones are the newest by hlc
+        st_ = [msg(f"s{i}", "cs", hlc=f"{1000 + i:015d}-0000000000-d") for i in range(6)]
+        r.append_many(list(reversed(st_)))
+        r.compact()
+        for ch, ms in made.items():
+            tiers = [r.get_message(m.msg_id).tier for m in ms]
+            k = len(ms)
+            assert tiers == ["cool"] * max(0, k - 3) + ["hot"] * min(k, 3), (ch, tiers)
+        assert [r.get_message(m.msg_id).tier for m in st_] == ["cool"] * 3 + ["hot"] * 3
+        assert r.window("cs", 10) == st_
+
+
+_NO_REFRESH_SCRIPT = 'import sys\nfrom pathlib import Path\nsys.path.insert(0, sys.argv[2])\nfrom spec_helpers import msg\nfrom rune_fast.conversation_state import ConversationStateRepository, ReadStatus\nsd = Path(sys.argv[1])\nw = ConversationStateRepository(sd, hot_window=2)\ntry:\n    ms = [msg(f"v{i}", task_id="task_v") for i in range(5)]\n    w.append_many(ms)\n    w.compact()\n    ro = ConversationStateRepository(sd, read_only=True)\n    try:\n        old = ro.window("ch", 100)\n        assert old == ms\n        more = [msg(f"n{i}", task_id="task_v") for i in range(6)]\n        w.append_many(more)\n        w.delete(ms[0].msg_id)\n        w.compact()\n        w.compact()\n        new = w.window("ch", 100)\n        for _ in range(2):\n            assert ro.window("ch", 100) in (old, new)\n            assert ro.messages_for_task("task_v") in (old, new)\n            assert [h.record for h in ro.search("v")] in (\n                [m for m in old if "v" in m.content], [m for m in new if "v" in m.content])\n            rd = ro.get_message(ms[3].msg_id)\n            assert rd.status == ReadStatus.FOUND_VERIFIED and rd.record == ms[3]\n        ro.refresh()\n        assert ro.window("ch", 100) == new\n    finally:\n        ro.close()\nfinally:\n    w.close()\nprint(\'OK\')\n'
+
+
+def test_read_only_without_refresh_stays_usable(sd):
+    # ASSUMPTION: a reader that has not refreshed keeps serving a consistent
+    # (possibly older) view while the writer compacts, cools and erases.
+    # Run in a child process: a reader that maps files the writer rewrites in
+    # place can die of SIGBUS, which would take the whole test run down.
+    out = subprocess.run([sys.executable, "-X", "faulthandler", "-c", _NO_REFRESH_SCRIPT, str(sd), str(Path(__file__).parent)],
+                         cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "OK", (out.returncode, out.stderr[-3000:])
