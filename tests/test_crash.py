@@ -918,7 +918,7 @@ def test_death_at_each_step_of_compaction(tmp_path):
     steps = [ln for ln in dry.lines if ln.startswith("SYS ")]
     total = int(counts[0].split()[1])
     assert total > 0, "compact() made no file step this test can intercept"
-    points = sorted({1, total} | set(rng.sample(range(1, total + 1), min(total, 8))))
+    points = sorted({1, total} | set(rng.sample(range(1, total + 1), min(total, 6))))
     done = []
     soft = SoftLog()
     for k in points:
@@ -1025,7 +1025,7 @@ def test_death_at_each_step_of_recovery(tmp_path, scenario):
     assert rc == 0 and counts, f"recovering open failed (rc {rc}): {dry.lines[-4:]}\n{dry.stderr()}"
     total = int(counts[0].split()[1])
     rsteps = [ln.split(" ", 2)[2] for ln in dry.lines if ln.startswith("SYS ")]
-    points = sorted({1, total} | set(rng.sample(range(1, total + 1), min(total, 6)))) if total else []
+    points = sorted({1, total} | set(rng.sample(range(1, total + 1), min(total, 4)))) if total else []
     soft = SoftLog()
     for k in points:
         for after in ((False, True) if k == 1 else (rng.random() < 0.5,)):
