@@ -165,21 +165,36 @@ _CANON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=Fa
 _COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
+def _json_safe(v: Any) -> bool:
+    """True if orjson spells ``v`` exactly as json.dumps does: plain str,
+    int, bool, None, lists and str-keyed dicts of them, and floats that
+    both write without an exponent (shortest round-trip digits)."""
+    t = type(v)
+    if t is str or t is int or t is bool or v is None:
+        return True
+    if t is float:
+        return v == 0.0 or 1e-4 <= abs(v) < 1e16
+    if t is list:
+        return all(_json_safe(x) for x in v)
+    if t is dict:
+        return all(type(k) is str and _json_safe(x) for k, x in v.items())
+    return False
+
+
 def _canonical(d: dict) -> bytes:
     """``json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=False)``
     as UTF-8.
 
-    orjson (4x faster) gives the same bytes for a plain record: it escapes
-    every character exactly as json does and sorts keys the same way; the one
-    difference is float exponents (``1e16`` vs ``1e+16``) and non-finite
-    floats, so records with floats beyond ``ts`` (tool call arguments, extra
-    fields) or a ``ts`` that orjson would spell differently take json."""
-    if len(d) == 12 and not d.get("tool_calls", True):
-        ts = d.get("ts")
-        if type(ts) is float:
+    orjson (4x faster) gives the same bytes for plain JSON values: it escapes
+    every character exactly as json does and sorts keys the same way (UTF-8
+    byte order is code point order); the differences are float exponents
+    (``1e16`` vs ``1e+16``), non-finite floats, int keys and ints beyond 64
+    bits, so anything but :func:`_json_safe` values takes json."""
+    ts = d.get("ts")
+    if type(ts) is float and (ts == 0.0 or 1e-4 <= abs(ts) < 1e16):
+        if (len(d) == 12 and "tool_calls" in d and not d["tool_calls"]) or _json_safe(d):
             try:
-                if orjson.dumps(ts) == repr(ts).encode("ascii"):
-                    return orjson.dumps(d, option=orjson.OPT_SORT_KEYS)
+                return orjson.dumps(d, option=orjson.OPT_SORT_KEYS)
             except orjson.JSONEncodeError:
                 pass  # lone surrogates or big ints: json names the problem below
     return _CANON.encode(d).encode("utf-8")
@@ -510,7 +525,8 @@ def _col_view(name: str, arr: pa.Array, path: str, first: int) -> tuple:
     if fmt is not None:
         k = _NUM_SIZE[fmt]
         mv = memoryview(bufs[1]).cast("B")[k * off:k * (off + n)].cast(fmt)
-        return mv.__getitem__, k * n + _COL_OVERHEAD, None, None
+        return mv.__getitem__, k * n + _COL_OVERHEAD, None, None, \
+            (lambda rows, mv=mv: [mv[i] for i in rows])
     if bufs[1] is None:
         offs = memoryview(bytes(4 * (n + 1))).cast("i")
     else:
@@ -531,10 +547,16 @@ def _col_view(name: str, arr: pa.Array, path: str, first: int) -> tuple:
 
         def getter(i: int, s: str = text, o: memoryview = offs) -> str:
             return s[o[i]:o[i + 1]]
+
+        def take(rows: list[int], s: str = text, o: memoryview = offs) -> list[str]:
+            return [s[o[i]:o[i + 1]] for i in rows]
     else:
         def getter(i: int, b: bytes = data, o: memoryview = offs) -> str:
             return b[o[i]:o[i + 1]].decode("utf-8")
-    return getter, nbytes, data, offs
+
+        def take(rows: list[int], b: bytes = data, o: memoryview = offs) -> list[str]:
+            return [b[o[i]:o[i + 1]].decode("utf-8") for i in rows]
+    return getter, nbytes, data, offs, take
 
 
 class _Content:
@@ -584,6 +606,19 @@ class _Content:
         base = o[k * _BLOCK_ROWS]
         return b[o[i] - base:o[i + 1] - base].decode("utf-8")
 
+    def take(self, rows: list[int]) -> list[str]:
+        o = self.offs
+        data = self.data
+        if data is not None:
+            return [data[o[i]:o[i + 1]].decode("utf-8") for i in rows]
+        out = []
+        for i in rows:
+            k = i // _BLOCK_ROWS
+            b = self._block(k)
+            base = o[k * _BLOCK_ROWS]
+            out.append(b[o[i] - base:o[i + 1] - base].decode("utf-8"))
+        return out
+
     def all_bytes(self) -> bytes:
         """The whole column's UTF-8 bytes (for search)."""
         if self.data is not None:
@@ -599,20 +634,21 @@ class _Content:
 
 def _content_view(data: bytes, offs: memoryview, n: int) -> tuple:
     c = _Content(data, offs, n)
-    return c.get, c.nbytes(), c, offs
+    return c.get, c.nbytes(), c, offs, c.take
 
 
 class _Group:
     """The decoded columns of one row group, loaded column by column on
     demand (compact: UTF-8 bytes + offsets per string column)."""
 
-    __slots__ = ("n", "cols", "nbytes", "acc")
+    __slots__ = ("n", "cols", "nbytes", "acc", "takes")
 
     def __init__(self, n: int) -> None:
         self.n = n
         self.cols: dict[str, tuple] = {}
         self.nbytes = 200
         self.acc: list | None = None          # the 15 getters in column order, once all loaded
+        self.takes: list | None = None        # the 15 bulk getters (rows -> values)
 
     def add(self, table: pa.Table, path: str, first: int) -> None:
         for name in table.column_names:
@@ -627,10 +663,11 @@ class _Group:
             self.nbytes += v[1]
         if self.acc is None and len(self.cols) == len(_COLS):
             self.acc = [self.cols[name][0] for name in _COLS]
+            self.takes = [self.cols[name][4] for name in _COLS]
 
     def spans(self) -> tuple[bytes, np.ndarray]:
         """(content bytes, int64 offsets) for find_spans."""
-        _g, _nb, content, offs = self.cols["content"]
+        _g, _nb, content, offs, _t = self.cols["content"]
         return content.all_bytes(), np.frombuffer(offs, dtype=np.int32).astype(np.int64)
 
     def compress(self) -> int:
@@ -669,6 +706,34 @@ def _assemble_at(acc: list, i: int) -> tuple[dict | None, int, str]:
     except IndexError as exc:
         return None, 0, f"offsets out of range: {exc}"
     return rec, ordv, digest
+
+
+def _assemble_many(takes: list, local: list[int]) -> list[tuple[dict | None, int, str]]:
+    """_assemble_at for many rows at once, column by column; a row that
+    fails to decode is redone alone (to name its problem)."""
+    try:
+        cols = [t(local) for t in takes]
+    except (UnicodeDecodeError, IndexError):
+        return [None] * len(local)  # the caller redoes each row with _assemble_at
+    out = []
+    loads = json.loads
+    for (mid, ch, task, hlc, content, ts, role, tok, tc, tcid, origin, sv, extra, o, dig) in zip(*cols):
+        try:
+            rec = {"msg_id": mid, "channel_id": ch, "task_id": task, "hlc": hlc,
+                   "content": content, "ts": ts, "role": role, "token_estimate": tok,
+                   "tool_calls": [] if tc == "[]" else loads(tc),
+                   "tool_call_id": tcid, "origin": origin, "schema_version": sv}
+            if extra != "{}":
+                more = loads(extra)
+                if not isinstance(more, dict):
+                    out.append((None, o, "extra is not a JSON object"))
+                    continue
+                rec.update(more)
+        except ValueError as exc:
+            out.append((None, o, f"bad JSON in tool_calls or extra: {exc}"))
+            continue
+        out.append((rec, o, dig))
+    return out
 
 
 def _table_group(table: pa.Table, path: str = "", first: int = 0) -> _Group:
@@ -1056,12 +1121,15 @@ class CoolArchive:
                                                   path=self._path(name), offset=rows[k])
             g = self._group(no, rg, _COLS, scan)
             acc = g.acc
-            for r in rows[k:j]:
-                i = r - base
-                if not 0 <= i < g.n:
-                    raise CorruptStateCheckpointError(
-                        f"cool index points past row group {rg}", path=self._path(name), offset=r)
-                rec, o, dig = _assemble_at(acc, i)
+            sel = rows[k:j]
+            local = [r - base for r in sel]
+            if local[0] < 0 or local[-1] >= g.n:
+                raise CorruptStateCheckpointError(
+                    f"cool index points past row group {rg}", path=self._path(name),
+                    offset=sel[0] if local[0] < 0 else sel[-1])
+            many = _assemble_many(g.takes, local) if len(local) > 1 else [None]
+            for r, i, got in zip(sel, local, many):
+                rec, o, dig = got if got is not None else _assemble_at(acc, i)
                 if rec is None:
                     raise CorruptStateCheckpointError(f"cool row {r} is malformed ({dig})",
                                                       path=self._path(name), offset=r)
@@ -1099,10 +1167,37 @@ class CoolArchive:
         Raises CorruptStateCheckpointError (file and row) when the stored row
         fails its digest or its id does not match."""
         with self._lock:
-            for no, row in self._locate(msg_id):
-                if self._id_at(no, row) != msg_id:
+            for loc in self._ids.lookup(_id_hash(msg_id)).tolist():
+                no, row = loc >> 32, loc & 0xFFFFFFFF
+                fi = self._files[no]
+                starts = fi.rg_list
+                rg = bisect.bisect_right(starts, row) - 1
+                if not 0 <= rg < len(starts) - 1:
+                    raise CorruptStateCheckpointError(f"cool index points past the file at row {row}",
+                                                      path=self._path(fi.name), offset=row)
+                g = self._group(no, rg)
+                i = row - starts[rg]
+                if not 0 <= i < g.n:
+                    raise CorruptStateCheckpointError(f"cool index points past row group {rg}",
+                                                      path=self._path(fi.name), offset=row)
+                acc = g.acc
+                try:
+                    mid = acc[0](i)
+                except UnicodeDecodeError:
+                    mid = None
+                if mid != msg_id:
+                    if mid is None:
+                        raise CorruptStateCheckpointError(f"cool row {row} has a malformed msg_id",
+                                                          path=self._path(fi.name), offset=row)
                     continue  # another id with the same 64-bit hash
-                return self._row(no, row)
+                rec, o, dig = _assemble_at(acc, i)
+                if rec is None:
+                    raise CorruptStateCheckpointError(f"cool row {row} is malformed ({dig})",
+                                                      path=self._path(fi.name), offset=row)
+                if record_digest(rec) != dig:
+                    raise CorruptStateCheckpointError(f"cool row {row} fails its digest",
+                                                      path=self._path(fi.name), offset=row)
+                return CoolRow(rec, o, fi.name, row)
             return None
 
     def get(self, msg_id: str) -> dict | None:
