@@ -682,34 +682,62 @@ class _Group:
         return saved
 
 
-def _assemble_at(acc: list, i: int) -> tuple[dict | None, int, str]:
-    """(record dict, ord, digest) of row ``i`` of a fully loaded group; a
-    malformed row gives (None, ord, reason)."""
+def _assemble_at(acc: list, i: int) -> tuple[dict | None, int, str, bool]:
+    """(record dict, ord, digest, plain) of row ``i`` of a fully loaded group;
+    a malformed row gives (None, ord, reason, False). ``plain``: see
+    :func:`_row_digest`."""
     (mid, ch, task, hlc, content, ts, role, tok, tc, tcid, origin, sv, extra, o, dig) = acc
     try:
         tcs = tc(i)
         ex = extra(i)
+        calls = [] if tcs == "[]" else json.loads(tcs)
         rec = {"msg_id": mid(i), "channel_id": ch(i), "task_id": task(i), "hlc": hlc(i),
                "content": content(i), "ts": ts(i), "role": role(i), "token_estimate": tok(i),
-               "tool_calls": [] if tcs == "[]" else json.loads(tcs),
+               "tool_calls": calls,
                "tool_call_id": tcid(i), "origin": origin(i), "schema_version": sv(i)}
         ordv = o(i)
         digest = dig(i)
+        plain = ex == "{}" and (not calls or _same_spelling(calls, tcs))
         if ex != "{}":
             more = json.loads(ex)
             if not isinstance(more, dict):
-                return None, ordv, "extra is not a JSON object"
+                return None, ordv, "extra is not a JSON object", False
             rec.update(more)
     except UnicodeDecodeError as exc:
-        return None, o(i), f"invalid UTF-8: {exc}"
+        return None, o(i), f"invalid UTF-8: {exc}", False
     except ValueError as exc:
-        return None, o(i), f"bad JSON in tool_calls or extra: {exc}"
+        return None, o(i), f"bad JSON in tool_calls or extra: {exc}", False
     except IndexError as exc:
-        return None, 0, f"offsets out of range: {exc}"
-    return rec, ordv, digest
+        return None, 0, f"offsets out of range: {exc}", False
+    return rec, ordv, digest, plain
 
 
-def _assemble_many(takes: list, local: list[int]) -> list[tuple[dict | None, int, str]]:
+def _same_spelling(value: Any, text: str) -> bool:
+    """True if orjson writes ``value`` (parsed from the stored JSON ``text``,
+    which json.dumps wrote) as exactly ``text``: then it spells every number
+    as json does, and orjson may make the record's canonical JSON."""
+    try:
+        return orjson.dumps(value) == text.encode("utf-8")
+    except (orjson.JSONEncodeError, UnicodeEncodeError):
+        return False
+
+
+def _row_digest(rec: dict, plain: bool) -> str:
+    """The digest of a record read from a file. ``plain`` (no extra fields,
+    tool calls that orjson spells as stored) lets orjson make the canonical
+    JSON without walking the values: if its bytes hash to the stored digest
+    they are the bytes the writer hashed, so the record is the one written."""
+    if plain:
+        ts = rec["ts"]
+        if ts == 0.0 or 1e-4 <= abs(ts) < 1e16:
+            try:
+                return xxhash.xxh3_128_hexdigest(orjson.dumps(rec, option=orjson.OPT_SORT_KEYS))
+            except orjson.JSONEncodeError:
+                pass
+    return record_digest(rec)
+
+
+def _assemble_many(takes: list, local: list[int]) -> list[tuple[dict | None, int, str, bool]]:
     """_assemble_at for many rows at once, column by column; a row that
     fails to decode is redone alone (to name its problem)."""
     try:
@@ -720,20 +748,24 @@ def _assemble_many(takes: list, local: list[int]) -> list[tuple[dict | None, int
     loads = json.loads
     for (mid, ch, task, hlc, content, ts, role, tok, tc, tcid, origin, sv, extra, o, dig) in zip(*cols):
         try:
+            calls = [] if tc == "[]" else loads(tc)
             rec = {"msg_id": mid, "channel_id": ch, "task_id": task, "hlc": hlc,
                    "content": content, "ts": ts, "role": role, "token_estimate": tok,
-                   "tool_calls": [] if tc == "[]" else loads(tc),
+                   "tool_calls": calls,
                    "tool_call_id": tcid, "origin": origin, "schema_version": sv}
             if extra != "{}":
                 more = loads(extra)
                 if not isinstance(more, dict):
-                    out.append((None, o, "extra is not a JSON object"))
+                    out.append((None, o, "extra is not a JSON object", False))
                     continue
                 rec.update(more)
+                plain = False
+            else:
+                plain = not calls or _same_spelling(calls, tc)
         except ValueError as exc:
-            out.append((None, o, f"bad JSON in tool_calls or extra: {exc}"))
+            out.append((None, o, f"bad JSON in tool_calls or extra: {exc}", False))
             continue
-        out.append((rec, o, dig))
+        out.append((rec, o, dig, plain))
     return out
 
 
@@ -958,10 +990,10 @@ class CoolArchive:
             yield base, str(exc)
             return
         for i in range(table.num_rows):
-            rec, _o, dig = _assemble_at(acc, i)
+            rec, _o, dig, plain = _assemble_at(acc, i)
             if rec is None:
                 yield base + i, str(dig)
-            elif record_digest(rec) != dig:
+            elif _row_digest(rec, plain) != dig:
                 yield base + i, "digest mismatch"
 
     # ------------------------------------------------------------------ index upkeep
@@ -1130,11 +1162,11 @@ class CoolArchive:
                     offset=sel[0] if local[0] < 0 else sel[-1])
             many = _assemble_many(g.takes, local) if len(local) > 1 else [None]
             for r, i, got in zip(sel, local, many):
-                rec, o, dig = got if got is not None else _assemble_at(acc, i)
+                rec, o, dig, plain = got if got is not None else _assemble_at(acc, i)
                 if rec is None:
                     raise CorruptStateCheckpointError(f"cool row {r} is malformed ({dig})",
                                                       path=self._path(name), offset=r)
-                if record_digest(rec) != dig:
+                if _row_digest(rec, plain) != dig:
                     raise CorruptStateCheckpointError(f"cool row {r} fails its digest",
                                                       path=self._path(name), offset=r)
                 out.append(CoolRow(rec, o, name, r))
@@ -1191,11 +1223,11 @@ class CoolArchive:
                         raise CorruptStateCheckpointError(f"cool row {row} has a malformed msg_id",
                                                           path=self._path(fi.name), offset=row)
                     continue  # another id with the same 64-bit hash
-                rec, o, dig = _assemble_at(acc, i)
+                rec, o, dig, plain = _assemble_at(acc, i)
                 if rec is None:
                     raise CorruptStateCheckpointError(f"cool row {row} is malformed ({dig})",
                                                       path=self._path(fi.name), offset=row)
-                if record_digest(rec) != dig:
+                if _row_digest(rec, plain) != dig:
                     raise CorruptStateCheckpointError(f"cool row {row} fails its digest",
                                                       path=self._path(fi.name), offset=row)
                 return CoolRow(rec, o, fi.name, row)
