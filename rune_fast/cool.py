@@ -607,6 +607,16 @@ class _Content:
         base = o[k * _BLOCK_ROWS]
         return b[o[i] - base:o[i + 1] - base].decode("utf-8")
 
+    def raw(self, i: int) -> bytes:
+        """Row ``i``'s UTF-8 bytes."""
+        o = self.offs
+        if self.data is not None:
+            return self.data[o[i]:o[i + 1]]
+        k = i // _BLOCK_ROWS
+        b = self._block(k)
+        base = o[k * _BLOCK_ROWS]
+        return b[o[i] - base:o[i + 1] - base]
+
     def take(self, rows: list[int]) -> list[str]:
         o = self.offs
         data = self.data
@@ -766,6 +776,32 @@ def _assemble_many(takes: list, local: list[int]) -> list[tuple[dict | None, int
             out.append((None, o, f"bad JSON in tool_calls or extra: {exc}", False))
             continue
         out.append((rec, o, dig, plain))
+    return out
+
+
+def _ascii_fold_has(raw: bytes, needle: bytes, repl: list[tuple[bytes, bytes]]) -> bool:
+    """``needle`` (ASCII, casefolded) in the casefold of the UTF-8 text
+    ``raw``, given the SPECIAL_FOLD characters that can take part in a match
+    (``repl``: their UTF-8 and their fold's). Others need no folding: ASCII
+    letters fold to themselves lowercased (``bytes.lower``), any other
+    character to non-ASCII bytes, where an ASCII needle cannot match."""
+    for a, b in repl:
+        if a in raw:
+            raw = raw.replace(a, b)
+    return needle in raw.lower()
+
+
+def _folded_hits(get: Any, rows: list[int], lo: int, needle: str) -> list[int]:
+    """The rows (offset by ``lo``) whose casefolded content holds ``needle``;
+    a row that does not decode is kept (reading it whole reports it)."""
+    out = []
+    for i in rows:
+        try:
+            if needle not in get(i + lo).casefold():
+                continue
+        except UnicodeDecodeError:
+            pass
+        out.append(i)
     return out
 
 
@@ -1351,6 +1387,7 @@ class CoolArchive:
             probe = max(runs, key=len).encode("ascii") if runs else b""
             mode = "ci-run" if probe else "ci-nonascii"
         specials = _relevant_specials(probe.decode("ascii")) if mode in ("ci", "ci-run") else ()
+        fold_repl = [(c.encode("utf-8"), c.casefold().encode("utf-8")) for c in specials]
         hits: list[CoolRow] = []
         with self._lock:
             if channel_id is None:
@@ -1375,23 +1412,35 @@ class CoolArchive:
                     st, en = offs[lo:hi], offs[lo + 1:hi + 1]
                     if mode == "cs":
                         idx = find_spans(data, st, en, nb)
-                    elif mode == "ci-nonascii":
-                        idx = find_spans(data, st, en, b"\xff", False, True)  # 0xff: never in UTF-8
                     else:
-                        idx = find_spans(data, st, en, probe, True, False)
-                        sp = self._special_rows(fi, rg, data, offs, specials)
-                        if len(sp):
-                            sp = sp[(sp >= lo) & (sp < hi)] - lo
-                            if len(sp):
-                                idx = np.union1d(idx, sp)
+                        if mode == "ci-nonascii":
+                            exact = np.zeros(0, np.int64)
+                            maybe = find_spans(data, st, en, b"\xff", False, True)  # 0xff: never in UTF-8
+                        else:
+                            exact = find_spans(data, st, en, probe, True, False)
+                            maybe = self._special_rows(fi, rg, data, offs, specials)
+                            if len(maybe):
+                                maybe = np.setdiff1d(maybe[(maybe >= lo) & (maybe < hi)] - lo, exact)
+                            if mode == "ci-run":     # the ASCII run is only a filter
+                                exact, maybe = np.zeros(0, np.int64), np.union1d(exact, maybe)
+                        if len(maybe):
+                            # check just the content of the candidates; whole rows only for hits
+                            content = g.cols["content"][2]
+                            if mode == "ci":
+                                maybe = [i for i in maybe.tolist()
+                                         if _ascii_fold_has(content.raw(i + lo), nb, fold_repl)]
+                            else:
+                                maybe = _folded_hits(content.get, maybe.tolist(), lo, needle)
+                            maybe = np.asarray(maybe, dtype=np.int64)
+                            idx = np.union1d(exact, maybe) if len(exact) else maybe
+                        else:
+                            idx = exact
                     if len(idx):
                         sel_rows.append(idx + (lo + base))
                 if sel_rows:
                     rows = self._rows(no, 0, 0, np.concatenate(sel_rows), True)
                     if mode == "cs":
                         rows = [r for r in rows if needle in r.record["content"]]
-                    elif mode != "all":
-                        rows = [r for r in rows if needle in r.record["content"].casefold()]
                     if channel_id is not None:
                         self._check_field(rows, "channel_id", channel_id)
                     hits.extend(rows)
