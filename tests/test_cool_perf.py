@@ -190,3 +190,19 @@ def test_malformed_row_is_loud_through_the_fast_path(cdir):
     a.cool([rec(i) for i in range(10)], list(range(10)))
     with pytest.raises(CorruptStateCheckpointError):
         a._rows(1, 0, 11)
+
+
+@settings(max_examples=80, deadline=None)
+@given(texts=st.lists(st.text(alphabet="sStTkKfFiIlLhHwWyYaAjJnN \u00e9" + SPECIAL_FOLD, max_size=12),
+                      min_size=1, max_size=30),
+       needle=st.text(alphabet="sStTkKfFiIlLhHwWyYaAjJnN \u0307\u02be\u02bc", min_size=1, max_size=4))
+def test_search_every_special_fold(tmp_path_factory, texts, needle):
+    """Every SPECIAL_FOLD character against needles made of the letters
+    (and combining marks) their folds produce."""
+    d = str(tmp_path_factory.mktemp("f") / "cool")
+    a = CoolArchive(d, row_group_rows=5, durable=False)
+    rows = [rec(i, content=t) for i, t in enumerate(texts)]
+    a.cool(rows, list(range(len(rows))))
+    f = needle.casefold()
+    want = [r["msg_id"] for r in rows if f in r["content"].casefold()]
+    assert [r.record["msg_id"] for r in a.search(needle)] == want
