@@ -1944,20 +1944,17 @@ def _same_index(a: _FileIndex, b: _FileIndex, ids: bool = True) -> bool:
 # --------------------------------------------------------------------------- #
 
 def _table_from_records(rows: list[dict], ords: list[int], digests: list[str]) -> pa.Table:
-    cols: dict[str, list] = {name: [] for name in _COLS}
-    for d, o, dig in zip(rows, ords, digests):
-        for k in ("msg_id", "channel_id", "task_id", "hlc", "content", "ts", "role",
-                  "token_estimate", "tool_call_id", "origin", "schema_version"):
-            cols[k].append(d[k])
-        tc = d["tool_calls"]
-        cols["tool_calls"].append(_dumps(list(tc)) if tc else "[]")
-        if len(d) == len(RECORD_FIELDS):
-            cols["extra"].append("{}")
-        else:
-            cols["extra"].append(_dumps({k: v for k, v in d.items() if k not in _FIELD_SET}))
-        cols["ord"].append(o)
-        cols["digest"].append(dig)
-    return pa.Table.from_pydict(cols, schema=COOL_SCHEMA)
+    cols: dict[str, list] = {}
+    for k in ("msg_id", "channel_id", "task_id", "hlc", "content", "ts", "role",
+              "token_estimate", "tool_call_id", "origin", "schema_version"):
+        cols[k] = [d[k] for d in rows]
+    cols["tool_calls"] = [_dumps(list(d["tool_calls"])) if d["tool_calls"] else "[]" for d in rows]
+    n_fields = len(RECORD_FIELDS)
+    cols["extra"] = ["{}" if len(d) == n_fields else
+                     _dumps({k: v for k, v in d.items() if k not in _FIELD_SET}) for d in rows]
+    cols["ord"] = list(ords)
+    cols["digest"] = list(digests)
+    return pa.Table.from_pydict({name: cols[name] for name in _COLS}, schema=COOL_SCHEMA)
 
 
 def _merge(parts: list[list[CoolRow]]) -> list[CoolRow]:
