@@ -20,6 +20,17 @@ Every row carries ``digest`` = xxh3_128 of the canonical JSON of its record
 dict; every read that returns a row checks it, and a mismatch raises
 :class:`~rune_fast.errors.CorruptStateCheckpointError` naming the file and row.
 See ``docs/FORMAT_COOL.md`` for the bytes.
+
+In memory: every live file's ids sit in one ``HashIndex`` (xxh3_64 -> file
+and row), so ``contains`` (the append path's duplicate check) is one probe
+on a miss and a look at the stored id on a hit. Row groups are decoded
+column by column, on demand, into compact Python-side views (one ``bytes``
+or ``str`` plus int32 offsets per string column) that rows are assembled from
+without Arrow scalars; the cache (``cache_bytes``, 8 MiB by default, counted
+honestly) compresses the content of its least recently used groups (LZ4
+blocks of 16 rows) before it evicts any. Search runs
+:func:`rune_fast._search.find_spans` over a group's content bytes;
+case-insensitive search is exact Unicode casefolding (see ``search``).
 """
 from __future__ import annotations
 
