@@ -1124,7 +1124,8 @@ class CoolArchive:
 
     # ------------------------------------------------------------------ row access
 
-    def _group(self, no: int, rg: int, cols: Sequence[str] = _COLS, scan: bool = False) -> _Group:
+    def _group(self, no: int, rg: int, cols: Sequence[str] = _COLS, scan: bool = False,
+               pinned: dict | None = None) -> _Group:
         """Row group ``rg`` of file ``no`` with at least ``cols`` decoded.
 
         ``scan`` (bulk reads over many groups): a group that is not cached is
@@ -1134,6 +1135,9 @@ class CoolArchive:
         g = self._cache.get(key)
         if g is not None:
             self._cache.move_to_end(key)
+        elif pinned is not None:
+            g = pinned.get(key)   # read by this scan but not cached: reuse its columns
+        if g is not None:
             if g.acc is not None or all(c in g.cols for c in cols):
                 return g
         fi = self._files.get(no)
@@ -1161,6 +1165,8 @@ class CoolArchive:
         self._cache.move_to_end(key)
         self._cached_bytes += g.nbytes - before
         self._evict(key if scan and not cached else None)
+        if pinned is not None:
+            pinned[key] = g
         return g
 
     def _evict(self, scanned: tuple[int, int] | None = None) -> None:
@@ -1183,7 +1189,8 @@ class CoolArchive:
     def _rg_of(self, fi: _FileIndex, row: int) -> int:
         return bisect.bisect_right(fi.rg_list, row) - 1
 
-    def _rows(self, no: int, start: int, stop: int, rows: Any = None, scan: bool = False) -> list[CoolRow]:
+    def _rows(self, no: int, start: int, stop: int, rows: Any = None, scan: bool = False,
+              pinned: dict | None = None) -> list[CoolRow]:
         """Verified rows [start, stop) of file ``no`` (or just ``rows``, ascending)."""
         fi = self._files[no]
         name = fi.name
@@ -1202,7 +1209,7 @@ class CoolArchive:
             if rg < 0 or j == k:
                 raise CorruptStateCheckpointError(f"cool index points past the file at row {rows[k]}",
                                                   path=self._path(name), offset=rows[k])
-            g = self._group(no, rg, _COLS, scan)
+            g = self._group(no, rg, _COLS, scan, pinned)
             acc = g.acc
             sel = rows[k:j]
             local = [r - base for r in sel]
@@ -1414,6 +1421,7 @@ class CoolArchive:
                 rg_a = self._rg_of(fi, s) if e > s else 0
                 rg_b = self._rg_of(fi, e - 1) + 1 if e > s else 0
                 sel_rows = []
+                found: list[CoolRow] = []
                 for rg in range(rg_a, rg_b):
                     base = fi.rg_list[rg]
                     n = fi.rg_list[rg + 1] - base
@@ -1421,7 +1429,8 @@ class CoolArchive:
                     if mode == "all":
                         sel_rows.append(np.arange(lo + base, hi + base, dtype=np.int64))
                         continue
-                    g = self._group(no, rg, ("content",), True)
+                    pinned: dict = {}      # this group, even if the cache does not keep it
+                    g = self._group(no, rg, ("content",), True, pinned)
                     data, offs = g.spans()
                     st, en = offs[lo:hi], offs[lo + 1:hi + 1]
                     if mode == "cs":
@@ -1450,9 +1459,11 @@ class CoolArchive:
                         else:
                             idx = exact
                     if len(idx):
-                        sel_rows.append(idx + (lo + base))
+                        found.extend(self._rows(no, 0, 0, idx + (lo + base), True, pinned))
                 if sel_rows:
-                    rows = self._rows(no, 0, 0, np.concatenate(sel_rows), True)
+                    found.extend(self._rows(no, 0, 0, np.concatenate(sel_rows), True))
+                if found:
+                    rows = found
                     if mode == "cs":
                         rows = [r for r in rows if needle in r.record["content"]]
                     if channel_id is not None:
