@@ -66,6 +66,9 @@ __all__ = [
     "record_digest",
     "COOL_SCHEMA",
     "ROW_GROUP_ROWS",
+    "SPECIAL_FOLD",
+    "ascii_fold_matcher",
+    "relevant_specials",
 ]
 
 #: Rows per Parquet row group: the unit a single-row read decompresses.
@@ -800,6 +803,26 @@ def _ascii_fold_has(raw: bytes, needle: bytes, repl: list[tuple[bytes, bytes]]) 
         if a in raw:
             raw = raw.replace(a, b)
     return needle in raw.lower()
+
+
+def ascii_fold_matcher(needle: str) -> "Any | None":
+    """For other tiers' searches: a function ``has(raw: bytes) -> bool`` that
+    answers ``needle.casefold() in raw.decode("utf-8").casefold()`` without
+    decoding or casefolding the text, when the folded needle is ASCII (None
+    otherwise). Only the SPECIAL_FOLD characters that can take part in a
+    match are folded (``bytes.replace``); ASCII letters are lowered with
+    ``bytes.lower``. A row whose bytes match the needle ASCII-case-blind is a
+    hit; one that does not can only be a hit if it holds one of
+    ``relevant_specials(folded)``."""
+    folded = needle.casefold()
+    if not folded.isascii():
+        return None
+    nb = folded.encode("ascii")
+    repl = [(c.encode("utf-8"), c.casefold().encode("utf-8")) for c in _relevant_specials(folded)]
+    return lambda raw: _ascii_fold_has(raw, nb, repl)
+
+
+relevant_specials = _relevant_specials
 
 
 def _folded_hits(get: Any, rows: list[int], lo: int, needle: str) -> list[int]:

@@ -206,3 +206,15 @@ def test_search_every_special_fold(tmp_path_factory, texts, needle):
     f = needle.casefold()
     want = [r["msg_id"] for r in rows if f in r["content"].casefold()]
     assert [r.record["msg_id"] for r in a.search(needle)] == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(alphabet="sStTkKfFiIaA \u00e9\u6771" + SPECIAL_FOLD, max_size=16),
+       needle=st.text(alphabet="sStTkKfFiIaA \u0307", min_size=1, max_size=4))
+def test_ascii_fold_matcher(text, needle):
+    from rune_fast.cool import ascii_fold_matcher
+    has = ascii_fold_matcher(needle)
+    if has is None:
+        assert not needle.casefold().isascii()
+        return
+    assert has(text.encode("utf-8")) == (needle.casefold() in text.casefold())
