@@ -372,7 +372,7 @@ class ConversationStateRepository:
             if not self.read_only and self._tail.file_size == 0:
                 fsync_dir(self.hot_dir)
         self._cool = CoolArchive.open(os.path.join(self.hot_dir, COOL_DIR), list(m["cool_files"]),
-                                      read_only=self.read_only)
+                                      read_only=self.read_only, durable=self.durability != "none")
         if not self.read_only:
             # files a crash left unreferenced (written before the manifest moved,
             # or replaced by it before they were unlinked)
