@@ -372,7 +372,7 @@ class ConversationStateRepository:
             if not self.read_only and self._tail.file_size == 0:
                 fsync_dir(self.hot_dir)
         self._cool = CoolArchive.open(os.path.join(self.hot_dir, COOL_DIR), list(m["cool_files"]),
-                                      read_only=self.read_only)
+                                      read_only=self.read_only, durable=self.durability != "none")
         if not self.read_only:
             # files a crash left unreferenced (written before the manifest moved,
             # or replaced by it before they were unlinked)
@@ -492,11 +492,7 @@ class ConversationStateRepository:
         self._attach_all(index)
         if self._tail is not None:
             rep = index.ingest(self._tail_seg, start, self._tail.file_size)
-            self._index_building = index
-            try:
-                self._check_ingest(rep, self._tail.path, sealed=False)
-            finally:
-                self._index_building = None
+            self._check_ingest(rep, self._tail.path, sealed=False)
             self._tail.size = rep.good_end
         cooled = self._cool_ids_in(cooled_files)
         if cooled:
@@ -542,21 +538,11 @@ class ConversationStateRepository:
                 return  # the writer's append in flight: skipped, not quarantined
             data = bytes(self._tail.buf[rep.torn_offset:self._tail.file_size])
             qpath = quarantine_bytes(os.path.join(self.hot_dir, QUARANTINE_DIR), path,
-                                     rep.torn_offset, data.rstrip(b"\0"))
+                                     rep.torn_offset, data.strip(b"\0"))
             self._quarantined.append({"file": path, "offset": rep.torn_offset,
-                                      "bytes": len(data.rstrip(b"\0")), "quarantine": qpath})
-            self._truncate_tail(rep.torn_offset)
-        elif not sealed and not self.read_only and self._tail.file_size > rep.good_end:
-            # zero padding (preallocation): cut it so appends continue at the logical end
-            self._truncate_tail(rep.good_end)
-
-    def _truncate_tail(self, size: int) -> None:
-        index = getattr(self, "_index_building", None)
-        if index is not None:
-            index.detach(self._tail_seg)
-        self._tail.truncate_to(size)
-        if index is not None:
-            index.attach(self._tail_seg, self._tail.buf, self._tail.path)
+                                      "bytes": len(data.strip(b"\0")), "quarantine": qpath})
+            self._tail.discard_from(rep.torn_offset)
+        # zero padding (preallocation) needs nothing: appends overwrite it
 
     def _load_tombstones(self) -> dict[str, str]:
         path = os.path.join(self.hot_dir, TOMBSTONES_NAME)
@@ -1509,7 +1495,6 @@ class ConversationStateRepository:
         self._tail.sync()
         old = self._tail
         seg = self._tail_seg
-        size = old.size
         old.close()
         sealed = os.path.join(self.hot_dir, seg_name(seg))
         os.replace(old.path, sealed)
@@ -1522,7 +1507,6 @@ class ConversationStateRepository:
         self._tail = TailFile(os.path.join(self.hot_dir, TAIL_NAME), self._tail_seg)
         fsync_dir(self.hot_dir)
         # the decode cache is keyed by location; locations in the sealed file are unchanged
-        assert self._segs[seg].size == size
 
     def _rewrite_segment(self, seg: int) -> int:
         """Copy the live lines of sealed segment ``seg`` into a new segment (lock held)."""
