@@ -19,7 +19,7 @@ new set referenced and intact; files nobody references are strays that
 Every row carries ``digest`` = xxh3_128 of the canonical JSON of its record
 dict; every read that returns a row checks it, and a mismatch raises
 :class:`~rune_fast.errors.CorruptStateCheckpointError` naming the file and row.
-See ``docs/FORMAT_COOL.md`` for the bytes.
+See ``docs/FORMAT.md`` (Cool archive) for the bytes.
 """
 from __future__ import annotations
 
