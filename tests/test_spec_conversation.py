@@ -1189,3 +1189,22 @@ def test_read_only_without_refresh_stays_usable(sd):
     out = subprocess.run([sys.executable, "-X", "faulthandler", "-c", _NO_REFRESH_SCRIPT, str(sd), str(Path(__file__).parent)],
                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "OK", (out.returncode, out.stderr[-3000:])
+
+
+# ASSUMPTION: reads given the wrong types refuse them (TypeError/ValueError)
+# rather than answering "not found" or failing deep inside.
+@pytest.mark.parametrize("call", [
+    lambda r: r.get_message(123),
+    lambda r: r.get_message(None),
+    lambda r: r.window(None),
+    lambda r: r.window("ch", "3"),
+    lambda r: r.search(None),
+    lambda r: r.search(b"bytes"),
+    lambda r: r.messages_for_task(5),
+    lambda r: r.delete(7),
+])
+def test_reads_with_wrong_types(repo, call):
+    repo.append(msg("x"))
+    with pytest.raises((TypeError, ValueError)):
+        call(repo)
+    assert len(repo) == 1
