@@ -801,3 +801,14 @@ def test_to_anthropic_alternation_and_openai_tool_then_assistant():
     oa = to_openai(rep)
     assert [m["role"] for m in oa] == ["user", "assistant", "tool", "assistant"]
     assert json.loads(oa[1]["tool_calls"][0]["function"]["arguments"]) == {}
+
+
+def test_clock_after_stored_stamps_across_reopen(tmp_path):
+    # ASSUMPTION: the clock stays after every stored stamp across a reopen too.
+    far = Hlc(int(time.time() * 1000) + 9_000_000, 11, "remote")
+    with ConversationStateRepository(tmp_path / "s", hot_window=1) as r:
+        r.append(msg("future", hlc=str(far)))
+        r.append(msg("later plain"))
+        r.compact()
+    with ConversationStateRepository(tmp_path / "s", hot_window=1) as r:
+        assert r.clock.now() > far
