@@ -812,3 +812,17 @@ def test_clock_after_stored_stamps_across_reopen(tmp_path):
         r.compact()
     with ConversationStateRepository(tmp_path / "s", hot_window=1) as r:
         assert r.clock.now() > far
+
+
+def test_read_only_store_exports_and_resumes(tmp_path):
+    sd = tmp_path / "s"
+    with ConversationStateRepository(sd) as w:
+        w.append_many([msg("q", "c", ts=1.0), msg("a", "c", role="assistant", ts=2.0)])
+        want_ops = sorted(op_parts(o)[0] for o in w.export_ops())
+        want = w.resume_messages("c")
+        ro = ConversationStateRepository(sd, read_only=True)
+        try:
+            assert sorted(op_parts(o)[0] for o in ro.export_ops()) == want_ops
+            assert ro.resume_messages("c") == want
+        finally:
+            ro.close()
