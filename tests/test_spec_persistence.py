@@ -182,6 +182,7 @@ def test_torn_final_tail_line_quarantined(sd):
         r = ConversationStateRepository(sd)
     try:
         assert r.window("ch", 10) == [a, b]
+        # ASSUMPTION: stats() reports it under a key whose name contains "quarantin".
         assert truthy_any(lookup(r.stats(), "quarantin")), r.stats()
         # the torn bytes are kept, in a file other than the tail
         q = _quarantined(sd, b"TORN-MARKER-QQQ", tail)

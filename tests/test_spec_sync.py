@@ -770,3 +770,59 @@ def test_two_devices_converge(actions):
         finally:
             a.close()
             b.close()
+
+
+@pytest.mark.parametrize("bad", ["", "garbage", "12-34", "000000000000001-000000000x-dev", "1-2"])
+def test_hlc_parse_rejects_malformed(bad):
+    # ASSUMPTION: a string that is not the documented form is a ValueError.
+    with pytest.raises(ValueError):
+        Hlc.parse(bad)
+
+
+def test_merge_conflicting_id_keeps_stored(two):
+    a, b = two
+    m = msg("original", "conv", ts=1.0)
+    a.append(m)
+    other = ConversationMessageRecord(msg_id=m.msg_id, role="assistant", content="conflict", channel_id="conv",
+                                      ts=2.0)
+    b.append(other)
+    assert a.merge_ops(b.export_ops()) == 0
+    assert a.get_message(m.msg_id).record == m
+    assert len(a) == 1
+
+
+def test_to_anthropic_alternation_and_openai_tool_then_assistant():
+    rep = repair(turns_of(("user", "q"), ("assistant", "c", [call("k1", "f", {})]), ("tool", "r", (), "k1"),
+                          ("assistant", "final")))
+    an = to_anthropic(rep)
+    assert [m["role"] for m in an] == ["user", "assistant", "user", "assistant"]
+    assert [b["type"] for b in _blocks(an[2]["content"])] == ["tool_result"]
+    assert _blocks(an[3]["content"]) == [{"type": "text", "text": "final"}]
+    oa = to_openai(rep)
+    assert [m["role"] for m in oa] == ["user", "assistant", "tool", "assistant"]
+    assert json.loads(oa[1]["tool_calls"][0]["function"]["arguments"]) == {}
+
+
+def test_clock_after_stored_stamps_across_reopen(tmp_path):
+    # ASSUMPTION: the clock stays after every stored stamp across a reopen too.
+    far = Hlc(int(time.time() * 1000) + 9_000_000, 11, "remote")
+    with ConversationStateRepository(tmp_path / "s", hot_window=1) as r:
+        r.append(msg("future", hlc=str(far)))
+        r.append(msg("later plain"))
+        r.compact()
+    with ConversationStateRepository(tmp_path / "s", hot_window=1) as r:
+        assert r.clock.now() > far
+
+
+def test_read_only_store_exports_and_resumes(tmp_path):
+    sd = tmp_path / "s"
+    with ConversationStateRepository(sd) as w:
+        w.append_many([msg("q", "c", ts=1.0), msg("a", "c", role="assistant", ts=2.0)])
+        want_ops = sorted(op_parts(o)[0] for o in w.export_ops())
+        want = w.resume_messages("c")
+        ro = ConversationStateRepository(sd, read_only=True)
+        try:
+            assert sorted(op_parts(o)[0] for o in ro.export_ops()) == want_ops
+            assert ro.resume_messages("c") == want
+        finally:
+            ro.close()
