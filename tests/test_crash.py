@@ -143,6 +143,9 @@ def plan_kill(rng: random.Random) -> tuple:
     an explicit compact() (the automatic ones run every few appends anyway),
     or after a random time."""
     r = rng.random()
+    only = os.environ.get("RUNE_CRASH_PLANS")        # e.g. "open,compact": debug one kind
+    if only:
+        r = {"open": 0.05, "acks": 0.2, "compact": 0.5, "time": 0.9}[rng.choice(only.split(","))]
     if r < 0.12:
         return ("open", round(rng.uniform(0.0, 0.08), 4))
     if r < 0.40:
