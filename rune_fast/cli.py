@@ -1128,6 +1128,15 @@ def cmd_canary(args: argparse.Namespace) -> int:
 # parser
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rune_fast")
+    except PackageNotFoundError:
+        return "(source checkout, not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--state", metavar="DIR", default=argparse.SUPPRESS,
@@ -1140,6 +1149,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Inspect, feed, check and repair a rune_fast state directory.",
         epilog="exit status: 0 ok; 1 negative answer (not found, damage found, canary failure); 2 error",
     )
+    p.add_argument("--version", action="version", version=f"rune-fast {_version()}")
     p.add_argument("--state", metavar="DIR", default=DEFAULT_STATE,
                    help=f"the state directory (default {DEFAULT_STATE})")
     p.add_argument("--json", action="store_true", default=False,
