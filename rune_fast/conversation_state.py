@@ -391,6 +391,7 @@ class ConversationStateRepository:
         # channel -> whether a hot message sorts before a cool one (computed lazily)
         self._interleaved: dict[str, bool] = {}
         self._since_compact = 0
+        self._segs_unchecked = True     # the first compaction looks at every segment
         self._index = self._load_index()
         self._next_seq = max(self._next_seq, self._last_tail_seq() + 1)
         # Group commit counts bytes appended in this session, across tail rolls.
@@ -1345,6 +1346,39 @@ class ConversationStateRepository:
         bytes of deleted messages. Work is proportional to what moves."""
         return self._compact(full=True)
 
+    def _compact_segments(self, rep: CompactionReport, cool_erase: list[str],
+                          old_segs: list[int]) -> list[int]:
+        """Steps 3-4 of a compaction (lock held); returns the new segment order."""
+        # 3. segments: roll the tail if it holds deleted lines or grew large
+        stats = self._index.seg_stats()
+        if cool_erase or self._unlocated:
+            self._find_cooled_lines(cool_erase + sorted(self._unlocated), stats)
+        tail_live = stats.get(self._tail_seg, (0, 0))
+        roll = (self._tail_seg in self._dirty_segs or self._tail.size >= ROLL_BYTES
+                or (self._tail.size > 0 and tail_live[0] == 0)
+                or self._sparse(self._tail.size, tail_live[1]))
+        if roll:
+            self._roll_tail()
+            stats = self._index.seg_stats()
+        # 4. rewrite sealed segments holding deleted lines or mostly dead; drop empty ones
+        new_order: list[int] = []
+        for seg in self._seg_order:
+            lines, live_bytes = stats.get(seg, (0, 0))
+            size = self._segs[seg].size
+            if lines == 0:
+                old_segs.append(seg)
+                rep.segments_reclaimed += 1
+                continue
+            if seg in self._dirty_segs or self._sparse(size, live_bytes):
+                new_seg = self._rewrite_segment(seg)
+                rep.bytes_written += self._segs[new_seg].size
+                old_segs.append(seg)
+                new_order.append(new_seg)
+                rep.segments_rewritten += 1
+            else:
+                new_order.append(seg)
+        return new_order
+
     def _excess(self, full: bool) -> list[int]:
         """Locations to cool: every channel's messages beyond its newest
         ``hot_window``. The automatic compaction (``full=False``) cools a
@@ -1407,34 +1441,15 @@ class ConversationStateRepository:
                 rep.cool_files_written += len(change.added)
             if excess or cool_erase or groups:
                 self._interleaved.clear()
-            # 3. segments: roll the tail if it holds deleted lines or grew large
-            stats = self._index.seg_stats()
-            if cool_erase or self._unlocated:
-                self._find_cooled_lines(cool_erase + sorted(self._unlocated), stats)
-            tail_live = stats.get(self._tail_seg, (0, 0))
-            roll = (self._tail_seg in self._dirty_segs or self._tail.size >= ROLL_BYTES
-                    or (self._tail.size > 0 and tail_live[0] == 0)
-                    or self._sparse(self._tail.size, tail_live[1]))
-            if roll:
-                self._roll_tail()
-                stats = self._index.seg_stats()
-            # 4. rewrite sealed segments holding deleted lines or mostly dead; drop empty ones
-            new_order: list[int] = []
-            for seg in self._seg_order:
-                lines, live_bytes = stats.get(seg, (0, 0))
-                size = self._segs[seg].size
-                if lines == 0:
-                    old_segs.append(seg)
-                    rep.segments_reclaimed += 1
-                    continue
-                if seg in self._dirty_segs or self._sparse(size, live_bytes):
-                    new_seg = self._rewrite_segment(seg)
-                    rep.bytes_written += self._segs[new_seg].size
-                    old_segs.append(seg)
-                    new_order.append(new_seg)
-                    rep.segments_rewritten += 1
-                else:
-                    new_order.append(seg)
+            # 3-4. segments (only when live lines moved: cooling, deletion, a
+            # fresh open, or a tail past ROLL_BYTES): roll the tail if it holds
+            # deleted lines, grew large or is mostly dead; rewrite sealed
+            # segments holding deleted lines or mostly dead; drop empty ones
+            new_order: list[int] = list(self._seg_order)
+            if (excess or self._pending_erase or self._segs_unchecked
+                    or self._tail.size >= ROLL_BYTES):
+                new_order = self._compact_segments(rep, cool_erase, old_segs)
+                self._segs_unchecked = False
             rep.erased = len(self._pending_erase)
             # 5. envelopes before the checkpoint that depends on them
             if durable:
