@@ -680,6 +680,16 @@ class ConversationStateRepository:
             self._cache(loc, hit)
         return hit
 
+    def _read_loc_raw(self, loc: int) -> tuple[dict, int | None]:
+        """The verified record dict at ``loc`` (as ``to_dict()`` wrote it; no
+        record is built) and its append sequence: what cooling copies."""
+        line = self._index.line(loc)
+        hit = self._decoded.get(loc)
+        if hit is not None:
+            return hit[0].to_dict(), hit[1]
+        d = codec.decode_body(line, path=self._path_of(loc >> 40), offset=loc & ((1 << 40) - 1))
+        return d["r"], d.get("s")
+
     def _cache(self, loc: int, hit: tuple[ConversationMessageRecord, int | None]) -> None:
         if len(self._decoded) >= _DECODE_CACHE:
             # drop the oldest quarter (dicts keep insertion order)
@@ -1410,8 +1420,8 @@ class ConversationStateRepository:
             # 1. cooling
             excess = self._excess(full)
             if excess:
-                hits = [self._read_loc_seq(loc) for loc in excess]
-                rows = [rec.to_dict() for rec, _seq in hits]
+                hits = [self._read_loc_raw(loc) for loc in excess]
+                rows = [d for d, _seq in hits]
                 for d in rows:
                     if d["hlc"]:
                         k = (d["hlc"], d["msg_id"])
