@@ -87,7 +87,9 @@ FOLDS_TO_ASCII = ("\u00df\u0130\u0149\u017f\u01f0\u1e96\u1e97\u1e98\u1e99\u1e9a\
                   "\u212a\ufb00\ufb01\ufb02\ufb03\ufb04\ufb05\ufb06")
 #: Decoded records kept by location (the newest appends and reads), so a
 #: window read decodes nothing; bytes are still checksummed on every read.
-_DECODE_CACHE = 4096
+_DECODE_CACHE = 1024
+#: Decoded Parquet row groups the cool tier keeps (bounded memory, see stats()).
+COOL_CACHE_BYTES = 4 << 20
 
 
 class ReadStatus(enum.Enum):
@@ -372,7 +374,8 @@ class ConversationStateRepository:
             if not self.read_only and self._tail.file_size == 0:
                 fsync_dir(self.hot_dir)
         self._cool = CoolArchive.open(os.path.join(self.hot_dir, COOL_DIR), list(m["cool_files"]),
-                                      read_only=self.read_only, durable=self.durability != "none")
+                                      read_only=self.read_only, durable=self.durability != "none",
+                                      cache_bytes=COOL_CACHE_BYTES)
         if not self.read_only:
             # files a crash left unreferenced (written before the manifest moved,
             # or replaced by it before they were unlinked)
