@@ -397,6 +397,7 @@ class ConversationStateRepository:
         self._segs_unchecked = True     # the first compaction looks at every segment
         self._index = self._load_index()
         self._next_seq = max(self._next_seq, self._last_tail_seq() + 1)
+        self._observe_stored_stamps()
         # Group commit counts bytes appended in this session, across tail rolls.
         self._wpos = 0
         self._synced = 0
@@ -411,6 +412,22 @@ class ConversationStateRepository:
                 self._cool_deleted.add(mid)
             else:
                 self._unlocated.add(mid)
+
+    def _observe_stored_stamps(self) -> None:
+        """Move the clock past every stamp stored: the manifest keeps the
+        clock as of the last checkpoint; tail lines after it are read here
+        (bounded by ``compact_every``); tombstones carry their own stamps."""
+        if self._manifest.get("clock"):
+            self._observe(self._manifest["clock"])
+        if self._tail is not None and self._tail.size > self._covered:
+            for off, ln in self._tail_lines(self._covered, self._tail.size):
+                line = self._tail.buf[off:off + ln]
+                if bytes(line[23:30]) == codec.MESSAGE_PREFIX[:7]:
+                    rec, _seq = codec.record_from_line(line, path=self._tail.path, offset=off)
+                    if rec.hlc:
+                        self._observe(rec.hlc)
+        for hlc in self._tomb_hlcs:
+            self._observe(hlc)
 
     def _last_tail_seq(self) -> int:
         """Append sequence of the last message line in the tail (-1 if none)."""
@@ -554,6 +571,7 @@ class ConversationStateRepository:
         out: dict[str, str] = {}
         self._tomb_size = 0
         self._unerased: list[str] = []
+        self._tomb_hlcs: list[str] = []
         if not os.path.exists(path):
             return out
         with open(path, "rb") as f:
@@ -582,6 +600,7 @@ class ConversationStateRepository:
             body = codec.decode_body(data[off + len(codec.TOMBSTONE_PREFIX) + 23: off + ln - 1],
                                      path=path, offset=off)
             out[body["msg_id"]] = body["channel_id"]
+            self._tomb_hlcs.append(body["hlc"])
             if off >= erased_upto:
                 self._unerased.append(body["msg_id"])
         return out
@@ -1569,6 +1588,7 @@ class ConversationStateRepository:
              "covered": self._covered, "cool_files": list(cool_files),
              "events_offset": self._events.size, "next_seg": self._next_seg,
              "next_seq": self._next_seq,
+             "clock": str(self._clock.last) if self._clock.last is not None else "",
              "tombstones_erased": self._tomb_size,
              "cool_max": {ch: list(k) for ch, k in self._cool_max.items()}}
         self._manifest_store.write(m, durable=durable)
