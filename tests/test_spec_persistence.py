@@ -898,3 +898,29 @@ def test_parquet_key_cell_changed_digest_kept(sd, column):
         assert not verify_ok(rep)
     finally:
         r.close()
+
+
+def test_read_only_verify_reports_and_changes_nothing(sd):
+    from spec_helpers import tree_snapshot
+
+    with ConversationStateRepository(sd) as r:
+        r.append(msg("alpha-AAAA"))
+        r.append(msg("bravo-BBBB"))
+        r.compact()
+    holders = files_containing(sd / "hot", b"bravo-BBBB")
+    for p in holders:
+        _flip_last_char(p, b"bravo-BBBB")
+    snap = tree_snapshot(sd)
+    try:
+        ro = ConversationStateRepository(sd, read_only=True)
+    except CorruptStateCheckpointError:
+        assert tree_snapshot(sd) == snap
+        return
+    try:
+        rep = ro.verify()
+        assert not verify_ok(rep)
+        assert any(p.name in problems_text(rep) for p in holders)
+        ro.stats()
+    finally:
+        ro.close()
+    assert tree_snapshot(sd) == snap
