@@ -68,6 +68,45 @@ def test_cool_10k_rows(benchmark, tmp_path):
 
 
 @pytest.mark.benchmark(group="cool")
+def test_cool_10k_rows_not_durable(benchmark, tmp_path):
+    """The same run with ``durable=False`` (no fsyncs; repository durability="none")."""
+    rows, ords = cooled(make_rows(10_000))
+    counter = itertools.count()
+
+    def setup():
+        return (CoolArchive(str(tmp_path / f"n{next(counter)}"), durable=False),), {}
+
+    def run(a):
+        a.cool(rows, ords)
+
+    benchmark.pedantic(run, setup=setup, rounds=5)
+
+
+@pytest.mark.benchmark(group="cool")
+def test_contains_miss_100k(benchmark, archive_100k):
+    """The append path's duplicate check for a new id: one hash probe."""
+    a, _rows = archive_100k
+    ids = [f"msg_new_{i:020d}" for i in range(1000)]
+    it = itertools.cycle(ids)
+    benchmark(lambda: a.contains(next(it)))
+
+
+@pytest.mark.benchmark(group="cool")
+def test_contains_hit_100k(benchmark, archive_100k):
+    """A duplicate append of a cooled id: the stored id is compared, not the row."""
+    a, rows = archive_100k
+    it = itertools.cycle([r["msg_id"] for r in random.Random(4).sample(rows, 1000)])
+    benchmark(lambda: a.contains(next(it)))
+
+
+@pytest.mark.benchmark(group="cool")
+def test_task_rows_100k(benchmark, archive_100k):
+    a, _rows = archive_100k
+    it = itertools.cycle([f"task_{i:06d}" for i in range(0, 2500, 37)])
+    benchmark(lambda: a.task_rows(next(it)))
+
+
+@pytest.mark.benchmark(group="cool")
 def test_get_from_100k(benchmark, archive_100k):
     a, rows = archive_100k
     ids = [r["msg_id"] for r in random.Random(1).sample(rows, 1000)]

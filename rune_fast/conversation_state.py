@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import logging
 import os
 import threading
@@ -202,6 +203,33 @@ _COOL_RANK = 0
 _HOT_RANK = 1
 
 
+def _viewer_retry(method):
+    """For a read-only viewer: a read that met a file the writer's compaction
+    replaced reloads the state once the manifest shows it moved, and retries."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        if not self.read_only:
+            return method(self, *args, **kwargs)
+        for attempt in range(5):
+            try:
+                out = method(self, *args, **kwargs)
+            except CorruptStateCheckpointError:
+                with self._lock:
+                    if attempt == 4 or self._closed or not self._stale_view():
+                        raise
+                    self._load_state()
+                continue
+            if (isinstance(out, MessageRead) and out.status is ReadStatus.SOURCE_CORRUPT
+                    and attempt < 4):
+                with self._lock:
+                    if not self._closed and self._stale_view():
+                        self._load_state()
+                        continue
+            return out
+        return method(self, *args, **kwargs)
+    return wrapper
+
+
 class ConversationStateRepository:
     """Durable, verified message history for one state directory.
 
@@ -283,7 +311,31 @@ class ConversationStateRepository:
         return dev
 
     def _load_state(self) -> None:
-        """Read the manifest, map every segment, load or rebuild the index."""
+        """Read the manifest, map every segment, load or rebuild the index.
+
+        A read-only viewer races the writer's compactions (a file the manifest
+        it read named may be gone by the time it opens it): it reads again
+        while the manifest keeps changing under it."""
+        if not self.read_only:
+            return self._load_state_once()
+        for attempt in range(50):
+            seen = self._manifest_store.read()
+            try:
+                return self._load_state_once()
+            except (CorruptStateCheckpointError, FileNotFoundError):
+                if attempt >= 3 and self._manifest_store.read() == seen:
+                    raise
+                time.sleep(0.002 * (attempt + 1))
+        return self._load_state_once()
+
+    def _stale_view(self) -> bool:
+        """Whether the writer moved the manifest since this viewer read it."""
+        try:
+            return self._manifest_store.read() != self._manifest
+        except CorruptStateCheckpointError:
+            return True
+
+    def _load_state_once(self) -> None:
         m = self._manifest_store.read()
         if m is None:
             m = {"format": _FORMAT, "segments": [], "tail_seg": 1, "covered": 0,
@@ -310,6 +362,9 @@ class ConversationStateRepository:
         if not self.read_only:
             self._remove_stray_segments()
         tail_path = os.path.join(self.hot_dir, TAIL_NAME)
+        sealed_tail = os.path.join(self.hot_dir, seg_name(self._tail_seg))
+        if self.read_only and self._tail_seg not in self._segs and os.path.exists(sealed_tail):
+            tail_path = sealed_tail     # the writer is rolling the tail right now
         if self.read_only and not os.path.exists(tail_path):
             self._tail = None
         else:
@@ -317,7 +372,7 @@ class ConversationStateRepository:
             if not self.read_only and self._tail.file_size == 0:
                 fsync_dir(self.hot_dir)
         self._cool = CoolArchive.open(os.path.join(self.hot_dir, COOL_DIR), list(m["cool_files"]),
-                                      read_only=self.read_only)
+                                      read_only=self.read_only, durable=self.durability != "none")
         if not self.read_only:
             # files a crash left unreferenced (written before the manifest moved,
             # or replaced by it before they were unlinked)
@@ -437,11 +492,7 @@ class ConversationStateRepository:
         self._attach_all(index)
         if self._tail is not None:
             rep = index.ingest(self._tail_seg, start, self._tail.file_size)
-            self._index_building = index
-            try:
-                self._check_ingest(rep, self._tail.path, sealed=False)
-            finally:
-                self._index_building = None
+            self._check_ingest(rep, self._tail.path, sealed=False)
             self._tail.size = rep.good_end
         cooled = self._cool_ids_in(cooled_files)
         if cooled:
@@ -487,21 +538,11 @@ class ConversationStateRepository:
                 return  # the writer's append in flight: skipped, not quarantined
             data = bytes(self._tail.buf[rep.torn_offset:self._tail.file_size])
             qpath = quarantine_bytes(os.path.join(self.hot_dir, QUARANTINE_DIR), path,
-                                     rep.torn_offset, data.rstrip(b"\0"))
+                                     rep.torn_offset, data.strip(b"\0"))
             self._quarantined.append({"file": path, "offset": rep.torn_offset,
-                                      "bytes": len(data.rstrip(b"\0")), "quarantine": qpath})
-            self._truncate_tail(rep.torn_offset)
-        elif not sealed and not self.read_only and self._tail.file_size > rep.good_end:
-            # zero padding (preallocation): cut it so appends continue at the logical end
-            self._truncate_tail(rep.good_end)
-
-    def _truncate_tail(self, size: int) -> None:
-        index = getattr(self, "_index_building", None)
-        if index is not None:
-            index.detach(self._tail_seg)
-        self._tail.truncate_to(size)
-        if index is not None:
-            index.attach(self._tail_seg, self._tail.buf, self._tail.path)
+                                      "bytes": len(data.strip(b"\0")), "quarantine": qpath})
+            self._tail.discard_from(rep.torn_offset)
+        # zero padding (preallocation) needs nothing: appends overwrite it
 
     def _load_tombstones(self) -> dict[str, str]:
         path = os.path.join(self.hot_dir, TOMBSTONES_NAME)
@@ -519,10 +560,18 @@ class ConversationStateRepository:
             raise CorruptStateCheckpointError(f"damaged tombstone line: {scan.damage}", path=path,
                                               offset=scan.damaged_offset)
         if scan.torn_offset >= 0 and not self.read_only:
-            quarantine_bytes(os.path.join(self.hot_dir, QUARANTINE_DIR), path, scan.torn_offset,
-                             data[scan.torn_offset:].rstrip(b"\0"))
+            torn = data[scan.torn_offset:].rstrip(b"\0")
+            qpath = quarantine_bytes(os.path.join(self.hot_dir, QUARANTINE_DIR), path,
+                                     scan.torn_offset, torn)
+            self._quarantined.append({"file": path, "offset": scan.torn_offset,
+                                      "bytes": len(torn), "quarantine": qpath})
             with open(path, "r+b") as f:
                 f.truncate(scan.torn_offset)
+                os.fsync(f.fileno())
+        elif scan.good_end < len(data) and not self.read_only:
+            # zero padding: cut it so the next tombstone follows the last line
+            with open(path, "r+b") as f:
+                f.truncate(scan.good_end)
                 os.fsync(f.fileno())
         erased_upto = int(self._manifest.get("tombstones_erased", 0))
         for off, ln in zip(scan.offsets.tolist(), scan.lengths.tolist()):
@@ -700,7 +749,7 @@ class ConversationStateRepository:
             if self._since_compact >= self.compact_every:
                 with self._lock:
                     if self._since_compact >= self.compact_every and not self._closed:
-                        self.compact()
+                        self._compact(full=False)
         return added
 
     def _write_messages(self, msgs: Sequence[ConversationMessageRecord], rests: Sequence[bytes],
@@ -939,6 +988,7 @@ class ConversationStateRepository:
     # ------------------------------------------------------------------
     # reads
     # ------------------------------------------------------------------
+    @_viewer_retry
     def get_message(self, msg_id: str) -> MessageRead:
         """Exact read across tiers, verified against the stored checksum or digest."""
         if not isinstance(msg_id, str):
@@ -1005,6 +1055,7 @@ class ConversationStateRepository:
         keyed.sort(key=lambda e: e[0])
         return [(r, t) for _k, r, t in keyed]
 
+    @_viewer_retry
     def window(self, channel_id: str, n: int = 8) -> list[ConversationMessageRecord]:
         """The last ``n`` messages of the channel, oldest first ([] for n <= 0
         or an unknown channel)."""
@@ -1034,6 +1085,7 @@ class ConversationStateRepository:
         cool = self._cool_rows(rows)[-need:]
         return self._merge(cool, hot)[-n:]
 
+    @_viewer_retry
     def messages_for_task(self, task_id: str) -> list[ConversationMessageRecord]:
         """Every message of the task, all tiers, oldest first."""
         if not isinstance(task_id, str):
@@ -1053,6 +1105,7 @@ class ConversationStateRepository:
                 keyed.sort(key=lambda e: e[0])
             return [r for _k, r in keyed]
 
+    @_viewer_retry
     def search(self, text: str, channel_id: str | None = None, *, limit: int | None = None,
                case_sensitive: bool = False) -> list[SearchHit]:
         """Every message whose content contains ``text`` (hot and cool tiers),
@@ -1105,6 +1158,7 @@ class ConversationStateRepository:
                 keyed = keyed[-limit:]
             return [SearchHit(r, t) for _k, r, t in keyed]
 
+    @_viewer_retry
     def latest_task(self, channel_id: str) -> str | None:
         """task_id of the newest message on the channel that has one, or None."""
         if not isinstance(channel_id, str):
@@ -1122,6 +1176,7 @@ class ConversationStateRepository:
                     return rec.task_id
             return None
 
+    @_viewer_retry
     def channels(self) -> list[str]:
         """Every channel that holds at least one message, sorted."""
         with self._lock:
@@ -1152,6 +1207,7 @@ class ConversationStateRepository:
         """The store's hybrid logical clock (device id persisted in the state dir)."""
         return self._clock
 
+    @_viewer_retry
     def resume_messages(self, channel_id: str, n: int | None = None) -> list[dict]:
         """The channel's transcript as a provider-valid message list: fold of its
         ops, then ``LastN(n)``, then ``repair`` (system messages left out)."""
@@ -1219,6 +1275,7 @@ class ConversationStateRepository:
             out.extend((r, "cool") for r in self._cool_rows(self._cool.channel_rows(ch)))
         return out
 
+    @_viewer_retry
     def export_ops(self, since: "_sync.Hlc | str | None" = None) -> list:
         """Every stored message (all tiers) and every tombstone as ops, by
         ``(hlc, op_id)``; with ``since`` (exclusive) only those stamped after it."""
@@ -1286,6 +1343,25 @@ class ConversationStateRepository:
         """Fold the tail into the hot checkpoint, cool each channel's messages
         beyond its newest ``hot_window`` into a Parquet archive, and erase the
         bytes of deleted messages. Work is proportional to what moves."""
+        return self._compact(full=True)
+
+    def _excess(self, full: bool) -> list[int]:
+        """Locations to cool: every channel's messages beyond its newest
+        ``hot_window``. The automatic compaction (``full=False``) cools a
+        channel only once that excess reaches a quarter window, so a busy
+        channel is cooled in batches instead of a small Parquet run every
+        ``compact_every`` messages."""
+        if full:
+            return self._index.excess(self.hot_window).tolist()
+        slack = max(1, self.hot_window // 4)
+        out: list[int] = []
+        for k in self._index.channels():
+            extra = self._index.channel_len(k) - self.hot_window
+            if extra >= slack:
+                out.extend(self._index.channel_locs(k, -1)[:extra].tolist())
+        return out
+
+    def _compact(self, *, full: bool) -> CompactionReport:
         with self._lock:
             self._check_writable()
             t0 = time.perf_counter()
@@ -1298,7 +1374,7 @@ class ConversationStateRepository:
             old_cool: list[str] = []
             manifest_cool = list(self._manifest["cool_files"])
             # 1. cooling
-            excess = self._index.excess(self.hot_window).tolist()
+            excess = self._excess(full)
             if excess:
                 hits = [self._read_loc_seq(loc) for loc in excess]
                 rows = [rec.to_dict() for rec, _seq in hits]
@@ -1419,7 +1495,6 @@ class ConversationStateRepository:
         self._tail.sync()
         old = self._tail
         seg = self._tail_seg
-        size = old.size
         old.close()
         sealed = os.path.join(self.hot_dir, seg_name(seg))
         os.replace(old.path, sealed)
@@ -1432,7 +1507,6 @@ class ConversationStateRepository:
         self._tail = TailFile(os.path.join(self.hot_dir, TAIL_NAME), self._tail_seg)
         fsync_dir(self.hot_dir)
         # the decode cache is keyed by location; locations in the sealed file are unchanged
-        assert self._segs[seg].size == size
 
     def _rewrite_segment(self, seg: int) -> int:
         """Copy the live lines of sealed segment ``seg`` into a new segment (lock held)."""

@@ -19,7 +19,18 @@ new set referenced and intact; files nobody references are strays that
 Every row carries ``digest`` = xxh3_128 of the canonical JSON of its record
 dict; every read that returns a row checks it, and a mismatch raises
 :class:`~rune_fast.errors.CorruptStateCheckpointError` naming the file and row.
-See ``docs/FORMAT_COOL.md`` for the bytes.
+See ``docs/FORMAT.md`` (Cool archive) for the bytes.
+
+In memory: every live file's ids sit in one ``HashIndex`` (xxh3_64 -> file
+and row), so ``contains`` (the append path's duplicate check) is one probe
+on a miss and a look at the stored id on a hit. Row groups are decoded
+column by column, on demand, into compact Python-side views (one ``bytes``
+or ``str`` plus int32 offsets per string column) that rows are assembled from
+without Arrow scalars; the cache (``cache_bytes``, 8 MiB by default, counted
+honestly) compresses the content of its least recently used groups (LZ4
+blocks of 16 rows) before it evicts any. Search runs
+:func:`rune_fast._search.find_spans` over a group's content bytes;
+case-insensitive search is exact Unicode casefolding (see ``search``).
 """
 from __future__ import annotations
 
@@ -42,6 +53,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
 
+from ._index import HashIndex
+from ._search import find_spans
 from .errors import CorruptStateCheckpointError
 
 __all__ = [
@@ -53,6 +66,9 @@ __all__ = [
     "record_digest",
     "COOL_SCHEMA",
     "ROW_GROUP_ROWS",
+    "SPECIAL_FOLD",
+    "ascii_fold_matcher",
+    "relevant_specials",
 ]
 
 #: Rows per Parquet row group: the unit a single-row read decompresses.
@@ -163,21 +179,36 @@ _CANON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=Fa
 _COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
+def _json_safe(v: Any) -> bool:
+    """True if orjson spells ``v`` exactly as json.dumps does: plain str,
+    int, bool, None, lists and str-keyed dicts of them, and floats that
+    both write without an exponent (shortest round-trip digits)."""
+    t = type(v)
+    if t is str or t is int or t is bool or v is None:
+        return True
+    if t is float:
+        return v == 0.0 or 1e-4 <= abs(v) < 1e16
+    if t is list:
+        return all(_json_safe(x) for x in v)
+    if t is dict:
+        return all(type(k) is str and _json_safe(x) for k, x in v.items())
+    return False
+
+
 def _canonical(d: dict) -> bytes:
     """``json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=False)``
     as UTF-8.
 
-    orjson (4x faster) gives the same bytes for a plain record: it escapes
-    every character exactly as json does and sorts keys the same way; the one
-    difference is float exponents (``1e16`` vs ``1e+16``) and non-finite
-    floats, so records with floats beyond ``ts`` (tool call arguments, extra
-    fields) or a ``ts`` that orjson would spell differently take json."""
-    if len(d) == 12 and not d.get("tool_calls", True):
-        ts = d.get("ts")
-        if type(ts) is float:
+    orjson (4x faster) gives the same bytes for plain JSON values: it escapes
+    every character exactly as json does and sorts keys the same way (UTF-8
+    byte order is code point order); the differences are float exponents
+    (``1e16`` vs ``1e+16``), non-finite floats, int keys and ints beyond 64
+    bits, so anything but :func:`_json_safe` values takes json."""
+    ts = d.get("ts")
+    if type(ts) is float and (ts == 0.0 or 1e-4 <= abs(ts) < 1e16):
+        if (len(d) == 12 and "tool_calls" in d and not d["tool_calls"]) or _json_safe(d):
             try:
-                if orjson.dumps(ts) == repr(ts).encode("ascii"):
-                    return orjson.dumps(d, option=orjson.OPT_SORT_KEYS)
+                return orjson.dumps(d, option=orjson.OPT_SORT_KEYS)
             except orjson.JSONEncodeError:
                 pass  # lone surrogates or big ints: json names the problem below
     return _CANON.encode(d).encode("utf-8")
@@ -363,6 +394,7 @@ class _FileIndex:
     channels: dict[str, tuple[int, int, int]]  # ch -> (start, end, latest task row or -1)
     tasks: dict[str, np.ndarray]              # task -> uint32 rows (ascending)
     rg_list: list[int] = field(default_factory=list)
+    special: dict = field(default_factory=dict)   # rg -> rows with SPECIAL_FOLD chars (search)
 
     def __post_init__(self) -> None:
         self.rg_list = [int(x) for x in self.rg_starts]
@@ -459,82 +491,358 @@ def _build_index(no: int, size: int, footer: str, msg_ids: list[str], channel_id
 # Row groups in memory
 # --------------------------------------------------------------------------- #
 
-class _Haystack:
-    """The bytes of one string column of a row group, for substring search:
-    ``data`` (one bytes object), row ``i`` is ``data[offs[i]:offs[i + 1]]``."""
+_NUM_FMT = {"ts": "d", "token_estimate": "q", "schema_version": "i", "ord": "q"}
+_NUM_SIZE = {"d": 8, "q": 8, "i": 4}
+#: per cached column: overhead beyond its bytes (Python objects, memoryviews,
+#: Arrow buffer padding), counted against the cache budget (measured: the
+#: accounted total is within a few percent of tracemalloc + Arrow's pool)
+_COL_OVERHEAD = 4096
+#: characters whose casefold holds an ASCII character (U+00DF sharp s -> "ss",
+#: U+212A Kelvin -> "k", the "fi" ligatures, ...): the only way a non-ASCII
+#: character can take part in a match of an ASCII needle. Checked against
+#: unicodedata by tests/test_cool.py.
+SPECIAL_FOLD = "\u00df\u0130\u0149\u017f\u01f0\u1e96\u1e97\u1e98\u1e99\u1e9a\u1e9e\u212a" \
+               "\ufb00\ufb01\ufb02\ufb03\ufb04\ufb05\ufb06"
+_SPECIAL_UTF8 = [c.encode("utf-8") for c in SPECIAL_FOLD]
+#: rows per in-memory compressed block of a cached content column
+_BLOCK_ROWS = 16
+_LZ4 = pa.Codec("lz4_raw")
 
-    __slots__ = ("data", "offs", "offs_list", "nbytes")
 
-    def __init__(self, arr: pa.Array) -> None:
-        # a fresh, unsliced array: offsets start at arr.offset
-        bufs = arr.buffers()
-        offs = np.frombuffer(bufs[1], dtype=np.int32, count=len(arr) + 1, offset=4 * arr.offset)
-        lo, hi = int(offs[0]), int(offs[-1])
-        self.data = bufs[2].to_pybytes()[lo:hi] if bufs[2] is not None else b""
-        self.offs = (offs - lo).astype(np.int64)
-        self.offs_list = self.offs.tolist()
-        self.nbytes = len(self.data) + 9 * len(self.offs_list) + 28 * len(self.offs_list)
+def _relevant_specials(needle: str) -> tuple[str, ...]:
+    """The SPECIAL_FOLD characters that can take part in a match of the
+    ASCII ``needle`` in a casefolded text: those whose fold F lies inside
+    the needle, or overlaps its start (the needle starts with a suffix of F)
+    or its end (it ends with a prefix of F), or holds the whole needle.
+    Every other character maps ASCII to the same ASCII letter, lowercased,
+    and non-ASCII to non-ASCII, so it cannot make a match that an
+    ASCII-case-blind byte search misses."""
+    out = []
+    for c in SPECIAL_FOLD:
+        f = c.casefold()
+        if (f in needle or needle in f
+                or any(needle.startswith(f[k:]) for k in range(1, len(f)))
+                or any(needle.endswith(f[:k]) for k in range(1, len(f)))):
+            out.append(c)
+    return tuple(out)
 
-    def find_rows(self, needle: bytes, lo: int, hi: int) -> np.ndarray:
-        """Rows in [lo, hi) whose bytes contain ``needle`` (non-empty)."""
-        data, offs, ol = self.data, self.offs, self.offs_list
-        out: list[int] = []
-        end_all = ol[hi]
-        p = data.find(needle, ol[lo], end_all)
-        k = len(needle)
-        hits = 0
-        while p >= 0:
-            r = bisect.bisect_right(ol, p) - 1
-            end = ol[r + 1]
-            if p + k <= end:
-                out.append(r)
-                hits += 1
-                if hits >= 32 and r + 1 < hi:
-                    # a frequent needle: test the remaining rows in one vectorized pass
-                    rest = pa.StringArray.from_buffers(
-                        hi - r - 1, pa.py_buffer(offs[r + 1:hi + 1].astype(np.int32) - np.int32(end)),
-                        pa.py_buffer(data[end:end_all]))
-                    mask = pc.match_substring(rest, needle.decode("utf-8"))
-                    more = np.flatnonzero(mask.to_numpy(zero_copy_only=False)) + (r + 1)
-                    return np.concatenate([np.asarray(out, dtype=np.int64), more.astype(np.int64)])
-                p = data.find(needle, end, end_all)
-            else:
-                p = data.find(needle, p + 1, end_all)
-        return np.asarray(out, dtype=np.int64)
+
+def _col_view(name: str, arr: pa.Array, path: str, first: int) -> tuple:
+    """(getter, nbytes, data, offsets) of one column, for fast per-row access
+    without Arrow scalars: ``getter(i)`` is row i's Python value. A string
+    column keeps its UTF-8 bytes once (as one ``str`` when all ASCII, so a
+    value is a slice) plus the int32 offsets; the Arrow array is not kept."""
+    if arr.null_count:
+        raise CorruptStateCheckpointError(f"cool column {name} holds nulls", path=path, offset=first)
+    n, off = len(arr), arr.offset
+    bufs = arr.buffers()
+    fmt = _NUM_FMT.get(name)
+    if fmt is not None:
+        k = _NUM_SIZE[fmt]
+        mv = memoryview(bufs[1]).cast("B")[k * off:k * (off + n)].cast(fmt)
+        return mv.__getitem__, k * n + _COL_OVERHEAD, None, None, \
+            (lambda rows, mv=mv: [mv[i] for i in rows])
+    if bufs[1] is None:
+        offs = memoryview(bytes(4 * (n + 1))).cast("i")
+    else:
+        offs = memoryview(bufs[1]).cast("B")[4 * off:4 * (off + n + 1)].cast("i")
+    lo, hi = (offs[0], offs[n]) if n else (0, 0)
+    data = bytes(memoryview(bufs[2]).cast("B")[lo:hi]) if bufs[2] is not None and hi > lo else b""
+    if lo:
+        offs = memoryview(np.frombuffer(offs, dtype=np.int32) - np.int32(lo)).cast("B").cast("i")
+    nbytes = len(data) + 4 * (n + 1) + _COL_OVERHEAD
+    if name == "content":
+        return _content_view(data, offs, n)
+    if data.isascii():
+        text = data.decode("ascii")
+        if name != "content":
+            data = None
+        else:
+            nbytes += len(text)
+
+        def getter(i: int, s: str = text, o: memoryview = offs) -> str:
+            return s[o[i]:o[i + 1]]
+
+        def take(rows: list[int], s: str = text, o: memoryview = offs) -> list[str]:
+            return [s[o[i]:o[i + 1]] for i in rows]
+    else:
+        def getter(i: int, b: bytes = data, o: memoryview = offs) -> str:
+            return b[o[i]:o[i + 1]].decode("utf-8")
+
+        def take(rows: list[int], b: bytes = data, o: memoryview = offs) -> list[str]:
+            return [b[o[i]:o[i + 1]].decode("utf-8") for i in rows]
+    return getter, nbytes, data, offs, take
+
+
+class _Content:
+    """A cached content column: its UTF-8 bytes and offsets, or, once the
+    cache needs the room, LZ4 blocks of ``_BLOCK_ROWS`` rows (about half the
+    size, ~3 us to open one block; the last block opened is kept, for
+    sequential reads)."""
+
+    __slots__ = ("data", "blocks", "offs", "n", "last_k", "last")
+
+    def __init__(self, data: bytes, offs: memoryview, n: int) -> None:
+        self.data: bytes | None = data
+        self.blocks: list[bytes] | None = None
+        self.offs, self.n = offs, n
+        self.last_k, self.last = -1, b""
+
+    def nbytes(self) -> int:
+        if self.data is not None:
+            return len(self.data) + 4 * (self.n + 1) + _COL_OVERHEAD
+        return sum(len(b) + 41 for b in self.blocks) + 4 * (self.n + 1) + _COL_OVERHEAD
+
+    def compress(self) -> int:
+        """Switch to compressed blocks; returns the bytes saved."""
+        if self.data is None:
+            return 0
+        before = self.nbytes()
+        data, o, n, comp = self.data, self.offs, self.n, _LZ4.compress
+        self.blocks = [comp(data[o[k]:o[min(k + _BLOCK_ROWS, n)]], asbytes=True)
+                       for k in range(0, n, _BLOCK_ROWS)]
+        self.data = None
+        return before - self.nbytes()
+
+    def _block(self, k: int) -> bytes:
+        if k != self.last_k:
+            o, a = self.offs, k * _BLOCK_ROWS
+            size = o[min(a + _BLOCK_ROWS, self.n)] - o[a]
+            self.last = _LZ4.decompress(self.blocks[k], size, asbytes=True) if size else b""
+            self.last_k = k
+        return self.last
+
+    def get(self, i: int) -> str:
+        o = self.offs
+        if self.data is not None:
+            return self.data[o[i]:o[i + 1]].decode("utf-8")
+        k = i // _BLOCK_ROWS
+        b = self._block(k)
+        base = o[k * _BLOCK_ROWS]
+        return b[o[i] - base:o[i + 1] - base].decode("utf-8")
+
+    def raw(self, i: int) -> bytes:
+        """Row ``i``'s UTF-8 bytes."""
+        o = self.offs
+        if self.data is not None:
+            return self.data[o[i]:o[i + 1]]
+        k = i // _BLOCK_ROWS
+        b = self._block(k)
+        base = o[k * _BLOCK_ROWS]
+        return b[o[i] - base:o[i + 1] - base]
+
+    def take(self, rows: list[int]) -> list[str]:
+        o = self.offs
+        data = self.data
+        if data is not None:
+            return [data[o[i]:o[i + 1]].decode("utf-8") for i in rows]
+        out = []
+        for i in rows:
+            k = i // _BLOCK_ROWS
+            b = self._block(k)
+            base = o[k * _BLOCK_ROWS]
+            out.append(b[o[i] - base:o[i + 1] - base].decode("utf-8"))
+        return out
+
+    def all_bytes(self) -> bytes:
+        """The whole column's UTF-8 bytes (for search)."""
+        if self.data is not None:
+            return self.data
+        o, n, dec = self.offs, self.n, _LZ4.decompress
+        out = []
+        for k, blk in enumerate(self.blocks):
+            a = k * _BLOCK_ROWS
+            size = o[min(a + _BLOCK_ROWS, n)] - o[a]
+            out.append(dec(blk, size, asbytes=True) if size else b"")
+        return b"".join(out)
+
+
+def _content_view(data: bytes, offs: memoryview, n: int) -> tuple:
+    c = _Content(data, offs, n)
+    return c.get, c.nbytes(), c, offs, c.take
 
 
 class _Group:
-    """One decoded row group: its columns as Arrow arrays, plus search
-    haystacks (raw and casefolded content) made on demand."""
+    """The decoded columns of one row group, loaded column by column on
+    demand (compact: UTF-8 bytes + offsets per string column)."""
 
-    __slots__ = ("cols", "collist", "n", "nbytes", "folded", "raw")
+    __slots__ = ("n", "cols", "nbytes", "acc", "takes")
 
-    def __init__(self, table: pa.Table) -> None:
-        self.cols = {name: table.column(name).combine_chunks() for name in _COLS}
-        self.collist = [self.cols[name] for name in _COLS]
-        self.n = table.num_rows
-        self.nbytes = table.nbytes
-        self.folded: _Haystack | None = None
-        self.raw: _Haystack | None = None
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.cols: dict[str, tuple] = {}
+        self.nbytes = 200
+        self.acc: list | None = None          # the 15 getters in column order, once all loaded
+        self.takes: list | None = None        # the 15 bulk getters (rows -> values)
 
-    def haystack(self, case_sensitive: bool) -> _Haystack:
-        if case_sensitive:
-            if self.raw is None:
-                self.raw = _Haystack(self.cols["content"])
-                self.nbytes += self.raw.nbytes
-            return self.raw
-        if self.folded is None:
-            content = self.cols["content"]
-            # ASCII casefold is ASCII lowercase; anything else goes through str.casefold
-            lowered = pc.ascii_lower(content)
-            non_ascii = pc.invert(pc.string_is_ascii(content))
-            idx = np.flatnonzero(non_ascii.to_numpy(zero_copy_only=False))
-            if len(idx):
-                repl = pa.array([content[int(i)].as_py().casefold() for i in idx], type=pa.string())
-                lowered = pc.replace_with_mask(lowered, non_ascii, repl)
-            self.folded = _Haystack(lowered)
-            self.nbytes += self.folded.nbytes
-        return self.folded
+    def add(self, table: pa.Table, path: str, first: int) -> None:
+        for name in table.column_names:
+            if name in self.cols:
+                continue
+            arr = table.column(name).combine_chunks()
+            if len(arr) != self.n:
+                raise CorruptStateCheckpointError(
+                    f"cool column {name} has {len(arr)} rows in a group of {self.n}", path=path, offset=first)
+            v = _col_view(name, arr, path, first)
+            self.cols[name] = v
+            self.nbytes += v[1]
+        if self.acc is None and len(self.cols) == len(_COLS):
+            self.acc = [self.cols[name][0] for name in _COLS]
+            self.takes = [self.cols[name][4] for name in _COLS]
+
+    def spans(self) -> tuple[bytes, np.ndarray]:
+        """(content bytes, int64 offsets) for find_spans."""
+        _g, _nb, content, offs, _t = self.cols["content"]
+        return content.all_bytes(), np.frombuffer(offs, dtype=np.int32).astype(np.int64)
+
+    def compress(self) -> int:
+        """Compress the cached content column (if loaded and not yet); returns
+        the bytes saved."""
+        c = self.cols.get("content")
+        if c is None or c[2].data is None:
+            return 0
+        saved = c[2].compress()
+        self.nbytes -= saved
+        return saved
+
+
+def _assemble_at(acc: list, i: int) -> tuple[dict | None, int, str, bool]:
+    """(record dict, ord, digest, plain) of row ``i`` of a fully loaded group;
+    a malformed row gives (None, ord, reason, False). ``plain``: see
+    :func:`_row_digest`."""
+    (mid, ch, task, hlc, content, ts, role, tok, tc, tcid, origin, sv, extra, o, dig) = acc
+    try:
+        tcs = tc(i)
+        ex = extra(i)
+        calls = [] if tcs == "[]" else json.loads(tcs)
+        rec = {"msg_id": mid(i), "channel_id": ch(i), "task_id": task(i), "hlc": hlc(i),
+               "content": content(i), "ts": ts(i), "role": role(i), "token_estimate": tok(i),
+               "tool_calls": calls,
+               "tool_call_id": tcid(i), "origin": origin(i), "schema_version": sv(i)}
+        ordv = o(i)
+        digest = dig(i)
+        plain = ex == "{}" and (not calls or _same_spelling(calls, tcs))
+        if ex != "{}":
+            more = json.loads(ex)
+            if not isinstance(more, dict):
+                return None, ordv, "extra is not a JSON object", False
+            rec.update(more)
+    except UnicodeDecodeError as exc:
+        return None, o(i), f"invalid UTF-8: {exc}", False
+    except ValueError as exc:
+        return None, o(i), f"bad JSON in tool_calls or extra: {exc}", False
+    except IndexError as exc:
+        return None, 0, f"offsets out of range: {exc}", False
+    return rec, ordv, digest, plain
+
+
+def _same_spelling(value: Any, text: str) -> bool:
+    """True if orjson writes ``value`` (parsed from the stored JSON ``text``,
+    which json.dumps wrote) as exactly ``text``: then it spells every number
+    as json does, and orjson may make the record's canonical JSON."""
+    try:
+        return orjson.dumps(value) == text.encode("utf-8")
+    except (orjson.JSONEncodeError, UnicodeEncodeError):
+        return False
+
+
+def _row_digest(rec: dict, plain: bool) -> str:
+    """The digest of a record read from a file. ``plain`` (no extra fields,
+    tool calls that orjson spells as stored) lets orjson make the canonical
+    JSON without walking the values: if its bytes hash to the stored digest
+    they are the bytes the writer hashed, so the record is the one written."""
+    if plain:
+        ts = rec["ts"]
+        if ts == 0.0 or 1e-4 <= abs(ts) < 1e16:
+            try:
+                return xxhash.xxh3_128_hexdigest(orjson.dumps(rec, option=orjson.OPT_SORT_KEYS))
+            except orjson.JSONEncodeError:
+                pass
+    return record_digest(rec)
+
+
+def _assemble_many(takes: list, local: list[int]) -> list[tuple[dict | None, int, str, bool]]:
+    """_assemble_at for many rows at once, column by column; a row that
+    fails to decode is redone alone (to name its problem)."""
+    try:
+        cols = [t(local) for t in takes]
+    except (UnicodeDecodeError, IndexError):
+        return [None] * len(local)  # the caller redoes each row with _assemble_at
+    out = []
+    loads = json.loads
+    for (mid, ch, task, hlc, content, ts, role, tok, tc, tcid, origin, sv, extra, o, dig) in zip(*cols):
+        try:
+            calls = [] if tc == "[]" else loads(tc)
+            rec = {"msg_id": mid, "channel_id": ch, "task_id": task, "hlc": hlc,
+                   "content": content, "ts": ts, "role": role, "token_estimate": tok,
+                   "tool_calls": calls,
+                   "tool_call_id": tcid, "origin": origin, "schema_version": sv}
+            if extra != "{}":
+                more = loads(extra)
+                if not isinstance(more, dict):
+                    out.append((None, o, "extra is not a JSON object", False))
+                    continue
+                rec.update(more)
+                plain = False
+            else:
+                plain = not calls or _same_spelling(calls, tc)
+        except ValueError as exc:
+            out.append((None, o, f"bad JSON in tool_calls or extra: {exc}", False))
+            continue
+        out.append((rec, o, dig, plain))
+    return out
+
+
+def _ascii_fold_has(raw: bytes, needle: bytes, repl: list[tuple[bytes, bytes]]) -> bool:
+    """``needle`` (ASCII, casefolded) in the casefold of the UTF-8 text
+    ``raw``, given the SPECIAL_FOLD characters that can take part in a match
+    (``repl``: their UTF-8 and their fold's). Others need no folding: ASCII
+    letters fold to themselves lowercased (``bytes.lower``), any other
+    character to non-ASCII bytes, where an ASCII needle cannot match."""
+    for a, b in repl:
+        if a in raw:
+            raw = raw.replace(a, b)
+    return needle in raw.lower()
+
+
+def ascii_fold_matcher(needle: str) -> "Any | None":
+    """For other tiers' searches: a function ``has(raw: bytes) -> bool`` that
+    answers ``needle.casefold() in raw.decode("utf-8").casefold()`` without
+    decoding or casefolding the text, when the folded needle is ASCII (None
+    otherwise). Only the SPECIAL_FOLD characters that can take part in a
+    match are folded (``bytes.replace``); ASCII letters are lowered with
+    ``bytes.lower``. A row whose bytes match the needle ASCII-case-blind is a
+    hit; one that does not can only be a hit if it holds one of
+    ``relevant_specials(folded)``."""
+    folded = needle.casefold()
+    if not folded.isascii():
+        return None
+    nb = folded.encode("ascii")
+    repl = [(c.encode("utf-8"), c.casefold().encode("utf-8")) for c in _relevant_specials(folded)]
+    return lambda raw: _ascii_fold_has(raw, nb, repl)
+
+
+relevant_specials = _relevant_specials
+
+
+def _folded_hits(get: Any, rows: list[int], lo: int, needle: str) -> list[int]:
+    """The rows (offset by ``lo``) whose casefolded content holds ``needle``;
+    a row that does not decode is kept (reading it whole reports it)."""
+    out = []
+    for i in rows:
+        try:
+            if needle not in get(i + lo).casefold():
+                continue
+        except UnicodeDecodeError:
+            pass
+        out.append(i)
+    return out
+
+
+def _table_group(table: pa.Table, path: str = "", first: int = 0) -> _Group:
+    g = _Group(table.num_rows)
+    g.add(table.select(_COLS), path, first)
+    return g
 
 
 class _Located(NamedTuple):
@@ -549,7 +857,7 @@ class _Located(NamedTuple):
 class CoolArchive:
     """The cool tier: a set of Parquet files plus their id/channel/task index.
 
-    ``CoolArchive(cool_dir, files=(), *, read_only=False, cache_bytes=64 MiB)``
+    ``CoolArchive(cool_dir, files=(), *, read_only=False, cache_bytes=8 MiB, durable=True)``
     opens the live files named in ``files`` (names such as
     ``"cool-00000003.parquet"``, as returned by :meth:`files`). Files in the
     folder that are not named are ignored (see :meth:`gc`). A missing or
@@ -558,16 +866,26 @@ class CoolArchive:
     their digests while rebuilding, raises
     :class:`~rune_fast.errors.CorruptStateCheckpointError` naming the file.
 
+    ``durable=False`` skips every fsync (files are still written to a temp
+    name and renamed, so a process crash leaves the old or the new file, never
+    a torn one; a power loss may lose the latest changes): for a repository
+    opened with ``durability="none"``. ``cool``, ``erase`` and ``merge`` also
+    take ``durable=`` per call.
+
+    ``cache_bytes`` bounds the decoded row groups kept in memory (Arrow
+    buffers plus per-column overhead, counted honestly).
+
     Reads are safe from many threads. Writes (``cool``, ``erase``, ``merge``,
     ``unlink_files``, ``gc``) expect the caller's lock, but take the archive's
     own lock too.
     """
 
     def __init__(self, cool_dir: str | os.PathLike, files: Iterable[str] = (), *,
-                 read_only: bool = False, cache_bytes: int = 64 << 20,
-                 row_group_rows: int = ROW_GROUP_ROWS) -> None:
+                 read_only: bool = False, cache_bytes: int = 8 << 20,
+                 row_group_rows: int = ROW_GROUP_ROWS, durable: bool = True) -> None:
         self._dir = os.fspath(cool_dir)
         self._read_only = read_only
+        self._durable = bool(durable)
         self._cache_bytes = int(cache_bytes)
         self._rg_rows = int(row_group_rows)
         self._lock = threading.RLock()
@@ -577,10 +895,8 @@ class CoolArchive:
         self._handles: OrderedDict[int, pq.ParquetFile] = OrderedDict()
         self._channels: dict[str, list[int]] = {}
         self._tasks: dict[str, list[int]] = {}
-        # id index: a sorted base plus a few sorted runs not yet folded into it
-        self._base_h = np.zeros(0, np.uint64)
-        self._base_loc = np.zeros(0, np.int64)
-        self._runs: list[tuple[np.ndarray, np.ndarray]] = []
+        # id index: xxh3_64(msg_id) -> (file no << 32) | row, every live file
+        self._ids = HashIndex()
         self.rebuilt_sidecars: list[str] = []
         if not read_only:
             if not os.path.isdir(self._dir):
@@ -651,8 +967,7 @@ class CoolArchive:
                 "files": len(self._files),
                 "rows": len(self),
                 "bytes": sum(fi.size for fi in self._files.values()),
-                "index_bytes": int(self._base_h.nbytes + self._base_loc.nbytes
-                                   + sum(h.nbytes + v.nbytes for h, v in self._runs)),
+                "index_bytes": int(self._ids.nbytes),
                 "cached_bytes": self._cached_bytes,
                 "rebuilt_sidecars": list(self.rebuilt_sidecars),
             }
@@ -691,6 +1006,7 @@ class CoolArchive:
         except (ValueError, KeyError, TypeError, IndexError, struct.error):
             pass  # damaged sidecar: the Parquet file is the truth, rebuild below
         fi = self._index_from_parquet(no, size, footer, verify=True)
+        _release_arrow()
         self.rebuilt_sidecars.append(_idx_name(no))
         if not self._read_only:
             self._write_atomic(_idx_name(no), fi.encode())
@@ -718,7 +1034,7 @@ class CoolArchive:
         path = self._path(_parquet_name(no))
         pf = self._parquet(no)
         try:
-            table = pf.read()
+            table = pf.read(use_threads=False)
         except _PARQUET_ERRORS as exc:
             raise CorruptStateCheckpointError(f"cool archive cannot be read: {exc}", path=path) from None
         return table
@@ -739,10 +1055,16 @@ class CoolArchive:
     @staticmethod
     def _check_table(table: pa.Table, base: int = 0) -> Iterator[tuple[int, str]]:
         """Yield (row, reason) for every row whose digest does not match."""
-        for i, (rec, _o, dig) in enumerate(_records(table, 0, table.num_rows)):
+        try:
+            acc = _table_group(table).acc
+        except CorruptStateCheckpointError as exc:
+            yield base, str(exc)
+            return
+        for i in range(table.num_rows):
+            rec, _o, dig, plain = _assemble_at(acc, i)
             if rec is None:
                 yield base + i, str(dig)
-            elif record_digest(rec) != dig:
+            elif _row_digest(rec, plain) != dig:
                 yield base + i, "digest mismatch"
 
     # ------------------------------------------------------------------ index upkeep
@@ -756,44 +1078,59 @@ class CoolArchive:
             self._tasks.setdefault(t, []).append(fi.no)
             self._tasks[t].sort()
         locs = (np.int64(fi.no) << np.int64(32)) | fi.hrows.astype(np.int64)
-        self._runs.append((fi.hashes, locs))
-        # the global index holds them now: ~16 bytes per cooled message in all
+        self._ids.insert_many(fi.hashes, locs)
+        # the global index holds them now (~17-35 bytes per cooled message)
         fi.hashes = fi.hrows = None  # type: ignore[assignment]
-        if len(self._runs) > 8:
-            self._fold_runs()
 
-    def _fold_runs(self) -> None:
-        hs = np.concatenate([self._base_h] + [h for h, _ in self._runs])
-        ls = np.concatenate([self._base_loc] + [v for _, v in self._runs])
-        order = np.argsort(hs, kind="stable")  # timsort: sorted runs merge in O(n log runs)
-        self._base_h, self._base_loc = hs[order], ls[order]
-        self._runs = []
+    def _drop_files(self, nos: list[int]) -> None:
+        drop = set(nos)
+        n_drop = 0
+        for no in nos:
+            fi = self._files.pop(no)
+            n_drop += fi.rows
+            for ch in fi.channels:
+                lst = self._channels[ch]
+                lst.remove(no)
+                if not lst:
+                    del self._channels[ch]
+            for t in fi.tasks:
+                lst = self._tasks[t]
+                lst.remove(no)
+                if not lst:
+                    del self._tasks[t]
+            self._forget_cache(no)
+        if not n_drop:
+            return
+        if n_drop * 8 < len(self._ids):
+            # few entries: remove them one by one, found through each file's sidecar
+            # (still on disk: the caller unlinks replaced files afterwards)
+            try:
+                pairs = [(no, self._sidecar_entries(no)) for no in nos]
+            except (OSError, ValueError, KeyError, TypeError, IndexError, struct.error):
+                pairs = None
+            if pairs is not None:
+                remove = self._ids.remove
+                for no, (hs, rows) in pairs:
+                    base = no << 32
+                    for h, r in zip(hs.tolist(), rows.tolist()):
+                        remove(h, base | r)
+                return
+        hs, locs = self._ids.to_arrays()
+        keep = ~np.isin(locs >> np.int64(32), np.asarray(sorted(drop), dtype=np.int64))
+        self._ids = HashIndex.from_arrays(hs[keep], locs[keep])
 
-    def _drop_file(self, no: int) -> None:
-        fi = self._files.pop(no)
-        for ch in fi.channels:
-            lst = self._channels[ch]
-            lst.remove(no)
-            if not lst:
-                del self._channels[ch]
-        for t in fi.tasks:
-            lst = self._tasks[t]
-            lst.remove(no)
-            if not lst:
-                del self._tasks[t]
-        self._fold_runs()
-        keep = (self._base_loc >> np.int64(32)) != no
-        self._base_h, self._base_loc = self._base_h[keep], self._base_loc[keep]
-        self._forget_cache(no)
+    def _sidecar_entries(self, no: int) -> tuple[np.ndarray, np.ndarray]:
+        ipath = self._path(_idx_name(no))
+        with open(ipath, "rb") as f:
+            fi = _FileIndex.decode(f.read(), no, ipath)
+        return fi.hashes, fi.hrows
 
     def _file_entries(self, no: int) -> tuple[np.ndarray, np.ndarray]:
         """(hashes, rows) of file ``no`` in the id index, by hash then row."""
-        hs, rs = [], []
-        for h, loc in [(self._base_h, self._base_loc)] + self._runs:
-            m = (loc >> np.int64(32)) == no
-            hs.append(h[m])
-            rs.append((loc[m] & np.int64(0xFFFFFFFF)).astype(np.uint32))
-        h, r = np.concatenate(hs), np.concatenate(rs)
+        h, loc = self._ids.to_arrays()
+        m = (loc >> np.int64(32)) == no
+        h = h[m]
+        r = (loc[m] & np.int64(0xFFFFFFFF)).astype(np.uint32)
         order = np.lexsort((r, h))
         return h[order], r[order]
 
@@ -805,77 +1142,135 @@ class CoolArchive:
             _close(pf)
 
     def _locate(self, msg_id: str) -> list[_Located]:
-        h = np.uint64(_id_hash(msg_id))
-        out = []
-        for hs, ls in [(self._base_h, self._base_loc)] + self._runs:
-            a = int(hs.searchsorted(h, "left"))
-            if a < len(hs) and hs[a] == h:
-                b = int(hs.searchsorted(h, "right"))
-                for loc in ls[a:b].tolist():
-                    out.append(_Located(loc >> 32, loc & 0xFFFFFFFF))
-        return out
+        return [_Located(loc >> 32, loc & 0xFFFFFFFF)
+                for loc in self._ids.lookup(_id_hash(msg_id)).tolist()]
 
     # ------------------------------------------------------------------ row access
 
-    def _group(self, no: int, rg: int) -> _Group:
+    def _group(self, no: int, rg: int, cols: Sequence[str] = _COLS, scan: bool = False,
+               pinned: dict | None = None) -> _Group:
+        """Row group ``rg`` of file ``no`` with at least ``cols`` decoded.
+
+        ``scan`` (bulk reads over many groups): a group that is not cached is
+        only cached if it fits without evicting, so a scan larger than the
+        cache keeps what is cached instead of cycling through it."""
         key = (no, rg)
         g = self._cache.get(key)
         if g is not None:
             self._cache.move_to_end(key)
-            return g
+        elif pinned is not None:
+            g = pinned.get(key)   # read by this scan but not cached: reuse its columns
+        if g is not None:
+            if g.acc is not None or all(c in g.cols for c in cols):
+                return g
+        fi = self._files.get(no)
+        first = fi.rg_list[rg] if fi is not None and rg < len(fi.rg_list) else None
+        path = self._path(_parquet_name(no))
+        if g is None:
+            n = fi.rg_list[rg + 1] - first if fi is not None and rg + 1 < len(fi.rg_list) else None
+            g = _Group(-1 if n is None else n)
+        missing = [c for c in cols if c not in g.cols]
         pf = self._parquet(no)
         try:
-            table = pf.read_row_group(rg)
+            table = pf.read_row_group(rg, columns=missing, use_threads=False)
         except _PARQUET_ERRORS as exc:
-            fi = self._files.get(no)
-            first = int(fi.rg_starts[rg]) if fi is not None else None
             raise CorruptStateCheckpointError(
                 f"cool archive row group {rg} (from row {first}) cannot be read: {exc}",
-                path=self._path(_parquet_name(no)), offset=first) from None
-        g = _Group(table)
+                path=path, offset=first) from None
+        if g.n < 0:
+            g.n = table.num_rows
+        cached = key in self._cache
+        before = g.nbytes if cached else 0
+        g.add(table, path, first or 0)
+        del table
+        _release_arrow()
         self._cache[key] = g
-        self._cached_bytes += g.nbytes
-        self._evict()
+        self._cache.move_to_end(key)
+        self._cached_bytes += g.nbytes - before
+        self._evict(key if scan and not cached else None)
+        if pinned is not None:
+            pinned[key] = g
         return g
 
-    def _evict(self) -> None:
+    def _evict(self, scanned: tuple[int, int] | None = None) -> None:
+        """Bring the cache within budget: first compress the content of the
+        least recently used groups, then drop groups (least recently used
+        first; for a scan, the group it just read, so that a scan larger than
+        the cache does not cycle through it)."""
+        if self._cached_bytes <= self._cache_bytes:
+            return
+        for g in list(self._cache.values()):
+            self._cached_bytes -= g.compress()
+            if self._cached_bytes <= self._cache_bytes:
+                return
+        if scanned is not None and scanned in self._cache and len(self._cache) > 1:
+            self._cached_bytes -= self._cache.pop(scanned).nbytes
         while self._cached_bytes > self._cache_bytes and len(self._cache) > 1:
             _, old = self._cache.popitem(last=False)
             self._cached_bytes -= old.nbytes
 
     def _rg_of(self, fi: _FileIndex, row: int) -> int:
-        return int(np.searchsorted(fi.rg_starts, row, "right")) - 1
+        return bisect.bisect_right(fi.rg_list, row) - 1
 
-    def _rows(self, no: int, start: int, stop: int, rows: np.ndarray | None = None) -> list[CoolRow]:
-        """Verified rows [start, stop) of file ``no`` (or just ``rows``)."""
+    def _rows(self, no: int, start: int, stop: int, rows: Any = None, scan: bool = False,
+              pinned: dict | None = None) -> list[CoolRow]:
+        """Verified rows [start, stop) of file ``no`` (or just ``rows``, ascending)."""
         fi = self._files[no]
-        path = self._path(fi.name)
+        name = fi.name
+        rows = list(range(start, stop)) if rows is None else \
+            (rows.tolist() if isinstance(rows, np.ndarray) else list(rows))
         out: list[CoolRow] = []
-        if rows is None:
-            rows = np.arange(start, stop, dtype=np.int64)
-        else:
-            rows = np.asarray(rows, dtype=np.int64)
-        if len(rows) == 0:
+        if not rows:
             return out
-        rgs = np.searchsorted(fi.rg_starts, rows, "right") - 1
-        for rg in np.unique(rgs).tolist():
-            sel = rows[rgs == rg]
-            base = int(fi.rg_starts[rg])
-            g = self._group(no, rg)
-            local = sel - base
-            if len(local) and (local[-1] >= g.n or local[0] < 0):
+        starts = fi.rg_list
+        k, n = 0, len(rows)
+        while k < n:
+            rg = bisect.bisect_right(starts, rows[k]) - 1
+            base = starts[rg]
+            end = starts[rg + 1] if rg + 1 < len(starts) else fi.rows
+            j = bisect.bisect_left(rows, end, k)
+            if rg < 0 or j == k:
+                raise CorruptStateCheckpointError(f"cool index points past the file at row {rows[k]}",
+                                                  path=self._path(name), offset=rows[k])
+            g = self._group(no, rg, _COLS, scan, pinned)
+            acc = g.acc
+            sel = rows[k:j]
+            local = [r - base for r in sel]
+            if local[0] < 0 or local[-1] >= g.n:
                 raise CorruptStateCheckpointError(
-                    f"cool index points past row group {rg}", path=path, offset=int(sel[-1]))
-            for r, (rec, o, dig) in zip(sel.tolist(), _group_records(g, local)):
+                    f"cool index points past row group {rg}", path=self._path(name),
+                    offset=sel[0] if local[0] < 0 else sel[-1])
+            many = _assemble_many(g.takes, local) if len(local) > 1 else [None]
+            for r, i, got in zip(sel, local, many):
+                rec, o, dig, plain = got if got is not None else _assemble_at(acc, i)
                 if rec is None:
-                    raise CorruptStateCheckpointError(f"cool row {r} is malformed ({dig})", path=path, offset=r)
-                if record_digest(rec) != dig:
-                    raise CorruptStateCheckpointError(f"cool row {r} fails its digest", path=path, offset=r)
-                out.append(CoolRow(rec, o, fi.name, r))
+                    raise CorruptStateCheckpointError(f"cool row {r} is malformed ({dig})",
+                                                      path=self._path(name), offset=r)
+                if _row_digest(rec, plain) != dig:
+                    raise CorruptStateCheckpointError(f"cool row {r} fails its digest",
+                                                      path=self._path(name), offset=r)
+                out.append(CoolRow(rec, o, name, r))
+            k = j
         return out
 
     def _row(self, no: int, row: int) -> CoolRow:
         return self._rows(no, row, row + 1)[0]
+
+    def _id_at(self, no: int, row: int) -> str:
+        """The stored msg_id of a row (only that column is decoded; Parquet
+        page checksums cover its bytes)."""
+        fi = self._files[no]
+        rg = self._rg_of(fi, row)
+        g = self._group(no, rg, ("msg_id",))
+        i = row - fi.rg_list[rg]
+        if not 0 <= i < g.n:
+            raise CorruptStateCheckpointError(f"cool index points past row group {rg}",
+                                              path=self._path(fi.name), offset=row)
+        try:
+            return g.cols["msg_id"][0](i)
+        except UnicodeDecodeError:
+            raise CorruptStateCheckpointError(f"cool row {row} has a malformed msg_id",
+                                              path=self._path(fi.name), offset=row) from None
 
     # ------------------------------------------------------------------ reads
 
@@ -885,20 +1280,35 @@ class CoolArchive:
         Raises CorruptStateCheckpointError (file and row) when the stored row
         fails its digest or its id does not match."""
         with self._lock:
-            for no, row in self._locate(msg_id):
+            for loc in self._ids.lookup(_id_hash(msg_id)).tolist():
+                no, row = loc >> 32, loc & 0xFFFFFFFF
                 fi = self._files[no]
-                rg = bisect.bisect_right(fi.rg_list, row) - 1
+                starts = fi.rg_list
+                rg = bisect.bisect_right(starts, row) - 1
+                if not 0 <= rg < len(starts) - 1:
+                    raise CorruptStateCheckpointError(f"cool index points past the file at row {row}",
+                                                      path=self._path(fi.name), offset=row)
                 g = self._group(no, rg)
-                i = row - fi.rg_list[rg]
+                i = row - starts[rg]
                 if not 0 <= i < g.n:
                     raise CorruptStateCheckpointError(f"cool index points past row group {rg}",
                                                       path=self._path(fi.name), offset=row)
-                if g.cols["msg_id"][i].as_py() != msg_id:
+                acc = g.acc
+                try:
+                    mid = acc[0](i)
+                except UnicodeDecodeError:
+                    mid = None
+                if mid != msg_id:
+                    if mid is None:
+                        raise CorruptStateCheckpointError(f"cool row {row} has a malformed msg_id",
+                                                          path=self._path(fi.name), offset=row)
                     continue  # another id with the same 64-bit hash
-                rec, o, dig = _assemble(tuple(col[i].as_py() for col in g.collist))
-                if rec is None or record_digest(rec) != dig:
-                    why = "fails its digest" if rec is not None else f"is malformed ({dig})"
-                    raise CorruptStateCheckpointError(f"cool row {row} {why}",
+                rec, o, dig, plain = _assemble_at(acc, i)
+                if rec is None:
+                    raise CorruptStateCheckpointError(f"cool row {row} is malformed ({dig})",
+                                                      path=self._path(fi.name), offset=row)
+                if _row_digest(rec, plain) != dig:
+                    raise CorruptStateCheckpointError(f"cool row {row} fails its digest",
                                                       path=self._path(fi.name), offset=row)
                 return CoolRow(rec, o, fi.name, row)
             return None
@@ -908,30 +1318,31 @@ class CoolArchive:
         r = self.get_row(msg_id)
         return None if r is None else r.record
 
-    def contains(self, msg_id: str) -> bool:
-        """True if ``msg_id`` is archived (the matching row is verified)."""
-        return self.get_row(msg_id) is not None
+    def contains(self, msg_id: str, *, verify: bool = False) -> bool:
+        """True if ``msg_id`` is archived.
+
+        A hit checks the stored id (its column only, covered by the Parquet
+        page checksums), not the whole row: that is the append path's
+        duplicate check. ``verify=True`` also checks the row's digest (raising
+        CorruptStateCheckpointError like :meth:`get_row`)."""
+        if verify:
+            return self.get_row(msg_id) is not None
+        with self._lock:
+            for loc in self._ids.lookup(_id_hash(msg_id)).tolist():
+                if self._id_at(loc >> 32, loc & 0xFFFFFFFF) == msg_id:
+                    return True
+            return False
 
     def contains_many(self, msg_ids: Sequence[str]) -> np.ndarray:
         """Boolean array: which of ``msg_ids`` are archived."""
         with self._lock:
-            self._fold_runs()
-            out = np.zeros(len(msg_ids), dtype=bool)
-            if len(self._base_h) == 0 or not len(msg_ids):
-                return out
-            hs = np.fromiter((_id_hash(m) for m in msg_ids), dtype=np.uint64, count=len(msg_ids))
-            pos = np.searchsorted(self._base_h, hs)
-            pos = np.minimum(pos, len(self._base_h) - 1)
-            maybe = np.flatnonzero(self._base_h[pos] == hs)
-            for i in maybe.tolist():
-                out[i] = self.get_row(msg_ids[i]) is not None
-            return out
+            return np.fromiter((self.contains(m) for m in msg_ids), dtype=bool, count=len(msg_ids))
 
     def _channel_parts(self, channel_id: str) -> list[list[CoolRow]]:
         parts = []
         for no in self._channels.get(channel_id, ()):
             s, e, _ = self._files[no].channels[channel_id]
-            rows = self._rows(no, s, e)
+            rows = self._rows(no, s, e, scan=True)
             self._check_field(rows, "channel_id", channel_id)
             parts.append(rows)
         return parts
@@ -1008,6 +1419,19 @@ class CoolArchive:
             raise TypeError(f"search text must be str, got {type(text).__name__}")
         needle = text if case_sensitive else text.casefold()
         nb = needle.encode("utf-8", "surrogatepass")
+        # case-insensitive: an ASCII needle matches a row iff its ASCII-case-blind
+        # bytes hold it, or the row holds a SPECIAL_FOLD character (checked in
+        # Python). A non-ASCII needle: rows whose bytes hold its longest ASCII
+        # run (case-blind), or with a SPECIAL_FOLD character, or, with no ASCII
+        # run, every non-ASCII row; all checked with str.casefold.
+        mode = "all" if needle == "" else "cs" if case_sensitive else "ci"
+        probe = nb
+        if mode == "ci" and not needle.isascii():
+            runs = re.findall(r"[\x00-\x7f]+", needle)
+            probe = max(runs, key=len).encode("ascii") if runs else b""
+            mode = "ci-run" if probe else "ci-nonascii"
+        specials = _relevant_specials(probe.decode("ascii")) if mode in ("ci", "ci-run") else ()
+        fold_repl = [(c.encode("utf-8"), c.casefold().encode("utf-8")) for c in specials]
         hits: list[CoolRow] = []
         with self._lock:
             if channel_id is None:
@@ -1020,34 +1444,79 @@ class CoolArchive:
                 rg_a = self._rg_of(fi, s) if e > s else 0
                 rg_b = self._rg_of(fi, e - 1) + 1 if e > s else 0
                 sel_rows = []
+                found: list[CoolRow] = []
                 for rg in range(rg_a, rg_b):
-                    base = int(fi.rg_starts[rg])
-                    g = self._group(no, rg)
-                    lo, hi = max(s - base, 0), min(e - base, g.n)
-                    if needle == "":
-                        idx = np.arange(lo, hi)
+                    base = fi.rg_list[rg]
+                    n = fi.rg_list[rg + 1] - base
+                    lo, hi = max(s - base, 0), min(e - base, n)
+                    if mode == "all":
+                        sel_rows.append(np.arange(lo + base, hi + base, dtype=np.int64))
+                        continue
+                    pinned: dict = {}      # this group, even if the cache does not keep it
+                    g = self._group(no, rg, ("content",), True, pinned)
+                    data, offs = g.spans()
+                    st, en = offs[lo:hi], offs[lo + 1:hi + 1]
+                    if mode == "cs":
+                        idx = find_spans(data, st, en, nb)
                     else:
-                        before = g.nbytes
-                        hay = g.haystack(case_sensitive)
-                        self._cached_bytes += g.nbytes - before
-                        idx = hay.find_rows(nb, lo, hi)
+                        if mode == "ci-nonascii":
+                            exact = np.zeros(0, np.int64)
+                            maybe = find_spans(data, st, en, b"\xff", False, True)  # 0xff: never in UTF-8
+                        else:
+                            exact = find_spans(data, st, en, probe, True, False)
+                            maybe = self._special_rows(fi, rg, data, offs, specials)
+                            if len(maybe):
+                                maybe = np.setdiff1d(maybe[(maybe >= lo) & (maybe < hi)] - lo, exact)
+                            if mode == "ci-run":     # the ASCII run is only a filter
+                                exact, maybe = np.zeros(0, np.int64), np.union1d(exact, maybe)
+                        if len(maybe):
+                            # check just the content of the candidates; whole rows only for hits
+                            content = g.cols["content"][2]
+                            if mode == "ci":
+                                maybe = [i for i in maybe.tolist()
+                                         if _ascii_fold_has(content.raw(i + lo), nb, fold_repl)]
+                            else:
+                                maybe = _folded_hits(content.get, maybe.tolist(), lo, needle)
+                            maybe = np.asarray(maybe, dtype=np.int64)
+                            idx = np.union1d(exact, maybe) if len(exact) else maybe
+                        else:
+                            idx = exact
                     if len(idx):
-                        sel_rows.append(idx + base)
+                        found.extend(self._rows(no, 0, 0, idx + (lo + base), True, pinned))
                 if sel_rows:
-                    rows = self._rows(no, 0, 0, np.concatenate(sel_rows))
-                    for r in rows:
-                        c = r.record["content"]
-                        ok = (needle in c) if case_sensitive else (needle in c.casefold())
-                        if not ok:  # the cache disagrees with the verified row: never serve it
-                            raise CorruptStateCheckpointError(
-                                f"cool row {r.row} changed under the search cache",
-                                path=self._path(r.file), offset=r.row)
+                    found.extend(self._rows(no, 0, 0, np.concatenate(sel_rows), True))
+                if found:
+                    rows = found
+                    if mode == "cs":
+                        rows = [r for r in rows if needle in r.record["content"]]
                     if channel_id is not None:
                         self._check_field(rows, "channel_id", channel_id)
                     hits.extend(rows)
-            self._evict()
         hits.sort(key=_row_key)
         return hits
+
+    def _special_rows(self, fi: "_FileIndex", rg: int, data: bytes, offs: np.ndarray,
+                      chars: Sequence[str]) -> np.ndarray:
+        """Rows of a group (local, ascending) holding one of ``chars`` (from
+        SPECIAL_FOLD). Which rows hold which special character is computed
+        once per group and kept with the file's index (small)."""
+        if not chars:
+            return np.zeros(0, np.int64)
+        per = fi.special.get(rg)
+        if per is None:
+            per = {}
+            na = find_spans(data, offs[:-1], offs[1:], b"\xff", False, True)  # non-ASCII rows
+            if len(na):
+                st, en = offs[na], offs[na + 1]
+                for c, enc in zip(SPECIAL_FOLD, _SPECIAL_UTF8):
+                    k = find_spans(data, st, en, enc)
+                    if len(k):
+                        per[c] = na[k]
+            fi.special[rg] = per
+        found = [per[c] for c in chars if c in per]
+        if not found:
+            return np.zeros(0, np.int64)
+        return found[0] if len(found) == 1 else np.unique(np.concatenate(found))
 
     def iter_rows(self) -> Iterator[CoolRow]:
         """Every archived row, file by file in stored order (verified)."""
@@ -1058,15 +1527,17 @@ class CoolArchive:
                     continue
                 fi = self._files[no]
                 for rg in range(len(fi.rg_starts) - 1):
-                    rows = self._rows(no, int(fi.rg_starts[rg]), int(fi.rg_starts[rg + 1]))
+                    rows = self._rows(no, int(fi.rg_starts[rg]), int(fi.rg_starts[rg + 1]), scan=True)
                     yield from rows
 
     # ------------------------------------------------------------------ writing
 
-    def _write_atomic(self, name: str, data: bytes | None = None, table: pa.Table | None = None) -> int:
-        """Write ``name`` in the archive folder atomically: temp file (0600),
-        fsync, rename, fsync of the folder. Returns the size written."""
-        final = self._path(name)
+    def _dur(self, durable: bool | None) -> bool:
+        return self._durable if durable is None else bool(durable)
+
+    def _write_tmp(self, name: str, data: bytes | None = None, table: pa.Table | None = None,
+                   *, durable: bool) -> str:
+        """Write ``name``'s temp file (0600), fsynced when ``durable``; returns its path."""
         tmp = self._path("." + name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
@@ -1081,31 +1552,52 @@ class CoolArchive:
                         write_statistics=["channel_id", "ts", "ord"],
                     )
                 f.flush()
-                os.fsync(f.fileno())
-                size = f.tell()
-            os.replace(tmp, final)
+                if durable:
+                    os.fsync(f.fileno())
         except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
+            _unlink_quiet(tmp)
             raise
-        _fsync_dir(self._dir)
-        return size
+        return tmp
 
-    def _write_file(self, table: pa.Table) -> _FileIndex:
-        """Write ``table`` as the next numbered file plus its sidecar."""
+    def _write_atomic(self, name: str, data: bytes, *, durable: bool | None = None) -> None:
+        """Write ``name`` in the archive folder atomically: temp file (0600),
+        fsync, rename, fsync of the folder (no fsyncs unless durable)."""
+        durable = self._dur(durable)
+        tmp = self._write_tmp(name, data, durable=durable)
+        try:
+            os.replace(tmp, self._path(name))
+        except BaseException:
+            _unlink_quiet(tmp)
+            raise
+        if durable:
+            _fsync_dir(self._dir)
+
+    def _write_file(self, table: pa.Table, *, durable: bool) -> _FileIndex:
+        """Write ``table`` as the next numbered file plus its sidecar: both
+        temp files written and fsynced, both renamed, one folder fsync (three
+        fsyncs in all; none unless ``durable``)."""
         no = self._next_no
         self._next_no += 1
-        name = _parquet_name(no)
-        self._write_atomic(name, table=table)
-        size, footer = _footer_hash(self._path(name))
-        pf = self._parquet(no)
-        rg_counts = [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)]
-        fi = _build_index(no, size, footer, table.column("msg_id").to_pylist(),
-                          table.column("channel_id").to_pylist(),
-                          table.column("task_id").to_pylist(), rg_counts, self._path(name))
-        self._write_atomic(_idx_name(no), fi.encode())
+        name, iname = _parquet_name(no), _idx_name(no)
+        tmp = self._write_tmp(name, table=table, durable=durable)
+        itmp = None
+        try:
+            size, footer = _footer_hash(tmp)
+            md = pq.read_metadata(tmp)
+            rg_counts = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
+            fi = _build_index(no, size, footer, table.column("msg_id").to_pylist(),
+                              table.column("channel_id").to_pylist(),
+                              table.column("task_id").to_pylist(), rg_counts, self._path(name))
+            itmp = self._write_tmp(iname, fi.encode(), durable=durable)
+            os.replace(tmp, self._path(name))
+            os.replace(itmp, self._path(iname))
+        except BaseException:
+            _unlink_quiet(tmp)
+            if itmp is not None:
+                _unlink_quiet(itmp)
+            raise
+        if durable:
+            _fsync_dir(self._dir)
         return fi
 
     def _writable(self) -> None:
@@ -1113,12 +1605,13 @@ class CoolArchive:
             from .errors import ReadOnlyStoreError
             raise ReadOnlyStoreError(f"cool archive {self._dir} is open read-only")
 
-    def cool(self, rows: Sequence[dict], ords: Sequence[int]) -> CoolRun:
+    def cool(self, rows: Sequence[dict], ords: Sequence[int], *, durable: bool | None = None) -> CoolRun:
         """Archive ``rows`` (record dicts) with their append ordinals ``ords``
         as ONE new Parquet file; durable when this returns.
 
         Rows are grouped by channel (stable: within a channel the given order,
-        which must be the order key, is kept). Raises TypeError/ValueError
+        which must be the order key, is kept). ``durable=False`` skips the
+        fsyncs (default: the archive's ``durable``). Raises TypeError/ValueError
         naming the row and field for a malformed dict, a msg_id given twice or
         already archived; nothing is written then. Returns the new file's name
         (None for no rows): the caller records it in its manifest."""
@@ -1147,11 +1640,13 @@ class CoolArchive:
             order = sorted(range(len(rows)), key=lambda i: rows[i]["channel_id"])
             table = _table_from_records([rows[i] for i in order], [ords[i] for i in order],
                                         [digests[i] for i in order])
-            fi = self._write_file(table)
+            fi = self._write_file(table, durable=self._dur(durable))
+            del table
+            _release_arrow()
             self._add_file(fi)
             return CoolRun(fi.name, fi.rows, fi.size, self.files())
 
-    def erase(self, msg_ids: Iterable[str]) -> CoolChange:
+    def erase(self, msg_ids: Iterable[str], *, durable: bool | None = None) -> CoolChange:
         """Rewrite every file holding one of ``msg_ids`` without those rows.
 
         Each affected file is copied, minus the rows, to a NEW file (next
@@ -1167,7 +1662,7 @@ class CoolArchive:
             for mid in dict.fromkeys(msg_ids):
                 found = False
                 for loc in self._locate(mid):
-                    if self._raw_field(loc.no, loc.row, "msg_id") == mid:
+                    if self._id_at(loc.no, loc.row) == mid:
                         by_file.setdefault(loc.no, set()).add(loc.row)
                         found = True
                 if not found:
@@ -1186,13 +1681,14 @@ class CoolArchive:
                         kept = table.filter(pa.array(keep))
                         del table
                         n_rewritten += kept.num_rows
-                        fi = self._write_file(kept)
+                        fi = self._write_file(kept, durable=self._dur(durable))
                         new.append(fi)
                         new_name = fi.name
                     replaced[self._files[no].name] = new_name
             except BaseException:
                 self._abandon(new)
                 raise
+            _release_arrow()
             self._switch(sorted(by_file), new)
             return CoolChange(replaced, [fi.name for fi in new], list(replaced), self.files(),
                               n_removed, n_rewritten, not_found)
@@ -1210,16 +1706,9 @@ class CoolArchive:
 
     def _switch(self, old_nos: list[int], new: list[_FileIndex]) -> None:
         """Serve ``new`` instead of ``old_nos`` (all new files are durable)."""
-        for no in old_nos:
-            self._drop_file(no)
+        self._drop_files(list(old_nos))
         for fi in new:
             self._add_file(fi)
-
-    def _raw_field(self, no: int, row: int, fld: str) -> Any:
-        fi = self._files[no]
-        rg = self._rg_of(fi, row)
-        g = self._group(no, rg)
-        return g.cols[fld][row - int(fi.rg_starts[rg])].as_py()
 
     def plan_merge(self, *, fanout: int = 4, max_files: int | None = None) -> list[list[str]]:
         """Groups of live files to merge (size-tiered, so every row is rewritten
@@ -1234,7 +1723,7 @@ class CoolArchive:
         return plan_merge(sizes, fanout=fanout, max_files=max_files)
 
     def merge(self, groups: Sequence[Sequence[str]] | None = None, *, fanout: int = 4,
-              max_files: int | None = None) -> CoolChange:
+              max_files: int | None = None, durable: bool | None = None) -> CoolChange:
         """Merge each group of live files (default: :meth:`plan_merge`) into
         one new file, rows sorted by channel then order key. Same protocol as
         :meth:`erase`: record ``files``, then ``unlink_files(removed)``."""
@@ -1260,7 +1749,7 @@ class CoolArchive:
                 for nos in jobs:
                     table = pa.concat_tables([self._read_table(no) for no in nos])
                     table = table.take(_merge_order(table))
-                    fi = self._write_file(table)
+                    fi = self._write_file(table, durable=self._dur(durable))
                     del table
                     new.append(fi)
                     for no in nos:
@@ -1268,6 +1757,7 @@ class CoolArchive:
             except BaseException:
                 self._abandon(new)
                 raise
+            _release_arrow()
             self._switch([no for nos in jobs for no in nos], new)
             return CoolChange(replaced, [fi.name for fi in new], list(replaced), self.files(),
                               0, sum(fi.rows for fi in new), [])
@@ -1292,7 +1782,7 @@ class CoolArchive:
                         done.append(n)
                     except FileNotFoundError:
                         pass
-            if done:
+            if done and self._durable:
                 _fsync_dir(self._dir)
             return done
 
@@ -1332,7 +1822,7 @@ class CoolArchive:
                     gone.append(n)
                 except FileNotFoundError:
                     pass
-            if gone:
+            if gone and self._durable:
                 _fsync_dir(self._dir)
             return gone
 
@@ -1369,7 +1859,7 @@ class CoolArchive:
                 base = 0
                 for rg in range(pf.metadata.num_row_groups):
                     try:
-                        t = pf.read_row_group(rg)
+                        t = pf.read_row_group(rg, use_threads=False)
                     except _PARQUET_ERRORS as exc:
                         problems.append(CoolProblem(name, base, f"row group {rg} unreadable: {exc}"))
                         raise _Skip() from None
@@ -1386,6 +1876,7 @@ class CoolArchive:
                 continue
             finally:
                 _close(pf)
+                _release_arrow()
             try:
                 truth = _build_index(no, size, footer, mids, chs, tids, rg_counts, path)
             except CorruptStateCheckpointError as exc:
@@ -1446,6 +1937,20 @@ class _Skip(Exception):
     pass
 
 
+def _release_arrow() -> None:
+    """Hand the memory Arrow freed (decoded pages, tables we copied from)
+    back to the OS: mimalloc and jemalloc keep it otherwise, and it would
+    count against the store's resident memory (~0.1 ms)."""
+    pa.default_memory_pool().release_unused()
+
+
+def _unlink_quiet(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 def _open_parquet(path: str) -> pq.ParquetFile:
     """A ParquetFile that verifies page checksums on every read, over a file
     handle we own (closed again if the footer cannot be parsed)."""
@@ -1484,60 +1989,17 @@ def _same_index(a: _FileIndex, b: _FileIndex, ids: bool = True) -> bool:
 # --------------------------------------------------------------------------- #
 
 def _table_from_records(rows: list[dict], ords: list[int], digests: list[str]) -> pa.Table:
-    cols: dict[str, list] = {name: [] for name in _COLS}
-    for d, o, dig in zip(rows, ords, digests):
-        for k in ("msg_id", "channel_id", "task_id", "hlc", "content", "ts", "role",
-                  "token_estimate", "tool_call_id", "origin", "schema_version"):
-            cols[k].append(d[k])
-        tc = d["tool_calls"]
-        cols["tool_calls"].append(_dumps(list(tc)) if tc else "[]")
-        if len(d) == len(RECORD_FIELDS):
-            cols["extra"].append("{}")
-        else:
-            cols["extra"].append(_dumps({k: v for k, v in d.items() if k not in _FIELD_SET}))
-        cols["ord"].append(o)
-        cols["digest"].append(dig)
-    return pa.Table.from_pydict(cols, schema=COOL_SCHEMA)
-
-
-def _assemble(vals: tuple) -> tuple[dict | None, int, str]:
-    (mid, ch, task, hlc, content, ts, role, tok, tc, tcid, origin, sv, extra, o, dig) = vals
-    try:
-        calls = [] if tc == "[]" else json.loads(tc)
-        more = None if extra == "{}" else json.loads(extra)
-    except ValueError as exc:
-        return None, o, f"bad JSON in tool_calls or extra: {exc}"
-    rec = {"msg_id": mid, "channel_id": ch, "task_id": task, "hlc": hlc, "content": content,
-           "ts": ts, "role": role, "token_estimate": tok, "tool_calls": calls,
-           "tool_call_id": tcid, "origin": origin, "schema_version": sv}
-    if more:
-        if not isinstance(more, dict):
-            return None, o, "extra is not a JSON object"
-        rec.update(more)
-    return rec, o, dig
-
-
-def _records(table: pa.Table, start: int, stop: int) -> Iterator[tuple[dict | None, int, str]]:
-    t = table.slice(start, stop - start)
-    cols = [t.column(name).to_pylist() for name in _COLS]
-    for vals in zip(*cols):
-        yield _assemble(vals)
-
-
-def _group_records(g: _Group, local: np.ndarray) -> Iterator[tuple[dict | None, int, str]]:
-    if len(local) == 1:
-        i = int(local[0])
-        vals = tuple(g.cols[name][i].as_py() for name in _COLS)
-        yield _assemble(vals)
-        return
-    a, b = int(local[0]), int(local[-1]) + 1
-    if b - a == len(local):
-        cols = [g.cols[name].slice(a, b - a).to_pylist() for name in _COLS]
-    else:
-        idx = pa.array(local, type=pa.int64())
-        cols = [g.cols[name].take(idx).to_pylist() for name in _COLS]
-    for vals in zip(*cols):
-        yield _assemble(vals)
+    cols: dict[str, list] = {}
+    for k in ("msg_id", "channel_id", "task_id", "hlc", "content", "ts", "role",
+              "token_estimate", "tool_call_id", "origin", "schema_version"):
+        cols[k] = [d[k] for d in rows]
+    cols["tool_calls"] = [_dumps(list(d["tool_calls"])) if d["tool_calls"] else "[]" for d in rows]
+    n_fields = len(RECORD_FIELDS)
+    cols["extra"] = ["{}" if len(d) == n_fields else
+                     _dumps({k: v for k, v in d.items() if k not in _FIELD_SET}) for d in rows]
+    cols["ord"] = list(ords)
+    cols["digest"] = list(digests)
+    return pa.Table.from_pydict({name: cols[name] for name in _COLS}, schema=COOL_SCHEMA)
 
 
 def _merge(parts: list[list[CoolRow]]) -> list[CoolRow]:

@@ -308,11 +308,13 @@ class OrchestrationRecord:
     SCHEMA_VERSION: ClassVar[int] = 1
 
     def to_dict(self) -> dict[str, Any]:  # pragma: no cover - abstract
-        raise NotImplementedError
+        raise TypeError(f"{type(self).__name__}.to_dict: OrchestrationRecord is abstract; "
+                        "use TaskStateRecord or ConversationMessageRecord")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "OrchestrationRecord":  # pragma: no cover
-        raise NotImplementedError
+        raise TypeError(f"{cls.__name__}.from_dict: OrchestrationRecord is abstract; "
+                        "use TaskStateRecord or ConversationMessageRecord")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -143,22 +143,25 @@ class TailFile:
             self.failed = exc
             raise DurabilityError(f"fdatasync of {self.path} failed: {exc}") from exc
 
-    def truncate_to(self, size: int) -> None:
-        """Cut the file to ``size`` (recovery of a torn or zero-padded end)."""
-        os.ftruncate(self._fd, size)
+    def discard_from(self, size: int) -> None:
+        """Zero every byte from ``size`` on and make ``size`` the logical end
+        (recovery of a torn final line, whose bytes were quarantined first).
+
+        The file never shrinks: a viewer in another process may have it mapped,
+        and a map past the end of a shrunk file faults (SIGBUS). Zeros after the
+        last line read as preallocation."""
+        zeros = bytes(min(self.file_size - size, 1 << 20)) if self.file_size > size else b""
+        pos = size
+        while pos < self.file_size:
+            n = min(len(zeros), self.file_size - pos)
+            pos += os.pwrite(self._fd, zeros[:n], pos)
         os.fsync(self._fd)
-        self.file_size = size
         self.size = size
-        self.buf = _map(self._fd, size)
 
     def close(self) -> None:
         if self._fd >= 0:
-            if not self.read_only and self.failed is None and self.file_size > self.size:
-                # Give back the preallocated zeros so a sealed file holds only lines.
-                try:
-                    os.ftruncate(self._fd, self.size)
-                except OSError as exc:  # the zeros are harmless; say so and go on
-                    log.warning("could not trim preallocation of %s: %s", self.path, exc)
+            # The preallocated zeros stay: shrinking a file that a viewer may
+            # have mapped would fault its reads (SIGBUS).
             os.close(self._fd)
             self._fd = -1
         self.buf = None

@@ -266,10 +266,12 @@ def test_digest_mismatch_on_reads(cdir):
     assert b.get("msg_00000002")["content"] == "message number 2"
     for call in (lambda: b.get("msg_00000003"), lambda: b.channel_rows("ch"),
                  lambda: b.search("number 3"), lambda: b.channel_tail("ch", 8),
-                 lambda: b.contains("msg_00000003")):
+                 lambda: b.contains("msg_00000003", verify=True)):
         with pytest.raises(CorruptStateCheckpointError) as ei:
             call()
         assert ei.value.path == path and ei.value.offset == 3
+    # the append path's duplicate check reads the stored id only: it is intact
+    assert b.contains("msg_00000003") and not b.contains("msg_00000099")
     problems = b.verify()
     assert [(p.file, p.row) for p in problems] == [(name, 3)]
 

@@ -420,7 +420,7 @@ def test_messages_for_task_across_channels_spanning_tiers(sd):
         assert r.messages_for_task("task_X") == ms
 
 
-_alpha = st.sampled_from(list("aAbBßsSkK\u212aİiı\u0307 Σσς"))
+_alpha = st.sampled_from(list("aAbBßsSkK\u212aİiı\u0307 Σσςﬃﬅſϐβ\u1e9eFfItT"))
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -1058,40 +1058,17 @@ def test_read_only_refresh_sees_deletions_and_erasure(sd):
         w.close()
 
 
+_REFRESH_LOOP_SCRIPT = 'import sys, threading\nfrom pathlib import Path\nsys.path.insert(0, sys.argv[2])\nfrom spec_helpers import msg\nfrom rune_fast.conversation_state import ConversationStateRepository, ReadStatus\nsd = Path(sys.argv[1])\nw = ConversationStateRepository(sd, hot_window=3, compact_every=5)\nerrors = []\nstop = threading.Event()\ntry:\n    w.append(msg("seed"))\n    ro = ConversationStateRepository(sd, read_only=True)\n\n    def reader():\n        try:\n            last = 0\n            while not stop.is_set():\n                ro.refresh()\n                got = ro.window("ch", 1000)\n                assert len(got) >= last, "a reader lost messages it had seen"\n                assert len(got) == len({m.msg_id for m in got})\n                last = len(got)\n        except Exception as e:  # noqa: BLE001 - reported below\n            errors.append(e)\n\n    t = threading.Thread(target=reader)\n    t.start()\n    try:\n        for i in range(150):  # 30 compactions, each racing the reader\n            w.append(msg(f"w{i}"))\n    finally:\n        stop.set()\n        t.join()\n    ro.refresh()\n    assert ro.window("ch", 1000) == w.window("ch", 1000)\n    ro.close()\nfinally:\n    w.close()\nassert not errors, errors\nprint(\'OK\')\n'
+
+
 def test_read_only_refresh_loop_while_writer_compacts(sd):
-    w = ConversationStateRepository(sd, hot_window=3, compact_every=5)
-    errors = []
-    stop = threading.Event()
-    try:
-        w.append(msg("seed"))
-        ro = ConversationStateRepository(sd, read_only=True)
-
-        def reader():
-            try:
-                last = 0
-                while not stop.is_set():
-                    ro.refresh()
-                    got = ro.window("ch", 1000)
-                    assert len(got) >= last, "a reader lost messages it had seen"
-                    assert len(got) == len({m.msg_id for m in got})
-                    last = len(got)
-            except Exception as e:  # noqa: BLE001 - reported below
-                errors.append(e)
-
-        t = threading.Thread(target=reader)
-        t.start()
-        try:
-            for i in range(150):  # 30 compactions, each racing the reader
-                w.append(msg(f"w{i}"))
-        finally:
-            stop.set()
-            t.join()
-        ro.refresh()
-        assert ro.window("ch", 1000) == w.window("ch", 1000)
-        ro.close()
-    finally:
-        w.close()
-    assert not errors, errors
+    """A viewer refreshing in a loop beside a writer that compacts: never a
+    false damage report, never a lost message (run in a child process so a
+    crash of the reader cannot take the test run down)."""
+    out = subprocess.run([sys.executable, "-X", "faulthandler", "-c", _REFRESH_LOOP_SCRIPT, str(sd),
+                          str(Path(__file__).parent)], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "OK", (out.returncode, out.stderr[-3000:])
 
 
 def test_threads_append_delete_compact(sd):
@@ -1180,3 +1157,54 @@ def test_corrupt_legacy_checkpoint_is_loud(sd):
     with pytest.raises(CorruptStateCheckpointError) as ei:
         ConversationStateRepository(sd)
     assert "conversation_messages.json" in str(ei.value)
+
+
+def test_hot_window_per_channel_by_order(sd):
+    with ConversationStateRepository(sd, hot_window=3) as r:
+        sizes = {"c1": 1, "c5": 5, "c10": 10}
+        made = {}
+        for ch, k in sizes.items():
+            made[ch] = [msg(f"{ch}-{i}", ch) for i in range(k)]
+            r.append_many(made[ch])
+        # stamped messages appended newest first: the hot ones are the newest by hlc
+        st_ = [msg(f"s{i}", "cs", hlc=f"{1000 + i:015d}-0000000000-d") for i in range(6)]
+        r.append_many(list(reversed(st_)))
+        r.compact()
+        for ch, ms in made.items():
+            tiers = [r.get_message(m.msg_id).tier for m in ms]
+            k = len(ms)
+            assert tiers == ["cool"] * max(0, k - 3) + ["hot"] * min(k, 3), (ch, tiers)
+        assert [r.get_message(m.msg_id).tier for m in st_] == ["cool"] * 3 + ["hot"] * 3
+        assert r.window("cs", 10) == st_
+
+
+_NO_REFRESH_SCRIPT = 'import sys\nfrom pathlib import Path\nsys.path.insert(0, sys.argv[2])\nfrom spec_helpers import msg\nfrom rune_fast.conversation_state import ConversationStateRepository, ReadStatus\nsd = Path(sys.argv[1])\nw = ConversationStateRepository(sd, hot_window=2)\ntry:\n    ms = [msg(f"v{i}", task_id="task_v") for i in range(5)]\n    w.append_many(ms)\n    w.compact()\n    ro = ConversationStateRepository(sd, read_only=True)\n    try:\n        old = ro.window("ch", 100)\n        assert old == ms\n        more = [msg(f"n{i}", task_id="task_v") for i in range(6)]\n        w.append_many(more)\n        w.delete(ms[0].msg_id)\n        w.compact()\n        w.compact()\n        new = w.window("ch", 100)\n        for _ in range(2):\n            assert ro.window("ch", 100) in (old, new)\n            assert ro.messages_for_task("task_v") in (old, new)\n            assert [h.record for h in ro.search("v")] in (\n                [m for m in old if "v" in m.content], [m for m in new if "v" in m.content])\n            rd = ro.get_message(ms[3].msg_id)\n            assert rd.status == ReadStatus.FOUND_VERIFIED and rd.record == ms[3]\n        ro.refresh()\n        assert ro.window("ch", 100) == new\n    finally:\n        ro.close()\nfinally:\n    w.close()\nprint(\'OK\')\n'
+
+
+def test_read_only_without_refresh_stays_usable(sd):
+    # ASSUMPTION: a reader that has not refreshed keeps serving a consistent
+    # (possibly older) view while the writer compacts, cools and erases.
+    # Run in a child process: a reader that maps files the writer rewrites in
+    # place can die of SIGBUS, which would take the whole test run down.
+    out = subprocess.run([sys.executable, "-X", "faulthandler", "-c", _NO_REFRESH_SCRIPT, str(sd), str(Path(__file__).parent)],
+                         cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "OK", (out.returncode, out.stderr[-3000:])
+
+
+# ASSUMPTION: reads given the wrong types refuse them (TypeError/ValueError)
+# rather than answering "not found" or failing deep inside.
+@pytest.mark.parametrize("call", [
+    lambda r: r.get_message(123),
+    lambda r: r.get_message(None),
+    lambda r: r.window(None),
+    lambda r: r.window("ch", "3"),
+    lambda r: r.search(None),
+    lambda r: r.search(b"bytes"),
+    lambda r: r.messages_for_task(5),
+    lambda r: r.delete(7),
+])
+def test_reads_with_wrong_types(repo, call):
+    repo.append(msg("x"))
+    with pytest.raises((TypeError, ValueError)):
+        call(repo)
+    assert len(repo) == 1

@@ -349,3 +349,21 @@ def test_tool_calls_list_input_equals_tuple_input():
                                   tool_calls=(c,))
     assert a == b
     assert a.to_dict() == b.to_dict()
+
+
+# ASSUMPTION: "to_dict() is JSON-safe" means values JSON cannot hold (NaN, inf,
+# sets, objects) are refused when the record is built, naming the field.
+@pytest.mark.parametrize("kw,field", [
+    ({"ts": float("nan")}, "ts"),
+    ({"ts": float("inf")}, "ts"),
+    ({"tool_calls": ({"id": "k", "name": "n", "arguments": {"s": {1, 2}}},)}, "tool_calls"),
+    ({"tool_calls": ({"id": "k", "name": "n", "arguments": {"o": object()}},)}, "tool_calls"),
+])
+def test_non_json_values_refused(kw, field):
+    _raises_naming((TypeError, ValueError), field,
+                   lambda: ConversationMessageRecord(role="assistant", content="x", channel_id="c", **kw))
+
+
+def test_task_non_finite_time_refused():
+    _raises_naming((TypeError, ValueError), "created_at",
+                   lambda: TaskStateRecord(title="x", channel_id="c", created_at=float("nan")))

@@ -694,3 +694,135 @@ def test_incremental_export_carries_later_messages(two):
     assert [op_parts(o)[0] for o in later] == [m2.msg_id]
     assert b.merge_ops(later) == 1
     assert b.window("conv") == [m1, m2]
+
+
+def test_merged_late_messages_interleave_with_cool_tier(tmp_path):
+    with ConversationStateRepository(tmp_path / "a", hot_window=1) as a, \
+            ConversationStateRepository(tmp_path / "b", hot_window=1) as b:
+        h = [Hlc(7000 + i, 0, "d") for i in range(6)]
+        a_msgs = [msg(f"a{i}", "conv", hlc=str(h[i])) for i in (0, 2, 4)]
+        b_msgs = [msg(f"b{i}", "conv", hlc=str(h[i])) for i in (1, 3, 5)]
+        a.append_many(a_msgs)
+        a.compact()
+        assert [a.get_message(m.msg_id).tier for m in a_msgs] == ["cool", "cool", "hot"]
+        b.append_many(b_msgs)
+        assert a.merge_ops(b.export_ops()) == 3
+        want = sorted(a_msgs + b_msgs, key=lambda m: (m.hlc, m.msg_id))
+        assert a.window("conv", 100) == want
+        assert a.window("conv", 3) == want[-3:]
+        a.compact()
+        assert a.window("conv", 100) == want
+        assert [a.get_message(m.msg_id).tier for m in want] == ["cool"] * 5 + ["hot"]
+
+
+_action = st.tuples(st.sampled_from(["append_a", "append_b", "stamp_a", "stamp_b", "del_a", "del_b",
+                                     "a_to_b", "b_to_a", "compact_a", "compact_b"]), st.integers(0, 50))
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.lists(_action, min_size=1, max_size=25))
+def test_two_devices_converge(actions):
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        kw = dict(hot_window=2, compact_every=6)
+        a = ConversationStateRepository(Path(d) / "a", **kw)
+        b = ConversationStateRepository(Path(d) / "b", **kw)
+        try:
+            stores = {"a": a, "b": b}
+            ids = {"a": [], "b": []}
+            n = 0
+            for act, k in actions:
+                n += 1
+                side = act[-1]
+                r = stores[side]
+                if act.startswith("append"):
+                    m = msg(f"{side}{n}", "conv", role="user" if n % 2 else "assistant", ts=1000.0 + n,
+                            origin=side)
+                    r.append(m)
+                    ids[side].append(m.msg_id)
+                elif act.startswith("stamp"):
+                    m = msg(f"{side}{n}", "conv", hlc=str(r.clock.now()))
+                    r.append(m)
+                    ids[side].append(m.msg_id)
+                elif act.startswith("del"):
+                    pool = ids["a"] + ids["b"]
+                    if pool:
+                        r.delete(pool[k % len(pool)])
+                elif act == "a_to_b":
+                    b.merge_ops(a.export_ops())
+                elif act == "b_to_a":
+                    a.merge_ops(b.export_ops())
+                else:
+                    r.compact()
+            for _ in range(2):
+                b.merge_ops(a.export_ops())
+                a.merge_ops(b.export_ops())
+            assert a.resume_messages("conv") == b.resume_messages("conv")
+            assert len(a) == len(b)
+            for mid in ids["a"] + ids["b"]:
+                ra, rb = a.get_message(mid), b.get_message(mid)
+                assert ra.status == rb.status
+                assert ra.record == rb.record
+            assert sorted(m.msg_id for m in a.window("conv", 1000)) == sorted(m.msg_id for m in b.window("conv",
+                                                                                                          1000))
+        finally:
+            a.close()
+            b.close()
+
+
+@pytest.mark.parametrize("bad", ["", "garbage", "12-34", "000000000000001-000000000x-dev", "1-2"])
+def test_hlc_parse_rejects_malformed(bad):
+    # ASSUMPTION: a string that is not the documented form is a ValueError.
+    with pytest.raises(ValueError):
+        Hlc.parse(bad)
+
+
+def test_merge_conflicting_id_keeps_stored(two):
+    a, b = two
+    m = msg("original", "conv", ts=1.0)
+    a.append(m)
+    other = ConversationMessageRecord(msg_id=m.msg_id, role="assistant", content="conflict", channel_id="conv",
+                                      ts=2.0)
+    b.append(other)
+    assert a.merge_ops(b.export_ops()) == 0
+    assert a.get_message(m.msg_id).record == m
+    assert len(a) == 1
+
+
+def test_to_anthropic_alternation_and_openai_tool_then_assistant():
+    rep = repair(turns_of(("user", "q"), ("assistant", "c", [call("k1", "f", {})]), ("tool", "r", (), "k1"),
+                          ("assistant", "final")))
+    an = to_anthropic(rep)
+    assert [m["role"] for m in an] == ["user", "assistant", "user", "assistant"]
+    assert [b["type"] for b in _blocks(an[2]["content"])] == ["tool_result"]
+    assert _blocks(an[3]["content"]) == [{"type": "text", "text": "final"}]
+    oa = to_openai(rep)
+    assert [m["role"] for m in oa] == ["user", "assistant", "tool", "assistant"]
+    assert json.loads(oa[1]["tool_calls"][0]["function"]["arguments"]) == {}
+
+
+def test_clock_after_stored_stamps_across_reopen(tmp_path):
+    # ASSUMPTION: the clock stays after every stored stamp across a reopen too.
+    far = Hlc(int(time.time() * 1000) + 9_000_000, 11, "remote")
+    with ConversationStateRepository(tmp_path / "s", hot_window=1) as r:
+        r.append(msg("future", hlc=str(far)))
+        r.append(msg("later plain"))
+        r.compact()
+    with ConversationStateRepository(tmp_path / "s", hot_window=1) as r:
+        assert r.clock.now() > far
+
+
+def test_read_only_store_exports_and_resumes(tmp_path):
+    sd = tmp_path / "s"
+    with ConversationStateRepository(sd) as w:
+        w.append_many([msg("q", "c", ts=1.0), msg("a", "c", role="assistant", ts=2.0)])
+        want_ops = sorted(op_parts(o)[0] for o in w.export_ops())
+        want = w.resume_messages("c")
+        ro = ConversationStateRepository(sd, read_only=True)
+        try:
+            assert sorted(op_parts(o)[0] for o in ro.export_ops()) == want_ops
+            assert ro.resume_messages("c") == want
+        finally:
+            ro.close()
