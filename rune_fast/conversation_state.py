@@ -496,8 +496,10 @@ class ConversationStateRepository:
                 known = set(snap_cool)
                 index = self._finish_index(index, start,
                                            [f for f in self._manifest["cool_files"] if f not in known])
-                live = index.seg_stats()
                 segs = set(self._seg_order) | {self._tail_seg}
+                if not any(s >= 0 and s not in segs for s in covered):
+                    return index
+                live = index.seg_stats()
                 if not any(seg not in segs and lines > 0 for seg, (lines, _b) in live.items()):
                     return index
                 log.warning("index snapshot %s names a segment that is gone; rebuilding", snap_path)
