@@ -1105,8 +1105,14 @@ class ConversationStateRepository:
             if not self._is_interleaved(channel_id):
                 locs = self._index.channel_locs(codec.key(channel_id), n).tolist()
                 if len(locs) >= n or not self._cool_has_channel(channel_id):
-                    read = self._read_loc
-                    return [read(loc) for loc in locs]
+                    check = self._index.line        # checksum of every line, every read
+                    cached = self._decoded.get
+                    out = []
+                    for loc in locs:
+                        check(loc)
+                        hit = cached(loc)
+                        out.append(hit[0] if hit is not None else self._read_loc(loc))
+                    return out
             return [r for r, _t in self._window(channel_id, n)]
 
     def _window(self, channel_id: str, n: int) -> list[tuple[ConversationMessageRecord, str]]:
