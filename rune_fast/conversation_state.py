@@ -402,6 +402,7 @@ class ConversationStateRepository:
         self._wpos = 0
         self._synced = 0
         self._syncing = False
+        self._inflight = 0      # append calls between entry and their durability
         self._sync_error: BaseException | None = None
         # Deletions whose erasure no compaction has finished yet: the cool rows
         # are hidden, and the next compaction looks for any hot line left.
@@ -776,11 +777,18 @@ class ConversationStateRepository:
             rests.append(codec.message_body(m))
         if not msgs:
             return 0
-        with self._lock:
-            self._check_writable()
-            target, added = self._write_messages(msgs, rests)
+        with self._sync_cond:
+            self._inflight += 1
+        try:
+            with self._lock:
+                self._check_writable()
+                target, added = self._write_messages(msgs, rests)
+            if added:
+                self._wait_durable(target)
+        finally:
+            with self._sync_cond:
+                self._inflight -= 1
         if added:
-            self._wait_durable(target)
             if self._since_compact >= self.compact_every:
                 with self._lock:
                     if self._since_compact >= self.compact_every and not self._closed:
@@ -887,7 +895,8 @@ class ConversationStateRepository:
                     break
                 cond.wait()
         try:
-            if self.durability == "batch":
+            if self.durability == "batch" and self._inflight > 1:
+                # other appenders are on their way: let them write, then one sync
                 time.sleep(BATCH_WINDOW_S)
             upto = self._wpos
             self._tail.sync()
