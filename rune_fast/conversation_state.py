@@ -89,7 +89,7 @@ FOLDS_TO_ASCII = ("\u00df\u0130\u0149\u017f\u01f0\u1e96\u1e97\u1e98\u1e99\u1e9a\
 #: window read decodes nothing; bytes are still checksummed on every read.
 _DECODE_CACHE = 1024
 #: Decoded Parquet row groups the cool tier keeps (bounded memory, see stats()).
-COOL_CACHE_BYTES = 4 << 20
+COOL_CACHE_BYTES = 32 << 20
 
 
 class ReadStatus(enum.Enum):
