@@ -40,7 +40,7 @@ from .errors import (
 from .events import EventStore
 from .locking import DirLock
 from .records import ConversationMessageRecord, payload_hash
-from .segments import TAIL_NAME, Segment, TailFile, fsync_dir, quarantine_bytes, seg_name
+from .segments import TAIL_NAME, Segment, TailFile, fsync_dir, quarantine_bytes, seg_name, write_file
 from .tasks import TaskStateRepository
 
 __all__ = [
@@ -1608,7 +1608,7 @@ class ConversationStateRepository:
             chunks.append(line)
             moves.append((loc, (new_seg << 40) | pos))
             pos += len(line)
-        _write_new_file(path, b"".join(chunks))
+        write_file(path, b"".join(chunks))
         fsync_dir(self.hot_dir)
         self._segs[new_seg] = Segment(path, new_seg)
         self._index.attach(new_seg, self._segs[new_seg].buf, path)
@@ -1843,19 +1843,8 @@ def _unlink(path: str) -> None:
         pass
 
 
-def _write_new_file(path: str, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_small_file(path: str, data: bytes) -> None:
     tmp = path + ".tmp"
-    _write_new_file(tmp, data)
+    write_file(tmp, data)
     os.replace(tmp, path)
     fsync_dir(os.path.dirname(path))
