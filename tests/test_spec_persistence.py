@@ -898,3 +898,73 @@ def test_parquet_key_cell_changed_digest_kept(sd, column):
         assert not verify_ok(rep)
     finally:
         r.close()
+
+
+def test_read_only_verify_reports_and_changes_nothing(sd):
+    from spec_helpers import tree_snapshot
+
+    with ConversationStateRepository(sd) as r:
+        r.append(msg("alpha-AAAA"))
+        r.append(msg("bravo-BBBB"))
+        r.compact()
+    holders = files_containing(sd / "hot", b"bravo-BBBB")
+    for p in holders:
+        _flip_last_char(p, b"bravo-BBBB")
+    snap = tree_snapshot(sd)
+    try:
+        ro = ConversationStateRepository(sd, read_only=True)
+    except CorruptStateCheckpointError:
+        assert tree_snapshot(sd) == snap
+        return
+    try:
+        rep = ro.verify()
+        assert not verify_ok(rep)
+        assert any(p.name in problems_text(rep) for p in holders)
+        ro.stats()
+    finally:
+        ro.close()
+    assert tree_snapshot(sd) == snap
+
+
+@pytest.mark.parametrize("mode", ["batch", "fsync"])
+def test_group_commit_threads_killed(sd, mode):
+    """Threads appending at once share syncs; none is told "stored" before its
+    bytes are durable: after SIGKILL every acknowledged id is there."""
+    import time as _time
+
+    code = (
+        "import sys, threading\n"
+        "from rune_fast.conversation_state import ConversationStateRepository\n"
+        "from rune_fast.records import ConversationMessageRecord\n"
+        "r = ConversationStateRepository(sys.argv[1], durability=sys.argv[2], compact_every=20, hot_window=6)\n"
+        "lock = threading.Lock()\n"
+        "def work(k):\n"
+        "    i = 0\n"
+        "    while True:\n"
+        "        m = ConversationMessageRecord(role='user', content='g%d-%d' % (k, i), channel_id='c%d' % k)\n"
+        "        r.append(m)\n"
+        "        with lock:\n"
+        "            sys.stdout.write(m.msg_id + '\\n')\n"
+        "            sys.stdout.flush()\n"
+        "        i += 1\n"
+        "for k in range(4):\n"
+        "    threading.Thread(target=work, args=(k,), daemon=True).start()\n"
+        "threading.Event().wait()\n"
+    )
+    p = subprocess.Popen([sys.executable, "-c", code, str(sd), mode], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    first = p.stdout.readline()
+    _time.sleep(0.4)
+    p.kill()
+    rest, _ = p.communicate(timeout=30)
+    acked = [x.decode() for x in (first + rest).split(b"\n")[:-1] if x]
+    assert acked
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = ConversationStateRepository(sd, hot_window=6)
+    try:
+        stored = [m.msg_id for k in range(4) for m in r.window(f"c{k}", 10**6)]
+        assert len(stored) == len(set(stored))
+        assert set(acked) <= set(stored), len(set(acked) - set(stored))
+    finally:
+        r.close()

@@ -826,3 +826,25 @@ def test_read_only_store_exports_and_resumes(tmp_path):
             assert ro.resume_messages("c") == want
         finally:
             ro.close()
+
+
+def test_merge_hostile_ids_stay_inside(tmp_path):
+    import os
+
+    hostile = ["../../escape", "/etc/x", "a/../../b", "..", "😀/.."]
+    with ConversationStateRepository(tmp_path / "in" / "src", hot_window=1) as s:
+        ms = [ConversationMessageRecord(msg_id=h, role="user", content=f"c{i}", channel_id=h, task_id=h, ts=1.0 + i)
+              for i, h in enumerate(hostile)]
+        s.append_many(ms)
+        ops = list(s.export_ops())
+    (tmp_path / "in2").mkdir()
+    before = sorted(os.listdir(tmp_path))
+    with ConversationStateRepository(tmp_path / "in2" / "dst", hot_window=1) as d:
+        assert d.merge_ops(ops) == len(hostile)
+        for h in hostile:
+            d.append(msg("push", h))
+        d.compact()
+        for m in ms:
+            assert d.get_message(m.msg_id).record == m
+    assert sorted(os.listdir(tmp_path)) == before
+    assert sorted(os.listdir(tmp_path / "in2")) == ["dst"]
