@@ -89,7 +89,7 @@ FOLDS_TO_ASCII = ("\u00df\u0130\u0149\u017f\u01f0\u1e96\u1e97\u1e98\u1e99\u1e9a\
 #: window read decodes nothing; bytes are still checksummed on every read.
 _DECODE_CACHE = 1024
 #: Decoded Parquet row groups the cool tier keeps (bounded memory, see stats()).
-COOL_CACHE_BYTES = 4 << 20
+COOL_CACHE_BYTES = 32 << 20
 
 
 class ReadStatus(enum.Enum):
@@ -402,6 +402,7 @@ class ConversationStateRepository:
         self._wpos = 0
         self._synced = 0
         self._syncing = False
+        self._inflight = 0      # append calls between entry and their durability
         self._sync_error: BaseException | None = None
         # Deletions whose erasure no compaction has finished yet: the cool rows
         # are hidden, and the next compaction looks for any hot line left.
@@ -496,8 +497,10 @@ class ConversationStateRepository:
                 known = set(snap_cool)
                 index = self._finish_index(index, start,
                                            [f for f in self._manifest["cool_files"] if f not in known])
-                live = index.seg_stats()
                 segs = set(self._seg_order) | {self._tail_seg}
+                if not any(s >= 0 and s not in segs for s in covered):
+                    return index
+                live = index.seg_stats()
                 if not any(seg not in segs and lines > 0 for seg, (lines, _b) in live.items()):
                     return index
                 log.warning("index snapshot %s names a segment that is gone; rebuilding", snap_path)
@@ -774,11 +777,18 @@ class ConversationStateRepository:
             rests.append(codec.message_body(m))
         if not msgs:
             return 0
-        with self._lock:
-            self._check_writable()
-            target, added = self._write_messages(msgs, rests)
+        with self._sync_cond:
+            self._inflight += 1
+        try:
+            with self._lock:
+                self._check_writable()
+                target, added = self._write_messages(msgs, rests)
+            if added:
+                self._wait_durable(target)
+        finally:
+            with self._sync_cond:
+                self._inflight -= 1
         if added:
-            self._wait_durable(target)
             if self._since_compact >= self.compact_every:
                 with self._lock:
                     if self._since_compact >= self.compact_every and not self._closed:
@@ -885,7 +895,8 @@ class ConversationStateRepository:
                     break
                 cond.wait()
         try:
-            if self.durability == "batch":
+            if self.durability == "batch" and self._inflight > 1:
+                # other appenders are on their way: let them write, then one sync
                 time.sleep(BATCH_WINDOW_S)
             upto = self._wpos
             self._tail.sync()
@@ -1103,8 +1114,14 @@ class ConversationStateRepository:
             if not self._is_interleaved(channel_id):
                 locs = self._index.channel_locs(codec.key(channel_id), n).tolist()
                 if len(locs) >= n or not self._cool_has_channel(channel_id):
-                    read = self._read_loc
-                    return [read(loc) for loc in locs]
+                    check = self._index.line        # checksum of every line, every read
+                    cached = self._decoded.get
+                    out = []
+                    for loc in locs:
+                        check(loc)
+                        hit = cached(loc)
+                        out.append(hit[0] if hit is not None else self._read_loc(loc))
+                    return out
             return [r for r, _t in self._window(channel_id, n)]
 
     def _window(self, channel_id: str, n: int) -> list[tuple[ConversationMessageRecord, str]]:
