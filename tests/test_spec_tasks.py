@@ -513,3 +513,31 @@ def test_tasks_survive_sigkill(sd):
         finally:
             r.close()
     assert acked
+
+
+def test_concurrent_transitions_exactly_one_wins(repo, sd):
+    for _ in range(5):
+        t = repo.create("race", "c")
+        ok, refused, other = [], [], []
+        barrier = threading.Barrier(8)
+
+        def go():
+            barrier.wait()
+            try:
+                ok.append(repo.transition(t.task_id, "running"))
+            except IllegalTaskTransitionError:
+                refused.append(1)
+            except Exception as e:  # noqa: BLE001
+                other.append(e)
+
+        ths = [threading.Thread(target=go) for _ in range(8)]
+        for th in ths:
+            th.start()
+        for th in ths:
+            th.join()
+        assert not other, other
+        assert len(ok) == 1 and len(refused) == 7
+        assert repo.get(t.task_id).status == "running"
+        assert hashes_of(sd / "events.jsonl", "task_state.transition").count(canonical_hash(ok[0].to_dict())) == 1
+    n = len(envelopes_of(sd / "events.jsonl", "task_state.transition"))
+    assert n == 5
