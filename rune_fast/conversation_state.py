@@ -87,7 +87,9 @@ FOLDS_TO_ASCII = ("\u00df\u0130\u0149\u017f\u01f0\u1e96\u1e97\u1e98\u1e99\u1e9a\
                   "\u212a\ufb00\ufb01\ufb02\ufb03\ufb04\ufb05\ufb06")
 #: Decoded records kept by location (the newest appends and reads), so a
 #: window read decodes nothing; bytes are still checksummed on every read.
-_DECODE_CACHE = 4096
+_DECODE_CACHE = 1024
+#: Decoded Parquet row groups the cool tier keeps (bounded memory, see stats()).
+COOL_CACHE_BYTES = 4 << 20
 
 
 class ReadStatus(enum.Enum):
@@ -372,7 +374,8 @@ class ConversationStateRepository:
             if not self.read_only and self._tail.file_size == 0:
                 fsync_dir(self.hot_dir)
         self._cool = CoolArchive.open(os.path.join(self.hot_dir, COOL_DIR), list(m["cool_files"]),
-                                      read_only=self.read_only, durable=self.durability != "none")
+                                      read_only=self.read_only, durable=self.durability != "none",
+                                      cache_bytes=COOL_CACHE_BYTES)
         if not self.read_only:
             # files a crash left unreferenced (written before the manifest moved,
             # or replaced by it before they were unlinked)
@@ -391,8 +394,10 @@ class ConversationStateRepository:
         # channel -> whether a hot message sorts before a cool one (computed lazily)
         self._interleaved: dict[str, bool] = {}
         self._since_compact = 0
+        self._segs_unchecked = True     # the first compaction looks at every segment
         self._index = self._load_index()
         self._next_seq = max(self._next_seq, self._last_tail_seq() + 1)
+        self._observe_stored_stamps()
         # Group commit counts bytes appended in this session, across tail rolls.
         self._wpos = 0
         self._synced = 0
@@ -407,6 +412,22 @@ class ConversationStateRepository:
                 self._cool_deleted.add(mid)
             else:
                 self._unlocated.add(mid)
+
+    def _observe_stored_stamps(self) -> None:
+        """Move the clock past every stamp stored: the manifest keeps the
+        clock as of the last checkpoint; tail lines after it are read here
+        (bounded by ``compact_every``); tombstones carry their own stamps."""
+        if self._manifest.get("clock"):
+            self._observe(self._manifest["clock"])
+        if self._tail is not None and self._tail.size > self._covered:
+            for off, ln in self._tail_lines(self._covered, self._tail.size):
+                line = self._tail.buf[off:off + ln]
+                if bytes(line[23:30]) == codec.MESSAGE_PREFIX[:7]:
+                    rec, _seq = codec.record_from_line(line, path=self._tail.path, offset=off)
+                    if rec.hlc:
+                        self._observe(rec.hlc)
+        for hlc in self._tomb_hlcs:
+            self._observe(hlc)
 
     def _last_tail_seq(self) -> int:
         """Append sequence of the last message line in the tail (-1 if none)."""
@@ -550,6 +571,7 @@ class ConversationStateRepository:
         out: dict[str, str] = {}
         self._tomb_size = 0
         self._unerased: list[str] = []
+        self._tomb_hlcs: list[str] = []
         if not os.path.exists(path):
             return out
         with open(path, "rb") as f:
@@ -578,6 +600,7 @@ class ConversationStateRepository:
             body = codec.decode_body(data[off + len(codec.TOMBSTONE_PREFIX) + 23: off + ln - 1],
                                      path=path, offset=off)
             out[body["msg_id"]] = body["channel_id"]
+            self._tomb_hlcs.append(body["hlc"])
             if off >= erased_upto:
                 self._unerased.append(body["msg_id"])
         return out
@@ -678,6 +701,16 @@ class ConversationStateRepository:
             hit = codec.record_from_line(line, path=self._path_of(seg), offset=loc & ((1 << 40) - 1))
             self._cache(loc, hit)
         return hit
+
+    def _read_loc_raw(self, loc: int) -> tuple[dict, int | None]:
+        """The verified record dict at ``loc`` (as ``to_dict()`` wrote it; no
+        record is built) and its append sequence: what cooling copies."""
+        line = self._index.line(loc)
+        hit = self._decoded.get(loc)
+        if hit is not None:
+            return hit[0].to_dict(), hit[1]
+        d = codec.decode_body(line, path=self._path_of(loc >> 40), offset=loc & ((1 << 40) - 1))
+        return d["r"], d.get("s")
 
     def _cache(self, loc: int, hit: tuple[ConversationMessageRecord, int | None]) -> None:
         if len(self._decoded) >= _DECODE_CACHE:
@@ -1345,6 +1378,39 @@ class ConversationStateRepository:
         bytes of deleted messages. Work is proportional to what moves."""
         return self._compact(full=True)
 
+    def _compact_segments(self, rep: CompactionReport, cool_erase: list[str],
+                          old_segs: list[int]) -> list[int]:
+        """Steps 3-4 of a compaction (lock held); returns the new segment order."""
+        # 3. segments: roll the tail if it holds deleted lines or grew large
+        stats = self._index.seg_stats()
+        if cool_erase or self._unlocated:
+            self._find_cooled_lines(cool_erase + sorted(self._unlocated), stats)
+        tail_live = stats.get(self._tail_seg, (0, 0))
+        roll = (self._tail_seg in self._dirty_segs or self._tail.size >= ROLL_BYTES
+                or (self._tail.size > 0 and tail_live[0] == 0)
+                or self._sparse(self._tail.size, tail_live[1]))
+        if roll:
+            self._roll_tail()
+            stats = self._index.seg_stats()
+        # 4. rewrite sealed segments holding deleted lines or mostly dead; drop empty ones
+        new_order: list[int] = []
+        for seg in self._seg_order:
+            lines, live_bytes = stats.get(seg, (0, 0))
+            size = self._segs[seg].size
+            if lines == 0:
+                old_segs.append(seg)
+                rep.segments_reclaimed += 1
+                continue
+            if seg in self._dirty_segs or self._sparse(size, live_bytes):
+                new_seg = self._rewrite_segment(seg)
+                rep.bytes_written += self._segs[new_seg].size
+                old_segs.append(seg)
+                new_order.append(new_seg)
+                rep.segments_rewritten += 1
+            else:
+                new_order.append(seg)
+        return new_order
+
     def _excess(self, full: bool) -> list[int]:
         """Locations to cool: every channel's messages beyond its newest
         ``hot_window``. The automatic compaction (``full=False``) cools a
@@ -1376,8 +1442,8 @@ class ConversationStateRepository:
             # 1. cooling
             excess = self._excess(full)
             if excess:
-                hits = [self._read_loc_seq(loc) for loc in excess]
-                rows = [rec.to_dict() for rec, _seq in hits]
+                hits = [self._read_loc_raw(loc) for loc in excess]
+                rows = [d for d, _seq in hits]
                 for d in rows:
                     if d["hlc"]:
                         k = (d["hlc"], d["msg_id"])
@@ -1407,34 +1473,15 @@ class ConversationStateRepository:
                 rep.cool_files_written += len(change.added)
             if excess or cool_erase or groups:
                 self._interleaved.clear()
-            # 3. segments: roll the tail if it holds deleted lines or grew large
-            stats = self._index.seg_stats()
-            if cool_erase or self._unlocated:
-                self._find_cooled_lines(cool_erase + sorted(self._unlocated), stats)
-            tail_live = stats.get(self._tail_seg, (0, 0))
-            roll = (self._tail_seg in self._dirty_segs or self._tail.size >= ROLL_BYTES
-                    or (self._tail.size > 0 and tail_live[0] == 0)
-                    or self._sparse(self._tail.size, tail_live[1]))
-            if roll:
-                self._roll_tail()
-                stats = self._index.seg_stats()
-            # 4. rewrite sealed segments holding deleted lines or mostly dead; drop empty ones
-            new_order: list[int] = []
-            for seg in self._seg_order:
-                lines, live_bytes = stats.get(seg, (0, 0))
-                size = self._segs[seg].size
-                if lines == 0:
-                    old_segs.append(seg)
-                    rep.segments_reclaimed += 1
-                    continue
-                if seg in self._dirty_segs or self._sparse(size, live_bytes):
-                    new_seg = self._rewrite_segment(seg)
-                    rep.bytes_written += self._segs[new_seg].size
-                    old_segs.append(seg)
-                    new_order.append(new_seg)
-                    rep.segments_rewritten += 1
-                else:
-                    new_order.append(seg)
+            # 3-4. segments (only when live lines moved: cooling, deletion, a
+            # fresh open, or a tail past ROLL_BYTES): roll the tail if it holds
+            # deleted lines, grew large or is mostly dead; rewrite sealed
+            # segments holding deleted lines or mostly dead; drop empty ones
+            new_order: list[int] = list(self._seg_order)
+            if (excess or self._pending_erase or self._segs_unchecked
+                    or self._tail.size >= ROLL_BYTES):
+                new_order = self._compact_segments(rep, cool_erase, old_segs)
+                self._segs_unchecked = False
             rep.erased = len(self._pending_erase)
             # 5. envelopes before the checkpoint that depends on them
             if durable:
@@ -1541,6 +1588,7 @@ class ConversationStateRepository:
              "covered": self._covered, "cool_files": list(cool_files),
              "events_offset": self._events.size, "next_seg": self._next_seg,
              "next_seq": self._next_seq,
+             "clock": str(self._clock.last) if self._clock.last is not None else "",
              "tombstones_erased": self._tomb_size,
              "cool_max": {ch: list(k) for ch, k in self._cool_max.items()}}
         self._manifest_store.write(m, durable=durable)
