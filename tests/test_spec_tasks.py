@@ -497,17 +497,19 @@ def test_tasks_survive_sigkill(sd):
         first = p.stdout.readline()
         _time.sleep(0.1 + 0.1 * run)
         p.kill()
-        rest, _ = p.communicate(timeout=30)
+        rest, err = p.communicate(timeout=30)
         acked += [x.decode() for x in (first + rest).split(b"\n")[:-1] if x]
         import warnings
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a torn final envelope is reported with a warning
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")  # a torn final envelope is reported with a warning
             r = TaskStateRepository(sd)
         try:
             for tid in acked:
                 t = r.get(tid)
-                assert t is not None and t.status == "running", tid
+                assert t is not None and t.status == "running", (run, tid, t, len(acked), acked.index(tid),
+                                                                 [str(w.message) for w in caught],
+                                                                 err.decode()[-2000:])
             opened = r.list_open("ch0") + r.list_open("ch1")
             assert len(opened) == len({t.task_id for t in opened})
         finally:
