@@ -18,7 +18,7 @@ import logging
 
 from .errors import DurabilityError, FramingError, StoreClosedError, RecoveryWarning
 
-__all__ = ["TAIL_NAME", "seg_name", "fsync_dir", "Segment", "TailFile", "quarantine_bytes"]
+__all__ = ["TAIL_NAME", "seg_name", "fsync_dir", "write_file", "Segment", "TailFile", "quarantine_bytes"]
 
 log = logging.getLogger("rune_fast")
 
@@ -167,6 +167,20 @@ class TailFile:
         self.buf = None
 
 
+def write_file(path: str, data: bytes, *, exclusive: bool = False) -> None:
+    """Create ``path`` (0600; ``exclusive``: it must not exist) holding
+    ``data``, fsynced. The caller fsyncs the folder."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if exclusive else os.O_TRUNC)
+    fd = os.open(path, flags, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def quarantine_bytes(qdir: str, source: str, offset: int, data: bytes) -> str:
     """Keep the bytes of a torn final line in a quarantine file; returns its path.
 
@@ -176,14 +190,7 @@ def quarantine_bytes(qdir: str, source: str, offset: int, data: bytes) -> str:
     os.makedirs(qdir, mode=0o700, exist_ok=True)
     name = f"{os.path.basename(source)}.{offset}.{time.time_ns()}.torn"
     path = os.path.join(qdir, name)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_file(path, data, exclusive=True)
     fsync_dir(qdir)
     msg = (f"rune_fast: {source}: a final line cut short at offset {offset} ({len(data)} bytes, "
            f"an append that was never acknowledged) was moved to {path}")

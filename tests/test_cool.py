@@ -487,8 +487,12 @@ def test_readable_by_duckdb(cdir):
     duckdb = pytest.importorskip("duckdb")
     a, rows = make_archive(cdir, 30, 1)
     path = os.path.join(cdir, a.files()[0])
-    n = duckdb.sql(f"select count(*) from read_parquet('{path}') where content like 'message%'").fetchone()
-    assert n[0] == 30
+    con = duckdb.connect()
+    n = con.execute(f"select count(*) from read_parquet('{path}') where content like 'message%'").fetchall()
+    assert n[0][0] == 30
+    cols = {r[0]: r[1] for r in con.execute(f"describe select * from read_parquet('{path}')").fetchall()}
+    assert cols["content"] == "VARCHAR" and cols["digest"] == "VARCHAR"
+    con.close()
 
 
 def test_readable_by_polars(cdir):
