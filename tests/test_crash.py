@@ -549,10 +549,10 @@ def check_envelopes(state: str, model: ConvModel, fails: Failures) -> None:
 
 CONV_CONFIGS = {
     # name: options; gens = killed writer generations on one directory
-    "fsync-deletes": dict(durability="fsync", compact_every=8, hot_window=4, deletes=True, threads=1, gens=7),
-    "fsync-plain": dict(durability="fsync", compact_every=12, hot_window=6, deletes=False, threads=1, gens=5),
-    "batch-threads": dict(durability="batch", compact_every=16, hot_window=8, deletes=True, threads=2, gens=6),
-    "none-deletes": dict(durability="none", compact_every=32, hot_window=16, deletes=True, threads=1, gens=6),
+    "fsync-deletes": dict(durability="fsync", compact_every=8, hot_window=4, deletes=True, threads=1, gens=6),
+    "fsync-plain": dict(durability="fsync", compact_every=12, hot_window=6, deletes=False, threads=1, gens=4),
+    "batch-threads": dict(durability="batch", compact_every=16, hot_window=8, deletes=True, threads=2, gens=5),
+    "none-deletes": dict(durability="none", compact_every=32, hot_window=16, deletes=True, threads=1, gens=5),
 }
 
 
@@ -814,7 +814,7 @@ def test_sigkill_task_ledger(tmp_path):
     state = str(tmp_path / "state")
     model = TaskModel()
     soft = SoftLog()
-    gens = 6
+    gens = 5
     for gen in range(gens + 1):
         final = gen == gens
         plan = None if final else plan_kill(rng)
@@ -940,7 +940,7 @@ def test_death_at_each_step_of_compaction(tmp_path):
     # with the tail renamed and the manifest not yet moved
     rolls = {i + 1 for i, st in enumerate(steps) if st.split(" ")[2] in ("replace", "rename")
              and "tail" in st}
-    points = sorted({1, total} | rolls | set(rng.sample(range(1, total + 1), min(total, 6))))
+    points = sorted({1, total} | rolls | set(rng.sample(range(1, total + 1), min(total, 5))))
     done = []
     soft = SoftLog()
     for k in points:

@@ -140,7 +140,7 @@ NAMES = {
                          "SearchHit", "RuneError", "CorruptStateCheckpointError", "IllegalTaskTransitionError",
                          "StateLockedError"],
     composition: ["AUTHORITY_KINDS", "build_conversation_state", "compose_conversation_state"],
-    sync: ["Hlc", "HlcClock", "fold", "Turn", "repair", "to_anthropic", "to_openai", "LastN",
+    sync: ["Hlc", "HlcClock", "OpRecord", "fold", "Turn", "repair", "to_anthropic", "to_openai", "LastN",
            "DEFAULT_CONVERSATION"],
 }
 

@@ -1208,3 +1208,29 @@ def test_reads_with_wrong_types(repo, call):
     with pytest.raises((TypeError, ValueError)):
         call(repo)
     assert len(repo) == 1
+
+
+@pytest.mark.parametrize("mode", ["fsync", "batch"])
+def test_concurrent_same_message_stored_once(sd, mode):
+    from spec_helpers import canonical_hash, hashes_of
+
+    with ConversationStateRepository(sd, durability=mode) as r:
+        for round_ in range(5):
+            m = msg(f"race {round_}")
+            results = []
+            barrier = threading.Barrier(8)
+
+            def go():
+                barrier.wait()
+                results.append(r.append(m))
+
+            ths = [threading.Thread(target=go) for _ in range(8)]
+            for t in ths:
+                t.start()
+            for t in ths:
+                t.join()
+            assert sorted(results) == [False] * 7 + [True]
+        assert len(r) == 5
+        assert len(r.window("ch", 100)) == 5
+    c = hashes_of(sd / "events.jsonl", "conversation.message")
+    assert len(c) == 5 and len(set(c)) == 5

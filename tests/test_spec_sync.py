@@ -44,6 +44,10 @@ def op(op_id, hlc, pl, form="tuple"):
         return {"op_id": op_id, "hlc": hlc, "payload": pl}
     if form == "str":
         return (op_id, str(hlc), pl)
+    if form == "oprecord":
+        from rune_fast.sync import OpRecord
+
+        return OpRecord(op_id, hlc, pl)
     raise AssertionError(form)
 
 
@@ -156,7 +160,7 @@ def _ops_sample(form="tuple"):
     ]
 
 
-@pytest.mark.parametrize("form", ["tuple", "mapping", "str"])
+@pytest.mark.parametrize("form", ["tuple", "mapping", "str", "oprecord"])
 def test_fold_filters_dedupes_orders(form):
     ts = fold(_ops_sample(form), "c")
     assert [t.op_id for t in ts] == ["a", "b", "z"]

@@ -491,25 +491,55 @@ def test_tasks_survive_sigkill(sd):
         "    i += 1\n"
     )
     acked = []
-    for run in range(3):
+    for run in range(2):
         p = subprocess.Popen([sys.executable, "-c", code, str(sd)], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE)
         first = p.stdout.readline()
         _time.sleep(0.1 + 0.1 * run)
         p.kill()
-        rest, _ = p.communicate(timeout=30)
+        rest, err = p.communicate(timeout=30)
         acked += [x.decode() for x in (first + rest).split(b"\n")[:-1] if x]
         import warnings
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a torn final envelope is reported with a warning
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")  # a torn final envelope is reported with a warning
             r = TaskStateRepository(sd)
         try:
             for tid in acked:
                 t = r.get(tid)
-                assert t is not None and t.status == "running", tid
+                assert t is not None and t.status == "running", (run, tid, t, len(acked), acked.index(tid),
+                                                                 [str(w.message) for w in caught],
+                                                                 err.decode()[-2000:])
             opened = r.list_open("ch0") + r.list_open("ch1")
             assert len(opened) == len({t.task_id for t in opened})
         finally:
             r.close()
     assert acked
+
+
+def test_concurrent_transitions_exactly_one_wins(repo, sd):
+    for _ in range(5):
+        t = repo.create("race", "c")
+        ok, refused, other = [], [], []
+        barrier = threading.Barrier(8)
+
+        def go():
+            barrier.wait()
+            try:
+                ok.append(repo.transition(t.task_id, "running"))
+            except IllegalTaskTransitionError:
+                refused.append(1)
+            except Exception as e:  # noqa: BLE001
+                other.append(e)
+
+        ths = [threading.Thread(target=go) for _ in range(8)]
+        for th in ths:
+            th.start()
+        for th in ths:
+            th.join()
+        assert not other, other
+        assert len(ok) == 1 and len(refused) == 7
+        assert repo.get(t.task_id).status == "running"
+        assert hashes_of(sd / "events.jsonl", "task_state.transition").count(canonical_hash(ok[0].to_dict())) == 1
+    n = len(envelopes_of(sd / "events.jsonl", "task_state.transition"))
+    assert n == 5
