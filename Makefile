@@ -5,16 +5,24 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup build demo test bench clean
+.PHONY: setup setup-test build demo test bench clean
 
 $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q 'Cython>=3.0' 'setuptools>=68' wheel 'numpy>=1.26'
-	$(PY) -m pip install -q --no-build-isolation -e '.[test,demo]'
+	$(PY) -m pip install -q --no-build-isolation -e '.[demo]'
+	touch $@
+
+# The test tools come on top, only for the targets that need them.
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PY) -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['test']))" \
+		| xargs $(PY) -m pip install -q
 	touch $@
 
 setup: $(VENV)/.installed
+
+setup-test: $(VENV)/.installed-test
 
 # Rebuild the compiled core in place whenever csrc/ changed (a no-op otherwise).
 build: setup
@@ -23,10 +31,10 @@ build: setup
 demo: build
 	$(PY) -m rune_fast.demo
 
-test: build
+test: setup-test build
 	$(PY) -m pytest -q
 
-bench: build
+bench: setup-test build
 	$(PY) -m pytest bench -q --benchmark-columns=min,median,mean,ops --benchmark-sort=name
 	$(PY) -m bench.compare
 
