@@ -1256,7 +1256,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = add("import", cmd_import, "import messages, a legacy checkpoint or a legacy operator.json",
              "Import FILE: JSON lines of messages, a legacy fat checkpoint (a JSON list of messages or "
-             "{\"messages\": [...]}), a legacy operator.json (see docs/LEGACY.md), or a Parquet export. "
+             "{\"messages\": [...]}), a legacy operator.json (see the legacy formats in docs/FORMAT.md), or a Parquet export. "
              "The kind is detected from the content unless --kind is given. Ids already stored are "
              "skipped (messages without msg_id get one derived from their content), so a second import "
              "of the same file stores nothing.")

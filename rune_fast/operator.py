@@ -25,7 +25,7 @@ repository; :meth:`ConversationOperator.complete` appends the assistant answer
 and moves the task to its final status.
 
 The legacy ``operator.json`` format that :func:`migrate_operator_tasks`
-accepts is documented in ``docs/LEGACY.md``.
+accepts is documented in ``docs/FORMAT.md`` (Legacy formats).
 """
 from __future__ import annotations
 
@@ -286,7 +286,7 @@ def _transition_path(current: str, target: str, transitions: Mapping[str, Any]) 
 
 
 class LegacyFormatError(RuneError, ValueError):
-    """A legacy file that does not have the documented shape (``docs/LEGACY.md``);
+    """A legacy file that does not have the documented shape (``docs/FORMAT.md`` (Legacy formats));
     the message names the file and the entry."""
 
 
