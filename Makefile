@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q 'Cython>=3.0' 'setuptools>=68' wheel 'numpy>=1.26'
+	$(PY) -m pip install -q 'Cython>=3.0' 'setuptools>=77' wheel 'numpy>=1.26'
 	$(PY) -m pip install -q --no-build-isolation -e '.[demo]'
 	touch $@
 
