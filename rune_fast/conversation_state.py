@@ -687,11 +687,6 @@ class ConversationStateRepository:
         seg, off = loc >> 40, loc & ((1 << 40) - 1)
         return "tail" if seg == self._tail_seg and off >= self._covered else "hot"
 
-    def _seg_rank(self) -> dict[int, int]:
-        rank = {seg: i for i, seg in enumerate(self._seg_order)}
-        rank[self._tail_seg] = len(self._seg_order)
-        return rank
-
     def _read_loc(self, loc: int) -> ConversationMessageRecord:
         """The verified record at ``loc``; CorruptStateCheckpointError if damaged."""
         return self._read_loc_seq(loc)[0]
@@ -755,13 +750,6 @@ class ConversationStateRepository:
                                                   path=path) from None
         return out
 
-    def _is_known(self, msg_id: str, k: bytes) -> bool:
-        return (msg_id in self._tombstones or self._index.find(k) >= 0
-                or self._cool.contains(msg_id))
-
-    # ------------------------------------------------------------------
-    # writes
-    # ------------------------------------------------------------------
     def append(self, msg: ConversationMessageRecord) -> bool:
         """Store ``msg``. True if stored, False if its ``msg_id`` was already
         stored or deleted (nothing is written then). Durable on return as the
