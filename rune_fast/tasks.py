@@ -128,10 +128,9 @@ class TaskStateRepository:
                 # a checkpoint write cut short by a crash; we hold the lock, so no one else is writing it
                 os.unlink(os.path.join(self._hot, name))
         if cp is None:
-            if any(g > 0 for g in logs):
-                raise CorruptStateCheckpointError(
-                    f"task checkpoint is missing but task logs of later generations exist "
-                    f"({', '.join(sorted(logs.values()))})", path=self._checkpoint.path)
+            # No checkpoint yet: generation 0. An empty later log is the first
+            # checkpoint's new log whose checkpoint a crash kept from being
+            # written (removed below); a non-empty one is damage (raised below).
             gen = 0
         else:
             gen = self._apply_checkpoint(cp)

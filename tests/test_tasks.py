@@ -742,3 +742,28 @@ def test_no_rejournal_after_clean_reopen_with_shared_store(tmp_path):
     with TaskStateRepository(tmp_path / "state") as again:
         assert again.stats()["rejournaled"] == 0
     store.close()
+
+
+def test_crash_before_the_first_checkpoint_is_written(tmp_path):
+    """The first checkpoint creates the next (empty) log, then writes the
+    checkpoint; a crash between the two leaves an empty later log beside no
+    checkpoint. Reopening keeps every change and drops the empty log."""
+    live = tmp_path / "live"
+    tasks = TaskStateRepository(live)
+    made = [tasks.create(f"t{i}", "ch") for i in range(3)]
+    crashed = tmp_path / "crashed"          # the files as a crash right now leaves them
+    shutil.copytree(live, crashed)
+    tasks.close()
+    hot = crashed / "hot"
+    assert not (hot / "task_state.json").exists()
+    (hot / "task_log-00000001.jsonl").write_bytes(b"")
+    with TaskStateRepository(crashed) as again:
+        assert [again.get(t.task_id) for t in made] == made
+    assert not (hot / "task_log-00000001.jsonl").exists() or (hot / "task_state.json").exists()
+    # a later log that holds changes without any checkpoint is damage, loudly
+    damaged = tmp_path / "damaged"
+    shutil.copytree(live, damaged, ignore=shutil.ignore_patterns("task_state.json"))
+    (damaged / "hot" / "task_log-00000007.jsonl").write_bytes(
+        b'{"x":"0000000000000000","a":1}\n')
+    with pytest.raises(CorruptStateCheckpointError):
+        TaskStateRepository(damaged)
