@@ -367,7 +367,7 @@ static inline int rf_at_boundary(const unsigned char *s, const unsigned char *p)
     const unsigned char *b = p;
     while (b > s && b[-1] == '\\') b--;
     if ((p - b) & 1) return 0;           /* p follows an escaping backslash */
-    /* inside \uXXXX: a boundary backslash + 'u' within the 5 bytes before p */
+    /* inside a \u escape (backslash, u, four hex digits): a boundary backslash + u within the 5 bytes before p */
     for (int k = 2; k <= 5 && p - k >= s; k++) {
         const unsigned char *u = p - k;
         if (u[0] == '\\' && u[1] == 'u') {
