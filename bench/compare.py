@@ -630,6 +630,8 @@ def run_comparison(config: Config | None = None, *, rune_store: Any = None,
                      fref, fpath)
     sql = StoreSpec("sqlite", "bench.sqlite_store:SQLiteStore", BENCH_ROOT, {}, fref, fpath)
 
+    if cfg.workdir:
+        os.makedirs(cfg.workdir, exist_ok=True)
     root = tempfile.mkdtemp(prefix="rune-bench-", dir=cfg.workdir or None)
     try:
         # Warnings from the stores (say, a recovery report after the killed

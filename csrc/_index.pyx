@@ -167,6 +167,18 @@ cdef class HashIndex:
         finally:
             free(out.v)
 
+    def values(self, uint64_t h) -> list:
+        """Every value stored under h, as a list (what :meth:`lookup` gives,
+        without the array: the cheap form for one probe that usually misses)."""
+        cdef size_t mask = self._cap - 1
+        cdef size_t i = _mix(h) & mask
+        cdef list out = []
+        while self._c_used[i]:
+            if self._c_keys[i] == h:
+                out.append(self._c_vals[i])
+            i = (i + 1) & mask
+        return out
+
     def remove(self, uint64_t h, int64_t v) -> bool:
         """Remove one pair (h, v); False if it is not stored."""
         cdef size_t mask = self._cap - 1
@@ -378,6 +390,7 @@ cdef class HotIndex:
                 free(self._c_task[i].lk)
             free(self._c_task)
         free(self._c_locs)
+        free(self._c_lens)
         free(self._c_free)
         free(self._c_slots)
         for i in range(2):
@@ -511,10 +524,12 @@ cdef class HotIndex:
             e = self._n_entries
             self._n_entries += 1
         self._c_locs[e] = loc
+        self._c_lens[e] = 0
         return e
 
     cdef int _grow_entries(self, uint64_t nc) except -1:
         cdef int64_t *p
+        cdef uint32_t *lens
         if nc <= self._cap_entries:
             return 0
         if nc > 0xFFFFFFFFULL:
@@ -523,6 +538,11 @@ cdef class HotIndex:
         if p == NULL:
             raise MemoryError(f"HotIndex: cannot grow the entry array to {nc}")
         self._c_locs = p
+        lens = <uint32_t *>realloc(self._c_lens, <size_t>nc * sizeof(uint32_t))
+        if lens == NULL:
+            raise MemoryError(f"HotIndex: cannot grow the length array to {nc}")
+        memset(lens + self._cap_entries, 0, (<size_t>nc - self._cap_entries) * sizeof(uint32_t))
+        self._c_lens = lens
         self._cap_entries = <uint32_t>nc
         return 0
 
@@ -699,8 +719,9 @@ cdef class HotIndex:
         return CorruptStateCheckpointError("indexed line is no longer a readable message line",
                                            path=self._where(seg), offset=loc & OFF_MASK)
 
-    cdef int _index_line(self, int64_t loc, const unsigned char *p, rf_msg *m, uint64_t h) except -1:
-        """Index the checked, parsed message line p at loc (its id is not indexed)."""
+    cdef int64_t _index_line(self, int64_t loc, const unsigned char *p, rf_msg *m, uint64_t h) except -1:
+        """Index the checked, parsed message line p at loc (its id is not indexed);
+        returns its entry."""
         cdef int64_t e, ci, ti
         self._table_reserve(self._n_live + 1)
         e = self._new_entry(loc)
@@ -711,7 +732,7 @@ cdef class HotIndex:
         if m.task_len:
             ti = self._list_index(False, p + m.task_off, m.task_len, True)
             self._list_insert(&self._c_task[ti], <uint32_t>e, p, m)
-        return 0
+        return e
 
     cdef int _kill(self, uint64_t slot) except -1:
         """Drop the entry in `slot` from the id table now; its channel and task
@@ -1042,7 +1063,7 @@ cdef class HotIndex:
         cdef size_t avail
         cdef rf_msg m
         cdef int v
-        cdef int64_t slot, seg = loc >> 40
+        cdef int64_t slot, e, seg = loc >> 40
         cdef uint64_t h
         self._guard()
         if loc < 0:
@@ -1071,7 +1092,8 @@ cdef class HotIndex:
             raise RuneError("add: an indexed line with a matching hash is in a detached segment")
         if slot >= 0:
             return False
-        self._index_line(loc, p, &m, h)
+        e = self._index_line(loc, p, &m, h)
+        self._c_lens[e] = <uint32_t>(nl - p) + 1
         return True
 
     # ---- reads -----------------------------------------------------------
@@ -1273,27 +1295,41 @@ cdef class HotIndex:
 
     def seg_stats(self) -> dict:
         """seg -> (live_lines, live_bytes incl. newlines) over every segment
-        with a live message."""
+        with a live message. Line lengths are kept per entry (measured once),
+        so this is one pass over the entry array."""
         cdef uint32_t e
-        cdef int64_t loc, seg
+        cdef int64_t loc, seg, n = self._n_segs
         cdef const unsigned char *p
         cdef const unsigned char *nl
         cdef size_t avail
-        cdef dict lines = {}, nbytes = {}
-        for e in range(self._n_entries):
-            loc = self._c_locs[e]
-            if loc < 0:
-                continue
-            seg = loc >> 40
-            if self._line_at(loc, &p, &avail) != 0:
-                raise (self._unreadable(e))
-            nl = <const unsigned char *>memchr(p, b'\n', avail)
-            if nl == NULL:
-                raise CorruptStateCheckpointError("indexed line has no newline",
-                                                  path=self._where(seg), offset=loc & OFF_MASK)
-            lines[seg] = lines.get(seg, 0) + 1
-            nbytes[seg] = nbytes.get(seg, 0) + (nl - p) + 1
-        return {s: (lines[s], nbytes[s]) for s in sorted(lines)}
+        if n <= 0:
+            return {}
+        cdef int64_t *lines = <int64_t *>calloc(<size_t>n, sizeof(int64_t))
+        cdef int64_t *nbytes = <int64_t *>calloc(<size_t>n, sizeof(int64_t))
+        try:
+            if lines == NULL or nbytes == NULL:
+                raise MemoryError("HotIndex.seg_stats")
+            for e in range(self._n_entries):
+                loc = self._c_locs[e]
+                if loc < 0:
+                    continue
+                seg = loc >> 40
+                if seg >= n or self._c_segs[seg].state == 0:
+                    raise (self._unreadable(e))
+                if self._c_lens[e] == 0:
+                    if self._line_at(loc, &p, &avail) != 0:
+                        raise (self._unreadable(e))
+                    nl = <const unsigned char *>memchr(p, b'\n', avail)
+                    if nl == NULL:
+                        raise CorruptStateCheckpointError("indexed line has no newline",
+                                                          path=self._where(seg), offset=loc & OFF_MASK)
+                    self._c_lens[e] = <uint32_t>(nl - p) + 1
+                lines[seg] += 1
+                nbytes[seg] += self._c_lens[e]
+            return {s: (lines[s], nbytes[s]) for s in range(n) if lines[s]}
+        finally:
+            free(lines)
+            free(nbytes)
 
     def seg_locs(self, int64_t seg):
         """Sorted locations of the live messages in segment `seg`."""

@@ -80,6 +80,10 @@ ROLL_BYTES = 8 << 20
 #: lines do not linger, and each line is copied O(1) times on average.
 SPARSE_FRACTION = 0.25
 SPARSE_MIN_BYTES = 64 << 10
+#: An automatic cooling run of at least this many messages is written by a
+#: background thread (appends go on meanwhile); smaller runs, and every run of
+#: an explicit compact(), are written inline.
+BG_COOL_MIN_ROWS = 512
 _FORMAT = 1
 #: The non-ASCII characters whose casefold holds an ASCII character (Unicode
 #: 15, checked by a test against this Python's unicodedata).
@@ -232,6 +236,41 @@ def _viewer_retry(method):
     return wrapper
 
 
+class _Staged:
+    """Archive work done by a background thread: a cooling run (``kind``
+    "cool": the rows were read under the repository lock, and
+    :meth:`CoolArchive.stage` writes and syncs their Parquet file without it)
+    or a merge of cool files ("merge": :meth:`CoolArchive.stage_merge`). The
+    next compaction adopts the result, or discards it. Until then its files
+    are strays that no manifest names (a crash leaves them to the next open)."""
+
+    def __init__(self, kind: str, work: Any, locs: Sequence[int] = (), rows: Sequence[dict] = ()) -> None:
+        self.kind = kind
+        self.locs = locs
+        self.rows = rows
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(work,), name=f"rune-fast-{kind}",
+                                       daemon=True)
+        self.thread.start()
+
+    def _run(self, work: Any) -> None:
+        try:
+            self.result = work()
+        except BaseException as exc:   # reported by the compaction that settles the job
+            self.error = exc
+        finally:
+            self.done.set()
+
+    def discard(self, cool: CoolArchive) -> None:
+        if self.result is not None:
+            if self.kind == "cool":
+                cool.discard(self.result)
+            else:
+                cool.discard_merge(self.result)
+
+
 class ConversationStateRepository:
     """Durable, verified message history for one state directory.
 
@@ -266,6 +305,7 @@ class ConversationStateRepository:
         self._quarantined: list[dict] = []
         self._compactions = 0
         self._last_compaction: CompactionReport | None = None
+        self._bg: _Staged | None = None
         try:
             self._open(events)
         except BaseException:
@@ -781,7 +821,7 @@ class ConversationStateRepository:
             if self._since_compact >= self.compact_every:
                 with self._lock:
                     if self._since_compact >= self.compact_every and not self._closed:
-                        self._compact(full=False)
+                        self._auto_compact()
         return added
 
     def _write_messages(self, msgs: Sequence[ConversationMessageRecord], rests: Sequence[bytes],
@@ -797,7 +837,7 @@ class ConversationStateRepository:
                 continue
             seen.add(mid)
             fresh.append(i)
-        if fresh and len(self._cool):
+        if fresh and self._cool.has_files():
             archived = self._cool.contains_many([msgs[i].msg_id for i in fresh])
             fresh = [i for i, a in zip(fresh, archived.tolist()) if not a]
         if not fresh:
@@ -1425,38 +1465,25 @@ class ConversationStateRepository:
 
     def _excess(self, full: bool) -> list[int]:
         """Locations to cool: every channel's messages beyond its newest
-        ``hot_window``. The automatic compaction (``full=False``) cools a
-        channel only once that excess reaches a quarter window, so a busy
-        channel is cooled in batches instead of a small Parquet run every
-        ``compact_every`` messages."""
-        if full:
-            return self._index.excess(self.hot_window).tolist()
-        slack = max(1, self.hot_window // 4)
-        out: list[int] = []
-        for k in self._index.channels():
-            extra = self._index.channel_len(k) - self.hot_window
-            if extra >= slack:
-                out.extend(self._index.channel_locs(k, -1)[:extra].tolist())
-        return out
+        ``hot_window``. The automatic compaction (``full=False``) cools only
+        once some channel's excess reaches a quarter window, and then cools
+        every channel's excess: one larger Parquet run now and then instead
+        of a small run (and its merges) every few ``compact_every``."""
+        if not full:
+            slack = max(1, self.hot_window // 4)
+            index = self._index
+            if not any(index.channel_len(k) - self.hot_window >= slack for k in index.channels()):
+                return []
+        return self._index.excess(self.hot_window).tolist()
 
-    def _compact(self, *, full: bool) -> CompactionReport:
+    def _compact(self, *, full: bool, start_bg: bool = True) -> CompactionReport:
         with self._lock:
             self._check_writable()
             t0 = time.perf_counter()
             rep = CompactionReport()
-            if not full and self._fold_only():
-                # Nothing to cool, erase, roll or merge: the fold moves in
-                # memory, and the manifest records it at the next checkpoint
-                # that moves files (or at close). A crash meanwhile only
-                # relabels those lines "tail"; nothing depends on it.
-                rep.folded = self._since_compact
-                self._covered = self._tail.size
-                self._since_compact = 0
-                self._manifest_dirty = True
-                self._compactions += 1
-                rep.seconds = time.perf_counter() - t0
-                self._last_compaction = rep
-                return rep
+            staged = self._settle_bg()
+            if staged is None and not full and self._fold_only():
+                return self._fold(rep, t0)
             durable = self.durability != "none"
             if durable:
                 self._sync_now()
@@ -1464,25 +1491,26 @@ class ConversationStateRepository:
             old_segs: list[int] = []
             old_cool: list[str] = []
             manifest_cool = list(self._manifest["cool_files"])
-            # 1. cooling
+            # 1. cooling: first a run staged in the background, then the rest
+            if staged is not None and staged.kind == "cool":
+                manifest_cool = self._cool.adopt(staged.result)
+                self._cooled(staged.locs, staged.rows)
+                rep.cooled += len(staged.rows)
+                rep.cool_files_written += 1
+            elif staged is not None:
+                # a merge, adopted before any erasure rewrites its sources
+                change = self._cool.adopt_merge(staged.result)
+                manifest_cool = list(change.files)
+                old_cool.extend(change.removed)
+                rep.cool_files_written += len(change.added)
             excess = self._excess(full)
             if excess:
-                hits = [self._read_loc_raw(loc) for loc in excess]
-                rows = [d for d, _seq in hits]
-                for d in rows:
-                    if d["hlc"]:
-                        k = (d["hlc"], d["msg_id"])
-                        if k > self._cool_max.get(d["channel_id"], ("", "")):
-                            self._cool_max[d["channel_id"]] = k
-                ords = [seq if seq is not None else -1 for _rec, seq in hits]
+                rows, ords = self._cool_rows_at(excess)
                 run = self._cool.cool(rows, ords)
                 manifest_cool = list(run.files)
-                rep.cooled = len(rows)
+                self._cooled(excess, rows)
+                rep.cooled += len(rows)
                 rep.cool_files_written += 1
-                for loc, d in zip(excess, rows):
-                    self._index.remove(codec.key(d["msg_id"]))
-                    self._decoded.pop(loc, None)
-                self._snap_changes += len(rows)
             # 2. erasure in the cool tier
             cool_erase = [m for m in self._pending_erase if m in self._cool_deleted]
             if cool_erase:
@@ -1491,19 +1519,24 @@ class ConversationStateRepository:
                 old_cool.extend(change.removed)
                 rep.cool_files_written += len(change.added)
             groups = self._cool.plan_merge()
+            if groups and not full and start_bg:
+                # merged in the background; the next compaction adopts it
+                self._bg = _Staged("merge", functools.partial(self._cool.stage_merge, groups,
+                                                              durable=durable))
+                groups = []
             if groups:
                 change = self._cool.merge(groups)
                 manifest_cool = list(change.files)
                 old_cool.extend(change.removed)
                 rep.cool_files_written += len(change.added)
-            if excess or cool_erase or groups:
+            if staged is not None or excess or cool_erase or groups:
                 self._interleaved.clear()
             # 3-4. segments (only when live lines moved: cooling, deletion, a
             # fresh open, or a tail past ROLL_BYTES): roll the tail if it holds
             # deleted lines, grew large or is mostly dead; rewrite sealed
             # segments holding deleted lines or mostly dead; drop empty ones
             new_order: list[int] = list(self._seg_order)
-            if (excess or self._pending_erase or self._segs_unchecked
+            if (staged is not None or excess or self._pending_erase or self._segs_unchecked
                     or self._tail.size >= ROLL_BYTES):
                 new_order = self._compact_segments(rep, cool_erase, old_segs)
                 self._segs_unchecked = False
@@ -1539,6 +1572,84 @@ class ConversationStateRepository:
             self._compactions += 1
             self._last_compaction = rep
             return rep
+
+    def _fold(self, rep: CompactionReport, t0: float) -> CompactionReport:
+        """Fold the tail into the hot tier in memory (lock held). The manifest
+        records it at the next checkpoint that moves files (or at close); a
+        crash meanwhile only relabels those lines "tail"."""
+        rep.folded = self._since_compact
+        self._covered = self._tail.size
+        self._since_compact = 0
+        self._manifest_dirty = True
+        self._compactions += 1
+        rep.seconds = time.perf_counter() - t0
+        self._last_compaction = rep
+        return rep
+
+    def _auto_compact(self) -> None:
+        """The compaction that runs every ``compact_every`` messages (lock
+        held). A large cooling run is staged in a background thread (Parquet
+        encoding and its syncs run while appenders go on); the compaction after
+        it finishes adopts it. Everything else runs here, as ``compact()``."""
+        t0 = time.perf_counter()
+        job = self._bg
+        if job is not None and not job.done.is_set():
+            self._fold(CompactionReport(), t0)    # the job's rows stay put meanwhile
+            return
+        if job is None and not self._pending_erase and not self._segs_unchecked:
+            excess = self._excess(False)
+            if len(excess) >= BG_COOL_MIN_ROWS:
+                rows, ords = self._cool_rows_at(excess)
+                self._bg = _Staged("cool", functools.partial(self._cool.stage, rows, ords,
+                                                             durable=self.durability != "none"),
+                                   excess, rows)
+                self._fold(CompactionReport(), t0)
+                return
+        self._compact(full=False)
+
+    def _settle_bg(self) -> "_Staged | None":
+        """Wait for the background job, if any (lock held; the job never takes
+        the repository lock). Returns it if it can be adopted: a cooling run
+        whose messages are all still indexed where they were read (a deletion
+        since then discards it, and the compaction cools inline), or a merge."""
+        job = self._bg
+        if job is None:
+            return None
+        job.thread.join()
+        self._bg = None
+        if job.error is not None:
+            log.warning("background %s failed, done inline instead: %s", job.kind, job.error)
+            return None
+        if job.result is None:
+            return None
+        if job.kind == "cool":
+            find = self._index.find
+            tombs = self._tombstones
+            for loc, d in zip(job.locs, job.rows):
+                mid = d["msg_id"]
+                if mid in tombs or find(codec.key(mid)) != loc:
+                    job.discard(self._cool)
+                    return None
+        return job
+
+    def _cool_rows_at(self, locs: Sequence[int]) -> tuple[list[dict], list[int]]:
+        """Record dicts and append sequences of the hot lines at ``locs``."""
+        hits = [self._read_loc_raw(loc) for loc in locs]
+        return [d for d, _seq in hits], [seq if seq is not None else -1 for _d, seq in hits]
+
+    def _cooled(self, locs: Sequence[int], rows: Sequence[dict]) -> None:
+        """Drop messages now served by the cool tier from the hot index."""
+        for d in rows:
+            if d["hlc"]:
+                k = (d["hlc"], d["msg_id"])
+                if k > self._cool_max.get(d["channel_id"], ("", "")):
+                    self._cool_max[d["channel_id"]] = k
+        remove = self._index.remove
+        pop = self._decoded.pop
+        for loc, d in zip(locs, rows):
+            remove(codec.key(d["msg_id"]))
+            pop(loc, None)
+        self._snap_changes += len(rows)
 
     def _find_cooled_lines(self, ids: list[str], stats: dict) -> None:
         """Mark the segments that still hold the (dead) hot line of a message
@@ -1780,6 +1891,8 @@ class ConversationStateRepository:
             if self._closed:
                 return
             try:
+                if self._bg is not None and self._sync_error is None:
+                    self._compact(full=False, start_bg=False)   # adopt the staged work
                 if not self.read_only and self._sync_error is None and self._tail is not None:
                     self._sync_now()
                     self._events.sync()
@@ -1792,6 +1905,15 @@ class ConversationStateRepository:
                 self._release()
 
     def _release(self) -> None:
+        job = getattr(self, "_bg", None)
+        if job is not None:
+            # a staged run nobody adopted (close failed): its file is a stray
+            job.thread.join()
+            self._bg = None
+            try:
+                job.discard(self._cool)
+            except (OSError, ValueError) as exc:
+                log.warning("cannot remove the files of an unadopted %s: %s", job.kind, exc)
         tail = getattr(self, "_tail", None)
         if tail is not None:
             tail.close()

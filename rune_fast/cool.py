@@ -63,6 +63,7 @@ __all__ = [
     "CoolRun",
     "CoolChange",
     "CoolProblem",
+    "StagedMerge",
     "record_digest",
     "COOL_SCHEMA",
     "ROW_GROUP_ROWS",
@@ -156,6 +157,14 @@ class CoolChange:
     rows_removed: int = 0
     rows_rewritten: int = 0
     not_found: list[str] = field(default_factory=list)
+
+
+class StagedMerge(NamedTuple):
+    """Merged files written by :meth:`CoolArchive.stage_merge`, not yet served."""
+
+    jobs: list          # source file numbers, one list per new file
+    new: list           # the new files' indexes
+    replaced: dict      # source name -> new name
 
 
 @dataclass(frozen=True)
@@ -1328,7 +1337,7 @@ class CoolArchive:
         if verify:
             return self.get_row(msg_id) is not None
         with self._lock:
-            for loc in self._ids.lookup(_id_hash(msg_id)).tolist():
+            for loc in self._ids.values(_id_hash(msg_id)):
                 if self._id_at(loc >> 32, loc & 0xFFFFFFFF) == msg_id:
                     return True
             return False
@@ -1336,7 +1345,11 @@ class CoolArchive:
     def contains_many(self, msg_ids: Sequence[str]) -> np.ndarray:
         """Boolean array: which of ``msg_ids`` are archived."""
         with self._lock:
-            return np.fromiter((self.contains(m) for m in msg_ids), dtype=bool, count=len(msg_ids))
+            return np.array([self.contains(m) for m in msg_ids], dtype=bool)
+
+    def has_files(self) -> bool:
+        """True if the archive serves at least one file (cheaper than len())."""
+        return bool(self._files)
 
     def _channel_parts(self, channel_id: str) -> list[list[CoolRow]]:
         parts = []
@@ -1572,12 +1585,18 @@ class CoolArchive:
         if durable:
             _fsync_dir(self._dir)
 
-    def _write_file(self, table: pa.Table, *, durable: bool) -> _FileIndex:
-        """Write ``table`` as the next numbered file plus its sidecar: both
-        temp files written and fsynced, both renamed, one folder fsync (three
-        fsyncs in all; none unless ``durable``)."""
-        no = self._next_no
-        self._next_no += 1
+    def _take_no(self) -> int:
+        with self._lock:
+            no = self._next_no
+            self._next_no += 1
+            return no
+
+    def _write_file(self, table: pa.Table, *, durable: bool, no: int | None = None) -> _FileIndex:
+        """Write ``table`` as the next numbered file (or as file ``no``) plus
+        its sidecar: both temp files written and fsynced, both renamed, one
+        folder fsync (three fsyncs in all; none unless ``durable``)."""
+        if no is None:
+            no = self._take_no()
         name, iname = _parquet_name(no), _idx_name(no)
         tmp = self._write_tmp(name, table=table, durable=durable)
         itmp = None
@@ -1615,36 +1634,64 @@ class CoolArchive:
         naming the row and field for a malformed dict, a msg_id given twice or
         already archived; nothing is written then. Returns the new file's name
         (None for no rows): the caller records it in its manifest."""
+        with self._lock:
+            fi = self.stage(rows, ords, durable=durable)
+            if fi is None:
+                return CoolRun(None, 0, 0, self.files())
+            self.adopt(fi)
+            return CoolRun(fi.name, fi.rows, fi.size, self.files())
+
+    def stage(self, rows: Sequence[dict], ords: Sequence[int], *,
+              durable: bool | None = None) -> "_FileIndex | None":
+        """Write ``rows`` as :meth:`cool` does, but do not serve the file yet:
+        :meth:`adopt` serves it, :meth:`discard` removes it. Until then it is
+        a stray (removed by :meth:`gc`, or by the repository's open after a
+        crash). Meant to run in a background thread while the archive serves
+        reads: only the file number and the duplicate check take the lock."""
         self._writable()
         rows = list(rows)
         ords = [int(o) for o in ords]
         if len(ords) != len(rows):
             raise ValueError(f"cool: {len(rows)} rows but {len(ords)} ordinals")
+        if not rows:
+            return None
+        seen = set()
+        digests = []
+        for i, d in enumerate(rows):
+            _validate(d, i)
+            digests.append(_digest_checked(d, i))
+            if d["msg_id"] in seen:
+                raise ValueError(f"row {i}: msg_id {d['msg_id']!r} given twice")
+            seen.add(d["msg_id"])
+            if not _INT64[0] <= ords[i] <= _INT64[1]:
+                raise ValueError(f"row {i}: ord {ords[i]} is out of range")
+        already = self.contains_many([d["msg_id"] for d in rows])
+        if already.any():
+            i = int(np.flatnonzero(already)[0])
+            raise ValueError(f"row {i}: msg_id {rows[i]['msg_id']!r} is already archived")
+        order = sorted(range(len(rows)), key=lambda i: rows[i]["channel_id"])
+        table = _table_from_records([rows[i] for i in order], [ords[i] for i in order],
+                                    [digests[i] for i in order])
+        fi = self._write_file(table, durable=self._dur(durable))
+        del table
+        _release_arrow()
+        return fi
+
+    def adopt(self, fi: "_FileIndex") -> list[str]:
+        """Serve a file written by :meth:`stage`; returns the live files."""
+        self._writable()
         with self._lock:
-            if not rows:
-                return CoolRun(None, 0, 0, self.files())
-            seen = set()
-            digests = []
-            for i, d in enumerate(rows):
-                _validate(d, i)
-                digests.append(_digest_checked(d, i))
-                if d["msg_id"] in seen:
-                    raise ValueError(f"row {i}: msg_id {d['msg_id']!r} given twice")
-                seen.add(d["msg_id"])
-                if not _INT64[0] <= ords[i] <= _INT64[1]:
-                    raise ValueError(f"row {i}: ord {ords[i]} is out of range")
-            already = self.contains_many([d["msg_id"] for d in rows])
-            if already.any():
-                i = int(np.flatnonzero(already)[0])
-                raise ValueError(f"row {i}: msg_id {rows[i]['msg_id']!r} is already archived")
-            order = sorted(range(len(rows)), key=lambda i: rows[i]["channel_id"])
-            table = _table_from_records([rows[i] for i in order], [ords[i] for i in order],
-                                        [digests[i] for i in order])
-            fi = self._write_file(table, durable=self._dur(durable))
-            del table
-            _release_arrow()
+            if fi.no in self._files:
+                raise ValueError(f"adopt: {fi.name} is already live")
             self._add_file(fi)
-            return CoolRun(fi.name, fi.rows, fi.size, self.files())
+            return self.files()
+
+    def discard(self, fi: "_FileIndex") -> None:
+        """Remove a file written by :meth:`stage` that will not be adopted."""
+        with self._lock:
+            if fi.no in self._files:
+                raise ValueError(f"discard: {fi.name} is live")
+            self._abandon([fi])
 
     def erase(self, msg_ids: Iterable[str], *, durable: bool | None = None) -> CoolChange:
         """Rewrite every file holding one of ``msg_ids`` without those rows.
@@ -1731,6 +1778,16 @@ class CoolArchive:
         with self._lock:
             if groups is None:
                 groups = self.plan_merge(fanout=fanout, max_files=max_files)
+            return self.adopt_merge(self.stage_merge(groups, durable=durable))
+
+    def stage_merge(self, groups: Sequence[Sequence[str]], *, durable: bool | None = None) -> "StagedMerge":
+        """Write the merged files of :meth:`merge` without serving them:
+        :meth:`adopt_merge` switches to them, :meth:`discard_merge` removes
+        them. Meant for a background thread while the archive serves reads:
+        the sources are read through handles of its own, and nothing else may
+        change the archive until the merge is adopted or discarded."""
+        self._writable()
+        with self._lock:
             seen: set[int] = set()
             jobs = []
             for group in groups:
@@ -1743,24 +1800,57 @@ class CoolArchive:
                     seen.add(no)
                 if len(nos) >= 2:
                     jobs.append(nos)
-            replaced: dict[str, str | None] = {}
-            new: list[_FileIndex] = []
-            try:
-                for nos in jobs:
-                    table = pa.concat_tables([self._read_table(no) for no in nos])
-                    table = table.take(_merge_order(table))
-                    fi = self._write_file(table, durable=self._dur(durable))
-                    del table
-                    new.append(fi)
-                    for no in nos:
-                        replaced[self._files[no].name] = fi.name
-            except BaseException:
+        replaced: dict[str, str | None] = {}
+        new: list[_FileIndex] = []
+        try:
+            for nos in jobs:
+                table = pa.concat_tables([self._read_table_fresh(no) for no in nos])
+                table = table.take(_merge_order(table))
+                fi = self._write_file(table, durable=self._dur(durable))
+                del table
+                new.append(fi)
+                for no in nos:
+                    replaced[_parquet_name(no)] = fi.name
+        except BaseException:
+            with self._lock:
                 self._abandon(new)
-                raise
-            _release_arrow()
-            self._switch([no for nos in jobs for no in nos], new)
-            return CoolChange(replaced, [fi.name for fi in new], list(replaced), self.files(),
-                              0, sum(fi.rows for fi in new), [])
+            raise
+        _release_arrow()
+        return StagedMerge(jobs, new, replaced)
+
+    def adopt_merge(self, staged: "StagedMerge") -> CoolChange:
+        """Serve the files of :meth:`stage_merge` instead of their sources."""
+        self._writable()
+        with self._lock:
+            for nos in staged.jobs:
+                for no in nos:
+                    if no not in self._files:
+                        raise ValueError(f"adopt_merge: {_parquet_name(no)} is no longer live")
+            self._switch([no for nos in staged.jobs for no in nos], staged.new)
+            return CoolChange(staged.replaced, [fi.name for fi in staged.new], list(staged.replaced),
+                              self.files(), 0, sum(fi.rows for fi in staged.new), [])
+
+    def discard_merge(self, staged: "StagedMerge") -> None:
+        """Remove the files of a :meth:`stage_merge` that will not be adopted."""
+        with self._lock:
+            self._abandon(staged.new)
+
+    def _read_table_fresh(self, no: int) -> pa.Table:
+        """File ``no`` read through a handle of its own (not the shared ones)."""
+        path = self._path(_parquet_name(no))
+        pf = _open_parquet(path)
+        try:
+            got = [(f.name, f.type) for f in pf.schema_arrow]
+            if got != _COL_TYPES:
+                raise CorruptStateCheckpointError(
+                    f"cool archive has columns {got}, expected {_COL_TYPES}", path=path)
+            try:
+                return pf.read(use_threads=False)
+            except _PARQUET_ERRORS as exc:
+                raise CorruptStateCheckpointError(f"cool archive cannot be read: {exc}",
+                                                  path=path) from None
+        finally:
+            _close(pf)
 
     def unlink_files(self, names: Iterable[str]) -> list[str]:
         """Delete files (and their sidecars) the manifest no longer references.

@@ -553,6 +553,10 @@ CONV_CONFIGS = {
     "fsync-plain": dict(durability="fsync", compact_every=12, hot_window=6, deletes=False, threads=1, gens=4),
     "batch-threads": dict(durability="batch", compact_every=16, hot_window=8, deletes=True, threads=2, gens=5),
     "none-deletes": dict(durability="none", compact_every=32, hot_window=16, deletes=True, threads=1, gens=5),
+    # cooling runs and merges staged by the background thread (a kill may land
+    # while a staged file is written, synced or waiting to be adopted)
+    "fsync-background": dict(durability="fsync", compact_every=8, hot_window=4, deletes=True, threads=2,
+                             gens=6, bg_min=4),
 }
 
 
@@ -586,7 +590,8 @@ def test_sigkill_conversation_writer(tmp_path, name):
         run = WriterRun(state, str(tmp_path / f"writer-{gen}.err"), mode="conv", gen=gen, seed=seed,
                         durability=cfg["durability"], compact_every=cfg["compact_every"],
                         hot_window=cfg["hot_window"], deletes=cfg["deletes"], threads=cfg["threads"],
-                        count=40 if final else 100_000, dups=",".join(dups), tombs=",".join(tombs))
+                        count=40 if final else 100_000, dups=",".join(dups), tombs=",".join(tombs),
+                        bg_min=cfg.get("bg_min"))
         rc = execute(run, plan)
         fails = Failures()
         model.apply(run.lines, fails)

@@ -48,6 +48,7 @@ cdef class HashIndex:
 
 cdef class HotIndex:
     cdef int64_t *_c_locs          # entry -> loc; -1 free; bit 63 set: removed, sweep pending
+    cdef uint32_t *_c_lens         # entry -> line length incl. newline; 0: not measured yet
     cdef uint32_t _n_entries
     cdef uint32_t _cap_entries
     cdef uint32_t *_c_free         # free entry numbers
@@ -92,7 +93,7 @@ cdef class HotIndex:
     cdef int64_t _list_index(self, bint chan, const unsigned char *key, size_t klen,
                              bint create) except -2
     cdef int _list_insert(self, rf_list *L, uint32_t e, const unsigned char *p, rf_msg *m) except -1
-    cdef int _index_line(self, int64_t loc, const unsigned char *p, rf_msg *m, uint64_t h) except -1
+    cdef int64_t _index_line(self, int64_t loc, const unsigned char *p, rf_msg *m, uint64_t h) except -1
     cdef int _kill(self, uint64_t slot) except -1
     cdef int _sweep(self) except -1
     cdef object _locs_of(self, rf_list *L, uint32_t start)

@@ -1,0 +1,228 @@
+"""Automatic compaction with its cooling runs and merges staged by a background
+thread: every read stays exact while a job runs, a deletion racing a staged run
+wins, a failed job is reported and redone inline, close adopts what is staged,
+and no file is left behind."""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import pytest
+
+from rune_fast import conversation_state as cs
+from rune_fast.conversation_state import ConversationStateRepository, ReadStatus
+from rune_fast.cool import CoolArchive
+from rune_fast.records import ConversationMessageRecord
+
+CHANNELS = ("a", "b", "c")
+
+
+def msg(i: int) -> ConversationMessageRecord:
+    return ConversationMessageRecord(msg_id=f"m{i:06d}", role="user", content=f"note {i} about topic{i % 7}",
+                                     channel_id=CHANNELS[i % 3], task_id=f"t{i % 5}",
+                                     ts=1_700_000_000.0 + i)
+
+
+@pytest.fixture
+def small_bg(monkeypatch):
+    """Stage every automatic cooling run of 8 or more messages in the background."""
+    monkeypatch.setattr(cs, "BG_COOL_MIN_ROWS", 8)
+
+
+def open_repo(path, **kw):
+    return ConversationStateRepository(path, compact_every=kw.pop("compact_every", 8),
+                                       hot_window=kw.pop("hot_window", 4), **kw)
+
+
+def check_reads(repo, stored: dict[str, ConversationMessageRecord]) -> None:
+    assert len(repo) == len(stored)
+    for ch in CHANNELS:
+        want = [m for m in stored.values() if m.channel_id == ch]
+        assert repo.window(ch, 10_000) == want
+        assert repo.window(ch, 3) == want[-3:]
+    for t in range(5):
+        want = [m for m in stored.values() if m.task_id == f"t{t}"]
+        assert [r.msg_id for r in repo.messages_for_task(f"t{t}")] == sorted(m.msg_id for m in want)
+    for mid, m in stored.items():
+        rd = repo.get_message(mid)
+        assert rd.status is ReadStatus.FOUND_VERIFIED and rd.record == m
+    hits = [h.record.msg_id for h in repo.search("TOPIC3")]
+    assert sorted(hits) == sorted(mid for mid, m in stored.items() if "topic3" in m.content)
+
+
+def cool_files_on_disk(state) -> set[str]:
+    d = os.path.join(state, "hot", cs.COOL_DIR)
+    return {n for n in os.listdir(d)} if os.path.isdir(d) else set()
+
+
+def test_background_runs_keep_every_read_exact(tmp_path, small_bg):
+    stored = {}
+    with open_repo(tmp_path) as repo:
+        staged = 0
+        for i in range(600):
+            m = msg(i)
+            assert repo.append(m)
+            stored[m.msg_id] = m
+            staged += repo._bg is not None
+            if i % 97 == 0:
+                check_reads(repo, stored)
+        assert staged > 0, "no cooling run went to the background"
+        check_reads(repo, stored)
+        assert repo.stats()["cool"] > 0
+    # close adopted whatever was staged: the files on disk are exactly the manifest's
+    with open_repo(tmp_path) as repo:
+        check_reads(repo, stored)
+        live = set(repo._cool.files())
+        sidecars = {n[:-len(".parquet")] + ".idx" for n in live}
+        assert cool_files_on_disk(tmp_path) == live | sidecars
+        repo.compact()
+        check_reads(repo, stored)
+        assert [repo.get_message(f"m{i:06d}").tier for i in range(3)] == ["cool"] * 3
+
+
+def test_background_merges_reduce_the_file_count(tmp_path, small_bg):
+    with open_repo(tmp_path, compact_every=8, hot_window=2) as repo:
+        kinds = set()
+        for i in range(1500):
+            repo.append(msg(i))
+            if repo._bg is not None:
+                kinds.add(repo._bg.kind)
+        assert kinds == {"cool", "merge"}
+        repo.compact()
+        # size-tiered merging keeps the file count logarithmic: fewer than
+        # fanout (4) files in each tier floor(log4(rows)), nothing left to merge
+        assert not repo._cool.plan_merge()
+        assert len(repo._cool.files()) <= 3 * 6
+        assert len(repo) == 1500
+
+
+def _gate_stage(monkeypatch, name: str = "stage"):
+    """Make CoolArchive.<name> wait until released; returns (entered, release)."""
+    entered, release = threading.Event(), threading.Event()
+    real = getattr(CoolArchive, name)
+
+    def gated(self, *a, **kw):
+        if threading.current_thread().name.startswith("rune-fast-"):   # the background job only
+            entered.set()
+            assert release.wait(30)
+        return real(self, *a, **kw)
+    monkeypatch.setattr(CoolArchive, name, gated)
+    return entered, release
+
+
+def _append_until_staged(repo, start: int, stored: dict) -> int:
+    i = start
+    while repo._bg is None:
+        m = msg(i)
+        repo.append(m)
+        stored[m.msg_id] = m
+        i += 1
+        assert i < start + 1000, "no background job started"
+    return i
+
+
+def test_deleting_a_staged_message_discards_the_run(tmp_path, small_bg, monkeypatch):
+    stored: dict = {}
+    entered, release = _gate_stage(monkeypatch)
+    with open_repo(tmp_path) as repo:
+        i = _append_until_staged(repo, 0, stored)
+        assert entered.wait(30)
+        victim = repo._bg.rows[0]["msg_id"]
+        assert repo.delete(victim)
+        del stored[victim]
+        # appends and reads go on while the job waits
+        for j in range(i, i + 20):
+            m = msg(j)
+            repo.append(m)
+            stored[m.msg_id] = m
+        check_reads(repo, stored)
+        release.set()
+        rep = repo.compact()
+        assert rep.cooled > 0
+        assert repo.get_message(victim).status is ReadStatus.NOT_FOUND_CONFIRMED
+        check_reads(repo, stored)
+    needle = f"note {int(victim[1:])} about".encode()
+    for root, _dirs, names in os.walk(tmp_path):
+        for n in names:
+            with open(os.path.join(root, n), "rb") as f:
+                assert needle not in f.read(), f"deleted content left in {n}"
+    with open_repo(tmp_path) as repo:
+        check_reads(repo, stored)
+
+
+def test_a_failed_background_run_is_reported_and_done_inline(tmp_path, small_bg, monkeypatch, caplog):
+    calls = []
+    real = CoolArchive.stage
+
+    def flaky(self, *a, **kw):
+        if threading.current_thread().name.startswith("rune-fast-"):
+            calls.append(1)
+            if len(calls) == 1:
+                raise OSError(28, "No space left on device (injected)")
+        return real(self, *a, **kw)
+    monkeypatch.setattr(CoolArchive, "stage", flaky)
+    stored: dict = {}
+    with caplog.at_level(logging.WARNING, logger="rune_fast"):
+        with open_repo(tmp_path) as repo:
+            for i in range(200):
+                m = msg(i)
+                repo.append(m)
+                stored[m.msg_id] = m
+            check_reads(repo, stored)
+    assert any("background cool failed" in r.getMessage() and "injected" in r.getMessage()
+               for r in caplog.records)
+    with open_repo(tmp_path) as repo:
+        check_reads(repo, stored)
+        assert repo.stats()["cool"] > 0
+
+
+def test_close_adopts_a_run_in_flight(tmp_path, small_bg, monkeypatch):
+    stored: dict = {}
+    entered, release = _gate_stage(monkeypatch)
+    repo = open_repo(tmp_path)
+    _append_until_staged(repo, 0, stored)
+    assert entered.wait(30)
+    staged_ids = [d["msg_id"] for d in repo._bg.rows]
+    threading.Timer(0.2, release.set).start()
+    repo.close()
+    with open_repo(tmp_path) as repo:
+        check_reads(repo, stored)
+        assert {repo.get_message(m).tier for m in staged_ids} == {"cool"}
+        live = set(repo._cool.files())
+        assert {n for n in cool_files_on_disk(tmp_path) if n.endswith(".parquet")} == live
+
+
+def test_readers_beside_a_background_job(tmp_path, small_bg):
+    """Reads from other threads while the writer thread stages runs."""
+    stored: dict = {}
+    errors: list = []
+    done = threading.Event()
+    with open_repo(tmp_path) as repo:
+        for i in range(50):
+            m = msg(i)
+            repo.append(m)
+            stored[m.msg_id] = m
+        first = dict(stored)
+
+        def reader():
+            try:
+                while not done.is_set():
+                    for mid, m in first.items():
+                        rd = repo.get_message(mid)
+                        assert rd.record == m, mid
+                    assert repo.window("a", 2)
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+        t = threading.Thread(target=reader)
+        t.start()
+        try:
+            for i in range(50, 700):
+                m = msg(i)
+                repo.append(m)
+                stored[m.msg_id] = m
+        finally:
+            done.set()
+            t.join()
+        assert not errors, errors
+        check_reads(repo, stored)
