@@ -1489,6 +1489,82 @@ cdef class HotIndex:
 
     @cython.boundscheck(False)
     @cython.wraparound(False)
+    def scan_segment(self, int64_t seg, int64_t start, needle, int64_t stop=-1):
+        """(locs, end): the message lines of segment `seg` between file offsets
+        `start` and `stop` (-1: the end of its buffers) whose content holds
+        `needle` (exact bytes), live or not, ascending; `end` is the offset
+        after the last complete line, where a later scan of a growing segment
+        resumes (the end of the range when no line holds the needle past the
+        last hit: bytes up to `stop` are complete lines). For caching the
+        lines of rare needles per segment: the caller checks liveness on use."""
+        cdef bytes nb = _key_bytes(needle, "needle")
+        cdef const unsigned char *nd = <const unsigned char *>PyBytes_AS_STRING(nb)
+        cdef size_t m = <size_t>PyBytes_GET_SIZE(nb)
+        cdef rf_i64vec hits
+        cdef int64_t pos, end, off0, loc, done
+        cdef int reg, oom = 0
+        cdef const unsigned char *base
+        cdef const unsigned char *p
+        cdef const unsigned char *c
+        cdef const unsigned char *nl
+        cdef rf_seg *sg
+        cdef rf_msg msg
+        self._guard()
+        if seg < 0 or seg >= self._n_segs or self._c_segs[seg].state == 0:
+            raise RuneError(f"scan_segment: segment {seg} is not attached")
+        if start < 0:
+            raise FramingError(f"scan_segment: negative start {start}")
+        sg = &self._c_segs[seg]
+        done = start
+        memset(&hits, 0, sizeof(hits))
+        self._c_busy = 1
+        try:
+            with nogil:
+                for reg in range(2):
+                    if reg == 0:
+                        if sg.state != 1:
+                            continue
+                        base = sg.ptr
+                        end = sg.len
+                        off0 = 0
+                    else:
+                        if sg.ov_len == 0:
+                            continue
+                        base = sg.ov
+                        end = sg.ov_len
+                        off0 = sg.len
+                    if stop >= 0 and off0 + end > stop:
+                        end = stop - off0 if stop > off0 else 0
+                    if start >= off0 + end:
+                        continue
+                    pos = start - off0 if start > off0 else 0     # a line start (an earlier end)
+                    while pos < end and not oom:
+                        p = base + pos
+                        c = rf_find(p, <size_t>(end - pos), nd, m, 0)
+                        if c == NULL:
+                            # no more hits up to `stop` (the caller's logical end:
+                            # complete lines) or the buffer's end (a sealed segment)
+                            done = off0 + end
+                            break
+                        p = rf_line_start(p, c)
+                        nl = <const unsigned char *>memchr(c, b'\n', <size_t>(base + end - c))
+                        if nl == NULL:
+                            break          # a torn or in-flight final line
+                        if rf_parse_msg(p, <size_t>(nl - p), &msg, 0) == RF_OK and msg.kind == b'm':
+                            c = p + msg.content_off
+                            if rf_content_has(c, nl, nd, m, 0):
+                                oom = rf_i64vec_push(&hits, (seg << 40) | (off0 + (p - base)))
+                        pos = (nl - base) + 1
+                        done = off0 + pos
+            if oom:
+                raise MemoryError("HotIndex.scan_segment")
+            return _vec_array(&hits), done
+        finally:
+            self._c_busy = 0
+            free(hits.v)
+
+    @cython.boundscheck(False)
+    @cython.wraparound(False)
     cdef object _search_all(self, const unsigned char *nd, size_t m, bint ci, bint na):
         """search() over every channel: one sequential pass over each attached
         segment, then the hits that are live entries, in channel order."""

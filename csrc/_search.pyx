@@ -5,7 +5,7 @@ and the spans to search; it gets back the indices of the matching spans and
 decodes only those.
 """
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
-from libc.stdint cimport int64_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 
 cimport cython
@@ -99,3 +99,107 @@ def find_spans(data, starts, ends, needle, bint ignore_ascii_case=False,
         free(nd)
         PyBuffer_Release(&dv)
 
+
+
+# ---- trigram filters over blocks of rows ----------------------------------
+#
+# A block's filter is a bitset of the hashed trigrams of its rows' bytes, ASCII
+# letters lowercased, trigrams never spanning two rows. A row holding a needle
+# holds each of the needle's trigrams (lowercased alike), so a block whose
+# filter lacks one cannot hold a match: the cool tier tests the filter before
+# opening a compressed block. A false pass only costs the block's check.
+
+cdef inline uint32_t _gram(unsigned char a, unsigned char b, unsigned char c, int lg) noexcept nogil:
+    cdef uint32_t x = ((<uint32_t>rf_lower(a)) << 16) | ((<uint32_t>rf_lower(b)) << 8) | rf_lower(c)
+    return (x * 2654435761u) >> (32 - lg)
+
+
+def _check_bits(Py_ssize_t nbits) -> int:
+    cdef int lg = 0
+    while (1 << lg) < nbits:
+        lg += 1
+    if nbits < 64 or (1 << lg) != nbits or lg > 24:
+        raise FramingError(f"nbits must be a power of two in [64, 2**24], got {nbits}")
+    return lg
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def block_grams(data, offsets, Py_ssize_t block_rows, Py_ssize_t nbits=4096) -> bytes:
+    """The trigram filters (``nbits`` bits each, concatenated) of the blocks of
+    ``block_rows`` rows of a string column: row i is
+    ``data[offsets[i]:offsets[i + 1]]`` (``offsets``: int32, n + 1 of them)."""
+    cdef int lg = _check_bits(nbits)
+    cdef Py_buffer dv
+    cdef const int32_t[::1] o = np.ascontiguousarray(np.frombuffer(offsets, dtype=np.int32)
+                                                     if not isinstance(offsets, np.ndarray) else offsets,
+                                                     dtype=np.int32)
+    cdef Py_ssize_t n = o.shape[0] - 1, nblocks, r, j, s, e
+    cdef size_t words
+    cdef const unsigned char *p
+    cdef uint64_t *w
+    cdef uint32_t h
+    if block_rows < 1:
+        raise FramingError(f"block_rows must be >= 1, got {block_rows}")
+    if n < 0:
+        raise FramingError("offsets must hold at least one entry")
+    nblocks = (n + block_rows - 1) // block_rows
+    words = <size_t>(nbits // 64)
+    out = bytearray(nblocks * words * 8)
+    if nblocks == 0:
+        return bytes(out)
+    try:
+        PyObject_GetBuffer(data, &dv, PyBUF_SIMPLE)
+    except (TypeError, BufferError) as exc:
+        raise FramingError(f"data must be a contiguous bytes-like object: {exc}") from None
+    try:
+        p = <const unsigned char *>dv.buf
+        w = <uint64_t *>(<char *>out)
+        with nogil:
+            for r in range(n):
+                s = o[r]
+                e = o[r + 1]
+                if s < 0:
+                    s = 0
+                if e > dv.len:
+                    e = dv.len
+                for j in range(s, e - 2):
+                    h = _gram(p[j], p[j + 1], p[j + 2], lg)
+                    w[(r // block_rows) * words + (h >> 6)] |= (<uint64_t>1) << (h & 63)
+    finally:
+        PyBuffer_Release(&dv)
+    return bytes(out)
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def gram_blocks(grams, Py_ssize_t nbits, needle):
+    """Indices (int64, ascending) of the blocks whose filter holds every
+    trigram of ``needle``: all blocks when the needle is shorter than 3 bytes."""
+    cdef int lg = _check_bits(nbits)
+    cdef const unsigned char[::1] g = grams
+    cdef const unsigned char[::1] nd = needle
+    cdef size_t words = <size_t>(nbits // 64)
+    cdef Py_ssize_t nblocks = g.shape[0] // <Py_ssize_t>(words * 8), b, j, k = 0, m = nd.shape[0]
+    cdef const uint64_t *w
+    cdef uint32_t h
+    cdef bint ok
+    out = np.empty(nblocks, dtype=np.int64)
+    cdef int64_t[::1] ov = out
+    if nblocks == 0:
+        return out
+    w = <const uint64_t *>&g[0]
+    if m < 3:
+        return np.arange(nblocks, dtype=np.int64)
+    with nogil:
+        for b in range(nblocks):
+            ok = True
+            for j in range(m - 2):
+                h = _gram(nd[j], nd[j + 1], nd[j + 2], lg)
+                if not (w[b * words + (h >> 6)] >> (h & 63)) & 1:
+                    ok = False
+                    break
+            if ok:
+                ov[k] = b
+                k += 1
+    return out[:k].copy()

@@ -77,3 +77,34 @@ def test_bad_arguments():
         _search.find_spans(b"abc", [0], [1], 5)
     with pytest.raises(FramingError):
         _search.find_spans(b"abc", ["x"], [1], b"a")
+
+
+@given(rows=st.lists(st.lists(ALPHA, max_size=40).map(b"".join), max_size=40),
+       needle=st.lists(ALPHA, min_size=1, max_size=6).map(b"".join),
+       block=st.integers(1, 9), bits=st.sampled_from([64, 256, 4096]))
+def test_trigram_filters_never_drop_a_block_with_a_match(rows, needle, block, bits):
+    """gram_blocks passes every block that holds a row containing the needle
+    (ASCII letters either case): the filter only ever removes blocks without one."""
+    data = b"".join(rows)
+    offs = np.cumsum([0] + [len(r) for r in rows]).astype(np.int32)
+    grams = _search.block_grams(data, offs, block, bits)
+    nblocks = (len(rows) + block - 1) // block
+    assert len(grams) == nblocks * bits // 8
+    passed = set(_search.gram_blocks(grams, bits, needle).tolist())
+    for i, r in enumerate(rows):
+        if ascii_lower(needle) in ascii_lower(r):
+            assert i // block in passed
+    if len(needle) < 3:
+        assert passed == set(range(nblocks))
+
+
+def test_trigram_filters_skip_blocks():
+    rows = [b"alpha beta", b"gamma delta", b"Quarterly Report", b"nothing here"] * 8
+    offs = np.cumsum([0] + [len(r) for r in rows]).astype(np.int32)
+    grams = _search.block_grams(b"".join(rows), offs, 2, 4096)
+    assert _search.gram_blocks(grams, 4096, b"quarterly report").tolist() == list(range(1, 16, 2))
+    assert _search.gram_blocks(grams, 4096, b"zzz").tolist() == []
+    with pytest.raises(FramingError):
+        _search.block_grams(b"", offs, 2, 1000)
+    with pytest.raises(FramingError):
+        _search.block_grams(b"", offs, 0, 4096)

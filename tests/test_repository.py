@@ -362,3 +362,36 @@ def test_reader_sees_deletions_after_refresh(tmp_path):
             assert [r.msg_id for r in viewer.window("ch", 10)] == [
                 "msg_00000000", "msg_00000002", "msg_00000003", "msg_00000009"]
             assert viewer.get_message("msg_00000001").status is ReadStatus.NOT_FOUND_CONFIRMED
+
+
+def test_search_special_lines_follow_the_tail_and_compaction(tmp_path):
+    """Lines holding a character that folds to ASCII ('ß' -> 'ss') are found
+    once per segment and kept; the tail is scanned on as it grows, and a
+    compaction that rewrites or drops segments leaves no stale candidate."""
+    texts = ["Stra\u00dfe", "STRASSE", "strasse", "Masse", "gro\u00df", "plain"]
+
+    def want(repo_msgs, needle):
+        return sorted(m.msg_id for m in repo_msgs if needle.casefold() in m.content.casefold())
+
+    with ConversationStateRepository(tmp_path, compact_every=1000, hot_window=3) as repo:
+        stored = []
+        for i in range(12):
+            m = msg(i, channel=f"c{i % 2}", content=texts[i % len(texts)] + f" {i}")
+            repo.append(m)
+            stored.append(m)
+            for needle in ("strasse", "SS", "gross"):
+                assert sorted(h.record.msg_id for h in repo.search(needle)) == want(stored, needle)
+        assert sorted(h.record.msg_id for h in repo.search("ss", "c0")) == \
+            want([m for m in stored if m.channel_id == "c0"], "ss")
+        repo.delete(stored[0].msg_id)
+        stored = stored[1:]
+        assert sorted(h.record.msg_id for h in repo.search("strasse")) == want(stored, "strasse")
+        repo.compact()              # cools, erases, rewrites segments
+        for i in range(12, 20):
+            m = msg(i, content=texts[i % len(texts)])
+            repo.append(m)
+            stored.append(m)
+        for needle in ("strasse", "ss", "gross"):
+            assert sorted(h.record.msg_id for h in repo.search(needle)) == want(stored, needle)
+        repo.compact()
+        assert sorted(h.record.msg_id for h in repo.search("ss")) == want(stored, "ss")
