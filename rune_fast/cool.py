@@ -519,6 +519,9 @@ _SPECIAL_UTF8 = [c.encode("utf-8") for c in SPECIAL_FOLD]
 #: the blocks that cannot hold its needle (32 bytes per cached row)
 _BLOCK_ROWS = 16
 _GRAM_BITS = 4096
+#: id lookups answered from the files' sorted hashes before the global id
+#: index is built (an open that reads only hot messages never builds it)
+_LAZY_LOOKUPS = 64
 _LZ4 = pa.Codec("lz4_raw")
 
 
@@ -943,6 +946,8 @@ class CoolArchive:
         self._tasks: dict[str, list[int]] = {}
         # id index: xxh3_64(msg_id) -> (file no << 32) | row, every live file
         self._ids = HashIndex()
+        self._pending: list[int] = []     # live files whose ids are not in _ids yet
+        self._lookups = 0
         self.rebuilt_sidecars: list[str] = []
         if not read_only:
             if not os.path.isdir(self._dir):
@@ -1013,7 +1018,8 @@ class CoolArchive:
                 "files": len(self._files),
                 "rows": len(self),
                 "bytes": sum(fi.size for fi in self._files.values()),
-                "index_bytes": int(self._ids.nbytes),
+                "index_bytes": int(self._ids.nbytes) + sum(
+                    self._files[no].hashes.nbytes + self._files[no].hrows.nbytes for no in self._pending),
                 "cached_bytes": self._cached_bytes,
                 "rebuilt_sidecars": list(self.rebuilt_sidecars),
             }
@@ -1123,12 +1129,44 @@ class CoolArchive:
         for t in fi.tasks:
             self._tasks.setdefault(t, []).append(fi.no)
             self._tasks[t].sort()
-        locs = (np.int64(fi.no) << np.int64(32)) | fi.hrows.astype(np.int64)
-        self._ids.insert_many(fi.hashes, locs)
-        # the global index holds them now (~17-35 bytes per cooled message)
-        fi.hashes = fi.hrows = None  # type: ignore[assignment]
+        # The global id index takes the file's ids at the first lookups that
+        # need it: an open followed by hot-tier reads never builds it, and a
+        # few lookups before then search the files' sorted hashes instead.
+        self._pending.append(fi.no)
+
+    def _build_ids(self) -> None:
+        """Move the pending files' ids into the global index (~17-35 bytes per
+        cooled message)."""
+        for no in self._pending:
+            fi = self._files[no]
+            locs = (np.int64(fi.no) << np.int64(32)) | fi.hrows.astype(np.int64)
+            self._ids.insert_many(fi.hashes, locs)
+            fi.hashes = fi.hrows = None  # type: ignore[assignment]
+        self._pending.clear()
+        self._lookups = 0
+
+    def _id_locs(self, msg_id: str) -> list[int]:
+        """``(file no << 32) | row`` of every archived row whose id hashes
+        like ``msg_id`` (lock held)."""
+        h = _id_hash(msg_id)
+        if self._pending:
+            self._lookups += 1
+            if self._lookups > _LAZY_LOOKUPS:
+                self._build_ids()
+            else:
+                out = self._ids.values(h)
+                key = np.uint64(h)
+                for no in self._pending:
+                    fi = self._files[no]
+                    i = int(np.searchsorted(fi.hashes, key))
+                    while i < len(fi.hashes) and fi.hashes[i] == key:
+                        out.append((no << 32) | int(fi.hrows[i]))
+                        i += 1
+                return out
+        return self._ids.values(h)
 
     def _drop_files(self, nos: list[int]) -> None:
+        self._build_ids()
         drop = set(nos)
         n_drop = 0
         for no in nos:
@@ -1173,6 +1211,7 @@ class CoolArchive:
 
     def _file_entries(self, no: int) -> tuple[np.ndarray, np.ndarray]:
         """(hashes, rows) of file ``no`` in the id index, by hash then row."""
+        self._build_ids()
         h, loc = self._ids.to_arrays()
         m = (loc >> np.int64(32)) == no
         h = h[m]
@@ -1189,7 +1228,7 @@ class CoolArchive:
 
     def _locate(self, msg_id: str) -> list[_Located]:
         return [_Located(loc >> 32, loc & 0xFFFFFFFF)
-                for loc in self._ids.lookup(_id_hash(msg_id)).tolist()]
+                for loc in self._id_locs(msg_id)]
 
     # ------------------------------------------------------------------ row access
 
@@ -1326,7 +1365,7 @@ class CoolArchive:
         Raises CorruptStateCheckpointError (file and row) when the stored row
         fails its digest or its id does not match."""
         with self._lock:
-            for loc in self._ids.lookup(_id_hash(msg_id)).tolist():
+            for loc in self._id_locs(msg_id):
                 no, row = loc >> 32, loc & 0xFFFFFFFF
                 fi = self._files[no]
                 starts = fi.rg_list
@@ -1374,7 +1413,7 @@ class CoolArchive:
         if verify:
             return self.get_row(msg_id) is not None
         with self._lock:
-            for loc in self._ids.values(_id_hash(msg_id)):
+            for loc in self._id_locs(msg_id):
                 if self._id_at(loc >> 32, loc & 0xFFFFFFFF) == msg_id:
                     return True
             return False

@@ -218,3 +218,32 @@ def test_ascii_fold_matcher(text, needle):
         assert not needle.casefold().isascii()
         return
     assert has(text.encode("utf-8")) == (needle.casefold() in text.casefold())
+
+
+def test_id_index_is_built_lazily_and_answers_alike(cdir):
+    """After an open, the first id lookups search the files' sorted hashes;
+    past _LAZY_LOOKUPS the global index is built. Both give the same answers,
+    and a change to the file set before the build keeps every answer exact."""
+    a = CoolArchive(cdir, durable=False)
+    for f in range(4):
+        rows = [rec(f * 100 + i, ch=f"c{i % 3}") for i in range(100)]
+        a.cool(rows, list(range(f * 100, f * 100 + 100)))
+    files = a.files()
+    b = CoolArchive(cdir, files, durable=False)
+    assert b._pending and len(b._ids) == 0
+    ids = [f"msg_{i:08d}" for i in range(0, 400, 7)] + ["msg_99999999", "nope"]
+    first = [(b.contains(m), (b.get(m) or {}).get("content")) for m in ids[:10]]
+    assert b._pending, "ten lookups built the index"
+    change = b.erase(["msg_00000007", "msg_00000203"])     # drops and adds files before the build
+    b.unlink_files(change.removed)
+    for m in ids:
+        gone = m in ("msg_00000007", "msg_00000203")
+        want = m.startswith("msg_0000") and not gone
+        assert b.contains(m) is want, m
+        r = b.get(m)
+        assert (r is not None) is want and (r is None or r["msg_id"] == m)
+    assert first[0] == (True, "message number 0")
+    for _ in range(coolmod._LAZY_LOOKUPS + 1):
+        b.contains("msg_00000014")
+    assert not b._pending and len(b._ids) == 398
+    assert b.contains("msg_00000399") and not b.contains("msg_00000203")
