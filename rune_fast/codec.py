@@ -15,6 +15,7 @@ whose output orjson and the scanner read alike.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 import orjson
 
 from .errors import CorruptStateCheckpointError, RecordTooLargeError
-from .records import ConversationMessageRecord
+from .records import ConversationMessageRecord, message_canonical_json, message_from_stored
 
 __all__ = [
     "MAX_RECORD_BYTES",
@@ -95,6 +96,19 @@ def message_body(record: ConversationMessageRecord) -> bytes:
     return body
 
 
+def message_body_and_hash(record: ConversationMessageRecord) -> tuple[bytes, str]:
+    """:func:`message_body` and the record's ``payload_hash`` (sha256 of its
+    canonical JSON) from one ``to_dict()``."""
+    d = record.to_dict()
+    _check_finite(d["ts"], "ts")
+    body = dumps(d)
+    if len(body) > MAX_RECORD_BYTES:
+        raise RecordTooLargeError(
+            f"message {record.msg_id!r}: encoded size {len(body)} bytes exceeds the limit "
+            f"of {MAX_RECORD_BYTES} bytes")
+    return body, hashlib.sha256(message_canonical_json(record, d)).hexdigest()
+
+
 def tombstone_rest(msg_id: str, channel_id: str, hlc: str) -> bytes:
     """The frame rest of a deletion tombstone line."""
     body = dumps({"msg_id": msg_id, "channel_id": channel_id, "task_id": "",
@@ -126,7 +140,7 @@ def record_from_line(line: bytes | memoryview, *, path: str, offset: int,
         raise CorruptStateCheckpointError("message line lacks its record or sequence",
                                           path=path, offset=offset)
     try:
-        return ConversationMessageRecord.from_dict(r), seq
+        return message_from_stored(r, fresh_json=True), seq
     except (TypeError, ValueError, KeyError) as exc:
         raise CorruptStateCheckpointError(f"stored record does not validate: {exc}",
                                           path=path, offset=offset) from None

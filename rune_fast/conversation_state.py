@@ -37,9 +37,9 @@ from .errors import (
     StateLockedError,
     StoreClosedError,
 )
-from .events import EventStore
+from .events import EventStore, frame_object
 from .locking import DirLock
-from .records import ConversationMessageRecord, payload_hash
+from .records import ConversationMessageRecord, message_from_stored, payload_hash
 from .segments import TAIL_NAME, Segment, TailFile, fsync_dir, quarantine_bytes, seg_name, write_file
 from .tasks import TaskStateRepository
 
@@ -670,8 +670,7 @@ class ConversationStateRepository:
                 missing.append(rec)
         if missing:
             for rec in missing:
-                self._events.append("conversation.message", rec.msg_id, payload_hash(rec),
-                                    channel_id=rec.channel_id)
+                self._events.append("conversation.message", rec.msg_id, payload_hash(rec))
             self._events.sync()
 
     def _tail_lines(self, start: int, end: int) -> Iterator[tuple[int, int]]:
@@ -764,7 +763,7 @@ class ConversationStateRepository:
     def _cool_record(row) -> ConversationMessageRecord:
         d = row.record if hasattr(row, "record") else row
         try:
-            return ConversationMessageRecord.from_dict(d)
+            return message_from_stored(d, fresh_json=False)
         except (TypeError, ValueError, KeyError) as exc:
             raise CorruptStateCheckpointError(f"archived record does not validate: {exc}",
                                               path=getattr(row, "file", None),
@@ -801,11 +800,13 @@ class ConversationStateRepository:
     def append_many(self, msgs: Iterable[ConversationMessageRecord]) -> int:
         """Store a batch with one sync at the end; returns how many were new."""
         msgs = list(msgs)
-        rests = []
+        rests, hashes = [], []
         for i, m in enumerate(msgs):
             if not isinstance(m, ConversationMessageRecord):
                 raise TypeError(f"msgs[{i}]: expected ConversationMessageRecord, got {type(m).__name__}")
-            rests.append(codec.message_body(m))
+            body, h = codec.message_body_and_hash(m)
+            rests.append(body)
+            hashes.append(h)
         if not msgs:
             return 0
         with self._sync_cond:
@@ -813,7 +814,7 @@ class ConversationStateRepository:
         try:
             with self._lock:
                 self._check_writable()
-                target, added = self._write_messages(msgs, rests)
+                target, added = self._write_messages(msgs, rests, hashes)
             if added:
                 self._wait_durable(target)
         finally:
@@ -827,7 +828,7 @@ class ConversationStateRepository:
         return added
 
     def _write_messages(self, msgs: Sequence[ConversationMessageRecord], rests: Sequence[bytes],
-                        ) -> tuple[int, int]:
+                        hashes: Sequence[str]) -> tuple[int, int]:
         """Write the new ones among ``msgs`` to the tail and index them (lock held)."""
         fresh: list[int] = []
         seen: set[str] = set()
@@ -854,7 +855,7 @@ class ConversationStateRepository:
             self._reattach_tail()
         pos = off
         base = self._tail_seg << 40
-        encode = self._events.encode
+        now = time.time()
         envelopes = []
         for j, i in enumerate(fresh):
             m = msgs[i]
@@ -866,8 +867,8 @@ class ConversationStateRepository:
             self._note_fold_order(m)
             if m.hlc:
                 self._observe(m.hlc)
-            envelopes.append(encode("conversation.message", m.msg_id, payload_hash(m),
-                                    channel_id=m.channel_id))
+            envelopes.append(frame_object({"type": "conversation.message", "id": m.msg_id,
+                                           "payload_hash": hashes[i], "ts": now}))
             pos += len(lines[j])
         # journaled with one write; durable by the next checkpoint, re-derived
         # from the tail by recovery if a crash loses it first
@@ -1561,12 +1562,16 @@ class ConversationStateRepository:
                 self._bg = _Staged("merge", functools.partial(self._cool.stage_merge, groups,
                                                               durable=durable))
                 groups = []
-            if groups:
+            merged = bool(groups)
+            while groups:
                 change = self._cool.merge(groups)
                 manifest_cool = list(change.files)
                 old_cool.extend(change.removed)
                 rep.cool_files_written += len(change.added)
-            if staged is not None or excess or cool_erase or groups:
+                # a merge can fill the next tier: an explicit compact() leaves
+                # nothing to merge (O(log n) rounds); an automatic one, one round
+                groups = self._cool.plan_merge() if full else []
+            if staged is not None or excess or cool_erase or merged:
                 self._interleaved.clear()
             # 3-4. segments (only when live lines moved: cooling, deletion, a
             # fresh open, or a tail past ROLL_BYTES): roll the tail if it holds

@@ -260,6 +260,13 @@ def _orjson_float_ok(v: float) -> bool:
     return v == 0.0 or 1e-4 <= abs(v) < 1e16
 
 
+def message_canonical_json(record: "ConversationMessageRecord", d: dict) -> bytes:
+    """:func:`record_canonical_json` of a message whose ``to_dict()`` is ``d``."""
+    if not record.tool_calls and _orjson_float_ok(record.ts) and record.token_estimate < 1 << 63:
+        return orjson.dumps(d, option=orjson.OPT_SORT_KEYS)
+    return canonical_json(d)
+
+
 def record_canonical_json(record: "OrchestrationRecord") -> bytes:
     """``canonical_json(record.to_dict())``, computed with orjson when the
     record holds only values both encoders print identically (the common
@@ -560,6 +567,39 @@ class ConversationMessageRecord(OrchestrationRecord):
         if args[7] is None:
             args = args[:7] + ((),) + args[8:]
         return cls(*args)
+
+
+def _stored_calls_ok(calls: list) -> bool:
+    for c in calls:
+        if type(c) is not dict or type(c.get("id")) is not str or type(c.get("name")) is not str \
+                or "arguments" not in c or not c["id"].isascii() and not _utf8_ok(c["id"]):
+            return False
+    return True
+
+
+def message_from_stored(d: dict, *, fresh_json: bool) -> ConversationMessageRecord:
+    """A record from a dict the store just decoded from its own verified bytes.
+
+    With ``fresh_json`` (the dict came from a strict JSON decoder that refuses
+    lone surrogates and non-finite numbers, and shares nothing), tool calls
+    are taken as they are instead of being checked and deep-copied value by
+    value (the slow part of building a record that has them); every other
+    field gets the checks of the constructor. Anything unusual goes through
+    :meth:`ConversationMessageRecord.from_dict`, which names the bad field."""
+    try:
+        calls = d["tool_calls"]
+        sv = d["schema_version"]
+        if type(sv) is int and sv == 1 and len(d) == 12 and type(calls) is list \
+                and (not calls or (fresh_json and _stored_calls_ok(calls))):
+            rec = ConversationMessageRecord(d["msg_id"], d["ts"], d["role"], d["content"],
+                                            d["channel_id"], d["task_id"], d["token_estimate"], (),
+                                            d["tool_call_id"], d["origin"], d["hlc"])
+            if calls:
+                object.__setattr__(rec, "tool_calls", tuple(calls))
+            return rec
+    except KeyError:
+        pass
+    return ConversationMessageRecord.from_dict(d)
 
 
 _MSG_FIELDS = tuple(f.name for f in dataclasses.fields(ConversationMessageRecord))
