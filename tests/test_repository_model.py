@@ -14,6 +14,7 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from rune_fast import conversation_state as cs
 from rune_fast.conversation_state import ConversationStateRepository, ReadStatus
 from rune_fast.records import ConversationMessageRecord
 
@@ -30,10 +31,12 @@ def model_order(recs):
 
 
 class RepositoryModel(RuleBasedStateMachine):
+    OPTS = dict(compact_every=7, hot_window=3)
+
     def __init__(self) -> None:
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="rune-model-")
-        self.repo = ConversationStateRepository(self.dir, compact_every=7, hot_window=3)
+        self.repo = ConversationStateRepository(self.dir, **self.OPTS)
         self.stored: dict[str, ConversationMessageRecord] = {}
         self.appended: list[str] = []          # append order of live ids
         self.deleted: set[str] = set()
@@ -96,7 +99,7 @@ class RepositoryModel(RuleBasedStateMachine):
             path = os.path.join(self.dir, "hot", "conversation_index.snap")
             if os.path.exists(path):
                 os.unlink(path)
-        self.repo = ConversationStateRepository(self.dir, compact_every=7, hot_window=3)
+        self.repo = ConversationStateRepository(self.dir, **self.OPTS)
 
     def _channel(self, ch):
         return model_order([self.stored[m] for m in self.appended if self.stored[m].channel_id == ch])
@@ -161,3 +164,28 @@ RepositoryModel.TestCase.settings = settings(
     max_examples=40, stateful_step_count=30, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 TestRepositoryModel = RepositoryModel.TestCase
+
+
+class BackgroundRepositoryModel(RepositoryModel):
+    """The same model with every automatic cooling run of 2 or more messages,
+    and every automatic merge, staged by the background thread: deletes,
+    reopens and reads land while jobs are in flight or waiting to be adopted."""
+
+    OPTS = dict(compact_every=3, hot_window=1)
+
+    def __init__(self) -> None:
+        self._saved_min = cs.BG_COOL_MIN_ROWS
+        cs.BG_COOL_MIN_ROWS = 2
+        super().__init__()
+
+    def teardown(self) -> None:
+        try:
+            super().teardown()
+        finally:
+            cs.BG_COOL_MIN_ROWS = self._saved_min
+
+
+BackgroundRepositoryModel.TestCase.settings = settings(
+    max_examples=30, stateful_step_count=50, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+TestBackgroundRepositoryModel = BackgroundRepositoryModel.TestCase
