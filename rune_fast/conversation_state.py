@@ -1549,7 +1549,7 @@ class ConversationStateRepository:
             excess = self._excess(full)
             if excess:
                 rows, ords = self._cool_rows_at(excess)
-                run = self._cool.cool(rows, ords)
+                run = self._cool.cool(rows, ords, trusted=True)
                 manifest_cool = list(run.files)
                 self._cooled(excess, rows)
                 rep.cooled += len(rows)
@@ -1648,7 +1648,8 @@ class ConversationStateRepository:
             if len(excess) >= BG_COOL_MIN_ROWS:
                 rows, ords = self._cool_rows_at(excess)
                 self._bg = _Staged("cool", functools.partial(self._cool.stage, rows, ords,
-                                                             durable=self.durability != "none"),
+                                                             durable=self.durability != "none",
+                                                             trusted=True),
                                    excess, rows)
                 self._fold(CompactionReport(), t0)
                 return

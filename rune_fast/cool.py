@@ -1709,7 +1709,8 @@ class CoolArchive:
             from .errors import ReadOnlyStoreError
             raise ReadOnlyStoreError(f"cool archive {self._dir} is open read-only")
 
-    def cool(self, rows: Sequence[dict], ords: Sequence[int], *, durable: bool | None = None) -> CoolRun:
+    def cool(self, rows: Sequence[dict], ords: Sequence[int], *, durable: bool | None = None,
+             trusted: bool = False) -> CoolRun:
         """Archive ``rows`` (record dicts) with their append ordinals ``ords``
         as ONE new Parquet file; durable when this returns.
 
@@ -1717,17 +1718,21 @@ class CoolArchive:
         which must be the order key, is kept). ``durable=False`` skips the
         fsyncs (default: the archive's ``durable``). Raises TypeError/ValueError
         naming the row and field for a malformed dict, a msg_id given twice or
-        already archived; nothing is written then. Returns the new file's name
-        (None for no rows): the caller records it in its manifest."""
+        already archived; nothing is written then. ``trusted``: the rows were
+        decoded from the caller's own checksummed records (the repository's
+        hot lines), so the field-by-field check of each dict is skipped (a
+        malformed one still fails the Arrow conversion, before anything is
+        written). Returns the new file's name (None for no rows): the caller
+        records it in its manifest."""
         with self._lock:
-            fi = self.stage(rows, ords, durable=durable)
+            fi = self.stage(rows, ords, durable=durable, trusted=trusted)
             if fi is None:
                 return CoolRun(None, 0, 0, self.files())
             self.adopt(fi)
             return CoolRun(fi.name, fi.rows, fi.size, self.files())
 
     def stage(self, rows: Sequence[dict], ords: Sequence[int], *,
-              durable: bool | None = None) -> "_FileIndex | None":
+              durable: bool | None = None, trusted: bool = False) -> "_FileIndex | None":
         """Write ``rows`` as :meth:`cool` does, but do not serve the file yet:
         :meth:`adopt` serves it, :meth:`discard` removes it. Until then it is
         a stray (removed by :meth:`gc`, or by the repository's open after a
@@ -1743,7 +1748,8 @@ class CoolArchive:
         seen = set()
         digests = []
         for i, d in enumerate(rows):
-            _validate(d, i)
+            if not trusted:
+                _validate(d, i)
             digests.append(_digest_checked(d, i))
             if d["msg_id"] in seen:
                 raise ValueError(f"row {i}: msg_id {d['msg_id']!r} given twice")
