@@ -34,6 +34,7 @@ __all__ = [
     "dumps",
     "message_rest",
     "message_body",
+    "message_body_and_hash",
     "rest_from_body",
     "tombstone_rest",
     "decode_body",
@@ -86,7 +87,17 @@ def message_body(record: ConversationMessageRecord) -> bytes:
     Raises ``RecordTooLargeError`` (naming the msg_id) past ``MAX_RECORD_BYTES``
     and ``ValueError`` for values JSON cannot hold exactly.
     """
+    return _body(record, record.to_dict())
+
+
+def message_body_and_hash(record: ConversationMessageRecord) -> tuple[bytes, str]:
+    """:func:`message_body` and the record's ``payload_hash`` (sha256 of its
+    canonical JSON) from one ``to_dict()``."""
     d = record.to_dict()
+    return _body(record, d), hashlib.sha256(message_canonical_json(record, d)).hexdigest()
+
+
+def _body(record: ConversationMessageRecord, d: dict) -> bytes:
     _check_finite(d["ts"], "ts")
     body = dumps(d)
     if len(body) > MAX_RECORD_BYTES:
@@ -94,19 +105,6 @@ def message_body(record: ConversationMessageRecord) -> bytes:
             f"message {record.msg_id!r}: encoded size {len(body)} bytes exceeds the limit "
             f"of {MAX_RECORD_BYTES} bytes")
     return body
-
-
-def message_body_and_hash(record: ConversationMessageRecord) -> tuple[bytes, str]:
-    """:func:`message_body` and the record's ``payload_hash`` (sha256 of its
-    canonical JSON) from one ``to_dict()``."""
-    d = record.to_dict()
-    _check_finite(d["ts"], "ts")
-    body = dumps(d)
-    if len(body) > MAX_RECORD_BYTES:
-        raise RecordTooLargeError(
-            f"message {record.msg_id!r}: encoded size {len(body)} bytes exceeds the limit "
-            f"of {MAX_RECORD_BYTES} bytes")
-    return body, hashlib.sha256(message_canonical_json(record, d)).hexdigest()
 
 
 def tombstone_rest(msg_id: str, channel_id: str, hlc: str) -> bytes:
