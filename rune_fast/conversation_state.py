@@ -82,8 +82,11 @@ BATCH_WINDOW_S = 0.0
 ROLL_BYTES = 8 << 20
 #: Rewrite a segment (the tail: roll, then rewrite) when less than this
 #: fraction of its bytes is live and it is larger than SPARSE_MIN_BYTES: cooled
-#: lines do not linger, and each line is copied O(1) times on average.
-SPARSE_FRACTION = 0.25
+#: lines do not linger (dead bytes stay under 60% of the hot files), and each
+#: line is copied at most 1/(1 - 0.4) times on average. Measured on a bulk
+#: load of 100,000 messages: 0.25 left 110-134 MiB on disk at 2.5 bytes
+#: written per content byte; 0.4 leaves 94-104 MiB at 2.6-2.8.
+SPARSE_FRACTION = 0.4
 SPARSE_MIN_BYTES = 64 << 10
 #: An automatic cooling run of at least this many messages is written by a
 #: background thread (appends go on meanwhile); smaller runs, and every run of
