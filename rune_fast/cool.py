@@ -440,7 +440,7 @@ class _FileIndex:
         if xxhash.xxh3_128_digest(body) != data[8:24]:
             raise ValueError("digest mismatch")
         (hlen,) = struct.unpack_from("<I", body, 0)
-        header = json.loads(bytes(body[4:4 + hlen]))
+        header = orjson.loads(body[4:4 + hlen])
         if header.get("version") != _IDX_VERSION or header.get("file") != _parquet_name(no):
             raise ValueError("wrong version or file name")
         n = int(header["rows"])
@@ -1123,12 +1123,16 @@ class CoolArchive:
 
     def _add_file(self, fi: _FileIndex) -> None:
         self._files[fi.no] = fi
-        for ch in fi.channels:
-            self._channels.setdefault(ch, []).append(fi.no)
-            self._channels[ch].sort()
-        for t in fi.tasks:
-            self._tasks.setdefault(t, []).append(fi.no)
-            self._tasks[t].sort()
+        no = fi.no
+        for index, names in ((self._channels, fi.channels), (self._tasks, fi.tasks)):
+            for name in names:
+                nos = index.get(name)
+                if nos is None:
+                    index[name] = [no]
+                elif nos[-1] < no:
+                    nos.append(no)
+                else:
+                    bisect.insort(nos, no)
         # The global id index takes the file's ids at the first lookups that
         # need it: an open followed by hot-tier reads never builds it, and a
         # few lookups before then search the files' sorted hashes instead.
