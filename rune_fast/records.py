@@ -591,15 +591,40 @@ def message_from_stored(d: dict, *, fresh_json: bool) -> ConversationMessageReco
         sv = d["schema_version"]
         if type(sv) is int and sv == 1 and len(d) == 12 and type(calls) is list \
                 and (not calls or (fresh_json and _stored_calls_ok(calls))):
-            rec = ConversationMessageRecord(d["msg_id"], d["ts"], d["role"], d["content"],
-                                            d["channel_id"], d["task_id"], d["token_estimate"], (),
-                                            d["tool_call_id"], d["origin"], d["hlc"])
-            if calls:
-                object.__setattr__(rec, "tool_calls", tuple(calls))
-            return rec
+            mid, ch, task, hlc, content = d["msg_id"], d["channel_id"], d["task_id"], d["hlc"], d["content"]
+            ts, role, tok, tcid, origin = d["ts"], d["role"], d["token_estimate"], d["tool_call_id"], d["origin"]
+            # Both sources decode UTF-8 strictly (orjson; the archive's
+            # bytes.decode), so the strings need no UTF-8 check: the types,
+            # the required values and a finite time are what is left.
+            if (type(mid) is str and mid and type(ch) is str and ch and type(task) is str
+                    and type(hlc) is str and type(content) is str and type(role) is str
+                    and role in _ROLE_SET and type(ts) is float and ts - ts == 0.0
+                    and type(tok) is int and tok >= 0 and type(tcid) is str and type(origin) is str):
+                rec = _new_message(ConversationMessageRecord)
+                _set_msg_id(rec, mid)
+                _set_ts(rec, ts)
+                _set_role(rec, role)
+                _set_content(rec, content)
+                _set_channel(rec, ch)
+                _set_task(rec, task)
+                _set_tok(rec, tok)
+                _set_calls(rec, tuple(calls) if calls else ())
+                _set_tcid(rec, tcid)
+                _set_origin(rec, origin)
+                _set_hlc(rec, hlc)
+                return rec
     except KeyError:
         pass
     return ConversationMessageRecord.from_dict(d)
+
+
+_new_message = object.__new__
+# the slots' own setters: a frozen dataclass's fields set without __setattr__
+(_set_msg_id, _set_ts, _set_role, _set_content, _set_channel, _set_task, _set_tok, _set_calls,
+ _set_tcid, _set_origin, _set_hlc) = (
+    getattr(ConversationMessageRecord, f).__set__
+    for f in ("msg_id", "ts", "role", "content", "channel_id", "task_id", "token_estimate",
+              "tool_calls", "tool_call_id", "origin", "hlc"))
 
 
 _MSG_FIELDS = tuple(f.name for f in dataclasses.fields(ConversationMessageRecord))

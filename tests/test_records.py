@@ -351,3 +351,36 @@ def test_fast_canonical_json_matches_reference_tasks(t, when):
     from rune_fast.records import record_canonical_json
     for r in (t, dataclasses.replace(t, created_at=when), dataclasses.replace(t, updated_at=-when)):
         assert record_canonical_json(r) == canonical_json(r.to_dict())
+
+
+@settings(max_examples=150, deadline=None)
+@given(messages)
+def test_message_from_stored_equals_from_dict(m):
+    """The read path's constructor gives the record from_dict gives, from a
+    dict decoded by orjson (tool calls taken as they are) or by json."""
+    import orjson
+    from rune_fast.records import message_from_stored
+    wire = json.dumps(m.to_dict(), ensure_ascii=False, allow_nan=False)
+    via_json = message_from_stored(json.loads(wire), fresh_json=False)
+    assert via_json == m and via_json.to_dict() == m.to_dict()
+    try:
+        d = orjson.loads(wire)
+    except orjson.JSONDecodeError:
+        return          # an integer wider than 64 bits: the store decodes such lines with json
+    via_orjson = message_from_stored(d, fresh_json=True)
+    assert via_orjson == m and via_orjson.to_dict() == m.to_dict()
+    assert type(via_orjson.tool_calls) is tuple
+
+
+@pytest.mark.parametrize("change, exc", [
+    ({"role": "wizard"}, ValueError), ({"ts": "yesterday"}, TypeError), ({"msg_id": ""}, ValueError),
+    ({"channel_id": 7}, TypeError), ({"token_estimate": -1}, ValueError),
+    ({"schema_version": 2}, ValueError), ({"tool_calls": [{"id": "x"}]}, ValueError),
+])
+def test_message_from_stored_refuses_what_from_dict_refuses(change, exc):
+    from rune_fast.records import message_from_stored
+    d = ConversationMessageRecord(msg_id="m1", content="hi", channel_id="c").to_dict()
+    d.update(change)
+    for fresh in (True, False):
+        with pytest.raises(exc):
+            message_from_stored(dict(d), fresh_json=fresh)
