@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from typing import Any
 
 import orjson
@@ -124,7 +125,21 @@ def decode_body(body: bytes | memoryview, *, path: str, offset: int) -> dict:
     if not isinstance(d, dict):
         raise CorruptStateCheckpointError("record body is not a JSON object",
                                           path=path, offset=offset)
+    r = d.get("r")
+    if type(r) is dict and (r.get("tool_calls") or type(r.get("token_estimate")) is float) \
+            and _LONG_NUMBER.search(body) is not None:
+        # orjson reads an integer beyond 64 bits as a float; such a record was
+        # written by json (see dumps), and json reads it back exactly
+        try:
+            d = json.loads(bytes(body))
+        except ValueError as exc:
+            raise CorruptStateCheckpointError(f"record body is not valid JSON: {exc}",
+                                              path=path, offset=offset) from None
     return d
+
+
+#: a run of digits that may be an integer beyond 64 bits
+_LONG_NUMBER = re.compile(rb"\d{19}")
 
 
 def record_from_line(line: bytes | memoryview, *, path: str, offset: int,

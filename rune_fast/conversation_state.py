@@ -771,7 +771,7 @@ class ConversationStateRepository:
     def _cool_record(row) -> ConversationMessageRecord:
         d = row.record if hasattr(row, "record") else row
         try:
-            return message_from_stored(d, fresh_json=False)
+            return message_from_stored(d, fresh_json=getattr(row, "plain", False))
         except (TypeError, ValueError, KeyError) as exc:
             raise CorruptStateCheckpointError(f"archived record does not validate: {exc}",
                                               path=getattr(row, "file", None),

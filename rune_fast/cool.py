@@ -127,6 +127,10 @@ class CoolRow(NamedTuple):
     ord: int
     file: str
     row: int
+    #: the row's digest was checked over orjson's spelling of the record
+    #: (no extra fields; tool calls that orjson writes as stored): its values
+    #: are plain JSON values, so a record can be built without walking them
+    plain: bool = False
 
 
 @dataclass(frozen=True)
@@ -763,7 +767,7 @@ def _assemble_at(acc: list, i: int) -> tuple[dict | None, int, str, bool]:
     try:
         tcs = tc(i)
         ex = extra(i)
-        calls = [] if tcs == "[]" else json.loads(tcs)
+        calls = [] if tcs == "[]" else _loads(tcs)
         rec = {"msg_id": mid(i), "channel_id": ch(i), "task_id": task(i), "hlc": hlc(i),
                "content": content(i), "ts": ts(i), "role": role(i), "token_estimate": tok(i),
                "tool_calls": calls,
@@ -772,7 +776,7 @@ def _assemble_at(acc: list, i: int) -> tuple[dict | None, int, str, bool]:
         digest = dig(i)
         plain = ex == "{}" and (not calls or _same_spelling(calls, tcs))
         if ex != "{}":
-            more = json.loads(ex)
+            more = _loads(ex)
             if not isinstance(more, dict):
                 return None, ordv, "extra is not a JSON object", False
             rec.update(more)
@@ -783,6 +787,21 @@ def _assemble_at(acc: list, i: int) -> tuple[dict | None, int, str, bool]:
     except IndexError as exc:
         return None, 0, f"offsets out of range: {exc}", False
     return rec, ordv, digest, plain
+
+
+_LONG_NUMBER = re.compile(r"\d{19}")
+
+
+def _loads(text: str) -> Any:
+    """A stored JSON text (json.dumps wrote it), parsed as json.loads parses
+    it: with orjson, unless a run of 19 or more digits may be an integer
+    beyond 64 bits (orjson would give a float) or orjson refuses the text."""
+    if _LONG_NUMBER.search(text) is None:
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(text)
 
 
 def _same_spelling(value: Any, text: str) -> bool:
@@ -818,7 +837,7 @@ def _assemble_many(takes: list, local: list[int]) -> list[tuple[dict | None, int
     except (UnicodeDecodeError, IndexError):
         return [None] * len(local)  # the caller redoes each row with _assemble_at
     out = []
-    loads = json.loads
+    loads = _loads
     for (mid, ch, task, hlc, content, ts, role, tok, tc, tcid, origin, sv, extra, o, dig) in zip(*cols):
         try:
             calls = [] if tc == "[]" else loads(tc)
@@ -1338,7 +1357,7 @@ class CoolArchive:
                 if _row_digest(rec, plain) != dig:
                     raise CorruptStateCheckpointError(f"cool row {r} fails its digest",
                                                       path=self._path(name), offset=r)
-                out.append(CoolRow(rec, o, name, r))
+                out.append(CoolRow(rec, o, name, r, plain))
             k = j
         return out
 
@@ -1399,7 +1418,7 @@ class CoolArchive:
                 if _row_digest(rec, plain) != dig:
                     raise CorruptStateCheckpointError(f"cool row {row} fails its digest",
                                                       path=self._path(fi.name), offset=row)
-                return CoolRow(rec, o, fi.name, row)
+                return CoolRow(rec, o, fi.name, row, plain)
             return None
 
     def get(self, msg_id: str) -> dict | None:

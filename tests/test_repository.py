@@ -395,3 +395,23 @@ def test_search_special_lines_follow_the_tail_and_compaction(tmp_path):
             assert sorted(h.record.msg_id for h in repo.search(needle)) == want(stored, needle)
         repo.compact()
         assert sorted(h.record.msg_id for h in repo.search("ss")) == want(stored, "ss")
+
+
+def test_integers_beyond_64_bits_come_back_exactly_from_every_tier(tmp_path):
+    """Tool-call arguments may hold any JSON integer; orjson reads one beyond
+    64 bits as a float, so such lines and rows are read with json."""
+    args = {"big": 2 ** 70, "neg": -(2 ** 63) - 1, "edge": 2 ** 64 - 1, "digits": "1234567890123456789012"}
+    big = [ConversationMessageRecord(msg_id=f"big_{i}", role="assistant", content=f"call {i}",
+                                     channel_id="ch", tool_calls=[{"id": f"c{i}", "name": "f", "arguments": args}],
+                                     token_estimate=5, ts=1_700_000_000.0 + i) for i in range(4)]
+    with ConversationStateRepository(tmp_path, compact_every=1000, hot_window=2) as repo:
+        for m in big:
+            repo.append(m)
+        repo._decoded.clear()
+        assert [repo.get_message(m.msg_id).record for m in big] == big        # tail
+        repo.compact()                                                        # 2 cool, 2 hot
+    with ConversationStateRepository(tmp_path, compact_every=1000, hot_window=2) as repo:
+        assert [repo.get_message(m.msg_id).tier for m in big] == ["cool", "cool", "hot", "hot"]
+        assert [repo.get_message(m.msg_id).record for m in big] == big
+        assert repo.window("ch", 10) == big
+        assert [h.record for h in repo.search("call")] == big
