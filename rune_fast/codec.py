@@ -127,7 +127,7 @@ def decode_body(body: bytes | memoryview, *, path: str, offset: int) -> dict:
                                           path=path, offset=offset)
     r = d.get("r")
     if type(r) is dict and (r.get("tool_calls") or type(r.get("token_estimate")) is float) \
-            and _LONG_NUMBER.search(body) is not None:
+            and _has_long_number(body):
         # orjson reads an integer beyond 64 bits as a float; such a record was
         # written by json (see dumps), and json reads it back exactly
         try:
@@ -140,6 +140,14 @@ def decode_body(body: bytes | memoryview, *, path: str, offset: int) -> dict:
 
 #: a run of digits that may be an integer beyond 64 bits
 _LONG_NUMBER = re.compile(rb"\d{19}")
+
+
+def _has_long_number(body: bytes | memoryview) -> bool:
+    """Whether the numbers of a message line (``token_estimate`` and what
+    follows it: the content, which comes before, is a string) hold a run of
+    19 digits."""
+    b = body if type(body) is bytes else bytes(body)
+    return _LONG_NUMBER.search(b, max(0, b.rfind(b'"token_estimate":'))) is not None
 
 
 def record_from_line(line: bytes | memoryview, *, path: str, offset: int,
