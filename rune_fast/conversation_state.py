@@ -880,7 +880,8 @@ class ConversationStateRepository:
             pos += len(lines[j])
         # journaled with one write; durable by the next checkpoint, re-derived
         # from the tail by recovery if a crash loses it first
-        self._events.append_encoded(b"".join(envelopes))
+        self._events.append_encoded(envelopes[0] if len(envelopes) == 1 else b"".join(envelopes),
+                                    offset=False)
         self._since_compact += len(fresh)
         self._snap_changes += len(fresh)
         return self._wpos, len(fresh)

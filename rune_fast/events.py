@@ -302,16 +302,17 @@ class FramedLog:
         if self._failed is not None:
             raise DurabilityError(f"log {self.path} refuses writes after a failed write or sync: {self._failed}")
 
-    def append_bytes(self, data: bytes) -> int:
+    def append_bytes(self, data: bytes, *, offset: bool = True) -> int | None:
         """Append already framed lines with one ``write(2)``; return the offset
-        where they start. Not durable until :meth:`sync`."""
+        where they start (None with ``offset=False``, which saves the
+        ``lseek``). Not durable until :meth:`sync`."""
         with self._lock:
             self._check_writable()
             fd = self._fd
             fcntl.flock(fd, fcntl.LOCK_SH)
             try:
                 written = os.write(fd, data)
-                end = os.lseek(fd, 0, os.SEEK_CUR)
+                end = os.lseek(fd, 0, os.SEEK_CUR) if offset or written != len(data) else None
             except OSError as exc:
                 self._failed = str(exc)
                 raise DurabilityError(f"append to {self.path} failed: {exc}") from exc
@@ -320,7 +321,7 @@ class FramedLog:
             if written != len(data):
                 self._failed = f"short write {written} of {len(data)} bytes"
                 raise DurabilityError(f"append to {self.path}: {self._failed} at offset {end - written}")
-            return end - written
+            return None if end is None else end - written
 
     def sync(self) -> None:
         """Make every append so far durable (one ``fdatasync``).
@@ -565,13 +566,14 @@ class EventStore:
             start += len(line)
         return offsets
 
-    def append_encoded(self, lines: bytes) -> int:
+    def append_encoded(self, lines: bytes, *, offset: bool = True) -> int | None:
         """Append lines made by :meth:`encode` (one or several, concatenated)
-        with one ``write(2)``, not synced; return the offset of the first.
+        with one ``write(2)``, not synced; return the offset of the first
+        (None with ``offset=False``: one system call less).
         ``ValueError`` if ``lines`` is empty or does not end with a newline."""
         if not lines or not lines.endswith(b"\n"):
             raise ValueError(f"append_encoded to {self.path}: expected whole framed lines")
-        return self._log.append_bytes(lines)
+        return self._log.append_bytes(lines, offset=offset)
 
     def sync(self) -> None:
         """Make every envelope appended so far durable (one fdatasync)."""
