@@ -849,8 +849,8 @@ class ConversationStateRepository:
             seen.add(mid)
             fresh.append(i)
         if fresh and self._cool.has_files():
-            archived = self._cool.contains_many([msgs[i].msg_id for i in fresh])
-            fresh = [i for i, a in zip(fresh, archived.tolist()) if not a]
+            contains = self._cool.contains
+            fresh = [i for i in fresh if not contains(msgs[i].msg_id)]
         if not fresh:
             return 0, 0
         seq0 = self._next_seq
