@@ -348,6 +348,18 @@ cdef int _grow_u32(uint32_t **arr, uint32_t *cap, uint32_t need) except -1:
     return 0
 
 
+cdef void _free_lists(rf_list *lists, uint32_t n) noexcept nogil:
+    """Free an array of channel or task lists and what each holds."""
+    cdef uint32_t i
+    if lists == NULL:
+        return
+    for i in range(n):
+        free(lists[i].u)
+        free(lists[i].s)
+        free(lists[i].lk)
+    free(lists)
+
+
 cdef class HotIndex:
     """Index of every live message line of the hot tier and the tail.
 
@@ -377,18 +389,8 @@ cdef class HotIndex:
                     PyBuffer_Release(&self._c_segs[s].view)
                 free(self._c_segs[s].ov)
             free(self._c_segs)
-        if self._c_chan != NULL:
-            for i in range(self._n_chan):
-                free(self._c_chan[i].u)
-                free(self._c_chan[i].s)
-                free(self._c_chan[i].lk)
-            free(self._c_chan)
-        if self._c_task != NULL:
-            for i in range(self._n_task):
-                free(self._c_task[i].u)
-                free(self._c_task[i].s)
-                free(self._c_task[i].lk)
-            free(self._c_task)
+        _free_lists(self._c_chan, self._n_chan)
+        _free_lists(self._c_task, self._n_task)
         free(self._c_locs)
         free(self._c_lens)
         free(self._c_free)
