@@ -99,7 +99,10 @@ _FORMAT = 1
 FOLDS_TO_ASCII = SPECIAL_FOLD
 #: Decoded records kept by location (the newest appends and reads), so a
 #: window read decodes nothing; bytes are still checksummed on every read.
-_DECODE_CACHE = 1024
+#: 8,192 (about 10 MiB at most) holds the last 8 messages of 1,000 channels:
+#: measured on a 1,000,000-message store, window(ch, 8) over random channels
+#: takes 7.7 us with it and 52 us with 1,024.
+_DECODE_CACHE = 8192
 #: Decoded Parquet row groups the cool tier keeps (bounded memory, see stats()):
 #: the whole cool tier of a 100,000-message store of the bench's workload.
 COOL_CACHE_BYTES = 48 << 20
