@@ -939,7 +939,7 @@ class ConversationStateRepository:
                     break
                 cond.wait()
         try:
-            if self.durability == "batch" and self._inflight > 1 and BATCH_WINDOW_S >= 0:
+            if self.durability == "batch" and self._inflight > 1:
                 # other appenders are on their way: let them write, then one sync
                 time.sleep(BATCH_WINDOW_S)
             upto = self._wpos
@@ -1510,8 +1510,15 @@ class ConversationStateRepository:
     def _fold_only(self) -> bool:
         """Whether an automatic compaction has nothing to move but the fold."""
         return (not self._pending_erase and not self._segs_unchecked
-                and self._tail.size < ROLL_BYTES and not self._excess(False)
+                and self._tail.size < ROLL_BYTES and not self._cooling_due()
                 and not self._cool.plan_merge())
+
+    def _cooling_due(self) -> bool:
+        """Whether some channel's excess over ``hot_window`` reaches a quarter
+        window: the automatic compaction's reason to cool."""
+        slack = max(1, self.hot_window // 4)
+        index = self._index
+        return any(index.channel_len(k) - self.hot_window >= slack for k in index.channels())
 
     def _excess(self, full: bool) -> list[int]:
         """Locations to cool: every channel's messages beyond its newest
@@ -1519,11 +1526,8 @@ class ConversationStateRepository:
         once some channel's excess reaches a quarter window, and then cools
         every channel's excess: one larger Parquet run now and then instead
         of a small run (and its merges) every few ``compact_every``."""
-        if not full:
-            slack = max(1, self.hot_window // 4)
-            index = self._index
-            if not any(index.channel_len(k) - self.hot_window >= slack for k in index.channels()):
-                return []
+        if not full and not self._cooling_due():
+            return []
         return self._index.excess(self.hot_window).tolist()
 
     def _compact(self, *, full: bool, start_bg: bool = True) -> CompactionReport:

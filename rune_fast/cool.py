@@ -1088,13 +1088,7 @@ class CoolArchive:
         if pf is not None:
             self._handles.move_to_end(no)
             return pf
-        path = self._path(_parquet_name(no))
-        pf = _open_parquet(path)
-        got = [(f.name, f.type) for f in pf.schema_arrow]
-        if got != _COL_TYPES:
-            _close(pf)
-            raise CorruptStateCheckpointError(
-                f"cool archive has columns {got}, expected {_COL_TYPES}", path=path)
+        pf = _open_checked(self._path(_parquet_name(no)))
         self._handles[no] = pf
         while len(self._handles) > 16:
             _, old = self._handles.popitem(last=False)
@@ -1102,13 +1096,7 @@ class CoolArchive:
         return pf
 
     def _read_table(self, no: int) -> pa.Table:
-        path = self._path(_parquet_name(no))
-        pf = self._parquet(no)
-        try:
-            table = pf.read(use_threads=False)
-        except _PARQUET_ERRORS as exc:
-            raise CorruptStateCheckpointError(f"cool archive cannot be read: {exc}", path=path) from None
-        return table
+        return _read_all(self._parquet(no), self._path(_parquet_name(no)))
 
     def _index_from_parquet(self, no: int, size: int, footer: str, *, verify: bool) -> _FileIndex:
         path = self._path(_parquet_name(no))
@@ -1699,12 +1687,11 @@ class CoolArchive:
             self._next_no += 1
             return no
 
-    def _write_file(self, table: pa.Table, *, durable: bool, no: int | None = None) -> _FileIndex:
-        """Write ``table`` as the next numbered file (or as file ``no``) plus
-        its sidecar: both temp files written and fsynced, both renamed, one
-        folder fsync (three fsyncs in all; none unless ``durable``)."""
-        if no is None:
-            no = self._take_no()
+    def _write_file(self, table: pa.Table, *, durable: bool) -> _FileIndex:
+        """Write ``table`` as the next numbered file plus its sidecar: both
+        temp files written and fsynced, both renamed, one folder fsync (three
+        fsyncs in all; none unless ``durable``)."""
+        no = self._take_no()
         name, iname = _parquet_name(no), _idx_name(no)
         tmp = self._write_tmp(name, table=table, durable=durable)
         itmp = None
@@ -1952,17 +1939,9 @@ class CoolArchive:
     def _read_table_fresh(self, no: int) -> pa.Table:
         """File ``no`` read through a handle of its own (not the shared ones)."""
         path = self._path(_parquet_name(no))
-        pf = _open_parquet(path)
+        pf = _open_checked(path)
         try:
-            got = [(f.name, f.type) for f in pf.schema_arrow]
-            if got != _COL_TYPES:
-                raise CorruptStateCheckpointError(
-                    f"cool archive has columns {got}, expected {_COL_TYPES}", path=path)
-            try:
-                return pf.read(use_threads=False)
-            except _PARQUET_ERRORS as exc:
-                raise CorruptStateCheckpointError(f"cool archive cannot be read: {exc}",
-                                                  path=path) from None
+            return _read_all(pf, path)
         finally:
             _close(pf)
 
@@ -2170,6 +2149,24 @@ def _open_parquet(path: str) -> pq.ParquetFile:
                                           path=path) from None
     pf._rune_src = src  # type: ignore[attr-defined]  # closed with the ParquetFile by _close
     return pf
+
+
+def _open_checked(path: str) -> pq.ParquetFile:
+    """:func:`_open_parquet`, then the columns checked against the schema."""
+    pf = _open_parquet(path)
+    got = [(f.name, f.type) for f in pf.schema_arrow]
+    if got != _COL_TYPES:
+        _close(pf)
+        raise CorruptStateCheckpointError(
+            f"cool archive has columns {got}, expected {_COL_TYPES}", path=path)
+    return pf
+
+
+def _read_all(pf: pq.ParquetFile, path: str) -> pa.Table:
+    try:
+        return pf.read(use_threads=False)
+    except _PARQUET_ERRORS as exc:
+        raise CorruptStateCheckpointError(f"cool archive cannot be read: {exc}", path=path) from None
 
 
 def _close(pf: pq.ParquetFile) -> None:
