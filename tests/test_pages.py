@@ -1,0 +1,235 @@
+"""Single-row reads page by page (rune_fast.pages, csrc/_pages.pyx): the same
+values pyarrow reads, damage refused, other layouts left to pyarrow; and the
+cool archive's reads through them once its cool tier outgrows the cache."""
+from __future__ import annotations
+
+import os
+import random
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rune_fast._pages import byte_array_at, page_header
+from rune_fast.cool import COOL_SCHEMA, CoolArchive
+from rune_fast.errors import CorruptStateCheckpointError
+from rune_fast.pages import PageError, PageReader, Unsupported
+
+from test_cool import rec
+
+
+def _records(n: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    words = ["alpha", "Straße", "日本語", "🚀", "", "x" * 300, "line\nbreak", "quote\"d", "\x00nul"]
+    out = []
+    for i in range(n):
+        content = " ".join(rng.choice(words) for _ in range(rng.randrange(0, 40)))
+        r = rec(i, f"ch{i % 7}", content=content, task=f"t{i % 11}" if i % 3 else "",
+                hlc="" if i % 5 else f"{i:016d}",
+                tool_calls=[{"id": f"c{i}", "name": "f", "arguments": {"n": i, "big": 1 << 70}}] if i % 13 == 0
+                else None)
+        if i % 17 == 0:
+            r["extra_field"] = {"k": [i, "v"]}
+        out.append(r)
+    return out
+
+
+@pytest.fixture
+def archive(tmp_path):
+    d = str(tmp_path / "cool")
+    a = CoolArchive(d, row_group_rows=256, cache_bytes=1)
+    rows = _records(1500)
+    a.cool(rows, list(range(len(rows))))
+    return a, rows
+
+
+def _parquet_path(a: CoolArchive) -> str:
+    (name,) = a.files()
+    return os.path.join(a.cool_dir, name)
+
+
+def test_every_row_matches_pyarrow(archive):
+    a, _rows = archive
+    path = _parquet_path(a)
+    pf = pq.ParquetFile(path)
+    table = pf.read()
+    reader = PageReader(path, pf.metadata)
+    try:
+        starts = [0]
+        for g in range(pf.metadata.num_row_groups):
+            starts.append(starts[-1] + pf.metadata.row_group(g).num_rows)
+        want = table.to_pylist()
+        for g in range(pf.metadata.num_row_groups):
+            n = starts[g + 1] - starts[g]
+            got = reader.rows(g, list(range(n)))
+            assert [list(w.values()) for w in want[starts[g]:starts[g + 1]]] == got
+            some = sorted(random.Random(g).sample(range(n), 5))
+            assert reader.rows(g, some) == [got[i] for i in some]
+    finally:
+        reader.close()
+
+
+def test_pages_are_small_and_checksummed(archive):
+    """The layout the reader relies on: several PLAIN v1 pages per content
+    chunk, each with a CRC, no dictionary pages."""
+    a, _rows = archive
+    path = _parquet_path(a)
+    md = pq.ParquetFile(path).metadata
+    cc = md.row_group(0).column(COOL_SCHEMA.names.index("content"))
+    assert not cc.has_dictionary_page
+    reader = PageReader(path, md)
+    firsts, pages = reader._dir(0)[COOL_SCHEMA.names.index("content")]
+    assert len(pages) > 1 and all(p[4] >= 0 for p in pages)
+    assert max(b - a for a, b in zip(firsts, firsts[1:] + [md.row_group(0).num_rows])) <= 32
+    reader.close()
+
+
+def test_flipped_byte_in_a_page_is_refused(archive):
+    a, _rows = archive
+    path = _parquet_path(a)
+    md = pq.ParquetFile(path).metadata
+    reader = PageReader(path, md)
+    col = COOL_SCHEMA.names.index("content")
+    _firsts, pages = reader._dir(1)[col]
+    first, off, csize, _usize, _crc, _z = pages[2]
+    reader.close()
+    with open(path, "r+b") as f:
+        f.seek(off + csize // 2)
+        b = f.read(1)
+        f.seek(off + csize // 2)
+        f.write(bytes([b[0] ^ 0x04]))
+    reader = PageReader(path, md)
+    with pytest.raises(PageError, match="CRC"):
+        reader.rows(1, [first])
+    assert reader.rows(1, [0])  # another page of the chunk: still sound
+    reader.close()
+
+
+def test_truncated_file_is_refused(archive, tmp_path):
+    a, _rows = archive
+    path = _parquet_path(a)
+    md = pq.ParquetFile(path).metadata
+    short = str(tmp_path / "short.parquet")
+    with open(path, "rb") as f, open(short, "wb") as g:
+        g.write(f.read()[: os.path.getsize(path) // 2])
+    reader = PageReader(short, md)
+    with pytest.raises(PageError):
+        for g in range(md.num_row_groups):
+            reader.rows(g, [0])
+    reader.close()
+
+
+def test_other_layouts_are_left_to_pyarrow(tmp_path):
+    rows = _records(50)
+    table = pa.Table.from_pylist([{**{k: r.get(k) for k in ("msg_id", "content")}} for r in rows])
+    p = str(tmp_path / "dict.parquet")
+    pq.write_table(table, p, write_page_checksum=True)        # dictionary pages
+    with pytest.raises(Unsupported):
+        PageReader(p, pq.ParquetFile(p).metadata)              # nullable columns
+    schema = pa.schema([pa.field("msg_id", pa.string(), nullable=False),
+                        pa.field("content", pa.string(), nullable=False)])
+    pq.write_table(table.cast(schema), p, write_page_checksum=True)
+    reader = PageReader(p, pq.ParquetFile(p).metadata)
+    with pytest.raises(Unsupported):
+        reader.rows(0, [0])
+    reader.close()
+    pq.write_table(table.cast(schema), p, use_dictionary=False)  # no CRCs
+    reader = PageReader(p, pq.ParquetFile(p).metadata)
+    with pytest.raises(Unsupported):
+        reader.rows(0, [0])
+    reader.close()
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=80), pos=st.integers(0, 90))
+def test_page_header_never_reads_out_of_bounds(data, pos):
+    try:
+        hlen, *_ = page_header(data, pos)
+    except ValueError:
+        return
+    assert 0 < hlen <= len(data) - pos
+
+
+@settings(max_examples=300, deadline=None)
+@given(values=st.lists(st.binary(max_size=20), max_size=10), cut=st.integers(0, 300), j=st.integers(0, 12))
+def test_byte_array_at(values, cut, j):
+    page = b"".join(len(v).to_bytes(4, "little") + v for v in values)
+    if j < len(values):
+        a, b = byte_array_at(page, j)
+        assert page[a:b] == values[j]
+    page = page[:cut]
+    try:
+        a, b = byte_array_at(page, j)
+    except ValueError:
+        return
+    assert 0 <= a <= b <= len(page)
+
+
+# ------------------------------------------------------- through the archive
+
+def test_archive_reads_past_its_cache_page_by_page(archive):
+    """A cache too small for the cool tier: exact, window and task reads go
+    page by page, return the records as cooled, and cache nothing."""
+    a, rows = archive
+    for r in random.Random(3).sample(rows, 100):
+        got = a.get_row(r["msg_id"])
+        assert got.record == r
+    assert any(reader is not None for reader in a._readers.values())
+    want = [r for r in rows if r["task_id"] == "t5"]
+    assert sorted(x.record["msg_id"] for x in a.task_rows("t5")) == sorted(r["msg_id"] for r in want)
+    cached = CoolArchive(a.cool_dir, a.files(), row_group_rows=256, cache_bytes=64 << 20, read_only=True)
+    assert [x.record for x in a.channel_tail("ch3", 8)] == [x.record for x in cached.channel_rows("ch3")][-8:]
+    assert len(a._cache) <= 1
+
+
+def test_archive_page_damage_is_loud(archive):
+    """A flipped byte in a page: the page reader refuses it, the read goes
+    through pyarrow, which names the file; the row is never served."""
+    a, rows = archive
+    path = _parquet_path(a)
+    md = pq.ParquetFile(path).metadata
+    reader = PageReader(path, md)
+    col = COOL_SCHEMA.names.index("content")
+    _firsts, pages = reader._dir(0)[col]
+    first, off, csize, _u, _c, _z = pages[1]
+    reader.close()
+    ids = pq.read_table(path, columns=["msg_id"]).column("msg_id").to_pylist()
+    victim, sound = ids[first], ids[600]
+    with open(path, "r+b") as f:
+        f.seek(off + 3)
+        b = f.read(1)
+        f.seek(off + 3)
+        f.write(bytes([b[0] ^ 0x01]))
+    b2 = CoolArchive(a.cool_dir, a.files(), cache_bytes=1, row_group_rows=256)
+    with pytest.raises(CorruptStateCheckpointError) as e:
+        b2.get_row(victim)
+    assert path in str(e.value)
+    by_id = {r["msg_id"]: r for r in rows}
+    assert b2.get_row(sound).record == by_id[sound]   # another row group still reads
+
+
+def test_old_layout_still_reads_past_the_cache(tmp_path, monkeypatch):
+    """Files written with dictionary pages (earlier releases): the page
+    reader declines them and the direct read goes through pyarrow."""
+    import rune_fast.cool as cool
+
+    real = pq.write_table
+
+    def old_layout(table, where, **kw):
+        kw.update(use_dictionary=["channel_id", "task_id", "role", "origin", "tool_call_id"])
+        kw.pop("data_page_size", None)
+        kw.pop("write_batch_size", None)
+        return real(table, where, **kw)
+
+    monkeypatch.setattr(cool.pq, "write_table", old_layout)
+    d = str(tmp_path / "cool")
+    a = CoolArchive(d, row_group_rows=128, cache_bytes=1)
+    rows = _records(400)
+    a.cool(rows, list(range(len(rows))))
+    monkeypatch.setattr(cool.pq, "write_table", real)
+    b = CoolArchive(d, a.files(), row_group_rows=128, cache_bytes=1)
+    for r in rows[::37]:
+        assert b.get_row(r["msg_id"]).record == r
+    assert all(reader is None for reader in b._readers.values())
