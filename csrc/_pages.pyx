@@ -1,14 +1,17 @@
-"""The two hot loops of a single-row read from a Parquet file: parsing a page
-header (Thrift compact protocol) and finding the j-th value of a PLAIN
-BYTE_ARRAY page.
+"""The hot loops of reading a Parquet file page by page: parsing a page
+header (Thrift compact protocol), finding the j-th value of a PLAIN
+BYTE_ARRAY page, and turning such a page into an Arrow string layout.
 
 The Python layer (``rune_fast.pages``) locates the pages, checks their CRC,
 decompresses them and decides what to do with anything these functions refuse:
 every malformed input raises ValueError, never reads out of bounds.
 """
-from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+from libc.string cimport memcpy
 
 cimport cython
+
+import numpy as np
 
 # Thrift compact protocol field types
 cdef enum:
@@ -190,3 +193,37 @@ def byte_array_at(const unsigned char[::1] page, Py_ssize_t j):
         if k == j:
             return pos, pos + <Py_ssize_t>ln
         pos += ln
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def plain_strings(const unsigned char[::1] page, Py_ssize_t count):
+    """``(data, offsets)`` of the ``count`` values of a PLAIN BYTE_ARRAY page:
+    the values' bytes back to back, and int32 offsets (``count + 1``) into
+    them, the layout of an Arrow string array. ValueError if the page holds
+    fewer values or bytes past the last one."""
+    cdef Py_ssize_t n = page.shape[0], pos = 0, k, out = 0
+    cdef uint32_t ln
+    if count < 0:
+        raise ValueError("negative value count")
+    offs = np.empty(count + 1, dtype=np.int32)
+    cdef int32_t[::1] o = offs
+    data = bytearray(n - 4 * count if n >= 4 * count else 0)
+    cdef unsigned char[::1] d = data
+    o[0] = 0
+    for k in range(count):
+        if n - pos < 4:
+            raise ValueError(f"PLAIN page ends before value {k}")
+        ln = (<uint32_t>page[pos] | (<uint32_t>page[pos + 1] << 8)
+              | (<uint32_t>page[pos + 2] << 16) | (<uint32_t>page[pos + 3] << 24))
+        pos += 4
+        if <uint64_t>ln > <uint64_t>(n - pos) or <uint64_t>out + ln > <uint64_t>d.shape[0]:
+            raise ValueError(f"PLAIN value {k} runs past its page")
+        if ln:
+            memcpy(&d[out], &page[pos], ln)
+        pos += ln
+        out += ln
+        o[k + 1] = <int32_t>out
+    if pos != n:
+        raise ValueError(f"{n - pos} bytes past the last PLAIN value")
+    return bytes(data), offs

@@ -81,8 +81,8 @@ ROW_GROUP_ROWS = 1024
 #: than pyarrow's default 1 MiB pages
 _PAGE_BYTES = 4 << 10
 _PAGE_BATCH_ROWS = 32
-#: reads of up to this many rows of one row group go page by page
-_PAGE_READ_ROWS = 32
+#: row groups remembered as missed once (see CoolArchive._direct)
+_MAX_MISSED = 1 << 16
 
 #: The record dict fields, in the column order of the file.
 RECORD_FIELDS = (
@@ -645,11 +645,16 @@ class _Content:
 
     def find(self, needle: bytes, ci: bool, lo: int, hi: int) -> np.ndarray:
         """Rows in [lo, hi) (ascending) whose bytes hold ``needle`` (ASCII
-        letters either case with ``ci``; the needle already lowercased)."""
+        letters either case with ``ci``; the needle already lowercased).
+
+        The trigram filters are used once built (cached columns build them at
+        their first search); a column read for one scan is searched whole."""
         if hi <= lo:
             return np.zeros(0, np.int64)
         o = np.frombuffer(self.offs, dtype=np.int32).astype(np.int64)
         data = self.data
+        if not self.grams and data is not None:
+            return find_spans(data, o[lo:hi], o[lo + 1:hi + 1], needle, ci) + lo
         self.build_grams()
         B = _BLOCK_ROWS
         ks = gram_blocks(self.grams, _GRAM_BITS, needle)
@@ -971,6 +976,7 @@ class CoolArchive:
         self._cached_bytes = 0
         self._handles: OrderedDict[int, pq.ParquetFile] = OrderedDict()
         self._readers: dict[int, PageReader | None] = {}   # None: not a layout PageReader reads
+        self._missed: set[tuple[int, int]] = set()        # groups read once without caching them
         self._channels: dict[str, list[int]] = {}
         self._tasks: dict[str, list[int]] = {}
         # id index: xxh3_64(msg_id) -> (file no << 32) | row, every live file
@@ -1283,13 +1289,15 @@ class CoolArchive:
             n = fi.rg_list[rg + 1] - first if fi is not None and rg + 1 < len(fi.rg_list) else None
             g = _Group(-1 if n is None else n)
         missing = [c for c in cols if c not in g.cols]
-        pf = self._parquet(no)
-        try:
-            table = pf.read_row_group(rg, columns=missing, use_threads=False)
-        except _PARQUET_ERRORS as exc:
-            raise CorruptStateCheckpointError(
-                f"cool archive row group {rg} (from row {first}) cannot be read: {exc}",
-                path=path, offset=first) from None
+        table = self._page_columns(no, rg, missing)
+        if table is None:
+            pf = self._parquet(no)
+            try:
+                table = pf.read_row_group(rg, columns=missing, use_threads=False)
+            except _PARQUET_ERRORS as exc:
+                raise CorruptStateCheckpointError(
+                    f"cool archive row group {rg} (from row {first}) cannot be read: {exc}",
+                    path=path, offset=first) from None
         if g.n < 0:
             g.n = table.num_rows
         cached = key in self._cache
@@ -1312,22 +1320,29 @@ class CoolArchive:
         column, or the cache has room for it (then caching it pays off for the
         next reads), or the rows need the cached path to name their problem.
 
-        A store whose cool tier outgrows the cache reads its misses this way:
-        a random read then costs one row group read (no column views built
-        for rows nobody asked for) and does not evict what the cache holds."""
-        g = self._cache.get((no, rg))
-        if (g is not None and g.acc is not None) or self._cached_bytes < self._cache_bytes * 0.9:
+        A group's first miss is read this way (one page per column for a
+        single row, see rune_fast.pages; nothing decoded for rows nobody asked
+        for); its second miss caches it if the cache has room. So random reads
+        over a cool tier larger than the cache do not cycle through it, and the
+        groups read again and again end up cached."""
+        key = (no, rg)
+        g = self._cache.get(key)
+        if g is not None and g.acc is not None:
             return None
+        if self._cached_bytes < self._cache_bytes * 0.9 and key in self._missed:
+            return None
+        if len(self._missed) >= _MAX_MISSED:
+            self._missed.clear()
+        self._missed.add(key)
         if not local or local[0] < 0 or local[-1] >= n:
             return None
-        if len(local) <= _PAGE_READ_ROWS:
-            try:
-                cols = self._page_rows(no, rg, local)
-            except PageError:
-                return None   # damage: the cached path reads it through pyarrow and names it
-            if cols is not None:
-                return _assemble_many([lambda rs, v=v: [v[r] for r in rs] for v in zip(*cols)],
-                                      list(range(len(local))))
+        try:
+            cols = self._page_rows(no, rg, local)
+        except PageError:
+            return None   # damage: the cached path reads it through pyarrow and names it
+        if cols is not None:
+            return _assemble_many([lambda rs, v=v: [v[r] for r in rs] for v in zip(*cols)],
+                                  list(range(len(local))))
         try:
             table = self._parquet(no).read_row_group(rg, use_threads=False)
             if table.num_rows != n:
@@ -1342,17 +1357,28 @@ class CoolArchive:
         got = _assemble_many([lambda rs, v=v: [v[r] for r in rs] for v in cols], list(range(len(local))))
         return None if any(x is None for x in got) else got
 
+    def _reader(self, no: int) -> PageReader | None:
+        """File ``no``'s PageReader, or None if it is not in a layout it reads."""
+        if no in self._readers:
+            return self._readers[no]
+        pf = self._parquet(no)
+        path = self._path(_parquet_name(no))
+        try:
+            # the descriptor pyarrow reads: the same file, even if the path was replaced since
+            fd = os.dup(pf._rune_src.fileno())   # type: ignore[attr-defined]
+        except (AttributeError, OSError) as exc:
+            raise CorruptStateCheckpointError(f"cool archive cannot be opened: {exc}", path=path) from None
+        try:
+            reader = PageReader(path, pf.metadata, fd=fd)
+        except Unsupported:
+            reader = None
+        self._readers[no] = reader
+        return reader
+
     def _page_rows(self, no: int, rg: int, local: list[int]) -> list[list] | None:
         """Rows ``local`` of row group ``rg`` through the file's PageReader, or
         None if the file is not in a layout it reads."""
-        if no in self._readers:
-            reader = self._readers[no]
-        else:
-            try:
-                reader = PageReader(self._path(_parquet_name(no)), self._parquet(no).metadata)
-            except Unsupported:
-                reader = None
-            self._readers[no] = reader
+        reader = self._reader(no)
         if reader is None:
             return None
         try:
@@ -1362,6 +1388,22 @@ class CoolArchive:
             reader.close()
             return None
 
+    def _page_columns(self, no: int, rg: int, names: list[str]) -> pa.Table | None:
+        """Columns ``names`` of row group ``rg`` through the file's
+        PageReader, or None: not a layout it reads, or damage (which the
+        caller's pyarrow read then names)."""
+        reader = self._reader(no)
+        if reader is None:
+            return None
+        try:
+            return pa.table({c: reader.column(rg, _COLS.index(c)) for c in names})
+        except Unsupported:
+            self._readers[no] = None
+            reader.close()
+            return None
+        except PageError:
+            return None
+
     def _evict(self, scanned: tuple[int, int] | None = None) -> None:
         """Bring the cache within budget: first compress the content of the
         least recently used groups, then drop groups (least recently used
@@ -1369,11 +1411,13 @@ class CoolArchive:
         the cache does not cycle through it)."""
         if self._cached_bytes <= self._cache_bytes:
             return
-        for g in list(self._cache.values()):
-            self._cached_bytes -= g.compress()
-            if self._cached_bytes <= self._cache_bytes:
-                return
+        for key, g in list(self._cache.items()):
+            if key != scanned:
+                self._cached_bytes -= g.compress()
+                if self._cached_bytes <= self._cache_bytes:
+                    return
         if scanned is not None and scanned in self._cache and len(self._cache) > 1:
+            # dropped as read: compressing it first would be work for nothing
             self._cached_bytes -= self._cache.pop(scanned).nbytes
         while self._cached_bytes > self._cache_bytes and len(self._cache) > 1:
             _, old = self._cache.popitem(last=False)
@@ -1637,7 +1681,7 @@ class CoolArchive:
                     pinned: dict = {}      # this group, even if the cache does not keep it
                     g = self._group(no, rg, ("content",), True, pinned)
                     content = g.cols["content"][2]
-                    if not content.grams:
+                    if not content.grams and self._cache.get((no, rg)) is g:
                         # the first search of a cached group builds its trigram filters
                         before = content.nbytes()
                         content.build_grams()

@@ -30,7 +30,10 @@ from typing import Any
 
 import zstandard
 
-from ._pages import byte_array_at, page_header
+import numpy as np
+import pyarrow as pa
+
+from ._pages import page_header, plain_strings
 
 __all__ = ["PageError", "PageReader", "Unsupported"]
 
@@ -43,6 +46,7 @@ _WINDOW = 64 << 10
 _MAX_DIRS = 4096
 
 _FIXED = {"INT64": struct.Struct("<q"), "INT32": struct.Struct("<i"), "DOUBLE": struct.Struct("<d")}
+_ARROW = {"INT64": pa.int64(), "INT32": pa.int32(), "DOUBLE": pa.float64()}
 _DATA_PAGE = 0
 _PLAIN = 0
 
@@ -58,16 +62,22 @@ class PageError(ValueError):
 class PageReader:
     """Point reads of rows of one Parquet file (see the module docstring).
 
-    ``PageReader(path, metadata)`` raises :class:`Unsupported` if the schema
-    is not readable here; :meth:`rows` raises it if a row group's column
-    chunks are not. Not thread-safe: the cool archive calls it under its lock.
+    ``PageReader(path, metadata, fd=None)`` raises :class:`Unsupported` if
+    the schema is not readable here; :meth:`rows` and :meth:`column` raise it
+    if a row group's column chunks are not. ``fd``: a descriptor of the file
+    the metadata was read from, which the reader then owns (so it reads the
+    same file even if ``path`` has since been replaced); else it opens
+    ``path``. Not thread-safe: the cool archive calls it under its lock.
     """
 
-    __slots__ = ("path", "_fd", "_md", "_kinds", "_dirs", "_dctx")
+    __slots__ = ("path", "_fd", "_md", "_kinds", "_types", "_dirs", "_dctx")
 
-    def __init__(self, path: str, metadata: Any) -> None:
+    def __init__(self, path: str, metadata: Any, fd: int | None = None) -> None:
         self._fd = -1
+        if fd is not None:
+            self._fd = fd       # owned from here on, closed even if the schema is refused
         kinds: list[Any] = []
+        types: list[Any] = []
         schema = metadata.schema
         for c in range(metadata.num_columns):
             col = schema.column(c)
@@ -75,16 +85,20 @@ class PageReader:
                 raise Unsupported(f"column {col.name} is not required")
             if col.physical_type == "BYTE_ARRAY":
                 kinds.append(None)
+                types.append(pa.string())
             elif col.physical_type in _FIXED:
                 kinds.append(_FIXED[col.physical_type])
+                types.append(_ARROW[col.physical_type])
             else:
                 raise Unsupported(f"column {col.name} has type {col.physical_type}")
         self.path = path
         self._md = metadata
         self._kinds = kinds
+        self._types = types
         self._dirs: dict[int, list[tuple[list[int], list[tuple]]]] = {}
         self._dctx = zstandard.ZstdDecompressor()
-        self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        if fd is None:
+            self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -107,7 +121,7 @@ class PageReader:
 
     def _chunk_pages(self, offset: int, total: int, rows: int, zstd: bool) -> tuple[list[int], list[tuple]]:
         """(first row of each page, (first, data offset, compressed size,
-        uncompressed size, crc, zstd) of each page) of one column chunk."""
+        uncompressed size, crc, zstd, values) of each page) of one column chunk."""
         firsts: list[int] = []
         pages: list[tuple] = []
         end = offset + total
@@ -129,7 +143,7 @@ class PageReader:
             if nvals <= 0 or (not zstd and usize != csize):
                 raise PageError(f"{self.path}: page header at offset {pos} has {nvals} values")
             firsts.append(first)
-            pages.append((first, pos + hlen, csize, usize, crc, zstd))
+            pages.append((first, pos + hlen, csize, usize, crc, zstd, nvals))
             first += nvals
             pos += hlen + csize
         if pos != end or first != rows:
@@ -165,27 +179,62 @@ class PageReader:
         out: list[list] = [[] for _ in local]
         for c, (firsts, pages) in enumerate(d):
             kind = self._kinds[c]
-            k_open, raw = -1, b""
+            k_open, vals, first = -1, None, 0
             for n, i in enumerate(local):
                 k = bisect.bisect_right(firsts, i) - 1
                 if k != k_open:
                     if k < 0:
                         raise PageError(f"{self.path}: row {i} of row group {rg} precedes its pages")
-                    raw = self._page(pages[k])
-                    k_open = k
-                j = i - pages[k][0]
+                    vals = self._values(pages[k], kind, rg, c)
+                    k_open, first = k, pages[k][0]
+                j = i - first
                 try:
                     if kind is None:
-                        a, b = byte_array_at(raw, j)
-                        out[n].append(raw[a:b].decode("utf-8"))
+                        data, offs = vals
+                        out[n].append(data[offs[j]:offs[j + 1]].decode("utf-8"))
                     else:
-                        out[n].append(kind.unpack_from(raw, kind.size * j)[0])
-                except (ValueError, struct.error) as exc:   # UnicodeDecodeError is a ValueError
+                        out[n].append(kind.unpack_from(vals, kind.size * j)[0])
+                except (ValueError, IndexError, struct.error) as exc:   # UnicodeDecodeError is a ValueError
                     raise PageError(f"{self.path}: row {i} of row group {rg}, column {c}: {exc}") from None
         return out
 
+    def column(self, rg: int, c: int) -> pa.Array:
+        """Column ``c`` of row group ``rg`` as an Arrow array (every page read,
+        checked and decompressed here; no pyarrow decoding)."""
+        _firsts, pages = self._dir(rg)[c]
+        kind = self._kinds[c]
+        n = sum(p[6] for p in pages)
+        if kind is not None:
+            raw = b"".join(self._values(p, kind, rg, c) for p in pages)
+            return pa.Array.from_buffers(self._types[c], n, [None, pa.py_buffer(raw)])
+        datas, offsets, base = [], [np.zeros(1, np.int32)], 0
+        for p in pages:
+            data, offs = self._values(p, kind, rg, c)
+            datas.append(data)
+            offsets.append(offs[1:] + np.int32(base))
+            base += len(data)
+            if base >= 1 << 31:
+                raise Unsupported(f"row group {rg} column {c} holds 2 GiB or more")
+        offs = np.concatenate(offsets)
+        return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offs), pa.py_buffer(b"".join(datas))])
+
+    def _values(self, page: tuple, kind: Any, rg: int, c: int) -> Any:
+        """A page's values: ``(data, int32 offsets)`` for strings, the raw
+        little-endian bytes for fixed-width values."""
+        raw = self._page(page)
+        nvals = page[6]
+        try:
+            if kind is None:
+                return plain_strings(raw, nvals)
+        except ValueError as exc:
+            raise PageError(f"{self.path}: page at offset {page[1]} (row group {rg}, column {c}): {exc}") from None
+        if len(raw) != kind.size * nvals:
+            raise PageError(f"{self.path}: page at offset {page[1]} holds {len(raw)} bytes "
+                            f"for {nvals} values of {kind.size}")
+        return raw
+
     def _page(self, page: tuple) -> bytes:
-        _first, off, csize, usize, crc, zstd = page
+        _first, off, csize, usize, crc, zstd, _n = page
         comp = self._pread(csize, off)
         if zlib.crc32(comp) != crc:
             raise PageError(f"{self.path}: page at offset {off} fails its CRC-32")
