@@ -977,6 +977,7 @@ class CoolArchive:
         self._handles: OrderedDict[int, pq.ParquetFile] = OrderedDict()
         self._readers: dict[int, PageReader | None] = {}   # None: not a layout PageReader reads
         self._missed: set[tuple[int, int]] = set()        # groups read once without caching them
+        self._full = False   # a group was just dropped for want of room: read misses page by page
         self._channels: dict[str, list[int]] = {}
         self._tasks: dict[str, list[int]] = {}
         # id index: xxh3_64(msg_id) -> (file no << 32) | row, every live file
@@ -1012,6 +1013,7 @@ class CoolArchive:
                     reader.close()
             self._cache.clear()
             self._cached_bytes = 0
+            self._full = False
 
     # ------------------------------------------------------------------ info
 
@@ -1251,6 +1253,7 @@ class CoolArchive:
         return h[order], r[order]
 
     def _forget_cache(self, no: int) -> None:
+        self._full = False
         for key in [k for k in self._cache if k[0] == no]:
             self._cached_bytes -= self._cache.pop(key).nbytes
         pf = self._handles.pop(no, None)
@@ -1322,14 +1325,16 @@ class CoolArchive:
 
         A group's first miss is read this way (one page per column for a
         single row, see rune_fast.pages; nothing decoded for rows nobody asked
-        for); its second miss caches it if the cache has room. So random reads
-        over a cool tier larger than the cache do not cycle through it, and the
-        groups read again and again end up cached."""
+        for); its second miss caches it, unless the cache is full: a group
+        that did not fit (even with every cached content column compressed)
+        was dropped again, and from then on misses are read page by page. So
+        random reads over a cool tier larger than the cache do not cycle
+        through it, and the groups read again and again end up cached."""
         key = (no, rg)
         g = self._cache.get(key)
         if g is not None and g.acc is not None:
             return None
-        if self._cached_bytes < self._cache_bytes * 0.9 and key in self._missed:
+        if key in self._missed and not self._full:
             return None
         if len(self._missed) >= _MAX_MISSED:
             self._missed.clear()
@@ -1419,6 +1424,7 @@ class CoolArchive:
         if scanned is not None and scanned in self._cache and len(self._cache) > 1:
             # dropped as read: compressing it first would be work for nothing
             self._cached_bytes -= self._cache.pop(scanned).nbytes
+            self._full = True
         while self._cached_bytes > self._cache_bytes and len(self._cache) > 1:
             _, old = self._cache.popitem(last=False)
             self._cached_bytes -= old.nbytes
@@ -1426,9 +1432,14 @@ class CoolArchive:
     def _rg_of(self, fi: _FileIndex, row: int) -> int:
         return bisect.bisect_right(fi.rg_list, row) - 1
 
-    def _rows(self, no: int, start: int, stop: int, rows: Any = None, scan: bool = False,
+    def _rows(self, no: int, start: int, stop: int, rows: Any = None,
               pinned: dict | None = None) -> list[CoolRow]:
-        """Verified rows [start, stop) of file ``no`` (or just ``rows``, ascending)."""
+        """Verified rows [start, stop) of file ``no`` (or just ``rows``, ascending).
+
+        A group not cached is read page by page at its first miss and cached
+        at its second if it fits (see :meth:`_direct`); caching never pushes
+        out what the cache holds. ``pinned``: groups a search read (see
+        :meth:`_group`)."""
         fi = self._files[no]
         name = fi.name
         rows = list(range(start, stop)) if rows is None else \
@@ -1450,7 +1461,7 @@ class CoolArchive:
             local = [r - base for r in sel]
             many = self._direct(no, rg, end - base, local)
             if many is None:
-                g = self._group(no, rg, _COLS, scan, pinned)
+                g = self._group(no, rg, _COLS, True, pinned)
                 acc = g.acc
                 if local[0] < 0 or local[-1] >= g.n:
                     raise CorruptStateCheckpointError(
@@ -1511,7 +1522,7 @@ class CoolArchive:
                     if rec["msg_id"] != msg_id:
                         continue  # another id with the same 64-bit hash
                 else:
-                    g = self._group(no, rg)
+                    g = self._group(no, rg, _COLS, True)
                     if not 0 <= i < g.n:
                         raise CorruptStateCheckpointError(f"cool index points past row group {rg}",
                                                           path=self._path(fi.name), offset=row)
@@ -1568,7 +1579,7 @@ class CoolArchive:
         parts = []
         for no in self._channels.get(channel_id, ()):
             s, e, _ = self._files[no].channels[channel_id]
-            rows = self._rows(no, s, e, scan=True)
+            rows = self._rows(no, s, e)
             self._check_field(rows, "channel_id", channel_id)
             parts.append(rows)
         return parts
@@ -1716,9 +1727,9 @@ class CoolArchive:
                         else:
                             idx = exact
                     if len(idx):
-                        found.extend(self._rows(no, 0, 0, idx + (lo + base), True, pinned))
+                        found.extend(self._rows(no, 0, 0, idx + (lo + base), pinned))
                 if sel_rows:
-                    found.extend(self._rows(no, 0, 0, np.concatenate(sel_rows), True))
+                    found.extend(self._rows(no, 0, 0, np.concatenate(sel_rows)))
                 if found:
                     rows = found
                     if mode == "cs":
@@ -1762,7 +1773,7 @@ class CoolArchive:
                     continue
                 fi = self._files[no]
                 for rg in range(len(fi.rg_starts) - 1):
-                    rows = self._rows(no, int(fi.rg_starts[rg]), int(fi.rg_starts[rg + 1]), scan=True)
+                    rows = self._rows(no, int(fi.rg_starts[rg]), int(fi.rg_starts[rg + 1]))
                     yield from rows
 
     # ------------------------------------------------------------------ writing
