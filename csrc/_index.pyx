@@ -1384,12 +1384,9 @@ cdef class HotIndex:
                 moved += 1
         return moved
 
-    def line(self, int64_t loc):
-        """memoryview of the line at `loc` (without its newline), after checking
-        its checksum; CorruptStateCheckpointError naming the file and offset if
-        it fails. The view keeps the segment's buffer exported: copy it
-        (``bytes(v)``) before detaching or closing the map."""
-        cdef const unsigned char *p
+    cdef int _checked_line(self, int64_t loc, const unsigned char **p, size_t *n) except -1:
+        """Point `p` at the line at `loc` and set `n` to its length (without
+        the newline), after checking its checksum; raises like :meth:`line`."""
         cdef const unsigned char *nl
         cdef size_t avail
         cdef int v
@@ -1398,22 +1395,43 @@ cdef class HotIndex:
             raise FramingError(f"line: negative loc {loc}")
         if seg >= self._n_segs or self._c_segs[seg].state == 0:
             raise RuneError(f"line: segment {seg} is not attached")
-        if self._line_at(loc, &p, &avail) != 0:
+        if self._line_at(loc, p, &avail) != 0:
             raise CorruptStateCheckpointError("no line at this offset (file shorter than the index)",
                                               path=self._where(seg), offset=off)
         if avail > RF_MAX_LINE:
             avail = RF_MAX_LINE
-        nl = <const unsigned char *>memchr(p, b'\n', avail)
+        nl = <const unsigned char *>memchr(p[0], b'\n', avail)
         if nl == NULL:
             raise CorruptStateCheckpointError("line has no newline", path=self._where(seg),
                                               offset=off)
-        v = rf_check_frame(p, <size_t>(nl - p))
+        v = rf_check_frame(p[0], <size_t>(nl - p[0]))
         if v != RF_OK:
             raise CorruptStateCheckpointError(f"line fails its check: {rf_reason(v).decode()}",
                                               path=self._where(seg), offset=off)
+        n[0] = <size_t>(nl - p[0])
+        return 0
+
+    def line(self, int64_t loc):
+        """memoryview of the line at `loc` (without its newline), after checking
+        its checksum; CorruptStateCheckpointError naming the file and offset if
+        it fails. The view keeps the segment's buffer exported: copy it
+        (``bytes(v)``) before detaching or closing the map."""
+        cdef const unsigned char *p
+        cdef size_t n
+        cdef int64_t seg = loc >> 40, off = loc & OFF_MASK
+        self._checked_line(loc, &p, &n)
         if off >= self._c_segs[seg].len:          # in the bytes kept by append_bytes
-            return PyBytes_FromStringAndSize(<const char *>p, nl - p)
-        return self._views[seg][off:off + (nl - p)]
+            return PyBytes_FromStringAndSize(<const char *>p, <Py_ssize_t>n)
+        return self._views[seg][off:off + <int64_t>n]
+
+    def check_lines(self, list locs) -> None:
+        """Check the lines at `locs` (ints) as :meth:`line` does, without
+        making a view of each: the check of a read that finds its records
+        in a cache."""
+        cdef const unsigned char *p
+        cdef size_t n
+        for loc in locs:
+            self._checked_line(loc, &p, &n)
 
     @cython.boundscheck(False)
     @cython.wraparound(False)

@@ -753,6 +753,17 @@ class ConversationStateRepository:
             self._cache(loc, hit)
         return hit
 
+    def _read_locs_seq(self, locs: list[int]) -> list[tuple[ConversationMessageRecord, int | None]]:
+        """``_read_loc_seq`` of each of ``locs``: every line checked in one
+        call, records from the decode cache where it has them."""
+        self._index.check_lines(locs)
+        get = self._decoded.get
+        out = []
+        for loc in locs:
+            hit = get(loc)
+            out.append(hit if hit is not None else self._read_loc_seq(loc))
+        return out
+
     def _read_loc_raw(self, loc: int) -> tuple[dict, int | None]:
         """The verified record dict at ``loc`` (as ``to_dict()`` wrote it; no
         record is built) and its append sequence: what cooling copies."""
@@ -1158,11 +1169,10 @@ class ConversationStateRepository:
             if not self._is_interleaved(channel_id):
                 locs = self._index.channel_locs(codec.key(channel_id), n).tolist()
                 if len(locs) >= n or not self._cool_has_channel(channel_id):
-                    check = self._index.line        # checksum of every line, every read
+                    self._index.check_lines(locs)    # checksum of every line, every read
                     cached = self._decoded.get
                     out = []
                     for loc in locs:
-                        check(loc)
                         hit = cached(loc)
                         out.append(hit[0] if hit is not None else self._read_loc(loc))
                     return out
@@ -1189,7 +1199,7 @@ class ConversationStateRepository:
             if task_id == "":
                 return []
             locs = self._index.task_locs(codec.key(task_id)).tolist()
-            keyed = [(_xkey(r, seq), r) for r, seq in map(self._read_loc_seq, locs)]
+            keyed = [(_xkey(r, seq), r) for r, seq in self._read_locs_seq(locs)]
             if self._cool_has_task(task_id):
                 for row in self._cool.task_rows(task_id):
                     if row.record["msg_id"] in self._cool_deleted:

@@ -218,6 +218,26 @@ def test_line_verifies_checksum():
         ix.line(-5)
 
 
+def test_check_lines_is_line_without_views():
+    ls = [line(f"m{i}", "c") for i in range(4)]
+    offs = [sum(len(x) for x in ls[:i]) for i in range(4)]
+    data = bytearray(b"".join(ls))
+    ix = _index.HotIndex()
+    ix.attach(0, bytes(data), path="/state/seg-0")
+    ix.ingest(0)
+    assert ix.check_lines(offs) is None and ix.check_lines([]) is None
+    data[offs[2] + 40] ^= 1
+    ix.attach(0, bytes(data), path="/state/seg-0")
+    ix.check_lines(offs[:2])
+    with pytest.raises(CorruptStateCheckpointError) as ei:
+        ix.check_lines(offs)
+    assert ei.value.path == "/state/seg-0" and ei.value.offset == offs[2]
+    with pytest.raises(FramingError):
+        ix.check_lines([-5])
+    with pytest.raises(TypeError):
+        ix.check_lines((0,))
+
+
 def test_remove_and_remove_many_keep_arrays_consistent():
     ls = [line(f"m{i}", "c" if i % 2 else "d", "t" if i % 3 == 0 else "", "" if i % 4 else f"{i:04d}")
           for i in range(40)]
