@@ -38,6 +38,7 @@ import bisect
 import heapq
 import json
 import math
+import mmap
 import os
 import re
 import struct
@@ -118,7 +119,7 @@ _COL_TYPES = [(f.name, f.type) for f in COOL_SCHEMA]
 _PARQUET_RE = re.compile(r"^cool-(\d{8,})\.parquet$")
 _OURS_RE = re.compile(r"^\.?cool-(\d{8,})\.(parquet|idx)(\.tmp)?$")
 _IDX_MAGIC = b"RFCIDX01"
-_IDX_VERSION = 1
+_IDX_VERSION = 2          # 1: task names in the header (still read)
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 _INT32 = (-(1 << 31), (1 << 31) - 1)
 _PARQUET_ERRORS = (OSError, pa.ArrowException, ValueError, KeyError, IndexError)
@@ -414,29 +415,47 @@ class _FileIndex:
     hashes: np.ndarray                        # uint64 sorted xxh3_64 of msg_id
     hrows: np.ndarray                         # uint32 row of each hash
     channels: dict[str, tuple[int, int, int]]  # ch -> (start, end, latest task row or -1)
-    tasks: dict[str, np.ndarray]              # task -> uint32 rows (ascending)
+    _tasks: dict[str, np.ndarray] | None       # task -> uint32 rows (ascending); None: not parsed yet
     rg_list: list[int] = field(default_factory=list)
     special: dict = field(default_factory=dict)   # rg -> rows with SPECIAL_FOLD chars (search)
+    _task_src: tuple | None = None             # (task JSON bytes, all task rows) until parsed
 
     def __post_init__(self) -> None:
         self.rg_list = [int(x) for x in self.rg_starts]
+
+    @property
+    def tasks(self) -> dict[str, np.ndarray]:
+        """task -> its rows in this file (ascending). A sidecar's task section
+        is parsed at the first task query, not at open."""
+        if self._tasks is None:
+            text, all_rows = self._task_src
+            tasks: dict[str, np.ndarray] = {}
+            for t, a, b in orjson.loads(text):
+                if not 0 <= a <= b <= len(all_rows):
+                    raise ValueError(f"task {t!r} rows [{a}, {b}) outside the sidecar's {len(all_rows)}")
+                tasks[t] = all_rows[a:b]
+            self._tasks, self._task_src = tasks, None
+        return self._tasks
 
     def encode(self) -> bytes:
         task_names = list(self.tasks)
         task_rows = [self.tasks[t] for t in task_names]
         offs = np.cumsum([0] + [len(r) for r in task_rows]).tolist()
+        tb = json.dumps([[t, offs[i], offs[i + 1]] for i, t in enumerate(task_names)],
+                        ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         header = {
             "format": "rune_fast.cool.idx", "version": _IDX_VERSION,
             "file": self.name, "file_size": self.size, "footer_xxh3_64": self.footer,
             "rows": self.rows, "row_group_starts": [int(x) for x in self.rg_starts],
             "channels": [[c, s, e, lt] for c, (s, e, lt) in self.channels.items()],
-            "tasks": [[t, offs[i], offs[i + 1]] for i, t in enumerate(task_names)],
+            "task_rows": int(offs[-1]), "tasks_json_bytes": len(tb),
         }
         hb = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         hb += b" " * (-(len(hb) + 4) % 8)
+        tb += b" " * (-len(tb) % 8)
         all_task_rows = (np.concatenate(task_rows) if task_rows else np.zeros(0, np.uint32)).astype("<u4")
         body = b"".join([
-            struct.pack("<I", len(hb)), hb,
+            struct.pack("<I", len(hb)), hb, tb,
             self.hashes.astype("<u8").tobytes(),
             self.hrows.astype("<u4").tobytes(),
             b"\0" * (4 if self.rows % 2 else 0),
@@ -445,8 +464,10 @@ class _FileIndex:
         return _IDX_MAGIC + xxhash.xxh3_128_digest(body) + body
 
     @classmethod
-    def decode(cls, data: bytes, no: int, path: str) -> "_FileIndex":
-        """Parse a sidecar; ValueError says why it is unusable."""
+    def decode(cls, data: Any, no: int, path: str) -> "_FileIndex":
+        """Parse a sidecar (bytes or a read-only map of the file); ValueError
+        says why it is unusable. The arrays are views of ``data``, not copies,
+        and the task section is parsed at the first task query."""
         if len(data) < 28 or data[:8] != _IDX_MAGIC:
             raise ValueError("bad magic")
         body = memoryview(data)[24:]
@@ -454,17 +475,25 @@ class _FileIndex:
             raise ValueError("digest mismatch")
         (hlen,) = struct.unpack_from("<I", body, 0)
         header = orjson.loads(body[4:4 + hlen])
-        if header.get("version") != _IDX_VERSION or header.get("file") != _parquet_name(no):
+        version = header.get("version")
+        if version not in (1, _IDX_VERSION) or header.get("file") != _parquet_name(no):
             raise ValueError("wrong version or file name")
         n = int(header["rows"])
         pos = 4 + hlen
-        hashes = np.frombuffer(body, dtype="<u8", count=n, offset=pos).astype(np.uint64)
+        if version == 1:
+            tasks_h = header["tasks"]
+            text = orjson.dumps(tasks_h)
+            total = tasks_h[-1][2] if tasks_h else 0
+        else:
+            tlen = int(header["tasks_json_bytes"])
+            text = bytes(body[pos:pos + tlen])
+            pos += tlen + (-tlen % 8)
+            total = int(header["task_rows"])
+        hashes = np.frombuffer(body, dtype=np.uint64, count=n, offset=pos)
         pos += 8 * n
-        hrows = np.frombuffer(body, dtype="<u4", count=n, offset=pos).astype(np.uint32)
+        hrows = np.frombuffer(body, dtype=np.uint32, count=n, offset=pos)
         pos += 4 * n + (4 if n % 2 else 0)
-        tasks_h = header["tasks"]
-        total = tasks_h[-1][2] if tasks_h else 0
-        all_rows = np.frombuffer(body, dtype="<u4", count=total, offset=pos).astype(np.uint32)
+        all_rows = np.frombuffer(body, dtype=np.uint32, count=total, offset=pos)
         if pos + 4 * total != len(body):
             raise ValueError("length mismatch")
         return cls(
@@ -473,7 +502,7 @@ class _FileIndex:
             rg_starts=np.asarray(header["row_group_starts"], dtype=np.int64),
             hashes=hashes, hrows=hrows,
             channels={c: (int(s), int(e), int(lt)) for c, s, e, lt in header["channels"]},
-            tasks={t: all_rows[a:b] for t, a, b in tasks_h},
+            _tasks=None, _task_src=(text, all_rows),
         )
 
 
@@ -505,7 +534,7 @@ def _build_index(no: int, size: int, footer: str, msg_ids: list[str], channel_id
     return _FileIndex(
         no=no, name=_parquet_name(no), rows=n, size=size, footer=footer, rg_starts=rg_starts,
         hashes=hashes[order], hrows=order.astype(np.uint32), channels=channels,
-        tasks={t: np.asarray(r, dtype=np.uint32) for t, r in tasks.items()},
+        _tasks={t: np.asarray(r, dtype=np.uint32) for t, r in tasks.items()},
     )
 
 
@@ -979,7 +1008,7 @@ class CoolArchive:
         self._missed: set[tuple[int, int]] = set()        # groups read once without caching them
         self._full = False   # a group was just dropped for want of room: read misses page by page
         self._channels: dict[str, list[int]] = {}
-        self._tasks: dict[str, list[int]] = {}
+        self._tasks: dict[str, list[int]] | None = None   # built at the first task query
         # id index: xxh3_64(msg_id) -> (file no << 32) | row, every live file
         self._ids = HashIndex()
         self._pending: list[int] = []     # live files whose ids are not in _ids yet
@@ -1046,7 +1075,23 @@ class CoolArchive:
 
     def task_len(self, task_id: str) -> int:
         with self._lock:
-            return sum(len(self._files[no].tasks[task_id]) for no in self._tasks.get(task_id, ()))
+            return sum(len(self._files[no].tasks[task_id]) for no in self._task_map().get(task_id, ()))
+
+    def _task_map(self) -> dict[str, list[int]]:
+        """task -> numbers of the live files holding it, built at the first
+        task query (an open does not parse 25,000 task names it may never use)."""
+        if self._tasks is None:
+            tasks: dict[str, list[int]] = {}
+            for no in sorted(self._files):
+                try:
+                    names = self._files[no].tasks
+                except (ValueError, TypeError) as exc:   # orjson.JSONDecodeError is a ValueError
+                    raise CorruptStateCheckpointError(
+                        f"cool sidecar task section unreadable: {exc}", path=self._path(_idx_name(no))) from None
+                for t in names:
+                    tasks.setdefault(t, []).append(no)
+            self._tasks = tasks
+        return self._tasks
 
     def file_rows(self) -> dict[str, int]:
         """Rows per live file."""
@@ -1089,9 +1134,7 @@ class CoolArchive:
         size, footer = _footer_hash(path)
         ipath = self._path(_idx_name(no))
         try:
-            with open(ipath, "rb") as f:
-                data = f.read()
-            fi = _FileIndex.decode(data, no, ipath)
+            fi = _FileIndex.decode(_map_file(ipath), no, ipath)
             if fi.size == size and fi.footer == footer:
                 return fi
         except FileNotFoundError:
@@ -1153,7 +1196,10 @@ class CoolArchive:
     def _add_file(self, fi: _FileIndex) -> None:
         self._files[fi.no] = fi
         no = fi.no
-        for index, names in ((self._channels, fi.channels), (self._tasks, fi.tasks)):
+        pairs = [(self._channels, fi.channels)]
+        if self._tasks is not None:
+            pairs.append((self._tasks, fi.tasks))
+        for index, names in pairs:
             for name in names:
                 nos = index.get(name)
                 if nos is None:
@@ -1210,7 +1256,7 @@ class CoolArchive:
                 lst.remove(no)
                 if not lst:
                     del self._channels[ch]
-            for t in fi.tasks:
+            for t in (fi.tasks if self._tasks is not None else ()):
                 lst = self._tasks[t]
                 lst.remove(no)
                 if not lst:
@@ -1618,7 +1664,7 @@ class CoolArchive:
         """Every archived message of the task, oldest first by the order key."""
         with self._lock:
             out = []
-            for no in self._tasks.get(task_id, ()):
+            for no in self._task_map().get(task_id, ()):
                 rows = self._rows(no, 0, 0, self._files[no].tasks[task_id])
                 self._check_field(rows, "task_id", task_id)
                 out.extend(rows)
@@ -2269,6 +2315,15 @@ def _unlink_quiet(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def _map_file(path: str) -> Any:
+    """A read-only map of a whole file (bytes if it is empty)."""
+    with open(path, "rb") as f:
+        try:
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:      # an empty file cannot be mapped
+            return f.read()
 
 
 def _open_parquet(path: str) -> pq.ParquetFile:

@@ -343,6 +343,70 @@ def test_sidecar_damage_rebuilt(cdir, damage):
     assert [p.problem for p in c.verify()] == ["sidecar missing"]
 
 
+def test_sidecar_tasks_are_parsed_at_the_first_task_query(cdir):
+    """An open reads each sidecar's header and maps its arrays; the task
+    section waits for a task query (also across erasure before it)."""
+    a, rows = make_archive(cdir, 300, 3)
+    b = CoolArchive.open(cdir, a.files())
+    assert b._tasks is None and all(fi._tasks is None for fi in b._files.values())
+    assert [r.record for r in b.channel_rows("ch1")] == [r for r in rows if r["channel_id"] == "ch1"]
+    assert b._tasks is None
+    victim = next(r for r in rows if r["task_id"])
+    b.erase([victim["msg_id"]])                      # drops and adds files, tasks still unparsed
+    assert b._tasks is None
+    want = [r["msg_id"] for r in rows if r["task_id"] == victim["task_id"] and r is not victim]
+    assert sorted(x.record["msg_id"] for x in b.task_rows(victim["task_id"])) == sorted(want)
+    assert b.task_len(victim["task_id"]) == len(want)
+    assert b._tasks is not None
+
+
+def test_sidecar_of_the_previous_version_still_reads(cdir):
+    """Version 1 sidecars (task names inside the JSON header) are read as they are."""
+    import json
+    import struct
+
+    import numpy as np
+    import xxhash
+
+    from rune_fast.cool import _IDX_MAGIC
+
+    a, rows = make_archive(cdir, 120, 1)
+    ipath = os.path.join(cdir, "cool-00000001.idx")
+    fi = a._files[1]
+    names = list(fi.tasks)
+    offs = np.cumsum([0] + [len(fi.tasks[t]) for t in names]).tolist()
+    header = {"format": "rune_fast.cool.idx", "version": 1, "file": fi.name, "file_size": fi.size,
+              "footer_xxh3_64": fi.footer, "rows": fi.rows, "row_group_starts": [int(x) for x in fi.rg_starts],
+              "channels": [[c, s, e, lt] for c, (s, e, lt) in fi.channels.items()],
+              "tasks": [[t, offs[i], offs[i + 1]] for i, t in enumerate(names)]}
+    hb = json.dumps(header, separators=(",", ":")).encode()
+    hb += b" " * (-(len(hb) + 4) % 8)
+    hs, hr = a._file_entries(1)
+    task_rows = np.concatenate([fi.tasks[t] for t in names]).astype("<u4") if names else np.zeros(0, "<u4")
+    body = b"".join([struct.pack("<I", len(hb)), hb, hs.astype("<u8").tobytes(), hr.astype("<u4").tobytes(),
+                     b"\0" * (4 if fi.rows % 2 else 0), task_rows.tobytes()])
+    with open(ipath, "wb") as f:
+        f.write(_IDX_MAGIC + xxhash.xxh3_128_digest(body) + body)
+    b = CoolArchive.open(cdir, a.files())
+    assert b.rebuilt_sidecars == []
+    for t in {r["task_id"] for r in rows if r["task_id"]}:
+        assert sorted(x.record["msg_id"] for x in b.task_rows(t)) == \
+            sorted(r["msg_id"] for r in rows if r["task_id"] == t)
+    assert all(b.get(r["msg_id"]) == r for r in rows)
+
+
+def test_sidecar_task_section_that_does_not_parse_is_loud(cdir):
+    """A sidecar whose digest checks but whose task section is inconsistent
+    (only a bug could write one) is named at the first task query."""
+    a, _rows = make_archive(cdir, 60, 1)
+    fi = a._files[1]
+    b = CoolArchive.open(cdir, a.files())
+    b._files[1]._tasks, b._files[1]._task_src, b._tasks = None, (b'[["t",0,99999]]', fi.hrows[:0]), None
+    with pytest.raises(CorruptStateCheckpointError) as e:
+        b.task_rows("t")
+    assert "cool-00000001.idx" in str(e.value)
+
+
 # ----------------------------------------------------------------- erasure
 
 def test_erase_leaves_no_bytes(cdir):
