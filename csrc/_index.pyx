@@ -378,6 +378,7 @@ cdef class HotIndex:
         self._pending_dead = []
         self._dirty_chan = set()
         self._dirty_task = set()
+        self._lazy_tasks = None
         self._table_reserve(1)
 
     def __dealloc__(self):
@@ -400,6 +401,35 @@ cdef class HotIndex:
             free(self._c_nmi[i])
 
     # ---- internals -------------------------------------------------------
+
+    cdef int _ensure_tasks(self) except -1:
+        """Make the task arrays a snapshot left for later (a no-op otherwise).
+        Called before anything reads or changes a task array, and before any
+        entry is removed (the arrays name entries as the snapshot knew them)."""
+        if self._lazy_tasks is None:
+            return 0
+        saved = self._lazy_tasks
+        metas, keys, arrays, n_task, live, n_entries, path, where = saved
+        self._lazy_tasks = None      # _load_lists makes the arrays through _list_index
+        try:
+            _load_lists(self, False, <const unsigned char *>PyBytes_AS_STRING(metas),
+                        <const unsigned char *>PyBytes_AS_STRING(keys),
+                        <const unsigned char *>PyBytes_AS_STRING(arrays), n_task, n_entries,
+                        <const uint64_t *>PyBytes_AS_STRING(live), path, where)
+        except BaseException:
+            _free_lists(self._c_task, self._n_task)
+            self._c_task = NULL
+            self._n_task = self._cap_task = 0
+            self._task_ids.clear()
+            del self._task_keys[:]
+            free(self._c_nmh[1])
+            free(self._c_nmi[1])
+            self._c_nmh[1] = NULL
+            self._c_nmi[1] = NULL
+            self._nm_cap[1] = 0
+            self._lazy_tasks = saved     # every later call fails the same way
+            raise
+        return 0
 
     cdef int _guard(self) except -1:
         if self._c_busy:
@@ -553,10 +583,13 @@ cdef class HotIndex:
         cdef int which = 0 if chan else 1
         cdef uint64_t h = _xxh.XXH3_64bits(key, klen), mask, i
         cdef uint32_t x
-        cdef list keys = self._chan_keys if chan else self._task_keys
+        cdef list keys
         cdef bytes k
         cdef rf_list *arr
         cdef uint32_t n, cap
+        if not chan and self._lazy_tasks is not None:
+            self._ensure_tasks()
+        keys = self._chan_keys if chan else self._task_keys
         if self._nm_cap[which]:
             mask = self._nm_cap[which] - 1
             i = h & mask
@@ -743,6 +776,7 @@ cdef class HotIndex:
         cdef const unsigned char *p
         cdef rf_msg m
         cdef int64_t ci, ti
+        self._ensure_tasks()
         if self._parse_entry(e, &p, &m) != 0:
             # a damaged line can still be removed: its channel and task are
             # unknown, so every array drops it at the sweep
@@ -771,6 +805,7 @@ cdef class HotIndex:
         cdef rf_list *L
         cdef int64_t idx
         cdef bint chan
+        self._ensure_tasks()
         for chan, dirty in ((True, self._dirty_chan), (False, self._dirty_task)):
             for idx in dirty:
                 L = &self._c_chan[idx] if chan else &self._c_task[idx]
@@ -1244,6 +1279,7 @@ cdef class HotIndex:
     def task_locs(self, task_key):
         """Locations of every message of the task, oldest first."""
         cdef bytes k = _key_bytes(task_key, "task_key")
+        self._ensure_tasks()
         idx = self._task_ids.get(k)
         if idx is None:
             return np.empty(0, dtype=np.int64)
@@ -1695,6 +1731,7 @@ cdef class HotIndex:
     @property
     def nbytes(self) -> int:
         """Bytes of memory held by the index structures (not the mapped files)."""
+        self._ensure_tasks()
         cdef uint64_t total = (<uint64_t>self._cap_entries * sizeof(int64_t)
                                + <uint64_t>self._cap_free * sizeof(uint32_t)
                                + self._n_slots * sizeof(uint64_t)
@@ -1708,6 +1745,7 @@ cdef class HotIndex:
         return total
 
     def __repr__(self):
+        self._ensure_tasks()
         return (f"HotIndex(messages={self._n_live}, channels={self._n_chan}, "
                 f"tasks={self._n_task}, nbytes={self.nbytes})")
 
@@ -1721,6 +1759,7 @@ cdef class HotIndex:
         cdef Py_ssize_t nkeys = 0, nlist_chan = 0, nlist_task = 0, pos
         cdef rf_list *L
         self._guard()
+        self._ensure_tasks()
         if sys.byteorder != "little":
             raise RuneError("save_snapshot: only little-endian machines write snapshots")
         cov = sorted((int(s), int(o)) for s, o in dict(covered).items())
@@ -1795,18 +1834,25 @@ cdef class HotIndex:
         _write_atomic(os.fspath(path), buf)
 
     @staticmethod
-    def load_snapshot(path):
+    def load_snapshot(path, bint lazy_tasks=True):
         """(HotIndex, covered) from a snapshot written by save_snapshot; buffers
         are not attached. A missing, unreadable, damaged or unknown-version file
         raises CorruptStateCheckpointError naming it. Whether `covered` is
-        stale against the files is for the caller to judge."""
+        stale against the files is for the caller to judge.
+
+        The whole file is read and its digest checked; with `lazy_tasks` the
+        task arrays are made (and their entries checked) at the first call
+        that needs them, which raises the same error if they do not check."""
         path = os.fspath(path)
         try:
             with open(path, "rb") as f:
                 data = f.read()
         except OSError as exc:
             raise CorruptStateCheckpointError(f"index snapshot unreadable: {exc}", path=path) from exc
-        return _load(data, path)
+        idx, covered = _load(data, path)
+        if not lazy_tasks:
+            (<HotIndex>idx)._ensure_tasks()
+        return idx, covered
 
 
 def _write_atomic(str path, buf) -> None:
@@ -1895,13 +1941,11 @@ cdef object _load(bytes data, str path):
 cdef int _load_arrays(HotIndex idx, const unsigned char *o, Py_ssize_t pos, Py_ssize_t total,
                       uint32_t n_entries, uint64_t n_slots, uint64_t n_live, uint32_t n_chan,
                       uint32_t n_task, bytes data, str path, uint64_t *livebits) except -1:
-    cdef uint32_t j, x, nlen, nun
+    cdef uint32_t j, x
     cdef uint64_t live = 0, used = 0, s, u64
-    cdef int64_t loc, li
+    cdef int64_t loc
     cdef Py_ssize_t i, keys_len = 0, nlist = 0
     cdef uint32_t meta[4]
-    cdef rf_list *L
-    cdef bint chan
     for j in range(n_entries):
         loc = idx._c_locs[j]
         if loc >= 0:
@@ -1934,45 +1978,70 @@ cdef int _load_arrays(HotIndex idx, const unsigned char *o, Py_ssize_t pos, Py_s
     if used != n_live:
         raise _bad(path, "id table count mismatch")
     idx._n_live = n_live
-    metas = []
+    # the channel and task arrays: their sizes first (meta: length, unstamped, key length)
+    cdef Py_ssize_t meta_pos = pos, chan_keys = 0, chan_list = 0, kstart
     for i in range(n_chan + n_task):
         memcpy(meta, o + pos, 16)
         pos += 16
         if meta[1] > meta[0]:
             raise _bad(path, "array with more unstamped entries than entries", pos - 16)
-        metas.append((meta[0], meta[1], meta[2]))
         keys_len += meta[2]
         nlist += meta[0]
+        if i < n_chan:
+            chan_keys += meta[2]
+            chan_list += meta[0]
     kstart = pos
     pos += (keys_len + 7) & ~7
     if pos + 4 * nlist > total:
         raise _bad(path, "file shorter than its arrays", total)
-    kp = kstart
-    for i in range(n_chan + n_task):
-        nlen, nun, klen = metas[i]
-        chan = i < n_chan
-        k = data[kp:kp + klen]
+    _load_lists(idx, True, o + meta_pos, o + kstart, o + pos, n_chan, n_entries, livebits, path, pos)
+    pos += 4 * chan_list
+    pos = (pos + 7) & ~7
+    # the task arrays wait for the first call that needs them (see _ensure_tasks):
+    # an open followed by window reads never pays for 25,000 tasks
+    if n_task:
+        idx._lazy_tasks = (data[meta_pos + 16 * n_chan:kstart], data[kstart + chan_keys:kstart + keys_len],
+                           data[pos:pos + 4 * (nlist - chan_list)], n_task,
+                           PyBytes_FromStringAndSize(<const char *>livebits, 8 * ((n_entries >> 6) + 1)),
+                           n_entries, path, pos)
+    pos += 4 * (nlist - chan_list)
+    pos = (pos + 7) & ~7
+    if pos != total:
+        raise _bad(path, f"{total - pos} bytes past the last array", pos)
+    return 0
+
+
+cdef int _load_lists(HotIndex idx, bint chan, const unsigned char *metas, const unsigned char *keys,
+                     const unsigned char *arrays, uint32_t count, uint32_t n_entries,
+                     const uint64_t *livebits, str path, Py_ssize_t where) except -1:
+    """Make the `count` channel (or task) arrays of a snapshot: metas (16 bytes
+    each), their keys back to back, their entry numbers back to back; every
+    entry checked against the snapshot's live entries."""
+    cdef uint32_t meta[4]
+    cdef uint32_t i, j, x, nlen, nun, klen
+    cdef int64_t li
+    cdef rf_list *L
+    cdef Py_ssize_t kp = 0, ap = 0
+    for i in range(count):
+        memcpy(meta, metas + 16 * <Py_ssize_t>i, 16)
+        nlen, nun, klen = meta[0], meta[1], meta[2]
+        li = idx._list_index(chan, keys + kp, klen, True)
+        if li != i:
+            raise _bad(path, f"duplicate key {PyBytes_FromStringAndSize(<const char *>keys + kp, klen)!r}")
         kp += klen
-        li = idx._list_index(chan, <const unsigned char *>PyBytes_AS_STRING(k), klen, True)
-        if li != (i if chan else i - n_chan):
-            raise _bad(path, f"duplicate key {k!r}")
         L = &idx._c_chan[li] if chan else &idx._c_task[li]
         if nun:
             _grow_u32(&L.u, &L.cap_u, nun)
-            memcpy(L.u, o + pos, 4 * nun)
+            memcpy(L.u, arrays + ap, 4 * nun)
         if nlen - nun:
             _grow_u32(&L.s, &L.cap_s, nlen - nun)
-            memcpy(L.s, o + pos + 4 * nun, 4 * (nlen - nun))
+            memcpy(L.s, arrays + ap + 4 * nun, 4 * (nlen - nun))
         L.nu = nun
         L.ns = nlen - nun
         for j in range(nlen):
             x = _at(L, j)
             if x >= n_entries or not (livebits[x >> 6] >> (x & 63)) & 1:
-                raise _bad(path, f"array of {k!r} names a bad entry", pos)
-        pos += 4 * nlen
-        if i == n_chan - 1:
-            pos = (pos + 7) & ~7
-    pos = (pos + 7) & ~7
-    if pos != total:
-        raise _bad(path, f"{total - pos} bytes past the last array", pos)
+                raise _bad(path, f"array of {idx._chan_keys[li] if chan else idx._task_keys[li]!r} "
+                                 f"names a bad entry", where + ap)
+        ap += 4 * <Py_ssize_t>nlen
     return 0

@@ -1893,7 +1893,7 @@ class ConversationStateRepository:
             snap_path = os.path.join(self.hot_dir, SNAPSHOT_NAME)
             if os.path.exists(snap_path):
                 try:
-                    HotIndex.load_snapshot(snap_path)
+                    HotIndex.load_snapshot(snap_path, lazy_tasks=False)
                 except CorruptStateCheckpointError as exc:
                     problems.append(Problem(snap_path, getattr(exc, "offset", None), str(exc)))
             # live index against the files: every indexed line verifies and decodes

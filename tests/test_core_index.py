@@ -402,6 +402,77 @@ def test_snapshot_empty_index(tmp_path):
     assert len(j) == 0 and cov == {} and j.channels() == []
 
 
+@pytest.mark.parametrize("first", ["remove", "add_known_task", "add_new_task", "query", "save"])
+def test_snapshot_task_arrays_made_at_first_need(tmp_path, first):
+    """A loaded snapshot makes its task arrays at the first call that needs
+    them; whatever comes first (a removal, an append to a known or a new task,
+    a query, a save), the arrays come out as if loaded eagerly."""
+    ix, data = sample_index()
+    p = tmp_path / "idx.snap"
+    ix.save_snapshot(p, {0: len(data)})
+    j, _ = _index.HotIndex.load_snapshot(p)
+    j.attach(0, data)
+    assert j.channel_locs(b"c1").tolist() == ix.channel_locs(b"c1").tolist()
+    extra = line("new", "c1", "t3", "", "late") + line("newer", "c2", "t-new", "", "later")
+    both = data + extra
+    for x in (ix, j):
+        x.attach(0, both)
+    if first == "remove":
+        for x in (ix, j):
+            assert x.remove(b"m3") >= 0           # m3 is in task t3
+    elif first == "add_known_task":
+        for x in (ix, j):
+            assert x.add(len(data)) is True
+    elif first == "add_new_task":
+        for x in (ix, j):
+            assert len(x.ingest(0, len(data), len(both)).added) == 2
+    elif first == "save":
+        j.save_snapshot(tmp_path / "again.snap", {0: len(data)})
+        j, _ = _index.HotIndex.load_snapshot(tmp_path / "again.snap", lazy_tasks=False)
+        j.attach(0, both)
+    for t in (b"t0", b"t1", b"t3", b"t-new", b"nope"):
+        assert j.task_locs(t).tolist() == ix.task_locs(t).tolist()
+    assert len(j) == len(ix) and j.channels() == ix.channels()
+    for c in ix.channels():
+        assert j.channel_locs(c).tolist() == ix.channel_locs(c).tolist()
+
+
+def test_snapshot_task_arrays_that_do_not_check_fail_loudly_every_time(tmp_path):
+    """A snapshot whose digest checks but whose task arrays name a free entry
+    (only a bug could write one): lazily, the first task call raises and so
+    does every later one; eagerly (verify), the load raises."""
+    import struct
+
+    import xxhash
+
+    ix, data = sample_index()
+    p = tmp_path / "idx.snap"
+    ix.save_snapshot(p, {0: len(data)})
+    raw = bytearray(p.read_bytes())
+    # find the first task array (docs/FORMAT.md) and point its first entry past the entries
+    n_cov, n_entries, n_chan, n_task = struct.unpack_from("<4I", raw, 32)
+    (n_slots,) = struct.unpack_from("<Q", raw, 48)
+    pos = 64 + 16 * n_cov + ((8 * n_entries + 7) & ~7) + 8 * n_slots
+    metas = [struct.unpack_from("<4I", raw, pos + 16 * i) for i in range(n_chan + n_task)]
+    pos += 16 * (n_chan + n_task)
+    pos += (sum(m[2] for m in metas) + 7) & ~7
+    pos += 4 * sum(m[0] for m in metas[:n_chan])
+    pos = (pos + 7) & ~7
+    assert n_task and metas[n_chan][0] > 0
+    struct.pack_into("<I", raw, pos, n_entries + 5)
+    struct.pack_into("<Q", raw, 16, xxhash.xxh3_64_intdigest(bytes(raw[24:])))
+    p.write_bytes(bytes(raw))
+    j, _ = _index.HotIndex.load_snapshot(p)
+    j.attach(0, data)
+    assert j.channel_locs(b"c1").tolist() == ix.channel_locs(b"c1").tolist()
+    for _ in range(2):
+        with pytest.raises(CorruptStateCheckpointError) as ei:
+            j.task_locs(b"t1")
+        assert ei.value.path == str(p)
+    with pytest.raises(CorruptStateCheckpointError):
+        _index.HotIndex.load_snapshot(p, lazy_tasks=False)
+
+
 def test_snapshot_damage_is_refused(tmp_path):
     ix, data = sample_index(100)
     p = tmp_path / "idx.snap"

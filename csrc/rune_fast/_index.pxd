@@ -75,6 +75,7 @@ cdef class HotIndex:
     cdef list _pending_dead
     cdef set _dirty_chan
     cdef set _dirty_task
+    cdef object _lazy_tasks        # task arrays of a loaded snapshot, made at first need
     # name hash -> list index (+1), verified against the key bytes: the fast
     # path of ingest, without building a bytes object per line
     cdef uint64_t *_c_nmh[2]
@@ -82,6 +83,7 @@ cdef class HotIndex:
     cdef uint64_t _nm_cap[2]
 
     cdef int _guard(self) except -1
+    cdef int _ensure_tasks(self) except -1
     cdef object _where(self, int64_t seg)
     cdef int _line_at(self, int64_t loc, const unsigned char **p, size_t *avail) noexcept nogil
     cdef int _checked_line(self, int64_t loc, const unsigned char **p, size_t *n) except -1
