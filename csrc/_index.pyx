@@ -24,6 +24,7 @@ from rf_core cimport (RF_ID_OFF, RF_MAX_LINE, RF_OK, rf_all_zero, rf_check_frame
                       rf_i64vec_push, rf_lower, rf_msg, rf_parse_msg, rf_reason,
                       rf_scan_result)
 
+import mmap
 import os
 import sys
 
@@ -1846,10 +1847,20 @@ cdef class HotIndex:
         path = os.fspath(path)
         try:
             with open(path, "rb") as f:
-                data = f.read()
+                try:    # mapped, not read: the file is in the page cache, no copy is made
+                    data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                except ValueError:      # an empty file cannot be mapped
+                    data = f.read()
         except OSError as exc:
             raise CorruptStateCheckpointError(f"index snapshot unreadable: {exc}", path=path) from exc
-        idx, covered = _load(data, path)
+        cdef Py_buffer view
+        PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+        try:
+            idx, covered = _load(<const unsigned char *>view.buf, view.len, data, path)
+        finally:
+            PyBuffer_Release(&view)
+            if isinstance(data, mmap.mmap):
+                data.close()
         if not lazy_tasks:
             (<HotIndex>idx)._ensure_tasks()
         return idx, covered
@@ -1882,9 +1893,10 @@ def _bad(path, msg, offset=None):
     return CorruptStateCheckpointError(f"index snapshot damaged: {msg}", path=path, offset=offset)
 
 
-cdef object _load(bytes data, str path):
-    cdef const unsigned char *o = <const unsigned char *>PyBytes_AS_STRING(data)
-    cdef Py_ssize_t total = len(data), pos, need, i
+cdef object _load(const unsigned char *o, Py_ssize_t total, object data, str path):
+    """Load a snapshot from its bytes `o[:total]` (`data`: the object holding
+    them, sliced for the parts kept for later)."""
+    cdef Py_ssize_t pos, need, i
     cdef uint32_t meta[4]
     cdef uint32_t n_cov, n_entries, n_chan, n_task
     cdef uint64_t n_slots, n_live, u64, digest
@@ -1940,7 +1952,7 @@ cdef object _load(bytes data, str path):
 
 cdef int _load_arrays(HotIndex idx, const unsigned char *o, Py_ssize_t pos, Py_ssize_t total,
                       uint32_t n_entries, uint64_t n_slots, uint64_t n_live, uint32_t n_chan,
-                      uint32_t n_task, bytes data, str path, uint64_t *livebits) except -1:
+                      uint32_t n_task, object data, str path, uint64_t *livebits) except -1:
     cdef uint32_t j, x
     cdef uint64_t live = 0, used = 0, s, u64
     cdef int64_t loc
