@@ -806,7 +806,9 @@ cdef class HotIndex:
         cdef rf_list *L
         cdef int64_t idx
         cdef bint chan
-        self._ensure_tasks()
+        if not self._pending_dead and not self._dirty_chan and not self._dirty_task:
+            return 0
+        self._ensure_tasks()     # (a no-op: whatever made work here made the task arrays)
         for chan, dirty in ((True, self._dirty_chan), (False, self._dirty_task)):
             for idx in dirty:
                 L = &self._c_chan[idx] if chan else &self._c_task[idx]
@@ -1763,6 +1765,10 @@ cdef class HotIndex:
         self._ensure_tasks()
         if sys.byteorder != "little":
             raise RuneError("save_snapshot: only little-endian machines write snapshots")
+        # room in the id table for the appends after the next open: else the
+        # first of them may rehash the whole table (~10 ms at 500,000 messages)
+        # on the open path, as after a killed writer
+        self._table_reserve(self._n_live + max(<uint64_t>4096, self._n_live >> 4))
         cov = sorted((int(s), int(o)) for s, o in dict(covered).items())
         for i in range(self._n_chan):
             nlist_chan += _len(&self._c_chan[i])
