@@ -442,6 +442,11 @@ class ConversationStateRepository:
         self._cool_deleted: set[str] = set()      # deleted ids still present in a cool file
         # location -> (record, append sequence): decoded lines, newest first out
         self._decoded: dict[int, tuple[ConversationMessageRecord, int | None]] = {}
+        # (cool file number, row) -> (record, ord): cool rows read and verified
+        # once, so a task or an exact read asked again skips their assembly and
+        # digest (file numbers are never reused: a merged or erased file's rows
+        # are simply never looked up again)
+        self._cool_decoded: dict[tuple[int, int], tuple[ConversationMessageRecord, int]] = {}
         # channel -> [store order agrees with fold order, last fold key] (lazily)
         self._fold_order: dict[str, list] = {}
         # channel -> whether a hot message sorts before a cool one (computed lazily)
@@ -1108,8 +1113,12 @@ class ConversationStateRepository:
                 if rec.msg_id != msg_id:
                     return MessageRead(ReadStatus.SOURCE_CORRUPT, None, tier)
                 return MessageRead(ReadStatus.FOUND_VERIFIED, rec, tier)
+            for cloc in self._cool.id_locs(msg_id):
+                hit = self._cool_decoded.get(cloc)
+                if hit is not None and hit[0].msg_id == msg_id:
+                    return MessageRead(ReadStatus.FOUND_VERIFIED, hit[0], "cool")
             try:
-                row = self._cool.get(msg_id)
+                row = self._cool.get_row(msg_id)
             except CorruptStateCheckpointError as exc:
                 log.error("exact read of %s: %s", msg_id, exc)
                 return MessageRead(ReadStatus.SOURCE_CORRUPT, None, "cool")
@@ -1127,6 +1136,7 @@ class ConversationStateRepository:
                 rec = self._cool_record(row)
             except CorruptStateCheckpointError:
                 return MessageRead(ReadStatus.SOURCE_CORRUPT, None, "cool")
+            self._cool_keep([((_cool_no(row.file), row.row), (rec, row.ord))])
             return MessageRead(ReadStatus.FOUND_VERIFIED, rec, "cool")
 
     def _hot_channel(self, channel_id: str, n: int = -1) -> list[tuple[ConversationMessageRecord, str]]:
@@ -1201,13 +1211,36 @@ class ConversationStateRepository:
             locs = self._index.task_locs(codec.key(task_id)).tolist()
             keyed = [(_xkey(r, seq), r) for r, seq in self._read_locs_seq(locs)]
             if self._cool_has_task(task_id):
-                for row in self._cool.task_rows(task_id):
-                    if row.record["msg_id"] in self._cool_deleted:
-                        continue
-                    rec = self._cool_record(row)
-                    keyed.append((_xkey(rec, row.ord), rec))
+                deleted = self._cool_deleted
+                for rec, o in self._cool_records(self._cool.task_locs(task_id)):
+                    if rec.task_id != task_id:
+                        raise CorruptStateCheckpointError(
+                            f"cool index says {rec.msg_id!r} is a message of task {task_id!r}, "
+                            f"the file says {rec.task_id!r}", path=self._cool.cool_dir)
+                    if rec.msg_id not in deleted:
+                        keyed.append((_xkey(rec, o), rec))
                 keyed.sort(key=lambda e: e[0])
             return [r for _k, r in keyed]
+
+    def _cool_records(self, locs: list[tuple[int, int]]) -> list[tuple[ConversationMessageRecord, int]]:
+        """(record, ord) of the cool rows at ``locs``: from the cache of rows
+        verified before, the others read (and verified) now and kept."""
+        cache = self._cool_decoded
+        miss = [loc for loc in locs if loc not in cache]
+        if not miss:
+            return [cache[loc] for loc in locs]
+        got = {loc: (self._cool_record(row), row.ord) for loc, row in zip(miss, self._cool.rows_at(miss))}
+        out = [cache[loc] if loc in cache else got[loc] for loc in locs]
+        self._cool_keep(list(got.items()))
+        return out
+
+    def _cool_keep(self, items: list[tuple[tuple[int, int], tuple[ConversationMessageRecord, int]]]) -> None:
+        """Keep verified cool records (at most _DECODE_CACHE; the oldest quarter goes first)."""
+        cache = self._cool_decoded
+        if len(cache) + len(items) > _DECODE_CACHE:
+            for k in list(cache)[:max(len(items), _DECODE_CACHE // 4)]:
+                del cache[k]
+        cache.update(items[-_DECODE_CACHE:])
 
     @_viewer_retry
     def search(self, text: str, channel_id: str | None = None, *, limit: int | None = None,

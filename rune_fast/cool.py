@@ -1671,6 +1671,36 @@ class CoolArchive:
         out.sort(key=_row_key)
         return out
 
+    def task_locs(self, task_id: str) -> list[tuple[int, int]]:
+        """``(file number, row)`` of every archived message of the task (as
+        the sidecars say; :meth:`rows_at` reads and verifies them)."""
+        with self._lock:
+            return [(no, r) for no in self._task_map().get(task_id, ())
+                    for r in self._files[no].tasks[task_id].tolist()]
+
+    def id_locs(self, msg_id: str) -> list[tuple[int, int]]:
+        """``(file number, row)`` of the archived rows whose id hashes like
+        ``msg_id`` (usually none or one; :meth:`rows_at` reads them)."""
+        with self._lock:
+            return [(loc >> 32, loc & 0xFFFFFFFF) for loc in self._id_locs(msg_id)]
+
+    def rows_at(self, locs: Sequence[tuple[int, int]]) -> list[CoolRow]:
+        """The verified rows at ``locs`` (from :meth:`task_locs` or
+        :meth:`id_locs`), in their order. Damage raises
+        CorruptStateCheckpointError (file and row)."""
+        with self._lock:
+            by_file: dict[int, list[int]] = {}
+            for no, r in locs:
+                if no not in self._files:
+                    raise CorruptStateCheckpointError(f"cool file number {no} is not live", path=self._dir)
+                by_file.setdefault(no, []).append(r)
+            got: dict[tuple[int, int], CoolRow] = {}
+            for no, rows in by_file.items():
+                rows = sorted(set(rows))
+                for r, row in zip(rows, self._rows(no, 0, 0, rows)):
+                    got[(no, r)] = row
+            return [got[loc] for loc in locs]
+
     def latest_task_row(self, channel_id: str) -> CoolRow | None:
         """The newest archived message of the channel that has a task, or None."""
         with self._lock:

@@ -56,6 +56,34 @@ def test_tiers_move_tail_hot_cool(tmp_path):
         assert [h.record.msg_id for h in repo.search("number")] == [f"msg_{i:08d}" for i in range(5)]
 
 
+def test_cool_records_read_again_come_from_the_cache(tmp_path, monkeypatch):
+    """A cool row verified once is kept as a record: the same task or exact
+    read asked again does not go back to the archive; deletion and erasure
+    still win, and the cache never serves another id's record."""
+    with ConversationStateRepository(tmp_path, compact_every=1000, hot_window=2) as repo:
+        for i in range(40):
+            assert repo.append(msg(i, channel=f"c{i % 2}", task="t1" if i % 3 == 0 else "t2"))
+        repo.compact()
+        want = [m for m in (msg(i, channel=f"c{i % 2}", task="t1" if i % 3 == 0 else "t2")
+                            for i in range(40)) if m.task_id == "t1"]
+        assert repo.messages_for_task("t1") == want
+        calls = []
+        real = repo._cool.rows_at
+        monkeypatch.setattr(repo._cool, "rows_at", lambda locs: calls.append(len(locs)) or real(locs))
+        assert repo.messages_for_task("t1") == want
+        assert calls == []
+        assert repo.get_message("msg_00000003").record == want[1] and repo.get_message("msg_00000003").tier == "cool"
+        assert repo.get_message("msg_00000006").record == want[2]
+        assert repo.get_message("msg_99999999").status == ReadStatus.NOT_FOUND_CONFIRMED
+        assert repo.delete("msg_00000003")
+        assert repo.get_message("msg_00000003").status == ReadStatus.NOT_FOUND_CONFIRMED
+        assert repo.messages_for_task("t1") == [m for m in want if m.msg_id != "msg_00000003"]
+        repo.compact()                                   # erases it: files rewritten, new numbers
+        assert repo.messages_for_task("t1") == [m for m in want if m.msg_id != "msg_00000003"]
+        assert calls, "the rewritten file's rows were read afresh"
+        assert repo.get_message("msg_00000006").record == want[2]
+
+
 def test_auto_compaction_counts_stored_messages_only(tmp_path):
     with ConversationStateRepository(tmp_path, compact_every=4, hot_window=100) as repo:
         for i in range(3):
