@@ -35,6 +35,7 @@ import json
 import math
 import os
 import platform
+import random
 import shutil
 import signal
 import sqlite3
@@ -83,6 +84,10 @@ DESCRIPTIONS = {
                    "unique msg_id index.",
     "messages_for_task": "messages_for_task(task) of a random task (about 40 messages), all tiers; vs "
                          "SQLite on the (task_id, seq) index.",
+    "get_message_cold": "get_message(id), each id read once (ids outside the set the get_message line "
+                        "cycles through): no record cache helps rune_fast, SQLite's page cache is as warm "
+                        "as the OS keeps it.",
+    "messages_for_task_cold": "messages_for_task(task), each task read once, likewise.",
     "search_ci": "search(text) case-insensitive over every message (hot and cool), an ASCII needle "
                  "planted in ~0.3% of messages; vs SQLite's instr(lower(content), lower(?)) full scan "
                  "(ASCII-only folding: see the hit-count notes).",
@@ -122,6 +127,8 @@ OPERATIONS = (
     "window",
     "get_message",
     "messages_for_task",
+    "get_message_cold",
+    "messages_for_task_cold",
     "search_ci",
     "open_first_window",
     "open_after_kill",
@@ -826,6 +833,32 @@ def _run(cfg: Config, rune: StoreSpec, sql: StoreSpec, factory: Callable[[dict],
                         "sql": loop(s_sql.messages_for_task, tasks)}, reps, slices=sl)
     rows.append(_time_row("messages_for_task", "messages_for_task(task)", res, "SQLite index (task_id, seq)",
                           ">= 10x", 10))
+    def once(fn: Callable[[Any], Any], items: Sequence[Any]) -> Callable[[int], float]:
+        """A job timing ``fn`` over the next unread 1/(reps + 1) of ``items``
+        (the warm-up takes the first): every item is read once."""
+        size = max(1, len(items) // (reps + 1))
+        state = {"next": 0}
+
+        def job(_i: int) -> float:
+            k = state["next"] % (reps + 1)
+            state["next"] += 1
+            return _timed(fn, items[k * size:(k + 1) * size])
+        return job
+
+    warm_ids, warm_tasks = set(ids), set(tasks)
+    pool = [m["msg_id"] for m in w.messages if m["msg_id"] not in warm_ids]
+    cold_ids = random.Random(35).sample(pool, min(len(pool), cfg.queries * (reps + 1)))
+    pool = [t for t in w.task_ids if t not in warm_tasks]
+    cold_tasks = random.Random(36).sample(pool, min(len(pool), cfg.task_queries * (reps + 1)))
+    del pool
+    res = _interleaved({"rune": once(s_rune.get_message, cold_ids), "sql": once(s_sql.get_message, cold_ids)},
+                       reps)
+    rows.append(_time_row("get_message_cold", "get_message(id), each id once", res,
+                          "SQLite unique index on msg_id", ">= 3x", 3))
+    res = _interleaved({"rune": once(s_rune.messages_for_task, cold_tasks),
+                        "sql": once(s_sql.messages_for_task, cold_tasks)}, reps)
+    rows.append(_time_row("messages_for_task_cold", "messages_for_task(task), each task once", res,
+                          "SQLite index (task_id, seq)", ">= 10x", 10))
     res = _interleaved({"rune": loop(lambda t: s_rune.search(t), needles),
                         "sql": loop(s_sql.search_ci, needles)}, reps)
     rows.append(_time_row("search_ci", f"search {wl.NEEDLE_ASCII!r}, case-insensitive", res,
