@@ -1795,7 +1795,6 @@ class ConversationStateRepository:
 
     def _rewrite_segment(self, seg: int) -> int:
         """Copy the live lines of sealed segment ``seg`` into a new segment (lock held)."""
-        src = self._segs[seg]
         locs = self._index.seg_locs(seg).tolist()
         new_seg = self._next_seg
         self._next_seg += 1
@@ -1804,7 +1803,6 @@ class ConversationStateRepository:
         chunks = []
         pos = 0
         for loc in locs:
-            off = loc & ((1 << 40) - 1)
             line = bytes(self._index.line(loc)) + b"\n"
             chunks.append(line)
             moves.append((loc, (new_seg << 40) | pos))

@@ -37,7 +37,6 @@ from __future__ import annotations
 import bisect
 import heapq
 import json
-import math
 import mmap
 import os
 import re

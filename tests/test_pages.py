@@ -50,6 +50,25 @@ def _parquet_path(a: CoolArchive) -> str:
     return os.path.join(a.cool_dir, name)
 
 
+def _content_page(path: str, rg: int, k: int) -> tuple[int, int, int]:
+    """(first row within its group, data offset, compressed size) of page
+    ``k`` of row group ``rg``'s content column."""
+    reader = PageReader(path, pq.ParquetFile(path).metadata)
+    try:
+        _firsts, pages = reader._dir(rg)[COOL_SCHEMA.names.index("content")]
+        return pages[k][:3]
+    finally:
+        reader.close()
+
+
+def _flip(path: str, pos: int, mask: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(pos)
+        b = f.read(1)
+        f.seek(pos)
+        f.write(bytes([b[0] ^ mask]))
+
+
 def test_every_row_matches_pyarrow(archive):
     a, _rows = archive
     path = _parquet_path(a)
@@ -92,16 +111,8 @@ def test_flipped_byte_in_a_page_is_refused(archive):
     a, _rows = archive
     path = _parquet_path(a)
     md = pq.ParquetFile(path).metadata
-    reader = PageReader(path, md)
-    col = COOL_SCHEMA.names.index("content")
-    _firsts, pages = reader._dir(1)[col]
-    first, off, csize = pages[2][:3]
-    reader.close()
-    with open(path, "r+b") as f:
-        f.seek(off + csize // 2)
-        b = f.read(1)
-        f.seek(off + csize // 2)
-        f.write(bytes([b[0] ^ 0x04]))
+    first, off, csize = _content_page(path, 1, 2)
+    _flip(path, off + csize // 2, 0x04)
     reader = PageReader(path, md)
     with pytest.raises(PageError, match="CRC"):
         reader.rows(1, [first])
@@ -206,19 +217,10 @@ def test_archive_page_damage_is_loud(archive):
     through pyarrow, which names the file; the row is never served."""
     a, rows = archive
     path = _parquet_path(a)
-    md = pq.ParquetFile(path).metadata
-    reader = PageReader(path, md)
-    col = COOL_SCHEMA.names.index("content")
-    _firsts, pages = reader._dir(0)[col]
-    first, off, csize = pages[1][:3]
-    reader.close()
+    first, off, _csize = _content_page(path, 0, 1)
     ids = pq.read_table(path, columns=["msg_id"]).column("msg_id").to_pylist()
     victim, sound = ids[first], ids[600]
-    with open(path, "r+b") as f:
-        f.seek(off + 3)
-        b = f.read(1)
-        f.seek(off + 3)
-        f.write(bytes([b[0] ^ 0x01]))
+    _flip(path, off + 3, 0x01)
     b2 = CoolArchive(a.cool_dir, a.files(), cache_bytes=1, row_group_rows=256)
     with pytest.raises(CorruptStateCheckpointError) as e:
         b2.get_row(victim)
@@ -265,12 +267,7 @@ def test_a_flipped_bit_anywhere_is_never_served(tmp_path_factory, frac, bit, cac
     a.cool(rows, list(range(len(rows))))
     path = _parquet_path(a)
     size = os.path.getsize(path)
-    pos = int(frac * size)
-    with open(path, "r+b") as f:
-        f.seek(pos)
-        b = f.read(1)
-        f.seek(pos)
-        f.write(bytes([b[0] ^ (1 << bit)]))
+    _flip(path, int(frac * size), 1 << bit)
     try:
         b2 = CoolArchive(d, a.files(), row_group_rows=128, cache_bytes=cache, read_only=True)
     except CorruptStateCheckpointError:
