@@ -12,17 +12,19 @@ cimport cython
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_ITEM
-from libc.stdint cimport INT64_MIN, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t
+from libc.stdint cimport INT64_MIN, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memchr, memcmp, memcpy, memmove, memset
 
 cimport _xxh
 
 cdef extern from "<sys/mman.h>" nogil:
-    int madvise(void *addr, size_t length, int advice)
-
-cdef enum:
-    RF_MADV_POPULATE_WRITE = 23      # <linux/mman.h>; EINVAL (ignored) on older kernels
+    void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset)
+    int munmap(void *addr, size_t length)
+    int PROT_READ
+    int PROT_WRITE
+    int MAP_PRIVATE
+    void *MAP_FAILED
 from rf_core cimport (RF_ID_OFF, RF_MAX_LINE, RF_OK, rf_all_zero, rf_check_frame,
                       rf_cmp_bytes, rf_content_has, rf_find, rf_find_nonascii,
                       rf_has_nonascii, rf_i64vec, rf_line_start, rf_prefault,
@@ -30,7 +32,6 @@ from rf_core cimport (RF_ID_OFF, RF_MAX_LINE, RF_OK, rf_all_zero, rf_check_frame
                       rf_i64vec_push, rf_lower, rf_msg, rf_parse_msg, rf_reason,
                       rf_scan_result)
 
-import mmap
 import os
 import sys
 
@@ -399,10 +400,14 @@ cdef class HotIndex:
             free(self._c_segs)
         _free_lists(self._c_chan, self._n_chan)
         _free_lists(self._c_task, self._n_task)
-        free(self._c_locs)
+        if not self._locs_mapped:
+            free(self._c_locs)
         free(self._c_lens)
         free(self._c_free)
-        free(self._c_slots)
+        if not self._slots_mapped:
+            free(self._c_slots)
+        if self._map_base != NULL:
+            munmap(self._map_base, self._map_len)
         for i in range(2):
             free(self._c_nmh[i])
             free(self._c_nmi[i])
@@ -437,6 +442,13 @@ cdef class HotIndex:
             self._lazy_tasks = saved     # every later call fails the same way
             raise
         return 0
+
+    cdef void _unmap_if_unused(self) noexcept nogil:
+        """Drop the snapshot's private map once neither array lives in it."""
+        if self._map_base != NULL and not self._locs_mapped and not self._slots_mapped:
+            munmap(self._map_base, self._map_len)
+            self._map_base = NULL
+            self._map_len = 0
 
     cdef int _guard(self) except -1:
         if self._c_busy:
@@ -520,7 +532,11 @@ cdef class HotIndex:
                     if j == nc:
                         j = 0
                 slots[j] = s
-        free(old)
+        if self._slots_mapped:
+            self._slots_mapped = 0
+            self._unmap_if_unused()
+        else:
+            free(old)
         self._c_slots = slots
         self._n_slots = nc
         return 0
@@ -573,10 +589,20 @@ cdef class HotIndex:
             return 0
         if nc > 0xFFFFFFFFULL:
             nc = 0xFFFFFFFFULL
-        p = <int64_t *>realloc(self._c_locs, <size_t>nc * sizeof(int64_t))
-        if p == NULL:
-            raise MemoryError(f"HotIndex: cannot grow the entry array to {nc}")
-        self._c_locs = p
+        if self._locs_mapped:
+            # the array still lives in the snapshot's private map: move it out
+            p = <int64_t *>malloc(<size_t>nc * sizeof(int64_t))
+            if p == NULL:
+                raise MemoryError(f"HotIndex: cannot grow the entry array to {nc}")
+            memcpy(p, self._c_locs, <size_t>self._cap_entries * sizeof(int64_t))
+            self._locs_mapped = 0
+            self._c_locs = p
+            self._unmap_if_unused()
+        else:
+            p = <int64_t *>realloc(self._c_locs, <size_t>nc * sizeof(int64_t))
+            if p == NULL:
+                raise MemoryError(f"HotIndex: cannot grow the entry array to {nc}")
+            self._c_locs = p
         lens = <uint32_t *>realloc(self._c_lens, <size_t>nc * sizeof(uint32_t))
         if lens == NULL:
             raise MemoryError(f"HotIndex: cannot grow the length array to {nc}")
@@ -1858,22 +1884,22 @@ cdef class HotIndex:
         task arrays are made (and their entries checked) at the first call
         that needs them, which raises the same error if they do not check."""
         path = os.fspath(path)
+        cdef void *base = NULL
+        cdef size_t size = 0
         try:
             with open(path, "rb") as f:
-                try:    # mapped, not read: the file is in the page cache, no copy is made
-                    data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-                except ValueError:      # an empty file cannot be mapped
-                    data = f.read()
+                size = os.fstat(f.fileno()).st_size
+                if size < <size_t>HEADER_LEN:
+                    raise _bad(path, "bad magic or short header", 0)
+                # a private map, not a read: no copy, and the entry array and
+                # id table are used where they lie (a page is copied when first
+                # written; the file itself is never written through it)
+                base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, f.fileno(), 0)
+                if base == MAP_FAILED:
+                    raise OSError("mmap failed")
         except OSError as exc:
             raise CorruptStateCheckpointError(f"index snapshot unreadable: {exc}", path=path) from exc
-        cdef Py_buffer view
-        PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
-        try:
-            idx, covered = _load(<const unsigned char *>view.buf, view.len, data, path)
-        finally:
-            PyBuffer_Release(&view)
-            if isinstance(data, mmap.mmap):
-                data.close()
+        idx, covered = _load(<unsigned char *>base, size, path)     # owns the map from here on
         if not lazy_tasks:
             (<HotIndex>idx)._ensure_tasks()
         return idx, covered
@@ -1906,26 +1932,18 @@ def _bad(path, msg, offset=None):
     return CorruptStateCheckpointError(f"index snapshot damaged: {msg}", path=path, offset=offset)
 
 
-cdef void _prefault(void *p, size_t n) noexcept nogil:
-    """Fault in the whole pages of a fresh allocation at once (one system
-    call instead of a fault per 4 KiB page); silently nothing where the
-    kernel lacks MADV_POPULATE_WRITE (before Linux 5.14)."""
-    cdef uintptr_t a = (<uintptr_t>p + 4095) & ~(<uintptr_t>4095)
-    cdef uintptr_t b = (<uintptr_t>p + n) & ~(<uintptr_t>4095)
-    if b > a:
-        madvise(<void *>a, b - a, RF_MADV_POPULATE_WRITE)
-
-
-cdef object _load(const unsigned char *o, Py_ssize_t total, object data, str path):
-    """Load a snapshot from its bytes `o[:total]` (`data`: the object holding
-    them, sliced for the parts kept for later)."""
+cdef object _load(unsigned char *o, Py_ssize_t total, str path):
+    """Load a snapshot from its private map `o[:total]`, which the new index
+    owns (unmapped when no array lives in it any more)."""
     cdef Py_ssize_t pos, need, i
     cdef uint32_t meta[4]
     cdef uint32_t n_cov, n_entries, n_chan, n_task
     cdef uint64_t n_slots, n_live, u64, digest
     cdef uint64_t *livebits
-    cdef HotIndex idx
-    if total < HEADER_LEN or data[:8] != SNAPSHOT_MAGIC:
+    cdef HotIndex idx = HotIndex()
+    idx._map_base = o
+    idx._map_len = <size_t>total
+    if total < HEADER_LEN or memcmp(o, <const char *>SNAPSHOT_MAGIC, 8) != 0:
         raise _bad(path, "bad magic or short header", 0)
     memcpy(meta, o + 8, 8)
     if meta[0] != SNAPSHOT_VERSION or meta[1] != HEADER_LEN:
@@ -1956,11 +1974,14 @@ cdef object _load(const unsigned char *o, Py_ssize_t total, object data, str pat
         memcpy(&co, o + pos + 8, 8)
         covered[cs] = co
         pos += 16
-    idx = HotIndex()
-    idx._grow_entries(<uint64_t>n_entries + 64)
     if n_entries:
-        _prefault(idx._c_locs, 8 * <size_t>n_entries)
-        memcpy(idx._c_locs, o + pos, 8 * n_entries)
+        # the entry array where it lies; the lengths beside it start unmeasured
+        idx._c_lens = <uint32_t *>calloc(<size_t>n_entries, sizeof(uint32_t))
+        if idx._c_lens == NULL:
+            raise MemoryError("load_snapshot: line lengths")
+        idx._c_locs = <int64_t *>(o + pos)
+        idx._locs_mapped = 1
+        idx._cap_entries = n_entries
     pos += (8 * n_entries + 7) & ~7
     idx._n_entries = n_entries
     # live entries as a bitmap: the checks below then stay in cache
@@ -1968,15 +1989,16 @@ cdef object _load(const unsigned char *o, Py_ssize_t total, object data, str pat
     if livebits == NULL:
         raise MemoryError("load_snapshot: entry bitmap")
     try:
-        _load_arrays(idx, o, pos, total, n_entries, n_slots, n_live, n_chan, n_task, data, path, livebits)
+        _load_arrays(idx, o, pos, total, n_entries, n_slots, n_live, n_chan, n_task, path, livebits)
     finally:
         free(livebits)
+    idx._unmap_if_unused()
     return idx, covered
 
 
 cdef int _load_arrays(HotIndex idx, const unsigned char *o, Py_ssize_t pos, Py_ssize_t total,
                       uint32_t n_entries, uint64_t n_slots, uint64_t n_live, uint32_t n_chan,
-                      uint32_t n_task, object data, str path, uint64_t *livebits) except -1:
+                      uint32_t n_task, str path, uint64_t *livebits) except -1:
     cdef uint32_t j, x
     cdef uint64_t live = 0, used = 0, s, u64
     cdef int64_t loc
@@ -1996,19 +2018,14 @@ cdef int _load_arrays(HotIndex idx, const unsigned char *o, Py_ssize_t pos, Py_s
             idx._n_free += 1
     if live != n_live:
         raise _bad(path, "live entry count mismatch", 56)
+    # the id table where it lies (8-aligned: every section is)
     free(idx._c_slots)
-    idx._c_slots = <uint64_t *>malloc(<size_t>n_slots * 8)
-    if idx._c_slots == NULL:
-        idx._n_slots = 0
-        raise MemoryError("load_snapshot: id table")
+    idx._c_slots = <uint64_t *>(o + pos)
+    idx._slots_mapped = 1
     idx._n_slots = n_slots
-    _prefault(idx._c_slots, <size_t>n_slots * 8)
-    cdef const unsigned char *src = o + pos
     pos += 8 * n_slots
-    # one pass: copy and check each slot
     for u64 in range(n_slots):
-        memcpy(&s, src + 8 * u64, 8)
-        idx._c_slots[u64] = s
+        s = idx._c_slots[u64]
         if s:
             x = <uint32_t>(s & 0xFFFFFFFFULL)
             if x == 0 or x > n_entries or not (livebits[(x - 1) >> 6] >> ((x - 1) & 63)) & 1:
@@ -2039,8 +2056,10 @@ cdef int _load_arrays(HotIndex idx, const unsigned char *o, Py_ssize_t pos, Py_s
     # the task arrays wait for the first call that needs them (see _ensure_tasks):
     # an open followed by window reads never pays for 25,000 tasks
     if n_task:
-        idx._lazy_tasks = (data[meta_pos + 16 * n_chan:kstart], data[kstart + chan_keys:kstart + keys_len],
-                           data[pos:pos + 4 * (nlist - chan_list)], n_task,
+        idx._lazy_tasks = (PyBytes_FromStringAndSize(<const char *>o + meta_pos + 16 * n_chan,
+                                                     kstart - meta_pos - 16 * n_chan),
+                           PyBytes_FromStringAndSize(<const char *>o + kstart + chan_keys, keys_len - chan_keys),
+                           PyBytes_FromStringAndSize(<const char *>o + pos, 4 * (nlist - chan_list)), n_task,
                            PyBytes_FromStringAndSize(<const char *>livebits, 8 * ((n_entries >> 6) + 1)),
                            n_entries, path, pos)
     pos += 4 * (nlist - chan_list)

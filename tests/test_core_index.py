@@ -437,6 +437,33 @@ def test_snapshot_task_arrays_made_at_first_need(tmp_path, first):
         assert j.channel_locs(c).tolist() == ix.channel_locs(c).tolist()
 
 
+def test_snapshot_arrays_used_in_place_never_write_the_file(tmp_path):
+    """The entry array and id table of a loaded snapshot live in a private
+    map of the file: changing the index (removals, appends, a rehash, growth
+    out of the map) never writes the file, and replacing the file under a
+    loaded index changes nothing for it."""
+    ix, data = sample_index(300)
+    p = tmp_path / "idx.snap"
+    ix.save_snapshot(p, {0: len(data)})
+    before = p.read_bytes()
+    j, _ = _index.HotIndex.load_snapshot(p)
+    j.attach(0, data)
+    assert j.remove(b"m1") >= 0 and j.remove(b"m2") >= 0 and j.find(b"m1") < 0
+    assert p.read_bytes() == before
+    ix.save_snapshot(p, {0: 1})                      # the file replaced under j
+    extra = b"".join(line(f"n{i}", f"c{i % 3}", "t1" if i % 2 else "", "", f"new {i}") for i in range(2000))
+    j.attach(0, data + extra)
+    assert len(j.ingest(0, len(data), len(data) + len(extra)).added) == 2000   # grows out of the map
+    assert j.find(b"n1999") >= 0 and j.find(b"m3") == ix.find(b"m3")
+    assert j.find(b"m1") < 0 and j.find(b"m2") < 0
+    assert len(j) == len(ix) - 2 + 2000
+    j.save_snapshot(tmp_path / "j.snap", {0: len(data) + len(extra)})
+    k, _ = _index.HotIndex.load_snapshot(tmp_path / "j.snap")
+    k.attach(0, data + extra)
+    assert len(k) == len(j) and k.task_locs(b"t1").tolist() == j.task_locs(b"t1").tolist()
+    del j, k
+
+
 def test_snapshot_task_arrays_that_do_not_check_fail_loudly_every_time(tmp_path):
     """A snapshot whose digest checks but whose task arrays name a free entry
     (only a bug could write one): lazily, the first task call raises and so

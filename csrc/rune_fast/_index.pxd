@@ -76,6 +76,10 @@ cdef class HotIndex:
     cdef set _dirty_chan
     cdef set _dirty_task
     cdef object _lazy_tasks        # task arrays of a loaded snapshot, made at first need
+    cdef void *_map_base           # private map of a loaded snapshot that _c_locs or _c_slots live in
+    cdef size_t _map_len
+    cdef bint _locs_mapped
+    cdef bint _slots_mapped
     # name hash -> list index (+1), verified against the key bytes: the fast
     # path of ingest, without building a bytes object per line
     cdef uint64_t *_c_nmh[2]
@@ -84,6 +88,7 @@ cdef class HotIndex:
 
     cdef int _guard(self) except -1
     cdef int _ensure_tasks(self) except -1
+    cdef void _unmap_if_unused(self) noexcept nogil
     cdef object _where(self, int64_t seg)
     cdef int _line_at(self, int64_t loc, const unsigned char **p, size_t *avail) noexcept nogil
     cdef int _checked_line(self, int64_t loc, const unsigned char **p, size_t *n) except -1
