@@ -1311,6 +1311,30 @@ cdef class HotIndex:
             start = _len(L) - <uint32_t>n
         return self._locs_of(L, start)
 
+    def window_locs(self, ch_key, Py_ssize_t n):
+        """The locations of the last n messages of the channel, oldest first, as
+        a list, each line checked as :meth:`line` checks it (raising the same
+        errors): what a window read needs in one call. [] for an unknown
+        channel or n <= 0."""
+        cdef bytes k = _key_bytes(ch_key, "ch_key")
+        cdef const unsigned char *p
+        cdef size_t ln
+        cdef uint32_t start = 0, i
+        cdef int64_t loc
+        cdef rf_list *L
+        idx = self._chan_ids.get(k)
+        if idx is None or n <= 0:
+            return []
+        L = &self._c_chan[<int64_t>idx]
+        if n < _len(L):
+            start = _len(L) - <uint32_t>n
+        out = []
+        for i in range(start, _len(L)):
+            loc = self._c_locs[_at(L, i)]
+            self._checked_line(loc, &p, &ln)
+            out.append(loc)
+        return out
+
     def task_locs(self, task_key):
         """Locations of every message of the task, oldest first."""
         cdef bytes k = _key_bytes(task_key, "task_key")

@@ -1177,9 +1177,9 @@ class ConversationStateRepository:
             if n <= 0:
                 return []
             if not self._is_interleaved(channel_id):
-                locs = self._index.channel_locs(codec.key(channel_id), n).tolist()
+                # the last n locations, every line's checksum checked, every read
+                locs = self._index.window_locs(codec.key(channel_id), n)
                 if len(locs) >= n or not self._cool_has_channel(channel_id):
-                    self._index.check_lines(locs)    # checksum of every line, every read
                     cached = self._decoded.get
                     out = []
                     for loc in locs:

@@ -238,6 +238,24 @@ def test_check_lines_is_line_without_views():
         ix.check_lines((0,))
 
 
+def test_window_locs_is_channel_locs_checked():
+    ls = [line(f"m{i}", "c" if i % 3 else "d") for i in range(12)]
+    offs = [sum(len(x) for x in ls[:i]) for i in range(12)]
+    data = bytearray(b"".join(ls))
+    ix = _index.HotIndex()
+    ix.attach(0, bytes(data), path="/state/seg-0")
+    ix.ingest(0)
+    for n in (0, 1, 5, 8, 100):
+        assert ix.window_locs(b"c", n) == (ix.channel_locs(b"c", n).tolist() if n else [])
+    assert ix.window_locs(b"nope", 8) == [] and ix.window_locs(b"c", -1) == []
+    data[offs[11] + 40] ^= 1                           # the newest line of "c"
+    ix.attach(0, bytes(data), path="/state/seg-0")
+    assert ix.window_locs(b"d", 8) == ix.channel_locs(b"d", 8).tolist()
+    with pytest.raises(CorruptStateCheckpointError) as ei:
+        ix.window_locs(b"c", 2)
+    assert ei.value.path == "/state/seg-0" and ei.value.offset == offs[11]
+
+
 def test_remove_and_remove_many_keep_arrays_consistent():
     ls = [line(f"m{i}", "c" if i % 2 else "d", "t" if i % 3 == 0 else "", "" if i % 4 else f"{i:04d}")
           for i in range(40)]
