@@ -1113,16 +1113,14 @@ class ConversationStateRepository:
                 if rec.msg_id != msg_id:
                     return MessageRead(ReadStatus.SOURCE_CORRUPT, None, tier)
                 return MessageRead(ReadStatus.FOUND_VERIFIED, rec, tier)
-            for cloc in self._cool.id_locs(msg_id):
-                hit = self._cool_decoded.get(cloc)
-                if hit is not None and hit[0].msg_id == msg_id:
-                    return MessageRead(ReadStatus.FOUND_VERIFIED, hit[0], "cool")
             try:
-                row = self._cool.get_row(msg_id)
+                # the rows whose id hashes like msg_id (usually one): kept records, or read now
+                rec = next((r for r, _o in self._cool_records(self._cool.id_locs(msg_id))
+                            if r.msg_id == msg_id), None)
             except CorruptStateCheckpointError as exc:
                 log.error("exact read of %s: %s", msg_id, exc)
                 return MessageRead(ReadStatus.SOURCE_CORRUPT, None, "cool")
-            if row is None:
+            if rec is None:
                 # A hot line indexed under this id's hash whose bytes fail their
                 # checksum may be this message with a damaged id: not "not found".
                 for cand in self._index.candidates(k).tolist():
@@ -1132,11 +1130,6 @@ class ConversationStateRepository:
                         log.error("exact read of %s: %s", msg_id, exc)
                         return MessageRead(ReadStatus.SOURCE_CORRUPT, None, self._tier_of(cand))
                 return MessageRead(ReadStatus.NOT_FOUND_CONFIRMED)
-            try:
-                rec = self._cool_record(row)
-            except CorruptStateCheckpointError:
-                return MessageRead(ReadStatus.SOURCE_CORRUPT, None, "cool")
-            self._cool_keep([((_cool_no(row.file), row.row), (rec, row.ord))])
             return MessageRead(ReadStatus.FOUND_VERIFIED, rec, "cool")
 
     def _hot_channel(self, channel_id: str, n: int = -1) -> list[tuple[ConversationMessageRecord, str]]:

@@ -871,6 +871,12 @@ def _row_digest(rec: dict, plain: bool) -> str:
     return record_digest(rec)
 
 
+def _assemble_columns(cols: Sequence[Sequence[Any]]) -> list[tuple[dict | None, int, str, bool]]:
+    """:func:`_assemble_many` of rows already taken: ``cols`` holds the 15
+    columns' values of just those rows."""
+    return _assemble_many([lambda rs, v=v: v for v in cols], [0] * (len(cols[0]) if cols else 0))
+
+
 def _assemble_many(takes: list, local: list[int]) -> list[tuple[dict | None, int, str, bool]]:
     """_assemble_at for many rows at once, column by column; a row that
     fails to decode is redone alone (to name its problem)."""
@@ -1387,12 +1393,11 @@ class CoolArchive:
         if not local or local[0] < 0 or local[-1] >= n:
             return None
         try:
-            cols = self._page_rows(no, rg, local)
+            rows = self._with_reader(no, lambda reader: reader.rows(rg, local))
         except PageError:
             return None   # damage: the cached path reads it through pyarrow and names it
-        if cols is not None:
-            return _assemble_many([lambda rs, v=v: [v[r] for r in rs] for v in zip(*cols)],
-                                  list(range(len(local))))
+        if rows is not None:
+            return _assemble_columns(list(zip(*rows)))
         try:
             table = self._parquet(no).read_row_group(rg, use_threads=False)
             if table.num_rows != n:
@@ -1404,7 +1409,7 @@ class CoolArchive:
             return None   # the cached path reads it again and names the problem
         finally:
             _release_arrow()
-        got = _assemble_many([lambda rs, v=v: [v[r] for r in rs] for v in cols], list(range(len(local))))
+        got = _assemble_columns(cols)
         return None if any(x is None for x in got) else got
 
     def _reader(self, no: int) -> PageReader | None:
@@ -1425,14 +1430,15 @@ class CoolArchive:
         self._readers[no] = reader
         return reader
 
-    def _page_rows(self, no: int, rg: int, local: list[int]) -> list[list] | None:
-        """Rows ``local`` of row group ``rg`` through the file's PageReader, or
-        None if the file is not in a layout it reads."""
+    def _with_reader(self, no: int, read: Any) -> Any:
+        """``read(reader)`` with file ``no``'s PageReader, or None if the file
+        is not in a layout it reads (then it is not asked again). PageError
+        (damage) passes to the caller."""
         reader = self._reader(no)
         if reader is None:
             return None
         try:
-            return reader.rows(rg, local)
+            return read(reader)
         except Unsupported:
             self._readers[no] = None
             reader.close()
@@ -1442,15 +1448,9 @@ class CoolArchive:
         """Columns ``names`` of row group ``rg`` through the file's
         PageReader, or None: not a layout it reads, or damage (which the
         caller's pyarrow read then names)."""
-        reader = self._reader(no)
-        if reader is None:
-            return None
         try:
-            return pa.table({c: reader.column(rg, _COLS.index(c)) for c in names})
-        except Unsupported:
-            self._readers[no] = None
-            reader.close()
-            return None
+            return self._with_reader(
+                no, lambda reader: pa.table({c: reader.column(rg, _COLS.index(c)) for c in names}))
         except PageError:
             return None
 

@@ -33,7 +33,7 @@ import zstandard
 import numpy as np
 import pyarrow as pa
 
-from ._pages import page_header, plain_strings
+from ._pages import byte_array_at, page_header, plain_strings
 
 __all__ = ["PageError", "PageReader", "Unsupported"]
 
@@ -177,6 +177,9 @@ class PageReader:
         ``local`` (ascending, within the row group) of row group ``rg``."""
         d = self._dir(rg)
         out: list[list] = [[] for _ in local]
+        # one row (an exact read): walk to its value in the page's bytes; more
+        # rows: split each page they touch into its values once
+        single = len(local) == 1
         for c, (firsts, pages) in enumerate(d):
             kind = self._kinds[c]
             k_open, vals, first = -1, None, 0
@@ -185,11 +188,15 @@ class PageReader:
                 if k != k_open:
                     if k < 0:
                         raise PageError(f"{self.path}: row {i} of row group {rg} precedes its pages")
-                    vals = self._values(pages[k], kind, rg, c)
+                    vals = self._page(pages[k]) if single and kind is None else \
+                        self._values(pages[k], kind, rg, c)
                     k_open, first = k, pages[k][0]
                 j = i - first
                 try:
-                    if kind is None:
+                    if kind is None and single:
+                        a, b = byte_array_at(vals, j)
+                        out[n].append(vals[a:b].decode("utf-8"))
+                    elif kind is None:
                         data, offs = vals
                         out[n].append(data[offs[j]:offs[j + 1]].decode("utf-8"))
                     else:
