@@ -24,8 +24,9 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from . import codec
 from . import sync as _sync
+from ._encode import frame_messages, message_envelopes
 from ._index import HotIndex
-from ._log import frame, frame_many, scan_frames
+from ._log import frame_many, scan_frames
 from .atomic import AtomicStore
 from .cool import SPECIAL_FOLD, CoolArchive, relevant_specials
 from .errors import (
@@ -37,7 +38,7 @@ from .errors import (
     StateLockedError,
     StoreClosedError,
 )
-from .events import EventStore, frame_object
+from .events import EventStore
 from .locking import DirLock
 from .records import ConversationMessageRecord, message_from_stored, payload_hash
 from .segments import TAIL_NAME, Segment, TailFile, fsync_dir, quarantine_bytes, seg_name, write_file
@@ -826,22 +827,17 @@ class ConversationStateRepository:
 
     def append_many(self, msgs: Iterable[ConversationMessageRecord]) -> int:
         """Store a batch with one sync at the end; returns how many were new."""
-        msgs = list(msgs)
-        rests, hashes = [], []
-        for i, m in enumerate(msgs):
-            if not isinstance(m, ConversationMessageRecord):
-                raise TypeError(f"msgs[{i}]: expected ConversationMessageRecord, got {type(m).__name__}")
-            body, h = codec.message_body_and_hash(m)
-            rests.append(body)
-            hashes.append(h)
+        msgs = msgs if type(msgs) is list else list(msgs)
         if not msgs:
             return 0
+        # encoded outside the lock (compiled: csrc/_encode.pyx)
+        bodies, hashes, keys = codec.encode_batch(msgs)
         with self._sync_cond:
             self._inflight += 1
         try:
             with self._lock:
                 self._check_writable()
-                target, added = self._write_messages(msgs, rests, hashes)
+                target, added = self._write_messages(msgs, bodies, hashes, keys)
             if added:
                 self._wait_durable(target)
         finally:
@@ -854,52 +850,65 @@ class ConversationStateRepository:
                         self._auto_compact()
         return added
 
-    def _write_messages(self, msgs: Sequence[ConversationMessageRecord], rests: Sequence[bytes],
-                        hashes: Sequence[str]) -> tuple[int, int]:
-        """Write the new ones among ``msgs`` to the tail and index them (lock held)."""
-        fresh: list[int] = []
-        seen: set[str] = set()
-        find = self._index.find
+    def _fresh(self, msgs: list[ConversationMessageRecord], keys: list[bytes]) -> list[int]:
+        """Indexes of the messages of a batch to write: the first of each id
+        that no tier holds and no tombstone names (lock held)."""
         tombs = self._tombstones
-        for i, m in enumerate(msgs):
-            mid = m.msg_id
-            if mid in seen or mid in tombs or find(codec.key(mid)) >= 0:
-                continue
-            seen.add(mid)
-            fresh.append(i)
+        if len(msgs) == 1:
+            fresh = [] if msgs[0].msg_id in tombs or self._index.find(keys[0]) >= 0 else [0]
+        else:
+            found = self._index.find_many(keys).tolist()
+            seen: set[str] = set()
+            fresh = []
+            for i, m in enumerate(msgs):
+                mid = m.msg_id
+                if found[i] >= 0 or mid in seen or mid in tombs:
+                    continue
+                seen.add(mid)
+                fresh.append(i)
         if fresh and self._cool.has_files():
-            contains = self._cool.contains
-            fresh = [i for i in fresh if not contains(msgs[i].msg_id)]
+            if len(fresh) == 1:
+                fresh = [] if self._cool.contains(msgs[fresh[0]].msg_id) else fresh
+            else:
+                archived = self._cool.contains_many([msgs[i].msg_id for i in fresh]).tolist()
+                fresh = [i for i, hit in zip(fresh, archived) if not hit]
+        return fresh
+
+    def _write_messages(self, msgs: list[ConversationMessageRecord], bodies: list[bytes],
+                        hashes: list[str], keys: list[bytes]) -> tuple[int, int]:
+        """Write the new ones among ``msgs`` to the tail and index them (lock held)."""
+        fresh = self._fresh(msgs, keys)
         if not fresh:
             return 0, 0
         seq0 = self._next_seq
-        lines = [frame(codec.rest_from_body(rests[i], seq0 + j)) for j, i in enumerate(fresh)]
+        data, lengths = frame_messages(bodies, fresh, seq0)
         self._next_seq += len(fresh)
-        data = lines[0] if len(lines) == 1 else b"".join(lines)
         off, remapped = self._tail.append(data)
         self._wpos += len(data)
         if remapped:
             self._reattach_tail()
-        pos = off
-        base = self._tail_seg << 40
-        now = time.time()
-        envelopes = []
+        seg = self._tail_seg
+        if len(fresh) == 1:
+            if not self._index.add((seg << 40) | off):   # cannot happen: checked above under the lock
+                raise RuneError(f"index refused new message {msgs[fresh[0]].msg_id!r} at "
+                                f"{self._tail.path}:{off}")
+        else:
+            rep = self._index.ingest(seg, off, off + len(data))
+            if rep.good_end != off + len(data) or len(rep.added) != len(fresh):
+                raise RuneError(f"index took {len(rep.added)} of the {len(fresh)} new messages "
+                                f"written at {self._tail.path}:{off}")
+        pos = (seg << 40) | off
         for j, i in enumerate(fresh):
             m = msgs[i]
-            loc = base | pos
-            if not self._index.add(loc):     # cannot happen: checked above under the lock
-                raise RuneError(f"index refused new message {m.msg_id!r} at {self._tail.path}:{pos}")
-            self._cache(loc, (m, seq0 + j))
+            self._cache(pos, (m, seq0 + j))
             self._note_order(m)
             self._note_fold_order(m)
             if m.hlc:
                 self._observe(m.hlc)
-            envelopes.append(frame_object({"type": "conversation.message", "id": m.msg_id,
-                                           "payload_hash": hashes[i], "ts": now}))
-            pos += len(lines[j])
+            pos += lengths[j]
         # journaled with one write; durable by the next checkpoint, re-derived
         # from the tail by recovery if a crash loses it first
-        self._events.append_encoded(envelopes[0] if len(envelopes) == 1 else b"".join(envelopes),
+        self._events.append_encoded(message_envelopes(keys, hashes, fresh, codec.dumps(time.time())),
                                     offset=False)
         self._since_compact += len(fresh)
         self._snap_changes += len(fresh)

@@ -57,6 +57,7 @@ from ._index import HashIndex
 from ._search import block_grams, find_spans, gram_blocks
 from .pages import PageError, PageReader, Unsupported
 from .errors import CorruptStateCheckpointError
+from .records import json_safe as _json_safe
 
 __all__ = [
     "CoolArchive",
@@ -199,22 +200,6 @@ class CoolProblem:
 
 _CANON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 _COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
-
-
-def _json_safe(v: Any) -> bool:
-    """True if orjson spells ``v`` exactly as json.dumps does: plain str,
-    int, bool, None, lists and str-keyed dicts of them, and floats that
-    both write without an exponent (shortest round-trip digits)."""
-    t = type(v)
-    if t is str or t is int or t is bool or v is None:
-        return True
-    if t is float:
-        return v == 0.0 or 1e-4 <= abs(v) < 1e16
-    if t is list:
-        return all(_json_safe(x) for x in v)
-    if t is dict:
-        return all(type(k) is str and _json_safe(x) for k, x in v.items())
-    return False
 
 
 def _canonical(d: dict) -> bytes:

@@ -1,0 +1,68 @@
+/* JSON string escaping for the compiled encoder (csrc/_encode.pyx): the bytes
+ * between the quotes of a JSON string, spelled as orjson and the standard
+ * library spell them (ensure_ascii off): '"' and '\\' and the control bytes
+ * below 0x20 are escaped (\b \t \n \f \r, else \u00XX in lower-case hex);
+ * every other byte, UTF-8 included, stands as it is. Pure C, no Python.
+ */
+#ifndef RF_JSON_H
+#define RF_JSON_H
+
+#include <stddef.h>
+#include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+/* Escape s[0:n) into out, which has room for 6 * n bytes; returns the bytes written. */
+static inline size_t rf_json_escape(const unsigned char *s, size_t n, unsigned char *out)
+{
+    static const char hex[] = "0123456789abcdef";
+    unsigned char *o = out;
+    size_t i = 0;
+    while (i < n) {
+#if defined(__SSE2__)
+        /* 16 bytes at a time while none needs escaping */
+        const __m128i quote = _mm_set1_epi8('"'), bslash = _mm_set1_epi8('\\');
+        const __m128i ctl = _mm_set1_epi8(0x1F);
+        while (i + 16 <= n) {
+            __m128i v = _mm_loadu_si128((const __m128i *)(s + i));
+            __m128i bad = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bslash)),
+                                       _mm_cmpeq_epi8(_mm_max_epu8(v, ctl), ctl));
+            int mask = _mm_movemask_epi8(bad);
+            if (mask) {
+                int k = __builtin_ctz((unsigned)mask);
+                memcpy(o, s + i, (size_t)k);
+                o += k;
+                i += (size_t)k;
+                break;
+            }
+            _mm_storeu_si128((__m128i *)o, v);
+            o += 16;
+            i += 16;
+        }
+        if (i >= n) break;
+#endif
+        unsigned char c = s[i++];
+        if (c >= 0x20 && c != '"' && c != '\\') {
+            *o++ = c;
+            continue;
+        }
+        *o++ = '\\';
+        switch (c) {
+        case '"': *o++ = '"'; break;
+        case '\\': *o++ = '\\'; break;
+        case '\b': *o++ = 'b'; break;
+        case '\t': *o++ = 't'; break;
+        case '\n': *o++ = 'n'; break;
+        case '\f': *o++ = 'f'; break;
+        case '\r': *o++ = 'r'; break;
+        default:
+            *o++ = 'u'; *o++ = '0'; *o++ = '0';
+            *o++ = (unsigned char)hex[c >> 4];
+            *o++ = (unsigned char)hex[c & 15];
+        }
+    }
+    return (size_t)(o - out);
+}
+
+#endif
