@@ -15,13 +15,14 @@ the size limit go through the Python path, which names the problem.
 :func:`frame_messages` and :func:`message_envelopes` frame a batch's tail
 lines and event-store envelopes (docs/FORMAT.md) into one buffer each.
 """
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.mem cimport PyMem_Free
 from cpython.unicode cimport PyUnicode_AsUTF8String
-from libc.stdint cimport int64_t
+from libc.stdint cimport int32_t, int64_t
 from libc.stdio cimport snprintf
 from libc.stdlib cimport free, realloc
-from libc.string cimport memcpy, strlen
+from libc.string cimport memcmp, memcpy, strlen
 
 from rf_core cimport RF_MAX_LINE, RF_PREFIX_LEN, rf_write_prefix
 
@@ -359,3 +360,328 @@ def message_envelopes(list keys, list hashes, list order, bytes ts_json):
     if pos != total:
         raise FramingError(f"message_envelopes: wrote {pos} of {total} bytes")
     return out
+
+
+# --------------------------------------------------------------------------
+# Cooling: hot lines to the columns of a cool file
+
+cdef extern from "Python.h":
+    double PyOS_string_to_double(const char *s, char **endptr, object overflow_exception) except? -1.0
+
+cimport _xxh
+
+# The string columns cool_columns fills, in COOL_SCHEMA order (rune_fast.cool).
+cdef enum:
+    C_MSG_ID, C_CHANNEL, C_TASK, C_HLC, C_CONTENT, C_ROLE, C_TOOL_CALLS, C_TOOL_CALL_ID,
+    C_ORIGIN, C_EXTRA, C_DIGEST, N_SCOL
+
+cdef tuple _SCOL_NAMES = ("msg_id", "channel_id", "task_id", "hlc", "content", "role",
+                          "tool_calls", "tool_call_id", "origin", "extra", "digest")
+
+# Raw JSON values of a record, by field (start and length in the line).
+cdef enum:
+    R_MSG_ID, R_CHANNEL, R_TASK, R_HLC, R_CONTENT, R_TS, R_ROLE, R_TOKEN, R_TOOL_CALLS,
+    R_TOOL_CALL_ID, R_ORIGIN, R_VERSION, N_RAW
+
+# The record JSON of a tail line, key by key, with the kind of its value.
+cdef enum:
+    S, F, I, L      # string, float, integer, the empty tool-call list
+cdef tuple _RECORD_KEYS = (
+    (b'{"msg_id":', S), (b',"channel_id":', S), (b',"task_id":', S),
+    (b',"hlc":', S), (b',"content":', S), (b',"ts":', F), (b',"role":', S),
+    (b',"token_estimate":', I), (b',"tool_calls":', L), (b',"tool_call_id":', S),
+    (b',"origin":', S), (b',"schema_version":', I))
+# The canonical JSON's keys (sorted) and the raw value each takes.
+cdef tuple _CANON_KEYS = (
+    (b'{"channel_id":', R_CHANNEL), (b',"content":', R_CONTENT), (b',"hlc":', R_HLC),
+    (b',"msg_id":', R_MSG_ID), (b',"origin":', R_ORIGIN), (b',"role":', R_ROLE),
+    (b',"schema_version":', R_VERSION), (b',"task_id":', R_TASK),
+    (b',"token_estimate":', R_TOKEN), (b',"tool_call_id":', R_TOOL_CALL_ID),
+    (b',"tool_calls":', R_TOOL_CALLS), (b',"ts":', R_TS))
+# which string column each raw string field fills
+cdef int _RAW_TO_COL[N_RAW]
+_RAW_TO_COL[:] = [C_MSG_ID, C_CHANNEL, C_TASK, C_HLC, C_CONTENT, -1, C_ROLE, -1, -1,
+                  C_TOOL_CALL_ID, C_ORIGIN, -1]
+
+
+cdef inline bint _hexlow(unsigned char c) noexcept:
+    return (c'0' <= c <= c'9') or (c'a' <= c <= c'f')
+
+
+cdef inline int _hexval(unsigned char c) noexcept:
+    return c - c'0' if c <= c'9' else c - c'a' + 10
+
+
+cdef Py_ssize_t _canon_string_end(const unsigned char *p, Py_ssize_t i, Py_ssize_t n) noexcept:
+    """p[i] opens a JSON string; the index after its closing quote, or -1 if
+    it is not spelled as the encoder spells it (a raw control byte, an escape
+    it does not write, the end of the line first)."""
+    cdef unsigned char c
+    cdef int v
+    if i >= n or p[i] != c'"':
+        return -1
+    i += 1
+    while i < n:
+        c = p[i]
+        if c == c'"':
+            return i + 1
+        if c < 0x20:
+            return -1
+        if c == c'\\':
+            if i + 1 >= n:
+                return -1
+            c = p[i + 1]
+            if c == c'"' or c == c'\\' or c == c'b' or c == c'f' or c == c'n' or c == c'r' or c == c't':
+                i += 2
+                continue
+            if c != c'u' or i + 5 >= n or p[i + 2] != c'0' or p[i + 3] != c'0' \
+                    or not _hexlow(p[i + 4]) or not _hexlow(p[i + 5]):
+                return -1
+            v = _hexval(p[i + 4]) * 16 + _hexval(p[i + 5])
+            if v >= 0x20 or v == 8 or v == 9 or v == 10 or v == 12 or v == 13:
+                return -1
+            i += 6
+            continue
+        i += 1
+    return -1
+
+
+cdef void _unescape(Buf *b, const unsigned char *s, Py_ssize_t n) noexcept:
+    """Append the value of the canonical string body s[0:n) (room reserved)."""
+    cdef Py_ssize_t i = 0
+    cdef unsigned char c
+    cdef char *o = b.p + b.n
+    while i < n:
+        c = s[i]
+        if c != c'\\':
+            o[0] = <char>c
+            o += 1
+            i += 1
+            continue
+        c = s[i + 1]
+        if c == c'u':
+            o[0] = <char>(_hexval(s[i + 4]) * 16 + _hexval(s[i + 5]))
+            i += 6
+        else:
+            if c == c'b':
+                o[0] = c'\b'
+            elif c == c'f':
+                o[0] = c'\f'
+            elif c == c'n':
+                o[0] = c'\n'
+            elif c == c'r':
+                o[0] = c'\r'
+            elif c == c't':
+                o[0] = c'\t'
+            else:
+                o[0] = <char>c
+            i += 2
+        o += 1
+    b.n = o - b.p
+
+
+cdef Py_ssize_t _int_end(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, int max_digits,
+                         int64_t *out) noexcept:
+    """A non-negative integer as json writes it (no sign, no leading zero)
+    at p[i]; the index after it, or -1."""
+    cdef Py_ssize_t j = i
+    cdef int64_t v = 0
+    while j < n and c'0' <= p[j] <= c'9':
+        v = v * 10 + (p[j] - c'0')
+        j += 1
+    if j == i or j - i > max_digits or (p[i] == c'0' and j - i > 1):
+        return -1
+    out[0] = v
+    return j
+
+
+cdef Py_ssize_t _float_end(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, double *out) except -2:
+    """A float spelled as repr() spells it inside the range where orjson and
+    json agree (no exponent); the index after it, or -1."""
+    cdef Py_ssize_t j = i
+    cdef char tmp[40]
+    cdef char *end = NULL
+    cdef char *rep = NULL
+    cdef double x
+    cdef bint same
+    cdef Py_ssize_t dot = -1
+    # -?digits.digits: what repr writes for a float in that range
+    if j < n and p[j] == c'-':
+        j += 1
+    while j < n and (c'0' <= p[j] <= c'9' or (p[j] == c'.' and dot < 0)):
+        if p[j] == c'.':
+            dot = j
+        j += 1
+    if dot < 0 or dot == i or (p[i] == c'-' and dot == i + 1) or dot == j - 1 or j - i >= 40:
+        return -1
+    memcpy(tmp, p + i, <size_t>(j - i))
+    tmp[j - i] = 0
+    x = PyOS_string_to_double(tmp, &end, None)
+    if end != tmp + (j - i) or not (x == 0.0 or 1e-4 <= abs(x) < 1e16):
+        return -1
+    rep = PyOS_double_to_string(x, b'r', 0, Py_DTSF_ADD_DOT_0, NULL)
+    try:
+        same = strlen(rep) == <size_t>(j - i) and memcmp(rep, tmp, <size_t>(j - i)) == 0
+    finally:
+        PyMem_Free(rep)
+    if not same:
+        return -1
+    out[0] = x
+    return j
+
+
+cdef inline bint _lit_at(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, bytes lit) noexcept:
+    cdef Py_ssize_t m = PyBytes_GET_SIZE(lit)
+    return i + m <= n and memcmp(p + i, PyBytes_AS_STRING(lit), <size_t>m) == 0
+
+
+cdef class _ColumnBufs:
+    cdef Buf data[N_SCOL]
+    cdef Buf offs[N_SCOL]
+    cdef Buf ts, tok, ver, ords, canon
+
+    def __dealloc__(self):
+        cdef int k
+        for k in range(N_SCOL):
+            free(self.data[k].p)
+            free(self.offs[k].p)
+        free(self.ts.p)
+        free(self.tok.p)
+        free(self.ver.p)
+        free(self.ords.p)
+        free(self.canon.p)
+
+
+cdef int _push_offset(Buf *offs, Py_ssize_t v) except -1:
+    cdef int32_t x
+    if v > 0x7FFFFFFF:
+        raise OverflowError("cool_columns: a column passed 2 GiB")
+    x = <int32_t>v
+    _reserve(offs, 4)
+    _put(offs, <const char *>&x, 4)
+    return 0
+
+
+def cool_columns(list lines):
+    """The cool-file columns of verified message lines (bytes-like, without
+    their newlines), for the lines spelled exactly as the encoder spells
+    them (no tool calls, a time in the range where repr and orjson agree):
+    ``(taken, columns)``, ``taken`` the indexes of the lines it read (in
+    order) and ``columns`` a dict of raw Arrow buffers, by column name: string
+    columns as ``(int32 offsets, data)``, ``ts``/``token_estimate``/``ord``
+    as float64/int64 bytes, ``schema_version`` as int32 bytes. ``digest`` is
+    xxh3_128 of each record's canonical JSON, assembled from the line's own
+    escaped values in sorted key order (so equal to rune_fast.cool's
+    record_digest of the decoded dict). Every other line is left to the
+    caller's Python path; the values' UTF-8 is for the caller to validate."""
+    cdef _ColumnBufs cb = _ColumnBufs()
+    cdef Py_ssize_t nl = len(lines), li, i, n, e, k, m
+    cdef Py_ssize_t rs[N_RAW]
+    cdef Py_ssize_t rl[N_RAW]
+    cdef const unsigned char *p
+    cdef Py_buffer view
+    cdef bytes lit
+    cdef int kind
+    cdef int64_t tokv = 0, verv = 0, seqv = 0
+    cdef double tsv = 0.0
+    cdef bint ok
+    cdef int col, raw
+    cdef _xxh.XXH128_hash_t h
+    cdef char hexd[33]
+    cdef int32_t ver32
+    cdef list taken = []
+    cdef Py_ssize_t prefix = RF_PREFIX_LEN + PyBytes_GET_SIZE(_MSG_PREFIX)
+    for k in range(N_SCOL):
+        _push_offset(&cb.offs[k], 0)
+    for li in range(nl):
+        PyObject_GetBuffer(lines[li], &view, PyBUF_SIMPLE)
+        try:
+            p = <const unsigned char *>view.buf
+            n = view.len
+            ok = n > prefix and memcmp(p + RF_PREFIX_LEN, PyBytes_AS_STRING(_MSG_PREFIX),
+                                       <size_t>PyBytes_GET_SIZE(_MSG_PREFIX)) == 0
+            i = prefix
+            k = 0
+            while ok and k < N_RAW:
+                lit = _RECORD_KEYS[k][0]
+                kind = _RECORD_KEYS[k][1]
+                if not _lit_at(p, i, n, lit):
+                    ok = False
+                    break
+                i += PyBytes_GET_SIZE(lit)
+                rs[k] = i
+                if kind == S:
+                    e = _canon_string_end(p, i, n)
+                elif kind == F:
+                    e = _float_end(p, i, n, &tsv)
+                elif kind == L:
+                    e = i + 2 if _lit_at(p, i, n, b'[]') else -1
+                elif k == R_TOKEN:
+                    e = _int_end(p, i, n, 18, &tokv)
+                else:
+                    e = _int_end(p, i, n, 9, &verv)
+                if e < 0:
+                    ok = False
+                    break
+                rl[k] = e - i
+                i = e
+                k += 1
+            if ok:
+                ok = _lit_at(p, i, n, b'},"s":')
+                i += 6
+            if ok:
+                e = _int_end(p, i, n, 18, &seqv)
+                ok = e >= 0 and e + 1 == n and p[e] == c'}' and verv <= 0x7FFFFFFF
+            if not ok:
+                continue
+            # the string columns: each value unescaped
+            for k in range(N_RAW):
+                col = _RAW_TO_COL[k]
+                if col < 0:
+                    continue
+                _reserve(&cb.data[col], rl[k])
+                _unescape(&cb.data[col], p + rs[k] + 1, rl[k] - 2)
+                _push_offset(&cb.offs[col], cb.data[col].n)
+            _reserve(&cb.data[C_TOOL_CALLS], 2)
+            _put(&cb.data[C_TOOL_CALLS], b"[]", 2)
+            _push_offset(&cb.offs[C_TOOL_CALLS], cb.data[C_TOOL_CALLS].n)
+            _reserve(&cb.data[C_EXTRA], 2)
+            _put(&cb.data[C_EXTRA], b"{}", 2)
+            _push_offset(&cb.offs[C_EXTRA], cb.data[C_EXTRA].n)
+            # the digest: xxh3_128 of the canonical JSON, from the raw values
+            cb.canon.n = 0
+            _reserve(&cb.canon, n + 256)
+            for m in range(len(_CANON_KEYS)):
+                lit = _CANON_KEYS[m][0]
+                raw = _CANON_KEYS[m][1]
+                _put(&cb.canon, PyBytes_AS_STRING(lit), PyBytes_GET_SIZE(lit))
+                _put(&cb.canon, <const char *>p + rs[raw], rl[raw])
+            _put(&cb.canon, b"}", 1)
+            h = _xxh.XXH3_128bits(cb.canon.p, <size_t>cb.canon.n)
+            snprintf(hexd, sizeof(hexd), "%016llx%016llx", <unsigned long long>h.high64,
+                     <unsigned long long>h.low64)
+            _reserve(&cb.data[C_DIGEST], 32)
+            _put(&cb.data[C_DIGEST], hexd, 32)
+            _push_offset(&cb.offs[C_DIGEST], cb.data[C_DIGEST].n)
+            # the numbers
+            _reserve(&cb.ts, 8)
+            _put(&cb.ts, <const char *>&tsv, 8)
+            _reserve(&cb.tok, 8)
+            _put(&cb.tok, <const char *>&tokv, 8)
+            ver32 = <int32_t>verv
+            _reserve(&cb.ver, 4)
+            _put(&cb.ver, <const char *>&ver32, 4)
+            _reserve(&cb.ords, 8)
+            _put(&cb.ords, <const char *>&seqv, 8)
+            taken.append(li)
+        finally:
+            PyBuffer_Release(&view)
+    cols = {}
+    for k in range(N_SCOL):
+        cols[_SCOL_NAMES[k]] = (PyBytes_FromStringAndSize(cb.offs[k].p, cb.offs[k].n),
+                                PyBytes_FromStringAndSize(cb.data[k].p, cb.data[k].n))
+    cols["ts"] = PyBytes_FromStringAndSize(cb.ts.p, cb.ts.n)
+    cols["token_estimate"] = PyBytes_FromStringAndSize(cb.tok.p, cb.tok.n)
+    cols["schema_version"] = PyBytes_FromStringAndSize(cb.ver.p, cb.ver.n)
+    cols["ord"] = PyBytes_FromStringAndSize(cb.ords.p, cb.ords.n)
+    return taken, cols

@@ -22,13 +22,15 @@ import threading
 import time
 from typing import Any, Iterable, Iterator, Sequence
 
+import pyarrow as pa
+
 from . import codec
 from . import sync as _sync
 from ._encode import frame_messages, message_envelopes
 from ._index import HotIndex
 from ._log import frame_many, scan_frames
 from .atomic import AtomicStore
-from .cool import SPECIAL_FOLD, CoolArchive, relevant_specials
+from .cool import SPECIAL_FOLD, CoolArchive, relevant_specials, table_from_lines
 from .errors import (
     CorruptStateCheckpointError,
     DurabilityError,
@@ -257,10 +259,10 @@ class _Staged:
     next compaction adopts the result, or discards it. Until then its files
     are strays that no manifest names (a crash leaves them to the next open)."""
 
-    def __init__(self, kind: str, work: Any, locs: Sequence[int] = (), rows: Sequence[dict] = ()) -> None:
+    def __init__(self, kind: str, work: Any, locs: Sequence[int] = (), table: Any = None) -> None:
         self.kind = kind
         self.locs = locs
-        self.rows = rows
+        self.table = table      # a cooling run's rows, in the order of locs
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = threading.Event()
@@ -1593,8 +1595,8 @@ class ConversationStateRepository:
             # 1. cooling: first a run staged in the background, then the rest
             if staged is not None and staged.kind == "cool":
                 manifest_cool = self._cool.adopt(staged.result)
-                self._cooled(staged.locs, staged.rows)
-                rep.cooled += len(staged.rows)
+                self._cooled(staged.locs, staged.table)
+                rep.cooled += staged.table.num_rows
                 rep.cool_files_written += 1
             elif staged is not None:
                 # a merge, adopted before any erasure rewrites its sources
@@ -1604,11 +1606,11 @@ class ConversationStateRepository:
                 rep.cool_files_written += len(change.added)
             excess = self._excess(full)
             if excess:
-                rows, ords = self._cool_rows_at(excess)
-                run = self._cool.cool(rows, ords, trusted=True)
+                table = self._cool_table_at(excess)
+                run = self._cool.cool_table(table)
                 manifest_cool = list(run.files)
-                self._cooled(excess, rows)
-                rep.cooled += len(rows)
+                self._cooled(excess, table)
+                rep.cooled += table.num_rows
                 rep.cool_files_written += 1
             # 2. erasure in the cool tier
             cool_erase = [m for m in self._pending_erase if m in self._cool_deleted]
@@ -1702,11 +1704,10 @@ class ConversationStateRepository:
         if job is None and not self._pending_erase and not self._segs_unchecked:
             excess = self._excess(False)
             if len(excess) >= BG_COOL_MIN_ROWS:
-                rows, ords = self._cool_rows_at(excess)
-                self._bg = _Staged("cool", functools.partial(self._cool.stage, rows, ords,
-                                                             durable=self.durability != "none",
-                                                             trusted=True),
-                                   excess, rows)
+                table = self._cool_table_at(excess)
+                self._bg = _Staged("cool", functools.partial(self._cool.stage_table, table,
+                                                             durable=self.durability != "none"),
+                                   excess, table)
                 self._fold(CompactionReport(), t0)
                 return
         self._compact(full=False)
@@ -1729,31 +1730,34 @@ class ConversationStateRepository:
         if job.kind == "cool":
             find = self._index.find
             tombs = self._tombstones
-            for loc, d in zip(job.locs, job.rows):
-                mid = d["msg_id"]
+            for loc, mid in zip(job.locs, job.table.column("msg_id").to_pylist()):
                 if mid in tombs or find(codec.key(mid)) != loc:
                     job.discard(self._cool)
                     return None
         return job
 
-    def _cool_rows_at(self, locs: Sequence[int]) -> tuple[list[dict], list[int]]:
-        """Record dicts and append sequences of the hot lines at ``locs``."""
-        hits = [self._read_loc_raw(loc) for loc in locs]
-        return [d for d, _seq in hits], [seq if seq is not None else -1 for _d, seq in hits]
+    def _cool_table_at(self, locs: Sequence[int]) -> pa.Table:
+        """The cool-schema table of the hot lines at ``locs`` (each checked
+        against its checksum), row i from ``locs[i]``."""
+        line = self._index.line
+        return table_from_lines([line(loc) for loc in locs], lambda i: self._read_loc_raw(locs[i]))
 
-    def _cooled(self, locs: Sequence[int], rows: Sequence[dict]) -> None:
+    def _cooled(self, locs: Sequence[int], table: pa.Table) -> None:
         """Drop messages now served by the cool tier from the hot index."""
-        for d in rows:
-            if d["hlc"]:
-                k = (d["hlc"], d["msg_id"])
-                if k > self._cool_max.get(d["channel_id"], ("", "")):
-                    self._cool_max[d["channel_id"]] = k
-        remove = self._index.remove
+        ids = table.column("msg_id").to_pylist()
+        hlcs = table.column("hlc").to_pylist()
+        chans = table.column("channel_id").to_pylist()
+        cool_max = self._cool_max
+        for hlc, mid, ch in zip(hlcs, ids, chans):
+            if hlc:
+                k = (hlc, mid)
+                if k > cool_max.get(ch, ("", "")):
+                    cool_max[ch] = k
+        self._index.remove_many([codec.key(m) for m in ids])
         pop = self._decoded.pop
-        for loc, d in zip(locs, rows):
-            remove(codec.key(d["msg_id"]))
+        for loc in locs:
             pop(loc, None)
-        self._snap_changes += len(rows)
+        self._snap_changes += len(ids)
 
     def _find_cooled_lines(self, ids: list[str], stats: dict) -> None:
         """Mark the segments that still hold the (dead) hot line of a message

@@ -44,7 +44,7 @@ import struct
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import orjson
@@ -53,6 +53,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
 
+from . import _encode
 from ._index import HashIndex
 from ._search import block_grams, find_spans, gram_blocks
 from .pages import PageError, PageReader, Unsupported
@@ -1938,6 +1939,15 @@ class CoolArchive:
             self.adopt(fi)
             return CoolRun(fi.name, fi.rows, fi.size, self.files())
 
+    def cool_table(self, table: pa.Table, *, durable: bool | None = None) -> CoolRun:
+        """:meth:`cool` of rows already in a table (see :meth:`stage_table`)."""
+        with self._lock:
+            fi = self.stage_table(table, durable=durable)
+            if fi is None:
+                return CoolRun(None, 0, 0, self.files())
+            self.adopt(fi)
+            return CoolRun(fi.name, fi.rows, fi.size, self.files())
+
     def stage(self, rows: Sequence[dict], ords: Sequence[int], *,
               durable: bool | None = None, trusted: bool = False) -> "_FileIndex | None":
         """Write ``rows`` as :meth:`cool` does, but do not serve the file yet:
@@ -1963,13 +1973,35 @@ class CoolArchive:
             seen.add(d["msg_id"])
             if not _INT64[0] <= ords[i] <= _INT64[1]:
                 raise ValueError(f"row {i}: ord {ords[i]} is out of range")
-        already = self.contains_many([d["msg_id"] for d in rows])
+        return self._stage(_table_from_records(rows, ords, digests), [d["msg_id"] for d in rows],
+                           durable)
+
+    def stage_table(self, table: pa.Table, *, durable: bool | None = None) -> "_FileIndex | None":
+        """:meth:`stage` of rows already in a table of the cool schema, with
+        their ``ord`` and ``digest`` (what :func:`table_from_lines` makes of
+        the repository's hot lines, which are checksummed: the values are not
+        checked again). ValueError for a msg_id given twice or already
+        archived; nothing is written then."""
+        self._writable()
+        if table.schema != COOL_SCHEMA:
+            raise ValueError(f"stage_table: the table's schema is not the cool schema: {table.schema}")
+        if table.num_rows == 0:
+            return None
+        ids = table.column("msg_id").to_pylist()
+        if len(set(ids)) != len(ids):
+            seen: set[str] = set()
+            for i, mid in enumerate(ids):
+                if mid in seen:
+                    raise ValueError(f"row {i}: msg_id {mid!r} given twice")
+                seen.add(mid)
+        return self._stage(table, ids, durable)
+
+    def _stage(self, table: pa.Table, ids: list[str], durable: bool | None) -> "_FileIndex":
+        already = self.contains_many(ids)
         if already.any():
             i = int(np.flatnonzero(already)[0])
-            raise ValueError(f"row {i}: msg_id {rows[i]['msg_id']!r} is already archived")
-        order = sorted(range(len(rows)), key=lambda i: rows[i]["channel_id"])
-        table = _table_from_records([rows[i] for i in order], [ords[i] for i in order],
-                                    [digests[i] for i in order])
+            raise ValueError(f"row {i}: msg_id {ids[i]!r} is already archived")
+        table = _by_channel(table)
         fi = self._write_file(table, durable=self._dur(durable))
         del table
         _release_arrow()
@@ -2407,6 +2439,59 @@ def _table_from_records(rows: list[dict], ords: list[int], digests: list[str]) -
     cols["ord"] = list(ords)
     cols["digest"] = list(digests)
     return pa.Table.from_pydict({name: cols[name] for name in _COLS}, schema=COOL_SCHEMA)
+
+
+def _by_channel(table: pa.Table) -> pa.Table:
+    """The rows grouped by channel, each channel's rows in their given order
+    (a stable sort: channel names compare as UTF-8 bytes, i.e. by code point,
+    as Python compares them)."""
+    n = table.num_rows
+    keys = pa.table({"c": table.column("channel_id"), "i": pa.array(np.arange(n, dtype=np.int64))})
+    order = pc.sort_indices(keys, sort_keys=[("c", "ascending"), ("i", "ascending")])
+    return table.take(order)
+
+
+def table_from_lines(lines: list, fallback: Callable[[int], tuple[dict, int | None]]) -> pa.Table:
+    """The cool-schema table of verified hot message lines, row i from line i.
+
+    The compiled reader (``csrc/_encode.pyx``: ``cool_columns``) takes every
+    line spelled as the encoder spells records without tool calls, straight
+    into Arrow buffers with its digest; ``fallback(i)`` gives the record dict
+    and append ordinal of every other line, which take the dict path
+    (:func:`_table_from_records`). The values' UTF-8 is checked by Arrow's
+    validation; a batch that fails it goes the dict path whole (which names
+    the line)."""
+    taken, cols = _encode.cool_columns(lines)
+    table = None
+    if taken:
+        n = len(taken)
+        arrays = []
+        for name, typ in _COL_TYPES:
+            v = cols[name]
+            bufs = [None, pa.py_buffer(v[0]), pa.py_buffer(v[1])] if type(v) is tuple \
+                else [None, pa.py_buffer(v)]
+            arrays.append(pa.Array.from_buffers(typ, n, bufs))
+        table = pa.Table.from_arrays(arrays, schema=COOL_SCHEMA)
+        try:
+            table.validate(full=True)
+        except pa.ArrowInvalid:
+            table, taken = None, []
+    if len(taken) == len(lines):
+        return table
+    got = set(taken)
+    rest = [i for i in range(len(lines)) if i not in got]
+    rows, ords = [], []
+    for i in rest:
+        d, seq = fallback(i)
+        rows.append(d)
+        ords.append(seq if seq is not None else -1)
+    digests = [_digest_checked(d, i) for i, d in zip(rest, rows)]
+    slow = _table_from_records(rows, ords, digests)
+    if table is None:
+        return slow
+    # back into line order
+    where = np.argsort(np.array(taken + rest, dtype=np.int64), kind="stable")
+    return pa.concat_tables([table, slow]).take(pa.array(where))
 
 
 def _merge(parts: list[list[CoolRow]]) -> list[CoolRow]:

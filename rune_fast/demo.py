@@ -322,8 +322,8 @@ def _bench(n: int | None, plot_path: str, repeats: int | None) -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        _say(f"plot: not written -- matplotlib is not installed (`pip install 'rune_fast[demo]'`, "
-             f"or run `make demo`, which installs it)")
+        _say("plot: not written -- matplotlib is not installed (`pip install 'rune_fast[demo]'`, "
+             "or run `make demo`, which installs it)")
         return
     if bc.plot(report, plot_path):
         _say(f"plot: {plot_path}")

@@ -83,7 +83,7 @@ def test_background_runs_keep_every_read_exact(tmp_path, small_bg):
 
 def test_background_merges_reduce_the_file_count(tmp_path, small_bg, monkeypatch):
     threads = []
-    for name in ("stage", "stage_merge"):
+    for name in ("stage_table", "stage_merge"):
         real = getattr(CoolArchive, name)
 
         def spy(self, *a, _real=real, _name=name, **kw):
@@ -94,7 +94,7 @@ def test_background_merges_reduce_the_file_count(tmp_path, small_bg, monkeypatch
         for i in range(1500):
             repo.append(msg(i))
         kinds = {name for name, thread in threads if thread.startswith("rune-fast-")}
-        assert kinds == {"stage", "stage_merge"}, threads[-20:]
+        assert kinds == {"stage_table", "stage_merge"}, threads[-20:]
         repo.compact()
         # size-tiered merging keeps the file count logarithmic: fewer than
         # fanout (4) files in each tier floor(log4(rows)), nothing left to merge
@@ -103,7 +103,7 @@ def test_background_merges_reduce_the_file_count(tmp_path, small_bg, monkeypatch
         assert len(repo) == 1500
 
 
-def _gate_stage(monkeypatch, name: str = "stage"):
+def _gate_stage(monkeypatch, name: str = "stage_table"):
     """Make CoolArchive.<name> wait until released; returns (entered, release)."""
     entered, release = threading.Event(), threading.Event()
     real = getattr(CoolArchive, name)
@@ -134,7 +134,7 @@ def test_deleting_a_staged_message_discards_the_run(tmp_path, small_bg, monkeypa
     with open_repo(tmp_path) as repo:
         i = _append_until_staged(repo, 0, stored)
         assert entered.wait(30)
-        victim = repo._bg.rows[0]["msg_id"]
+        victim = repo._bg.table.column("msg_id")[0].as_py()
         assert repo.delete(victim)
         del stored[victim]
         # appends and reads go on while the job waits
@@ -159,7 +159,7 @@ def test_deleting_a_staged_message_discards_the_run(tmp_path, small_bg, monkeypa
 
 def test_a_failed_background_run_is_reported_and_done_inline(tmp_path, small_bg, monkeypatch, caplog):
     calls = []
-    real = CoolArchive.stage
+    real = CoolArchive.stage_table
 
     def flaky(self, *a, **kw):
         if threading.current_thread().name.startswith("rune-fast-"):
@@ -167,7 +167,7 @@ def test_a_failed_background_run_is_reported_and_done_inline(tmp_path, small_bg,
             if len(calls) == 1:
                 raise OSError(28, "No space left on device (injected)")
         return real(self, *a, **kw)
-    monkeypatch.setattr(CoolArchive, "stage", flaky)
+    monkeypatch.setattr(CoolArchive, "stage_table", flaky)
     stored: dict = {}
     with caplog.at_level(logging.WARNING, logger="rune_fast"):
         with open_repo(tmp_path) as repo:
@@ -189,7 +189,7 @@ def test_close_adopts_a_run_in_flight(tmp_path, small_bg, monkeypatch):
     repo = open_repo(tmp_path)
     _append_until_staged(repo, 0, stored)
     assert entered.wait(30)
-    staged_ids = [d["msg_id"] for d in repo._bg.rows]
+    staged_ids = repo._bg.table.column("msg_id").to_pylist()
     threading.Timer(0.2, release.set).start()
     repo.close()
     with open_repo(tmp_path) as repo:

@@ -38,7 +38,7 @@ messages = st.builds(
     content=text | ascii_text | st.text(max_size=600).filter(lambda s: all(not 0xD800 <= ord(c) <= 0xDFFF for c in s)),
     channel_id=text.filter(bool),
     task_id=text,
-    token_estimate=st.none() | st.integers(0, 10**6) | st.integers(2**62, 2**70),
+    token_estimate=st.none() | st.integers(0, 10**6) | st.integers(2**62, 2**63 - 1),
     tool_calls=st.lists(tool_call, max_size=3).map(tuple),
     tool_call_id=text,
     origin=text,
@@ -91,11 +91,19 @@ def test_records_it_does_not_spell_go_through_python():
     # past 64 bits in tool-call arguments: the Python path, same bytes
     odd = [ConversationMessageRecord(ts=1e16, content="a", channel_id="c"),
            ConversationMessageRecord(ts=5e-5, content="a", channel_id="c"),
-           ConversationMessageRecord(token_estimate=2**64, content="a", channel_id="c"),
            ConversationMessageRecord(content="a", channel_id="c",
                                      tool_calls=({"id": "1", "name": "f", "arguments": {"n": 2**80, "x": 1e20}},))]
     bodies, hashes, keys = codec.encode_batch(odd)
     assert list(zip(bodies, hashes, keys)) == [_python(m) for m in odd]
+
+
+def test_token_estimate_past_int64_is_refused_by_name():
+    # the archive keeps it in an int64 column: refused at the append, not at cooling
+    big = ConversationMessageRecord(msg_id="huge", token_estimate=2**63, content="a", channel_id="c")
+    with pytest.raises(ValueError, match="'huge': token_estimate 9223372036854775808 is over"):
+        codec.encode_batch([big])
+    ok = ConversationMessageRecord(token_estimate=2**63 - 1, content="a", channel_id="c")
+    assert codec.encode_batch([ok])[0] == [codec.message_body_and_hash(ok)[0]]
 
 
 def test_type_errors_name_the_index():
@@ -118,3 +126,91 @@ def test_frame_messages_refuses_bad_input():
         _encode.frame_messages([b"{}"], [0], -1)
     data, lengths = _encode.frame_messages([b'{"a":1}', b'{"b":2}'], [], 5)
     assert (data, lengths) == (b"", [])
+
+
+# ------------------------------------------------------------ cooling's reader
+
+import json  # noqa: E402
+
+import pyarrow as pa  # noqa: E402
+
+from rune_fast import cool  # noqa: E402
+
+
+def _dict_table(lines: list[bytes]) -> pa.Table:
+    """The cool table of ``lines`` by the dict path only (the reference)."""
+    rows, ords = [], []
+    for ln in lines:
+        d = codec.decode_body(ln, path="t", offset=0)
+        rows.append(d["r"])
+        ords.append(d.get("s", -1))
+    return cool._table_from_records(rows, ords, [cool.record_digest(r) for r in rows])
+
+
+def _lines(msgs, seq0=0):
+    bodies, _h, _k = codec.encode_batch(msgs)
+    data, lengths = _encode.frame_messages(bodies, list(range(len(msgs))), seq0)
+    out, pos = [], 0
+    for n in lengths:
+        out.append(data[pos:pos + n - 1])      # without the newline, as the index gives them
+        pos += n
+    return out
+
+
+def _from_lines(lines):
+    def fallback(i):
+        d = codec.decode_body(lines[i], path="t", offset=0)
+        return d["r"], d.get("s")
+    return cool.table_from_lines(lines, fallback)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(messages, min_size=1, max_size=8, unique_by=lambda m: m.msg_id), st.integers(0, 2**50))
+def test_table_from_lines_is_the_dict_path(msgs, seq0):
+    lines = _lines(msgs, seq0)
+    got = _from_lines(lines)
+    want = _dict_table(lines)
+    assert got.schema == want.schema
+    assert got.to_pylist() == want.to_pylist()
+    assert got.column("digest").to_pylist() == [cool.record_digest(m.to_dict()) for m in msgs]
+
+
+def test_table_from_lines_takes_the_compiled_path_for_plain_lines():
+    msgs = [ConversationMessageRecord(content=c, channel_id="c", task_id="t")
+            for c in ("plain", 'quo"te \\ \n\t\x01', "é€😀", "")]
+    lines = _lines(msgs, 7)
+    taken, _cols = _encode.cool_columns(lines)
+    assert taken == [0, 1, 2, 3]
+    assert _from_lines(lines).to_pylist() == _dict_table(lines).to_pylist()
+
+
+def test_lines_spelled_otherwise_take_the_dict_path():
+    # the same records written with ASCII escapes, a \/ escape, a float with
+    # an exponent, extra keys, a tool call, no sequence: the dict path, same table
+    m = ConversationMessageRecord(content="é / x", channel_id="c")
+    base = m.to_dict()
+    variants = [
+        json.dumps(base, separators=(",", ":")).encode(),                       # \u00e9
+        codec.dumps(base).replace(b" / ", b" \\/ "),                            # \/
+        codec.dumps({**base, "ts": 1e16}),                                      # 1e16
+        codec.dumps({**base, "later_field": 1}),                                # extra key
+        codec.dumps({**base, "tool_calls": [{"id": "1", "name": "f", "arguments": {}}]}),
+    ]
+    lines = [frame(codec.rest_from_body(b, 3))[:-1] for b in variants]
+    lines.append(frame(codec.MESSAGE_PREFIX + codec.dumps({**base, "msg_id": "no-seq"}) + b"}")[:-1])
+    taken, _cols = _encode.cool_columns(lines)
+    assert taken == []
+    lines += _lines([ConversationMessageRecord(content="fast", channel_id="c")])
+    got = _from_lines(lines)
+    want = _dict_table(lines)
+    assert got.to_pylist() == want.to_pylist()
+
+
+def test_invalid_utf8_goes_the_dict_path_which_names_it():
+    m = ConversationMessageRecord(content="abc", channel_id="c")
+    body = codec.dumps(m.to_dict()).replace(b"abc", b"a\xffc")
+    line = frame(codec.rest_from_body(body, 1))[:-1]
+    assert _encode.cool_columns([line])[0] == [0]        # the reader leaves UTF-8 to Arrow
+    with pytest.raises(Exception) as exc:
+        _from_lines([line])
+    assert "JSON" in str(exc.value) or "utf" in str(exc.value).lower()

@@ -340,6 +340,20 @@ def test_bad_input_writes_nothing(tmp_path):
             ConversationStateRepository(tmp_path / "x", durability="sometimes")
 
 
+def test_token_estimate_past_int64_is_refused_and_cooling_goes_on(tmp_path):
+    # the archive's int64 column cannot hold it: refused at the append (it
+    # used to be stored, then fail every later compaction with OverflowError)
+    with ConversationStateRepository(tmp_path, hot_window=1) as repo:
+        big = ConversationMessageRecord(msg_id="huge", content="a", channel_id="ch", token_estimate=2**63)
+        with pytest.raises(ValueError, match="'huge': token_estimate"):
+            repo.append_many([msg(1), big])
+        assert len(repo) == 0
+        repo.append_many([msg(i) for i in range(4)])
+        repo.compact()
+        assert repo.stats()["cool"] == 3
+        assert [m.msg_id for m in repo.window("ch", 8)] == [f"msg_{i:08d}" for i in range(4)]
+
+
 def test_folds_to_ascii_table_matches_unicodedata():
     from rune_fast.conversation_state import FOLDS_TO_ASCII
     computed = "".join(c for c in map(chr, range(0x80, 0x110000))
