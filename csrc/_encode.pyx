@@ -19,12 +19,15 @@ from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.mem cimport PyMem_Free
 from cpython.unicode cimport PyUnicode_AsUTF8String
-from libc.stdint cimport int32_t, int64_t
+from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.stdio cimport snprintf
 from libc.stdlib cimport free, realloc
-from libc.string cimport memcmp, memcpy, strlen
+from libc.string cimport memchr, memcmp, memcpy, strlen
 
 from rf_core cimport RF_MAX_LINE, RF_PREFIX_LEN, rf_write_prefix
+
+cdef extern from "rf_core.h" nogil:
+    void rf_write_hex16(uint64_t v, unsigned char *out)
 
 import hashlib
 
@@ -49,6 +52,7 @@ cdef bytes _ENV_TS = b'","ts":'
 
 cdef extern from "rf_json.h" nogil:
     size_t rf_json_escape(const unsigned char *s, size_t n, unsigned char *out)
+    size_t rf_json_plain_run(const unsigned char *s, size_t n)
 
 
 cdef struct Buf:
@@ -422,6 +426,9 @@ cdef Py_ssize_t _canon_string_end(const unsigned char *p, Py_ssize_t i, Py_ssize
         return -1
     i += 1
     while i < n:
+        i += <Py_ssize_t>rf_json_plain_run(p + i, <size_t>(n - i))
+        if i >= n:
+            break
         c = p[i]
         if c == c'"':
             return i + 1
@@ -446,18 +453,62 @@ cdef Py_ssize_t _canon_string_end(const unsigned char *p, Py_ssize_t i, Py_ssize
     return -1
 
 
+cdef Py_ssize_t _json_value_end(const unsigned char *p, Py_ssize_t i, Py_ssize_t n) noexcept:
+    """p[i] opens a JSON array or object; the index after its close, or -1
+    (brackets are counted outside strings; the caller parses the value).
+    Also -1 for a run of 19 digits anywhere in it: a number that may not fit
+    64 bits, which orjson would read as a float."""
+    cdef Py_ssize_t depth = 0, digits = 0
+    cdef unsigned char c
+    while i < n:
+        c = p[i]
+        if c'0' <= c <= c'9':
+            digits += 1
+            if digits >= 19:
+                return -1
+            i += 1
+            continue
+        digits = 0
+        if c == c'"':
+            i += 1
+            while i < n and p[i] != c'"':
+                if c'0' <= p[i] <= c'9':
+                    digits += 1
+                    if digits >= 19:
+                        return -1
+                else:
+                    digits = 0
+                i += 2 if p[i] == c'\\' else 1
+            digits = 0
+            if i >= n:
+                return -1
+        elif c == c'[' or c == c'{':
+            depth += 1
+        elif c == c']' or c == c'}':
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        elif depth == 0:
+            return -1
+        i += 1
+    return -1
+
+
 cdef void _unescape(Buf *b, const unsigned char *s, Py_ssize_t n) noexcept:
     """Append the value of the canonical string body s[0:n) (room reserved)."""
     cdef Py_ssize_t i = 0
     cdef unsigned char c
     cdef char *o = b.p + b.n
+    cdef const unsigned char *q
     while i < n:
-        c = s[i]
-        if c != c'\\':
-            o[0] = <char>c
-            o += 1
-            i += 1
-            continue
+        q = <const unsigned char *>memchr(s + i, c'\\', <size_t>(n - i))
+        if q == NULL:
+            memcpy(o, s + i, <size_t>(n - i))
+            o += n - i
+            break
+        memcpy(o, s + i, <size_t>(q - (s + i)))
+        o += q - (s + i)
+        i = q - s
         c = s[i + 1]
         if c == c'u':
             o[0] = <char>(_hexval(s[i + 4]) * 16 + _hexval(s[i + 5]))
@@ -562,10 +613,10 @@ cdef int _push_offset(Buf *offs, Py_ssize_t v) except -1:
     return 0
 
 
-def cool_columns(list lines):
+def cool_columns(list lines, object calls_texts):
     """The cool-file columns of verified message lines (bytes-like, without
     their newlines), for the lines spelled exactly as the encoder spells
-    them (no tool calls, a time in the range where repr and orjson agree):
+    them (a time in the range where repr and orjson agree):
     ``(taken, columns)``, ``taken`` the indexes of the lines it read (in
     order) and ``columns`` a dict of raw Arrow buffers, by column name: string
     columns as ``(int32 offsets, data)``, ``ts``/``token_estimate``/``ord``
@@ -573,7 +624,9 @@ def cool_columns(list lines):
     xxh3_128 of each record's canonical JSON, assembled from the line's own
     escaped values in sorted key order (so equal to rune_fast.cool's
     record_digest of the decoded dict). Every other line is left to the
-    caller's Python path; the values' UTF-8 is for the caller to validate."""
+    caller's Python path; the values' UTF-8 is for the caller to validate.
+    A line with tool calls hands their raw JSON to ``calls_texts(raw) ->
+    (column text, canonical JSON)`` (None: the line takes the Python path)."""
     cdef _ColumnBufs cb = _ColumnBufs()
     cdef Py_ssize_t nl = len(lines), li, i, n, e, k, m
     cdef Py_ssize_t rs[N_RAW]
@@ -582,6 +635,8 @@ def cool_columns(list lines):
     cdef Py_buffer view
     cdef bytes lit
     cdef int kind
+    cdef object texts
+    cdef bytes calls_col = None, calls_canon = None
     cdef int64_t tokv = 0, verv = 0, seqv = 0
     cdef double tsv = 0.0
     cdef bint ok
@@ -598,6 +653,7 @@ def cool_columns(list lines):
         try:
             p = <const unsigned char *>view.buf
             n = view.len
+            calls_col = calls_canon = None
             ok = n > prefix and memcmp(p + RF_PREFIX_LEN, PyBytes_AS_STRING(_MSG_PREFIX),
                                        <size_t>PyBytes_GET_SIZE(_MSG_PREFIX)) == 0
             i = prefix
@@ -615,7 +671,17 @@ def cool_columns(list lines):
                 elif kind == F:
                     e = _float_end(p, i, n, &tsv)
                 elif kind == L:
-                    e = i + 2 if _lit_at(p, i, n, b'[]') else -1
+                    if _lit_at(p, i, n, b'[]'):
+                        e = i + 2
+                    else:
+                        # tool calls: their two JSON forms from the caller (None: the dict path)
+                        e = _json_value_end(p, i, n)
+                        if e >= 0:
+                            texts = calls_texts(PyBytes_FromStringAndSize(<const char *>p + i, e - i))
+                            if texts is None:
+                                e = -1
+                            else:
+                                calls_col, calls_canon = texts
                 elif k == R_TOKEN:
                     e = _int_end(p, i, n, 18, &tokv)
                 else:
@@ -642,24 +708,31 @@ def cool_columns(list lines):
                 _reserve(&cb.data[col], rl[k])
                 _unescape(&cb.data[col], p + rs[k] + 1, rl[k] - 2)
                 _push_offset(&cb.offs[col], cb.data[col].n)
-            _reserve(&cb.data[C_TOOL_CALLS], 2)
-            _put(&cb.data[C_TOOL_CALLS], b"[]", 2)
+            if calls_col is None:
+                _reserve(&cb.data[C_TOOL_CALLS], 2)
+                _put(&cb.data[C_TOOL_CALLS], b"[]", 2)
+            else:
+                _reserve(&cb.data[C_TOOL_CALLS], PyBytes_GET_SIZE(calls_col))
+                _put(&cb.data[C_TOOL_CALLS], PyBytes_AS_STRING(calls_col), PyBytes_GET_SIZE(calls_col))
             _push_offset(&cb.offs[C_TOOL_CALLS], cb.data[C_TOOL_CALLS].n)
             _reserve(&cb.data[C_EXTRA], 2)
             _put(&cb.data[C_EXTRA], b"{}", 2)
             _push_offset(&cb.offs[C_EXTRA], cb.data[C_EXTRA].n)
             # the digest: xxh3_128 of the canonical JSON, from the raw values
             cb.canon.n = 0
-            _reserve(&cb.canon, n + 256)
+            _reserve(&cb.canon, n + 256 + (0 if calls_canon is None else PyBytes_GET_SIZE(calls_canon)))
             for m in range(len(_CANON_KEYS)):
                 lit = _CANON_KEYS[m][0]
                 raw = _CANON_KEYS[m][1]
                 _put(&cb.canon, PyBytes_AS_STRING(lit), PyBytes_GET_SIZE(lit))
-                _put(&cb.canon, <const char *>p + rs[raw], rl[raw])
+                if raw == R_TOOL_CALLS and calls_canon is not None:
+                    _put(&cb.canon, PyBytes_AS_STRING(calls_canon), PyBytes_GET_SIZE(calls_canon))
+                else:
+                    _put(&cb.canon, <const char *>p + rs[raw], rl[raw])
             _put(&cb.canon, b"}", 1)
             h = _xxh.XXH3_128bits(cb.canon.p, <size_t>cb.canon.n)
-            snprintf(hexd, sizeof(hexd), "%016llx%016llx", <unsigned long long>h.high64,
-                     <unsigned long long>h.low64)
+            rf_write_hex16(h.high64, <unsigned char *>hexd)
+            rf_write_hex16(h.low64, <unsigned char *>hexd + 16)
             _reserve(&cb.data[C_DIGEST], 32)
             _put(&cb.data[C_DIGEST], hexd, 32)
             _push_offset(&cb.offs[C_DIGEST], cb.data[C_DIGEST].n)

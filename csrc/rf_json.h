@@ -65,4 +65,27 @@ static inline size_t rf_json_escape(const unsigned char *s, size_t n, unsigned c
     return (size_t)(o - out);
 }
 
+/* The length of the run at the start of s[0:n) that holds no '"', no '\\'
+ * and no control byte below 0x20 (the bytes a JSON string body takes as they are). */
+static inline size_t rf_json_plain_run(const unsigned char *s, size_t n)
+{
+    size_t i = 0;
+#if defined(__SSE2__)
+    const __m128i quote = _mm_set1_epi8('"'), bslash = _mm_set1_epi8('\\');
+    const __m128i ctl = _mm_set1_epi8(0x1F);
+    while (i + 16 <= n) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(s + i));
+        __m128i bad = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bslash)),
+                                   _mm_cmpeq_epi8(_mm_max_epu8(v, ctl), ctl));
+        int mask = _mm_movemask_epi8(bad);
+        if (mask)
+            return i + (size_t)__builtin_ctz((unsigned)mask);
+        i += 16;
+    }
+#endif
+    while (i < n && s[i] >= 0x20 && s[i] != '"' && s[i] != '\\')
+        i++;
+    return i;
+}
+
 #endif

@@ -2451,17 +2451,33 @@ def _by_channel(table: pa.Table) -> pa.Table:
     return table.take(order)
 
 
+def _calls_texts(raw: bytes) -> tuple[bytes, bytes] | None:
+    """The ``tool_calls`` column text and canonical JSON of a line's raw
+    tool-call list, for the compiled reader: what the dict path makes of it
+    when orjson reads and writes the value exactly as json does (no float
+    with an exponent); else None. The reader hands over no value holding a
+    run of 19 digits (a number that may pass 64 bits, which orjson reads as
+    a float)."""
+    try:
+        v = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if type(v) is not list or not _json_safe(v):
+        return None
+    return orjson.dumps(v), orjson.dumps(v, option=orjson.OPT_SORT_KEYS)
+
+
 def table_from_lines(lines: list, fallback: Callable[[int], tuple[dict, int | None]]) -> pa.Table:
     """The cool-schema table of verified hot message lines, row i from line i.
 
     The compiled reader (``csrc/_encode.pyx``: ``cool_columns``) takes every
-    line spelled as the encoder spells records without tool calls, straight
-    into Arrow buffers with its digest; ``fallback(i)`` gives the record dict
+    line spelled as the encoder spells records, straight into Arrow buffers
+    with its digest (tool calls through :func:`_calls_texts`); ``fallback(i)`` gives the record dict
     and append ordinal of every other line, which take the dict path
     (:func:`_table_from_records`). The values' UTF-8 is checked by Arrow's
     validation; a batch that fails it goes the dict path whole (which names
     the line)."""
-    taken, cols = _encode.cool_columns(lines)
+    taken, cols = _encode.cool_columns(lines, _calls_texts)
     table = None
     if taken:
         n = len(taken)

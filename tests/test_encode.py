@@ -176,11 +176,14 @@ def test_table_from_lines_is_the_dict_path(msgs, seq0):
 
 
 def test_table_from_lines_takes_the_compiled_path_for_plain_lines():
+    calls = ({"id": "c1", "name": "f", "arguments": {"z": [1, 2.5, None, True], "a": "x\"y"}},
+             {"name": "g", "id": "c2", "arguments": "raw text"})
     msgs = [ConversationMessageRecord(content=c, channel_id="c", task_id="t")
             for c in ("plain", 'quo"te \\ \n\t\x01', "é€😀", "")]
+    msgs.append(ConversationMessageRecord(content="called", channel_id="c", tool_calls=calls))
     lines = _lines(msgs, 7)
-    taken, _cols = _encode.cool_columns(lines)
-    assert taken == [0, 1, 2, 3]
+    taken, _cols = _encode.cool_columns(lines, cool._calls_texts)
+    assert taken == [0, 1, 2, 3, 4]
     assert _from_lines(lines).to_pylist() == _dict_table(lines).to_pylist()
 
 
@@ -194,11 +197,13 @@ def test_lines_spelled_otherwise_take_the_dict_path():
         codec.dumps(base).replace(b" / ", b" \\/ "),                            # \/
         codec.dumps({**base, "ts": 1e16}),                                      # 1e16
         codec.dumps({**base, "later_field": 1}),                                # extra key
-        codec.dumps({**base, "tool_calls": [{"id": "1", "name": "f", "arguments": {}}]}),
+        codec.dumps({**base, "tool_calls": [{"id": "1", "name": "f", "arguments": {"n": 2**70}}]}),
+        codec.dumps({**base, "tool_calls": [{"id": "1", "name": "f", "arguments": [1e300]}]}),
+        codec.dumps({**base, "tool_calls": [{"id": "1234567890123456789", "name": "f", "arguments": 0}]}),
     ]
     lines = [frame(codec.rest_from_body(b, 3))[:-1] for b in variants]
     lines.append(frame(codec.MESSAGE_PREFIX + codec.dumps({**base, "msg_id": "no-seq"}) + b"}")[:-1])
-    taken, _cols = _encode.cool_columns(lines)
+    taken, _cols = _encode.cool_columns(lines, cool._calls_texts)
     assert taken == []
     lines += _lines([ConversationMessageRecord(content="fast", channel_id="c")])
     got = _from_lines(lines)
@@ -210,7 +215,7 @@ def test_invalid_utf8_goes_the_dict_path_which_names_it():
     m = ConversationMessageRecord(content="abc", channel_id="c")
     body = codec.dumps(m.to_dict()).replace(b"abc", b"a\xffc")
     line = frame(codec.rest_from_body(body, 1))[:-1]
-    assert _encode.cool_columns([line])[0] == [0]        # the reader leaves UTF-8 to Arrow
+    assert _encode.cool_columns([line], cool._calls_texts)[0] == [0]        # the reader leaves UTF-8 to Arrow
     with pytest.raises(Exception) as exc:
         _from_lines([line])
     assert "JSON" in str(exc.value) or "utf" in str(exc.value).lower()
