@@ -175,6 +175,27 @@ cdef class HashIndex:
         finally:
             free(out.v)
 
+    @cython.boundscheck(False)
+    @cython.wraparound(False)
+    def has_many(self, hashes):
+        """bool array: whether any value is stored under each of ``hashes``."""
+        cdef const uint64_t[::1] hs = np.ascontiguousarray(hashes, dtype=np.uint64)
+        out = np.zeros(hs.shape[0], dtype=np.bool_)
+        cdef uint8_t[::1] o = out.view(np.uint8)
+        cdef size_t mask = self._cap - 1, i
+        cdef Py_ssize_t k
+        if self._n == 0:
+            return out
+        with nogil:
+            for k in range(hs.shape[0]):
+                i = _mix(hs[k]) & mask
+                while self._c_used[i]:
+                    if self._c_keys[i] == hs[k]:
+                        o[k] = 1
+                        break
+                    i = (i + 1) & mask
+        return out
+
     def values(self, uint64_t h) -> list:
         """Every value stored under h, as a list (what :meth:`lookup` gives,
         without the array: the cheap form for one probe that usually misses)."""

@@ -11,7 +11,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.pythread cimport (PyThread_acquire_lock, PyThread_allocate_lock,
                                PyThread_free_lock, PyThread_release_lock)
 from libc.errno cimport EINTR, errno
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.stdlib cimport free
 from libc.string cimport memchr, memcpy, memset
 from posix.fcntl cimport O_APPEND, O_CLOEXEC, O_CREAT, O_WRONLY
@@ -63,6 +63,42 @@ def hash64(data) -> int:
         h = _xxh.XXH3_64bits(view.buf, <size_t>view.len)
     PyBuffer_Release(&view)
     return h
+
+
+def utf8_hashes(offsets, data, Py_ssize_t start, Py_ssize_t n):
+    """uint64 array of xxh3_64 (seed 0) of the n strings of an Arrow string
+    array: ``offsets`` its int32 offsets buffer, ``data`` its data buffer,
+    ``start`` the array's offset into them (what ``hash64`` gives each
+    string's UTF-8 bytes)."""
+    cdef Py_buffer ov, dv
+    cdef const int32_t *offs
+    cdef const unsigned char *d
+    cdef Py_ssize_t i
+    cdef int32_t a, b
+    out = np.empty(n, dtype=np.uint64)
+    cdef uint64_t[::1] o = out
+    if n == 0:
+        return out
+    _get_buffer(offsets, &ov, "offsets")
+    try:
+        _get_buffer(data, &dv, "data")
+        try:
+            if start < 0 or (start + n + 1) * 4 > ov.len:
+                raise FramingError(f"utf8_hashes: {n} strings at {start} need {(start + n + 1) * 4} "
+                                   f"offset bytes, the buffer has {ov.len}")
+            offs = <const int32_t *>ov.buf
+            d = <const unsigned char *>dv.buf
+            for i in range(n):
+                a = offs[start + i]
+                b = offs[start + i + 1]
+                if a < 0 or b < a or b > dv.len:
+                    raise FramingError(f"utf8_hashes: string {i} spans [{a}, {b}) of {dv.len} bytes")
+                o[i] = _xxh.XXH3_64bits(d + a, <size_t>(b - a))
+        finally:
+            PyBuffer_Release(&dv)
+    finally:
+        PyBuffer_Release(&ov)
+    return out
 
 
 def digest128(data) -> str:

@@ -55,6 +55,7 @@ import xxhash
 
 from . import _encode
 from ._index import HashIndex
+from ._log import utf8_hashes
 from ._search import block_grams, find_spans, gram_blocks
 from .pages import PageError, PageReader, Unsupported
 from .errors import CorruptStateCheckpointError
@@ -491,35 +492,66 @@ class _FileIndex:
         )
 
 
-def _build_index(no: int, size: int, footer: str, msg_ids: list[str], channel_ids: list[str],
-                 task_ids: list[str], rg_counts: Sequence[int], path: str) -> _FileIndex:
-    n = len(msg_ids)
-    hashes = np.fromiter((_id_hash(m) for m in msg_ids), dtype=np.uint64, count=n)
+def _id_hashes(msg_ids: Any) -> np.ndarray:
+    """uint64 xxh3_64 of the UTF-8 of each id (:func:`_id_hash` of each), for
+    a list of str or Arrow strings; computed in C."""
+    arr = _plain_strings(msg_ids)
+    _valid, offsets, data = arr.buffers()
+    return utf8_hashes(offsets, data if data is not None else b"", arr.offset, len(arr))
+
+
+def _plain_strings(values: Any) -> pa.Array:
+    """``values`` (a list of str, an Arrow string array or chunked array) as
+    one Arrow string array."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
+    if not isinstance(values, pa.Array):
+        values = pa.array(values, type=pa.string())
+    if values.type != pa.string():
+        values = values.cast(pa.string())
+    return values
+
+
+def _build_index(no: int, size: int, footer: str, msg_ids: Any, channel_ids: Any,
+                 task_ids: Any, rg_counts: Sequence[int], path: str) -> _FileIndex:
+    """The in-memory index of a file from its id, channel and task columns
+    (lists of str or Arrow strings): id hashes sorted, each channel's row
+    range (its rows must be contiguous) and newest row with a task, each
+    task's rows. Vectorized: no Python work per row."""
+    chs = _plain_strings(channel_ids)
+    tids = _plain_strings(task_ids)
+    n = len(chs)
+    hashes = _id_hashes(msg_ids)
+    if len(hashes) != n or len(tids) != n:
+        raise ValueError(f"_build_index: {len(hashes)} ids, {n} channels, {len(tids)} tasks")
     order = np.argsort(hashes, kind="stable")
+    has_task = np.asarray(pc.not_equal(tids, "").to_numpy(zero_copy_only=False), dtype=bool)
+    # newest row with a task at or before each row (-1: none yet)
+    last_task = np.maximum.accumulate(np.where(has_task, np.arange(n), -1)) if n else has_task
     channels: dict[str, tuple[int, int, int]] = {}
-    tasks: dict[str, list[int]] = {}
-    start = 0
-    for i in range(n + 1):
-        if i == n or (i > start and channel_ids[i] != channel_ids[start]):
-            ch = channel_ids[start] if n else ""
-            if i > start:
-                if ch in channels:
-                    raise CorruptStateCheckpointError(
-                        f"channel {ch!r} is not contiguous in the cool archive", path=path, offset=start)
-                latest = -1
-                for j in range(i - 1, start - 1, -1):
-                    if task_ids[j] != "":
-                        latest = j
-                        break
-                channels[ch] = (start, i, latest)
-            start = i
-        if i < n and task_ids[i] != "":
-            tasks.setdefault(task_ids[i], []).append(i)
+    if n:
+        runs = pc.run_end_encode(chs)
+        start = 0
+        for ch, end in zip(runs.values.to_pylist(), runs.run_ends.to_numpy().tolist()):
+            if ch in channels:
+                raise CorruptStateCheckpointError(
+                    f"channel {ch!r} is not contiguous in the cool archive", path=path, offset=start)
+            latest = int(last_task[end - 1])
+            channels[ch] = (start, end, latest if latest >= start else -1)
+            start = end
+    tasks: dict[str, np.ndarray] = {}
+    rows = np.flatnonzero(has_task)
+    if len(rows):
+        enc = pc.dictionary_encode(tids.take(pa.array(rows)))
+        codes = enc.indices.to_numpy()
+        by_task = rows[np.argsort(codes, kind="stable")]
+        bounds = np.cumsum(np.bincount(codes, minlength=len(enc.dictionary)))[:-1]
+        tasks = {t: part.astype(np.uint32)
+                 for t, part in zip(enc.dictionary.to_pylist(), np.split(by_task, bounds))}
     rg_starts = np.concatenate([[0], np.cumsum(np.asarray(rg_counts, dtype=np.int64))]).astype(np.int64)
     return _FileIndex(
         no=no, name=_parquet_name(no), rows=n, size=size, footer=footer, rg_starts=rg_starts,
-        hashes=hashes[order], hrows=order.astype(np.uint32), channels=channels,
-        _tasks={t: np.asarray(r, dtype=np.uint32) for t, r in tasks.items()},
+        hashes=hashes[order], hrows=order.astype(np.uint32), channels=channels, _tasks=tasks,
     )
 
 
@@ -1163,9 +1195,8 @@ class CoolArchive:
             for row, bad in self._check_table(table):
                 raise CorruptStateCheckpointError(f"cool row {row} fails its digest ({bad})",
                                                   path=path, offset=row)
-        return _build_index(no, size, footer, table.column("msg_id").to_pylist(),
-                            table.column("channel_id").to_pylist(),
-                            table.column("task_id").to_pylist(), rg_counts, path)
+        return _build_index(no, size, footer, table.column("msg_id"), table.column("channel_id"),
+                            table.column("task_id"), rg_counts, path)
 
     @staticmethod
     def _check_table(table: pa.Table, base: int = 0) -> Iterator[tuple[int, str]]:
@@ -1598,9 +1629,24 @@ class CoolArchive:
             return False
 
     def contains_many(self, msg_ids: Sequence[str]) -> np.ndarray:
-        """Boolean array: which of ``msg_ids`` are archived."""
+        """Boolean array: which of ``msg_ids`` are archived. The ids' hashes
+        are looked up at once; only an id whose hash is archived has its
+        stored id read (as :meth:`contains` does)."""
+        msg_ids = list(msg_ids)
+        out = np.zeros(len(msg_ids), dtype=bool)
         with self._lock:
-            return np.array([self.contains(m) for m in msg_ids], dtype=bool)
+            if not msg_ids or not self._files:
+                return out
+            hs = _id_hashes(msg_ids)
+            cand = self._ids.has_many(hs)
+            for no in self._pending:
+                fh = self._files[no].hashes
+                if len(fh):
+                    at = np.minimum(np.searchsorted(fh, hs), len(fh) - 1)
+                    cand |= fh[at] == hs
+            for i in np.flatnonzero(cand):
+                out[i] = self.contains(msg_ids[i])
+        return out
 
     def has_files(self) -> bool:
         """True if the archive serves at least one file (cheaper than len())."""
@@ -1897,9 +1943,8 @@ class CoolArchive:
             size, footer = _footer_hash(tmp)
             md = pq.read_metadata(tmp)
             rg_counts = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
-            fi = _build_index(no, size, footer, table.column("msg_id").to_pylist(),
-                              table.column("channel_id").to_pylist(),
-                              table.column("task_id").to_pylist(), rg_counts, self._path(name))
+            fi = _build_index(no, size, footer, table.column("msg_id"), table.column("channel_id"),
+                              table.column("task_id"), rg_counts, self._path(name))
             itmp = self._write_tmp(iname, fi.encode(), durable=durable)
             os.replace(tmp, self._path(name))
             os.replace(itmp, self._path(iname))

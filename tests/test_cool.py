@@ -684,3 +684,84 @@ def test_foreign_parquet_is_loud(cdir):
     with pytest.raises(CorruptStateCheckpointError, match="columns") as ei:
         CoolArchive(cdir, ["cool-00000001.parquet"])
     assert ei.value.path == path
+
+
+# ------------------------------------------------- vectorized index building
+
+def _reference_index(msg_ids, channel_ids, task_ids):
+    """The per-row loop _build_index replaced (the plain-Python model)."""
+    import numpy as np
+    from rune_fast.cool import _id_hash
+    n = len(msg_ids)
+    hashes = np.array([_id_hash(m) for m in msg_ids], dtype=np.uint64)
+    channels, tasks, start = {}, {}, 0
+    for i in range(n + 1):
+        if i == n or (i > start and channel_ids[i] != channel_ids[start]):
+            if i > start:
+                ch = channel_ids[start]
+                if ch in channels:
+                    return ("not contiguous", start)
+                latest = next((j for j in range(i - 1, start - 1, -1) if task_ids[j] != ""), -1)
+                channels[ch] = (start, i, latest)
+            start = i
+        if i < n and task_ids[i] != "":
+            tasks.setdefault(task_ids[i], []).append(i)
+    return hashes, channels, tasks
+
+
+names = st.text(st.characters(blacklist_categories=("Cs",)), max_size=6)
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(names, st.sampled_from(["", "t1", "t2", "é", "t1\x00"]) | names), max_size=40),
+       st.booleans())
+def test_build_index_is_the_per_row_loop(rows, grouped):
+    import numpy as np
+    from rune_fast.cool import _build_index
+    if grouped:
+        rows = sorted(rows, key=lambda r: r[0])
+    chs = [c or "c" for c, _t in rows]
+    tids = [t for _c, t in rows]
+    mids = [f"m{i}-{c}" for i, c in enumerate(chs)]
+    want = _reference_index(mids, chs, tids)
+    for form in (list, lambda xs: pa.chunked_array([pa.array(xs[:3], pa.string()), pa.array(xs[3:], pa.string())])):
+        if isinstance(want[0], str):
+            with pytest.raises(CorruptStateCheckpointError, match="not contiguous") as exc:
+                _build_index(1, 0, "", form(mids), form(chs), form(tids), [len(rows)], "p")
+            assert exc.value.offset == want[1]
+            continue
+        fi = _build_index(1, 0, "", form(mids), form(chs), form(tids), [len(rows)], "p")
+        hashes, channels, tasks = want
+        order = np.argsort(hashes, kind="stable")
+        assert np.array_equal(fi.hashes, hashes[order]) and np.array_equal(fi.hrows, order)
+        assert fi.channels == channels and list(fi.channels) == list(channels)
+        assert {t: r.tolist() for t, r in fi.tasks.items()} == tasks and list(fi.tasks) == list(tasks)
+
+
+def test_id_hashes_and_has_many():
+    import numpy as np
+    from rune_fast._index import HashIndex
+    from rune_fast.cool import _id_hash, _id_hashes
+    ids = ["", "a", "msg_01ABC", "é€😀", "x" * 1000]
+    want = [_id_hash(m) for m in ids]
+    assert _id_hashes(ids).tolist() == want
+    assert _id_hashes(pa.array(ids).slice(1, 3)).tolist() == want[1:4]
+    assert _id_hashes([]).tolist() == []
+    hi = HashIndex()
+    assert hi.has_many(np.array(want, dtype=np.uint64)).tolist() == [False] * 5
+    hi.insert(want[1], 7)
+    hi.insert(want[3], 9)
+    assert hi.has_many(np.array(want, dtype=np.uint64)).tolist() == [False, True, False, True, False]
+
+
+def test_contains_many_matches_contains(tmp_path):
+    arch = CoolArchive(str(tmp_path / "c"))
+    rows = [rec(i, ch=f"c{i % 3}") for i in range(50)]
+    arch.cool(rows[:30], list(range(30)))
+    arch.cool(rows[30:], list(range(30, 50)))
+    probe = [r["msg_id"] for r in rows[::3]] + ["nope", "msg-x", rows[4]["msg_id"] + "!"]
+    assert arch.contains_many(probe).tolist() == [arch.contains(m) for m in probe]
+    assert arch.contains_many(probe).tolist() == [True] * 17 + [False] * 3
+    again = CoolArchive.open(str(tmp_path / "c"), arch.files())   # the files wait in the lazy id index
+    assert again._pending
+    assert again.contains_many(probe).tolist() == [True] * 17 + [False] * 3
