@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import itertools
 import logging
 import os
 import threading
@@ -784,10 +785,15 @@ class ConversationStateRepository:
 
     def _cache(self, loc: int, hit: tuple[ConversationMessageRecord, int | None]) -> None:
         if len(self._decoded) >= _DECODE_CACHE:
-            # drop the oldest quarter (dicts keep insertion order)
-            for k in list(self._decoded)[:_DECODE_CACHE // 4]:
-                del self._decoded[k]
+            self._trim_cache(1)
         self._decoded[loc] = hit
+
+    def _trim_cache(self, room: int) -> None:
+        """Make room for ``room`` records in the decode cache: drop the oldest
+        quarter, or more if ``room`` needs it (dicts keep insertion order)."""
+        drop = max(_DECODE_CACHE // 4, len(self._decoded) + room - _DECODE_CACHE)
+        for k in list(itertools.islice(self._decoded, drop)):
+            del self._decoded[k]
 
     @staticmethod
     def _cool_record(row) -> ConversationMessageRecord:
@@ -899,15 +905,24 @@ class ConversationStateRepository:
             if rep.good_end != off + len(data) or len(rep.added) != len(fresh):
                 raise RuneError(f"index took {len(rep.added)} of the {len(fresh)} new messages "
                                 f"written at {self._tail.path}:{off}")
+        # the decode cache keeps the batch's newest records (at most its size)
+        skip = max(0, len(fresh) - _DECODE_CACHE)
+        if len(self._decoded) + len(fresh) - skip > _DECODE_CACHE:
+            self._trim_cache(len(fresh) - skip)
+        decoded, interleaved, fold = self._decoded, self._interleaved, self._fold_order
         pos = (seg << 40) | off
         for j, i in enumerate(fresh):
             m = msgs[i]
-            self._cache(pos, (m, seq0 + j))
-            self._note_order(m)
-            self._note_fold_order(m)
+            if j >= skip:
+                decoded[pos] = (m, seq0 + j)
+            pos += lengths[j]
+            ch = m.channel_id
+            if ch in interleaved:
+                self._note_order(m)
+            if ch in fold:
+                self._note_fold_order(m)
             if m.hlc:
                 self._observe(m.hlc)
-            pos += lengths[j]
         # journaled with one write; durable by the next checkpoint, re-derived
         # from the tail by recovery if a crash loses it first
         self._events.append_encoded(message_envelopes(keys, hashes, fresh, codec.dumps(time.time())),

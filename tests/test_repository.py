@@ -457,3 +457,15 @@ def test_integers_beyond_64_bits_come_back_exactly_from_every_tier(tmp_path):
         assert [repo.get_message(m.msg_id).record for m in big] == big
         assert repo.window("ch", 10) == big
         assert [h.record for h in repo.search("call")] == big
+
+
+def test_decode_cache_stays_bounded_by_a_large_batch(tmp_path):
+    from rune_fast import conversation_state as cs
+    with ConversationStateRepository(tmp_path, durability="none", compact_every=10**6,
+                                     hot_window=10**6) as repo:
+        repo.append_many([msg(i) for i in range(100)])
+        repo.append_many([msg(i) for i in range(100, 100 + cs._DECODE_CACHE + 500)])
+        assert len(repo._decoded) <= cs._DECODE_CACHE
+        newest = f"msg_{100 + cs._DECODE_CACHE + 499:08d}"
+        assert any(rec.msg_id == newest for rec, _seq in repo._decoded.values())
+        assert repo.get_message("msg_00000000").record == msg(0)
