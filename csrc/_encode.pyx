@@ -22,7 +22,7 @@ from cpython.unicode cimport PyUnicode_AsUTF8String
 from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.stdio cimport snprintf
 from libc.stdlib cimport free, realloc
-from libc.string cimport memchr, memcmp, memcpy, strlen
+from libc.string cimport memchr, memcmp, memcpy, memset, strlen
 
 from rf_core cimport RF_MAX_LINE, RF_PREFIX_LEN, rf_write_prefix
 
@@ -34,6 +34,10 @@ import hashlib
 from rune_fast.errors import FramingError
 
 cdef extern from "Python.h":
+    object PyUnicode_DecodeUTF8(const char *s, Py_ssize_t size, const char *errors)
+    int PyObject_GenericSetAttr(object o, object name, object value) except -1
+    object PyFloat_FromDouble(double v)
+    object PyLong_FromLongLong(long long v)
     char *PyOS_double_to_string(double val, char format_code, int precision, int flags,
                                 int *ptype) except NULL
     int Py_DTSF_ADD_DOT_0
@@ -546,7 +550,8 @@ cdef Py_ssize_t _int_end(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, int
     return j
 
 
-cdef Py_ssize_t _float_end(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, double *out) except -2:
+cdef Py_ssize_t _float_end(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, double *out,
+                           bint exact) except -2:
     """A float spelled as repr() spells it inside the range where orjson and
     json agree (no exponent); the index after it, or -1."""
     cdef Py_ssize_t j = i
@@ -570,6 +575,9 @@ cdef Py_ssize_t _float_end(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, d
     x = PyOS_string_to_double(tmp, &end, None)
     if end != tmp + (j - i) or not (x == 0.0 or 1e-4 <= abs(x) < 1e16):
         return -1
+    if not exact:
+        out[0] = x
+        return j
     rep = PyOS_double_to_string(x, b'r', 0, Py_DTSF_ADD_DOT_0, NULL)
     try:
         same = strlen(rep) == <size_t>(j - i) and memcmp(rep, tmp, <size_t>(j - i)) == 0
@@ -613,6 +621,60 @@ cdef int _push_offset(Buf *offs, Py_ssize_t v) except -1:
     return 0
 
 
+cdef struct _Line:
+    Py_ssize_t rs[N_RAW]        # start of each field's raw JSON value in the line
+    Py_ssize_t rl[N_RAW]        # its length (strings with their quotes)
+    double ts
+    int64_t tok, ver, seq
+    bint calls                  # a non-empty tool-call list (raw value at rs/rl[R_TOOL_CALLS])
+
+
+cdef bint _parse_line(const unsigned char *p, Py_ssize_t n, _Line *r, bint exact_ts) except -1:
+    """Whether the verified line p[0:n) is a message line spelled as the
+    encoder spells it: the record's twelve keys in to_dict() order, strings
+    escaped as json escapes them, non-negative integers, a float without an
+    exponent (with ``exact_ts``: exactly as repr() writes it), the tool-call
+    list either empty or a JSON value without a run of 19 digits, then the
+    append sequence. Fills ``r``."""
+    cdef Py_ssize_t prefix = RF_PREFIX_LEN + PyBytes_GET_SIZE(_MSG_PREFIX), i, e
+    cdef int k, kind
+    cdef bytes lit
+    if n <= prefix or memcmp(p + RF_PREFIX_LEN, PyBytes_AS_STRING(_MSG_PREFIX),
+                             <size_t>PyBytes_GET_SIZE(_MSG_PREFIX)) != 0:
+        return False
+    i = prefix
+    r.calls = False
+    for k in range(N_RAW):
+        lit = _RECORD_KEYS[k][0]
+        kind = _RECORD_KEYS[k][1]
+        if not _lit_at(p, i, n, lit):
+            return False
+        i += PyBytes_GET_SIZE(lit)
+        r.rs[k] = i
+        if kind == S:
+            e = _canon_string_end(p, i, n)
+        elif kind == F:
+            e = _float_end(p, i, n, &r.ts, exact_ts)
+        elif kind == L:
+            if _lit_at(p, i, n, b'[]'):
+                e = i + 2
+            else:
+                e = _json_value_end(p, i, n)
+                r.calls = True
+        elif k == R_TOKEN:
+            e = _int_end(p, i, n, 18, &r.tok)
+        else:
+            e = _int_end(p, i, n, 9, &r.ver)
+        if e < 0:
+            return False
+        r.rl[k] = e - i
+        i = e
+    if not _lit_at(p, i, n, b'},"s":'):
+        return False
+    e = _int_end(p, i + 6, n, 18, &r.seq)
+    return e >= 0 and e + 1 == n and p[e] == c'}' and r.ver <= 0x7FFFFFFF
+
+
 def cool_columns(list lines, object calls_texts):
     """The cool-file columns of verified message lines (bytes-like, without
     their newlines), for the lines spelled exactly as the encoder spells
@@ -628,24 +690,20 @@ def cool_columns(list lines, object calls_texts):
     A line with tool calls hands their raw JSON to ``calls_texts(raw) ->
     (column text, canonical JSON)`` (None: the line takes the Python path)."""
     cdef _ColumnBufs cb = _ColumnBufs()
-    cdef Py_ssize_t nl = len(lines), li, i, n, e, k, m
-    cdef Py_ssize_t rs[N_RAW]
-    cdef Py_ssize_t rl[N_RAW]
+    cdef Py_ssize_t nl = len(lines), li, n, k, m
+    cdef _Line ln
     cdef const unsigned char *p
     cdef Py_buffer view
     cdef bytes lit
-    cdef int kind
     cdef object texts
     cdef bytes calls_col = None, calls_canon = None
-    cdef int64_t tokv = 0, verv = 0, seqv = 0
-    cdef double tsv = 0.0
     cdef bint ok
     cdef int col, raw
     cdef _xxh.XXH128_hash_t h
     cdef char hexd[33]
     cdef int32_t ver32
     cdef list taken = []
-    cdef Py_ssize_t prefix = RF_PREFIX_LEN + PyBytes_GET_SIZE(_MSG_PREFIX)
+    memset(&ln, 0, sizeof(ln))
     for k in range(N_SCOL):
         _push_offset(&cb.offs[k], 0)
     for li in range(nl):
@@ -654,50 +712,15 @@ def cool_columns(list lines, object calls_texts):
             p = <const unsigned char *>view.buf
             n = view.len
             calls_col = calls_canon = None
-            ok = n > prefix and memcmp(p + RF_PREFIX_LEN, PyBytes_AS_STRING(_MSG_PREFIX),
-                                       <size_t>PyBytes_GET_SIZE(_MSG_PREFIX)) == 0
-            i = prefix
-            k = 0
-            while ok and k < N_RAW:
-                lit = _RECORD_KEYS[k][0]
-                kind = _RECORD_KEYS[k][1]
-                if not _lit_at(p, i, n, lit):
+            ok = _parse_line(p, n, &ln, True)
+            if ok and ln.calls:
+                # tool calls: their two JSON forms from the caller (None: the dict path)
+                texts = calls_texts(PyBytes_FromStringAndSize(<const char *>p + ln.rs[R_TOOL_CALLS],
+                                                              ln.rl[R_TOOL_CALLS]))
+                if texts is None:
                     ok = False
-                    break
-                i += PyBytes_GET_SIZE(lit)
-                rs[k] = i
-                if kind == S:
-                    e = _canon_string_end(p, i, n)
-                elif kind == F:
-                    e = _float_end(p, i, n, &tsv)
-                elif kind == L:
-                    if _lit_at(p, i, n, b'[]'):
-                        e = i + 2
-                    else:
-                        # tool calls: their two JSON forms from the caller (None: the dict path)
-                        e = _json_value_end(p, i, n)
-                        if e >= 0:
-                            texts = calls_texts(PyBytes_FromStringAndSize(<const char *>p + i, e - i))
-                            if texts is None:
-                                e = -1
-                            else:
-                                calls_col, calls_canon = texts
-                elif k == R_TOKEN:
-                    e = _int_end(p, i, n, 18, &tokv)
                 else:
-                    e = _int_end(p, i, n, 9, &verv)
-                if e < 0:
-                    ok = False
-                    break
-                rl[k] = e - i
-                i = e
-                k += 1
-            if ok:
-                ok = _lit_at(p, i, n, b'},"s":')
-                i += 6
-            if ok:
-                e = _int_end(p, i, n, 18, &seqv)
-                ok = e >= 0 and e + 1 == n and p[e] == c'}' and verv <= 0x7FFFFFFF
+                    calls_col, calls_canon = texts
             if not ok:
                 continue
             # the string columns: each value unescaped
@@ -705,8 +728,8 @@ def cool_columns(list lines, object calls_texts):
                 col = _RAW_TO_COL[k]
                 if col < 0:
                     continue
-                _reserve(&cb.data[col], rl[k])
-                _unescape(&cb.data[col], p + rs[k] + 1, rl[k] - 2)
+                _reserve(&cb.data[col], ln.rl[k])
+                _unescape(&cb.data[col], p + ln.rs[k] + 1, ln.rl[k] - 2)
                 _push_offset(&cb.offs[col], cb.data[col].n)
             if calls_col is None:
                 _reserve(&cb.data[C_TOOL_CALLS], 2)
@@ -728,7 +751,7 @@ def cool_columns(list lines, object calls_texts):
                 if raw == R_TOOL_CALLS and calls_canon is not None:
                     _put(&cb.canon, PyBytes_AS_STRING(calls_canon), PyBytes_GET_SIZE(calls_canon))
                 else:
-                    _put(&cb.canon, <const char *>p + rs[raw], rl[raw])
+                    _put(&cb.canon, <const char *>p + ln.rs[raw], ln.rl[raw])
             _put(&cb.canon, b"}", 1)
             h = _xxh.XXH3_128bits(cb.canon.p, <size_t>cb.canon.n)
             rf_write_hex16(h.high64, <unsigned char *>hexd)
@@ -738,14 +761,14 @@ def cool_columns(list lines, object calls_texts):
             _push_offset(&cb.offs[C_DIGEST], cb.data[C_DIGEST].n)
             # the numbers
             _reserve(&cb.ts, 8)
-            _put(&cb.ts, <const char *>&tsv, 8)
+            _put(&cb.ts, <const char *>&ln.ts, 8)
             _reserve(&cb.tok, 8)
-            _put(&cb.tok, <const char *>&tokv, 8)
-            ver32 = <int32_t>verv
+            _put(&cb.tok, <const char *>&ln.tok, 8)
+            ver32 = <int32_t>ln.ver
             _reserve(&cb.ver, 4)
             _put(&cb.ver, <const char *>&ver32, 4)
             _reserve(&cb.ords, 8)
-            _put(&cb.ords, <const char *>&seqv, 8)
+            _put(&cb.ords, <const char *>&ln.seq, 8)
             taken.append(li)
         finally:
             PyBuffer_Release(&view)
@@ -758,3 +781,93 @@ def cool_columns(list lines, object calls_texts):
     cols["schema_version"] = PyBytes_FromStringAndSize(cb.ver.p, cb.ver.n)
     cols["ord"] = PyBytes_FromStringAndSize(cb.ords.p, cb.ords.n)
     return taken, cols
+
+
+# --------------------------------------------------------------------------
+# Reads: a hot line to its record
+
+cdef tuple _ROLES = ("user", "assistant", "system", "tool")
+# the record's slots, set as the record's own from_dict would (the class is frozen)
+cdef tuple _SLOT_OF = (("msg_id", R_MSG_ID), ("channel_id", R_CHANNEL), ("task_id", R_TASK),
+                       ("hlc", R_HLC), ("content", R_CONTENT), ("tool_call_id", R_TOOL_CALL_ID),
+                       ("origin", R_ORIGIN))
+
+
+cdef object _string_at(const unsigned char *p, Py_ssize_t start, Py_ssize_t length, Buf *scratch):
+    """The str value of the canonical JSON string p[start:start+length) (with
+    its quotes); None if its bytes are not valid UTF-8."""
+    cdef const unsigned char *s = p + start + 1
+    cdef Py_ssize_t n = length - 2
+    try:
+        if memchr(s, c'\\', <size_t>n) == NULL:
+            return PyUnicode_DecodeUTF8(<const char *>s, n, NULL)
+        scratch.n = 0
+        _reserve(scratch, n)
+        _unescape(scratch, s, n)
+        return PyUnicode_DecodeUTF8(scratch.p, scratch.n, NULL)
+    except UnicodeDecodeError:
+        return None
+
+
+cdef class _Decoder:
+    """The scratch buffer of one record_from_line call (unescaped strings)."""
+    cdef Buf scratch
+
+    def __dealloc__(self):
+        free(self.scratch.p)
+
+
+def record_from_line(line, type record_type, object calls_from_json):
+    """``(record, seq)`` of a verified message line spelled as the encoder
+    spells it (see :func:`cool_columns`), built with the checks of
+    ``records.message_from_stored``; None for any other line, which the
+    caller decodes through the Python path (that names what is wrong).
+    ``calls_from_json(raw) -> tuple | None`` reads a non-empty tool-call
+    list."""
+    cdef Py_buffer view
+    cdef _Line ln
+    cdef const unsigned char *p
+    cdef Py_ssize_t n, k
+    cdef object rec, v, calls, role = None
+    cdef list values
+    cdef _Decoder dec = None
+    memset(&ln, 0, sizeof(ln))
+    PyObject_GetBuffer(line, &view, PyBUF_SIMPLE)
+    try:
+        p = <const unsigned char *>view.buf
+        n = view.len
+        if not _parse_line(p, n, &ln, False) or ln.ver != record_type.SCHEMA_VERSION:
+            return None
+        # the role: one of the four, as the interned constant
+        for v in _ROLES:
+            if ln.rl[R_ROLE] - 2 == len(<str>v) and memcmp(p + ln.rs[R_ROLE] + 1,
+                                                           PyUnicode_AsUTF8AndSize(v, NULL),
+                                                           <size_t>len(<str>v)) == 0:
+                role = v
+                break
+        if role is None or ln.rl[R_MSG_ID] == 2 or ln.rl[R_CHANNEL] == 2:
+            return None
+        calls = ()
+        if ln.calls:
+            calls = calls_from_json(PyBytes_FromStringAndSize(<const char *>p + ln.rs[R_TOOL_CALLS],
+                                                              ln.rl[R_TOOL_CALLS]))
+            if calls is None:
+                return None
+        values = []
+        for name, k in _SLOT_OF:
+            if dec is None and memchr(p + ln.rs[k], c'\\', <size_t>ln.rl[k]) != NULL:
+                dec = _Decoder()
+            v = _string_at(p, ln.rs[k], ln.rl[k], NULL if dec is None else &dec.scratch)
+            if v is None:
+                return None
+            values.append(v)
+        rec = record_type.__new__(record_type)
+        for k in range(len(_SLOT_OF)):
+            PyObject_GenericSetAttr(rec, _SLOT_OF[k][0], values[k])
+        PyObject_GenericSetAttr(rec, "ts", PyFloat_FromDouble(ln.ts))
+        PyObject_GenericSetAttr(rec, "role", role)
+        PyObject_GenericSetAttr(rec, "token_estimate", PyLong_FromLongLong(ln.tok))
+        PyObject_GenericSetAttr(rec, "tool_calls", calls)
+        return rec, PyLong_FromLongLong(ln.seq)
+    finally:
+        PyBuffer_Release(&view)

@@ -25,7 +25,8 @@ import orjson
 
 from . import _encode
 from .errors import CorruptStateCheckpointError, RecordTooLargeError
-from .records import ConversationMessageRecord, json_safe, message_canonical_json, message_from_stored
+from .records import (ConversationMessageRecord, _stored_calls_ok, json_safe, message_canonical_json,
+                      message_from_stored)
 
 __all__ = [
     "MAX_RECORD_BYTES",
@@ -107,6 +108,18 @@ def encode_batch(msgs: list) -> tuple[list[bytes], list[str], list[bytes]]:
     compiled encoder (``csrc/_encode.pyx``; about 6x faster). Anything but a
     ConversationMessageRecord raises TypeError naming its index."""
     return _encode.encode_messages(msgs, ConversationMessageRecord, _encode_slow, _calls_json)
+
+
+def _calls_from_json(raw: bytes) -> tuple | None:
+    """A line's non-empty tool-call list as :func:`message_from_stored` takes
+    it from a fresh decode (for the compiled decoder); None: the Python path."""
+    try:
+        calls = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if type(calls) is list and calls and _stored_calls_ok(calls):
+        return tuple(calls)
+    return None
 
 
 def _encode_slow(record: ConversationMessageRecord) -> tuple[bytes, str, bytes]:
@@ -196,7 +209,13 @@ def _has_long_number(body: bytes | memoryview) -> bool:
 def record_from_line(line: bytes | memoryview, *, path: str, offset: int,
                      ) -> tuple[ConversationMessageRecord, int | None]:
     """Decode a verified message line (without its newline) into its record
-    and append sequence number (None in lines written before it existed)."""
+    and append sequence number (None in lines written before it existed).
+    A line spelled as the encoder spells it is read by the compiled decoder
+    (``csrc/_encode.pyx``: no dict in between); any other goes through
+    orjson and :func:`message_from_stored`, which name what is wrong."""
+    hit = _encode.record_from_line(line, ConversationMessageRecord, _calls_from_json)
+    if hit is not None:
+        return hit
     d = decode_body(line, path=path, offset=offset)
     r = d.get("r")
     seq = d.get("s")

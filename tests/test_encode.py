@@ -219,3 +219,45 @@ def test_invalid_utf8_goes_the_dict_path_which_names_it():
     with pytest.raises(Exception) as exc:
         _from_lines([line])
     assert "JSON" in str(exc.value) or "utf" in str(exc.value).lower()
+
+
+# ------------------------------------------------------------ reads
+
+def _python_record(line):
+    d = codec.decode_body(line, path="t", offset=0)
+    from rune_fast.records import message_from_stored
+    return message_from_stored(d["r"], fresh_json=True), d.get("s")
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(messages, min_size=1, max_size=6, unique_by=lambda m: m.msg_id), st.integers(0, 2**50))
+def test_record_from_line_is_the_python_decode(msgs, seq0):
+    for m, line in zip(msgs, _lines(msgs, seq0)):
+        got = codec.record_from_line(line, path="t", offset=0)
+        want = _python_record(line)
+        assert got == want and got[0] == m
+        assert type(got[0].ts) is float and type(got[0].token_estimate) is int
+        assert type(got[0].tool_calls) is tuple
+        fast = _encode.record_from_line(line, ConversationMessageRecord, codec._calls_from_json)
+        assert fast is None or fast == want
+
+
+def test_record_from_line_takes_plain_lines_and_leaves_the_rest():
+    calls = ({"id": "c1", "name": "f", "arguments": {"z": [1, 2.5]}},)
+    plain = [ConversationMessageRecord(content=c, channel_id="c", role=r, tool_calls=t)
+             for c, r, t in (("x", "user", ()), ('q"\\\n\x01é😀', "assistant", ()), ("", "tool", calls))]
+    for m, line in zip(plain, _lines(plain, 5)):
+        fast = _encode.record_from_line(line, ConversationMessageRecord, codec._calls_from_json)
+        assert fast is not None and fast[0] == m and fast[1] >= 5
+    m = ConversationMessageRecord(content="é / x", channel_id="c")
+    base = m.to_dict()
+    others = [json.dumps(base, separators=(",", ":")).encode(),             # \u00e9
+              codec.dumps({**base, "ts": 1e16}),
+              codec.dumps({**base, "later_field": 1}),
+              codec.dumps({**base, "role": "robot"}),                     # refused by the checks
+              codec.dumps({**base, "schema_version": 2})]
+    for body in others:
+        line = frame(codec.rest_from_body(body, 3))[:-1]
+        assert _encode.record_from_line(line, ConversationMessageRecord, codec._calls_from_json) is None
+    bad_utf8 = frame(codec.rest_from_body(codec.dumps(base).replace(b"x", b"\xff"), 3))[:-1]
+    assert _encode.record_from_line(bad_utf8, ConversationMessageRecord, codec._calls_from_json) is None
