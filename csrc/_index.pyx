@@ -272,6 +272,7 @@ cdef class HashIndex:
 
 cdef struct rf_rec:
     int64_t off
+    uint32_t len        # the line's bytes with its newline
     uint64_t h
     rf_msg m
 
@@ -308,6 +309,7 @@ cdef Py_ssize_t _scan_messages(const unsigned char *buf, int64_t pos, int64_t en
             r.damage = v
             break
         recs[n].off = pos
+        recs[n].len = <uint32_t>(ln + 1)
         recs[n].h = _xxh.XXH3_64bits(buf + pos + recs[n].m.id_off, recs[n].m.id_len)
         n += 1
         pos += ln + 1
@@ -1116,6 +1118,7 @@ cdef class HotIndex:
                     # line remembered: runs of one channel skip the name lookup
                     self._table_reserve(self._n_live + 1)
                     e = self._new_entry(loc)
+                    self._c_lens[e] = rec.len
                     self._table_put(rec.h, <uint32_t>e)
                     self._n_live += 1
                     if not (last_ch != NULL and last_ch_len == rec.m.ch_len

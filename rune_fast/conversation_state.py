@@ -18,6 +18,7 @@ import enum
 import functools
 import itertools
 import logging
+import operator
 import os
 import threading
 import time
@@ -213,6 +214,9 @@ def _xkey(rec: ConversationMessageRecord, seq: int | None) -> tuple:
     if rec.hlc:
         return (1, rec.hlc, rec.msg_id)
     return (0, -1 if seq is None else seq, "")
+
+
+_first = operator.itemgetter(0)
 
 
 def _fold_key(rec: ConversationMessageRecord) -> tuple[str, str]:
@@ -767,11 +771,7 @@ class ConversationStateRepository:
         call, records from the decode cache where it has them."""
         self._index.check_lines(locs)
         get = self._decoded.get
-        out = []
-        for loc in locs:
-            hit = get(loc)
-            out.append(hit if hit is not None else self._read_loc_seq(loc))
-        return out
+        return [get(loc) or self._read_loc_seq(loc) for loc in locs]    # a hit is a non-empty tuple
 
     def _read_loc_raw(self, loc: int) -> tuple[dict, int | None]:
         """The verified record dict at ``loc`` (as ``to_dict()`` wrote it; no
@@ -1228,17 +1228,19 @@ class ConversationStateRepository:
             if task_id == "":
                 return []
             locs = self._index.task_locs(codec.key(task_id)).tolist()
-            keyed = [(_xkey(r, seq), r) for r, seq in self._read_locs_seq(locs)]
-            if self._cool_has_task(task_id):
-                deleted = self._cool_deleted
-                for rec, o in self._cool_records(self._cool.task_locs(task_id)):
-                    if rec.task_id != task_id:
-                        raise CorruptStateCheckpointError(
-                            f"cool index says {rec.msg_id!r} is a message of task {task_id!r}, "
-                            f"the file says {rec.task_id!r}", path=self._cool.cool_dir)
-                    if rec.msg_id not in deleted:
-                        keyed.append((_xkey(rec, o), rec))
-                keyed.sort(key=lambda e: e[0])
+            hot = self._read_locs_seq(locs)
+            if not self._cool_has_task(task_id):
+                return [r for r, _seq in hot]       # the index keeps them in order
+            keyed = [(_xkey(r, seq), r) for r, seq in hot]
+            deleted = self._cool_deleted
+            for rec, o in self._cool_records(self._cool.task_locs(task_id)):
+                if rec.task_id != task_id:
+                    raise CorruptStateCheckpointError(
+                        f"cool index says {rec.msg_id!r} is a message of task {task_id!r}, "
+                        f"the file says {rec.task_id!r}", path=self._cool.cool_dir)
+                if rec.msg_id not in deleted:
+                    keyed.append((_xkey(rec, o), rec))
+            keyed.sort(key=_first)
             return [r for _k, r in keyed]
 
     def _cool_records(self, locs: list[tuple[int, int]]) -> list[tuple[ConversationMessageRecord, int]]:
