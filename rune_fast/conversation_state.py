@@ -1594,12 +1594,16 @@ class ConversationStateRepository:
             return []
         return self._index.excess(self.hot_window).tolist()
 
-    def _compact(self, *, full: bool, start_bg: bool = True) -> CompactionReport:
+    def _compact(self, *, full: bool, start_bg: bool = True, settle: bool = True) -> CompactionReport:
+        """A compaction (lock held). ``settle=False``: leave a background
+        merge running (the caller checked that one runs and that nothing is
+        to be erased): nothing is cooled or merged then, only the tail and
+        the segments are seen to."""
         with self._lock:
             self._check_writable()
             t0 = time.perf_counter()
             rep = CompactionReport()
-            staged = self._settle_bg()
+            staged = self._settle_bg() if settle else None
             if staged is None and not full and self._fold_only():
                 return self._fold(rep, t0)
             durable = self.durability != "none"
@@ -1621,7 +1625,7 @@ class ConversationStateRepository:
                 manifest_cool = list(change.files)
                 old_cool.extend(change.removed)
                 rep.cool_files_written += len(change.added)
-            excess = self._excess(full)
+            excess = self._excess(full) if settle else []
             if excess:
                 table = self._cool_table_at(excess)
                 run = self._cool.cool_table(table)
@@ -1636,7 +1640,7 @@ class ConversationStateRepository:
                 manifest_cool = list(change.files)
                 old_cool.extend(change.removed)
                 rep.cool_files_written += len(change.added)
-            groups = self._cool.plan_merge()
+            groups = self._cool.plan_merge() if settle else []
             if groups and not full and start_bg:
                 # merged in the background; the next compaction adopts it
                 self._bg = _Staged("merge", functools.partial(self._cool.stage_merge, groups,
@@ -1716,7 +1720,13 @@ class ConversationStateRepository:
         t0 = time.perf_counter()
         job = self._bg
         if job is not None and not job.done.is_set():
-            self._fold(CompactionReport(), t0)    # the job's rows stay put meanwhile
+            if job.kind == "merge" and not self._pending_erase and self._tail.size >= ROLL_BYTES:
+                # a merge of cool files is being written: the tail still
+                # rolls (segments stay bounded); the excess waits and is
+                # cooled in one run when the merge is adopted
+                self._compact(full=False, start_bg=False, settle=False)
+            else:
+                self._fold(CompactionReport(), t0)    # a cooling job's rows stay put meanwhile
             return
         if job is None and not self._pending_erase and not self._segs_unchecked:
             excess = self._excess(False)

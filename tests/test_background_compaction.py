@@ -232,3 +232,38 @@ def test_readers_beside_a_background_job(tmp_path, small_bg):
             t.join()
         assert not errors, errors
         check_reads(repo, stored)
+
+
+def test_the_tail_rolls_while_a_merge_is_written(tmp_path, small_bg, monkeypatch):
+    # a long merge must not hold back the tail's roll: segments stay bounded
+    # (before, every compaction only folded while a merge ran, and a bulk load
+    # could leave a tail of hundreds of MiB); the excess waits for the merge
+    monkeypatch.setattr(cs, "ROLL_BYTES", 4096)
+    entered, release = _gate_stage(monkeypatch, "stage_merge")
+    stored: dict = {}
+    with open_repo(tmp_path) as repo:
+        i = 0
+        while not entered.is_set():
+            m = msg(i)
+            repo.append(m)
+            stored[m.msg_id] = m
+            i += 1
+            assert i < 3000, "no merge went to the background"
+        assert repo._bg is not None and repo._bg.kind == "merge"
+        cool_before = repo.stats()["cool"]
+        segs_before = len(repo._seg_order)
+        for j in range(i, i + 300):
+            m = msg(j)
+            repo.append(m)
+            stored[m.msg_id] = m
+        assert repo._bg is not None and not repo._bg.done.is_set()      # still merging
+        assert len(repo._seg_order) > segs_before                        # the tail rolled meanwhile
+        assert repo._tail.size < 4096 + 8 * 300
+        assert repo.stats()["cool"] == cool_before                       # nothing cooled meanwhile
+        check_reads(repo, stored)
+        release.set()
+        repo.compact()
+        assert repo._bg is None
+        check_reads(repo, stored)
+    with open_repo(tmp_path) as repo:
+        check_reads(repo, stored)
