@@ -1377,6 +1377,14 @@ cdef class HotIndex:
         idx = self._chan_ids.get(_key_bytes(ch_key, "ch_key"))
         return 0 if idx is None else _len(&self._c_chan[<int64_t>idx])
 
+    def max_channel_len(self) -> int:
+        """Messages in the longest channel (0 with none)."""
+        cdef uint32_t i, best = 0
+        for i in range(self._n_chan):
+            if _len(&self._c_chan[i]) > best:
+                best = _len(&self._c_chan[i])
+        return best
+
     def latest_task(self, ch_key):
         """Task key of the newest message of the channel that has one, or None."""
         cdef const unsigned char *p

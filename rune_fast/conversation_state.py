@@ -1580,9 +1580,7 @@ class ConversationStateRepository:
     def _cooling_due(self) -> bool:
         """Whether some channel's excess over ``hot_window`` reaches a quarter
         window: the automatic compaction's reason to cool."""
-        slack = max(1, self.hot_window // 4)
-        index = self._index
-        return any(index.channel_len(k) - self.hot_window >= slack for k in index.channels())
+        return self._index.max_channel_len() - self.hot_window >= max(1, self.hot_window // 4)
 
     def _excess(self, full: bool) -> list[int]:
         """Locations to cool: every channel's messages beyond its newest

@@ -637,3 +637,12 @@ def test_append_bytes_indexes_without_a_remap():
     ix.attach(1, None)
     assert ix.append_bytes(1, 0, line("m5", "e")).added.tolist() == [1 << S]
     assert ix.find(b"m5") == 1 << S
+
+
+def test_max_channel_len():
+    assert _index.HotIndex().max_channel_len() == 0
+    ix, _data, _rep = build([line(f"m{i}", "a" if i % 3 else "b") for i in range(10)])
+    assert ix.max_channel_len() == ix.channel_len(b"a") == 6 and ix.channel_len(b"b") == 4
+    for m in (b"m1", b"m2", b"m4"):
+        ix.remove(m)
+    assert ix.max_channel_len() == 4 == ix.channel_len(b"b")
