@@ -1,19 +1,27 @@
 # cython: boundscheck=False, wraparound=False
-"""The append path's encoding, compiled: records to the bytes a batch writes.
+"""The record JSON of message lines, compiled: written on the append path,
+read back by cooling and by hot reads.
 
 :func:`encode_messages` gives, for each record, the record JSON of its tail
 line (``orjson.dumps(record.to_dict())``), its ``payload_hash`` (sha256 of the
 canonical JSON: sorted keys, no spaces) and its id key (the JSON-escaped
 ``msg_id``, as the index keys it), byte for byte what
 :func:`rune_fast.codec.message_body_and_hash` and :func:`rune_fast.codec.key`
-give (tests/test_encode.py checks it on generated records). Both JSON forms are
-written from one escaping of each string. A record it cannot spell exactly
-(a time outside the range where ``repr`` and orjson print floats alike, a
-token estimate past 2**63, a string that is not valid UTF-8) and a record past
-the size limit go through the Python path, which names the problem.
+give. Each record's raw JSON values are written once (strings escaped), then
+both layouts from them. A record it cannot spell exactly (a time outside the
+range where ``repr`` and orjson print floats alike, a token estimate past
+int64, a string that is not valid UTF-8) and a record past the size limit go
+through the Python path, which names the problem.
 
 :func:`frame_messages` and :func:`message_envelopes` frame a batch's tail
 lines and event-store envelopes (docs/FORMAT.md) into one buffer each.
+
+:func:`cool_columns` reads verified lines spelled as the encoder spells them
+straight into the Arrow buffers of a cool file (each value unescaped, the
+digest from the line's own values in sorted key order); :func:`record_from_line`
+builds a line's record. Any other line is left to the Python path.
+tests/test_encode.py checks all of it against the Python path on generated
+records.
 """
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
@@ -111,24 +119,55 @@ cdef int _escape_str(Buf *b, object s) except -1:
     return 0
 
 
-# The eight string fields, in the order they are escaped into the scratch buffer.
+# The record JSON of a message line and its canonical JSON (sorted keys), as
+# layouts: the encoder writes both from one table of raw values, cooling and
+# reads parse the first and rebuild the second from the line's own values.
+# Raw JSON values of a record, by field (start and length in the line).
 cdef enum:
-    F_MSG_ID, F_CHANNEL, F_TASK, F_HLC, F_CONTENT, F_ROLE, F_TOOL_CALL_ID, F_ORIGIN, N_STR
+    R_MSG_ID, R_CHANNEL, R_TASK, R_HLC, R_CONTENT, R_TS, R_ROLE, R_TOKEN, R_TOOL_CALLS,
+    R_TOOL_CALL_ID, R_ORIGIN, R_VERSION, N_RAW
 
-cdef tuple _STR_FIELDS = ("msg_id", "channel_id", "task_id", "hlc", "content", "role",
-                          "tool_call_id", "origin")
+# The record JSON of a tail line, key by key, with the kind of its value.
+cdef enum:
+    S, F, I, L      # string, float, integer, the empty tool-call list
+cdef tuple _RECORD_KEYS = (
+    (b'{"msg_id":', S), (b',"channel_id":', S), (b',"task_id":', S),
+    (b',"hlc":', S), (b',"content":', S), (b',"ts":', F), (b',"role":', S),
+    (b',"token_estimate":', I), (b',"tool_calls":', L), (b',"tool_call_id":', S),
+    (b',"origin":', S), (b',"schema_version":', I))
+# The canonical JSON's keys (sorted) and the raw value each takes.
+cdef tuple _CANON_KEYS = (
+    (b'{"channel_id":', R_CHANNEL), (b',"content":', R_CONTENT), (b',"hlc":', R_HLC),
+    (b',"msg_id":', R_MSG_ID), (b',"origin":', R_ORIGIN), (b',"role":', R_ROLE),
+    (b',"schema_version":', R_VERSION), (b',"task_id":', R_TASK),
+    (b',"token_estimate":', R_TOKEN), (b',"tool_call_id":', R_TOOL_CALL_ID),
+    (b',"tool_calls":', R_TOOL_CALLS), (b',"ts":', R_TS))
+# The record JSON's layout with each key's raw value.
+cdef tuple _BODY_KEYS = tuple([(_RECORD_KEYS[k][0], k) for k in range(N_RAW)])
+# The string fields by record attribute, and where their raw values go.
+cdef tuple _STRING_FIELDS = (("msg_id", R_MSG_ID), ("channel_id", R_CHANNEL), ("task_id", R_TASK),
+                             ("hlc", R_HLC), ("content", R_CONTENT), ("role", R_ROLE),
+                             ("tool_call_id", R_TOOL_CALL_ID), ("origin", R_ORIGIN))
 
 
-cdef inline void _lit(Buf *b, const char *s) noexcept:
-    _put(b, s, <Py_ssize_t>strlen(s))
-
-
-cdef inline void _field(Buf *o, const char *name, Buf *esc,
-                        Py_ssize_t *start, Py_ssize_t *length, int f) noexcept:
-    # ,"name":"<escaped>"   (name includes its leading punctuation)
-    _lit(o, name)
-    _put(o, esc.p + start[f], length[f])
-    _put(o, b'"', 1)
+cdef int _assemble(Buf *o, tuple layout, const char *base, Py_ssize_t *rs, Py_ssize_t *rl,
+                   bytes calls) except -1:
+    """Write ``layout`` onto o (room reserved): each key, then its raw value
+    ``base[rs[f]:rs[f] + rl[f]]`` -- or, for the tool calls, ``calls`` when
+    given -- then the closing brace."""
+    cdef Py_ssize_t m
+    cdef int f
+    cdef bytes lit
+    for m in range(len(layout)):
+        lit = layout[m][0]
+        f = layout[m][1]
+        _put(o, PyBytes_AS_STRING(lit), PyBytes_GET_SIZE(lit))
+        if f == R_TOOL_CALLS and calls is not None:
+            _put(o, PyBytes_AS_STRING(calls), PyBytes_GET_SIZE(calls))
+        else:
+            _put(o, base + rs[f], rl[f])
+    _put(o, b"}", 1)
+    return 0
 
 
 cdef class _Scratch:
@@ -149,19 +188,19 @@ def encode_messages(list msgs, type record_type, object slow, object calls_json)
     raises TypeError naming its index. ``slow(record) -> (body, hash, key)``
     encodes a record this path does not spell; ``calls_json(record) ->
     (body_json, canonical_json)`` gives the two JSON forms of a non-empty
-    ``tool_calls``."""
-    cdef Py_ssize_t n = len(msgs), i, k, total, cl_b, cl_c
+    ``tool_calls``. Each record's raw JSON values are written once (strings
+    escaped, the time as repr() writes it), then both layouts from them."""
+    cdef Py_ssize_t n = len(msgs), i, k
     cdef list bodies = [None] * n
     cdef list hashes = [None] * n
     cdef list keys = [None] * n
     cdef _Scratch sc = _Scratch()
-    cdef Py_ssize_t start[N_STR]
-    cdef Py_ssize_t length[N_STR]
+    cdef Py_ssize_t rs[N_RAW]
+    cdef Py_ssize_t rl[N_RAW]
     cdef char tokbuf[24]
     cdef char *tsrep = NULL
-    cdef Py_ssize_t tslen, toklen
     cdef long long tok
-    cdef int overflow, bad
+    cdef int overflow, bad, f
     cdef double ts = 0.0
     cdef bytes body, canon, cb, cc
     cdef object rec, calls, v
@@ -190,12 +229,18 @@ def encode_messages(list msgs, type record_type, object slow, object calls_json)
         calls = rec.tool_calls
         if not bad and type(calls) is not tuple:
             bad = True
+        # -- the raw values: each string quoted and escaped
         sc.esc.n = 0
         k = 0
-        while not bad and k < N_STR:
-            start[k] = sc.esc.n
-            bad = _escape_str(&sc.esc, getattr(rec, _STR_FIELDS[k])) != 0
-            length[k] = sc.esc.n - start[k]
+        while not bad and k < len(_STRING_FIELDS):
+            f = _STRING_FIELDS[k][1]
+            rs[f] = sc.esc.n
+            _reserve(&sc.esc, 1)
+            _put(&sc.esc, b'"', 1)
+            bad = _escape_str(&sc.esc, getattr(rec, _STRING_FIELDS[k][0])) != 0
+            _reserve(&sc.esc, 1)
+            _put(&sc.esc, b'"', 1)
+            rl[f] = sc.esc.n - rs[f]
             k += 1
         if bad:
             bodies[i], hashes[i], keys[i] = slow(rec)
@@ -204,72 +249,56 @@ def encode_messages(list msgs, type record_type, object slow, object calls_json)
             cb, cc = calls_json(rec)
         else:
             cb = cc = b"[]"
-        cl_b = PyBytes_GET_SIZE(cb)
-        cl_c = PyBytes_GET_SIZE(cc)
-        toklen = snprintf(tokbuf, sizeof(tokbuf), "%lld", tok)
         tsrep = PyOS_double_to_string(ts, b'r', 0, Py_DTSF_ADD_DOT_0, NULL)
         try:
-            tslen = <Py_ssize_t>strlen(tsrep)
-            total = 0
-            for k in range(N_STR):
-                total += length[k]
-            # 12 keys with quotes, colons, commas and braces: 167 bytes (+ slack)
-            total += 200 + tslen + toklen + cl_b + cl_c + PyBytes_GET_SIZE(verb)
-            sc.out.n = 0
-            _reserve(&sc.out, total)
-            # the tail line's record JSON, in to_dict() order
-            _field(&sc.out, b'{"msg_id":"', &sc.esc, start, length, F_MSG_ID)
-            _field(&sc.out, b',"channel_id":"', &sc.esc, start, length, F_CHANNEL)
-            _field(&sc.out, b',"task_id":"', &sc.esc, start, length, F_TASK)
-            _field(&sc.out, b',"hlc":"', &sc.esc, start, length, F_HLC)
-            _field(&sc.out, b',"content":"', &sc.esc, start, length, F_CONTENT)
-            _lit(&sc.out, b',"ts":')
-            _put(&sc.out, tsrep, tslen)
-            _field(&sc.out, b',"role":"', &sc.esc, start, length, F_ROLE)
-            _lit(&sc.out, b',"token_estimate":')
-            _put(&sc.out, tokbuf, toklen)
-            _lit(&sc.out, b',"tool_calls":')
-            _put(&sc.out, PyBytes_AS_STRING(cb), cl_b)
-            _field(&sc.out, b',"tool_call_id":"', &sc.esc, start, length, F_TOOL_CALL_ID)
-            _field(&sc.out, b',"origin":"', &sc.esc, start, length, F_ORIGIN)
-            _lit(&sc.out, b',"schema_version":')
-            _put(&sc.out, PyBytes_AS_STRING(verb), PyBytes_GET_SIZE(verb))
-            _lit(&sc.out, b'}')
-            body = PyBytes_FromStringAndSize(sc.out.p, sc.out.n)
-            # the canonical JSON: the same values, keys sorted
-            sc.out.n = 0
-            _field(&sc.out, b'{"channel_id":"', &sc.esc, start, length, F_CHANNEL)
-            _field(&sc.out, b',"content":"', &sc.esc, start, length, F_CONTENT)
-            _field(&sc.out, b',"hlc":"', &sc.esc, start, length, F_HLC)
-            _field(&sc.out, b',"msg_id":"', &sc.esc, start, length, F_MSG_ID)
-            _field(&sc.out, b',"origin":"', &sc.esc, start, length, F_ORIGIN)
-            _field(&sc.out, b',"role":"', &sc.esc, start, length, F_ROLE)
-            _lit(&sc.out, b',"schema_version":')
-            _put(&sc.out, PyBytes_AS_STRING(verb), PyBytes_GET_SIZE(verb))
-            _field(&sc.out, b',"task_id":"', &sc.esc, start, length, F_TASK)
-            _lit(&sc.out, b',"token_estimate":')
-            _put(&sc.out, tokbuf, toklen)
-            _field(&sc.out, b',"tool_call_id":"', &sc.esc, start, length, F_TOOL_CALL_ID)
-            _lit(&sc.out, b',"tool_calls":')
-            _put(&sc.out, PyBytes_AS_STRING(cc), cl_c)
-            _lit(&sc.out, b',"ts":')
-            _put(&sc.out, tsrep, tslen)
-            _lit(&sc.out, b'}')
+            _raw(&sc.esc, R_TS, tsrep, <Py_ssize_t>strlen(tsrep), rs, rl)
         finally:
             PyMem_Free(tsrep)
             tsrep = NULL
-        if PyBytes_GET_SIZE(body) > max_record_bytes:
+        _raw(&sc.esc, R_TOKEN, tokbuf, snprintf(tokbuf, sizeof(tokbuf), "%lld", tok), rs, rl)
+        _raw(&sc.esc, R_TOOL_CALLS, PyBytes_AS_STRING(cb), PyBytes_GET_SIZE(cb), rs, rl)
+        _raw(&sc.esc, R_VERSION, PyBytes_AS_STRING(verb), PyBytes_GET_SIZE(verb), rs, rl)
+        # -- the line's record JSON, then the canonical JSON, from them
+        sc.out.n = 0
+        _reserve(&sc.out, sc.esc.n + 256 + PyBytes_GET_SIZE(cc))
+        _assemble(&sc.out, _BODY_KEYS, sc.esc.p, rs, rl, None)
+        if sc.out.n > max_record_bytes:
             bodies[i], hashes[i], keys[i] = slow(rec)    # raises RecordTooLargeError
             continue
+        body = PyBytes_FromStringAndSize(sc.out.p, sc.out.n)
+        sc.out.n = 0
+        _assemble(&sc.out, _CANON_KEYS, sc.esc.p, rs, rl, cc)
         canon = PyBytes_FromStringAndSize(sc.out.p, sc.out.n)
         bodies[i] = body
         hashes[i] = _sha256(canon).hexdigest()
-        keys[i] = PyBytes_FromStringAndSize(sc.esc.p + start[F_MSG_ID], length[F_MSG_ID])
+        keys[i] = PyBytes_FromStringAndSize(sc.esc.p + rs[R_MSG_ID] + 1, rl[R_MSG_ID] - 2)
     return bodies, hashes, keys
+
+
+cdef int _raw(Buf *b, int f, const char *s, Py_ssize_t n, Py_ssize_t *rs, Py_ssize_t *rl) except -1:
+    """Append the raw value of field ``f`` and note where it lies."""
+    _reserve(b, n)
+    rs[f] = b.n
+    _put(b, s, n)
+    rl[f] = n
+    return 0
 
 
 #: Set by rune_fast.codec to its MAX_RECORD_BYTES (one constant, one place).
 max_record_bytes = 8 * 1024 * 1024
+
+
+cdef inline Py_ssize_t _cat(unsigned char *dst, Py_ssize_t at, const char *src, Py_ssize_t n) noexcept:
+    memcpy(dst + at, src, <size_t>n)
+    return at + n
+
+
+cdef inline Py_ssize_t _frame_rest(unsigned char *line, Py_ssize_t rl) noexcept:
+    """Frame the rest of rl bytes written at line + RF_PREFIX_LEN: the prefix
+    before it, the newline after; returns the line's length."""
+    rf_write_prefix(line + RF_PREFIX_LEN, <size_t>rl, line)
+    line[RF_PREFIX_LEN + rl] = b'\n'
+    return RF_PREFIX_LEN + rl + 1
 
 
 cdef int _seq_digits(int64_t seq, char *out) noexcept:
@@ -308,20 +337,12 @@ def frame_messages(list bodies, list order, int64_t seq0):
         bl = PyBytes_GET_SIZE(body)
         nd = _seq_digits(seq0 + j, digits)
         rest = <unsigned char *>o + pos + RF_PREFIX_LEN
-        rl = 0
-        memcpy(rest, PyBytes_AS_STRING(_MSG_PREFIX), <size_t>plen)
-        rl += plen
-        memcpy(rest + rl, PyBytes_AS_STRING(body), <size_t>bl)
-        rl += bl
-        memcpy(rest + rl, b',"s":', 5)
-        rl += 5
-        memcpy(rest + rl, digits, <size_t>nd)
-        rl += nd
-        rest[rl] = b'}'
-        rl += 1
-        rf_write_prefix(rest, <size_t>rl, <unsigned char *>o + pos)
-        rest[rl] = b'\n'
-        pos += RF_PREFIX_LEN + rl + 1
+        rl = _cat(rest, 0, PyBytes_AS_STRING(_MSG_PREFIX), plen)
+        rl = _cat(rest, rl, PyBytes_AS_STRING(body), bl)
+        rl = _cat(rest, rl, b',"s":', 5)
+        rl = _cat(rest, rl, digits, nd)
+        rl = _cat(rest, rl, b"}", 1)
+        pos += _frame_rest(<unsigned char *>o + pos, rl)
     return out, lengths
 
 
@@ -347,24 +368,14 @@ def message_envelopes(list keys, list hashes, list order, bytes ts_json):
         key = keys[order[j]]
         h = hb[j]
         rest = <unsigned char *>o + pos + RF_PREFIX_LEN
-        rl = 0
-        memcpy(rest, PyBytes_AS_STRING(_ENV_HEAD), <size_t>hl)
-        rl += hl
-        memcpy(rest + rl, PyBytes_AS_STRING(key), <size_t>PyBytes_GET_SIZE(key))
-        rl += PyBytes_GET_SIZE(key)
-        memcpy(rest + rl, PyBytes_AS_STRING(_ENV_HASH), <size_t>ml)
-        rl += ml
-        memcpy(rest + rl, PyBytes_AS_STRING(h), <size_t>PyBytes_GET_SIZE(h))
-        rl += PyBytes_GET_SIZE(h)
-        memcpy(rest + rl, PyBytes_AS_STRING(_ENV_TS), <size_t>sl)
-        rl += sl
-        memcpy(rest + rl, PyBytes_AS_STRING(ts_json), <size_t>tl)
-        rl += tl
-        rest[rl] = b'}'
-        rl += 1
-        rf_write_prefix(rest, <size_t>rl, <unsigned char *>o + pos)
-        rest[rl] = b'\n'
-        pos += RF_PREFIX_LEN + rl + 1
+        rl = _cat(rest, 0, PyBytes_AS_STRING(_ENV_HEAD), hl)
+        rl = _cat(rest, rl, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key))
+        rl = _cat(rest, rl, PyBytes_AS_STRING(_ENV_HASH), ml)
+        rl = _cat(rest, rl, PyBytes_AS_STRING(h), PyBytes_GET_SIZE(h))
+        rl = _cat(rest, rl, PyBytes_AS_STRING(_ENV_TS), sl)
+        rl = _cat(rest, rl, PyBytes_AS_STRING(ts_json), tl)
+        rl = _cat(rest, rl, b"}", 1)
+        pos += _frame_rest(<unsigned char *>o + pos, rl)
     if pos != total:
         raise FramingError(f"message_envelopes: wrote {pos} of {total} bytes")
     return out
@@ -386,26 +397,6 @@ cdef enum:
 cdef tuple _SCOL_NAMES = ("msg_id", "channel_id", "task_id", "hlc", "content", "role",
                           "tool_calls", "tool_call_id", "origin", "extra", "digest")
 
-# Raw JSON values of a record, by field (start and length in the line).
-cdef enum:
-    R_MSG_ID, R_CHANNEL, R_TASK, R_HLC, R_CONTENT, R_TS, R_ROLE, R_TOKEN, R_TOOL_CALLS,
-    R_TOOL_CALL_ID, R_ORIGIN, R_VERSION, N_RAW
-
-# The record JSON of a tail line, key by key, with the kind of its value.
-cdef enum:
-    S, F, I, L      # string, float, integer, the empty tool-call list
-cdef tuple _RECORD_KEYS = (
-    (b'{"msg_id":', S), (b',"channel_id":', S), (b',"task_id":', S),
-    (b',"hlc":', S), (b',"content":', S), (b',"ts":', F), (b',"role":', S),
-    (b',"token_estimate":', I), (b',"tool_calls":', L), (b',"tool_call_id":', S),
-    (b',"origin":', S), (b',"schema_version":', I))
-# The canonical JSON's keys (sorted) and the raw value each takes.
-cdef tuple _CANON_KEYS = (
-    (b'{"channel_id":', R_CHANNEL), (b',"content":', R_CONTENT), (b',"hlc":', R_HLC),
-    (b',"msg_id":', R_MSG_ID), (b',"origin":', R_ORIGIN), (b',"role":', R_ROLE),
-    (b',"schema_version":', R_VERSION), (b',"task_id":', R_TASK),
-    (b',"token_estimate":', R_TOKEN), (b',"tool_call_id":', R_TOOL_CALL_ID),
-    (b',"tool_calls":', R_TOOL_CALLS), (b',"ts":', R_TS))
 # which string column each raw string field fills
 cdef int _RAW_TO_COL[N_RAW]
 _RAW_TO_COL[:] = [C_MSG_ID, C_CHANNEL, C_TASK, C_HLC, C_CONTENT, -1, C_ROLE, -1, -1,
@@ -690,15 +681,14 @@ def cool_columns(list lines, object calls_texts):
     A line with tool calls hands their raw JSON to ``calls_texts(raw) ->
     (column text, canonical JSON)`` (None: the line takes the Python path)."""
     cdef _ColumnBufs cb = _ColumnBufs()
-    cdef Py_ssize_t nl = len(lines), li, n, k, m
+    cdef Py_ssize_t nl = len(lines), li, n, k
     cdef _Line ln
     cdef const unsigned char *p
     cdef Py_buffer view
-    cdef bytes lit
     cdef object texts
     cdef bytes calls_col = None, calls_canon = None
     cdef bint ok
-    cdef int col, raw
+    cdef int col
     cdef _xxh.XXH128_hash_t h
     cdef char hexd[33]
     cdef int32_t ver32
@@ -744,15 +734,7 @@ def cool_columns(list lines, object calls_texts):
             # the digest: xxh3_128 of the canonical JSON, from the raw values
             cb.canon.n = 0
             _reserve(&cb.canon, n + 256 + (0 if calls_canon is None else PyBytes_GET_SIZE(calls_canon)))
-            for m in range(len(_CANON_KEYS)):
-                lit = _CANON_KEYS[m][0]
-                raw = _CANON_KEYS[m][1]
-                _put(&cb.canon, PyBytes_AS_STRING(lit), PyBytes_GET_SIZE(lit))
-                if raw == R_TOOL_CALLS and calls_canon is not None:
-                    _put(&cb.canon, PyBytes_AS_STRING(calls_canon), PyBytes_GET_SIZE(calls_canon))
-                else:
-                    _put(&cb.canon, <const char *>p + ln.rs[raw], ln.rl[raw])
-            _put(&cb.canon, b"}", 1)
+            _assemble(&cb.canon, _CANON_KEYS, <const char *>p, ln.rs, ln.rl, calls_canon)
             h = _xxh.XXH3_128bits(cb.canon.p, <size_t>cb.canon.n)
             rf_write_hex16(h.high64, <unsigned char *>hexd)
             rf_write_hex16(h.low64, <unsigned char *>hexd + 16)

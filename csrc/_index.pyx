@@ -47,7 +47,7 @@ cdef Py_ssize_t CHUNK = 4096      # lines per scan pass: the parsed records stay
 
 SEG_SHIFT = 40
 SNAPSHOT_MAGIC = b"RFHOTIX\x00"
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2     # 2: the line lengths section (1 is still read)
 cdef Py_ssize_t HEADER_LEN = 64
 
 
@@ -1865,7 +1865,8 @@ cdef class HotIndex:
             nlist_task += _len(&self._c_task[i])
         keys = b"".join(self._chan_keys) + b"".join(self._task_keys)
         sizes = [16 * len(cov), 8 * self._n_entries, 8 * self._n_slots,
-                 16 * (self._n_chan + self._n_task), len(keys), 4 * nlist_chan, 4 * nlist_task]
+                 16 * (self._n_chan + self._n_task), len(keys), 4 * nlist_chan, 4 * nlist_task,
+                 4 * self._n_entries]
         total = HEADER_LEN + sum((s + 7) & ~7 for s in sizes)
         buf = bytearray(total)
         cdef unsigned char[::1] b = buf
@@ -1923,6 +1924,11 @@ cdef class HotIndex:
                     memcpy(o + pos, L.s, 4 * L.ns)
                 pos += 4 * L.ns
             pos = start + ((pos - start + 7) & ~7)
+        # each entry's line length (0: not measured yet), so that the first
+        # seg_stats after a load need not read every line again
+        if self._n_entries:
+            memcpy(o + pos, self._c_lens, 4 * self._n_entries)
+        pos += (4 * self._n_entries + 7) & ~7
         if pos != total:
             raise RuneError(f"save_snapshot: internal size mismatch ({pos} != {total})")
         u64 = _xxh.XXH3_64bits(o + 24, total - 24)
@@ -2002,8 +2008,9 @@ cdef object _load(unsigned char *o, Py_ssize_t total, str path):
     if total < HEADER_LEN or memcmp(o, <const char *>SNAPSHOT_MAGIC, 8) != 0:
         raise _bad(path, "bad magic or short header", 0)
     memcpy(meta, o + 8, 8)
-    if meta[0] != SNAPSHOT_VERSION or meta[1] != HEADER_LEN:
-        raise _bad(path, f"unknown version {meta[0]} (this build reads {SNAPSHOT_VERSION})", 8)
+    if meta[0] not in (1, SNAPSHOT_VERSION) or meta[1] != HEADER_LEN:
+        raise _bad(path, f"unknown version {meta[0]} (this build reads 1 to {SNAPSHOT_VERSION})", 8)
+    cdef uint32_t version = meta[0]
     memcpy(&digest, o + 16, 8)
     memcpy(&u64, o + 24, 8)
     if u64 != <uint64_t>(total - HEADER_LEN):
@@ -2045,7 +2052,8 @@ cdef object _load(unsigned char *o, Py_ssize_t total, str path):
     if livebits == NULL:
         raise MemoryError("load_snapshot: entry bitmap")
     try:
-        _load_arrays(idx, o, pos, total, n_entries, n_slots, n_live, n_chan, n_task, path, livebits)
+        _load_arrays(idx, o, pos, total, n_entries, n_slots, n_live, n_chan, n_task, path, livebits,
+                     version)
     finally:
         free(livebits)
     idx._unmap_if_unused()
@@ -2054,7 +2062,7 @@ cdef object _load(unsigned char *o, Py_ssize_t total, str path):
 
 cdef int _load_arrays(HotIndex idx, const unsigned char *o, Py_ssize_t pos, Py_ssize_t total,
                       uint32_t n_entries, uint64_t n_slots, uint64_t n_live, uint32_t n_chan,
-                      uint32_t n_task, str path, uint64_t *livebits) except -1:
+                      uint32_t n_task, str path, uint64_t *livebits, uint32_t version) except -1:
     cdef uint32_t j, x
     cdef uint64_t live = 0, used = 0, s, u64
     cdef int64_t loc
@@ -2120,6 +2128,13 @@ cdef int _load_arrays(HotIndex idx, const unsigned char *o, Py_ssize_t pos, Py_s
                            n_entries, path, pos)
     pos += 4 * (nlist - chan_list)
     pos = (pos + 7) & ~7
+    if version >= 2:
+        # the line lengths (version 1 has none: they are measured when needed)
+        if pos + 4 * <Py_ssize_t>n_entries > total:
+            raise _bad(path, "file shorter than its line lengths", total)
+        if n_entries:
+            memcpy(idx._c_lens, o + pos, 4 * <size_t>n_entries)
+        pos += (4 * <Py_ssize_t>n_entries + 7) & ~7
     if pos != total:
         raise _bad(path, f"{total - pos} bytes past the last array", pos)
     return 0

@@ -13,58 +13,6 @@
 #include <emmintrin.h>
 #endif
 
-/* Escape s[0:n) into out, which has room for 6 * n bytes; returns the bytes written. */
-static inline size_t rf_json_escape(const unsigned char *s, size_t n, unsigned char *out)
-{
-    static const char hex[] = "0123456789abcdef";
-    unsigned char *o = out;
-    size_t i = 0;
-    while (i < n) {
-#if defined(__SSE2__)
-        /* 16 bytes at a time while none needs escaping */
-        const __m128i quote = _mm_set1_epi8('"'), bslash = _mm_set1_epi8('\\');
-        const __m128i ctl = _mm_set1_epi8(0x1F);
-        while (i + 16 <= n) {
-            __m128i v = _mm_loadu_si128((const __m128i *)(s + i));
-            __m128i bad = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bslash)),
-                                       _mm_cmpeq_epi8(_mm_max_epu8(v, ctl), ctl));
-            int mask = _mm_movemask_epi8(bad);
-            if (mask) {
-                int k = __builtin_ctz((unsigned)mask);
-                memcpy(o, s + i, (size_t)k);
-                o += k;
-                i += (size_t)k;
-                break;
-            }
-            _mm_storeu_si128((__m128i *)o, v);
-            o += 16;
-            i += 16;
-        }
-        if (i >= n) break;
-#endif
-        unsigned char c = s[i++];
-        if (c >= 0x20 && c != '"' && c != '\\') {
-            *o++ = c;
-            continue;
-        }
-        *o++ = '\\';
-        switch (c) {
-        case '"': *o++ = '"'; break;
-        case '\\': *o++ = '\\'; break;
-        case '\b': *o++ = 'b'; break;
-        case '\t': *o++ = 't'; break;
-        case '\n': *o++ = 'n'; break;
-        case '\f': *o++ = 'f'; break;
-        case '\r': *o++ = 'r'; break;
-        default:
-            *o++ = 'u'; *o++ = '0'; *o++ = '0';
-            *o++ = (unsigned char)hex[c >> 4];
-            *o++ = (unsigned char)hex[c & 15];
-        }
-    }
-    return (size_t)(o - out);
-}
-
 /* The length of the run at the start of s[0:n) that holds no '"', no '\\'
  * and no control byte below 0x20 (the bytes a JSON string body takes as they are). */
 static inline size_t rf_json_plain_run(const unsigned char *s, size_t n)
@@ -86,6 +34,38 @@ static inline size_t rf_json_plain_run(const unsigned char *s, size_t n)
     while (i < n && s[i] >= 0x20 && s[i] != '"' && s[i] != '\\')
         i++;
     return i;
+}
+
+/* Escape s[0:n) into out, which has room for 6 * n bytes; returns the bytes written. */
+static inline size_t rf_json_escape(const unsigned char *s, size_t n, unsigned char *out)
+{
+    static const char hex[] = "0123456789abcdef";
+    unsigned char *o = out;
+    size_t i = 0, run;
+    while (i < n) {
+        run = rf_json_plain_run(s + i, n - i);
+        memcpy(o, s + i, run);
+        o += run;
+        i += run;
+        if (i == n)
+            break;
+        unsigned char c = s[i++];
+        *o++ = '\\';
+        switch (c) {
+        case '"': *o++ = '"'; break;
+        case '\\': *o++ = '\\'; break;
+        case '\b': *o++ = 'b'; break;
+        case '\t': *o++ = 't'; break;
+        case '\n': *o++ = 'n'; break;
+        case '\f': *o++ = 'f'; break;
+        case '\r': *o++ = 'r'; break;
+        default:
+            *o++ = 'u'; *o++ = '0'; *o++ = '0';
+            *o++ = (unsigned char)hex[c >> 4];
+            *o++ = (unsigned char)hex[c & 15];
+        }
+    }
+    return (size_t)(o - out);
 }
 
 #endif

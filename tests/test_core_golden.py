@@ -7,8 +7,10 @@ import json
 import os
 
 import orjson
+import pytest
 
 from rune_fast import _index, _log
+from rune_fast.errors import CorruptStateCheckpointError
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "core")
 
@@ -66,12 +68,28 @@ def test_ingest_of_the_tail():
 
 def test_snapshot_reads_and_rewrites_identically(tmp_path):
     tail = read("seg-00000000.jsonl")
-    ix, covered = _index.HotIndex.load_snapshot(os.path.join(HERE, "index.snap"))
-    assert covered == {0: len(tail)}
-    ix.attach(0, tail)
-    check_index(ix)
+    for name in ("index.snap", "index_v2.snap"):       # version 1 (the first build's), version 2
+        ix, covered = _index.HotIndex.load_snapshot(os.path.join(HERE, name))
+        assert covered == {0: len(tail)}
+        ix.attach(0, tail)
+        check_index(ix)
+        assert ix.seg_stats() == {0: (5, sum(EXPECTED["lengths"][i] + 1 for i in (0, 1, 2, 3, 4)))}
     fresh = _index.HotIndex()
     fresh.attach(0, tail)
     fresh.ingest(0)
     fresh.save_snapshot(tmp_path / "again.snap", {0: len(tail)})
-    assert (tmp_path / "again.snap").read_bytes() == read("index.snap")
+    assert (tmp_path / "again.snap").read_bytes() == read("index_v2.snap")
+
+
+def test_snapshot_v2_keeps_line_lengths():
+    # version 2 holds each entry's line length: stats need not read the lines
+    # (a version-1 load measures them, reading every line once)
+    tail = read("seg-00000000.jsonl")
+    blank = bytes(len(tail))                # same size, no line in it
+    v2, _ = _index.HotIndex.load_snapshot(os.path.join(HERE, "index_v2.snap"))
+    v2.attach(0, blank)
+    assert v2.seg_stats() == {0: (5, sum(EXPECTED["lengths"][i] + 1 for i in (0, 1, 2, 3, 4)))}
+    v1, _ = _index.HotIndex.load_snapshot(os.path.join(HERE, "index.snap"))
+    v1.attach(0, blank)
+    with pytest.raises(CorruptStateCheckpointError):
+        v1.seg_stats()
