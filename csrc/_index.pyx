@@ -1846,9 +1846,8 @@ cdef class HotIndex:
         """Write the index to `path` atomically (temp file, fsync, rename, fsync
         of the folder; mode 0600), recording `covered` (seg -> offset up to which
         the segment's lines are in the index). See docs/FORMAT.md."""
-        cdef uint32_t i, j
-        cdef Py_ssize_t nkeys = 0, nlist_chan = 0, nlist_task = 0, pos
-        cdef rf_list *L
+        cdef uint32_t e, n_new = 0
+        cdef uint32_t *remap = NULL
         self._guard()
         self._ensure_tasks()
         if sys.byteorder != "little":
@@ -1858,15 +1857,41 @@ cdef class HotIndex:
         # 500,000 messages) on the open path, as after a killed writer. A table
         # with that room already is saved as it is (golden files rewrite identically).
         self._table_reserve(self._n_live + (self._n_live >> 4))
+        # live entries only, numbered densely (free entries a churning hot tier
+        # leaves behind are not written: the next open maps less); the id table
+        # keeps its layout, its slots and the arrays are renumbered
+        remap = <uint32_t *>malloc((<size_t>self._n_entries + 1) * sizeof(uint32_t))
+        if remap == NULL:
+            raise MemoryError("save_snapshot: entry numbering")
+        try:
+            for e in range(self._n_entries):
+                if self._c_locs[e] >= 0:
+                    remap[e] = n_new
+                    n_new += 1
+                else:
+                    remap[e] = 0xFFFFFFFFU
+            if n_new != self._n_live:
+                raise RuneError(f"save_snapshot: {n_new} live entries, the index counts {self._n_live}")
+            self._write_snapshot(path, covered, remap, n_new)
+        finally:
+            free(remap)
+
+    cdef _write_snapshot(self, path, covered, const uint32_t *remap, uint32_t n_new):
+        cdef uint32_t i, j, e
+        cdef Py_ssize_t nlist_chan = 0, nlist_task = 0, pos
+        cdef rf_list *L
+        cdef uint32_t *w32
+        cdef int64_t *w64
+        cdef uint64_t sv
         cov = sorted((int(s), int(o)) for s, o in dict(covered).items())
         for i in range(self._n_chan):
             nlist_chan += _len(&self._c_chan[i])
         for i in range(self._n_task):
             nlist_task += _len(&self._c_task[i])
         keys = b"".join(self._chan_keys) + b"".join(self._task_keys)
-        sizes = [16 * len(cov), 8 * self._n_entries, 8 * self._n_slots,
+        sizes = [16 * len(cov), 8 * n_new, 8 * self._n_slots,
                  16 * (self._n_chan + self._n_task), len(keys), 4 * nlist_chan, 4 * nlist_task,
-                 4 * self._n_entries]
+                 4 * n_new]
         total = HEADER_LEN + sum((s + 7) & ~7 for s in sizes)
         buf = bytearray(total)
         cdef unsigned char[::1] b = buf
@@ -1881,7 +1906,7 @@ cdef class HotIndex:
         u64 = total - HEADER_LEN
         memcpy(o + 24, &u64, 8)
         meta[0] = <uint32_t>len(cov)
-        meta[1] = self._n_entries
+        meta[1] = n_new
         meta[2] = self._n_chan
         meta[3] = self._n_task
         memcpy(o + 32, meta, 16)
@@ -1895,10 +1920,16 @@ cdef class HotIndex:
             memcpy(o + pos + 8, &i64, 8)
             pos += 16
         pos = (pos + 7) & ~7
-        if self._n_entries:
-            memcpy(o + pos, self._c_locs, 8 * self._n_entries)
-        pos += (8 * self._n_entries + 7) & ~7
-        memcpy(o + pos, self._c_slots, 8 * self._n_slots)
+        w64 = <int64_t *>(o + pos)
+        for e in range(self._n_entries):
+            if remap[e] != 0xFFFFFFFFU:
+                w64[remap[e]] = self._c_locs[e]
+        pos += (8 * n_new + 7) & ~7
+        for i in range(self._n_slots):
+            sv = self._c_slots[i]
+            if sv:
+                sv = (sv & ~0xFFFFFFFFULL) | (<uint64_t>remap[(sv & 0xFFFFFFFFULL) - 1] + 1)
+            memcpy(o + pos + 8 * <Py_ssize_t>i, &sv, 8)
         pos += 8 * self._n_slots
         for chan in (True, False):
             for i in range(self._n_chan if chan else self._n_task):
@@ -1917,18 +1948,22 @@ cdef class HotIndex:
             start = pos
             for i in range(self._n_chan if chan else self._n_task):
                 L = &self._c_chan[i] if chan else &self._c_task[i]
-                if L.nu:
-                    memcpy(o + pos, L.u, 4 * L.nu)
+                w32 = <uint32_t *>(o + pos)
+                for j in range(L.nu):
+                    w32[j] = _live_number(remap, L.u[j])
                 pos += 4 * L.nu
-                if L.ns:
-                    memcpy(o + pos, L.s, 4 * L.ns)
+                w32 = <uint32_t *>(o + pos)
+                for j in range(L.ns):
+                    w32[j] = _live_number(remap, L.s[j])
                 pos += 4 * L.ns
             pos = start + ((pos - start + 7) & ~7)
         # each entry's line length (0: not measured yet), so that the first
         # seg_stats after a load need not read every line again
-        if self._n_entries:
-            memcpy(o + pos, self._c_lens, 4 * self._n_entries)
-        pos += (4 * self._n_entries + 7) & ~7
+        w32 = <uint32_t *>(o + pos)
+        for e in range(self._n_entries):
+            if remap[e] != 0xFFFFFFFFU:
+                w32[remap[e]] = self._c_lens[e]
+        pos += (4 * n_new + 7) & ~7
         if pos != total:
             raise RuneError(f"save_snapshot: internal size mismatch ({pos} != {total})")
         u64 = _xxh.XXH3_64bits(o + 24, total - 24)
@@ -1965,6 +2000,12 @@ cdef class HotIndex:
         if not lazy_tasks:
             (<HotIndex>idx)._ensure_tasks()
         return idx, covered
+
+
+cdef inline uint32_t _live_number(const uint32_t *remap, uint32_t e) except? 0xFFFFFFFFU:
+    if remap[e] == 0xFFFFFFFFU:
+        raise RuneError(f"save_snapshot: an array holds the free entry {e}")
+    return remap[e]
 
 
 def _write_atomic(str path, buf) -> None:

@@ -88,6 +88,7 @@ cdef class HotIndex:
 
     cdef int _guard(self) except -1
     cdef int _ensure_tasks(self) except -1
+    cdef _write_snapshot(self, path, covered, const uint32_t *remap, uint32_t n_new)
     cdef void _unmap_if_unused(self) noexcept nogil
     cdef object _where(self, int64_t seg)
     cdef int _line_at(self, int64_t loc, const unsigned char **p, size_t *avail) noexcept nogil
