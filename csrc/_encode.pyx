@@ -184,8 +184,9 @@ def encode_messages(list msgs, type record_type, object slow, object calls_json)
     """(bodies, hashes, keys) of the records in ``msgs``: lists of bytes, str
     and bytes, one entry per record.
 
-    ``record_type`` is ConversationMessageRecord; anything else in ``msgs``
-    raises TypeError naming its index. ``slow(record) -> (body, hash, key)``
+    ``record_type`` is ConversationMessageRecord (a subclass's instances take
+    the Python path); anything else in ``msgs`` raises TypeError naming its
+    index. ``slow(record) -> (body, hash, key)``
     encodes a record this path does not spell; ``calls_json(record) ->
     (body_json, canonical_json)`` gives the two JSON forms of a non-empty
     ``tool_calls``. Each record's raw JSON values are written once (strings
@@ -212,7 +213,10 @@ def encode_messages(list msgs, type record_type, object slow, object calls_json)
     for i in range(n):
         rec = msgs[i]
         if type(rec) is not record_type:
-            raise TypeError(f"msgs[{i}]: expected {record_type.__name__}, got {type(rec).__name__}")
+            if not isinstance(rec, record_type):
+                raise TypeError(f"msgs[{i}]: expected {record_type.__name__}, got {type(rec).__name__}")
+            bodies[i], hashes[i], keys[i] = slow(rec)       # a subclass: the Python path
+            continue
         # -- the values this path spells exactly; anything else goes slow
         v = rec.ts
         tok = 0

@@ -261,3 +261,20 @@ def test_record_from_line_takes_plain_lines_and_leaves_the_rest():
         assert _encode.record_from_line(line, ConversationMessageRecord, codec._calls_from_json) is None
     bad_utf8 = frame(codec.rest_from_body(codec.dumps(base).replace(b"x", b"\xff"), 3))[:-1]
     assert _encode.record_from_line(bad_utf8, ConversationMessageRecord, codec._calls_from_json) is None
+
+
+def test_a_subclass_of_the_record_takes_the_python_path(tmp_path):
+    from rune_fast.conversation_state import ConversationStateRepository
+
+    class Mine(ConversationMessageRecord):
+        __slots__ = ()
+
+    m = Mine(msg_id="sub-1", content="from a subclass", channel_id="c")
+    assert codec.encode_batch([m]) == ([codec.message_body_and_hash(m)[0]],
+                                       [codec.message_body_and_hash(m)[1]], [codec.key("sub-1")])
+    with ConversationStateRepository(tmp_path) as repo:
+        assert repo.append(m)
+        assert repo.get_message("sub-1").record == m
+    with ConversationStateRepository(tmp_path) as repo:      # read back from the line
+        assert repo.get_message("sub-1").record == ConversationMessageRecord(
+            msg_id="sub-1", content="from a subclass", channel_id="c", ts=m.ts)
