@@ -30,7 +30,6 @@ from .records import (ConversationMessageRecord, _stored_calls_ok, json_safe, me
 
 __all__ = [
     "MAX_RECORD_BYTES",
-    "MAX_TOKEN_ESTIMATE",
     "MESSAGE_PREFIX",
     "TOMBSTONE_PREFIX",
     "BODY_START",
@@ -147,15 +146,8 @@ def _calls_json(record: ConversationMessageRecord) -> tuple[bytes, bytes]:
 _encode.max_record_bytes = MAX_RECORD_BYTES
 
 
-#: The largest token_estimate a store keeps (the archive's int64 column).
-MAX_TOKEN_ESTIMATE = (1 << 63) - 1
-
-
 def _body(record: ConversationMessageRecord, d: dict) -> bytes:
     _check_finite(d["ts"], "ts")
-    if d["token_estimate"] > MAX_TOKEN_ESTIMATE:
-        raise ValueError(f"message {record.msg_id!r}: token_estimate {d['token_estimate']} is over "
-                         f"{MAX_TOKEN_ESTIMATE}, the largest the store keeps")
     body = dumps(d)
     if len(body) > MAX_RECORD_BYTES:
         raise RecordTooLargeError(

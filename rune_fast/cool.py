@@ -2473,14 +2473,20 @@ def _same_index(a: _FileIndex, b: _FileIndex, ids: bool = True) -> bool:
 # --------------------------------------------------------------------------- #
 
 def _table_from_records(rows: list[dict], ords: list[int], digests: list[str]) -> pa.Table:
+    """The cool-schema table of record dicts. A ``token_estimate`` past int64
+    (a record may hold any non-negative int) is kept in ``extra``, which
+    readers lay over the columns; its column holds -1 then."""
     cols: dict[str, list] = {}
     for k in ("msg_id", "channel_id", "task_id", "hlc", "content", "ts", "role",
-              "token_estimate", "tool_call_id", "origin", "schema_version"):
+              "tool_call_id", "origin", "schema_version"):
         cols[k] = [d[k] for d in rows]
+    cols["token_estimate"] = [d["token_estimate"] if d["token_estimate"] <= _INT64[1] else -1 for d in rows]
     cols["tool_calls"] = [_dumps(list(d["tool_calls"])) if d["tool_calls"] else "[]" for d in rows]
     n_fields = len(RECORD_FIELDS)
-    cols["extra"] = ["{}" if len(d) == n_fields else
-                     _dumps({k: v for k, v in d.items() if k not in _FIELD_SET}) for d in rows]
+    cols["extra"] = ["{}" if len(d) == n_fields and d["token_estimate"] <= _INT64[1] else
+                     _dumps({k: v for k, v in d.items()
+                             if k not in _FIELD_SET or (k == "token_estimate" and v > _INT64[1])})
+                     for d in rows]
     cols["ord"] = list(ords)
     cols["digest"] = list(digests)
     return pa.Table.from_pydict({name: cols[name] for name in _COLS}, schema=COOL_SCHEMA)
