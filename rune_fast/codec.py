@@ -25,8 +25,8 @@ import orjson
 
 from . import _encode
 from .errors import CorruptStateCheckpointError, RecordTooLargeError
-from .records import (ConversationMessageRecord, _stored_calls_ok, json_safe, message_canonical_json,
-                      message_from_stored)
+from .records import (ConversationMessageRecord, _stored_calls_ok, fast_canonical_json,
+                      message_canonical_json, message_from_stored)
 
 __all__ = [
     "MAX_RECORD_BYTES",
@@ -105,7 +105,8 @@ def encode_batch(msgs: list) -> tuple[list[bytes], list[str], list[bytes]]:
     """``(bodies, hashes, keys)`` of a batch of records, what
     :func:`message_body_and_hash` and :func:`key` give for each, from the
     compiled encoder (``csrc/_encode.pyx``; about 6x faster). Anything but a
-    ConversationMessageRecord raises TypeError naming its index."""
+    ConversationMessageRecord (or a subclass's instance) raises TypeError
+    naming its index."""
     return _encode.encode_messages(msgs, ConversationMessageRecord, _encode_slow, _calls_json)
 
 
@@ -127,20 +128,11 @@ def _encode_slow(record: ConversationMessageRecord) -> tuple[bytes, str, bytes]:
     return body, h, key(record.msg_id)
 
 
-_CANON_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
 def _calls_json(record: ConversationMessageRecord) -> tuple[bytes, bytes]:
     """The ``tool_calls`` value of a record's line JSON and of its canonical
     JSON (which the encoder splices in; JSON encoding is compositional)."""
     calls = list(record.tool_calls)
-    if json_safe(calls):
-        # orjson spells such values exactly as json does (see records.json_safe)
-        try:
-            return orjson.dumps(calls), orjson.dumps(calls, option=orjson.OPT_SORT_KEYS)
-        except orjson.JSONEncodeError:
-            pass    # json names the problem below
-    return dumps(calls), _CANON_JSON.encode(calls).encode("utf-8")
+    return dumps(calls), fast_canonical_json(calls)
 
 
 _encode.max_record_bytes = MAX_RECORD_BYTES

@@ -219,6 +219,15 @@ def _xkey(rec: ConversationMessageRecord, seq: int | None) -> tuple:
 _first = operator.itemgetter(0)
 
 
+def _make_room(cache: dict, room: int) -> None:
+    """Make room for ``room`` entries in a record cache of ``_DECODE_CACHE``:
+    drop the oldest quarter, or more if ``room`` needs it (dicts keep
+    insertion order)."""
+    drop = max(_DECODE_CACHE // 4, len(cache) + room - _DECODE_CACHE)
+    for k in list(itertools.islice(cache, drop)):
+        del cache[k]
+
+
 def _fold_key(rec: ConversationMessageRecord) -> tuple[str, str]:
     """A message's place in the fold order: (its hlc, or the one section 7
     derives from ts and origin, as text; msg_id)."""
@@ -789,11 +798,7 @@ class ConversationStateRepository:
         self._decoded[loc] = hit
 
     def _trim_cache(self, room: int) -> None:
-        """Make room for ``room`` records in the decode cache: drop the oldest
-        quarter, or more if ``room`` needs it (dicts keep insertion order)."""
-        drop = max(_DECODE_CACHE // 4, len(self._decoded) + room - _DECODE_CACHE)
-        for k in list(itertools.islice(self._decoded, drop)):
-            del self._decoded[k]
+        _make_room(self._decoded, room)
 
     @staticmethod
     def _cool_record(row) -> ConversationMessageRecord:
@@ -1257,11 +1262,10 @@ class ConversationStateRepository:
 
     def _cool_keep(self, items: list[tuple[tuple[int, int], tuple[ConversationMessageRecord, int]]]) -> None:
         """Keep verified cool records (at most _DECODE_CACHE; the oldest quarter goes first)."""
-        cache = self._cool_decoded
-        if len(cache) + len(items) > _DECODE_CACHE:
-            for k in list(cache)[:max(len(items), _DECODE_CACHE // 4)]:
-                del cache[k]
-        cache.update(items[-_DECODE_CACHE:])
+        items = items[-_DECODE_CACHE:]
+        if len(self._cool_decoded) + len(items) > _DECODE_CACHE:
+            _make_room(self._cool_decoded, len(items))
+        self._cool_decoded.update(items)
 
     @_viewer_retry
     def search(self, text: str, channel_id: str | None = None, *, limit: int | None = None,

@@ -59,7 +59,7 @@ from ._log import utf8_hashes
 from ._search import block_grams, find_spans, gram_blocks
 from .pages import PageError, PageReader, Unsupported
 from .errors import CorruptStateCheckpointError
-from .records import json_safe as _json_safe
+from .records import fast_canonical_json, json_safe as _json_safe
 
 __all__ = [
     "CoolArchive",
@@ -200,7 +200,6 @@ class CoolProblem:
 # Digests and keys
 # --------------------------------------------------------------------------- #
 
-_CANON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 _COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
@@ -214,13 +213,14 @@ def _canonical(d: dict) -> bytes:
     (``1e16`` vs ``1e+16``), non-finite floats, int keys and ints beyond 64
     bits, so anything but :func:`_json_safe` values takes json."""
     ts = d.get("ts")
-    if type(ts) is float and (ts == 0.0 or 1e-4 <= abs(ts) < 1e16):
-        if (len(d) == 12 and "tool_calls" in d and not d["tool_calls"]) or _json_safe(d):
-            try:
-                return orjson.dumps(d, option=orjson.OPT_SORT_KEYS)
-            except orjson.JSONEncodeError:
-                pass  # lone surrogates or big ints: json names the problem below
-    return _CANON.encode(d).encode("utf-8")
+    if (type(ts) is float and (ts == 0.0 or 1e-4 <= abs(ts) < 1e16)
+            and len(d) == 12 and "tool_calls" in d and not d["tool_calls"]):
+        # a plain record: no need to walk its values first
+        try:
+            return orjson.dumps(d, option=orjson.OPT_SORT_KEYS)
+        except orjson.JSONEncodeError:
+            pass  # lone surrogates or big ints: the general path
+    return fast_canonical_json(d)
 
 
 def record_digest(d: dict) -> str:
@@ -1978,20 +1978,19 @@ class CoolArchive:
         written). Returns the new file's name (None for no rows): the caller
         records it in its manifest."""
         with self._lock:
-            fi = self.stage(rows, ords, durable=durable, trusted=trusted)
-            if fi is None:
-                return CoolRun(None, 0, 0, self.files())
-            self.adopt(fi)
-            return CoolRun(fi.name, fi.rows, fi.size, self.files())
+            return self._serve(self.stage(rows, ords, durable=durable, trusted=trusted))
 
     def cool_table(self, table: pa.Table, *, durable: bool | None = None) -> CoolRun:
         """:meth:`cool` of rows already in a table (see :meth:`stage_table`)."""
         with self._lock:
-            fi = self.stage_table(table, durable=durable)
-            if fi is None:
-                return CoolRun(None, 0, 0, self.files())
-            self.adopt(fi)
-            return CoolRun(fi.name, fi.rows, fi.size, self.files())
+            return self._serve(self.stage_table(table, durable=durable))
+
+    def _serve(self, fi: "_FileIndex | None") -> CoolRun:
+        """Adopt a file just staged (lock held); the run :meth:`cool` returns."""
+        if fi is None:
+            return CoolRun(None, 0, 0, self.files())
+        self.adopt(fi)
+        return CoolRun(fi.name, fi.rows, fi.size, self.files())
 
     def stage(self, rows: Sequence[dict], ords: Sequence[int], *,
               durable: bool | None = None, trusted: bool = False) -> "_FileIndex | None":

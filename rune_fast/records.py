@@ -270,6 +270,21 @@ def json_safe(v: Any) -> bool:
     return False
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def fast_canonical_json(value: Any) -> bytes:
+    """:func:`canonical_json` of any JSON value: by orjson (several times
+    faster) when it spells the value exactly as json does (:func:`json_safe`),
+    else by json, which also names what cannot be encoded."""
+    if json_safe(value):
+        try:
+            return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+        except orjson.JSONEncodeError:
+            pass    # lone surrogates: json names the problem
+    return _CANONICAL.encode(value).encode("utf-8")
+
+
 def _orjson_float_ok(v: float) -> bool:
     # In this range orjson prints floats exactly as repr() does (shortest
     # round-trip digits, no exponent); outside it the exponent forms differ.
