@@ -27,7 +27,7 @@ cdef extern from "<sys/mman.h>" nogil:
     void *MAP_FAILED
 from rf_core cimport (RF_ID_OFF, RF_MAX_LINE, RF_OK, rf_all_zero, rf_check_frame,
                       rf_cmp_bytes, rf_content_has, rf_find, rf_find_nonascii,
-                      rf_has_nonascii, rf_i64vec, rf_line_start, rf_prefault,
+                      rf_has_nonascii, rf_i64vec, rf_line_start, rf_prefault, rf_check_slots, rf_first_negative,
                       rf_prefetch,
                       rf_i64vec_push, rf_lower, rf_msg, rf_parse_msg, rf_reason,
                       rf_scan_result)
@@ -425,7 +425,8 @@ cdef class HotIndex:
         _free_lists(self._c_task, self._n_task)
         if not self._locs_mapped:
             free(self._c_locs)
-        free(self._c_lens)
+        if not self._lens_mapped:
+            free(self._c_lens)
         free(self._c_free)
         if not self._slots_mapped:
             free(self._c_slots)
@@ -445,12 +446,12 @@ cdef class HotIndex:
             return 0
         saved = self._lazy_tasks
         metas, keys, arrays, n_task, live, n_entries, path, where = saved
+        cdef const unsigned char *o = <const unsigned char *>self._map_base
         self._lazy_tasks = None      # _load_lists makes the arrays through _list_index
         try:
-            _load_lists(self, False, <const unsigned char *>PyBytes_AS_STRING(metas),
-                        <const unsigned char *>PyBytes_AS_STRING(keys),
-                        <const unsigned char *>PyBytes_AS_STRING(arrays), n_task, n_entries,
-                        <const uint64_t *>PyBytes_AS_STRING(live), path, where)
+            _load_lists(self, False, o + <Py_ssize_t>metas, o + <Py_ssize_t>keys, o + <Py_ssize_t>arrays,
+                        n_task, n_entries,
+                        NULL if live is None else <const uint64_t *>PyBytes_AS_STRING(live), path, where)
         except BaseException:
             _free_lists(self._c_task, self._n_task)
             self._c_task = NULL
@@ -464,11 +465,14 @@ cdef class HotIndex:
             self._nm_cap[1] = 0
             self._lazy_tasks = saved     # every later call fails the same way
             raise
+        self._tasks_mapped = 0
+        self._unmap_if_unused()
         return 0
 
     cdef void _unmap_if_unused(self) noexcept nogil:
-        """Drop the snapshot's private map once neither array lives in it."""
-        if self._map_base != NULL and not self._locs_mapped and not self._slots_mapped:
+        """Drop the snapshot's private map once no array lives in it."""
+        if (self._map_base != NULL and not self._locs_mapped and not self._lens_mapped
+                and not self._slots_mapped and not self._tasks_mapped):
             munmap(self._map_base, self._map_len)
             self._map_base = NULL
             self._map_len = 0
@@ -626,9 +630,18 @@ cdef class HotIndex:
             if p == NULL:
                 raise MemoryError(f"HotIndex: cannot grow the entry array to {nc}")
             self._c_locs = p
-        lens = <uint32_t *>realloc(self._c_lens, <size_t>nc * sizeof(uint32_t))
-        if lens == NULL:
-            raise MemoryError(f"HotIndex: cannot grow the length array to {nc}")
+        if self._lens_mapped:
+            lens = <uint32_t *>malloc(<size_t>nc * sizeof(uint32_t))
+            if lens == NULL:
+                raise MemoryError(f"HotIndex: cannot grow the length array to {nc}")
+            memcpy(lens, self._c_lens, <size_t>self._cap_entries * sizeof(uint32_t))
+            self._lens_mapped = 0
+            self._c_lens = lens
+            self._unmap_if_unused()
+        else:
+            lens = <uint32_t *>realloc(self._c_lens, <size_t>nc * sizeof(uint32_t))
+            if lens == NULL:
+                raise MemoryError(f"HotIndex: cannot grow the length array to {nc}")
         memset(lens + self._cap_entries, 0, (<size_t>nc - self._cap_entries) * sizeof(uint32_t))
         self._c_lens = lens
         self._cap_entries = <uint32_t>nc
@@ -2042,7 +2055,7 @@ cdef object _load(unsigned char *o, Py_ssize_t total, str path):
     cdef uint32_t meta[4]
     cdef uint32_t n_cov, n_entries, n_chan, n_task
     cdef uint64_t n_slots, n_live, u64, digest
-    cdef uint64_t *livebits
+    cdef uint64_t *livebits = NULL
     cdef HotIndex idx = HotIndex()
     idx._map_base = o
     idx._map_len = <size_t>total
@@ -2079,19 +2092,18 @@ cdef object _load(unsigned char *o, Py_ssize_t total, str path):
         covered[cs] = co
         pos += 16
     if n_entries:
-        # the entry array where it lies; the lengths beside it start unmeasured
-        idx._c_lens = <uint32_t *>calloc(<size_t>n_entries, sizeof(uint32_t))
-        if idx._c_lens == NULL:
-            raise MemoryError("load_snapshot: line lengths")
+        # the entry array where it lies (its line lengths too, in _load_arrays)
         idx._c_locs = <int64_t *>(o + pos)
         idx._locs_mapped = 1
         idx._cap_entries = n_entries
     pos += (8 * n_entries + 7) & ~7
     idx._n_entries = n_entries
-    # live entries as a bitmap: the checks below then stay in cache
-    livebits = <uint64_t *>calloc((<size_t>n_entries >> 6) + 1, 8)
-    if livebits == NULL:
-        raise MemoryError("load_snapshot: entry bitmap")
+    # live entries as a bitmap (the checks below then stay in cache), unless
+    # every entry is live, as in every snapshot of version 2
+    if n_live != n_entries:
+        livebits = <uint64_t *>calloc((<size_t>n_entries >> 6) + 1, 8)
+        if livebits == NULL:
+            raise MemoryError("load_snapshot: entry bitmap")
     try:
         _load_arrays(idx, o, pos, total, n_entries, n_slots, n_live, n_chan, n_task, path, livebits,
                      version)
@@ -2109,33 +2121,36 @@ cdef int _load_arrays(HotIndex idx, const unsigned char *o, Py_ssize_t pos, Py_s
     cdef int64_t loc
     cdef Py_ssize_t i, keys_len = 0, nlist = 0
     cdef uint32_t meta[4]
-    # one pass: live bitmap and free list (sized by the header's count, checked after)
-    _grow_u32(&idx._c_free, &idx._cap_free, n_entries - <uint32_t>n_live)
-    for j in range(n_entries):
-        loc = idx._c_locs[j]
-        if loc >= 0:
-            live += 1
-            livebits[j >> 6] |= (<uint64_t>1) << (j & 63)
-        elif loc != -1:
-            raise _bad(path, f"entry {j} has a bad location", pos)
-        elif idx._n_free < n_entries - <uint32_t>n_live:
-            idx._c_free[idx._n_free] = j
-            idx._n_free += 1
-    if live != n_live:
-        raise _bad(path, "live entry count mismatch", 56)
+    if livebits == NULL:
+        # every entry live: none may be free
+        u64 = rf_first_negative(idx._c_locs, n_entries)
+        if u64 != n_entries:
+            raise _bad(path, f"entry {u64} has a bad location" if idx._c_locs[u64] != -1
+                       else "live entry count mismatch", pos)
+    else:
+        # one pass: live bitmap and free list (sized by the header's count, checked after)
+        _grow_u32(&idx._c_free, &idx._cap_free, n_entries - <uint32_t>n_live)
+        for j in range(n_entries):
+            loc = idx._c_locs[j]
+            if loc >= 0:
+                live += 1
+                livebits[j >> 6] |= (<uint64_t>1) << (j & 63)
+            elif loc != -1:
+                raise _bad(path, f"entry {j} has a bad location", pos)
+            elif idx._n_free < n_entries - <uint32_t>n_live:
+                idx._c_free[idx._n_free] = j
+                idx._n_free += 1
+        if live != n_live:
+            raise _bad(path, "live entry count mismatch", 56)
     # the id table where it lies (8-aligned: every section is)
     free(idx._c_slots)
     idx._c_slots = <uint64_t *>(o + pos)
     idx._slots_mapped = 1
     idx._n_slots = n_slots
     pos += 8 * n_slots
-    for u64 in range(n_slots):
-        s = idx._c_slots[u64]
-        if s:
-            x = <uint32_t>(s & 0xFFFFFFFFULL)
-            if x == 0 or x > n_entries or not (livebits[(x - 1) >> 6] >> ((x - 1) & 63)) & 1:
-                raise _bad(path, f"id table slot {u64} names a bad entry")
-            used += 1
+    u64 = rf_check_slots(idx._c_slots, n_slots, livebits, n_entries, &used)
+    if u64 != n_slots:
+        raise _bad(path, f"id table slot {u64} names a bad entry")
     if used != n_live:
         raise _bad(path, "id table count mismatch")
     idx._n_live = n_live
@@ -2160,13 +2175,13 @@ cdef int _load_arrays(HotIndex idx, const unsigned char *o, Py_ssize_t pos, Py_s
     pos = (pos + 7) & ~7
     # the task arrays wait for the first call that needs them (see _ensure_tasks):
     # an open followed by window reads never pays for 25,000 tasks
+    # (offsets into the map, which stays while they are pending)
     if n_task:
-        idx._lazy_tasks = (PyBytes_FromStringAndSize(<const char *>o + meta_pos + 16 * n_chan,
-                                                     kstart - meta_pos - 16 * n_chan),
-                           PyBytes_FromStringAndSize(<const char *>o + kstart + chan_keys, keys_len - chan_keys),
-                           PyBytes_FromStringAndSize(<const char *>o + pos, 4 * (nlist - chan_list)), n_task,
+        idx._lazy_tasks = (meta_pos + 16 * n_chan, kstart + chan_keys, pos, n_task,
+                           None if livebits == NULL else
                            PyBytes_FromStringAndSize(<const char *>livebits, 8 * ((n_entries >> 6) + 1)),
                            n_entries, path, pos)
+        idx._tasks_mapped = 1
     pos += 4 * (nlist - chan_list)
     pos = (pos + 7) & ~7
     if version >= 2:
@@ -2174,8 +2189,13 @@ cdef int _load_arrays(HotIndex idx, const unsigned char *o, Py_ssize_t pos, Py_s
         if pos + 4 * <Py_ssize_t>n_entries > total:
             raise _bad(path, "file shorter than its line lengths", total)
         if n_entries:
-            memcpy(idx._c_lens, o + pos, 4 * <size_t>n_entries)
+            idx._c_lens = <uint32_t *>(o + pos)       # where they lie, like the entries
+            idx._lens_mapped = 1
         pos += (4 * <Py_ssize_t>n_entries + 7) & ~7
+    elif n_entries:
+        idx._c_lens = <uint32_t *>calloc(<size_t>n_entries, sizeof(uint32_t))
+        if idx._c_lens == NULL:
+            raise MemoryError("load_snapshot: line lengths")
     if pos != total:
         raise _bad(path, f"{total - pos} bytes past the last array", pos)
     return 0
@@ -2210,7 +2230,7 @@ cdef int _load_lists(HotIndex idx, bint chan, const unsigned char *metas, const 
         L.ns = nlen - nun
         for j in range(nlen):
             x = _at(L, j)
-            if x >= n_entries or not (livebits[x >> 6] >> (x & 63)) & 1:
+            if x >= n_entries or (livebits != NULL and not (livebits[x >> 6] >> (x & 63)) & 1):
                 raise _bad(path, f"array of {idx._chan_keys[li] if chan else idx._task_keys[li]!r} "
                                  f"names a bad entry", where + ap)
         ap += 4 * <Py_ssize_t>nlen

@@ -6,7 +6,7 @@ A line is ``{"x":"<16 hex>"<rest>\\n`` where the hex digits are xxh3_64 of
 buffer protocol (bytes, bytearray, memoryview, mmap) and raises a
 :class:`rune_fast.errors.RuneError` subclass on bad input.
 """
-from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_FillInfo, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.pythread cimport (PyThread_acquire_lock, PyThread_allocate_lock,
                                PyThread_free_lock, PyThread_release_lock)
@@ -14,7 +14,7 @@ from libc.errno cimport EINTR, errno
 from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.stdlib cimport free
 from libc.string cimport memchr, memcpy, memset
-from posix.fcntl cimport O_APPEND, O_CLOEXEC, O_CREAT, O_WRONLY
+from posix.fcntl cimport O_APPEND, O_CLOEXEC, O_CREAT, O_RDONLY, O_WRONLY
 from posix.fcntl cimport open as c_open
 from posix.stat cimport fstat, struct_stat
 from posix.unistd cimport close as c_close
@@ -453,3 +453,60 @@ cdef class TailWriter:
     def __repr__(self):
         state = "closed" if self._c_fd < 0 else f"size={self._size}"
         return f"TailWriter({self.path!r}, {state})"
+
+
+cdef extern from "sys/mman.h" nogil:
+    void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset)
+    int munmap(void *addr, size_t length)
+    int PROT_READ
+    int MAP_SHARED
+    void *MAP_FAILED
+
+
+cdef class MappedFile:
+    """A read-only shared map of a whole file, exposed through the buffer
+    protocol (the map of a sealed segment). The file descriptor is closed once
+    the file is mapped (Python's ``mmap`` keeps a duplicate of it open per
+    map); the map is released when the last view of it is."""
+
+    cdef void *_base
+    cdef Py_ssize_t _size
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __getbuffer__(self, Py_buffer *buffer, int flags):
+        PyBuffer_FillInfo(buffer, self, self._base, self._size, 1, flags)
+
+    def __releasebuffer__(self, Py_buffer *buffer):
+        pass
+
+    def __dealloc__(self):
+        if self._base != NULL:
+            munmap(self._base, <size_t>self._size)
+
+
+def map_file(path):
+    """(map, size) of the file at `path`: a read-only :class:`MappedFile`, or
+    None for an empty file. OSError (naming the file) if it cannot be opened
+    or mapped."""
+    cdef bytes p = os.fsencode(path)
+    cdef int fd = c_open(p, O_RDONLY | O_CLOEXEC)
+    cdef struct_stat st
+    cdef void *base
+    if fd < 0:
+        raise OSError(errno, os.strerror(errno), os.fsdecode(path))
+    try:
+        if fstat(fd, &st) != 0:
+            raise OSError(errno, os.strerror(errno), os.fsdecode(path))
+        if st.st_size == 0:
+            return None, 0
+        base = mmap(NULL, <size_t>st.st_size, PROT_READ, MAP_SHARED, fd, 0)
+        if base == MAP_FAILED:
+            raise OSError(errno, os.strerror(errno), os.fsdecode(path))
+    finally:
+        c_close(fd)
+    cdef MappedFile m = MappedFile.__new__(MappedFile)
+    m._base = base
+    m._size = <Py_ssize_t>st.st_size
+    return m, m._size

@@ -348,6 +348,64 @@ static inline void rf_prefault(const unsigned char *p, size_t n)
         (void)madvise((void *)a, len, MADV_WILLNEED);
 }
 
+/* Check an id table of n slots against the live entries (bit e of live set:
+ * entry e is live; live NULL: all n_entries are): an occupied slot names entry
+ * (slot & 0xffffffff) - 1, which must exist and be live. Returns the index of
+ * the first bad slot, or n if none, and counts the occupied slots in *used.
+ * Branch-free per slot: half the slots of a table are empty at random, which
+ * a branch mispredicts. */
+static inline int rf_slot_bad(uint64_t s, const uint64_t *live, uint32_t n_entries)
+{
+    uint32_t x = (uint32_t)s - 1u;                  /* 0 - 1 wraps: out of range */
+    return s && (x >= n_entries || (live && !((live[x >> 6] >> (x & 63)) & 1)));
+}
+
+static inline uint64_t rf_check_slots(const uint64_t *slots, uint64_t n, const uint64_t *live,
+                                      uint32_t n_entries, uint64_t *used)
+{
+    uint64_t u = 0, bad = 0, i;
+    if (live) {
+        for (i = 0; i < n; i++) {
+            uint64_t s = slots[i];
+            uint64_t nz = s != 0;
+            uint32_t x = (uint32_t)s - 1u;
+            uint64_t in = x < n_entries;
+            uint32_t e = x & (uint32_t)(0u - (uint32_t)in);    /* x, or 0 when out of range */
+            uint64_t ok = in & (live[e >> 6] >> (e & 63));
+            u += nz;
+            bad |= nz & ~ok & 1u;
+        }
+    } else {
+        for (i = 0; i < n; i++) {
+            uint64_t s = slots[i];
+            uint64_t nz = s != 0;
+            u += nz;
+            bad |= nz & (uint64_t)((uint32_t)s - 1u >= n_entries);
+        }
+    }
+    *used = u;
+    if (bad)
+        for (i = 0; i < n; i++)
+            if (rf_slot_bad(slots[i], live, n_entries))
+                return i;
+    return n;
+}
+
+/* Index of the first negative value of a[0:n], or n if none. */
+static inline uint64_t rf_first_negative(const int64_t *a, uint64_t n)
+{
+    uint64_t i;
+    int64_t acc = 0;
+    for (i = 0; i < n; i++)
+        acc |= a[i];
+    if (acc >= 0)
+        return n;
+    for (i = 0; i < n; i++)
+        if (a[i] < 0)
+            return i;
+    return n;
+}
+
 /* Start of the line holding p, not before lo. */
 static inline const unsigned char *rf_line_start(const unsigned char *lo, const unsigned char *p)
 {

@@ -47,6 +47,9 @@ cdef extern from "rf_core.h" nogil:
     int rf_has_nonascii(const unsigned char *h, size_t n)
     const unsigned char *rf_find_nonascii(const unsigned char *h, size_t n)
     void rf_prefault(const unsigned char *p, size_t n)
+    uint64_t rf_check_slots(const uint64_t *slots, uint64_t n, const uint64_t *live, uint32_t n_entries,
+                            uint64_t *used)
+    uint64_t rf_first_negative(const int64_t *a, uint64_t n)
     void rf_prefetch(const void *p)
     const unsigned char *rf_line_start(const unsigned char *lo, const unsigned char *p)
     int rf_content_has(const unsigned char *s, const unsigned char *e,

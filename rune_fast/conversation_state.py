@@ -426,10 +426,11 @@ class ConversationStateRepository:
         self._seg_order: list[int] = list(m["segments"])
         for seg in self._seg_order:
             path = os.path.join(self.hot_dir, seg_name(seg))
-            if not os.path.exists(path):
+            try:
+                self._segs[seg] = Segment(path, seg)
+            except FileNotFoundError:
                 raise CorruptStateCheckpointError(f"segment {seg} named by the manifest is missing",
-                                                  path=path)
-            self._segs[seg] = Segment(path, seg)
+                                                  path=path) from None
         self._recover_roll()
         if not self.read_only:
             self._remove_stray_segments()
@@ -960,12 +961,15 @@ class ConversationStateRepository:
         verdict = self._interleaved.get(channel_id)
         if verdict is None:
             verdict = False
-            last = self._cool_max_order(channel_id) if self._cool_has_channel(channel_id) else None
+            last = self._cool_max_order(channel_id)
             if last is not None:
                 locs = self._index.channel_locs(codec.key(channel_id), -1)
                 if len(locs):
                     first = self._read_loc(int(locs[0]))
-                    verdict = not first.hlc or (first.hlc, first.msg_id) < last
+                    # (the cool tier asked last: a first read of a channel
+                    # whose hot messages are newer never opens its index)
+                    verdict = ((not first.hlc or (first.hlc, first.msg_id) < last)
+                               and self._cool_has_channel(channel_id))
             self._interleaved[channel_id] = verdict
         return verdict
 

@@ -365,13 +365,12 @@ def _idx_name(no: int) -> str:
 def _footer_hash(path: str) -> tuple[int, str]:
     """(size, xxh3_64 hex of the Parquet footer): ties a sidecar to the exact
     file it indexes without reading the whole file."""
-    with open(path, "rb") as f:
-        f.seek(0, os.SEEK_END)
-        size = f.tell()
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
         if size < 12:
             raise CorruptStateCheckpointError("cool archive too short to be Parquet", path=path, offset=0)
-        f.seek(size - 8)
-        tail = f.read(8)
+        tail = os.pread(fd, 8, size - 8)
         if tail[4:] != b"PAR1":
             raise CorruptStateCheckpointError("cool archive lacks the Parquet footer magic", path=path,
                                               offset=size - 4)
@@ -379,9 +378,28 @@ def _footer_hash(path: str) -> tuple[int, str]:
         if flen + 12 > size:
             raise CorruptStateCheckpointError("cool archive footer length is out of range", path=path,
                                               offset=size - 8)
-        f.seek(size - 8 - flen)
-        footer = f.read(flen)
-    return size, xxhash.xxh3_64_hexdigest(footer + tail)
+        h = xxhash.xxh3_64(os.pread(fd, flen, size - 8 - flen))
+    finally:
+        os.close(fd)
+    h.update(tail)
+    return size, h.hexdigest()
+
+
+def _sidecar_names(ipath: str, no: int, size: int, footer: str) -> bool:
+    """Whether the sidecar at ``ipath`` starts as the one :meth:`_FileIndex.encode`
+    writes for file ``no`` of ``size`` bytes and footer hash ``footer``
+    (its digest is checked when it is read)."""
+    head = (b'{"format":"rune_fast.cool.idx","version":%d,"file":"%s","file_size":%d,'
+            b'"footer_xxh3_64":"%s",' % (_IDX_VERSION, _parquet_name(no).encode(), size, footer.encode()))
+    try:
+        fd = os.open(ipath, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        got = os.pread(fd, 28 + len(head), 0)
+    finally:
+        os.close(fd)
+    return got[:8] == _IDX_MAGIC and got[28:] == head
 
 
 # --------------------------------------------------------------------------- #
@@ -1023,30 +1041,105 @@ class CoolArchive:
         self._cache_bytes = int(cache_bytes)
         self._rg_rows = int(row_group_rows)
         self._lock = threading.RLock()
-        self._files: dict[int, _FileIndex] = {}
+        self._files_d: dict[int, _FileIndex] = {}
         self._cache: OrderedDict[tuple[int, int], _Group] = OrderedDict()
         self._cached_bytes = 0
         self._handles: OrderedDict[int, pq.ParquetFile] = OrderedDict()
         self._readers: dict[int, PageReader | None] = {}   # None: not a layout PageReader reads
         self._missed: set[tuple[int, int]] = set()        # groups read once without caching them
         self._full = False   # a group was just dropped for want of room: read misses page by page
-        self._channels: dict[str, list[int]] = {}
-        self._tasks: dict[str, list[int]] | None = None   # built at the first task query
+        self._channels_d: dict[str, list[int]] = {}
+        self._tasks_d: dict[str, list[int]] | None = None   # built at the first task query
         # id index: xxh3_64(msg_id) -> (file no << 32) | row, every live file
-        self._ids = HashIndex()
-        self._pending: list[int] = []     # live files whose ids are not in _ids yet
+        self._ids_d = HashIndex()
+        self._pending_d: list[int] = []     # live files whose ids are not in _ids yet
+        # (no, size, footer hash) of live files whose sidecars are not read yet
+        self._unloaded: list[tuple[int, int, str]] = []
         self._lookups = 0
-        self.rebuilt_sidecars: list[str] = []
+        self._rebuilt: list[str] = []
         if not read_only:
             if not os.path.isdir(self._dir):
                 os.makedirs(self._dir, mode=0o700, exist_ok=True)
                 os.chmod(self._dir, 0o700)
         self._next_no = 1 + max([0] + self._numbers_on_disk())
+        # Each file's footer is checked now, and that its sidecar names it;
+        # the sidecar itself (digest, arrays) is read at the first call that
+        # needs the archive's index (an open followed by hot-tier reads never
+        # pays for it). A sidecar that is missing or names another file (the
+        # file was replaced) is not used: the file is verified and its
+        # sidecar rebuilt now, as before any read. A read-only archive reads
+        # every sidecar now: the writer beside it may merge the files away,
+        # and a viewer's reload on a moved manifest only covers its open.
+        listed: set[int] = set()
         for name in files:
             no = _file_no(name)
-            if no in self._files:
+            if no in listed:
                 raise ValueError(f"cool archive file listed twice: {name}")
-            self._add_file(self._load_index(no))
+            listed.add(no)
+            path = self._path(name)
+            if not os.path.exists(path):
+                raise CorruptStateCheckpointError("cool archive named by the manifest is missing", path=path)
+            size, footer = _footer_hash(path)
+            self._unloaded.append((no, size, footer))
+            if read_only or not _sidecar_names(self._path(_idx_name(no)), no, size, footer):
+                self._load_sidecars()
+
+    # The index fields, read through properties that first read any sidecar
+    # still unread: every path to the index sees every live file.
+
+    def _load_sidecars(self) -> None:
+        with self._lock:
+            if not self._unloaded:
+                return
+            loaded = [self._load_index(no, size, footer) for no, size, footer in self._unloaded]
+            for fi in loaded:
+                self._add_file(fi)
+            self._unloaded = []      # last: until then, other threads wait on the lock
+
+    @property
+    def rebuilt_sidecars(self) -> list[str]:
+        """Sidecars found damaged or stale and rebuilt from their files."""
+        if self._unloaded:
+            self._load_sidecars()
+        return self._rebuilt
+
+    @property
+    def _files(self) -> dict[int, _FileIndex]:
+        if self._unloaded:
+            self._load_sidecars()
+        return self._files_d
+
+    @property
+    def _channels(self) -> dict[str, list[int]]:
+        if self._unloaded:
+            self._load_sidecars()
+        return self._channels_d
+
+    @property
+    def _tasks(self) -> dict[str, list[int]] | None:
+        if self._unloaded:
+            self._load_sidecars()
+        return self._tasks_d
+
+    @_tasks.setter
+    def _tasks(self, value: dict[str, list[int]] | None) -> None:
+        self._tasks_d = value
+
+    @property
+    def _ids(self) -> HashIndex:
+        if self._unloaded:
+            self._load_sidecars()
+        return self._ids_d
+
+    @_ids.setter
+    def _ids(self, value: HashIndex) -> None:
+        self._ids_d = value
+
+    @property
+    def _pending(self) -> list[int]:
+        if self._unloaded:
+            self._load_sidecars()
+        return self._pending_d
 
     @classmethod
     def open(cls, cool_dir: str | os.PathLike, files: Iterable[str], **kwargs: Any) -> "CoolArchive":
@@ -1076,7 +1169,11 @@ class CoolArchive:
     def files(self) -> list[str]:
         """Names of the live files, oldest first: what the manifest records."""
         with self._lock:
-            return [self._files[no].name for no in sorted(self._files)]
+            return [_parquet_name(no) for no in sorted(self._live_nos())]
+
+    def _live_nos(self) -> set[int]:
+        """Numbers of the live files, without reading unread sidecars."""
+        return set(self._files_d) | {u[0] for u in self._unloaded}
 
     def __len__(self) -> int:
         with self._lock:
@@ -1150,11 +1247,9 @@ class CoolArchive:
                 out.append(int(m.group(1)))
         return out
 
-    def _load_index(self, no: int) -> _FileIndex:
-        path = self._path(_parquet_name(no))
-        if not os.path.exists(path):
-            raise CorruptStateCheckpointError("cool archive named by the manifest is missing", path=path)
-        size, footer = _footer_hash(path)
+    def _load_index(self, no: int, size: int, footer: str) -> _FileIndex:
+        """The index of file ``no`` (checked at open: ``size`` bytes, footer
+        hash ``footer``) from its sidecar, or rebuilt from the file."""
         ipath = self._path(_idx_name(no))
         try:
             fi = _FileIndex.decode(_map_file(ipath), no, ipath)
@@ -1166,7 +1261,7 @@ class CoolArchive:
             pass  # damaged sidecar: the Parquet file is the truth, rebuild below
         fi = self._index_from_parquet(no, size, footer, verify=True)
         _release_arrow()
-        self.rebuilt_sidecars.append(_idx_name(no))
+        self._rebuilt.append(_idx_name(no))
         if not self._read_only:
             self._write_atomic(_idx_name(no), fi.encode())
         return fi
@@ -1216,11 +1311,12 @@ class CoolArchive:
     # ------------------------------------------------------------------ index upkeep
 
     def _add_file(self, fi: _FileIndex) -> None:
-        self._files[fi.no] = fi
+        # (the fields themselves: this runs while the sidecars are being read)
+        self._files_d[fi.no] = fi
         no = fi.no
-        pairs = [(self._channels, fi.channels)]
-        if self._tasks is not None:
-            pairs.append((self._tasks, fi.tasks))
+        pairs = [(self._channels_d, fi.channels)]
+        if self._tasks_d is not None:
+            pairs.append((self._tasks_d, fi.tasks))
         for index, names in pairs:
             for name in names:
                 nos = index.get(name)
@@ -1233,7 +1329,7 @@ class CoolArchive:
         # The global id index takes the file's ids at the first lookups that
         # need it: an open followed by hot-tier reads never builds it, and a
         # few lookups before then search the files' sorted hashes instead.
-        self._pending.append(fi.no)
+        self._pending_d.append(fi.no)
 
     def _build_ids(self) -> None:
         """Move the pending files' ids into the global index (~17-35 bytes per
@@ -1650,7 +1746,8 @@ class CoolArchive:
 
     def has_files(self) -> bool:
         """True if the archive serves at least one file (cheaper than len())."""
-        return bool(self._files)
+        with self._lock:
+            return bool(self._live_nos())
 
     def _channel_parts(self, channel_id: str) -> list[list[CoolRow]]:
         parts = []
@@ -2271,7 +2368,7 @@ class CoolArchive:
             gone = []
             for n in self.strays(keep):
                 m = _OURS_RE.match(n)
-                if m and int(m.group(1)) in self._files and not n.startswith("."):
+                if m and int(m.group(1)) in self._live_nos() and not n.startswith("."):
                     continue
                 try:
                     os.unlink(self._path(n))

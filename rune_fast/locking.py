@@ -88,8 +88,12 @@ class DirLock:
                 os.close(fd)
                 raise
             # Record the holder for the error message of the next contender.
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+            # (the common case, a pid of the same length, writes in place: a
+            # truncate to zero costs the file system a block free and reallocation)
+            pid = f"{os.getpid()}\n".encode("ascii")
+            os.pwrite(fd, pid, 0)
+            if os.fstat(fd).st_size != len(pid):
+                os.ftruncate(fd, len(pid))
             self._fd = fd
             _HELD[self._key] = self
 

@@ -16,6 +16,7 @@ import time
 import warnings
 import logging
 
+from ._log import map_file
 from .errors import DurabilityError, FramingError, StoreClosedError, RecoveryWarning
 
 __all__ = ["TAIL_NAME", "seg_name", "fsync_dir", "write_file", "Segment", "TailFile", "quarantine_bytes"]
@@ -53,12 +54,7 @@ class Segment:
     def __init__(self, path: str, seg: int) -> None:
         self.path = path
         self.seg = seg
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            self.size = os.fstat(fd).st_size
-            self.buf = _map(fd, self.size)
-        finally:
-            os.close(fd)
+        self.buf, self.size = map_file(path)
 
     def close(self) -> None:
         self.buf = None

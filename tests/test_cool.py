@@ -314,6 +314,91 @@ def test_missing_file_is_loud(cdir):
         CoolArchive(cdir, ["cool-00000007.parquet"])
 
 
+def _opened_sidecars(monkeypatch):
+    """Count the sidecars a CoolArchive reads (through _FileIndex.decode)."""
+    from rune_fast import cool
+    seen = []
+    real = cool._FileIndex.decode.__func__
+
+    def decode(cls, data, no, path):
+        seen.append(no)
+        return real(cls, data, no, path)
+    monkeypatch.setattr(cool._FileIndex, "decode", classmethod(decode))
+    return seen
+
+
+def test_writer_open_reads_sidecars_at_first_need(cdir, monkeypatch):
+    """A writable open checks every file's footer and that its sidecar names
+    it, and reads the sidecars (digest, arrays) at the first call that needs
+    the index: then all of them, and every query sees every file."""
+    a, rows = make_archive(cdir)
+    seen = _opened_sidecars(monkeypatch)
+    b = CoolArchive.open(cdir, a.files())
+    assert seen == [] and b.files() == a.files() and b.has_files()
+    assert b.channels() == ["ch0", "ch1", "ch2", "ch3"]
+    assert sorted(seen) == [1, 2, 3]
+    assert len(b) == 300 and b.get("msg_00000007") == rows[7]
+    assert [r.record for r in b.task_rows("t1")] == [r for r in rows if r["task_id"] == "t1"]
+    for first in ("contains", "get", "task_len", "stats", "search", "channel_len"):
+        c = CoolArchive.open(cdir, a.files())
+        out = {"contains": lambda: c.contains("msg_00000299"), "get": lambda: c.get("msg_00000299"),
+               "task_len": lambda: c.task_len("t4"), "stats": lambda: c.stats()["rows"],
+               "search": lambda: len(c.search("number 29")), "channel_len": lambda: c.channel_len("ch3")}[first]()
+        want = {"contains": True, "get": rows[299], "task_len": sum(r["task_id"] == "t4" for r in rows),
+                "stats": 300, "search": 11, "channel_len": 75}[first]
+        assert out == want, first
+    # a read-only archive reads them all at open (a writer may merge files away under it)
+    seen.clear()
+    CoolArchive.open(cdir, a.files(), read_only=True)
+    assert sorted(seen) == [1, 2, 3]
+
+
+def test_first_reads_from_many_threads_see_every_file(cdir):
+    import threading
+    a, rows = make_archive(cdir, 400, 4)
+    b = CoolArchive.open(cdir, a.files())
+    got, errors = [], []
+
+    def read(i):
+        try:
+            got.append((i, b.get(f"msg_{i:08d}"), b.channel_len(f"ch{i % 4}")))
+        except BaseException as exc:    # pragma: no cover - reported below
+            errors.append(exc)
+    threads = [threading.Thread(target=read, args=(i * 37 % 400,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sorted(got, key=lambda g: g[0]) == sorted(((i, rows[i], 100) for i, _r, _n in got),
+                                                     key=lambda g: g[0])
+
+
+def test_damage_found_by_a_lazy_sidecar_read_is_loud(cdir):
+    """A sidecar that names its file but fails its digest is rebuilt at the
+    first need, from the file, verified: a file damaged too raises then."""
+    a, rows = make_archive(cdir, 90, 1)
+    ipath = os.path.join(cdir, "cool-00000001.idx")
+    data = bytearray(read_bytes(ipath))
+    data[len(data) - 3] ^= 1        # in the arrays: the header still names the file
+    with open(ipath, "wb") as f:
+        f.write(data)
+    b = CoolArchive.open(cdir, a.files())
+    assert b.rebuilt_sidecars == ["cool-00000001.idx"]
+    assert [r.record for r in b.channel_rows("ch1")] == [r for r in rows if r["channel_id"] == "ch1"]
+    with open(ipath, "wb") as f:
+        f.write(data)
+    path = os.path.join(cdir, a.files()[0])
+    raw = bytearray(read_bytes(path))
+    raw[len(raw) // 3] ^= 0x40      # a data page of the file
+    with open(path, "wb") as f:
+        f.write(raw)
+    c = CoolArchive.open(cdir, a.files())
+    with pytest.raises(CorruptStateCheckpointError) as ei:
+        c.channels()
+    assert ei.value.path == path
+
+
 @pytest.mark.parametrize("damage", ["delete", "flip", "truncate", "garbage"])
 def test_sidecar_damage_rebuilt(cdir, damage):
     a, rows = make_archive(cdir, 90, 1)

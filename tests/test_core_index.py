@@ -518,6 +518,56 @@ def test_snapshot_task_arrays_that_do_not_check_fail_loudly_every_time(tmp_path)
         _index.HotIndex.load_snapshot(p, lazy_tasks=False)
 
 
+def _sections(raw):
+    """(counts, offsets) of a version-2 snapshot's sections (docs/FORMAT.md)."""
+    import struct
+    n_cov, n_entries, n_chan, n_task = struct.unpack_from("<4I", raw, 32)
+    (n_slots,) = struct.unpack_from("<Q", raw, 48)
+    locs = 64 + 16 * n_cov
+    slots = locs + ((8 * n_entries + 7) & ~7)
+    metas = slots + 8 * n_slots
+    arrays = metas + 16 * (n_chan + n_task)
+    arrays += (sum(struct.unpack_from("<4I", raw, metas + 16 * i)[2] for i in range(n_chan + n_task)) + 7) & ~7
+    return (n_entries, n_slots), (locs, slots, arrays)
+
+
+@pytest.mark.parametrize("fault", ["freed entry", "bad location", "slot past the entries",
+                                   "slot of entry 0", "slot dropped", "channel entry past the end"])
+def test_snapshot_whose_digest_checks_but_whose_arrays_do_not_is_refused(tmp_path, fault):
+    """Only a bug could write one (the digest covers disk damage), but a load
+    that trusted it would index out of bounds or loop on a full id table: the
+    checks of the entries, the id table and the channel arrays refuse it."""
+    import struct
+
+    import xxhash
+
+    ix, data = sample_index()
+    p = tmp_path / "idx.snap"
+    ix.save_snapshot(p, {0: len(data)})
+    raw = bytearray(p.read_bytes())
+    (n_entries, n_slots), (locs, slots, arrays) = _sections(raw)
+    occupied = [i for i in range(n_slots) if struct.unpack_from("<Q", raw, slots + 8 * i)[0]]
+    first = slots + 8 * occupied[0]
+    (slot,) = struct.unpack_from("<Q", raw, first)
+    if fault == "freed entry":
+        struct.pack_into("<q", raw, locs + 8 * 3, -1)
+    elif fault == "bad location":
+        struct.pack_into("<q", raw, locs + 8 * 3, -5)
+    elif fault == "slot past the entries":
+        struct.pack_into("<Q", raw, first, (slot & ~0xFFFFFFFF) | (n_entries + 1))
+    elif fault == "slot of entry 0":
+        struct.pack_into("<Q", raw, first, slot & ~0xFFFFFFFF)
+    elif fault == "slot dropped":
+        struct.pack_into("<Q", raw, first, 0)
+    else:
+        struct.pack_into("<I", raw, arrays, n_entries + 2)
+    struct.pack_into("<Q", raw, 16, xxhash.xxh3_64_intdigest(bytes(raw[24:])))
+    p.write_bytes(bytes(raw))
+    with pytest.raises(CorruptStateCheckpointError) as ei:
+        _index.HotIndex.load_snapshot(p)
+    assert ei.value.path == str(p)
+
+
 def test_snapshot_damage_is_refused(tmp_path):
     ix, data = sample_index(100)
     p = tmp_path / "idx.snap"

@@ -56,6 +56,31 @@ def test_tiers_move_tail_hot_cool(tmp_path):
         assert [h.record.msg_id for h in repo.search("number")] == [f"msg_{i:08d}" for i in range(5)]
 
 
+@pytest.mark.parametrize("stamped", [False, True])
+def test_reopen_reads_the_cool_index_only_when_a_read_needs_it(tmp_path, stamped):
+    """A reopened writer leaves the cool files' sidecars unread until a read
+    needs the cool tier: a window served by newer hot messages does not, a
+    window reaching back into the cool rows, a duplicate append, a read by
+    id and a channel list do, and each sees every cooled message."""
+    hlc = (lambda i: f"{1_700_000_000_000 + i:013d}-0000-dev") if stamped else (lambda i: "")
+    ms = [msg(i, f"c{i % 2}", hlc=hlc(i)) for i in range(12)]
+    with ConversationStateRepository(tmp_path, compact_every=1000, hot_window=2) as repo:
+        assert repo.append_many(ms) == 12
+        assert repo.compact().cooled == 8
+    reads = {
+        "window": lambda r: r.window("c0", 2) == [ms[8], ms[10]],
+        "deep window": lambda r: r.window("c1", 6) == [ms[i] for i in range(1, 12, 2)],
+        "duplicate": lambda r: r.append(ms[0]) is False and len(r) == 12,
+        "get": lambda r: r.get_message("msg_00000003").record == ms[3],
+        "channels": lambda r: r.channels() == ["c0", "c1"],
+    }
+    for name, check in reads.items():
+        with ConversationStateRepository(tmp_path, compact_every=1000, hot_window=2) as repo:
+            assert repo._cool._unloaded, name
+            assert check(repo), name
+            assert bool(repo._cool._unloaded) == (name == "window"), name
+
+
 def test_cool_records_read_again_come_from_the_cache(tmp_path, monkeypatch):
     """A cool row verified once is kept as a record: the same task or exact
     read asked again does not go back to the archive; deletion and erasure

@@ -76,10 +76,12 @@ cdef class HotIndex:
     cdef set _dirty_chan
     cdef set _dirty_task
     cdef object _lazy_tasks        # task arrays of a loaded snapshot, made at first need
-    cdef void *_map_base           # private map of a loaded snapshot that _c_locs or _c_slots live in
+    cdef void *_map_base           # private map of a loaded snapshot that arrays still live in
     cdef size_t _map_len
     cdef bint _locs_mapped
+    cdef bint _lens_mapped
     cdef bint _slots_mapped
+    cdef bint _tasks_mapped        # _lazy_tasks points into the map
     # name hash -> list index (+1), verified against the key bytes: the fast
     # path of ingest, without building a bytes object per line
     cdef uint64_t *_c_nmh[2]
