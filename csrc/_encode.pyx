@@ -857,3 +857,42 @@ def record_from_line(line, type record_type, object calls_from_json):
         return rec, PyLong_FromLongLong(ln.seq)
     finally:
         PyBuffer_Release(&view)
+
+
+# ---------------------------------------------------------------- json_safe
+
+cdef extern from "math.h" nogil:
+    double fabs(double x)
+
+cdef int _JSON_SAFE_DEPTH = 256
+
+
+cdef bint _json_safe(object v, int depth) except -1:
+    cdef type t = type(v)
+    cdef double d
+    if t is str or t is int or t is bool or v is None:
+        return True
+    if t is float:
+        d = v
+        return d == 0.0 or (1e-4 <= fabs(d) < 1e16)
+    if depth >= _JSON_SAFE_DEPTH:
+        return False        # json, which the caller falls back to, judges it
+    if t is list:
+        for x in <list>v:
+            if not _json_safe(x, depth + 1):
+                return False
+        return True
+    if t is dict:
+        for k, x in (<dict>v).items():
+            if type(k) is not str or not _json_safe(x, depth + 1):
+                return False
+        return True
+    return False
+
+
+def json_safe(v) -> bool:
+    """True if orjson spells ``v`` exactly as json.dumps does: plain str,
+    int, bool, None, lists and str-keyed dicts of them (nested at most 256
+    deep), and floats that both write without an exponent (shortest
+    round-trip digits)."""
+    return _json_safe(v, 0)

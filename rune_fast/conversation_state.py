@@ -1600,11 +1600,13 @@ class ConversationStateRepository:
             return []
         return self._index.excess(self.hot_window).tolist()
 
-    def _compact(self, *, full: bool, start_bg: bool = True, settle: bool = True) -> CompactionReport:
+    def _compact(self, *, full: bool, start_bg: bool = True, settle: bool = True,
+                 cool_excess: bool = True) -> CompactionReport:
         """A compaction (lock held). ``settle=False``: leave a background
         merge running (the caller checked that one runs and that nothing is
         to be erased): nothing is cooled or merged then, only the tail and
-        the segments are seen to."""
+        the segments are seen to. ``cool_excess=False``: adopt what the
+        background staged, but leave the excess to the caller."""
         with self._lock:
             self._check_writable()
             t0 = time.perf_counter()
@@ -1631,7 +1633,7 @@ class ConversationStateRepository:
                 manifest_cool = list(change.files)
                 old_cool.extend(change.removed)
                 rep.cool_files_written += len(change.added)
-            excess = self._excess(full) if settle else []
+            excess = self._excess(full) if settle and cool_excess else []
             if excess:
                 table = self._cool_table_at(excess)
                 run = self._cool.cool_table(table)
@@ -1734,16 +1736,24 @@ class ConversationStateRepository:
             else:
                 self._fold(CompactionReport(), t0)    # a cooling job's rows stay put meanwhile
             return
-        if job is None and not self._pending_erase and not self._segs_unchecked:
+        if job is not None:
+            # adopt the finished job; the excess grown meanwhile is staged
+            # below when it is large enough, not cooled here (on the caller's time)
+            self._compact(full=False, cool_excess=False)
+            if self._bg is not None:            # it started a merge
+                return
+        if not self._pending_erase and not self._segs_unchecked:
             excess = self._excess(False)
             if len(excess) >= BG_COOL_MIN_ROWS:
                 table = self._cool_table_at(excess)
                 self._bg = _Staged("cool", functools.partial(self._cool.stage_table, table,
                                                              durable=self.durability != "none"),
                                    excess, table)
-                self._fold(CompactionReport(), t0)
+                if job is None:
+                    self._fold(CompactionReport(), t0)
                 return
-        self._compact(full=False)
+        if job is None:
+            self._compact(full=False)
 
     def _settle_bg(self) -> "_Staged | None":
         """Wait for the background job, if any (lock held; the job never takes

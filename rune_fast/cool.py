@@ -1745,9 +1745,9 @@ class CoolArchive:
         return out
 
     def has_files(self) -> bool:
-        """True if the archive serves at least one file (cheaper than len())."""
-        with self._lock:
-            return bool(self._live_nos())
+        """True if the archive serves at least one file (cheaper than len();
+        no lock: a background write holds it for a while)."""
+        return bool(self._files_d) or bool(self._unloaded)
 
     def _channel_parts(self, channel_id: str) -> list[list[CoolRow]]:
         parts = []

@@ -19,6 +19,8 @@ from typing import Any, ClassVar
 
 import orjson
 
+from ._encode import json_safe
+
 __all__ = [
     "new_id",
     "OrchestrationRecord",
@@ -254,19 +256,21 @@ def canonical_json(d: Mapping[str, Any]) -> bytes:
     return json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
-def json_safe(v: Any) -> bool:
+def json_safe_py(v: Any) -> bool:
     """True if orjson spells ``v`` exactly as json.dumps does: plain str,
     int, bool, None, lists and str-keyed dicts of them, and floats that
-    both write without an exponent (shortest round-trip digits)."""
+    both write without an exponent (shortest round-trip digits). The model
+    of the compiled :func:`json_safe` (which also refuses nesting past 256
+    levels: json, the fallback, then judges the value)."""
     t = type(v)
     if t is str or t is int or t is bool or v is None:
         return True
     if t is float:
         return v == 0.0 or 1e-4 <= abs(v) < 1e16
     if t is list:
-        return all(json_safe(x) for x in v)
+        return all(json_safe_py(x) for x in v)
     if t is dict:
-        return all(type(k) is str and json_safe(x) for k, x in v.items())
+        return all(type(k) is str and json_safe_py(x) for k, x in v.items())
     return False
 
 

@@ -281,3 +281,25 @@ def test_a_subclass_of_the_record_takes_the_python_path(tmp_path):
     with ConversationStateRepository(tmp_path) as repo:      # read back from the line
         assert repo.get_message("sub-1").record == ConversationMessageRecord(
             msg_id="sub-1", content="from a subclass", channel_id="c", ts=m.ts)
+
+
+_any_leaf = st.one_of(json_leaf, st.tuples(st.integers()), st.sets(st.integers(), max_size=2),
+                      st.floats(allow_nan=True, allow_infinity=True), st.binary(max_size=3))
+_any_value = st.recursive(_any_leaf, lambda inner: st.lists(inner, max_size=3)
+                          | st.dictionaries(st.one_of(st.text(max_size=3), st.integers()), inner, max_size=3),
+                          max_leaves=12)
+
+
+@given(_any_value)
+def test_json_safe_is_the_python_rule(v):
+    from rune_fast.records import json_safe, json_safe_py
+    assert json_safe(v) == json_safe_py(v)
+
+
+def test_json_safe_refuses_deep_nesting_and_json_then_judges():
+    from rune_fast.records import fast_canonical_json, json_safe, json_safe_py
+    v: list = []
+    for _ in range(300):
+        v = [v]
+    assert json_safe_py(v) and not json_safe(v)
+    assert fast_canonical_json(v) == b"[" * 300 + b"[]" + b"]" * 300
