@@ -10,6 +10,7 @@ from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
 cimport cython
+from rf_core cimport rf_find
 
 import numpy as np
 
@@ -227,3 +228,36 @@ def plain_strings(const unsigned char[::1] page, Py_ssize_t count):
     if pos != n:
         raise ValueError(f"{n - pos} bytes past the last PLAIN value")
     return bytes(data), offs
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def plain_find(const unsigned char[::1] page, Py_ssize_t count, const unsigned char[::1] needle,
+               bint ignore_ascii_case=False):
+    """Indices (int64, ascending) of the values of a PLAIN BYTE_ARRAY page of
+    ``count`` values that hold ``needle`` (ASCII letters either case with
+    ``ignore_ascii_case``: the needle given lowercased). ValueError as
+    :func:`plain_strings`."""
+    cdef Py_ssize_t n = page.shape[0], pos = 0, k, nh = 0
+    cdef size_t m = needle.shape[0]
+    cdef uint32_t ln
+    cdef const unsigned char *nd = &needle[0] if m else <const unsigned char *>b""
+    if count < 0:
+        raise ValueError("negative value count")
+    hits = np.empty(count, dtype=np.int64)
+    cdef int64_t[::1] h = hits
+    for k in range(count):
+        if n - pos < 4:
+            raise ValueError(f"PLAIN page ends before value {k}")
+        ln = (<uint32_t>page[pos] | (<uint32_t>page[pos + 1] << 8)
+              | (<uint32_t>page[pos + 2] << 16) | (<uint32_t>page[pos + 3] << 24))
+        pos += 4
+        if <uint64_t>ln > <uint64_t>(n - pos):
+            raise ValueError(f"PLAIN value {k} runs past its page")
+        if rf_find(&page[pos], ln, nd, m, ignore_ascii_case) != NULL:
+            h[nh] = k
+            nh += 1
+        pos += ln
+    if pos != n:
+        raise ValueError(f"{n - pos} bytes past the last PLAIN value")
+    return hits[:nh]

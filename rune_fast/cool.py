@@ -117,6 +117,7 @@ COOL_SCHEMA = pa.schema([
 ], metadata={b"rune_fast.format": b"cool/1"})
 
 _COLS = COOL_SCHEMA.names
+_CONTENT_COL = _COLS.index("content")
 _COL_TYPES = [(f.name, f.type) for f in COOL_SCHEMA]
 _PARQUET_RE = re.compile(r"^cool-(\d{8,})\.parquet$")
 _OURS_RE = re.compile(r"^\.?cool-(\d{8,})\.(parquet|idx)(\.tmp)?$")
@@ -945,6 +946,21 @@ def _assemble_many(takes: list, local: list[int]) -> list[tuple[dict | None, int
     return out
 
 
+_SCAN_POOL: Any = None
+_SCAN_POOL_LOCK = threading.Lock()
+
+
+def _scan_pool() -> Any:
+    """The threads that decompress and search cool pages for searches (two;
+    made at the first search that scans the files)."""
+    global _SCAN_POOL
+    with _SCAN_POOL_LOCK:
+        if _SCAN_POOL is None:
+            from concurrent.futures import ThreadPoolExecutor
+            _SCAN_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rune-fast-scan")
+        return _SCAN_POOL
+
+
 def _ascii_fold_has(raw: bytes, needle: bytes, repl: list[tuple[bytes, bytes]]) -> bool:
     """``needle`` (ASCII, casefolded) in the casefold of the UTF-8 text
     ``raw``, given the SPECIAL_FOLD characters that can take part in a match
@@ -1626,16 +1642,24 @@ class CoolArchive:
                         f"cool index points past row group {rg}", path=self._path(name),
                         offset=sel[0] if local[0] < 0 else sel[-1])
                 many = _assemble_many(g.takes, local) if len(local) > 1 else [None]
-            for r, i, got in zip(sel, local, many):
-                rec, o, dig, plain = got if got is not None else _assemble_at(acc, i)
-                if rec is None:
-                    raise CorruptStateCheckpointError(f"cool row {r} is malformed ({dig})",
-                                                      path=self._path(name), offset=r)
-                if _row_digest(rec, plain) != dig:
-                    raise CorruptStateCheckpointError(f"cool row {r} fails its digest",
-                                                      path=self._path(name), offset=r)
-                out.append(CoolRow(rec, o, name, r, plain))
+            if any(got is None for got in many):
+                many = [got if got is not None else _assemble_at(acc, i) for i, got in zip(local, many)]
+            out.extend(self._verified(name, sel, many))
             k = j
+        return out
+
+    def _verified(self, name: str, rows: list[int], many: list) -> list[CoolRow]:
+        """CoolRows of file ``name``'s ``rows`` from their assembled values
+        (:func:`_assemble_many`), each checked against its digest."""
+        out = []
+        for r, (rec, o, dig, plain) in zip(rows, many):
+            if rec is None:
+                raise CorruptStateCheckpointError(f"cool row {r} is malformed ({dig})",
+                                                  path=self._path(name), offset=r)
+            if _row_digest(rec, plain) != dig:
+                raise CorruptStateCheckpointError(f"cool row {r} fails its digest",
+                                                  path=self._path(name), offset=r)
+            out.append(CoolRow(rec, o, name, r, plain))
         return out
 
     def _row(self, no: int, row: int) -> CoolRow:
@@ -1886,7 +1910,13 @@ class CoolArchive:
                 rg_b = self._rg_of(fi, e - 1) + 1 if e > s else 0
                 sel_rows = []
                 found: list[CoolRow] = []
+                # once the cache is full (a group read by a scan did not fit), the
+                # groups it does not hold are searched as their pages are read
+                scans: dict[int, Any] | None = None if mode in ("ci", "cs") else {}
                 for rg in range(rg_a, rg_b):
+                    if scans is None and self._full and (no, rg) not in self._cache:
+                        scans = self._start_scans(no, [r for r in range(rg, rg_b) if (no, r) not in self._cache],
+                                                  s, e, mode, nb, fold_repl)
                     base = fi.rg_list[rg]
                     n = fi.rg_list[rg + 1] - base
                     lo, hi = max(s - base, 0), min(e - base, n)
@@ -1894,6 +1924,11 @@ class CoolArchive:
                         sel_rows.append(np.arange(lo + base, hi + base, dtype=np.int64))
                         continue
                     pinned: dict = {}      # this group, even if the cache does not keep it
+                    if scans and rg in scans:
+                        got = self._scan_result(no, scans.pop(rg))
+                        if got is not None:
+                            found.extend(self._verified(fi.name, [base + i for i in got[0]], got[1]))
+                            continue
                     g = self._group(no, rg, ("content",), True, pinned)
                     content = g.cols["content"][2]
                     if not content.grams and self._cache.get((no, rg)) is g:
@@ -1943,6 +1978,56 @@ class CoolArchive:
                     hits.extend(rows)
         hits.sort(key=_row_key)
         return hits
+
+    def _start_scans(self, no: int, rgs: list[int], s: int, e: int, mode: str, nb: bytes,
+                     fold_repl: list[tuple[bytes, bytes]]) -> dict[int, Any]:
+        """Start the search of row groups ``rgs`` of file ``no`` (groups the
+        cache does not hold; rows ``[s, e)`` of the file) in the file's pages
+        as they are decompressed, without building or caching the groups:
+        rg -> future of (rows within the group, their assembled values; see
+        :meth:`_scan_result`). ``mode`` "ci": ``nb`` (ASCII, casefolded)
+        matched ASCII-case-blind, the rows holding a SPECIAL_FOLD character
+        of ``fold_repl`` checked one by one; "cs": bytes as they are. The
+        hits' other columns are read by the same task; two run at a time
+        (decompression, I/O and the search leave the GIL). Empty if the file
+        is not in a layout the PageReader reads."""
+        reader = self._reader(no) if rgs else None
+        if reader is None:
+            return {}
+        probes = [(nb.lower(), True) if mode == "ci" else (nb, False)] + [(a, False) for a, _b in fold_repl]
+        starts = self._files[no].rg_list
+
+        def scan(rg: int) -> tuple[list[int], list]:
+            lo, hi = s - starts[rg], e - starts[rg]
+            res = reader.find(rg, _CONTENT_COL, probes)
+            hits = {i: v for i, v in res[0] if lo <= i < hi}
+            for part in res[1:]:
+                for i, v in part:
+                    if lo <= i < hi and i not in hits and _ascii_fold_has(v, nb, fold_repl):
+                        hits[i] = v
+            local = sorted(hits)
+            if not local:
+                return local, []
+            vals = reader.rows(rg, local, {_CONTENT_COL: [hits[i] for i in local]})
+            return local, _assemble_columns(list(zip(*vals)))
+
+        pool = _scan_pool()
+        return {rg: pool.submit(scan, rg) for rg in rgs}
+
+    def _scan_result(self, no: int, fut: Any) -> tuple[list[int], list] | None:
+        """What a scan of :meth:`_start_scans` found, or None: the caller reads
+        the group instead (a layout the PageReader does not read, or damage,
+        which that read names)."""
+        try:
+            local, many = fut.result()
+        except PageError:
+            return None
+        except Unsupported:
+            self._readers[no] = None    # (closed when the other scans drop it)
+            return None
+        if any(got is None for got in many):
+            return None
+        return local, many
 
     def _special_rows(self, fi: "_FileIndex", rg: int, g: "_Group",
                       chars: Sequence[str]) -> np.ndarray:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import bisect
 import os
 import struct
+import threading
 import zlib
 from typing import Any
 
@@ -33,7 +34,7 @@ import zstandard
 import numpy as np
 import pyarrow as pa
 
-from ._pages import byte_array_at, page_header, plain_strings
+from ._pages import byte_array_at, page_header, plain_find, plain_strings
 
 __all__ = ["PageError", "PageReader", "Unsupported"]
 
@@ -67,10 +68,11 @@ class PageReader:
     if a row group's column chunks are not. ``fd``: a descriptor of the file
     the metadata was read from, which the reader then owns (so it reads the
     same file even if ``path`` has since been replaced); else it opens
-    ``path``. Not thread-safe: the cool archive calls it under its lock.
+    ``path``. Reads may run on several threads at once (a search's scans do:
+    each thread has its own zstd context); ``close`` must not race them.
     """
 
-    __slots__ = ("path", "_fd", "_md", "_kinds", "_types", "_dirs", "_dctx")
+    __slots__ = ("path", "_fd", "_md", "_kinds", "_types", "_dirs", "_local")
 
     def __init__(self, path: str, metadata: Any, fd: int | None = None) -> None:
         self._fd = -1
@@ -96,7 +98,7 @@ class PageReader:
         self._kinds = kinds
         self._types = types
         self._dirs: dict[int, list[tuple[list[int], list[tuple]]]] = {}
-        self._dctx = zstandard.ZstdDecompressor()
+        self._local = threading.local()     # a zstd context per thread (one must not be shared)
         if fd is None:
             self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
 
@@ -172,9 +174,11 @@ class PageReader:
 
     # ------------------------------------------------------------ rows
 
-    def rows(self, rg: int, local: list[int]) -> list[list]:
+    def rows(self, rg: int, local: list[int], given: dict[int, list[bytes]] | None = None) -> list[list]:
         """Column values (15 Python values, in column order) of the rows
-        ``local`` (ascending, within the row group) of row group ``rg``."""
+        ``local`` (ascending, within the row group) of row group ``rg``.
+        ``given``: column -> the UTF-8 values of a string column for those
+        rows, already read (a search's scan), decoded instead of read again."""
         d = self._dir(rg)
         out: list[list] = [[] for _ in local]
         # one row (an exact read): walk to its value in the page's bytes; more
@@ -182,6 +186,13 @@ class PageReader:
         single = len(local) == 1
         for c, (firsts, pages) in enumerate(d):
             kind = self._kinds[c]
+            if given is not None and c in given:
+                try:
+                    for n, v in enumerate(given[c]):
+                        out[n].append(v.decode("utf-8"))
+                except UnicodeDecodeError as exc:
+                    raise PageError(f"{self.path}: row group {rg}, column {c}: {exc}") from None
+                continue
             k_open, vals, first = -1, None, 0
             for n, i in enumerate(local):
                 k = bisect.bisect_right(firsts, i) - 1
@@ -240,15 +251,52 @@ class PageReader:
                             f"for {nvals} values of {kind.size}")
         return raw
 
+    def find(self, rg: int, c: int, probes: list[tuple[bytes, bool]]) -> list[list[tuple[int, bytes]]]:
+        """For each probe ``(needle, ignore_ascii_case)`` (the needle ASCII-
+        lowercased for the latter), the values of string column ``c`` of row
+        group ``rg`` that hold it: ``(row within the group, the value's
+        UTF-8 bytes)``, ascending. The column chunk is read in one ``pread``
+        and every page checked and decompressed here; nothing is kept (the
+        scan of a search, which must not churn a cache)."""
+        _firsts, pages = self._dir(rg)[c]
+        if self._kinds[c] is not None:
+            raise Unsupported(f"column {c} is not a string column")
+        out: list[list[tuple[int, bytes]]] = [[] for _ in probes]
+        if not pages:
+            return out
+        base = pages[0][1]
+        buf = memoryview(self._pread(pages[-1][1] + pages[-1][2] - base, base))
+        dctx = self._dctx()
+        for page in pages:
+            first, off, csize = page[0], page[1], page[2]
+            raw = self._unpack(buf[off - base:off - base + csize], page, dctx)
+            try:
+                for k, (needle, ci) in enumerate(probes):
+                    for i in plain_find(raw, page[6], needle, ci).tolist():
+                        a, b = byte_array_at(raw, i)
+                        out[k].append((first + i, raw[a:b]))
+            except ValueError as exc:
+                raise PageError(f"{self.path}: page at offset {off} (row group {rg}, column {c}): {exc}") from None
+        return out
+
+    def _dctx(self) -> Any:
+        d = getattr(self._local, "dctx", None)
+        if d is None:
+            d = self._local.dctx = zstandard.ZstdDecompressor()
+        return d
+
     def _page(self, page: tuple) -> bytes:
+        return self._unpack(self._pread(page[2], page[1]), page)
+
+    def _unpack(self, comp: Any, page: tuple, dctx: Any = None) -> bytes:
+        """A page's values from its stored bytes: CRC-32 checked, decompressed."""
         _first, off, csize, usize, crc, zstd, _n = page
-        comp = self._pread(csize, off)
         if zlib.crc32(comp) != crc:
             raise PageError(f"{self.path}: page at offset {off} fails its CRC-32")
         if not zstd:
-            return comp
+            return bytes(comp)
         try:
-            raw = self._dctx.decompress(comp, max_output_size=usize)
+            raw = (dctx or self._dctx()).decompress(comp, max_output_size=usize)
         except zstandard.ZstdError as exc:
             raise PageError(f"{self.path}: page at offset {off} does not decompress: {exc}") from None
         if len(raw) != usize:

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rune_fast._pages import byte_array_at, page_header, plain_strings
+from rune_fast._pages import byte_array_at, page_header, plain_find, plain_strings
 from rune_fast.cool import COOL_SCHEMA, CoolArchive
 from rune_fast.errors import CorruptStateCheckpointError
 from rune_fast.pages import PageError, PageReader, Unsupported
@@ -195,7 +195,62 @@ def test_plain_strings(values, cut, extra):
     assert len(offs) == max(0, len(values) + extra) + 1 and offs[-1] == len(data) <= len(page)
 
 
+@settings(max_examples=300, deadline=None)
+@given(values=st.lists(st.binary(max_size=20) | st.sampled_from([b"Quarterly REPORT", b"q\xc3\x9fr", b"QR"]),
+                       max_size=10),
+       needle=st.binary(max_size=3) | st.sampled_from([b"qu", b"report", b"r", b"\xc3\x9f"]),
+       ci=st.booleans(), cut=st.integers(0, 300))
+def test_plain_find(values, needle, ci, cut):
+    page = b"".join(len(v).to_bytes(4, "little") + v for v in values)
+    n = needle.lower() if ci else needle
+    want = [i for i, v in enumerate(values) if n in (v.lower() if ci else v)]
+    assert plain_find(page, len(values), n, ci).tolist() == want
+    try:
+        got = plain_find(page[:cut], len(values), n, ci).tolist()
+    except ValueError:
+        return
+    assert cut >= len(page) and got == want
+
+
 # ------------------------------------------------------- through the archive
+
+@pytest.mark.parametrize("needle", ["alpha", "ALPHA", "straße", "STRASSE", "ss", "日本", "x" * 5,
+                                    "quote\"d", "\x00nul", "e\nb", "🚀", "nothing here"])
+def test_search_past_the_cache_scans_the_pages(archive, monkeypatch, needle):
+    """Once the cache is full, a search reads the groups it does not hold
+    page by page (on the scan threads), never caching them: the same hits,
+    in the same order, as a search through a cache that holds the tier."""
+    a, rows = archive
+    calls = []
+    real = PageReader.find
+
+    def find(self, rg, c, probes):
+        calls.append(rg)
+        return real(self, rg, c, probes)
+    monkeypatch.setattr(PageReader, "find", find)
+    cached = CoolArchive(a.cool_dir, a.files(), row_group_rows=256, cache_bytes=64 << 20, read_only=True)
+    for cs in (False, True):
+        for ch in (None, "ch3"):
+            want = [(h.record, h.ord) for h in cached.search(needle, ch, case_sensitive=cs)]
+            a.search(needle, ch, case_sensitive=cs)       # (fills the one-group cache)
+            got = [(h.record, h.ord) for h in a.search(needle, ch, case_sensitive=cs)]
+            assert got == want, (needle, cs, ch)
+            model = [r for r in rows if (ch is None or r["channel_id"] == ch)
+                     and ((needle in r["content"]) if cs else (needle.casefold() in r["content"].casefold()))]
+            assert sorted(r["msg_id"] for r, _o in got) == sorted(r["msg_id"] for r in model)
+    assert calls and len(a._cache) <= 1 and len(cached._cache) > 1
+
+
+def test_search_scan_of_a_damaged_page_is_loud(archive):
+    a, rows = archive
+    path = _parquet_path(a)
+    _first, off, _csize = _content_page(path, 2, 0)
+    _flip(path, off + 5, 0x01)
+    b2 = CoolArchive(a.cool_dir, a.files(), cache_bytes=1, row_group_rows=256)
+    for _round in range(3):
+        with pytest.raises(CorruptStateCheckpointError) as e:
+            b2.search("alpha")
+        assert path in str(e.value)
 
 def test_archive_reads_past_its_cache_page_by_page(archive):
     """A cache too small for the cool tier: exact, window and task reads go
@@ -280,6 +335,15 @@ def test_a_flipped_bit_anywhere_is_never_served(tmp_path_factory, frac, bit, cac
             except CorruptStateCheckpointError:
                 continue
             assert got is not None and got.record == by_id[r["msg_id"]]
+    for needle in ("alpha", "STRASSE"):
+        for _round in range(2):     # the first fills the cache, the second scans past it
+            try:
+                got = b2.search(needle)
+            except CorruptStateCheckpointError:
+                continue
+            assert sorted(x.record["msg_id"] for x in got) == sorted(
+                r["msg_id"] for r in rows if needle.casefold() in r["content"].casefold())
+            assert all(x.record == by_id[x.record["msg_id"]] for x in got)
     for t in ("t1", "t2"):
         try:
             got = b2.task_rows(t)
