@@ -65,8 +65,9 @@ DESCRIPTIONS = {
                     "N-message store; vs SQLite WAL synchronous=FULL, one transaction per append.",
     "append_fsync_vs_raw": "the same rune_fast appends vs the floor: os.write + os.fdatasync of each "
                            "message's canonical JSON line to a plain file.",
-    "append_many": "append_many of a batch of 1,000 new messages (one sync at the end), per batch; vs "
-                   "SQLite one transaction per batch at synchronous=FULL.",
+    "append_many": "append_many of a batch of 1,000 new messages (one sync at the end), per batch (the "
+                   "mean of 4 consecutive batches per repeat, so that each repeat pays its share of the "
+                   "automatic compactions); vs SQLite one transaction per batch at synchronous=FULL.",
     "append_batch": "append(msg) with durability='batch' from one thread (group commit; each call still "
                     "durable on return); vs SQLite synchronous=FULL (same promise).",
     "append_batch_threads": "append(msg) with durability='batch' from 2 threads at once on one store "
@@ -160,6 +161,8 @@ class Config:
     slices: int = 10              # each repeat of a loop is cut in this many turns, interleaved
     appends: int = 200            # single appends per repeat (each durability mode)
     batch: int = 1_000            # append_many batch size (also the bulk-load batch)
+    many_batches: int = 4         # append_many batches per repeat (timed: their mean), so that
+                                  # each repeat pays its share of the automatic compactions
     small: int = 10_000           # store size of the flatness baseline
     io_n: int = 50_000            # messages of the bytes-written bulk load
     io_appends: int = 500         # durable appends of the bytes-written measure
@@ -181,7 +184,7 @@ class Config:
     def tiny(cls, **kw: Any) -> "Config":
         """For the harness test: a few hundred messages, one repeat."""
         base = dict(n=200, repeats=1, slices=1, queries=20, task_queries=5, appends=5, batch=20, small=50,
-                    io_n=200, io_appends=10)
+                    io_n=200, io_appends=10, many_batches=1)
         base.update(kw)
         return cls(**base)
 
@@ -672,7 +675,7 @@ def _run(cfg: Config, rune: StoreSpec, sql: StoreSpec, factory: Callable[[dict],
     w = wl.generate(cfg.n, channels=cfg.channels, tasks=cfg.tasks, seed=cfg.seed)
     msgs = [factory(m) for m in w.messages]
     rt = _record_type(msgs[0])
-    need_fresh = (2 * reps + 2) * cfg.appends * 4 + (reps + 1) * cfg.batch * 2 + 64
+    need_fresh = (2 * reps + 2) * cfg.appends * 4 + (reps + 1) * cfg.batch * 2 * cfg.many_batches + 64
     fresh = [factory(m) for m in w.fresh(need_fresh, seed=1)]
     fresh_pos = 0
 
@@ -916,7 +919,7 @@ def _run(cfg: Config, rune: StoreSpec, sql: StoreSpec, factory: Callable[[dict],
     s_sql_s.close()
 
     def many_job(store: Any) -> Callable[[int], float]:
-        return lambda _i: _timed(store.append_many, [take(cfg.batch)])
+        return lambda _i: _timed(store.append_many, [take(cfg.batch) for _ in range(cfg.many_batches)])
 
     res = _interleaved({"rune": many_job(s_rune), "sql": many_job(s_sql)}, reps)
     rows.append(_time_row("append_many", f"append_many of {cfg.batch:,} (per batch)", res,
