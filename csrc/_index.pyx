@@ -447,11 +447,13 @@ cdef class HotIndex:
         saved = self._lazy_tasks
         metas, keys, arrays, n_task, live, n_entries, path, where = saved
         cdef const unsigned char *o = <const unsigned char *>self._map_base
+        cdef const uint64_t *lv = NULL          # NULL: every entry was live
+        if live is not None:
+            lv = <const uint64_t *>PyBytes_AS_STRING(live)
         self._lazy_tasks = None      # _load_lists makes the arrays through _list_index
         try:
             _load_lists(self, False, o + <Py_ssize_t>metas, o + <Py_ssize_t>keys, o + <Py_ssize_t>arrays,
-                        n_task, n_entries,
-                        NULL if live is None else <const uint64_t *>PyBytes_AS_STRING(live), path, where)
+                        n_task, n_entries, lv, path, where)
         except BaseException:
             _free_lists(self._c_task, self._n_task)
             self._c_task = NULL
