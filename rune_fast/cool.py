@@ -961,6 +961,18 @@ def _scan_pool() -> Any:
         return _SCAN_POOL
 
 
+def _forget_scan_pool() -> None:
+    # A forked child has none of the parent's threads: a pool inherited from
+    # it would queue work that nothing runs. The child makes its own.
+    global _SCAN_POOL, _SCAN_POOL_LOCK
+    _SCAN_POOL = None
+    _SCAN_POOL_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_scan_pool)
+
+
 def _ascii_fold_has(raw: bytes, needle: bytes, repl: list[tuple[bytes, bytes]]) -> bool:
     """``needle`` (ASCII, casefolded) in the casefold of the UTF-8 text
     ``raw``, given the SPECIAL_FOLD characters that can take part in a match

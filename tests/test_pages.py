@@ -351,3 +351,35 @@ def test_a_flipped_bit_anywhere_is_never_served(tmp_path_factory, frac, bit, cac
             continue
         assert sorted(x.record["msg_id"] for x in got) == sorted(r["msg_id"] for r in rows if r["task_id"] == t)
         assert all(x.record == by_id[x.record["msg_id"]] for x in got)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_search_scans_in_a_forked_child(archive):
+    """The scan threads do not survive a fork: a child that searches past
+    the cache makes its own instead of queueing work nothing runs."""
+    a, rows = archive
+    a.search("alpha")
+    a.search("alpha")                  # the parent's scan threads exist now
+    want = sorted(r["msg_id"] for r in rows if "alpha" in r["content"].casefold())
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                       # pragma: no cover - the child
+        try:
+            got = sorted(h.record["msg_id"] for h in a.search("alpha"))
+            os.write(w, b"ok" if got == want else b"wrong")
+        finally:
+            os._exit(0)
+    os.close(w)
+    import select
+    import signal
+    try:
+        ready, _, _ = select.select([r], [], [], 30)
+        assert ready, "the child's search hung"
+        assert os.read(r, 16) == b"ok"
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.waitpid(pid, 0)
+        os.close(r)
