@@ -427,6 +427,7 @@ cdef class HotIndex:
             free(self._c_locs)
         if not self._lens_mapped:
             free(self._c_lens)
+        free(self._pend_task)
         free(self._c_free)
         if not self._slots_mapped:
             free(self._c_slots)
@@ -439,11 +440,12 @@ cdef class HotIndex:
     # ---- internals -------------------------------------------------------
 
     cdef int _ensure_tasks(self) except -1:
-        """Make the task arrays a snapshot left for later (a no-op otherwise).
-        Called before anything reads or changes a task array, and before any
-        entry is removed (the arrays name entries as the snapshot knew them)."""
+        """Make the task arrays a snapshot left for later (a no-op otherwise),
+        then insert the entries indexed since. Called before anything reads or
+        changes a task array, and before any entry is removed (the arrays name
+        entries as the snapshot knew them)."""
         if self._lazy_tasks is None:
-            return 0
+            return self._replay_tasks() if self._n_pend_task else 0
         saved = self._lazy_tasks
         metas, keys, arrays, n_task, live, n_entries, path, where = saved
         cdef const unsigned char *o = <const unsigned char *>self._map_base
@@ -451,6 +453,7 @@ cdef class HotIndex:
         if live is not None:
             lv = <const uint64_t *>PyBytes_AS_STRING(live)
         self._lazy_tasks = None      # _load_lists makes the arrays through _list_index
+        self._replaying = 1          # (which must not replay the pending entries meanwhile)
         try:
             _load_lists(self, False, o + <Py_ssize_t>metas, o + <Py_ssize_t>keys, o + <Py_ssize_t>arrays,
                         n_task, n_entries, lv, path, where)
@@ -467,8 +470,43 @@ cdef class HotIndex:
             self._nm_cap[1] = 0
             self._lazy_tasks = saved     # every later call fails the same way
             raise
+        finally:
+            self._replaying = 0
         self._tasks_mapped = 0
         self._unmap_if_unused()
+        return self._replay_tasks() if self._n_pend_task else 0
+
+    cdef int _replay_tasks(self) except -1:
+        """The task insertions of the entries indexed while the arrays waited,
+        in order (all live: a removal makes the arrays first). An entry whose
+        line no longer reads raises, now and at every later task call."""
+        cdef uint32_t e
+        cdef const unsigned char *p
+        cdef rf_msg m
+        cdef int64_t ti
+        if self._replaying:
+            return 0
+        self._replaying = 1
+        try:
+            while self._pend_next < self._n_pend_task:
+                e = self._pend_task[self._pend_next]
+                if self._parse_entry(e, &p, &m) != 0:
+                    raise self._unreadable(e)
+                ti = self._list_index(False, p + m.task_off, m.task_len, True)
+                self._list_insert(&self._c_task[ti], e, p, &m)
+                self._pend_next += 1
+        finally:
+            self._replaying = 0
+        free(self._pend_task)
+        self._pend_task = NULL
+        self._n_pend_task = self._cap_pend_task = self._pend_next = 0
+        return 0
+
+    cdef int _defer_task(self, uint32_t e) except -1:
+        """Leave entry e's task insertion for _ensure_tasks (the arrays wait)."""
+        _grow_u32(&self._pend_task, &self._cap_pend_task, self._n_pend_task + 1)
+        self._pend_task[self._n_pend_task] = e
+        self._n_pend_task += 1
         return 0
 
     cdef void _unmap_if_unused(self) noexcept nogil:
@@ -658,7 +696,7 @@ cdef class HotIndex:
         cdef bytes k
         cdef rf_list *arr
         cdef uint32_t n, cap
-        if not chan and self._lazy_tasks is not None:
+        if not chan and (self._lazy_tasks is not None or (self._n_pend_task and not self._replaying)):
             self._ensure_tasks()
         keys = self._chan_keys if chan else self._task_keys
         if self._nm_cap[which]:
@@ -836,8 +874,11 @@ cdef class HotIndex:
         ci = self._list_index(True, p + m.ch_off, m.ch_len, True)
         self._list_insert(&self._c_chan[ci], <uint32_t>e, p, m)
         if m.task_len:
-            ti = self._list_index(False, p + m.task_off, m.task_len, True)
-            self._list_insert(&self._c_task[ti], <uint32_t>e, p, m)
+            if self._lazy_tasks is not None:
+                self._defer_task(<uint32_t>e)
+            else:
+                ti = self._list_index(False, p + m.task_off, m.task_len, True)
+                self._list_insert(&self._c_task[ti], <uint32_t>e, p, m)
         return e
 
     cdef int _kill(self, uint64_t slot) except -1:
@@ -1142,7 +1183,9 @@ cdef class HotIndex:
                         last_ch = p + rec.m.ch_off
                         last_ch_len = rec.m.ch_len
                     self._list_insert(&self._c_chan[last_ci], <uint32_t>e, p, &rec.m)
-                    if rec.m.task_len:
+                    if rec.m.task_len and self._lazy_tasks is not None:
+                        self._defer_task(<uint32_t>e)
+                    elif rec.m.task_len:
                         if not (last_task != NULL and last_task_len == rec.m.task_len
                                 and memcmp(last_task, p + rec.m.task_off, last_task_len) == 0):
                             last_ti = self._list_index(False, p + rec.m.task_off, rec.m.task_len, True)

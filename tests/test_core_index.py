@@ -7,7 +7,7 @@ import os
 import numpy as np
 import orjson
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from _core_support import key, line, tombstone
@@ -453,6 +453,74 @@ def test_snapshot_task_arrays_made_at_first_need(tmp_path, first):
     assert len(j) == len(ix) and j.channels() == ix.channels()
     for c in ix.channels():
         assert j.channel_locs(c).tolist() == ix.channel_locs(c).tolist()
+
+
+@settings(max_examples=40, deadline=None)
+@given(batches=st.lists(st.lists(st.tuples(st.sampled_from(["t0", "t1", "t3", "t-new", "t-newer", ""]),
+                                           st.sampled_from(["", "0005", "0500", "9999"])),
+                                 min_size=1, max_size=6), min_size=1, max_size=4),
+       then=st.sampled_from(["query", "remove", "save", "tombstone"]))
+def test_lines_indexed_while_task_arrays_wait_come_out_as_if_eager(tmp_path_factory, batches, then):
+    """Lines ingested (or added) after a lazy load leave their task insertions
+    for the moment the arrays are made (an open after a killed writer then
+    never makes 25,000 task arrays): whatever comes next, every task array is
+    the one an index that never waited has, in the same order."""
+    ix, data = sample_index()
+    p = tmp_path_factory.mktemp("lazy") / "idx.snap"
+    ix.save_snapshot(p, {0: len(data)})
+    j, _ = _index.HotIndex.load_snapshot(p)
+    buf = data
+    k = 0
+    for bi, batch in enumerate(batches):
+        extra = b"".join(line(f"late{k + i}", f"c{(k + i) % 3}", t, h, "x") for i, (t, h) in enumerate(batch))
+        k += len(batch)
+        start, buf = len(buf), buf + extra
+        for x in (ix, j):
+            x.attach(0, buf)
+            if bi % 2:
+                x.ingest(0, start, len(buf))
+            else:
+                pos = start
+                for ln in extra.splitlines(keepends=True):
+                    assert x.add(pos) is True
+                    pos += len(ln)
+    if then == "remove":
+        for x in (ix, j):
+            assert x.remove(b"late0") >= 0
+    elif then == "tombstone":
+        buf += tombstone("late0", "c0")
+        for x in (ix, j):
+            x.attach(0, buf)
+            x.ingest(0, len(buf) - len(tombstone("late0", "c0")), len(buf))
+    elif then == "save":
+        j.save_snapshot(p.parent / "again.snap", {0: len(buf)})
+        j, _ = _index.HotIndex.load_snapshot(p.parent / "again.snap")
+        j.attach(0, buf)
+    tasks = [b"t0", b"t1", b"t2", b"t3", b"t4", b"t-new", b"t-newer"]
+    for t in tasks:
+        assert j.task_locs(t).tolist() == ix.task_locs(t).tolist(), t
+    assert len(j) == len(ix) and j.channels() == ix.channels()
+    for c in ix.channels():
+        assert j.channel_locs(c).tolist() == ix.channel_locs(c).tolist()
+
+
+def test_a_waiting_line_damaged_before_the_task_arrays_are_made_is_loud(tmp_path):
+    ix, data = sample_index()
+    p = tmp_path / "idx.snap"
+    ix.save_snapshot(p, {0: len(data)})
+    j, _ = _index.HotIndex.load_snapshot(p)
+    extra = line("late0", "c1", "t-new", "", "late") + line("late1", "c1", "t1", "", "later")
+    buf = bytearray(data + extra)
+    j.attach(0, buf)
+    assert len(j.ingest(0, len(data), len(buf)).added) == 2
+    j.detach(0)
+    buf[len(data) + 30] ^= 0x01            # inside late0's line, after it was indexed
+    j.attach(0, bytes(buf))
+    for _ in range(2):                      # now and at every later task call
+        with pytest.raises(CorruptStateCheckpointError):
+            j.task_locs(b"t1")
+    with pytest.raises(CorruptStateCheckpointError):
+        j.save_snapshot(tmp_path / "again.snap", {0: len(buf)})
 
 
 def test_snapshot_arrays_used_in_place_never_write_the_file(tmp_path):

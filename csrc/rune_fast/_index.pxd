@@ -76,6 +76,11 @@ cdef class HotIndex:
     cdef set _dirty_chan
     cdef set _dirty_task
     cdef object _lazy_tasks        # task arrays of a loaded snapshot, made at first need
+    cdef uint32_t *_pend_task      # entries indexed while the task arrays wait: their task
+    cdef uint32_t _n_pend_task     # insertions, replayed in order when the arrays are made
+    cdef uint32_t _cap_pend_task
+    cdef uint32_t _pend_next       # (how many of them were inserted)
+    cdef bint _replaying
     cdef void *_map_base           # private map of a loaded snapshot that arrays still live in
     cdef size_t _map_len
     cdef bint _locs_mapped
@@ -90,6 +95,8 @@ cdef class HotIndex:
 
     cdef int _guard(self) except -1
     cdef int _ensure_tasks(self) except -1
+    cdef int _defer_task(self, uint32_t e) except -1
+    cdef int _replay_tasks(self) except -1
     cdef _write_snapshot(self, path, covered, const uint32_t *remap, uint32_t n_new)
     cdef void _unmap_if_unused(self) noexcept nogil
     cdef object _where(self, int64_t seg)
