@@ -361,6 +361,22 @@ cdef inline uint32_t _at(rf_list *L, uint32_t i) noexcept nogil:
     return L.u[i] if i < L.nu else L.s[i - L.nu]
 
 
+cdef void *_grown(void *arr, bint *mapped, size_t old_bytes, size_t new_bytes, str what) except NULL:
+    """``arr`` grown to ``new_bytes``: reallocated, or, if it lives in a
+    snapshot's map (``mapped``, cleared here), copied to the heap."""
+    cdef void *p
+    if mapped[0]:
+        p = malloc(new_bytes)
+        if p != NULL:
+            memcpy(p, arr, old_bytes)
+            mapped[0] = 0
+    else:
+        p = realloc(arr, new_bytes)
+    if p == NULL:
+        raise MemoryError(f"HotIndex: cannot grow the {what} array to {new_bytes} bytes")
+    return p
+
+
 cdef int _grow_u32(uint32_t **arr, uint32_t *cap, uint32_t need) except -1:
     cdef uint64_t nc
     cdef uint32_t *p
@@ -650,40 +666,17 @@ cdef class HotIndex:
         return e
 
     cdef int _grow_entries(self, uint64_t nc) except -1:
-        cdef int64_t *p
-        cdef uint32_t *lens
         if nc <= self._cap_entries:
             return 0
         if nc > 0xFFFFFFFFULL:
             nc = 0xFFFFFFFFULL
-        if self._locs_mapped:
-            # the array still lives in the snapshot's private map: move it out
-            p = <int64_t *>malloc(<size_t>nc * sizeof(int64_t))
-            if p == NULL:
-                raise MemoryError(f"HotIndex: cannot grow the entry array to {nc}")
-            memcpy(p, self._c_locs, <size_t>self._cap_entries * sizeof(int64_t))
-            self._locs_mapped = 0
-            self._c_locs = p
-            self._unmap_if_unused()
-        else:
-            p = <int64_t *>realloc(self._c_locs, <size_t>nc * sizeof(int64_t))
-            if p == NULL:
-                raise MemoryError(f"HotIndex: cannot grow the entry array to {nc}")
-            self._c_locs = p
-        if self._lens_mapped:
-            lens = <uint32_t *>malloc(<size_t>nc * sizeof(uint32_t))
-            if lens == NULL:
-                raise MemoryError(f"HotIndex: cannot grow the length array to {nc}")
-            memcpy(lens, self._c_lens, <size_t>self._cap_entries * sizeof(uint32_t))
-            self._lens_mapped = 0
-            self._c_lens = lens
-            self._unmap_if_unused()
-        else:
-            lens = <uint32_t *>realloc(self._c_lens, <size_t>nc * sizeof(uint32_t))
-            if lens == NULL:
-                raise MemoryError(f"HotIndex: cannot grow the length array to {nc}")
-        memset(lens + self._cap_entries, 0, (<size_t>nc - self._cap_entries) * sizeof(uint32_t))
-        self._c_lens = lens
+        # (an array that still lives in the snapshot's private map moves out)
+        self._c_locs = <int64_t *>_grown(self._c_locs, &self._locs_mapped, self._cap_entries * sizeof(int64_t),
+                                         nc * sizeof(int64_t), "entry")
+        self._c_lens = <uint32_t *>_grown(self._c_lens, &self._lens_mapped, self._cap_entries * sizeof(uint32_t),
+                                          nc * sizeof(uint32_t), "length")
+        self._unmap_if_unused()
+        memset(self._c_lens + self._cap_entries, 0, (<size_t>nc - self._cap_entries) * sizeof(uint32_t))
         self._cap_entries = <uint32_t>nc
         return 0
 

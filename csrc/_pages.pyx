@@ -175,22 +175,32 @@ def page_header(const unsigned char[::1] buf, Py_ssize_t pos=0):
 
 @cython.boundscheck(False)
 @cython.wraparound(False)
+cdef inline Py_ssize_t _plain_value(const unsigned char *page, Py_ssize_t n, Py_ssize_t pos, Py_ssize_t k,
+                                    uint32_t *ln) except -1:
+    """Start of value ``k`` of a PLAIN BYTE_ARRAY page whose length prefix is
+    at ``pos`` (4-byte little-endian), its length in ``ln``; ValueError if
+    the page ends first."""
+    if n - pos < 4:
+        raise ValueError(f"PLAIN page ends before value {k}")
+    ln[0] = (<uint32_t>page[pos] | (<uint32_t>page[pos + 1] << 8)
+             | (<uint32_t>page[pos + 2] << 16) | (<uint32_t>page[pos + 3] << 24))
+    pos += 4
+    if <uint64_t>ln[0] > <uint64_t>(n - pos):
+        raise ValueError(f"PLAIN value {k} runs past its page")
+    return pos
+
+
 def byte_array_at(const unsigned char[::1] page, Py_ssize_t j):
     """``(start, stop)`` of value ``j`` of a PLAIN BYTE_ARRAY page (each value:
     4-byte little-endian length, then its bytes). ValueError if the page
     ends first."""
     cdef Py_ssize_t n = page.shape[0], pos = 0, k
     cdef uint32_t ln
+    cdef const unsigned char *b = &page[0] if n else NULL
     if j < 0:
         raise ValueError("negative value index")
     for k in range(j + 1):
-        if n - pos < 4:
-            raise ValueError(f"PLAIN page ends before value {k}")
-        ln = (<uint32_t>page[pos] | (<uint32_t>page[pos + 1] << 8)
-              | (<uint32_t>page[pos + 2] << 16) | (<uint32_t>page[pos + 3] << 24))
-        pos += 4
-        if <uint64_t>ln > <uint64_t>(n - pos):
-            raise ValueError(f"PLAIN value {k} runs past its page")
+        pos = _plain_value(b, n, pos, k, &ln)
         if k == j:
             return pos, pos + <Py_ssize_t>ln
         pos += ln
@@ -205,6 +215,7 @@ def plain_strings(const unsigned char[::1] page, Py_ssize_t count):
     fewer values or bytes past the last one."""
     cdef Py_ssize_t n = page.shape[0], pos = 0, k, out = 0
     cdef uint32_t ln
+    cdef const unsigned char *b = &page[0] if n else NULL
     if count < 0:
         raise ValueError("negative value count")
     offs = np.empty(count + 1, dtype=np.int32)
@@ -213,12 +224,8 @@ def plain_strings(const unsigned char[::1] page, Py_ssize_t count):
     cdef unsigned char[::1] d = data
     o[0] = 0
     for k in range(count):
-        if n - pos < 4:
-            raise ValueError(f"PLAIN page ends before value {k}")
-        ln = (<uint32_t>page[pos] | (<uint32_t>page[pos + 1] << 8)
-              | (<uint32_t>page[pos + 2] << 16) | (<uint32_t>page[pos + 3] << 24))
-        pos += 4
-        if <uint64_t>ln > <uint64_t>(n - pos) or <uint64_t>out + ln > <uint64_t>d.shape[0]:
+        pos = _plain_value(b, n, pos, k, &ln)
+        if <uint64_t>out + ln > <uint64_t>d.shape[0]:
             raise ValueError(f"PLAIN value {k} runs past its page")
         if ln:
             memcpy(&d[out], &page[pos], ln)
@@ -242,19 +249,14 @@ def plain_find(const unsigned char[::1] page, Py_ssize_t count, const unsigned c
     cdef size_t m = needle.shape[0]
     cdef uint32_t ln
     cdef const unsigned char *nd = &needle[0] if m else <const unsigned char *>b""
+    cdef const unsigned char *b = &page[0] if n else NULL
     if count < 0:
         raise ValueError("negative value count")
     hits = np.empty(count, dtype=np.int64)
     cdef int64_t[::1] h = hits
     for k in range(count):
-        if n - pos < 4:
-            raise ValueError(f"PLAIN page ends before value {k}")
-        ln = (<uint32_t>page[pos] | (<uint32_t>page[pos + 1] << 8)
-              | (<uint32_t>page[pos + 2] << 16) | (<uint32_t>page[pos + 3] << 24))
-        pos += 4
-        if <uint64_t>ln > <uint64_t>(n - pos):
-            raise ValueError(f"PLAIN value {k} runs past its page")
-        if rf_find(&page[pos], ln, nd, m, ignore_ascii_case) != NULL:
+        pos = _plain_value(b, n, pos, k, &ln)
+        if rf_find(b + pos, ln, nd, m, ignore_ascii_case) != NULL:
             h[nh] = k
             nh += 1
         pos += ln

@@ -1034,6 +1034,20 @@ class _Located(NamedTuple):
 # The archive
 # --------------------------------------------------------------------------- #
 
+def _index_field(name: str, *, settable: bool = False, doc: str | None = None) -> property:
+    """A field of a CoolArchive's index, read after the sidecars still unread
+    are read (see ``CoolArchive.__init__``): every path to the index sees
+    every live file."""
+    def get(self: "CoolArchive") -> Any:
+        if self._unloaded:
+            self._load_sidecars()
+        return getattr(self, name)
+
+    def put(self: "CoolArchive", value: Any) -> None:
+        setattr(self, name, value)
+    return property(get, put if settable else None, doc=doc)
+
+
 class CoolArchive:
     """The cool tier: a set of Parquet files plus their id/channel/task index.
 
@@ -1112,9 +1126,6 @@ class CoolArchive:
             if read_only or not _sidecar_names(self._path(_idx_name(no)), no, size, footer):
                 self._load_sidecars()
 
-    # The index fields, read through properties that first read any sidecar
-    # still unread: every path to the index sees every live file.
-
     def _load_sidecars(self) -> None:
         with self._lock:
             if not self._unloaded:
@@ -1124,50 +1135,12 @@ class CoolArchive:
                 self._add_file(fi)
             self._unloaded = []      # last: until then, other threads wait on the lock
 
-    @property
-    def rebuilt_sidecars(self) -> list[str]:
-        """Sidecars found damaged or stale and rebuilt from their files."""
-        if self._unloaded:
-            self._load_sidecars()
-        return self._rebuilt
-
-    @property
-    def _files(self) -> dict[int, _FileIndex]:
-        if self._unloaded:
-            self._load_sidecars()
-        return self._files_d
-
-    @property
-    def _channels(self) -> dict[str, list[int]]:
-        if self._unloaded:
-            self._load_sidecars()
-        return self._channels_d
-
-    @property
-    def _tasks(self) -> dict[str, list[int]] | None:
-        if self._unloaded:
-            self._load_sidecars()
-        return self._tasks_d
-
-    @_tasks.setter
-    def _tasks(self, value: dict[str, list[int]] | None) -> None:
-        self._tasks_d = value
-
-    @property
-    def _ids(self) -> HashIndex:
-        if self._unloaded:
-            self._load_sidecars()
-        return self._ids_d
-
-    @_ids.setter
-    def _ids(self, value: HashIndex) -> None:
-        self._ids_d = value
-
-    @property
-    def _pending(self) -> list[int]:
-        if self._unloaded:
-            self._load_sidecars()
-        return self._pending_d
+    rebuilt_sidecars = _index_field("_rebuilt", doc="Sidecars found damaged or stale and rebuilt from their files.")
+    _files = _index_field("_files_d")               # no -> _FileIndex
+    _channels = _index_field("_channels_d")         # channel -> file numbers
+    _tasks = _index_field("_tasks_d", settable=True)  # task -> file numbers (None: not built yet)
+    _ids = _index_field("_ids_d", settable=True)    # HashIndex of the files not pending
+    _pending = _index_field("_pending_d")           # files whose ids are not in _ids yet
 
     @classmethod
     def open(cls, cool_dir: str | os.PathLike, files: Iterable[str], **kwargs: Any) -> "CoolArchive":
