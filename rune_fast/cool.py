@@ -543,6 +543,14 @@ def _build_index(no: int, size: int, footer: str, msg_ids: Any, channel_ids: Any
     hashes = _id_hashes(msg_ids)
     if len(hashes) != n or len(tids) != n:
         raise ValueError(f"_build_index: {len(hashes)} ids, {n} channels, {len(tids)} tasks")
+    # the row groups' counts place every row: a damaged footer may still
+    # read, with counts that do not add up (a negative one, say)
+    for i, c in enumerate(rg_counts):
+        if c < 0:
+            raise CorruptStateCheckpointError(f"cool archive row group {i} claims {c} rows", path=path)
+    if sum(rg_counts) != n:
+        raise CorruptStateCheckpointError(f"cool archive row groups hold {sum(rg_counts)} rows, "
+                                          f"its columns {n}", path=path)
     order = np.argsort(hashes, kind="stable")
     has_task = np.asarray(pc.not_equal(tids, "").to_numpy(zero_copy_only=False), dtype=bool)
     # newest row with a task at or before each row (-1: none yet)
@@ -1287,6 +1295,9 @@ class CoolArchive:
         pf = self._parquet(no)
         rg_counts = [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)]
         table = self._read_table(no)
+        if table.num_rows != pf.metadata.num_rows:
+            raise CorruptStateCheckpointError(
+                f"cool archive holds {pf.metadata.num_rows} rows by its footer, {table.num_rows} read", path=path)
         if verify:
             for row, bad in self._check_table(table):
                 raise CorruptStateCheckpointError(f"cool row {row} fails its digest ({bad})",

@@ -9,7 +9,7 @@ import random
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rune_fast._pages import byte_array_at, page_header, plain_find, plain_strings
@@ -311,6 +311,10 @@ def test_old_layout_still_reads_past_the_cache(tmp_path, monkeypatch):
 
 @settings(max_examples=int(os.environ.get("RUNE_FLIP_EXAMPLES", "60")), deadline=None)
 @given(frac=st.floats(0.0, 1.0, exclude_max=True), bit=st.integers(0, 7), cache=st.sampled_from([1, 64 << 20]))
+# (found by this test: a flip in the footer that makes a row group's count
+# negative; pyarrow then read 143 of the 400 rows without a word, and the
+# rebuilt sidecar lost the rest)
+@example(frac=0.9375, bit=0, cache=1)
 def test_a_flipped_bit_anywhere_is_never_served(tmp_path_factory, frac, bit, cache):
     """Any single bit flipped anywhere in a cool file: open refuses the file,
     or every read returns the record as cooled or raises
