@@ -369,12 +369,19 @@ class ConversationStateRepository:
     def _device_id(self) -> str:
         path = os.path.join(self.hot_dir, DEVICE_NAME)
         try:
-            with open(path, encoding="utf-8") as f:
-                dev = f.read().strip()
-            if dev:
-                return dev
+            with open(path, "rb") as f:
+                raw = f.read()
         except FileNotFoundError:
-            pass
+            raw = b""
+        try:
+            dev = raw.decode("utf-8").strip()
+        except UnicodeDecodeError as exc:
+            raise CorruptStateCheckpointError(f"device id is not UTF-8 text: {exc}", path=path,
+                                              offset=exc.start) from None
+        if any(c < " " or c == "\x7f" for c in dev):
+            raise CorruptStateCheckpointError("device id holds a control character", path=path)
+        if dev:
+            return dev
         from .records import new_id
         dev = new_id("dev")
         if self.read_only:
@@ -471,6 +478,10 @@ class ConversationStateRepository:
         self._interleaved: dict[str, bool] = {}
         self._since_compact = 0
         self._segs_unchecked = True     # the first compaction looks at every segment
+        # what search has checked line by line: sealed segments, and the
+        # tail (its number, up to which offset); see _check_hot_lines
+        self._lines_checked: set[int] = set()
+        self._tail_checked = (-1, 0)
         self._manifest_dirty = False    # an in-memory fold the manifest does not show yet
         self._index = self._load_index()
         self._next_seq = max(self._next_seq, self._last_tail_seq() + 1)
@@ -1291,6 +1302,7 @@ class ConversationStateRepository:
             if limit == 0:
                 return []
             ch_key = codec.key(channel_id) if channel_id is not None else None
+            self._check_hot_lines()
             if case_sensitive:
                 check = (lambda c: text in c)
                 locs = self._index.search(codec.key(text), False, False, ch_key).tolist()
@@ -1324,6 +1336,44 @@ class ConversationStateRepository:
             if limit is not None:
                 keyed = keyed[-limit:]
             return [SearchHit(r, t) for _k, r, t in keyed]
+
+    def _check_hot_lines(self) -> None:
+        """Check the checksum of every hot line once (lock held): a search
+        reads only the lines its needle can match, so a flipped byte that
+        unmade a match would otherwise drop a message from its hits without a
+        word. Sealed segments never change and are checked once; the tail
+        from where the last check stopped. A damaged line of a live message
+        raises CorruptStateCheckpointError; one of a message that is gone
+        (cooled or deleted, its bytes kept until a compaction rewrites the
+        segment) is left to verify()."""
+        for seg in self._seg_order:
+            if seg not in self._lines_checked:
+                s = self._segs[seg]
+                self._check_lines(seg, s.buf, 0, s.size, s.path)
+                self._lines_checked.add(seg)
+        if self._tail is not None:
+            seg, start = self._tail_checked
+            if seg != self._tail_seg:
+                start = 0
+            if self._tail.size > start:
+                self._check_lines(self._tail_seg, self._tail.buf, start, self._tail.size, self._tail.path)
+            self._tail_checked = (self._tail_seg, self._tail.size)
+
+    def _check_lines(self, seg: int, buf: Any, start: int, end: int, path: str) -> None:
+        live: set[int] | None = None
+        while start < end:
+            scan = scan_frames(buf if buf is not None else b"", start, end)
+            if scan.damaged_offset < 0:
+                return
+            off = scan.damaged_offset
+            if live is None:
+                live = {int(loc) for ch in self._index.channels() for loc in self._index.channel_locs(ch, -1)}
+            if (seg << 40) | off in live:
+                raise CorruptStateCheckpointError(f"damaged line: {scan.damage}", path=path, offset=off)
+            nl = memoryview(buf)[off:end].tobytes().find(b"\n")
+            if nl < 0:
+                return
+            start = off + nl + 1
 
     def _special_lines(self, chars: Sequence[str]) -> list[int]:
         """Locations of the hot and tail lines (live or not) whose content

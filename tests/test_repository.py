@@ -81,6 +81,36 @@ def test_reopen_reads_the_cool_index_only_when_a_read_needs_it(tmp_path, stamped
             assert bool(repo._cool._unloaded) == (name == "window"), name
 
 
+@pytest.mark.parametrize("victim, live", [(5, True), (3, False)])
+def test_search_never_misses_a_damaged_line_silently(tmp_path, victim, live):
+    """A flipped byte that unmakes a match ('alpha' -> 'alpia') in a hot line
+    the index snapshot vouches for: search checks every hot line once, so it
+    raises instead of leaving the message out of its hits. The same damage in
+    the dead line of a message since cooled (its bytes stay until the tail
+    is rewritten) is not a live message's: search reads it from the cool
+    tier and goes on; verify() reports the line."""
+    with ConversationStateRepository(tmp_path, compact_every=1000, hot_window=2) as repo:
+        for i in range(6):
+            assert repo.append(msg(i, content=f"note {i} about {'alpha' if i % 2 else 'beta'}"))
+        assert repo.compact().cooled == 4            # msg 0-3 cooled, 4-5 hot; the snapshot covers all
+    tail = next(p for p in files_under(tmp_path) if p.endswith("conversation_tail.jsonl"))
+    with open(tail, "r+b") as f:
+        data = f.read()
+        pos = data.find(f"note {victim} about alpha".encode()) + len(f"note {victim} about alp")
+        f.seek(pos)
+        f.write(bytes([data[pos] ^ 0x01]))         # 'h' -> 'i'
+    with ConversationStateRepository(tmp_path, compact_every=1000, hot_window=2) as repo:
+        if live:
+            for _ in range(2):
+                with pytest.raises(CorruptStateCheckpointError) as ei:
+                    repo.search("alpha")
+                assert ei.value.path == tail
+        else:
+            assert [h.record.msg_id for h in repo.search("alpha")] == ["msg_00000001", "msg_00000003",
+                                                                       "msg_00000005"]
+        assert any(p.file == tail for p in repo.verify().problems)
+
+
 def test_cool_records_read_again_come_from_the_cache(tmp_path, monkeypatch):
     """A cool row verified once is kept as a record: the same task or exact
     read asked again does not go back to the archive; deletion and erasure
