@@ -1367,7 +1367,7 @@ class ConversationStateRepository:
                 return
             off = scan.damaged_offset
             if live is None:
-                live = {int(loc) for ch in self._index.channels() for loc in self._index.channel_locs(ch, -1)}
+                live = set(self._index.excess(0).tolist())     # every indexed location
             if (seg << 40) | off in live:
                 raise CorruptStateCheckpointError(f"damaged line: {scan.damage}", path=path, offset=off)
             nl = memoryview(buf)[off:end].tobytes().find(b"\n")

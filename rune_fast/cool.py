@@ -1127,9 +1127,11 @@ class CoolArchive:
                 raise ValueError(f"cool archive file listed twice: {name}")
             listed.add(no)
             path = self._path(name)
-            if not os.path.exists(path):
-                raise CorruptStateCheckpointError("cool archive named by the manifest is missing", path=path)
-            size, footer = _footer_hash(path)
+            try:
+                size, footer = _footer_hash(path)
+            except FileNotFoundError:
+                raise CorruptStateCheckpointError("cool archive named by the manifest is missing",
+                                                  path=path) from None
             self._unloaded.append((no, size, footer))
             if read_only or not _sidecar_names(self._path(_idx_name(no)), no, size, footer):
                 self._load_sidecars()
