@@ -575,10 +575,11 @@ class ConversationStateRepository:
         if os.path.exists(snap_path):
             try:
                 index, covered = HotIndex.load_snapshot(snap_path)
-                meta = self._snapshot_meta(covered)
             except CorruptStateCheckpointError as exc:
                 log.warning("index snapshot %s not used, rebuilding from the tail: %s", snap_path, exc)
-                index = meta = None
+                index = covered = None
+            # a tail that lost lines the snapshot vouches for raises here
+            meta = None if covered is None else self._snapshot_meta(covered)
             if meta is not None:
                 start, snap_cool = meta
                 # cool files written after the snapshot: their rows left the hot tier
@@ -621,8 +622,18 @@ class ConversationStateRepository:
         """Whether a loaded snapshot matches the manifest; (tail start, cool files) if so.
 
         ``covered`` (see ``_write_snapshot``): ``seg -> size`` for each sealed
-        segment and ``tail_seg -> offset``; ``_TAIL_MARK -> tail_seg``; and
-        ``-(n + 1) -> 0`` for each cool file number n the index had left.
+        segment and ``tail_seg -> offset``; ``_TAIL_MARK -> tail_seg``;
+        ``-(n + 1) -> 0`` for each cool file number n the index had left; and
+        ``_SYNCED_MARK -> last + 1`` when the tail bytes it covers were synced
+        before it was written (every snapshot since the sixth session), ``last``
+        being where the last line it covers starts.
+
+        Such a snapshot vouches for the complete lines of the tail before
+        ``last``: a tail that lost any of them (cut off or zeroed past its
+        final line) raises CorruptStateCheckpointError naming the tail and
+        offset. Only the final line may be found cut short (a torn append, as
+        a crash leaves it): the snapshot is then not used and the rebuild
+        quarantines it, as without a snapshot.
         """
         if covered.get(_TAIL_MARK) != self._tail_seg:
             return None
@@ -630,12 +641,25 @@ class ConversationStateRepository:
         if sealed != {seg: self._segs[seg].size for seg in self._seg_order}:
             return None
         start = int(covered.get(self._tail_seg, -1))
-        if self._tail is None or start < 0 or start > self._tail.file_size:
+        if self._tail is None or start < 0:
             return None
-        cool_nums = {-(s + 1) for s in covered if s < 0 and s != _TAIL_MARK}
+        tail = self._tail
+        if start > tail.file_size or (start > 0 and tail.buf is not None and tail.buf[start - 1] != 0x0A):
+            last = covered.get(_SYNCED_MARK, 0) - 1
+            if last > 0 and (last > tail.file_size or tail.buf is None or tail.buf[last - 1] != 0x0A):
+                if last > tail.file_size:
+                    what, at = f"the file ends at {tail.file_size}", tail.file_size
+                else:
+                    what, at = f"byte {last - 1} is not the newline", last - 1
+                raise CorruptStateCheckpointError(
+                    f"the tail lost complete lines that the index snapshot {SNAPSHOT_NAME} vouches "
+                    f"for: they end at offset {last}, but {what} (damaged or cut off after they "
+                    f"were synced)", path=tail.path, offset=at)
+            log.warning("%s: the final line that the index snapshot vouches for (ending at offset %d) "
+                        "is cut short; reading the tail again", tail.path, start)
+            return None
+        cool_nums = {-(s + 1) for s in covered if s < 0 and s not in (_TAIL_MARK, _SYNCED_MARK)}
         snap_cool = [f for f in self._manifest["cool_files"] if _cool_no(f) in cool_nums]
-        if start > 0 and self._tail.buf is not None and self._tail.buf[start - 1] != 0x0A:
-            return None
         return start, snap_cool
 
     def _check_ingest(self, rep, path: str, *, sealed: bool) -> None:
@@ -651,8 +675,8 @@ class ConversationStateRepository:
             data = bytes(self._tail.buf[rep.torn_offset:self._tail.file_size])
             qpath = quarantine_bytes(os.path.join(self.hot_dir, QUARANTINE_DIR), path,
                                      rep.torn_offset, data.strip(b"\0"))
-            self._quarantined.append({"file": path, "offset": rep.torn_offset,
-                                      "bytes": len(data.strip(b"\0")), "quarantine": qpath})
+            self._quarantined.append({"path": path, "offset": rep.torn_offset,
+                                      "length": len(data.strip(b"\0")), "quarantine": qpath})
             self._tail.discard_from(rep.torn_offset)
         # zero padding (preallocation) needs nothing: appends overwrite it
 
@@ -676,8 +700,8 @@ class ConversationStateRepository:
             torn = data[scan.torn_offset:].rstrip(b"\0")
             qpath = quarantine_bytes(os.path.join(self.hot_dir, QUARANTINE_DIR), path,
                                      scan.torn_offset, torn)
-            self._quarantined.append({"file": path, "offset": scan.torn_offset,
-                                      "bytes": len(torn), "quarantine": qpath})
+            self._quarantined.append({"path": path, "offset": scan.torn_offset,
+                                      "length": len(torn), "quarantine": qpath})
             with open(path, "r+b") as f:
                 f.truncate(scan.torn_offset)
                 os.fsync(f.fileno())
@@ -1471,7 +1495,7 @@ class ConversationStateRepository:
         with self._lock:
             self._check_open()
             records = self._resume_candidates(channel_id, n)
-        ops = [_sync.op_from_record_dict(r.to_dict()) for r in records if r.role != "system"]
+        ops = [_sync.op_from_record_dict(r.to_dict(), lenient=True) for r in records if r.role != "system"]
         turns = _sync.fold(ops, channel_id)
         if n is not None:
             turns = _sync.LastN(n).apply(turns)
@@ -1537,7 +1561,7 @@ class ConversationStateRepository:
             records = self._all_records()
             tombs = dict(self._tombstones)
             tomb_hlc = self._tombstone_hlcs()
-        ops = [_sync.op_from_record_dict(r.to_dict()) for r, _t in records]
+        ops = [_sync.op_from_record_dict(r.to_dict(), lenient=True) for r, _t in records]
         for mid, ch in tombs.items():
             ops.append(_sync.tombstone_op(mid, tomb_hlc.get(mid) or str(self._clock.now()), ch))
         if since is not None:
@@ -1934,9 +1958,16 @@ class ConversationStateRepository:
         return self._snap_changes >= max(4096, len(self._index) // 4)
 
     def _write_snapshot(self) -> None:
+        """Save the index snapshot (lock held). The tail bytes it covers are
+        synced first, so that it can vouch for them (see ``_snapshot_meta``)."""
+        if self._synced < self._wpos:
+            self._sync_now()
         covered = {seg: self._segs[seg].size for seg in self._seg_order}
         covered[self._tail_seg] = self._tail.size
         covered[_TAIL_MARK] = self._tail_seg
+        size = self._tail.size
+        buf = self._tail.buf
+        covered[_SYNCED_MARK] = (buf.rfind(b"\n", 0, size - 1) + 1 if size > 1 and buf is not None else 0) + 1
         for f in self._manifest["cool_files"]:
             covered[-(_cool_no(f) + 1)] = 0
         self._index.save_snapshot(os.path.join(self.hot_dir, SNAPSHOT_NAME), covered)
@@ -2017,7 +2048,7 @@ class ConversationStateRepository:
                     fresh.ingest(seg, 0, size)
             except RuneError as exc:
                 problems.append(Problem(self.hot_dir, None, f"index rebuild failed: {exc}"))
-            for p in self._cool.verify():
+            for p in self._cool.verify(checked):
                 problems.append(Problem(os.path.join(self._cool.cool_dir, p.file), p.row, p.problem))
             # index snapshot against the tail
             snap_path = os.path.join(self.hot_dir, SNAPSHOT_NAME)
@@ -2138,6 +2169,8 @@ class ConversationStateRepository:
 
 
 _TAIL_MARK = -1
+#: a snapshot key: the tail bytes the snapshot covers were synced before it was written
+_SYNCED_MARK = -(1 << 62)
 
 
 def _cool_no(name: str) -> int:

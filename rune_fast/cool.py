@@ -2464,9 +2464,10 @@ class CoolArchive:
 
     # ------------------------------------------------------------------ verify
 
-    def verify(self) -> list[CoolProblem]:
+    def verify(self, checked: dict[str, int] | None = None) -> list[CoolProblem]:
         """Check every live file: readable, schema, every row's digest, the
-        sidecar on disk against the file, ids unique. Raises nothing."""
+        sidecar on disk against the file, ids unique. Raises nothing; adds
+        the rows it checked to ``checked["cool_rows"]``."""
         problems: list[CoolProblem] = []
         with self._lock:
             files = sorted(self._files.items())
@@ -2501,6 +2502,8 @@ class CoolArchive:
                         raise _Skip() from None
                     for row, why in self._check_table(t, base):
                         problems.append(CoolProblem(name, row, why))
+                    if checked is not None:
+                        checked["cool_rows"] = checked.get("cool_rows", 0) + t.num_rows
                     mids += t.column("msg_id").to_pylist()
                     chs += t.column("channel_id").to_pylist()
                     tids += t.column("task_id").to_pylist()

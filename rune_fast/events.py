@@ -217,6 +217,7 @@ class FramedLog:
         self._lock = threading.RLock()
         self._failed: str | None = None
         self._closed = False
+        self._unsynced = False   # appends since the last sync
         if read_only:
             self._fd = -1
             if not os.path.exists(self.path):
@@ -310,6 +311,7 @@ class FramedLog:
             self._check_writable()
             fd = self._fd
             fcntl.flock(fd, fcntl.LOCK_SH)
+            self._unsynced = True
             try:
                 written = os.write(fd, data)
                 end = os.lseek(fd, 0, os.SEEK_CUR) if offset or written != len(data) else None
@@ -326,14 +328,20 @@ class FramedLog:
     def sync(self) -> None:
         """Make every append so far durable (one ``fdatasync``).
         :class:`DurabilityError` naming the file if it fails; the log then
-        refuses further writes (a failed sync may have lost pages)."""
+        refuses further writes (a failed sync may have lost pages). After a
+        clean :meth:`close` (which synced) there is nothing left to sync: a
+        repository sharing the log may still ask, whatever order a caller
+        closes them in."""
         with self._lock:
+            if self._closed and self._failed is None and not self.read_only:
+                return
             self._check_writable()
             try:
                 os.fdatasync(self._fd)
             except OSError as exc:
                 self._failed = f"fdatasync failed: {exc}"
                 raise DurabilityError(f"sync of {self.path} failed: {exc}") from exc
+            self._unsynced = False
 
     @property
     def size(self) -> int:
@@ -424,14 +432,24 @@ class FramedLog:
         return self._closed
 
     def close(self) -> None:
-        """Close the descriptor (idempotent). Appends not yet synced stay in
-        the OS page cache: they survive a process exit, not a power loss."""
+        """Sync what was appended since the last sync, then close the
+        descriptor (idempotent). A failed sync closes it all the same and
+        raises :class:`DurabilityError` naming the file."""
         with self._lock:
+            failed = None
             if self._closer is not None:
+                if self._unsynced and self._failed is None:
+                    try:
+                        os.fdatasync(self._fd)
+                        self._unsynced = False
+                    except OSError as exc:
+                        self._failed = failed = f"fdatasync failed: {exc}"
                 self._closer()
                 self._closer = None
             self._fd = -1
             self._closed = True
+            if failed is not None:
+                raise DurabilityError(f"sync of {self.path} at close failed: {failed}")
 
     def __enter__(self) -> "FramedLog":
         return self
@@ -644,7 +662,8 @@ class EventStore:
         return problems
 
     def close(self) -> None:
-        """Close the file (idempotent); unsynced envelopes are left to the OS."""
+        """Sync and close the file (idempotent); a repository sharing the
+        store may still close after it (its sync is then a no-op)."""
         self._log.close()
 
     def __enter__(self) -> "EventStore":

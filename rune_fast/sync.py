@@ -52,6 +52,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
+import logging
 import operator
 import re
 import threading
@@ -60,6 +61,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import orjson
+
+log = logging.getLogger("rune_fast.sync")
 
 __all__ = [
     "DEFAULT_CONVERSATION",
@@ -353,19 +356,22 @@ class _OpFields(NamedTuple):
     op_id: str
     hlc: Hlc
     payload: Mapping[str, Any]
-    surface: Surface = Surface.CONVERSATION
 
 
 class OpRecord(_OpFields):
     """One op: ``OpRecord(op_id, hlc, payload, surface=Surface.CONVERSATION)``.
 
-    A NamedTuple, so it unpacks and compares like a tuple; ``hlc`` may be given
-    as an :class:`Hlc` or its string and is always stored as an :class:`Hlc`.
-    ``op_id`` must be a non-empty str and ``payload`` a mapping
-    (``TypeError``/``ValueError`` naming the field otherwise).
+    A 3-tuple ``(op_id, hlc, payload)``: it unpacks and compares like one
+    (the surface is an attribute beside the tuple; two ops of different
+    surfaces are not equal), and reads like the mapping form too
+    (``op["payload"]``). ``hlc`` may be given as an :class:`Hlc` or its
+    string and is always stored as an :class:`Hlc`. ``op_id`` must be a
+    non-empty str and ``payload`` a mapping (``TypeError``/``ValueError``
+    naming the field otherwise).
     """
 
-    __slots__ = ()
+    # no __slots__: an op of another surface keeps it in its instance dict
+    surface: Surface = Surface.CONVERSATION
 
     def __new__(cls, op_id: str, hlc: Hlc | str, payload: Mapping[str, Any],
                 surface: Surface | str = Surface.CONVERSATION) -> OpRecord:
@@ -387,7 +393,34 @@ class OpRecord(_OpFields):
                 surface = Surface(surface)
             except ValueError:
                 raise ValueError(f"op {op_id!r}: unknown surface {surface!r}") from None
-        return tuple.__new__(cls, (op_id, h, payload, surface))
+        self = tuple.__new__(cls, (op_id, h, payload))
+        if surface is not Surface.CONVERSATION:
+            self.surface = surface
+        return self
+
+    def __getitem__(self, key: Any) -> Any:
+        if type(key) is str:
+            if key in _OP_KEYS:
+                return getattr(self, key)
+            raise KeyError(key)
+        return tuple.__getitem__(self, key)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, OpRecord) and self.surface is not other.surface:
+            return False
+        return tuple.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = tuple.__hash__
+
+    def __repr__(self) -> str:
+        extra = "" if self.surface is Surface.CONVERSATION else f", surface={self.surface.value!r}"
+        return f"OpRecord(op_id={self.op_id!r}, hlc={self.hlc!r}, payload={self.payload!r}{extra})"
+
+    def __reduce__(self) -> tuple:
+        return OpRecord, (*self, self.surface)
 
     def to_dict(self) -> dict[str, Any]:
         """The wire form ``{"op_id", "hlc": str, "payload"}`` (plus
@@ -398,6 +431,7 @@ class OpRecord(_OpFields):
         return d
 
 
+_OP_KEYS = frozenset(("op_id", "hlc", "payload", "surface"))
 _OP_NEW = tuple.__new__
 _CONVERSATION = Surface.CONVERSATION
 
@@ -420,7 +454,7 @@ def as_op(x: Any) -> OpRecord:
         if (type(op_id) is str and op_id and type(p) is dict and x.get("surface") is None
                 and type(h) is str):
             try:
-                return _OP_NEW(OpRecord, (op_id, Hlc.parse(h), p, _CONVERSATION))
+                return _OP_NEW(OpRecord, (op_id, Hlc.parse(h), p))
             except ValueError:
                 pass
     if t is dict or isinstance(x, Mapping):
@@ -433,7 +467,7 @@ def as_op(x: Any) -> OpRecord:
         return OpRecord(op_id, hlc, payload, Surface.CONVERSATION if s is None else s)
     if t is tuple or isinstance(x, (tuple, list)):
         if isinstance(x, OpRecord):
-            return OpRecord(*x)
+            return OpRecord(*x, x.surface)
         if len(x) in (3, 4):
             return OpRecord(*x)
         raise ValueError(f"an op tuple has 3 items (op_id, hlc, payload), got {len(x)}")
@@ -708,7 +742,7 @@ def _winners(ops: Iterable[Any]) -> tuple[dict[str, OpRecord], set[str]]:
     conv = Surface.CONVERSATION
     for x in ops:
         op = x if type(x) is OpRecord else as_op(x)
-        if op[3] is not conv:
+        if op.surface is not conv:
             continue
         op_id = op[0]
         if op[2].get("deleted") is True:
@@ -749,7 +783,7 @@ def fold(ops: Iterable[Any], conversation_id: str = DEFAULT_CONVERSATION) -> lis
     saw_bad = False
     for x in ops:
         op = x if type(x) is OpRecord else as_op(x)
-        if op[3] is not conv:
+        if op.surface is not conv:
             continue
         op_id = op[0]
         payload = op[2]
@@ -1503,7 +1537,7 @@ def resume_messages(ops: Iterable[Any], conversation_id: str = DEFAULT_CONVERSAT
 _PAYLOAD_ONLY = ("conversation_id", "tool_use_id", "timestamp")
 
 
-def op_from_record_dict(d: Any) -> OpRecord:
+def op_from_record_dict(d: Any, *, lenient: bool = False) -> OpRecord:
     """The op of a stored message (SPEC section 7): ``op_id = msg_id``,
     ``hlc`` = the record's ``hlc`` or ``Hlc(round(ts*1000), 0, origin)`` when
     it has none, payload = the record dict plus ``conversation_id``
@@ -1512,7 +1546,9 @@ def op_from_record_dict(d: Any) -> OpRecord:
 
     ``d`` is ``record.to_dict()`` (or a record with ``to_dict()``); a missing
     key raises ``ValueError`` naming it, a malformed ``hlc`` ``ValueError``
-    naming the message."""
+    naming the message -- or, with ``lenient`` (a store exporting what it
+    holds: a record may carry any string as its ``hlc``), a warning naming
+    the message, and the op stamped as if the record had no ``hlc``."""
     if not isinstance(d, Mapping):
         to_dict = getattr(d, "to_dict", None)
         if to_dict is None:
@@ -1531,7 +1567,13 @@ def op_from_record_dict(d: Any) -> OpRecord:
         else:
             hlc = Hlc(round(ts * 1000), 0, d.get("origin") or "")
     except (TypeError, ValueError) as e:
-        raise ValueError(f"message {msg_id!r}: {e}") from None
+        if not (lenient and hlc_s):
+            raise ValueError(f"message {msg_id!r}: {e}") from None
+        try:
+            hlc = Hlc(round(ts * 1000), 0, d.get("origin") or "")
+        except (TypeError, ValueError) as e2:
+            raise ValueError(f"message {msg_id!r}: {e}; {e2}") from None
+        log.warning("message %r: %s; its op is stamped from its ts and origin (%s)", msg_id, e, hlc)
     payload = dict(d)
     payload["conversation_id"] = channel_id
     payload["role"] = d.get("role", "")

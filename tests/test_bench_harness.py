@@ -114,8 +114,13 @@ class FakeRepository:
 def _check_report(report: compare.Report) -> None:
     keys = [r.key for r in report.rows]
     assert keys == list(compare.OPERATIONS)
+    # on a file system that counts no block writes (tmpfs) the write lines say so
+    unmeasured = any(n.startswith("UNMEASURED") for n in report.notes)
     for row in report.rows:
         assert row.rune is not None and row.other is not None, row.key
+        if unmeasured and row.key.startswith("write_amp"):
+            assert row.ratio is None and row.met is None, row.key
+            continue
         assert row.ratio is not None and math.isfinite(row.ratio), row.key
         assert row.ratio >= 0, row.key
     table = compare.format_table(report)

@@ -349,6 +349,70 @@ def test_zero_bytes_after_last_line_are_not_damage(tmp_path, nzeros):
         repo.close()
 
 
+@pytest.mark.parametrize("how", ["zero-tail", "zero-last-two", "cut-last-two", "cut-all"])
+@pytest.mark.parametrize("durability", ["fsync", "none"])
+def test_tail_that_lost_lines_its_snapshot_vouches_for_is_loud(tmp_path, how, durability):
+    """After a clean close the index snapshot vouches for every tail line (it
+    is written after the tail is synced). Only the final line may then be
+    found cut short (read as a torn append, as a crash leaves it); a tail that
+    lost more -- zeroed or cut off past its final line, which no crash does
+    to synced bytes -- raises CorruptStateCheckpointError naming the tail,
+    from a writer's open and a viewer's: never an open with messages missing
+    and nothing said."""
+    from rune_fast.conversation_state import CorruptStateCheckpointError
+    state = str(tmp_path / "s")
+    mids = build(state, durability=durability)
+    path, start, end = line_of(state, mids[-1])
+    _p, prev_start, _e = line_of(state, mids[-2])
+    data = read_bytes(path)
+    if how == "zero-tail":
+        cut, new = None, bytes(len(data))
+    elif how == "zero-last-two":
+        cut, new = None, data[:prev_start + 3] + bytes(end + 1 - prev_start - 3) + data[end + 1:]
+    else:
+        cut, new = (prev_start + 5 if how == "cut-last-two" else 0), None
+    with open(path, "r+b") as f:
+        if new is not None:
+            f.write(new)
+        else:
+            f.truncate(cut)
+    before = cw.tree_digest(state)
+    for read_only in (True, False):
+        with pytest.raises(CorruptStateCheckpointError) as ei:
+            open_conv(state, read_only=read_only)
+        assert_names(ei.value, path, 0, end)
+        assert "snapshot" in str(ei.value)
+    assert cw.tree_digest(state) == before, "a refused open changed files"
+
+
+def test_snapshot_never_covers_unsynced_tail_bytes(tmp_path, monkeypatch):
+    """With durability='none' appends are not synced, but the index snapshot a
+    compaction writes vouches only for tail bytes synced before it."""
+    from rune_fast import segments
+    from rune_fast._index import HotIndex
+    state = str(tmp_path / "s")
+    synced: list[int] = []
+    real_sync = segments.TailFile.sync
+
+    def sync(self):
+        real_sync(self)
+        synced.append(self.size)
+    monkeypatch.setattr(segments.TailFile, "sync", sync)
+    repo, _w = open_conv(state, durability="none")
+    try:
+        mids = ids(4200, start=1000)
+        assert repo.append_many([cw.make_message(m) for m in mids]) == len(mids)
+        assert not synced
+        assert repo.compact().snapshot_written
+        snap = [f for f in files_under(state, exclude_quarantine=True) if f.endswith(".snap")]
+        assert len(snap) == 1
+        _idx, covered = HotIndex.load_snapshot(snap[0])
+        tail_seg = covered[-1]
+        assert synced and covered[tail_seg] <= max(synced)
+    finally:
+        repo.close()
+
+
 # ------------------------------------------------------- flipped bytes in lines
 
 def _value_at(line: bytes, key: str) -> int:

@@ -102,6 +102,31 @@ def test_append_iterate_and_payload_hash(tmp_path):
     assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
 
 
+def test_close_syncs_what_was_appended_and_sync_after_close_is_a_no_op(tmp_path, monkeypatch):
+    """A store shared by repositories may be closed before them: its close
+    syncs the appends not yet synced, and their later sync has nothing to do.
+    Appending after the close still raises."""
+    path = tmp_path / "events.jsonl"
+    store = EventStore(path)
+    syncs = []
+    real = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (syncs.append(fd), real(fd))[1])
+    store.append("conversation.deleted", "msg_1", payload_hash({"msg_id": "msg_1"}))
+    store.close()
+    assert len(syncs) == 1
+    store.sync()
+    store.close()
+    assert len(syncs) == 1
+    with pytest.raises(StoreClosedError):
+        store.append("conversation.deleted", "msg_2", payload_hash({"msg_id": "msg_2"}))
+    synced = EventStore(tmp_path / "other.jsonl")
+    synced.append("conversation.deleted", "msg_1", payload_hash({"msg_id": "msg_1"}))
+    synced.sync()
+    synced.close()                       # nothing appended since the sync: no second one
+    assert len(syncs) == 2
+    assert [e["id"] for e in EventStore(path).iter_envelopes()] == ["msg_1"]
+
+
 def test_append_many_one_write(tmp_path):
     store = EventStore(tmp_path / "events.jsonl")
     store.append("conversation.message", "msg_0", H)

@@ -211,7 +211,9 @@ def test_torn_final_line_is_quarantined(tmp_path):
         repo = ConversationStateRepository(tmp_path)
     with repo:
         q = repo.stats()["quarantined"]
-        assert len(q) == 1 and q[0]["file"].endswith("conversation_tail.jsonl")
+        # one shape for every quarantined line (tail, tombstones, events.jsonl, task log)
+        assert len(q) == 1 and set(q[0]) == {"path", "offset", "length", "quarantine"}
+        assert q[0]["path"].endswith("conversation_tail.jsonl") and q[0]["offset"] > 0 and q[0]["length"] == 52
         with open(q[0]["quarantine"], "rb") as f:
             assert f.read().startswith(b'{"x":"0123456789abcdef"')
         assert len(repo) == 3
@@ -412,7 +414,8 @@ def test_token_estimate_past_int64_is_stored_and_cooled(tmp_path):
     with ConversationStateRepository(tmp_path, hot_window=1) as repo:
         assert [repo.get_message(m.msg_id).record for m in big] == big
         assert repo.window("ch", 8) == big + [msg(1)]
-        assert repo.verify()          # every tier checks, the cool rows against their digests
+        rep = repo.verify()           # every tier checks, the cool rows against their digests
+        assert rep.ok and rep.checked["cool_rows"] == 4 and rep.checked["records"] == 1, rep
 
 
 def test_folds_to_ascii_table_matches_unicodedata():

@@ -124,6 +124,33 @@ def test_compose_onto_dict_root(tmp_path):
         _close(root.get)
 
 
+@pytest.mark.parametrize("order", ["as registered", "reversed"])
+def test_closing_everything_a_composed_root_holds_in_any_order(tmp_path, order):
+    """A caller that closes every object of its root (the shared event store
+    registered with the repositories) may do so in any order: the store syncs
+    at its close, and a repository closed after it has nothing left to sync."""
+    root = {}
+    sd = tmp_path / "state"
+    compose_conversation_state(root, sd)
+    t = root["task_state"].create("x", "ch")
+    m = msg("y", "ch")
+    assert root["conversation_state"].append(m) is True
+    objs = list(root.values())
+    for obj in objs if order == "as registered" else objs[::-1]:
+        close = getattr(obj, "close", None)
+        if close is not None:
+            close()
+    assert canonical_hash(t.to_dict()) in hashes_of(sd / "events.jsonl", "task_state.created")
+    assert canonical_hash(m.to_dict()) in hashes_of(sd / "events.jsonl", "conversation.message")
+    again = {}
+    compose_conversation_state(again, sd)
+    try:
+        assert again["task_state"].get(t.task_id) == t
+        assert again["conversation_state"].get_message(m.msg_id).record == m
+    finally:
+        _close(again.get)
+
+
 def test_compose_keeps_existing_entries(tmp_path):
     root = PlainRoot()
     root.register("other", 123)

@@ -659,7 +659,9 @@ def test_repeated_sigkill_keeps_every_acknowledged_message(sd):
         first = p.stdout.readline()  # wait until the writer is running
         _time.sleep(rnd.uniform(0.05, 0.4))
         p.kill()
-        rest, err = p.communicate(timeout=30)
+        rest, _err = p.stdout.read(), p.stderr.read()  # not communicate(): it skips what readline() buffered
+        p.stdout.close(), p.stderr.close()
+        p.wait(timeout=30)
         out = first + rest
         lines = out.split(b"\n")
         acked += [ln.decode() for ln in lines[:-1] if ln]  # the last piece may be cut short
@@ -956,7 +958,9 @@ def test_group_commit_threads_killed(sd, mode):
     first = p.stdout.readline()
     _time.sleep(0.4)
     p.kill()
-    rest, _ = p.communicate(timeout=30)
+    rest = p.stdout.read()  # not communicate(): it skips what readline() buffered
+    p.stdout.close(), p.stderr.close()
+    p.wait(timeout=30)
     acked = [x.decode() for x in (first + rest).split(b"\n")[:-1] if x]
     assert acked
     with warnings.catch_warnings():

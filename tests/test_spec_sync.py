@@ -18,6 +18,7 @@ from rune_fast.sync import (
     LastN,
     Turn,
     fold,
+    op_from_record_dict,
     repair,
     to_anthropic,
     to_openai,
@@ -444,6 +445,9 @@ def test_export_ops_shape(tmp_path):
         r.append(m2)
         ops = {op_parts(o)[0]: op_parts(o) for o in r.export_ops()}
         assert set(ops) == {m1.msg_id, m2.msg_id}
+        for o in r.export_ops():
+            op_id, hlc, payload = o             # an op is (op_id, hlc, payload)
+            assert (op_id, str(hlc), payload) == ops[op_id]
         _, h1, p1 = ops[m1.msg_id]
         assert Hlc.parse(h1) == Hlc(round(1700000000.1234 * 1000), 0, "devA")
         _, h2, p2 = ops[m2.msg_id]
@@ -456,6 +460,29 @@ def test_export_ops_shape(tmp_path):
             assert p["content"] == m.content
             for k in ("tool_calls", "tool_use_id", "timestamp"):
                 assert k in p
+
+
+def test_a_stored_hlc_that_is_no_hlc_does_not_break_export_or_resume(tmp_path, caplog):
+    """A record may carry any string as its hlc (section 2 checks only that it
+    is a str): export and resume stamp its op as if it had none, say so, and
+    two stores that exchange it still hold identical transcripts."""
+    odd = msg("odd one", "c", ts=1700000000.5, origin="devA", hlc="not-an-hlc")
+    fine = msg("fine", "c", role="assistant", hlc=str(Hlc(1700000001000, 0, "devA")))
+    with ConversationStateRepository(tmp_path / "a") as a, ConversationStateRepository(tmp_path / "b") as b:
+        a.append_many([odd, fine])
+        with caplog.at_level("WARNING", logger="rune_fast.sync"):
+            ops = a.export_ops()
+        assert odd.msg_id in caplog.text and "not-an-hlc" in caplog.text
+        by_id = {op_parts(o)[0]: op_parts(o) for o in ops}
+        assert Hlc.parse(by_id[odd.msg_id][1]) == Hlc(1700000000500, 0, "devA")
+        assert [(m["role"], m["content"]) for m in a.resume_messages("c")] == [
+            ("user", "odd one"), ("assistant", "fine")]
+        assert b.merge_ops(ops) == 2
+        assert b.get_message(odd.msg_id).record == odd      # stored exactly as exported
+        assert b.resume_messages("c") == a.resume_messages("c")
+        assert [op_parts(o) for o in b.export_ops()] == [op_parts(o) for o in a.export_ops()]
+        with pytest.raises(ValueError, match="not-an-hlc"):
+            op_from_record_dict(odd.to_dict())               # the module function stays strict
 
 
 def test_export_since_is_exclusive(tmp_path):

@@ -497,7 +497,9 @@ def test_tasks_survive_sigkill(sd):
         first = p.stdout.readline()
         _time.sleep(0.1 + 0.1 * run)
         p.kill()
-        rest, err = p.communicate(timeout=30)
+        rest, err = p.stdout.read(), p.stderr.read()  # not communicate(): it skips what readline() buffered
+        p.stdout.close(), p.stderr.close()
+        p.wait(timeout=30)
         acked += [x.decode() for x in (first + rest).split(b"\n")[:-1] if x]
         import warnings
 

@@ -47,6 +47,31 @@ def test_op_forms_are_equivalent():
         assert fold([f], "c") == fold([forms[0]], "c")
 
 
+def test_an_op_is_a_three_tuple_and_reads_like_its_mapping():
+    """SPEC section 7: an op is ``(op_id, hlc, payload)``; the surface rides
+    beside the tuple, so unpacking never sees it."""
+    import pickle
+    p = P("user", "hi")
+    op = OpRecord("m1", H(1), p)
+    op_id, hlc, payload = op
+    assert (op_id, hlc, payload) == ("m1", H(1), p) and len(op) == 3
+    assert op == ("m1", H(1), p) and ("m1", H(1), p) == op
+    assert (op["op_id"], op["hlc"], op["payload"], op["surface"]) == ("m1", H(1), p, Surface.CONVERSATION)
+    assert op[0] == "m1" and op[-1] is p and op[:2] == ("m1", H(1))
+    with pytest.raises(KeyError):
+        op["content"]
+    routed = OpRecord("m1", H(1), p, "routing")
+    assert len(routed) == 3 and tuple(routed) == tuple(op)
+    assert routed.surface is Surface.ROUTING and routed["surface"] is Surface.ROUTING
+    assert routed != op and op != routed and not (routed == op)
+    assert as_op(routed).surface is Surface.ROUTING
+    assert as_op(("m1", H(1), p, "entity")).surface is Surface.ENTITY
+    for o in (op, routed):
+        back = pickle.loads(pickle.dumps(o))
+        assert back == o and back.surface is o.surface and type(back) is OpRecord
+    assert "routing" in repr(routed) and "surface" not in repr(op)
+
+
 def test_op_to_dict_round_trips():
     op = OpRecord("m1", H(3, 1, "x"), P("user", "hi"))
     d = op.to_dict()

@@ -508,7 +508,11 @@ def test_sigkill_keeps_every_acknowledged_change(tmp_path, delay):
     first = [proc.stdout.readline() for _ in range(5)]  # the writer is under way
     time.sleep(delay)
     proc.send_signal(signal.SIGKILL)
-    rest, _ = proc.communicate(timeout=30)
+    # read the rest through the same buffered file: communicate() reads the raw
+    # pipe and would skip what readline() buffered past the fifth line
+    rest = proc.stdout.read()
+    proc.stdout.close()
+    proc.wait(timeout=30)
     out = "".join(first) + rest
     assert proc.returncode == -signal.SIGKILL
     status: dict[str, str] = {}
