@@ -425,6 +425,10 @@ class ConversationStateRepository:
                 path=self._manifest_store.path)
         self._manifest = m
         self._covered = int(m["covered"])
+        # the size events.jsonl had when the tail was folded up to _covered:
+        # the envelopes of the lines after _covered lie after it (see
+        # _rederive_envelopes); the manifest records the two together
+        self._covered_events = int(m.get("events_offset", 0))
         self._tail_seg = int(m["tail_seg"])
         self._next_seg = int(m["next_seg"])
         self._next_seq = int(m.get("next_seq", 0))
@@ -482,6 +486,10 @@ class ConversationStateRepository:
         # tail (its number, up to which offset); see _check_hot_lines
         self._lines_checked: set[int] = set()
         self._tail_checked = (-1, 0)
+        # segments whose line check met a damaged dead line or zeros: their
+        # bytes do not parse as one line after another, which the search
+        # pass over whole segments needs (see search)
+        self._ragged: set[int] = set()
         self._manifest_dirty = False    # an in-memory fold the manifest does not show yet
         self._index = self._load_index()
         self._next_seq = max(self._next_seq, self._last_tail_seq() + 1)
@@ -629,24 +637,41 @@ class ConversationStateRepository:
         being where the last line it covers starts.
 
         Such a snapshot vouches for the complete lines of the tail before
-        ``last``: a tail that lost any of them (cut off or zeroed past its
-        final line) raises CorruptStateCheckpointError naming the tail and
-        offset. Only the final line may be found cut short (a torn append, as
+        ``last``, and for the size of each sealed segment (they never change
+        once sealed): a tail that lost any of those lines (cut off or zeroed
+        past its final line), or a sealed segment of another size, raises
+        CorruptStateCheckpointError naming the file and offset. Only the final line may be found cut short (a torn append, as
         a crash leaves it): the snapshot is then not used and the rebuild
         quarantines it, as without a snapshot.
         """
         if covered.get(_TAIL_MARK) != self._tail_seg:
             return None
         sealed = {s: o for s, o in covered.items() if s >= 0 and s != self._tail_seg}
-        if sealed != {seg: self._segs[seg].size for seg in self._seg_order}:
+        now = {seg: self._segs[seg].size for seg in self._seg_order}
+        if sealed != now:
+            if covered.get(_SYNCED_MARK) and sealed.keys() == now.keys():
+                # the same segments, one of another size: a sealed segment
+                # never changes (a rewrite makes a new one), so it was damaged
+                seg = next(s for s in self._seg_order if sealed[s] != now[s])
+                raise CorruptStateCheckpointError(
+                    f"sealed segment {seg} holds {now[seg]} bytes, but the index snapshot "
+                    f"{SNAPSHOT_NAME} vouches for {sealed[seg]} (cut off or grown after it was "
+                    f"sealed)", path=self._segs[seg].path, offset=min(now[seg], sealed[seg]))
             return None
         start = int(covered.get(self._tail_seg, -1))
         if self._tail is None or start < 0:
             return None
         tail = self._tail
-        if start > tail.file_size or (start > 0 and tail.buf is not None and tail.buf[start - 1] != 0x0A):
+
+        def cut(end: int) -> bool:      # no complete line ends at ``end``
+            return end > tail.file_size or (end > 0 and (tail.buf is None or tail.buf[end - 1] != 0x0A))
+        if cut(start) and self.read_only:
+            # a viewer may have mapped the tail before the writer appended the
+            # lines this newer snapshot covers: look again before judging
+            tail.refresh_map()
+        if cut(start):
             last = covered.get(_SYNCED_MARK, 0) - 1
-            if last > 0 and (last > tail.file_size or tail.buf is None or tail.buf[last - 1] != 0x0A):
+            if last > 0 and cut(last):
                 if last > tail.file_size:
                     what, at = f"the file ends at {tail.file_size}", tail.file_size
                 else:
@@ -684,10 +709,18 @@ class ConversationStateRepository:
         path = os.path.join(self.hot_dir, TOMBSTONES_NAME)
         self._tomb_path = path
         out: dict[str, str] = {}
-        self._tomb_size = 0
+        self._tomb_size = self._tomb_last = 0
+        self._tomb_erased = 0           # tombstones before this offset: erased by a compaction
+        self._tomb_unsynced = False
         self._unerased: list[str] = []
         self._tomb_hlcs: list[str] = []
+        # (size, start of its last line) the manifest vouches for: synced before it was written
+        vouched = self._manifest.get("tombstones_synced") or [0, 0]
         if not os.path.exists(path):
+            if vouched[0] > 0:
+                raise CorruptStateCheckpointError(
+                    f"the tombstone file is missing; the manifest vouches for {vouched[0]} bytes of it",
+                    path=path)
             return out
         with open(path, "rb") as f:
             data = f.read()
@@ -696,6 +729,17 @@ class ConversationStateRepository:
         if scan.damaged_offset >= 0:
             raise CorruptStateCheckpointError(f"damaged tombstone line: {scan.damage}", path=path,
                                               offset=scan.damaged_offset)
+        if scan.good_end < vouched[1]:
+            # deletions before the last one the manifest vouches for are gone
+            # (cut off or zeroed): they would come back; only the final line
+            # may read as torn, as a crash leaves it
+            raise CorruptStateCheckpointError(
+                f"the tombstone file lost deletions the manifest vouches for: its complete lines "
+                f"end at {scan.good_end}, the manifest's reach past {vouched[1]}", path=path,
+                offset=scan.good_end)
+        if scan.good_end < vouched[0]:
+            log.warning("%s: the last deletion the manifest vouches for (ending at offset %d) is cut "
+                        "short", path, vouched[0])
         if scan.torn_offset >= 0 and not self.read_only:
             torn = data[scan.torn_offset:].rstrip(b"\0")
             qpath = quarantine_bytes(os.path.join(self.hot_dir, QUARANTINE_DIR), path,
@@ -711,7 +755,11 @@ class ConversationStateRepository:
                 f.truncate(scan.good_end)
                 os.fsync(f.fileno())
         erased_upto = int(self._manifest.get("tombstones_erased", 0))
-        for off, ln in zip(scan.offsets.tolist(), scan.lengths.tolist()):
+        self._tomb_erased = erased_upto
+        offsets = scan.offsets.tolist()
+        self._tomb_size = scan.good_end if not self.read_only else len(data)
+        self._tomb_last = offsets[-1] if offsets else 0
+        for off, ln in zip(offsets, scan.lengths.tolist()):
             body = codec.decode_body(data[off + len(codec.TOMBSTONE_PREFIX) + 23: off + ln - 1],
                                      path=path, offset=off)
             out[body["msg_id"]] = body["channel_id"]
@@ -1136,7 +1184,10 @@ class ConversationStateRepository:
             raise DurabilityError(f"write of tombstones to {self._tomb_path} failed: {exc}") from exc
         finally:
             os.close(fd)
+        self._tomb_last = self._tomb_size + data.rfind(b"\n", 0, len(data) - 1) + 1
         self._tomb_size += len(data)
+        self._tomb_unsynced = self.durability == "none"
+        self._manifest_dirty = True     # its close records the tombstones it can vouch for
         if new_file and self.durability != "none":
             fsync_dir(self.hot_dir)
         deleted = 0
@@ -1327,25 +1378,39 @@ class ConversationStateRepository:
                 return []
             ch_key = codec.key(channel_id) if channel_id is not None else None
             self._check_hot_lines()
+            # A pass over whole segments finds a hit's line by the newline
+            # before it: a segment holding a damaged dead line or zeros (left
+            # for verify() to report) is searched line by line from the index
+            # instead, channel by channel, so its live lines are all seen.
+            ragged = bool(self._ragged & (set(self._seg_order) | {self._tail_seg}))
+            chans = [ch_key] if ch_key is not None or not ragged else list(self._index.channels())
+
+            def hot(needle: bytes, ci: bool, na: bool) -> list[int]:
+                if len(chans) == 1:
+                    return self._index.search(needle, ci, na, chans[0]).tolist()
+                return [loc for ch in chans for loc in self._index.search(needle, ci, na, ch).tolist()]
             if case_sensitive:
                 check = (lambda c: text in c)
-                locs = self._index.search(codec.key(text), False, False, ch_key).tolist()
+                locs = hot(codec.key(text), False, False)
             else:
                 folded = text.casefold()
                 check = (lambda c: folded in c.casefold())
-                if folded.isascii():
+                specials = relevant_specials(folded) if folded.isascii() else ()
+                if folded.isascii() and not (specials and ragged):
                     # ASCII-case-insensitive candidates are exact, except where a
                     # non-ASCII character folds to ASCII letters of the needle
                     # ('ß' -> 'ss', Kelvin sign -> 'k'): the lines holding one
                     # that can take part in a match join too (kept per segment).
-                    locs = self._index.search(codec.key(folded), True, False, ch_key).tolist()
-                    specials = relevant_specials(folded)
+                    locs = hot(codec.key(folded), True, False)
                     if specials:
                         seen = set(locs)
                         extra = [loc for loc in self._special_lines(specials) if loc not in seen]
                         locs.extend(self._live_in(extra, channel_id))
+                elif folded.isascii():
+                    # ragged segments: every line holding a non-ASCII byte joins
+                    locs = hot(codec.key(folded), True, True)
                 else:
-                    locs = self._index.search(b"", True, True, ch_key).tolist()
+                    locs = hot(b"", True, True)
             keyed = []
             for loc in locs:
                 rec, seq = self._read_loc_seq(loc)
@@ -1387,7 +1452,16 @@ class ConversationStateRepository:
         live: set[int] | None = None
         while start < end:
             scan = scan_frames(buf if buf is not None else b"", start, end)
+            if scan.damaged_offset >= 0 or scan.good_end < end:
+                self._ragged.add(seg)
             if scan.damaged_offset < 0:
+                if scan.good_end < end:
+                    # the scan stopped early: zeros or a cut line inside the
+                    # bytes the index vouches for; the live lines from there
+                    # on are checked one by one (a damaged one raises)
+                    lo, hi = (seg << 40) | scan.good_end, (seg << 40) | end
+                    rest = [loc for loc in self._index.excess(0).tolist() if lo <= loc < hi]
+                    self._index.check_lines(sorted(rest))
                 return
             off = scan.damaged_offset
             if live is None:
@@ -1754,6 +1828,8 @@ class ConversationStateRepository:
                 self._events.sync()
             self._seg_order = new_order
             self._covered = self._tail.size
+            self._covered_events = self._events.size
+            self._tomb_erased = self._tomb_size     # every pending erasure is done by now
             self._write_manifest(manifest_cool, durable=durable)
             # 6. now the old files are unreferenced: remove them
             for seg in old_segs:
@@ -1787,6 +1863,7 @@ class ConversationStateRepository:
         crash meanwhile only relabels those lines "tail"."""
         rep.folded = self._since_compact
         self._covered = self._tail.size
+        self._covered_events = self._events.size
         self._since_compact = 0
         self._manifest_dirty = True
         self._compactions += 1
@@ -1943,12 +2020,21 @@ class ConversationStateRepository:
         return new_seg
 
     def _write_manifest(self, cool_files: list[str], *, durable: bool = True) -> None:
+        if self._tomb_unsynced:
+            # the manifest vouches for the tombstones: they are synced first
+            fd = os.open(self._tomb_path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+            self._tomb_unsynced = False
         m = {"format": _FORMAT, "segments": list(self._seg_order), "tail_seg": self._tail_seg,
              "covered": self._covered, "cool_files": list(cool_files),
-             "events_offset": self._events.size, "next_seg": self._next_seg,
+             "events_offset": self._covered_events, "next_seg": self._next_seg,
              "next_seq": self._next_seq,
              "clock": str(self._clock.last) if self._clock.last is not None else "",
-             "tombstones_erased": self._tomb_size,
+             "tombstones_erased": self._tomb_erased,
+             "tombstones_synced": [self._tomb_size, self._tomb_last],
              "cool_max": {ch: list(k) for ch, k in self._cool_max.items()}}
         self._manifest_store.write(m, durable=durable)
         self._manifest = m
@@ -2066,6 +2152,16 @@ class ConversationStateRepository:
                         hashes[rec.msg_id] = payload_hash(rec)
                     except CorruptStateCheckpointError as exc:
                         problems.append(Problem(self._path_of(loc >> 40), loc & ((1 << 40) - 1), str(exc)))
+            # the cool tier's records too (a damaged row is cool.verify()'s to report)
+            for ch in self._cool.channels():
+                try:
+                    rows = self._cool.channel_rows(ch)
+                except CorruptStateCheckpointError:
+                    continue
+                for row in rows:
+                    mid = row.record.get("msg_id")
+                    if mid not in self._cool_deleted:
+                        hashes[mid] = payload_hash(row.record)
             checked["records"] = len(hashes)
             # envelopes against records
             if self._events is not None:

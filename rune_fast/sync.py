@@ -561,6 +561,20 @@ _ROLE_OF: dict[str, Role | None] = {
 }
 
 
+#: legacy ``speaker`` names of the assistant side, besides the role names
+_LEGACY_ASSISTANTS = frozenset(("bot", "agent", "model", "llm"))
+
+
+def _legacy_role(speaker: Any) -> Role | None:
+    """The role of a legacy ``{speaker, text, timestamp}`` turn: a role name
+    in any case, an assistant-side name (bot, agent, model, llm), else a
+    person's name (``"alice"``), which is a user turn."""
+    name = speaker.strip().lower() if isinstance(speaker, str) else ""
+    if name in _ROLE_OF:
+        return _ROLE_OF[name]
+    return _ASSISTANT if name in _LEGACY_ASSISTANTS else _USER
+
+
 class _TurnFields(NamedTuple):
     op_id: str
     hlc: Hlc
@@ -578,10 +592,27 @@ class Turn(_TurnFields):
 
     ``tool_calls`` is a tuple of ``{"id", "name", "arguments"}`` dicts (only
     meaningful on assistant turns); ``tool_use_id`` names the call a tool turn
-    answers. Turns compare by value.
+    answers. Turns compare by value. A Turn built by hand is normalised as a
+    folded one is: ``hlc`` given as its string becomes an :class:`Hlc`,
+    ``role`` a :class:`Role`, ``tool_calls`` a tuple (``TypeError`` /
+    ``ValueError`` naming the field otherwise).
     """
 
     __slots__ = ()
+
+    def __new__(cls, op_id: str, hlc: Hlc | str, conversation_id: str, role: Role | str, content: str,
+                tool_calls: Iterable[dict[str, Any]], tool_use_id: str, timestamp: Any) -> Turn:
+        try:
+            h = _as_hlc(hlc)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"Turn {op_id!r}: hlc: {e}") from None
+        try:
+            r = Role(role)
+        except ValueError:
+            raise ValueError(f"Turn {op_id!r}: role must be one of user, assistant, tool; "
+                             f"got {role!r}") from None
+        return tuple.__new__(cls, (op_id, h, conversation_id, r, content,
+                                   tuple(tool_calls or ()), tool_use_id, timestamp))
 
     def to_message(self) -> dict[str, Any]:
         """``{"role": "user", "content"}``, ``{"role": "assistant", "content",
@@ -682,13 +713,14 @@ def _turn_from(op_id: str, hlc: Hlc, cid: str, payload: Mapping[str, Any]) -> Tu
     """The turn a payload describes, or None for a system turn."""
     get = payload.get
     role_s = get("role")
-    if role_s is None:
-        role_s = get("speaker")
-    try:
-        role = _ROLE_OF[role_s]
-    except (KeyError, TypeError):
-        raise ValueError(f"op {op_id!r}: unknown role {role_s!r} (expected user, "
-                         "assistant, tool or system)") from None
+    if role_s is None and "speaker" in payload:
+        role = _legacy_role(get("speaker"))
+    else:
+        try:
+            role = _ROLE_OF[role_s]
+        except (KeyError, TypeError):
+            raise ValueError(f"op {op_id!r}: unknown role {role_s!r} (expected user, "
+                             "assistant, tool or system)") from None
     if role is None:
         return None
     content = get("content", _MISSING)
@@ -1537,6 +1569,18 @@ def resume_messages(ops: Iterable[Any], conversation_id: str = DEFAULT_CONVERSAT
 _PAYLOAD_ONLY = ("conversation_id", "tool_use_id", "timestamp")
 
 
+def _stamp_of(ts: Any, origin: Any) -> Hlc:
+    """``Hlc(round(ts*1000), 0, origin)`` for any record a store holds: the
+    wall time clamped into the Hlc's range (a ts before 1970, or one given in
+    milliseconds by mistake), 0 for a ts that is no finite number, and no
+    device for an origin that is no str."""
+    try:
+        wall = min(max(round(ts * 1000), 0), _WALL_MAX)
+    except (TypeError, ValueError, OverflowError):
+        wall = 0
+    return Hlc(wall, 0, origin if isinstance(origin, str) else "")
+
+
 def op_from_record_dict(d: Any, *, lenient: bool = False) -> OpRecord:
     """The op of a stored message (SPEC section 7): ``op_id = msg_id``,
     ``hlc`` = the record's ``hlc`` or ``Hlc(round(ts*1000), 0, origin)`` when
@@ -1547,8 +1591,9 @@ def op_from_record_dict(d: Any, *, lenient: bool = False) -> OpRecord:
     ``d`` is ``record.to_dict()`` (or a record with ``to_dict()``); a missing
     key raises ``ValueError`` naming it, a malformed ``hlc`` ``ValueError``
     naming the message -- or, with ``lenient`` (a store exporting what it
-    holds: a record may carry any string as its ``hlc``), a warning naming
-    the message, and the op stamped as if the record had no ``hlc``."""
+    holds: a record may carry any string as its ``hlc`` and any float as its
+    ``ts``), a warning naming the message, and the op stamped as if the
+    record had no ``hlc``, its wall time clamped into the Hlc's range."""
     if not isinstance(d, Mapping):
         to_dict = getattr(d, "to_dict", None)
         if to_dict is None:
@@ -1567,13 +1612,10 @@ def op_from_record_dict(d: Any, *, lenient: bool = False) -> OpRecord:
         else:
             hlc = Hlc(round(ts * 1000), 0, d.get("origin") or "")
     except (TypeError, ValueError) as e:
-        if not (lenient and hlc_s):
+        if not lenient:
             raise ValueError(f"message {msg_id!r}: {e}") from None
-        try:
-            hlc = Hlc(round(ts * 1000), 0, d.get("origin") or "")
-        except (TypeError, ValueError) as e2:
-            raise ValueError(f"message {msg_id!r}: {e}; {e2}") from None
-        log.warning("message %r: %s; its op is stamped from its ts and origin (%s)", msg_id, e, hlc)
+        hlc = _stamp_of(ts, d.get("origin"))
+        log.warning("message %r: %s; its op is stamped %s instead", msg_id, e, hlc)
     payload = dict(d)
     payload["conversation_id"] = channel_id
     payload["role"] = d.get("role", "")

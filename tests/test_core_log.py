@@ -11,7 +11,7 @@ import xxhash
 from hypothesis import given
 from hypothesis import strategies as st
 
-from _core_support import line, rest
+from _core_support import line
 from rune_fast import _log
 from rune_fast.errors import (DurabilityError, FramingError, RuneError,
                               StoreClosedError)

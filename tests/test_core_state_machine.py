@@ -17,7 +17,7 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant,
+from hypothesis.stateful import (RuleBasedStateMachine, invariant,
                                  precondition, rule)
 
 from _core_support import key, line, tombstone

@@ -1069,3 +1069,64 @@ assert repo.delete({mids[7]!r})
     finally:
         repo.close()
     assert quarantine_count(stats) >= 1, f"stats() does not report the quarantined tombstone line: {stats}"
+
+
+@pytest.mark.parametrize("how", ["zero-first", "cut-second", "remove"])
+def test_tombstones_that_lost_deletions_the_manifest_records_are_loud(tmp_path, how):
+    """The manifest records the tombstones file it saw synced; a file that
+    lost deletions before its last line (zeroed, cut off, gone) would bring
+    deleted messages back, so the open refuses it, naming the file."""
+    from rune_fast.conversation_state import CorruptStateCheckpointError
+    state = str(tmp_path / "s")
+    mids = build(state)
+    repo, _w = open_conv(state)
+    try:
+        for m in (mids[1], mids[4], mids[8]):
+            assert repo.delete(m)
+    finally:
+        repo.close()
+    path = [p for p in hot_logs(state) if f'"{mids[8]}"'.encode() in read_bytes(p)
+            and f"<<{mids[8]}>>".encode() not in read_bytes(p)][0]
+    data = read_bytes(path)
+    first_end = data.index(b"\n") + 1
+    if how == "zero-first":
+        with open(path, "r+b") as f:
+            f.write(bytes(first_end))
+    elif how == "cut-second":
+        os.truncate(path, first_end + 10)
+    else:
+        os.unlink(path)
+    before = cw.tree_digest(state)
+    for read_only in (True, False):
+        with pytest.raises(CorruptStateCheckpointError) as ei:
+            open_conv(state, read_only=read_only)
+        assert_names(ei.value, path)
+    assert cw.tree_digest(state) == before, "a refused open changed files"
+
+
+def test_sealed_segment_of_another_size_than_its_snapshot_records_is_loud(tmp_path, monkeypatch):
+    """A sealed segment never changes once sealed (a rewrite makes a new one):
+    one cut at a line boundary, which a rescan would read as fewer lines and
+    no damage, is refused at open, naming it."""
+    import rune_fast.conversation_state as cs
+    from rune_fast.conversation_state import CorruptStateCheckpointError
+    monkeypatch.setattr(cs, "ROLL_BYTES", 2000)
+    state = str(tmp_path / "s")
+    mids = ids(40)
+    repo, _w = open_conv(state)
+    try:
+        for k in range(0, 40, 8):
+            assert repo.append_many([cw.make_message(m) for m in mids[k:k + 8]]) == 8
+            repo.compact()
+    finally:
+        repo.close()
+    segs = [p for p in hot_logs(state) if "seg-" in os.path.basename(p)]
+    assert segs, "no sealed segment"
+    path = segs[0]
+    data = read_bytes(path)
+    cut = data.rstrip(b"\0")[:-1].rfind(b"\n") + 1          # drop its last line whole
+    assert 0 < cut < len(data)
+    os.truncate(path, cut)
+    with pytest.raises(CorruptStateCheckpointError) as ei:
+        open_conv(state)
+    assert_names(ei.value, path)

@@ -1,11 +1,15 @@
 """A flipped bit anywhere in a closed store (segments, tail, index snapshot,
-manifest, cool files and their sidecars, events): the reopen refuses the
-store, or every read returns each acknowledged message exactly as appended,
-or says the bytes are damaged (CorruptStateCheckpointError, SOURCE_CORRUPT).
-A read never returns a wrong record and never drops one silently. The one
-exception is a final line whose newline the flip removed: it reads as a
-tear, which recovery quarantines and reports (SPEC), so the last append may
-be missing or the last deletion undone then, and only then."""
+manifest, cool files and their sidecars, events), and in a closed store a
+zeroed range or a file cut short: the reopen refuses the store, or every
+read returns each acknowledged message exactly as appended, or says the
+bytes are damaged (CorruptStateCheckpointError, SOURCE_CORRUPT). A read
+never returns a wrong record and never drops one silently. The one
+exception is a final line that the damage cut short (its newline flipped,
+zeroed or cut off): it reads as a tear, which recovery quarantines and
+reports (SPEC), so the last append may be missing or the last deletion
+undone then, and only then. (What a checkpoint does not vouch for -- tail
+lines past the snapshot of a store whose writer died -- cannot be told from
+appends a crash cut off, so zeroed and cut bytes are tried on closed stores.)"""
 from __future__ import annotations
 
 import os
@@ -93,6 +97,41 @@ def test_a_flipped_bit_anywhere_in_a_store_is_never_served(template, tmp_path_fa
         b = f.read(1)
         f.seek(int(frac * size))
         f.write(bytes([b[0] ^ (1 << bit)]))
+    _check_reads(d, name)
+
+
+@settings(max_examples=int(os.environ.get("RUNE_FLIP_EXAMPLES", "150")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(which=st.integers(0, 10_000), frac=st.floats(0.0, 1.0, exclude_max=True),
+       how=st.sampled_from(["zero", "truncate"]), length=st.integers(1, 5000))
+def test_zeroed_or_cut_bytes_anywhere_in_a_closed_store_are_never_served(template, tmp_path_factory, which,
+                                                                        frac, how, length):
+    """Lost writes as a disk can lose them: a range of bytes zeroed, or a file
+    cut short, anywhere in a cleanly closed store, whose checkpoints vouch for
+    every file. The same rule as a flipped bit: refused at open, or every
+    read exact or saying it is damaged; only a final line found cut short may
+    read as a tear (quarantined and reported)."""
+    src, files, ends = template["closed"]
+    d = str(tmp_path_factory.mktemp("zero") / "state")
+    shutil.copytree(src, d)
+    name = files[which % len(files)]
+    path = os.path.join(d, name)
+    size = min(os.path.getsize(path), ends[name])
+    if size == 0:
+        return
+    at = int(frac * size)
+    with open(path, "r+b") as f:
+        if how == "truncate":
+            f.truncate(at)
+        else:
+            f.seek(at)
+            f.write(bytes(min(length, size - at)))
+    _check_reads(d, name)
+
+
+def _check_reads(d: str, name: str) -> None:
+    """Reopen the damaged copy ``d`` (``name`` was damaged) and hold every read to
+    the rule in the module docstring."""
     want = {m.msg_id: m for m in (_msg(i) for i in range(N)) if m.msg_id not in DELETED}
     try:
         with warnings.catch_warnings():

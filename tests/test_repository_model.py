@@ -100,6 +100,21 @@ class RepositoryModel(RuleBasedStateMachine):
             if os.path.exists(path):
                 os.unlink(path)
         self.repo = ConversationStateRepository(self.dir, **self.OPTS)
+        self._check_envelopes()
+
+    def _check_envelopes(self) -> None:
+        """One conversation.message envelope per append ever acknowledged and
+        one conversation.deleted per deletion, whatever the reopens re-derived."""
+        import collections
+        import json
+        kinds: collections.Counter = collections.Counter()
+        with open(os.path.join(self.dir, "events.jsonl"), "rb") as f:
+            for line in f.read().rstrip(b"\0").splitlines():
+                env = json.loads(line)
+                kinds[(env["type"], env["id"])] += 1
+        want = collections.Counter({("conversation.message", m): 1 for m in set(self.stored) | self.deleted})
+        want.update({("conversation.deleted", m): 1 for m in self.deleted})
+        assert kinds == want, sorted((k, kinds[k], want[k]) for k in set(kinds) | set(want) if kinds[k] != want[k])
 
     def _channel(self, ch):
         return model_order([self.stored[m] for m in self.appended if self.stored[m].channel_id == ch])
@@ -189,3 +204,17 @@ BackgroundRepositoryModel.TestCase.settings = settings(
     max_examples=30, stateful_step_count=50, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 TestBackgroundRepositoryModel = BackgroundRepositoryModel.TestCase
+
+
+class FoldingRepositoryModel(RepositoryModel):
+    """The same model where most automatic compactions only fold the tail (a
+    wide hot window: nothing to cool), so reopens, deletions and closes land
+    between a fold and the compaction that records it."""
+
+    OPTS = dict(compact_every=2, hot_window=6)
+
+
+FoldingRepositoryModel.TestCase.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+TestFoldingRepositoryModel = FoldingRepositoryModel.TestCase

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import warnings
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ from rune_fast.conversation_state import (
 )
 from rune_fast.records import ConversationMessageRecord, TaskStateRecord
 
-from spec_helpers import all_files, msg, tree_snapshot
+from spec_helpers import msg, tree_snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -1212,7 +1211,7 @@ def test_reads_with_wrong_types(repo, call):
 
 @pytest.mark.parametrize("mode", ["fsync", "batch"])
 def test_concurrent_same_message_stored_once(sd, mode):
-    from spec_helpers import canonical_hash, hashes_of
+    from spec_helpers import hashes_of
 
     with ConversationStateRepository(sd, durability=mode) as r:
         for round_ in range(5):

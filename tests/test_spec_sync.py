@@ -485,6 +485,23 @@ def test_a_stored_hlc_that_is_no_hlc_does_not_break_export_or_resume(tmp_path, c
             op_from_record_dict(odd.to_dict())               # the module function stays strict
 
 
+@pytest.mark.parametrize("ts, wall_ms", [(-1.0, 0), (1e13, 10**15 - 1), (1.7e12, 10**15 - 1)])
+def test_a_ts_outside_the_hlc_range_does_not_break_export_or_resume(tmp_path, caplog, ts, wall_ms):
+    """Any finite ts is a valid record (section 2); its op's stamp (section 7:
+    Hlc(round(ts*1000), 0, origin)) is clamped into the Hlc's range, said in
+    the log, the same on every store that holds it."""
+    odd = msg("odd ts", "c", ts=ts, origin="devA")
+    with ConversationStateRepository(tmp_path / "a") as a, ConversationStateRepository(tmp_path / "b") as b:
+        assert a.append(odd) is True
+        with caplog.at_level("WARNING", logger="rune_fast.sync"):
+            ops = a.export_ops()
+        assert odd.msg_id in caplog.text
+        assert [Hlc.parse(op_parts(o)[1]) for o in ops] == [Hlc(wall_ms, 0, "devA")]
+        assert a.resume_messages("c") == [{"role": "user", "content": "odd ts"}]
+        assert b.merge_ops(ops) == 1 and b.get_message(odd.msg_id).record == odd
+        assert b.resume_messages("c") == a.resume_messages("c")
+
+
 def test_export_since_is_exclusive(tmp_path):
     with ConversationStateRepository(tmp_path / "s") as r:
         hs = [Hlc(1000 + i, 0, "d") for i in range(4)]

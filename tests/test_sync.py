@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from rune_fast.sync import (
     DEFAULT_CONVERSATION, Hlc, OpRecord, Role, Surface, Turn, as_op, canonical_json,
-    fold, is_tombstone, repair, tombstone_op, transcript_hash,
+    LastN, fold, is_tombstone, repair, tombstone_op, transcript_hash,
 )
 
 
@@ -174,6 +174,34 @@ def test_legacy_payload_folds_into_default_conversation():
     assert repair(ts) == [{"role": "user", "content": "hello"},
                           {"role": "assistant", "content": "hi there", "tool_calls": []},
                           {"role": "user", "content": "explicit none"}]
+
+
+def test_legacy_speaker_names_map_to_roles():
+    """A legacy turn's speaker is a role name (any case), an assistant-side
+    name, or a person's name (a user turn); it never fails the fold."""
+    speakers = ["User", " ASSISTANT ", "alice", "bot", "Agent", "tool", "system", "", None, 7]
+    ops = [(f"l{i}", H(i), {"speaker": s, "text": f"t{i}", "timestamp": i}) for i, s in enumerate(speakers)]
+    got = [(t.op_id, t.role) for t in fold(ops)]
+    assert got == [("l0", Role.USER), ("l1", Role.ASSISTANT), ("l2", Role.USER), ("l3", Role.ASSISTANT),
+                   ("l4", Role.ASSISTANT), ("l5", Role.TOOL), ("l7", Role.USER), ("l8", Role.USER),
+                   ("l9", Role.USER)]
+    with pytest.raises(ValueError, match="r1"):     # the modern role key stays strict
+        fold([("r1", H(1), {"role": "alice", "content": "x"})])
+
+
+def test_a_turn_built_by_hand_is_normalised_like_a_folded_one():
+    folded = fold([("o1", H(5, 1, "d"), P("assistant", "hi", tool_calls=[{"id": "k", "name": "f",
+                                                                         "arguments": {}}]))], "c")[0]
+    by_hand = Turn("o1", str(H(5, 1, "d")), "c", "assistant", "hi", [{"id": "k", "name": "f", "arguments": {}}],
+                   "", 1.0)
+    assert by_hand == folded and type(by_hand.hlc) is Hlc and by_hand.role is Role.ASSISTANT
+    assert by_hand.tool_calls == ({"id": "k", "name": "f", "arguments": {}},)
+    turns = [Turn(f"o{i}", str(H(i)), "c", "user" if i % 2 else "assistant", f"x{i}", (), "", i) for i in range(6)]
+    assert [t.op_id for t in LastN(2)(turns[::-1])] == ["o4", "o5"]
+    with pytest.raises(ValueError, match="role"):
+        Turn("o1", H(1), "c", "narrator", "x", (), "", 0)
+    with pytest.raises(ValueError, match="hlc"):
+        Turn("o1", "yesterday", "c", "user", "x", (), "", 0)
 
 
 def test_unknown_role_names_the_op():
