@@ -1120,7 +1120,22 @@ class ConversationStateRepository:
             if self.read_only:
                 return
             self._sync_now()
+            self._sync_tombstones()
             self._events.sync()
+
+    def _sync_tombstones(self) -> None:
+        """fdatasync the tombstones file if deletions since the last sync were
+        not synced (``durability="none"``); lock held."""
+        if not self._tomb_unsynced:
+            return
+        fd = os.open(self._tomb_path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fdatasync(fd)
+        except OSError as exc:
+            raise DurabilityError(f"fdatasync of {self._tomb_path} failed: {exc}") from exc
+        finally:
+            os.close(fd)
+        self._tomb_unsynced = False
 
     # ------------------------------------------------------------------
     # deletion
@@ -2020,14 +2035,7 @@ class ConversationStateRepository:
         return new_seg
 
     def _write_manifest(self, cool_files: list[str], *, durable: bool = True) -> None:
-        if self._tomb_unsynced:
-            # the manifest vouches for the tombstones: they are synced first
-            fd = os.open(self._tomb_path, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                os.fdatasync(fd)
-            finally:
-                os.close(fd)
-            self._tomb_unsynced = False
+        self._sync_tombstones()      # the manifest vouches for them
         m = {"format": _FORMAT, "segments": list(self._seg_order), "tail_seg": self._tail_seg,
              "covered": self._covered, "cool_files": list(cool_files),
              "events_offset": self._covered_events, "next_seg": self._next_seg,

@@ -610,3 +610,24 @@ def test_one_envelope_per_append_across_a_fold_and_a_reopen(tmp_path):
     per_id = collections.Counter(e["id"] for e in envs if e["type"] == "conversation.message")
     assert sorted(per_id) == sorted(m.msg_id for m in ms) and set(per_id.values()) == {1}
     assert [e["id"] for e in envs if e["type"] == "conversation.deleted"] == [ms[150].msg_id]
+
+
+def test_flush_makes_deletions_durable_in_every_mode(tmp_path, monkeypatch):
+    """durability='none' leaves deletions to the OS, but flush() makes
+    everything written so far durable, the tombstones file included."""
+    synced: list[str] = []
+    real = os.fdatasync
+
+    def fdatasync(fd):
+        synced.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        return real(fd)
+    with ConversationStateRepository(tmp_path, durability="none") as repo:
+        repo.append_many([msg(i) for i in range(3)])
+        monkeypatch.setattr(os, "fdatasync", fdatasync)
+        assert repo.delete(msg(1).msg_id)
+        assert not any("tombstones" in f for f in synced)
+        repo.flush()
+        assert any("tombstones" in f for f in synced), synced
+        synced.clear()
+        repo.flush()                      # nothing new to sync there
+        assert not any("tombstones" in f for f in synced), synced

@@ -41,8 +41,11 @@ class RepositoryModel(RuleBasedStateMachine):
         self.appended: list[str] = []          # append order of live ids
         self.deleted: set[str] = set()
         self.n = 0
+        self.view: ConversationStateRepository | None = None   # a read-only viewer, once opened
 
     def teardown(self) -> None:
+        if self.view is not None:
+            self.view.close()
         self.repo.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -118,6 +121,26 @@ class RepositoryModel(RuleBasedStateMachine):
 
     def _channel(self, ch):
         return model_order([self.stored[m] for m in self.appended if self.stored[m].channel_id == ch])
+
+    @rule(channel=st.sampled_from(CHANNELS), data=st.data())
+    def viewer(self, channel, data):
+        """A read-only viewer beside the writer (opened once, then refreshed)
+        sees what the model holds: every append and deletion here is durable
+        on return, whatever compactions and reopens the writer went through."""
+        if self.view is None:
+            self.view = ConversationStateRepository(self.dir, read_only=True, **self.OPTS)
+        else:
+            self.view.refresh()
+        assert len(self.view) == len(self.stored)
+        assert self.view.window(channel, 100) == self._channel(channel)
+        mids = sorted(set(self.stored) | self.deleted)
+        if mids:
+            mid = data.draw(st.sampled_from(mids))
+            r = self.view.get_message(mid)
+            if mid in self.deleted:
+                assert r.status is ReadStatus.NOT_FOUND_CONFIRMED
+            else:
+                assert r.status is ReadStatus.FOUND_VERIFIED and r.record == self.stored[mid]
 
     @rule(channel=st.sampled_from(CHANNELS), n=st.integers(-1, 12))
     def window(self, channel, n):
