@@ -22,8 +22,9 @@ import operator
 import os
 import threading
 import time
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
+import numpy as np
 import pyarrow as pa
 
 from . import codec
@@ -1450,38 +1451,50 @@ class ConversationStateRepository:
         raises CorruptStateCheckpointError; one of a message that is gone
         (cooled or deleted, its bytes kept until a compaction rewrites the
         segment) is left to verify()."""
+        live_arr: list[np.ndarray] = []
+
+        def live(lo: int, hi: int) -> list[int]:
+            """The indexed locations in [lo, hi), ascending (all of them
+            sorted once, at the first call that needs them)."""
+            if not live_arr:
+                live_arr.append(np.sort(self._index.excess(0)))
+            a = live_arr[0]
+            return a[np.searchsorted(a, lo):np.searchsorted(a, hi)].tolist()
         for seg in self._seg_order:
             if seg not in self._lines_checked:
                 s = self._segs[seg]
-                self._check_lines(seg, s.buf, 0, s.size, s.path)
+                self._check_lines(seg, s.buf, 0, s.size, s.path, live)
                 self._lines_checked.add(seg)
         if self._tail is not None:
             seg, start = self._tail_checked
             if seg != self._tail_seg:
                 start = 0
             if self._tail.size > start:
-                self._check_lines(self._tail_seg, self._tail.buf, start, self._tail.size, self._tail.path)
+                self._check_lines(self._tail_seg, self._tail.buf, start, self._tail.size, self._tail.path, live)
             self._tail_checked = (self._tail_seg, self._tail.size)
 
-    def _check_lines(self, seg: int, buf: Any, start: int, end: int, path: str) -> None:
-        live: set[int] | None = None
+    def _check_lines(self, seg: int, buf: Any, start: int, end: int, path: str,
+                     live: Callable[[int, int], list[int]]) -> None:
+        """Check the lines of ``seg`` in [start, end) (see _check_hot_lines).
+        A segment where the scan meets a damaged line, a cut one, or zeros
+        with live lines after them is noted as ragged (see search)."""
+        base = seg << 40
         while start < end:
             scan = scan_frames(buf if buf is not None else b"", start, end)
-            if scan.damaged_offset >= 0 or scan.good_end < end:
-                self._ragged.add(seg)
             if scan.damaged_offset < 0:
                 if scan.good_end < end:
-                    # the scan stopped early: zeros or a cut line inside the
-                    # bytes the index vouches for; the live lines from there
-                    # on are checked one by one (a damaged one raises)
-                    lo, hi = (seg << 40) | scan.good_end, (seg << 40) | end
-                    rest = [loc for loc in self._index.excess(0).tolist() if lo <= loc < hi]
-                    self._index.check_lines(sorted(rest))
+                    # zeros (a segment's trailing preallocation, or zeroed
+                    # lines) or a cut line: any live line from there on is
+                    # checked by itself (a damaged one raises)
+                    rest = live(base | scan.good_end, base | end)
+                    if rest or scan.torn_offset >= 0:
+                        self._ragged.add(seg)
+                    if rest:
+                        self._index.check_lines(rest)
                 return
+            self._ragged.add(seg)
             off = scan.damaged_offset
-            if live is None:
-                live = set(self._index.excess(0).tolist())     # every indexed location
-            if (seg << 40) | off in live:
+            if live(base | off, base | off + 1):
                 raise CorruptStateCheckpointError(f"damaged line: {scan.damage}", path=path, offset=off)
             nl = memoryview(buf)[off:end].tobytes().find(b"\n")
             if nl < 0:

@@ -631,3 +631,31 @@ def test_flush_makes_deletions_durable_in_every_mode(tmp_path, monkeypatch):
         synced.clear()
         repo.flush()                      # nothing new to sync there
         assert not any("tombstones" in f for f in synced), synced
+
+
+def test_search_keeps_its_whole_segment_pass_on_a_sound_store(tmp_path, monkeypatch):
+    """Only a segment holding a damaged dead line, a cut line or zeroed live
+    lines is searched line by line; a rolled tail's trailing zeros
+    (preallocation) are not damage, so a sound store keeps the fast pass."""
+    import rune_fast.conversation_state as cs
+    import rune_fast.segments as segments
+    monkeypatch.setattr(cs, "ROLL_BYTES", 1500)
+    monkeypatch.setattr(segments, "_MIN_CHUNK", 4096)   # small rolled tails keep their zeros
+    with ConversationStateRepository(tmp_path, hot_window=50) as repo:
+        for k in range(6):
+            repo.append_many([msg(10 * k + i, content=f"needle {k} {i}") for i in range(10)])
+            repo.compact()
+        assert repo.stats()["segments"] >= 3
+        padded = [p for p in (tmp_path / "hot").iterdir() if p.name.startswith("conversation_seg-")
+                  and p.read_bytes().endswith(b"\0")]
+        assert padded, "no sealed segment with trailing zeros"
+        assert len(repo.search("NEEDLE")) == 60
+        assert not repo._ragged
+    seg = sorted(p for p in (tmp_path / "hot").iterdir() if p.name.startswith("conversation_seg-"))[0]
+    data = bytearray(seg.read_bytes())
+    first = data.index(b"\n") + 1
+    data[first + 5:first + 9] = b"\0\0\0\0"           # the second line's checksum digits zeroed
+    seg.write_bytes(bytes(data))
+    with ConversationStateRepository(tmp_path, hot_window=50) as repo:
+        with pytest.raises(CorruptStateCheckpointError):
+            repo.search("needle")                        # a live line: loud
