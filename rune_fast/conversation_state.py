@@ -712,7 +712,7 @@ class ConversationStateRepository:
         out: dict[str, str] = {}
         self._tomb_size = self._tomb_last = 0
         self._tomb_erased = 0           # tombstones before this offset: erased by a compaction
-        self._tomb_unsynced = False
+        self._tomb_unsynced = self._tomb_dir_unsynced = False
         self._unerased: list[str] = []
         self._tomb_hlcs: list[str] = []
         # (size, start of its last line) the manifest vouches for: synced before it was written
@@ -757,6 +757,9 @@ class ConversationStateRepository:
                 os.fsync(f.fileno())
         erased_upto = int(self._manifest.get("tombstones_erased", 0))
         self._tomb_erased = erased_upto
+        # a killed "none" session may have left deletions (or the file's
+        # folder entry) unsynced: synced before a manifest vouches for them
+        self._tomb_unsynced = self._tomb_dir_unsynced = not self.read_only
         offsets = scan.offsets.tolist()
         self._tomb_size = scan.good_end if not self.read_only else len(data)
         self._tomb_last = offsets[-1] if offsets else 0
@@ -1125,18 +1128,21 @@ class ConversationStateRepository:
             self._events.sync()
 
     def _sync_tombstones(self) -> None:
-        """fdatasync the tombstones file if deletions since the last sync were
-        not synced (``durability="none"``); lock held."""
-        if not self._tomb_unsynced:
-            return
-        fd = os.open(self._tomb_path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            os.fdatasync(fd)
-        except OSError as exc:
-            raise DurabilityError(f"fdatasync of {self._tomb_path} failed: {exc}") from exc
-        finally:
-            os.close(fd)
-        self._tomb_unsynced = False
+        """fdatasync the tombstones file (and fsync the folder that names it)
+        if deletions since the last sync, or a session before this open that
+        ``durability="none"`` let off, may not be on disk; lock held."""
+        if (self._tomb_unsynced or self._tomb_dir_unsynced) and os.path.exists(self._tomb_path):
+            if self._tomb_unsynced:
+                fd = os.open(self._tomb_path, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    os.fdatasync(fd)
+                except OSError as exc:
+                    raise DurabilityError(f"fdatasync of {self._tomb_path} failed: {exc}") from exc
+                finally:
+                    os.close(fd)
+            if self._tomb_dir_unsynced:
+                fsync_dir(self.hot_dir)
+        self._tomb_unsynced = self._tomb_dir_unsynced = False
 
     # ------------------------------------------------------------------
     # deletion
@@ -1204,8 +1210,11 @@ class ConversationStateRepository:
         self._tomb_size += len(data)
         self._tomb_unsynced = self.durability == "none"
         self._manifest_dirty = True     # its close records the tombstones it can vouch for
-        if new_file and self.durability != "none":
-            fsync_dir(self.hot_dir)
+        if new_file:
+            if self.durability != "none":
+                fsync_dir(self.hot_dir)
+            else:
+                self._tomb_dir_unsynced = True
         deleted = 0
         for mid, channel, loc, in_cool in todo:
             self._tombstones[mid] = channel
@@ -2067,8 +2076,9 @@ class ConversationStateRepository:
     def _write_snapshot(self) -> None:
         """Save the index snapshot (lock held). The tail bytes it covers are
         synced first, so that it can vouch for them (see ``_snapshot_meta``)."""
-        if self._synced < self._wpos:
-            self._sync_now()
+        # always: tail bytes a killed "none" session left unsynced are not
+        # counted in _wpos (an fdatasync with nothing to write is cheap)
+        self._sync_now()
         covered = {seg: self._segs[seg].size for seg in self._seg_order}
         covered[self._tail_seg] = self._tail.size
         covered[_TAIL_MARK] = self._tail_seg
@@ -2269,11 +2279,13 @@ class ConversationStateRepository:
         cool = getattr(self, "_cool", None)
         if cool is not None:
             cool.close()
-        if self._own_events and self._events is not None:
-            self._events.close()
-        if self._lockfile is not None:
-            self._lockfile.release()
-            self._lockfile = None
+        try:
+            if self._own_events and self._events is not None:
+                self._events.close()
+        finally:
+            if self._lockfile is not None:
+                self._lockfile.release()
+                self._lockfile = None
 
     def __enter__(self) -> "ConversationStateRepository":
         return self

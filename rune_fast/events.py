@@ -218,6 +218,7 @@ class FramedLog:
         self._failed: str | None = None
         self._closed = False
         self._unsynced = False   # appends since the last sync
+        self._closed_size = 0
         if read_only:
             self._fd = -1
             if not os.path.exists(self.path):
@@ -348,6 +349,8 @@ class FramedLog:
         """Current size of the file in bytes."""
         with self._lock:
             if self._closed:
+                if self._failed is None and not self.read_only:
+                    return self._closed_size   # a repository sharing the log may close after it
                 raise StoreClosedError(f"log {self.path} is closed")
             if self._fd >= 0:
                 return os.fstat(self._fd).st_size
@@ -438,6 +441,7 @@ class FramedLog:
         with self._lock:
             failed = None
             if self._closer is not None:
+                self._closed_size = os.fstat(self._fd).st_size
                 if self._unsynced and self._failed is None:
                     try:
                         os.fdatasync(self._fd)

@@ -422,6 +422,14 @@ class OpRecord(_OpFields):
     def __reduce__(self) -> tuple:
         return OpRecord, (*self, self.surface)
 
+    def _replace(self, **changes: Any) -> OpRecord:
+        """A copy with ``changes`` (``surface`` among them, if given; kept otherwise)."""
+        surface = changes.pop("surface", self.surface)
+        unknown = set(changes) - set(self._fields)
+        if unknown:
+            raise ValueError(f"OpRecord has no fields {sorted(unknown)!r}")
+        return OpRecord(*(changes.get(f, v) for f, v in zip(self._fields, self)), surface)
+
     def to_dict(self) -> dict[str, Any]:
         """The wire form ``{"op_id", "hlc": str, "payload"}`` (plus
         ``"surface"`` when it is not the conversation surface)."""
@@ -432,6 +440,7 @@ class OpRecord(_OpFields):
 
 
 _OP_KEYS = frozenset(("op_id", "hlc", "payload", "surface"))
+
 _OP_NEW = tuple.__new__
 _CONVERSATION = Surface.CONVERSATION
 
@@ -776,8 +785,8 @@ def _winners(ops: Iterable[Any]) -> tuple[dict[str, OpRecord], set[str]]:
         op = x if type(x) is OpRecord else as_op(x)
         if op.surface is not conv:
             continue
-        op_id = op[0]
-        if op[2].get("deleted") is True:
+        op_id = op.op_id
+        if op.payload.get("deleted") is True:
             deleted.add(op_id)
             continue
         prev = best.get(op_id)
@@ -817,8 +826,8 @@ def fold(ops: Iterable[Any], conversation_id: str = DEFAULT_CONVERSATION) -> lis
         op = x if type(x) is OpRecord else as_op(x)
         if op.surface is not conv:
             continue
-        op_id = op[0]
-        payload = op[2]
+        op_id = op.op_id
+        payload = op.payload
         if payload.get("deleted") is True:
             deleted.add(op_id)
             continue
@@ -831,7 +840,7 @@ def fold(ops: Iterable[Any], conversation_id: str = DEFAULT_CONVERSATION) -> lis
             turn_of[op_id] = None
             continue
         try:
-            turn_of[op_id] = _turn_from(op_id, op[1], cid, payload)
+            turn_of[op_id] = _turn_from(op_id, op.hlc, cid, payload)
         except (TypeError, ValueError):
             turn_of[op_id] = _BAD  # raised below, only if this version wins
             saw_bad = True
@@ -843,7 +852,7 @@ def fold(ops: Iterable[Any], conversation_id: str = DEFAULT_CONVERSATION) -> lis
         if bad:
             k = min(bad)
             op = best[k]
-            _turn_from(k, op[1], op[2].get("conversation_id") or default, op[2])
+            _turn_from(k, op.hlc, op.payload.get("conversation_id") or default, op.payload)
     turns = [t for t in turn_of.values() if t is not None]
     _sort_turns(turns)
     return turns
@@ -1532,7 +1541,7 @@ class SyncState:
                 changed += 1
         self._gone |= deleted
         for op_id, op in best.items():
-            if op_id in self._gone or _conv_of(op[2]) != self.conversation_id:
+            if op_id in self._gone or _conv_of(op.payload) != self.conversation_id:
                 continue
             prev = self._ops.get(op_id)
             if prev is None or _wins(op, prev):

@@ -1130,3 +1130,52 @@ def test_sealed_segment_of_another_size_than_its_snapshot_records_is_loud(tmp_pa
     with pytest.raises(CorruptStateCheckpointError) as ei:
         open_conv(state)
     assert_names(ei.value, path)
+
+
+def test_a_checkpoint_vouches_only_for_bytes_synced_before_it(tmp_path, monkeypatch):
+    """A writer killed in durability='none' leaves tail lines and deletions
+    that nobody synced; the next session's index snapshot and manifest vouch
+    for them, so it syncs them first (whatever its own mode): a power loss
+    after it can then not leave a checkpoint that vouches for lost bytes,
+    which the next open would refuse as damage."""
+    from rune_fast.conversation_state import ReadStatus
+    state = str(tmp_path / "s")
+    mids = ids(12)
+    run_child(f"""
+from rune_fast.conversation_state import ConversationStateRepository
+repo = ConversationStateRepository({state!r}, durability="none", compact_every=100_000, hot_window=4)
+repo.append_many([cw.make_message(m) for m in {mids[:8]!r}])
+repo.flush()
+repo.append_many([cw.make_message(m) for m in {mids[8:]!r}])   # never synced
+assert repo.delete({mids[1]!r})                                  # never synced
+""")
+    synced: list[str] = []
+    order: list[str] = []
+    real_fd, real_f, real_replace = os.fdatasync, os.fsync, os.replace
+
+    def rec(fn):
+        def w(fd):
+            name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+            synced.append(name)
+            order.append("sync " + name)
+            return fn(fd)
+        return w
+
+    def replace(src, dst, *a, **k):
+        order.append("replace " + os.path.basename(str(dst)))
+        return real_replace(src, dst, *a, **k)
+    monkeypatch.setattr(os, "fdatasync", rec(real_fd))
+    monkeypatch.setattr(os, "fsync", rec(real_f))
+    monkeypatch.setattr(os, "replace", replace)
+    repo, _w = open_conv(state, durability="none", hot_window=4)
+    try:
+        repo.compact()
+        assert repo.get_message(mids[1]).status == ReadStatus.NOT_FOUND_CONFIRMED
+    finally:
+        repo.close()
+    for what, needs in (("conversation_index.snap", "conversation_tail.jsonl"),
+                        ("conversation_manifest.json", "conversation_tombstones.jsonl")):
+        writes = [k for k, o in enumerate(order) if o == "replace " + what]
+        assert writes, (what, order)
+        first = writes[0]
+        assert "sync " + needs in order[:first], f"{what} written before {needs} was synced: {order}"

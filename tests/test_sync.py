@@ -70,6 +70,10 @@ def test_an_op_is_a_three_tuple_and_reads_like_its_mapping():
         back = pickle.loads(pickle.dumps(o))
         assert back == o and back.surface is o.surface and type(back) is OpRecord
     assert "routing" in repr(routed) and "surface" not in repr(op)
+    assert routed._replace(payload={}).surface is Surface.ROUTING and routed._replace(payload={}).payload == {}
+    assert routed._replace(surface="conversation") == ("m1", H(1), p)
+    with pytest.raises(ValueError, match="content"):
+        op._replace(content="x")
 
 
 def test_op_to_dict_round_trips():
