@@ -1308,8 +1308,10 @@ class CoolArchive:
                             table.column("task_id"), rg_counts, path)
 
     @staticmethod
-    def _check_table(table: pa.Table, base: int = 0) -> Iterator[tuple[int, str]]:
-        """Yield (row, reason) for every row whose digest does not match."""
+    def _check_table(table: pa.Table, base: int = 0,
+                     sound: Callable[[dict], None] | None = None) -> Iterator[tuple[int, str]]:
+        """Yield (row, reason) for every row whose digest does not match;
+        ``sound(record dict)`` is called for every row whose digest does."""
         try:
             acc = _table_group(table).acc
         except CorruptStateCheckpointError as exc:
@@ -1321,6 +1323,8 @@ class CoolArchive:
                 yield base + i, str(dig)
             elif _row_digest(rec, plain) != dig:
                 yield base + i, "digest mismatch"
+            elif sound is not None:
+                sound(rec)
 
     # ------------------------------------------------------------------ index upkeep
 
@@ -2464,10 +2468,12 @@ class CoolArchive:
 
     # ------------------------------------------------------------------ verify
 
-    def verify(self, checked: dict[str, int] | None = None) -> list[CoolProblem]:
+    def verify(self, checked: dict[str, int] | None = None,
+               sound: Callable[[dict], None] | None = None) -> list[CoolProblem]:
         """Check every live file: readable, schema, every row's digest, the
         sidecar on disk against the file, ids unique. Raises nothing; adds
-        the rows it checked to ``checked["cool_rows"]``."""
+        the rows it checked to ``checked["cool_rows"]`` and hands each sound
+        row's record dict to ``sound``."""
         problems: list[CoolProblem] = []
         with self._lock:
             files = sorted(self._files.items())
@@ -2500,7 +2506,7 @@ class CoolArchive:
                     except _PARQUET_ERRORS as exc:
                         problems.append(CoolProblem(name, base, f"row group {rg} unreadable: {exc}"))
                         raise _Skip() from None
-                    for row, why in self._check_table(t, base):
+                    for row, why in self._check_table(t, base, sound):
                         problems.append(CoolProblem(name, row, why))
                     if checked is not None:
                         checked["cool_rows"] = checked.get("cool_rows", 0) + t.num_rows
