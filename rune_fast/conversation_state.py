@@ -239,24 +239,32 @@ _COOL_RANK = 0
 _HOT_RANK = 1
 
 
+_VIEWER_ATTEMPTS = 50
+
+
 def _viewer_retry(method):
     """For a read-only viewer: a read that met a file the writer's compaction
-    replaced reloads the state once the manifest shows it moved, and retries."""
+    replaced reloads the state once the manifest shows it moved, and retries
+    (backing off a little each time) for as long as the manifest keeps
+    moving: a writer compacting every few milliseconds can replace files
+    again between a reload and the read after it. Damage raises at once."""
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
         if not self.read_only:
             return method(self, *args, **kwargs)
-        for attempt in range(5):
+        last = _VIEWER_ATTEMPTS - 1
+        for attempt in range(_VIEWER_ATTEMPTS):
             try:
                 out = method(self, *args, **kwargs)
             except CorruptStateCheckpointError:
                 with self._lock:
-                    if attempt == 4 or self._closed or not self._stale_view():
+                    if attempt == last or self._closed or not self._stale_view():
                         raise
                     self._load_state()
+                time.sleep(0.001 * min(attempt, 10))
                 continue
             if (isinstance(out, MessageRead) and out.status is ReadStatus.SOURCE_CORRUPT
-                    and attempt < 4):
+                    and attempt < last):
                 with self._lock:
                     if not self._closed and self._stale_view():
                         self._load_state()
