@@ -43,7 +43,7 @@ from .errors import (
     StateLockedError,
     StoreClosedError,
 )
-from .events import EventStore
+from .events import EventStore, fdatasync_path
 from .locking import DirLock
 from .records import ConversationMessageRecord, message_from_stored, payload_hash
 from .segments import TAIL_NAME, Segment, TailFile, fsync_dir, quarantine_bytes, seg_name, write_file
@@ -1141,13 +1141,7 @@ class ConversationStateRepository:
         ``durability="none"`` let off, may not be on disk; lock held."""
         if (self._tomb_unsynced or self._tomb_dir_unsynced) and os.path.exists(self._tomb_path):
             if self._tomb_unsynced:
-                fd = os.open(self._tomb_path, os.O_RDONLY | os.O_CLOEXEC)
-                try:
-                    os.fdatasync(fd)
-                except OSError as exc:
-                    raise DurabilityError(f"fdatasync of {self._tomb_path} failed: {exc}") from exc
-                finally:
-                    os.close(fd)
+                fdatasync_path(self._tomb_path)
             if self._tomb_dir_unsynced:
                 fsync_dir(self.hot_dir)
         self._tomb_unsynced = self._tomb_dir_unsynced = False

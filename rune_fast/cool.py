@@ -59,6 +59,7 @@ from ._log import utf8_hashes
 from ._search import block_grams, find_spans, gram_blocks
 from .pages import PageError, PageReader, Unsupported
 from .errors import CorruptStateCheckpointError
+from .events import fsync_dir
 from .records import fast_canonical_json, json_safe as _json_safe
 
 __all__ = [
@@ -339,14 +340,6 @@ def _dumps(value: Any) -> str:
 # --------------------------------------------------------------------------- #
 # Files: atomic writes, Parquet footers
 # --------------------------------------------------------------------------- #
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
 
 def _file_no(name: str) -> int:
     m = _PARQUET_RE.match(name)
@@ -2107,7 +2100,7 @@ class CoolArchive:
             _unlink_quiet(tmp)
             raise
         if durable:
-            _fsync_dir(self._dir)
+            fsync_dir(self._dir)
 
     def _take_no(self) -> int:
         with self._lock:
@@ -2138,7 +2131,7 @@ class CoolArchive:
                 _unlink_quiet(itmp)
             raise
         if durable:
-            _fsync_dir(self._dir)
+            fsync_dir(self._dir)
         return fi
 
     def _writable(self) -> None:
@@ -2423,7 +2416,7 @@ class CoolArchive:
                     except FileNotFoundError:
                         pass
             if done and self._durable:
-                _fsync_dir(self._dir)
+                fsync_dir(self._dir)
             return done
 
     def strays(self, keep: Iterable[str] | None = None) -> list[str]:
@@ -2463,7 +2456,7 @@ class CoolArchive:
                 except FileNotFoundError:
                     pass
             if gone and self._durable:
-                _fsync_dir(self._dir)
+                fsync_dir(self._dir)
             return gone
 
     # ------------------------------------------------------------------ verify

@@ -18,6 +18,7 @@ import logging
 
 from ._log import map_file
 from .errors import DurabilityError, FramingError, StoreClosedError, RecoveryWarning
+from .events import fsync_dir
 
 __all__ = ["TAIL_NAME", "seg_name", "fsync_dir", "write_file", "Segment", "TailFile", "quarantine_bytes"]
 
@@ -31,15 +32,6 @@ _MAX_CHUNK = 64 << 20
 def seg_name(seg: int) -> str:
     """File name of sealed segment ``seg``."""
     return f"conversation_seg-{seg:08d}.jsonl"
-
-
-def fsync_dir(path: str) -> None:
-    """Make a directory entry change (create, rename, unlink) durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _map(fd: int, size: int):

@@ -238,6 +238,20 @@ def assert_names(err, path: str, lo: int | None = None, hi: int | None = None) -
             f"{type(err).__name__} offset {off} is not the damaged line's [{lo}, {hi}]: {err}"
 
 
+def assert_refused(state: str, path: str, lo: int | None = None, hi: int | None = None):
+    """A viewer's open and a writer's both raise CorruptStateCheckpointError
+    naming ``path`` (and an offset in [lo, hi]), and change no file; returns
+    the writer's error."""
+    from rune_fast.conversation_state import CorruptStateCheckpointError
+    before = cw.tree_digest(state)
+    for read_only in (True, False):
+        with pytest.raises(CorruptStateCheckpointError) as ei:
+            open_conv(state, read_only=read_only)
+        assert_names(ei.value, path, lo, hi)
+    assert cw.tree_digest(state) == before, "a refused open changed files"
+    return ei.value
+
+
 def assert_all_present(repo, mids) -> None:
     from rune_fast.conversation_state import ReadStatus
     for mid in mids:
@@ -359,7 +373,6 @@ def test_tail_that_lost_lines_its_snapshot_vouches_for_is_loud(tmp_path, how, du
     to synced bytes -- raises CorruptStateCheckpointError naming the tail,
     from a writer's open and a viewer's: never an open with messages missing
     and nothing said."""
-    from rune_fast.conversation_state import CorruptStateCheckpointError
     state = str(tmp_path / "s")
     mids = build(state, durability=durability)
     path, start, end = line_of(state, mids[-1])
@@ -376,13 +389,8 @@ def test_tail_that_lost_lines_its_snapshot_vouches_for_is_loud(tmp_path, how, du
             f.write(new)
         else:
             f.truncate(cut)
-    before = cw.tree_digest(state)
-    for read_only in (True, False):
-        with pytest.raises(CorruptStateCheckpointError) as ei:
-            open_conv(state, read_only=read_only)
-        assert_names(ei.value, path, 0, end)
-        assert "snapshot" in str(ei.value)
-    assert cw.tree_digest(state) == before, "a refused open changed files"
+    err = assert_refused(state, path, 0, end)
+    assert "snapshot" in str(err)
 
 
 def test_snapshot_never_covers_unsynced_tail_bytes(tmp_path, monkeypatch):
@@ -1076,7 +1084,6 @@ def test_tombstones_that_lost_deletions_the_manifest_records_are_loud(tmp_path, 
     """The manifest records the tombstones file it saw synced; a file that
     lost deletions before its last line (zeroed, cut off, gone) would bring
     deleted messages back, so the open refuses it, naming the file."""
-    from rune_fast.conversation_state import CorruptStateCheckpointError
     state = str(tmp_path / "s")
     mids = build(state)
     repo, _w = open_conv(state)
@@ -1096,12 +1103,7 @@ def test_tombstones_that_lost_deletions_the_manifest_records_are_loud(tmp_path, 
         os.truncate(path, first_end + 10)
     else:
         os.unlink(path)
-    before = cw.tree_digest(state)
-    for read_only in (True, False):
-        with pytest.raises(CorruptStateCheckpointError) as ei:
-            open_conv(state, read_only=read_only)
-        assert_names(ei.value, path)
-    assert cw.tree_digest(state) == before, "a refused open changed files"
+    assert_refused(state, path)
 
 
 def test_sealed_segment_of_another_size_than_its_snapshot_records_is_loud(tmp_path, monkeypatch):

@@ -79,17 +79,23 @@ def template(tmp_path_factory):
     return out
 
 
+def _copy(template, kind: str, which: int, tmp_path_factory) -> tuple[str, str, str, int]:
+    """A fresh copy of the ``kind`` template store: (folder, the name of file
+    number ``which`` (modulo), its path, its size without the zero padding)."""
+    src, files, ends = template[kind]
+    d = str(tmp_path_factory.mktemp("damage") / "state")
+    shutil.copytree(src, d)
+    name = files[which % len(files)]
+    path = os.path.join(d, name)
+    return d, name, path, min(os.path.getsize(path), ends[name])
+
+
 @settings(max_examples=int(os.environ.get("RUNE_FLIP_EXAMPLES", "150")), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(kind=st.sampled_from(["closed", "killed"]), which=st.integers(0, 10_000),
        frac=st.floats(0.0, 1.0, exclude_max=True), bit=st.integers(0, 7))
 def test_a_flipped_bit_anywhere_in_a_store_is_never_served(template, tmp_path_factory, kind, which, frac, bit):
-    src, files, ends = template[kind]
-    d = str(tmp_path_factory.mktemp("flip") / "state")
-    shutil.copytree(src, d)
-    name = files[which % len(files)]
-    path = os.path.join(d, name)
-    size = min(os.path.getsize(path), ends[name])
+    d, name, path, size = _copy(template, kind, which, tmp_path_factory)
     if size == 0:
         return
     with open(path, "r+b") as f:
@@ -111,12 +117,7 @@ def test_zeroed_or_cut_bytes_anywhere_in_a_closed_store_are_never_served(templat
     every file. The same rule as a flipped bit: refused at open, or every
     read exact or saying it is damaged; only a final line found cut short may
     read as a tear (quarantined and reported)."""
-    src, files, ends = template["closed"]
-    d = str(tmp_path_factory.mktemp("zero") / "state")
-    shutil.copytree(src, d)
-    name = files[which % len(files)]
-    path = os.path.join(d, name)
-    size = min(os.path.getsize(path), ends[name])
+    d, name, path, size = _copy(template, "closed", which, tmp_path_factory)
     if size == 0:
         return
     at = int(frac * size)
