@@ -91,6 +91,15 @@ class RepositoryModel(RuleBasedStateMachine):
         self.deleted.add(mid)
         assert self.repo.delete(mid) is False
 
+    @rule(channel=st.sampled_from(CHANNELS))
+    def clear_channel(self, channel):
+        gone = [m for m in self.appended if self.stored[m].channel_id == channel]
+        assert self.repo.clear_channel(channel) == len(gone)
+        for mid in gone:
+            del self.stored[mid]
+            self.appended.remove(mid)
+            self.deleted.add(mid)
+
     @rule()
     def compact(self):
         self.repo.compact()
