@@ -444,6 +444,9 @@ class ConversationStateRepository:
         # Sealed segments, in logical (append) order.
         self._segs: dict[int, Segment] = {}
         self._seg_order: list[int] = list(m["segments"])
+        # where each sealed segment's lines end (its bytes were synced when it
+        # was sealed): a rebuild must find complete lines exactly that far
+        self._seg_ends: dict[int, int] = {int(k): int(v) for k, v in (m.get("segment_ends") or {}).items()}
         for seg in self._seg_order:
             path = os.path.join(self.hot_dir, seg_name(seg))
             try:
@@ -615,6 +618,12 @@ class ConversationStateRepository:
             index.attach(seg, self._segs[seg].buf, self._segs[seg].path)
             rep = index.ingest(seg, 0, self._segs[seg].size)
             self._check_ingest(rep, self._segs[seg].path, sealed=True)
+            end = self._seg_ends.get(seg)
+            if end is not None and rep.good_end != end:
+                raise CorruptStateCheckpointError(
+                    f"sealed segment {seg} holds complete lines up to offset {rep.good_end}, but the "
+                    f"manifest records its lines ending at {end} (cut off or zeroed after it was sealed)",
+                    path=self._segs[seg].path, offset=min(rep.good_end, end))
         return self._finish_index(index, 0, list(self._manifest["cool_files"]))
 
     def _finish_index(self, index: HotIndex, start: int, cooled_files: list[str]) -> HotIndex:
@@ -2019,6 +2028,7 @@ class ConversationStateRepository:
         self._tail.sync()
         old = self._tail
         seg = self._tail_seg
+        self._seg_ends[seg] = old.size
         old.close()
         sealed = os.path.join(self.hot_dir, seg_name(seg))
         os.replace(old.path, sealed)
@@ -2048,6 +2058,7 @@ class ConversationStateRepository:
             pos += len(line)
         write_file(path, b"".join(chunks))
         fsync_dir(self.hot_dir)
+        self._seg_ends[new_seg] = pos
         self._segs[new_seg] = Segment(path, new_seg)
         self._index.attach(new_seg, self._segs[new_seg].buf, path)
         if moves:
@@ -2061,6 +2072,7 @@ class ConversationStateRepository:
     def _write_manifest(self, cool_files: list[str], *, durable: bool = True) -> None:
         self._sync_tombstones()      # the manifest vouches for them
         m = {"format": _FORMAT, "segments": list(self._seg_order), "tail_seg": self._tail_seg,
+             "segment_ends": {str(g): self._seg_ends[g] for g in self._seg_order if g in self._seg_ends},
              "covered": self._covered, "cool_files": list(cool_files),
              "events_offset": self._covered_events, "next_seg": self._next_seg,
              "next_seq": self._next_seq,

@@ -1181,3 +1181,34 @@ assert repo.delete({mids[1]!r})                                  # never synced
         assert writes, (what, order)
         first = writes[0]
         assert "sync " + needs in order[:first], f"{what} written before {needs} was synced: {order}"
+
+
+@pytest.mark.parametrize("how", ["cut-at-a-line", "zero-last-line"])
+def test_sealed_segment_that_lost_lines_is_loud_without_a_snapshot(tmp_path, monkeypatch, how):
+    """With no index snapshot to vouch (a writer that died before writing
+    one), the manifest still records where each sealed segment's lines end:
+    a rebuild that finds fewer complete lines (cut at a line boundary, or its
+    last lines zeroed, which would read as preallocation) refuses the store."""
+    import rune_fast.conversation_state as cs
+    monkeypatch.setattr(cs, "ROLL_BYTES", 2000)
+    state = str(tmp_path / "s")
+    mids = ids(40)
+    repo, _w = open_conv(state)
+    try:
+        for k in range(0, 40, 8):
+            assert repo.append_many([cw.make_message(m) for m in mids[k:k + 8]]) == 8
+            repo.compact()
+    finally:
+        repo.close()
+    os.unlink(os.path.join(state, "hot", "conversation_index.snap"))
+    path = [p for p in hot_logs(state) if "seg-" in os.path.basename(p)][0]
+    data = read_bytes(path)
+    end = len(data.rstrip(b"\0"))
+    last = data[:end - 1].rfind(b"\n") + 1
+    if how == "cut-at-a-line":
+        os.truncate(path, last)
+    else:
+        with open(path, "r+b") as f:
+            f.seek(last)
+            f.write(bytes(end - last))
+    assert_refused(state, path)
