@@ -7,9 +7,11 @@ never returns a wrong record and never drops one silently. The one
 exception is a final line that the damage cut short (its newline flipped,
 zeroed or cut off): it reads as a tear, which recovery quarantines and
 reports (SPEC), so the last append may be missing or the last deletion
-undone then, and only then. (What a checkpoint does not vouch for -- tail
-lines past the snapshot of a store whose writer died -- cannot be told from
-appends a crash cut off, so zeroed and cut bytes are tried on closed stores.)"""
+undone then, and only then. What no checkpoint vouches for -- tail lines
+past the index snapshot, deletions past what the manifest recorded, in a
+store whose writer died -- cannot be told from appends a crash cut off: in a
+store copied while its writer ran, zeroed or cut bytes there may lose those
+(from the damaged line on), and nothing else."""
 from __future__ import annotations
 
 import os
