@@ -406,15 +406,37 @@ class ConversationStateRepository:
         while the manifest keeps changing under it."""
         if not self.read_only:
             return self._load_state_once()
-        for attempt in range(50):
-            seen = self._manifest_store.read()
-            try:
-                return self._load_state_once()
-            except (CorruptStateCheckpointError, FileNotFoundError):
-                if attempt >= 3 and self._manifest_store.read() == seen:
-                    raise
-                time.sleep(0.002 * (attempt + 1))
-        return self._load_state_once()
+        # a reload replaces the tail, segments and cool archive: the replaced
+        # ones (and those of attempts that failed) are closed once it is done,
+        # or a viewer refreshing beside a compacting writer leaks descriptors
+        replaced = self._state_files()
+        try:
+            for attempt in range(50):
+                seen = self._manifest_store.read()
+                try:
+                    return self._load_state_once()
+                except (CorruptStateCheckpointError, FileNotFoundError):
+                    replaced += self._state_files()
+                    if attempt >= 3 and self._manifest_store.read() == seen:
+                        raise
+                    time.sleep(0.002 * (attempt + 1))
+            return self._load_state_once()
+        finally:
+            current = {id(f) for f in self._state_files()}
+            closed: set[int] = set()
+            for f in replaced:
+                if id(f) not in current and id(f) not in closed:
+                    closed.add(id(f))
+                    f.close()
+
+    def _state_files(self) -> list[Any]:
+        """The open tail, segments and cool archive of the loaded state."""
+        out: list[Any] = list(getattr(self, "_segs", {}).values())
+        for name in ("_tail", "_cool"):
+            f = getattr(self, name, None)
+            if f is not None:
+                out.append(f)
+        return out
 
     def _stale_view(self) -> bool:
         """Whether the writer moved the manifest since this viewer read it."""
@@ -2119,15 +2141,22 @@ class ConversationStateRepository:
             if m != self._manifest:
                 self._load_state()
             elif self._tail is not None:
-                start = self._tail.size
-                if self._tail.refresh_map():
-                    self._reattach_tail()
-                rep = self._index.ingest(self._tail_seg, start, self._tail.file_size)
-                self._check_ingest(rep, self._tail.path, sealed=False)
-                self._tail.size = rep.good_end
-                self._fold_order.clear()
-                self._interleaved.clear()
-                self._refresh_tombstones()
+                try:
+                    start = self._tail.size
+                    if self._tail.refresh_map():
+                        self._reattach_tail()
+                    rep = self._index.ingest(self._tail_seg, start, self._tail.file_size)
+                    self._check_ingest(rep, self._tail.path, sealed=False)
+                    self._tail.size = rep.good_end
+                    self._fold_order.clear()
+                    self._interleaved.clear()
+                    self._refresh_tombstones()
+                except CorruptStateCheckpointError:
+                    # the writer moved the manifest meanwhile (a file read here
+                    # was replaced): read the new state whole; damage raises
+                    if not self._stale_view():
+                        raise
+                    self._load_state()
             else:
                 self._load_state()
             return len(self) - before

@@ -659,3 +659,56 @@ def test_search_keeps_its_whole_segment_pass_on_a_sound_store(tmp_path, monkeypa
     with ConversationStateRepository(tmp_path, hot_window=50) as repo:
         with pytest.raises(CorruptStateCheckpointError):
             repo.search("needle")                        # a live line: loud
+
+
+def test_a_viewer_that_reloads_again_and_again_keeps_its_descriptors_bounded(tmp_path):
+    """Each refresh() after the writer moved the manifest reloads the viewer's
+    state; the replaced tail, segments and archive are closed (300 reloads
+    leaked about 300 descriptors: an agent's viewer would run out of them)."""
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+    with ConversationStateRepository(tmp_path, hot_window=4, compact_every=10**6, durability="none") as w:
+        w.append_many([msg(i) for i in range(20)])
+        w.compact()
+        with ConversationStateRepository(tmp_path, read_only=True) as v:
+            for i in range(10):
+                w.append(msg(100 + i))
+                w.compact()
+                v.refresh()
+            before = fds()
+            for i in range(50):
+                w.append(msg(200 + i))
+                w.compact()                       # the manifest moves: the viewer reloads
+                v.refresh()
+            assert fds() <= before + 3, (before, fds())
+            assert len(v) == len(w) == 80
+
+
+def test_a_viewer_refresh_that_meets_a_replaced_file_reads_the_new_state(tmp_path, monkeypatch):
+    """refresh() with an unchanged manifest reads on from where it was; if the
+    writer moves the manifest meanwhile and a file it read is gone, the
+    refresh reads the new state instead of raising (damage still raises)."""
+    from rune_fast.conversation_state import CorruptStateCheckpointError as Corrupt
+    with ConversationStateRepository(tmp_path, hot_window=2, compact_every=10**6) as w:
+        w.append_many([msg(i) for i in range(6)])
+        w.compact()
+        with ConversationStateRepository(tmp_path, read_only=True) as v:
+            w.append(msg(6))
+            real = ConversationStateRepository._refresh_tombstones
+            calls = []
+
+            def racing(self):
+                calls.append(1)
+                if len(calls) == 1:
+                    w.delete(msg(0).msg_id)
+                    w.compact()                  # the manifest moves, files are replaced
+                    raise Corrupt("cool archive cannot be opened: gone", path=str(tmp_path))
+                return real(self)
+            monkeypatch.setattr(ConversationStateRepository, "_refresh_tombstones", racing)
+            v.refresh()
+            assert len(v) == 6 and v.get_message(msg(0).msg_id).status is ReadStatus.NOT_FOUND_CONFIRMED
+            monkeypatch.setattr(ConversationStateRepository, "_refresh_tombstones",
+                                lambda self: (_ for _ in ()).throw(Corrupt("damaged", path="x")))
+            w.append(msg(7))
+            with pytest.raises(Corrupt):
+                v.refresh()                       # the manifest did not move: damage is loud
