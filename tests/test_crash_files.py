@@ -1106,14 +1106,9 @@ def test_tombstones_that_lost_deletions_the_manifest_records_are_loud(tmp_path, 
     assert_refused(state, path)
 
 
-def test_sealed_segment_of_another_size_than_its_snapshot_records_is_loud(tmp_path, monkeypatch):
-    """A sealed segment never changes once sealed (a rewrite makes a new one):
-    one cut at a line boundary, which a rescan would read as fewer lines and
-    no damage, is refused at open, naming it."""
-    import rune_fast.conversation_state as cs
-    from rune_fast.conversation_state import CorruptStateCheckpointError
-    monkeypatch.setattr(cs, "ROLL_BYTES", 2000)
-    state = str(tmp_path / "s")
+def _build_sealed(state: str) -> None:
+    """A closed store of 40 messages whose tail rolled into sealed segments
+    (the caller lowers ROLL_BYTES)."""
     mids = ids(40)
     repo, _w = open_conv(state)
     try:
@@ -1122,6 +1117,17 @@ def test_sealed_segment_of_another_size_than_its_snapshot_records_is_loud(tmp_pa
             repo.compact()
     finally:
         repo.close()
+
+
+def test_sealed_segment_of_another_size_than_its_snapshot_records_is_loud(tmp_path, monkeypatch):
+    """A sealed segment never changes once sealed (a rewrite makes a new one):
+    one cut at a line boundary, which a rescan would read as fewer lines and
+    no damage, is refused at open, naming it."""
+    import rune_fast.conversation_state as cs
+    from rune_fast.conversation_state import CorruptStateCheckpointError
+    monkeypatch.setattr(cs, "ROLL_BYTES", 2000)
+    state = str(tmp_path / "s")
+    _build_sealed(state)
     segs = [p for p in hot_logs(state) if "seg-" in os.path.basename(p)]
     assert segs, "no sealed segment"
     path = segs[0]
@@ -1192,14 +1198,7 @@ def test_sealed_segment_that_lost_lines_is_loud_without_a_snapshot(tmp_path, mon
     import rune_fast.conversation_state as cs
     monkeypatch.setattr(cs, "ROLL_BYTES", 2000)
     state = str(tmp_path / "s")
-    mids = ids(40)
-    repo, _w = open_conv(state)
-    try:
-        for k in range(0, 40, 8):
-            assert repo.append_many([cw.make_message(m) for m in mids[k:k + 8]]) == 8
-            repo.compact()
-    finally:
-        repo.close()
+    _build_sealed(state)
     os.unlink(os.path.join(state, "hot", "conversation_index.snap"))
     path = [p for p in hot_logs(state) if "seg-" in os.path.basename(p)][0]
     data = read_bytes(path)

@@ -123,12 +123,7 @@ def test_zeroed_or_cut_bytes_anywhere_in_a_closed_store_are_never_served(templat
     if size == 0:
         return
     at = int(frac * size)
-    with open(path, "r+b") as f:
-        if how == "truncate":
-            f.truncate(at)
-        else:
-            f.seek(at)
-            f.write(bytes(min(length, size - at)))
+    _zero_or_cut(path, how, at, min(length, size - at))
     _check_reads(d, name)
 
 
@@ -171,13 +166,18 @@ def test_zeroed_or_cut_bytes_in_a_killed_store_lose_only_what_no_checkpoint_vouc
         vouched = (manifest.get("tombstones_synced") or [0, 0])[0]
         if start >= vouched:
             may_return = set(ids_from)
+    _zero_or_cut(path, how, at, min(length, size - at))
+    _check_reads(d, name, may_miss, may_return)
+
+
+def _zero_or_cut(path: str, how: str, at: int, length: int) -> None:
+    """Cut the file at ``at`` (``how="truncate"``) or zero ``length`` bytes there."""
     with open(path, "r+b") as f:
         if how == "truncate":
             f.truncate(at)
         else:
             f.seek(at)
-            f.write(bytes(min(length, size - at)))
-    _check_reads(d, name, may_miss, may_return)
+            f.write(bytes(length))
 
 
 def _check_reads(d: str, name: str, may_miss: set[str] = frozenset(),
