@@ -159,11 +159,9 @@ def test_zeroed_or_cut_bytes_in_a_killed_store_lose_only_what_no_checkpoint_vouc
         if start >= vouched:
             may_miss = set(ids_from)
     elif name.endswith("conversation_tombstones.jsonl"):
-        import json
-        with open(os.path.join(template["killed"][0], "hot", "conversation_manifest.json"), "rb") as f:
-            raw = f.read()
-        manifest = json.loads(raw[raw.index(b"{"):]) if b"{" in raw else {}
-        vouched = (manifest.get("tombstones_synced") or [0, 0])[0]
+        from rune_fast.atomic import AtomicStore
+        manifest = AtomicStore(os.path.join(template["killed"][0], "hot", "conversation_manifest.json")).read()
+        vouched = ((manifest or {}).get("tombstones_synced") or [0, 0])[0]
         if start >= vouched:
             may_return = set(ids_from)
     _zero_or_cut(path, how, at, min(length, size - at))
