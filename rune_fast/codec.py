@@ -185,9 +185,10 @@ _LONG_NUMBER = re.compile(rb"\d{19}")
 def _has_long_number(body: bytes | memoryview) -> bool:
     """Whether the numbers of a message line (``token_estimate`` and what
     follows it: the content, which comes before, is a string) hold a run of
-    19 digits."""
+    19 digits. The search starts at the record's own key, the first one: a
+    tool call's arguments may hold another ``"token_estimate":`` after it."""
     b = body if type(body) is bytes else bytes(body)
-    return _LONG_NUMBER.search(b, max(0, b.rfind(b'"token_estimate":'))) is not None
+    return _LONG_NUMBER.search(b, max(0, b.find(b'"token_estimate":'))) is not None
 
 
 def record_from_line(line: bytes | memoryview, *, path: str, offset: int,

@@ -523,6 +523,27 @@ def test_integers_beyond_64_bits_come_back_exactly_from_every_tier(tmp_path):
         assert [h.record for h in repo.search("call")] == big
 
 
+def test_big_token_estimate_beside_an_argument_named_token_estimate(tmp_path):
+    """A tool call's arguments may hold a key ``token_estimate`` of their own;
+    the record's estimate beyond 64 bits, before it, still reads exactly. The
+    reader used to look for long numbers only after the last such key, read
+    the estimate as a float and refuse to open the store as damaged."""
+    calls = ({"id": "", "name": "", "arguments": None},
+             {"id": "c", "name": "f", "arguments": {"token_estimate": None}})
+    big = [ConversationMessageRecord(msg_id=f"te_{i}", content="x", channel_id="ch", token_estimate=t,
+                                     tool_calls=calls, ts=1_700_000_000.0 + i)
+           for i, t in enumerate((2**63, 2**64 - 1, 2**64, 2**70))]
+    with ConversationStateRepository(tmp_path, compact_every=10**6, hot_window=0) as repo:
+        repo.append_many(big)
+    with ConversationStateRepository(tmp_path, compact_every=10**6, hot_window=0) as repo:
+        repo._decoded.clear()
+        assert [repo.get_message(m.msg_id).record for m in big] == big        # tail
+        repo._decoded.clear()
+        assert repo.compact().cooled == 4                                     # copied from the lines
+        assert [repo.get_message(m.msg_id).record for m in big] == big        # cool
+        assert repo.verify().ok
+
+
 def test_decode_cache_stays_bounded_by_a_large_batch(tmp_path):
     from rune_fast import conversation_state as cs
     with ConversationStateRepository(tmp_path, durability="none", compact_every=10**6,
