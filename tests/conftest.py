@@ -1,0 +1,14 @@
+"""Hypothesis settings for the whole suite.
+
+The machine the suite runs on is shared and noisy (two cores), so no example
+has a deadline and a slow data generator is not an error: a property fails
+only on a wrong answer. Examples stay random from run to run (each CI run
+explores new ones); a failure prints the blob that reproduces it.
+"""
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "rune", deadline=None, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.load_profile("rune")
