@@ -18,6 +18,7 @@ import enum
 import functools
 import itertools
 import logging
+import math
 import operator
 import os
 import threading
@@ -229,10 +230,10 @@ def _make_room(cache: dict, room: int) -> None:
         del cache[k]
 
 
-def _fold_key(rec: ConversationMessageRecord) -> tuple[str, str]:
-    """A message's place in the fold order: (its hlc, or the one section 7
-    derives from ts and origin, as text; msg_id)."""
-    return (rec.hlc or "%015d-%010d-%s" % (round(rec.ts * 1000), 0, rec.origin), rec.msg_id)
+def _fold_key(rec: ConversationMessageRecord) -> tuple:
+    """A message's place in the fold order: (the stamp of its op, as
+    ``export_ops`` makes it; msg_id)."""
+    return (_sync.record_stamp(rec.hlc, rec.ts, rec.origin), rec.msg_id)
 
 
 _COOL_RANK = 0
@@ -557,6 +558,8 @@ class ConversationStateRepository:
                     rec, _seq = codec.record_from_line(line, path=self._tail.path, offset=off)
                     if rec.hlc:
                         self._observe(rec.hlc)
+                    else:
+                        self._observe_derived(rec.ts)
         for hlc in self._tomb_hlcs:
             self._observe(hlc)
 
@@ -1042,6 +1045,7 @@ class ConversationStateRepository:
         if len(self._decoded) + len(fresh) - skip > _DECODE_CACHE:
             self._trim_cache(len(fresh) - skip)
         decoded, interleaved, fold = self._decoded, self._interleaved, self._fold_order
+        newest = -math.inf      # the latest ts of an unstamped message
         pos = (seg << 40) | off
         for j, i in enumerate(fresh):
             m = msgs[i]
@@ -1055,6 +1059,10 @@ class ConversationStateRepository:
                 self._note_fold_order(m)
             if m.hlc:
                 self._observe(m.hlc)
+            elif m.ts > newest:
+                newest = m.ts
+        if newest * 1000 > self._clock.last_wall:
+            self._observe_derived(newest)
         # journaled with one write; durable by the next checkpoint, re-derived
         # from the tail by recovery if a crash loses it first
         self._events.append_encoded(message_envelopes(keys, hashes, fresh, codec.dumps(time.time())),
@@ -1071,6 +1079,21 @@ class ConversationStateRepository:
             self._clock.observe(hlc)
         except ValueError as exc:
             log.debug("clock does not observe %r: %s", hlc, exc)
+
+    def _observe_derived(self, ts: float) -> None:
+        """Let the clock pass the stamp section 7 gives an unstamped message
+        of time ``ts``, ``Hlc(round(ts*1000), 0, origin)``: a later stamp of
+        this store (a deletion's tombstone, a caller's ``clock.now()``) then
+        sorts after it, as one from a store that merged it would. Appends call
+        it once a batch, for the latest such ts, when it is past the clock's
+        wall time; a ts outside the Hlc's range makes no stamp and moves
+        nothing."""
+        try:
+            wall = round(ts * 1000)
+        except (ValueError, OverflowError):
+            return
+        if 0 <= wall <= _sync.WALL_MAX:
+            self._clock.pass_wall(wall)
 
     def _note_order(self, m: ConversationMessageRecord) -> None:
         """Keep the interleave verdict of the channel true after an append."""
@@ -1661,24 +1684,44 @@ class ConversationStateRepository:
         return [r for r, _t in self._channel_all(channel_id)]
 
     def _fold_consistent(self, channel_id: str) -> bool:
+        """Whether the channel's messages (system ones aside) stand in the
+        fold order in the store order. Kept per channel as ``[verdict, fold
+        key of the last message, (hlc, msg_id) of the last stamped one]``."""
         state = self._fold_order.get(channel_id)
         if state is None:
-            last = None
-            ok = True
+            state = [True, None, None]
             for r, _t in self._channel_all(channel_id):
+                if r.hlc:
+                    state[2] = (r.hlc, r.msg_id)    # stamped messages come last, in this order
                 if r.role == "system":
                     continue
                 k = _fold_key(r)
-                if last is not None and k < last:
-                    ok = False
+                if state[1] is not None and k < state[1]:
+                    state[0] = False
                     break
-                last = k
-            state = self._fold_order[channel_id] = [ok, last]
+                state[1] = k
+            self._fold_order[channel_id] = state
         return state[0]
 
     def _note_fold_order(self, m: ConversationMessageRecord) -> None:
+        """Keep the fold-order verdict of the channel true after an append:
+        the new message must land last in the store order (an unstamped one
+        lands before every stamped one, a stamped one by its (hlc, msg_id))
+        and last in the fold order."""
         state = self._fold_order.get(m.channel_id)
-        if state is None or not state[0] or m.role == "system":
+        if state is None or not state[0]:
+            return
+        if m.hlc:
+            at = (m.hlc, m.msg_id)
+            if state[2] is not None and at < state[2]:
+                if m.role != "system":     # a system message's place does not matter
+                    state[0] = False
+                return
+            state[2] = at
+        elif state[2] is not None and m.role != "system":
+            state[0] = False
+            return
+        if m.role == "system":
             return
         k = _fold_key(m)
         if state[1] is not None and k < state[1]:

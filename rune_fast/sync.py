@@ -97,7 +97,7 @@ __all__ = [
 #: ``{speaker, text, timestamp}`` turns, or an empty/``None`` id).
 DEFAULT_CONVERSATION = "default"
 
-_WALL_MAX = 10**15 - 1      # 15 decimal digits in the string form
+_WALL_MAX = WALL_MAX = 10**15 - 1      # 15 decimal digits in the string form
 _COUNTER_MAX = 10**10 - 1   # 10 decimal digits in the string form
 
 
@@ -260,6 +260,25 @@ class HlcClock:
             if not self._issued:
                 return None
             return tuple.__new__(Hlc, (self._l, self._c, self._device_id))
+
+    @property
+    def last_wall(self) -> int:
+        """``wall_ms`` of the latest stamp returned or observed (0 before
+        any): every later stamp is after any stamp of an earlier wall time.
+        Read without the lock (it only grows)."""
+        return self._l
+
+    def pass_wall(self, wall_ms: int) -> None:
+        """Make every later stamp of this clock sort after every stamp of
+        ``wall_ms`` with counter 0, whatever its device (the stamp section 7
+        gives an unstamped message), without issuing one: a cheaper
+        ``observe`` for a store's appends."""
+        if not 0 <= wall_ms <= _WALL_MAX:
+            raise ValueError(f"HlcClock.pass_wall: {wall_ms!r} is outside 0..10**15-1")
+        with self._lock:
+            if wall_ms > self._l:
+                # the next stamp is (wall_ms, 1) or a later wall time
+                self._l, self._c, self._issued = wall_ms, 0, True
 
     def _read_wall(self) -> int:
         pt = self._wall()
@@ -1173,10 +1192,11 @@ def _args_object(args: Any, cid: str) -> dict[str, Any]:
 
 
 def _args_string(args: Any) -> str:
+    # no arguments (None or "") are the empty object, as in _args_object
+    if args is None or args == "":
+        return "{}"
     if isinstance(args, str):
         return args
-    if args is None:
-        return "{}"
     try:
         return json.dumps(args, ensure_ascii=False, separators=(",", ":"))
     except (TypeError, ValueError) as e:
@@ -1581,13 +1601,33 @@ _PAYLOAD_ONLY = ("conversation_id", "tool_use_id", "timestamp")
 def _stamp_of(ts: Any, origin: Any) -> Hlc:
     """``Hlc(round(ts*1000), 0, origin)`` for any record a store holds: the
     wall time clamped into the Hlc's range (a ts before 1970, or one given in
-    milliseconds by mistake), 0 for a ts that is no finite number, and no
-    device for an origin that is no str."""
+    milliseconds by mistake, or an infinite one), 0 for a ts that is no
+    number (or NaN), and no device for an origin that is no str."""
     try:
-        wall = min(max(round(ts * 1000), 0), _WALL_MAX)
+        w = float(ts) * 1000
     except (TypeError, ValueError, OverflowError):
-        wall = 0
+        w = 0.0
+    wall = 0 if not w > 0 else _WALL_MAX if w >= _WALL_MAX else round(w)
     return Hlc(wall, 0, origin if isinstance(origin, str) else "")
+
+
+def _record_hlc(hlc_s: str, ts: Any, origin: Any) -> Hlc:
+    """A stored message's op stamp by the letter of section 7: its ``hlc``, or
+    ``Hlc(round(ts*1000), 0, origin)`` when it has none. ``TypeError``,
+    ``ValueError`` or ``OverflowError`` when the values cannot make one."""
+    if hlc_s:
+        return Hlc.parse(hlc_s)
+    return Hlc(round(ts * 1000), 0, origin or "")
+
+
+def record_stamp(hlc_s: str, ts: Any, origin: Any) -> Hlc:
+    """The stamp :func:`op_from_record_dict` gives a stored message with
+    ``lenient=True`` (without its warning): a store's place for the message
+    in the fold order."""
+    try:
+        return _record_hlc(hlc_s, ts, origin)
+    except (TypeError, ValueError, OverflowError):
+        return _stamp_of(ts, origin)
 
 
 def op_from_record_dict(d: Any, *, lenient: bool = False) -> OpRecord:
@@ -1614,13 +1654,9 @@ def op_from_record_dict(d: Any, *, lenient: bool = False) -> OpRecord:
         ts = d["ts"]
     except KeyError as e:
         raise ValueError(f"record dict lacks {e.args[0]!r}") from None
-    hlc_s = d.get("hlc") or ""
     try:
-        if hlc_s:
-            hlc = Hlc.parse(hlc_s)
-        else:
-            hlc = Hlc(round(ts * 1000), 0, d.get("origin") or "")
-    except (TypeError, ValueError) as e:
+        hlc = _record_hlc(d.get("hlc") or "", ts, d.get("origin"))
+    except (TypeError, ValueError, OverflowError) as e:
         if not lenient:
             raise ValueError(f"message {msg_id!r}: {e}") from None
         hlc = _stamp_of(ts, d.get("origin"))

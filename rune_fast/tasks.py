@@ -315,8 +315,10 @@ class TaskStateRepository:
         return record
 
     def _next_updated_at(self, record: TaskStateRecord) -> float:
-        # Strictly after the previous value even if the clock stalls or steps back.
-        return max(time.time(), math.nextafter(record.updated_at, math.inf))
+        # Strictly after the previous value even if the clock stalls or steps
+        # back (the largest float, which nothing is after, stays as it is).
+        after = math.nextafter(record.updated_at, math.inf)
+        return max(time.time(), record.updated_at if after == math.inf else after)
 
     def create(self, title: str, channel_id: str, model: str | None = None,
                parent_task_id: str | None = None) -> TaskStateRecord:
@@ -368,8 +370,8 @@ class TaskStateRepository:
             if not isinstance(outcome_ref, str):
                 raise TypeError(f"task {task_id}: outcome_ref must be str, got {type(outcome_ref).__name__}")
             allowed = TASK_TRANSITIONS[current.status]
-            if new_status not in allowed:
-                if new_status not in TASK_STATUSES:
+            if not isinstance(new_status, str) or new_status not in allowed:
+                if not isinstance(new_status, str) or new_status not in TASK_STATUSES:
                     raise IllegalTaskTransitionError(
                         f"task {task_id}: unknown status {new_status!r} (one of {', '.join(TASK_STATUSES)})")
                 raise IllegalTaskTransitionError(

@@ -485,7 +485,8 @@ def test_a_stored_hlc_that_is_no_hlc_does_not_break_export_or_resume(tmp_path, c
             op_from_record_dict(odd.to_dict())               # the module function stays strict
 
 
-@pytest.mark.parametrize("ts, wall_ms", [(-1.0, 0), (1e13, 10**15 - 1), (1.7e12, 10**15 - 1)])
+@pytest.mark.parametrize("ts, wall_ms", [(-1.0, 0), (1e13, 10**15 - 1), (1.7e12, 10**15 - 1),
+                                         (1e306, 10**15 - 1)])     # ts*1000 is inf: no OverflowError
 def test_a_ts_outside_the_hlc_range_does_not_break_export_or_resume(tmp_path, caplog, ts, wall_ms):
     """Any finite ts is a valid record (section 2); its op's stamp (section 7:
     Hlc(round(ts*1000), 0, origin)) is clamped into the Hlc's range, said in

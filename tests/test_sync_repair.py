@@ -213,6 +213,15 @@ def test_string_arguments_pass_through_openai_and_parse_for_anthropic():
         to_anthropic(msgs)
 
 
+def test_no_arguments_render_as_the_empty_object_for_both_providers():
+    # None and "" are "no arguments": {} for Anthropic, "{}" (a JSON string) for OpenAI
+    for none in (None, ""):
+        msgs = [U("q"), A("", "c1"), R("c1")]
+        msgs[1]["tool_calls"][0]["arguments"] = none
+        assert to_openai(msgs)[1]["tool_calls"][0]["function"]["arguments"] == "{}"
+        assert to_anthropic(msgs)[1]["content"][0]["input"] == {}
+
+
 def test_tool_ids_mapped_where_providers_restrict_them():
     long_id = "functions.get_weather:0/" + "x" * 50
     msgs = [U("q"), A("", long_id), R(long_id)]

@@ -134,7 +134,20 @@ def test_unknown_status_and_task(repo):
         repo.transition("task_missing", "running")
     with pytest.raises(UnknownTaskError, match="task_missing"):
         repo.amend("task_missing", "x")
+    for odd in (["running"], None, 3):      # "anything else": not a TypeError from a set lookup
+        with pytest.raises(IllegalTaskTransitionError, match="unknown status"):
+            repo.transition(t.task_id, odd)
     assert repo.get(t.task_id) == t
+
+
+def test_a_task_updated_at_the_largest_float_still_moves(repo):
+    # nothing is after the largest float: updated_at stays, the move is made
+    import sys
+    t = TaskStateRecord(title="x", channel_id="c", status="running", updated_at=sys.float_info.max)
+    assert repo.import_task(t)
+    assert repo.amend(t.task_id, "y").updated_at == sys.float_info.max
+    done = repo.transition(t.task_id, "completed")
+    assert (done.status, done.updated_at) == ("completed", sys.float_info.max)
 
 
 def test_outcome_ref_kept_when_not_given(repo):
