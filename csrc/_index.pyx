@@ -26,7 +26,7 @@ cdef extern from "<sys/mman.h>" nogil:
     int MAP_PRIVATE
     void *MAP_FAILED
 from rf_core cimport (RF_ID_OFF, RF_MAX_LINE, RF_OK, rf_all_zero, rf_check_frame,
-                      rf_cmp_bytes, rf_content_has, rf_find, rf_find_nonascii,
+                      rf_cmp_json, rf_content_has, rf_find, rf_find_nonascii,
                       rf_has_nonascii, rf_i64vec, rf_line_start, rf_prefault, rf_check_slots, rf_first_negative,
                       rf_prefetch,
                       rf_i64vec_push, rf_lower, rf_msg, rf_parse_msg, rf_reason,
@@ -775,9 +775,9 @@ cdef class HotIndex:
         cdef int c
         if self._parse_entry(x, &p, &m) != 0:
             return -1
-        c = rf_cmp_bytes(p + m.hlc_off, m.hlc_len, hp, hl)
+        c = rf_cmp_json(p + m.hlc_off, m.hlc_len, hp, hl)
         if c == 0:
-            c = rf_cmp_bytes(p + m.id_off, m.id_len, ip, il)
+            c = rf_cmp_json(p + m.id_off, m.id_len, ip, il)
         out[0] = c
         return 0
 
@@ -801,9 +801,9 @@ cdef class HotIndex:
                 if self._parse_entry(L.s[L.ns - 1], &lp, &lm) != 0:
                     raise (self._unreadable(L.s[L.ns - 1]))
                 self._set_lk(L, lp + lm.hlc_off, lm.hlc_len, lp + lm.id_off, lm.id_len)
-            c = rf_cmp_bytes(L.lk, L.lk_hl, hp, m.hlc_len)
+            c = rf_cmp_json(L.lk, L.lk_hl, hp, m.hlc_len)
             if c == 0:
-                c = rf_cmp_bytes(L.lk + L.lk_hl, L.lk_il, ip, m.id_len)
+                c = rf_cmp_json(L.lk + L.lk_hl, L.lk_il, ip, m.id_len)
             if c > 0:
                 # out of order: binary search for the first element after the key
                 lo = 0

@@ -238,6 +238,100 @@ static inline int rf_cmp_bytes(const unsigned char *a, size_t na, const unsigned
     return (na > nb) - (na < nb);
 }
 
+/* ---- order of JSON string bodies ---------------------------------------- */
+
+/* A reader of the bytes a JSON string body (between its quotes) stands for,
+ * as UTF-8: escapes decoded (\uXXXX, surrogate pairs joined), other bytes as
+ * they are. A malformed escape is read as its bytes. */
+typedef struct {
+    const unsigned char *p, *end;
+    unsigned char pend[4];
+    int npend, ipend;
+} rf_jdec;
+
+static inline int rf_hex4(const unsigned char *p, const unsigned char *end, uint32_t *out)
+{
+    uint32_t v = 0;
+    if (end - p < 4) return 0;
+    for (int i = 0; i < 4; i++) {
+        unsigned char c = p[i];
+        v <<= 4;
+        if (c >= '0' && c <= '9') v |= (uint32_t)(c - '0');
+        else if (c >= 'a' && c <= 'f') v |= (uint32_t)(c - 'a' + 10);
+        else if (c >= 'A' && c <= 'F') v |= (uint32_t)(c - 'A' + 10);
+        else return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+static inline int rf_jdec_next(rf_jdec *d)
+{
+    uint32_t cp, lo;
+    unsigned char c, e;
+    if (d->ipend < d->npend) return d->pend[d->ipend++];
+    if (d->p >= d->end) return -1;
+    c = *d->p++;
+    if (c != '\\' || d->p >= d->end) return c;
+    e = *d->p;
+    switch (e) {
+    case 'b': d->p++; return 0x08;
+    case 'f': d->p++; return 0x0c;
+    case 'n': d->p++; return 0x0a;
+    case 'r': d->p++; return 0x0d;
+    case 't': d->p++; return 0x09;
+    case 'u':
+        if (!rf_hex4(d->p + 1, d->end, &cp)) return c;
+        d->p += 5;
+        if (cp >= 0xD800 && cp <= 0xDBFF && d->end - d->p >= 6 && d->p[0] == '\\' && d->p[1] == 'u'
+                && rf_hex4(d->p + 2, d->end, &lo) && lo >= 0xDC00 && lo <= 0xDFFF) {
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+            d->p += 6;
+        }
+        d->ipend = 1;
+        if (cp < 0x80) { d->npend = 0; d->ipend = 0; return (int)cp; }
+        if (cp < 0x800) {
+            d->pend[0] = (unsigned char)(0xC0 | (cp >> 6));
+            d->pend[1] = (unsigned char)(0x80 | (cp & 0x3F));
+            d->npend = 2;
+        } else if (cp < 0x10000) {
+            d->pend[0] = (unsigned char)(0xE0 | (cp >> 12));
+            d->pend[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
+            d->pend[2] = (unsigned char)(0x80 | (cp & 0x3F));
+            d->npend = 3;
+        } else {
+            d->pend[0] = (unsigned char)(0xF0 | (cp >> 18));
+            d->pend[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3F));
+            d->pend[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
+            d->pend[3] = (unsigned char)(0x80 | (cp & 0x3F));
+            d->npend = 4;
+        }
+        return d->pend[0];
+    default:            /* \" \\ \/ */
+        d->p++;
+        return e;
+    }
+}
+
+/* Order of two JSON string bodies by the strings they spell: UTF-8 byte
+ * order, which is code point order, i.e. Python's str order. Bodies without
+ * a backslash are their own UTF-8. */
+static inline int rf_cmp_json(const unsigned char *a, size_t na, const unsigned char *b, size_t nb)
+{
+    rf_jdec x, y;
+    int ca, cb;
+    if (!memchr(a, '\\', na) && !memchr(b, '\\', nb))
+        return rf_cmp_bytes(a, na, b, nb);
+    x.p = a; x.end = a + na; x.npend = x.ipend = 0;
+    y.p = b; y.end = b + nb; y.npend = y.ipend = 0;
+    for (;;) {
+        ca = rf_jdec_next(&x);
+        cb = rf_jdec_next(&y);
+        if (ca != cb) return ca < cb ? -1 : 1;
+        if (ca < 0) return 0;
+    }
+}
+
 /* ---- substring search -------------------------------------------------- */
 
 static inline unsigned char rf_lower(unsigned char c)

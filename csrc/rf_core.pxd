@@ -41,6 +41,7 @@ cdef extern from "rf_core.h" nogil:
     int rf_all_zero(const unsigned char *p, size_t n)
     int rf_parse_msg(const unsigned char *p, size_t len, rf_msg *m, int full)
     int rf_cmp_bytes(const unsigned char *a, size_t na, const unsigned char *b, size_t nb)
+    int rf_cmp_json(const unsigned char *a, size_t na, const unsigned char *b, size_t nb)
     unsigned char rf_lower(unsigned char c)
     const unsigned char *rf_find(const unsigned char *h, size_t n,
                                  const unsigned char *nd, size_t m, int ci)

@@ -42,6 +42,7 @@ __all__ = [
     "rest_from_body",
     "tombstone_rest",
     "decode_body",
+    "loads_exact",
     "record_from_line",
 ]
 
@@ -180,6 +181,15 @@ def decode_body(body: bytes | memoryview, *, path: str, offset: int) -> dict:
 
 #: a run of digits that may be an integer beyond 64 bits
 _LONG_NUMBER = re.compile(rb"\d{19}")
+
+
+def loads_exact(data: bytes) -> Any:
+    """A JSON document read as ``json.loads`` reads it (integers beyond 64
+    bits exact): with orjson, unless a run of 19 digits may be one (orjson
+    reads it as a float). ``ValueError`` if it is not JSON."""
+    if _LONG_NUMBER.search(data) is None:
+        return orjson.loads(data)
+    return json.loads(data)
 
 
 def _has_long_number(body: bytes | memoryview) -> bool:

@@ -846,8 +846,8 @@ class ConversationStateRepository:
             return
         try:
             with open(path, "rb") as f:
-                data = codec.orjson.loads(f.read())
-        except (codec.orjson.JSONDecodeError, OSError) as exc:
+                data = codec.loads_exact(f.read())
+        except (ValueError, OSError) as exc:
             raise CorruptStateCheckpointError(f"legacy checkpoint is not readable JSON: {exc}",
                                               path=path) from None
         items = data.get("messages") if isinstance(data, dict) else data
@@ -917,7 +917,9 @@ class ConversationStateRepository:
         record is built) and its append sequence: what cooling copies."""
         line = self._index.line(loc)
         hit = self._decoded.get(loc)
-        if hit is not None:
+        if hit is not None and not hit[0].tool_calls:
+            # (a record with tool calls holds dicts a reader may have edited
+            # in place: the bytes are what was appended)
             return hit[0].to_dict(), hit[1]
         d = codec.decode_body(line, path=self._path_of(loc >> 40), offset=loc & ((1 << 40) - 1))
         return d["r"], d.get("s")
@@ -1730,9 +1732,17 @@ class ConversationStateRepository:
             state[1] = k
 
     def _all_records(self) -> list[tuple[ConversationMessageRecord, str]]:
+        """Every live record, for an export: those with tool calls decoded
+        from their bytes (a reader may have edited a cached record's dicts in
+        place; another store must get what was appended)."""
         out = []
         for k in self._index.channels():
-            out.extend(self._hot_channel(_unkey(k)))
+            for loc in self._index.channel_locs(k, -1).tolist():
+                rec = self._read_loc(loc)
+                if rec.tool_calls:
+                    rec, _seq = codec.record_from_line(self._index.line(loc), path=self._path_of(loc >> 40),
+                                                       offset=loc & ((1 << 40) - 1))
+                out.append((rec, self._tier_of(loc)))
         for ch in self._cool.channels():
             out.extend((r, "cool") for r in self._cool_rows(self._cool.channel_rows(ch)))
         return out
@@ -2267,11 +2277,13 @@ class ConversationStateRepository:
                     HotIndex.load_snapshot(snap_path, lazy_tasks=False)
                 except CorruptStateCheckpointError as exc:
                     problems.append(Problem(snap_path, getattr(exc, "offset", None), str(exc)))
-            # live index against the files: every indexed line verifies and decodes
+            # live index against the files: every indexed line verifies and
+            # decodes (from its bytes: not the decode cache's record)
             for ch in list(self._index.channels()):
                 for loc in self._index.channel_locs(ch, -1).tolist():
                     try:
-                        rec = self._read_loc(loc)
+                        rec, _seq = codec.record_from_line(self._index.line(loc), path=self._path_of(loc >> 40),
+                                                           offset=loc & ((1 << 40) - 1))
                         hashes[rec.msg_id] = payload_hash(rec)
                     except CorruptStateCheckpointError as exc:
                         problems.append(Problem(self._path_of(loc >> 40), loc & ((1 << 40) - 1), str(exc)))

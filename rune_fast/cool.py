@@ -235,18 +235,13 @@ def _id_hash(msg_id: str) -> int:
     return xxhash.xxh3_64_intdigest(msg_id.encode("utf-8"))
 
 
-def _esc(s: str) -> bytes:
-    # The order key of DESIGN.md compares JSON-escaped bytes (codec.key).
-    return orjson.dumps(s)[1:-1]
-
-
 def _order_key(record: dict, ord_: int) -> tuple:
     """Order within a channel or task (DESIGN.md): unstamped messages first in
     append order, then stamped ones by (hlc, msg_id)."""
     hlc = record["hlc"]
     if hlc == "":
-        return (0, ord_, b"", b"")
-    return (1, 0, _esc(hlc), _esc(record["msg_id"]))
+        return (0, ord_, "", "")
+    return (1, 0, hlc, record["msg_id"])
 
 
 def _row_key(row: CoolRow) -> tuple:
@@ -2696,7 +2691,10 @@ def _calls_texts(raw: bytes) -> tuple[bytes, bytes] | None:
         return None
     if type(v) is not list or not _json_safe(v):
         return None
-    return orjson.dumps(v), orjson.dumps(v, option=orjson.OPT_SORT_KEYS)
+    try:
+        return orjson.dumps(v), orjson.dumps(v, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:      # nested deeper than orjson writes: the dict path
+        return None
 
 
 def table_from_lines(lines: list, fallback: Callable[[int], tuple[dict, int | None]]) -> pa.Table:
@@ -2751,26 +2749,12 @@ def _merge(parts: list[list[CoolRow]]) -> list[CoolRow]:
     return list(heapq.merge(*parts, key=_row_key))
 
 
-def _needs_escape(arr: pa.ChunkedArray) -> bool:
-    return bool(pc.any(pc.match_substring_regex(arr, r'[\x00-\x1f"\\]')).as_py())
-
-
 def _merge_order(table: pa.Table) -> pa.Array:
-    """Row order of a merged file: channel, then the order key."""
-    if not (_needs_escape(table.column("hlc")) or _needs_escape(table.column("msg_id"))):
-        stamped = pc.not_equal(table.column("hlc"), "")
-        ord_key = pc.if_else(stamped, 0, table.column("ord"))
-        t = pa.table({"c": table.column("channel_id"), "s": stamped, "o": ord_key,
-                      "h": table.column("hlc"), "m": table.column("msg_id")})
-        return pc.sort_indices(t, sort_keys=[("c", "ascending"), ("s", "ascending"), ("o", "ascending"),
-                                             ("h", "ascending"), ("m", "ascending")])
-    chs = table.column("channel_id").to_pylist()
-    hlcs = table.column("hlc").to_pylist()
-    mids = table.column("msg_id").to_pylist()
-    ords = table.column("ord").to_pylist()
-
-    def key(i: int) -> tuple:
-        if hlcs[i] == "":
-            return (chs[i], 0, ords[i], b"", b"")
-        return (chs[i], 1, 0, _esc(hlcs[i]), _esc(mids[i]))
-    return pa.array(sorted(range(table.num_rows), key=key), type=pa.int64())
+    """Row order of a merged file: channel, then the order key (Arrow sorts
+    strings by their UTF-8 bytes: code point order, Python's str order)."""
+    stamped = pc.not_equal(table.column("hlc"), "")
+    ord_key = pc.if_else(stamped, 0, table.column("ord"))
+    t = pa.table({"c": table.column("channel_id"), "s": stamped, "o": ord_key,
+                  "h": table.column("hlc"), "m": table.column("msg_id")})
+    return pc.sort_indices(t, sort_keys=[("c", "ascending"), ("s", "ascending"), ("o", "ascending"),
+                                         ("h", "ascending"), ("m", "ascending")])

@@ -177,7 +177,10 @@ def _check_str(owner: str, field: str, value: Any, *, nonempty: bool = False) ->
 def _check_time(owner: str, field: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{owner}.{field} must be a float (epoch seconds), got {type(value).__name__}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:
+        raise ValueError(f"{owner}.{field} must be finite, got an int too large for a float") from None
     if not math.isfinite(value):
         raise ValueError(f"{owner}.{field} must be finite, got {value!r}")
     return value

@@ -154,6 +154,7 @@ def test_value_equality():
     ({"msg_id": ""}, ValueError, "msg_id"),
     ({"ts": "now"}, TypeError, "ts"),
     ({"ts": float("nan")}, ValueError, "ts"),
+    ({"ts": 10**400}, ValueError, "ts"),              # no float holds it: not a bare OverflowError
     ({"token_estimate": -1}, ValueError, "token_estimate"),
     ({"token_estimate": 1.5}, TypeError, "token_estimate"),
     ({"tool_calls": "x"}, TypeError, "tool_calls"),
@@ -183,6 +184,7 @@ def test_message_validation_names_field(kwargs, exc, field):
     ({"task_id": ""}, ValueError, "task_id"),
     ({"created_at": "x"}, TypeError, "created_at"),
     ({"updated_at": float("inf")}, ValueError, "updated_at"),
+    ({"created_at": -10**400}, ValueError, "created_at"),
     ({"assigned_model": None}, TypeError, "assigned_model"),
     ({"outcome_ref": "\udc80"}, ValueError, "outcome_ref"),
 ])

@@ -364,6 +364,22 @@ def test_legacy_fat_checkpoint_is_imported_once(tmp_path):
         assert repo.window("ch") == [msg(i) for i in range(3)]
 
 
+def test_legacy_checkpoint_integers_beyond_64_bits_import_exactly(tmp_path):
+    # a legacy file is json.dump output: its big integers are read with json
+    # (orjson reads them as floats; a token_estimate then failed the open)
+    import json
+    hot = tmp_path / "hot"
+    hot.mkdir()
+    big = [ConversationMessageRecord(msg_id="b1", content="x", channel_id="ch", ts=1.0, token_estimate=2**70),
+           ConversationMessageRecord(msg_id="b2", content="y", channel_id="ch", ts=2.0,
+                                     tool_calls=[{"id": "c", "name": "f", "arguments": {"n": 2**70, "m": -2**64}}])]
+    (hot / "conversation_messages.json").write_text(json.dumps([m.to_dict() for m in big]))
+    with ConversationStateRepository(tmp_path) as repo:
+        got = repo.window("ch")
+        assert got == big
+        assert type(got[0].token_estimate) is int and type(got[1].tool_calls[0]["arguments"]["n"]) is int
+
+
 def test_files_are_owner_only(tmp_path):
     d = tmp_path / "state"
     with ConversationStateRepository(d, hot_window=1, compact_every=2) as repo:
@@ -628,6 +644,51 @@ def test_big_token_estimate_beside_an_argument_named_token_estimate(tmp_path):
         repo._decoded.clear()
         assert repo.compact().cooled == 4                                     # copied from the lines
         assert [repo.get_message(m.msg_id).record for m in big] == big        # cool
+        assert repo.verify().ok
+
+
+@pytest.mark.parametrize("depth", [250, 253, 254, 255, 300])
+def test_deeply_nested_arguments_in_every_tier(tmp_path, depth):
+    """Arguments nested about as deep as orjson writes (it stops at 255
+    levels) are stored, cooled and read exactly. At 253-254 levels the cool
+    writer used to raise inside compaction, and so every later append that
+    ran an automatic one."""
+    args = 1
+    for _ in range(depth):
+        args = [args]
+    deep = ConversationMessageRecord(msg_id="deep", content="x", channel_id="c", ts=1.0,
+                                     tool_calls=[{"id": "i", "name": "n", "arguments": args}])
+    with ConversationStateRepository(tmp_path, hot_window=0, compact_every=8) as repo:
+        repo.append(deep)
+        repo.append_many(msg(i, channel="c") for i in range(20))     # automatic compactions
+        repo.compact()
+        assert repo.get_message("deep").tier == "cool"
+        repo._cool_decoded.clear()
+        assert repo.get_message("deep").record == deep
+    with ConversationStateRepository(tmp_path, hot_window=0) as repo:
+        assert repo.get_message("deep").record == deep
+        assert repo.window("c", 30)[0] == deep
+        assert repo.verify().ok
+
+
+def test_a_readers_edit_of_a_cached_record_never_reaches_disk_verify_or_export(tmp_path):
+    """Records come from a read cache and their tool-call dicts are plain
+    dicts: a reader that edits one in place must not change what cooling
+    writes, what verify() compares with the envelopes or what export_ops()
+    sends. Cooling used to copy the edited record into the archive (with a
+    digest of the edit), and verify() then reported a damaged envelope."""
+    calls = [{"id": "i", "name": "n", "arguments": {"a": 1, "big": 2**70}}]
+    m = ConversationMessageRecord(msg_id="m", content="x", channel_id="c", ts=1.0, tool_calls=calls)
+    with ConversationStateRepository(tmp_path, compact_every=10**6, hot_window=0) as repo:
+        repo.append(m)
+        repo.get_message("m").record.tool_calls[0]["arguments"]["a"] = 2
+        assert repo.verify().ok
+        assert [op.payload["tool_calls"] for op in repo.export_ops()] == [calls]
+        repo.compact()
+        repo.get_message("m").record.tool_calls[0]["arguments"]["a"] = 3
+        assert [op.payload["tool_calls"] for op in repo.export_ops()] == [calls]
+    with ConversationStateRepository(tmp_path) as repo:
+        assert repo.get_message("m").record == ConversationMessageRecord.from_dict({**m.to_dict(), "tool_calls": calls})
         assert repo.verify().ok
 
 
