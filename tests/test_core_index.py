@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from _core_support import key, line, tombstone
-from rune_fast import _index
+from rune_fast import _index, _log
 from rune_fast.errors import CorruptStateCheckpointError, FramingError, RuneError
 
 S = _index.SEG_SHIFT
@@ -121,6 +121,34 @@ def test_order_unstamped_first_then_hlc_then_id():
     assert ix.channel_locs(b"c", 0).tolist() == []
     assert ix.channel_locs(b"nope").tolist() == []
     assert ix.channel_len(b"c") == 7 and ix.channel_len(b"nope") == 0
+
+
+def _spelled(s: str, ascii_only: bool) -> bytes:
+    """The body of s as a JSON string: orjson's spelling, or json's
+    ensure_ascii one (\\uXXXX escapes, surrogate pairs for astral characters)."""
+    import json
+    return json.dumps(s).encode()[1:-1] if ascii_only else key(s)
+
+
+@settings(max_examples=300)
+@given(st.lists(st.tuples(st.text(st.sampled_from('"\\\n\x01\x1f !#0A[]a~\x7féĀ\u2028\ufffd😀𝄞'),
+                                  min_size=1, max_size=5),
+                          st.text(st.sampled_from('"\\\x02 0:az~é😀'), min_size=1, max_size=4),
+                          st.booleans()),
+                min_size=1, max_size=12, unique_by=lambda t: t[0]))
+def test_stamped_order_is_python_string_order_whatever_the_escapes(entries):
+    """The order of stamped messages compares the strings their escaped bytes
+    spell (SPEC's (hlc, msg_id) order, as Python compares them), whichever
+    way a line escapes them."""
+    lines = []
+    for mid, hlc, ascii_only in entries:
+        body = (b',"k":"m","r":{"msg_id":"' + _spelled(mid, ascii_only) + b'","channel_id":"c","task_id":"",'
+                b'"hlc":"' + _spelled(hlc, ascii_only) + b'","content":""}}')
+        lines.append(_log.frame(body))
+    ix, _, rep = build(lines)
+    assert rep.damage == "" and len(rep.added) == len(entries)
+    want = [mid for mid, _h, _a in sorted(entries, key=lambda e: (e[1], e[0]))]
+    assert ids(ix, ix.channel_locs(b"c")) == want
 
 
 def test_add_appended_lines():
