@@ -23,6 +23,7 @@ import operator
 import os
 import threading
 import time
+import warnings
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -39,6 +40,7 @@ from .errors import (
     CorruptStateCheckpointError,
     DurabilityError,
     IllegalTaskTransitionError,
+    RecoveryWarning,
     ReadOnlyStoreError,
     RuneError,
     StateLockedError,
@@ -342,6 +344,8 @@ class ConversationStateRepository:
         self._own_events = False
         self._events: EventStore | None = None
         self._quarantined: list[dict] = []
+        self._lost: list[dict] = []     # vouched final lines found gone (see _report_lost)
+        self._rejournaled = 0           # envelopes written again (see _rederive_lost_envelopes)
         self._compactions = 0
         self._last_compaction: CompactionReport | None = None
         self._bg: _Staged | None = None
@@ -373,6 +377,7 @@ class ConversationStateRepository:
         self._clock = _sync.HlcClock(self._device_id())
         self._load_state()
         if not self.read_only:
+            self._rederive_lost_envelopes()
             self._rederive_envelopes()
             self._import_legacy()
 
@@ -451,6 +456,10 @@ class ConversationStateRepository:
         if m is None:
             m = {"format": _FORMAT, "segments": [], "tail_seg": 1, "covered": 0,
                  "cool_files": [], "events_offset": 0, "next_seg": 2, "next_seq": 0}
+            self._check_new_store()
+            if not self.read_only:
+                # a store's first file: from now on a missing manifest is damage
+                self._manifest_store.write(m)
         if m.get("format") != _FORMAT:
             raise CorruptStateCheckpointError(
                 f"manifest format {m.get('format')!r} is not one this build reads ({_FORMAT})",
@@ -575,6 +584,25 @@ class ConversationStateRepository:
             return -1
         _rec, seq = codec.record_from_line(line, path=self._tail.path, offset=start)
         return -1 if seq is None else seq
+
+    def _check_new_store(self) -> None:
+        """A state directory without a manifest must hold no messages: a
+        writer writes the manifest before anything else (stores made before
+        it did, killed before their first compaction, hold a tail and maybe
+        a snapshot or tombstones). Anything more means the manifest was lost,
+        and reading on would drop the segments and archives it names."""
+        if not os.path.isdir(self.hot_dir):
+            return      # (a viewer of a store not made yet)
+        found = sorted(n for n in os.listdir(self.hot_dir)
+                       if n.startswith("conversation_seg-") and n.endswith(".jsonl"))
+        cool_dir = os.path.join(self.hot_dir, COOL_DIR)
+        if os.path.isdir(cool_dir):
+            found += [os.path.join(COOL_DIR, n) for n in sorted(os.listdir(cool_dir)) if n.endswith(".parquet")]
+        if found:
+            raise CorruptStateCheckpointError(
+                f"the manifest is missing, but the store holds {', '.join(found[:3])}"
+                f"{' and more' if len(found) > 3 else ''}: its messages would be lost",
+                path=self._manifest_store.path)
 
     def _remove_stray_segments(self) -> None:
         """Unlink segment files the manifest does not name: a rewrite whose
@@ -723,12 +751,28 @@ class ConversationStateRepository:
                     f"the tail lost complete lines that the index snapshot {SNAPSHOT_NAME} vouches "
                     f"for: they end at offset {last}, but {what} (damaged or cut off after they "
                     f"were synced)", path=tail.path, offset=at)
-            log.warning("%s: the final line that the index snapshot vouches for (ending at offset %d) "
-                        "is cut short; reading the tail again", tail.path, start)
+            end = min(start, tail.file_size)
+            nl = tail.buf.rfind(b"\n", 0, end) + 1 if tail.buf is not None else 0
+            if tail.buf is not None and bytes(tail.buf[nl:end]).strip(b"\0"):
+                # what is left of it is quarantined and reported by the rescan
+                log.warning("%s: the final line that the index snapshot vouches for (ending at "
+                            "offset %d) is cut short; reading the tail again", tail.path, start)
+            else:
+                self._report_lost(tail.path, start, "the final tail line the index snapshot "
+                                  "vouches for (an acknowledged append) is gone")
             return None
         cool_nums = {-(s + 1) for s in covered if s < 0 and s not in (_TAIL_MARK, _SYNCED_MARK)}
         snap_cool = [f for f in self._manifest["cool_files"] if _cool_no(f) in cool_nums]
         return start, snap_cool
+
+    def _report_lost(self, path: str, offset: int, what: str) -> None:
+        """Report a final line a checkpoint vouched for that is gone: read as
+        a crash would leave it (SPEC's "a final line cut short"), said loudly
+        -- a log record, a ``RecoveryWarning`` and ``stats()["lost"]``."""
+        msg = f"rune_fast: {path}: {what} (it ended at offset {offset})"
+        log.warning(msg)
+        warnings.warn(msg, RecoveryWarning, stacklevel=4)
+        self._lost.append({"path": path, "offset": offset, "what": what})
 
     def _check_ingest(self, rep, path: str, *, sealed: bool) -> None:
         if rep.damaged_offset >= 0:
@@ -780,9 +824,10 @@ class ConversationStateRepository:
                 f"the tombstone file lost deletions the manifest vouches for: its complete lines "
                 f"end at {scan.good_end}, the manifest's reach past {vouched[1]}", path=path,
                 offset=scan.good_end)
-        if scan.good_end < vouched[0]:
-            log.warning("%s: the last deletion the manifest vouches for (ending at offset %d) is cut "
-                        "short", path, vouched[0])
+        if scan.good_end < vouched[0] and scan.torn_offset < 0 and not self.read_only:
+            # (a part left of it is quarantined and reported below)
+            self._report_lost(path, vouched[0], "the final deletion the manifest vouches for is "
+                              "gone (the message it deleted reads again)")
         if scan.torn_offset >= 0 and not self.read_only:
             torn = data[scan.torn_offset:].rstrip(b"\0")
             qpath = quarantine_bytes(os.path.join(self.hot_dir, QUARANTINE_DIR), path,
@@ -813,6 +858,29 @@ class ConversationStateRepository:
             if off >= erased_upto:
                 self._unerased.append(body["msg_id"])
         return out
+
+    def _rederive_lost_envelopes(self) -> None:
+        """An event store shorter than the manifest's ``events_offset`` lost
+        envelopes a checkpoint relied on (cut, emptied or replaced after they
+        were synced): write again the ``conversation.message`` envelope of
+        every stored message that has none (the records hold the bodies), and
+        say so -- a log record, a ``RecoveryWarning`` and ``stats()["rejournaled"]``."""
+        vouched = int(self._manifest.get("events_offset", 0))
+        size = self._events.size
+        if size >= vouched:
+            return
+        have = {env.get("id") for env in self._events.iter_envelopes(0)
+                if env.get("type") == "conversation.message"}
+        missing = [rec for rec, _t in self._all_records() if rec.msg_id not in have]
+        for rec in missing:
+            self._events.append("conversation.message", rec.msg_id, payload_hash(rec))
+        self._events.sync()
+        self._rejournaled += len(missing)
+        msg = (f"rune_fast: {self._events.path} ends at offset {size}, before the {vouched} bytes the "
+               f"manifest vouches for (cut or replaced after they were synced): the envelopes of "
+               f"{len(missing)} stored message(s) were written again from their records")
+        log.warning(msg)
+        warnings.warn(msg, RecoveryWarning, stacklevel=4)
 
     def _rederive_envelopes(self) -> None:
         """Write the ``conversation.message`` envelope of every tail message a
@@ -2242,6 +2310,9 @@ class ConversationStateRepository:
         checked: dict[str, int] = {"lines": 0, "cool_rows": 0, "envelopes": 0, "records": 0}
         with self._lock:
             self._check_open()
+            # vouched lines the open found gone (see _report_lost): no longer
+            # in any file, but lost all the same
+            problems.extend(Problem(e["path"], e["offset"], e["what"]) for e in self._lost)
             files = [(seg, self._segs[seg].path, self._segs[seg].buf, self._segs[seg].size)
                      for seg in self._seg_order]
             if self._tail is not None:
@@ -2292,18 +2363,26 @@ class ConversationStateRepository:
             if self._events is not None:
                 try:
                     for p in self._events.verify():
-                        problems.append(Problem(getattr(p, "path", self._events.path),
-                                                getattr(p, "offset", None), getattr(p, "message", str(p))))
+                        problems.append(Problem(p["path"], p["offset"], p["problem"]))
+                    journaled = set()
                     for env in self._events.iter_envelopes(0):
                         checked["envelopes"] += 1
                         if env.get("type") != "conversation.message":
                             continue
                         mid = env.get("id")
+                        journaled.add(mid)
                         if mid in hashes and env.get("payload_hash") != hashes[mid]:
                             problems.append(Problem(self._events.path, env.get("offset"),
                                                     f"envelope of {mid} does not match its record"))
+                    unjournaled = [mid for mid in hashes if mid not in journaled]
+                    if unjournaled:
+                        problems.append(Problem(
+                            self._events.path, self._events.size,
+                            f"{len(unjournaled)} stored message(s) have no envelope, e.g. "
+                            f"{', '.join(map(repr, unjournaled[:3]))}"))
                 except CorruptStateCheckpointError as exc:
-                    problems.append(Problem(self._events.path, exc.offset, str(exc)))
+                    if not any(p.file == self._events.path and p.offset == exc.offset for p in problems):
+                        problems.append(Problem(self._events.path, exc.offset, str(exc)))
         return VerifyReport(ok=not problems, problems=problems, checked=checked)
 
     # ------------------------------------------------------------------
@@ -2332,6 +2411,8 @@ class ConversationStateRepository:
                 "read_only": self.read_only,
                 "quarantined": list(self._quarantined) + [
                     dict(q) for q in (self._events.quarantined if self._events is not None else [])],
+                "lost": list(self._lost),
+                "rejournaled": self._rejournaled,
                 "device_id": self._clock.device_id,
                 "state_dir": self.state_dir,
             }

@@ -2605,9 +2605,28 @@ def _open_parquet(path: str) -> pq.ParquetFile:
     except _PARQUET_ERRORS as exc:
         src.close()
         raise CorruptStateCheckpointError(f"cool archive is not readable Parquet: {exc}",
-                                          path=path) from None
+                                          path=path, offset=_footer_offset(path)) from None
     pf._rune_src = src  # type: ignore[attr-defined]  # closed with the ParquetFile by _close
     return pf
+
+
+def _footer_offset(path: str) -> int:
+    """Where a Parquet file's footer starts, as its last 8 bytes say (the
+    footer length and ``PAR1``); the offset of those 8 bytes if they do not
+    say; 0 for a file too short to hold them."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size < 12:
+                return 0
+            f.seek(size - 8)
+            tail = f.read(8)
+    except OSError:
+        return 0
+    n = int.from_bytes(tail[:4], "little")
+    if tail[4:] == b"PAR1" and 0 < n <= size - 12:
+        return size - 8 - n
+    return size - 8
 
 
 def _open_checked(path: str) -> pq.ParquetFile:

@@ -131,7 +131,14 @@ class TaskStateRepository:
             # No checkpoint yet: generation 0. An empty later log is the first
             # checkpoint's new log whose checkpoint a crash kept from being
             # written (removed below); a non-empty one is damage (raised below).
+            # The log of generation 0 goes only once a checkpoint is written:
+            # without it, a later log means the checkpoint was lost.
             gen = 0
+            later = sorted(g for g in logs if g > 0)
+            if later and 0 not in logs:
+                raise CorruptStateCheckpointError(
+                    f"the task checkpoint is missing, but task log generation {later[-1]} shows "
+                    f"one was written: its tasks would be lost", path=self._checkpoint.path)
         else:
             gen = self._apply_checkpoint(cp)
             if gen not in logs:

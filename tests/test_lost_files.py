@@ -1,0 +1,156 @@
+"""Files a checkpoint relies on, lost whole or cut at a line boundary, in a
+closed store: never a silent loss. The store refuses what it cannot read on
+without dropping data (a missing manifest or task checkpoint), writes again
+what it can rebuild (envelopes, from the records), and reports what a crash
+could have left the same way (a final line gone) with a log record, a
+``RecoveryWarning``, ``stats()`` and ``verify()``."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from rune_fast.conversation_state import ConversationStateRepository, ReadStatus
+from rune_fast.errors import CorruptStateCheckpointError, RecoveryWarning
+from rune_fast.records import ConversationMessageRecord
+from rune_fast.tasks import TaskStateRepository
+
+
+def msg(i: int) -> ConversationMessageRecord:
+    return ConversationMessageRecord(msg_id=f"m{i}", content=f"hello {i}", channel_id="c", ts=1.0 + i)
+
+
+def _store(d, n=4, **kw):
+    with ConversationStateRepository(d, **kw) as repo:
+        repo.append_many(msg(i) for i in range(n))
+        if kw.get("hot_window") is not None:
+            repo.compact()
+
+
+def test_a_missing_manifest_is_refused_and_nothing_is_deleted(tmp_path):
+    # the open used to read a new empty store and unlink the archives and
+    # segments the manifest named: every cooled message gone, without a word
+    _store(tmp_path, hot_window=1)
+    cool = tmp_path / "hot" / "conversation_cool"
+    before = sorted(os.listdir(cool))
+    assert any(n.endswith(".parquet") for n in before)
+    os.unlink(tmp_path / "hot" / "conversation_manifest.json")
+    with pytest.raises(CorruptStateCheckpointError, match="manifest is missing") as e:
+        ConversationStateRepository(tmp_path, hot_window=1)
+    assert e.value.path.endswith("conversation_manifest.json")
+    assert sorted(os.listdir(cool)) == before
+
+
+def test_a_new_store_writes_its_manifest_first(tmp_path):
+    with ConversationStateRepository(tmp_path):
+        assert (tmp_path / "hot" / "conversation_manifest.json").exists()
+    with ConversationStateRepository(tmp_path / "v", read_only=True) as viewer:   # a viewer writes nothing
+        assert len(viewer) == 0
+    assert not (tmp_path / "v" / "hot" / "conversation_manifest.json").exists()
+
+
+@pytest.mark.parametrize("how", ["cut", "zero"])
+def test_the_vouched_final_tail_line_gone_is_reported(tmp_path, how):
+    _store(tmp_path, n=3)
+    p = tmp_path / "hot" / "conversation_tail.jsonl"
+    data = p.read_bytes().rstrip(b"\0")
+    last = data.rstrip(b"\n").rfind(b"\n") + 1          # where m2's line starts
+    if how == "cut":
+        os.truncate(p, last)
+    else:
+        with open(p, "r+b") as f:
+            f.seek(last)
+            f.write(b"\0" * (len(data) - last))
+    with pytest.warns(RecoveryWarning, match="vouches for"):
+        repo = ConversationStateRepository(tmp_path)
+    with repo:
+        assert repo.get_message("m2").status is ReadStatus.NOT_FOUND_CONFIRMED
+        assert [r.msg_id for r in repo.window("c")] == ["m0", "m1"]
+        lost = repo.stats()["lost"]
+        assert [(e["path"], e["offset"]) for e in lost] == [(str(p), len(data))]
+        rep = repo.verify()
+        assert not rep.ok and rep.problems[0].file == str(p)
+
+
+def test_the_vouched_final_deletion_gone_is_reported(tmp_path):
+    with ConversationStateRepository(tmp_path, hot_window=1) as repo:
+        repo.append_many(msg(i) for i in range(3))
+        repo.compact()
+        assert repo.delete("m0")
+    p = tmp_path / "hot" / "conversation_tombstones.jsonl"
+    os.truncate(p, 0)
+    with pytest.warns(RecoveryWarning, match="deletion"):
+        repo = ConversationStateRepository(tmp_path, hot_window=1)
+    with repo:
+        assert repo.stats()["lost"][0]["path"] == str(p)
+        assert not repo.verify().ok
+
+
+@pytest.mark.parametrize("how", ["unlink", "empty", "cut"])
+def test_lost_envelopes_are_written_again_from_the_records(tmp_path, how):
+    _store(tmp_path, n=5, hot_window=2)             # three cool, two hot
+    p = tmp_path / "events.jsonl"
+    size = p.stat().st_size
+    if how == "unlink":
+        os.unlink(p)
+    else:
+        os.truncate(p, 0 if how == "empty" else size // 2)
+    with pytest.warns(RecoveryWarning) as caught:   # (a cut line is also quarantined)
+        repo = ConversationStateRepository(tmp_path, hot_window=2)
+    assert any("written again" in str(w.message) for w in caught)
+    with repo:
+        assert repo.stats()["rejournaled"] >= 3
+        rep = repo.verify()
+        assert rep.ok, rep.problems
+        ids = [e["id"] for e in repo._events.iter_envelopes(0) if e["type"] == "conversation.message"]
+        assert sorted(set(ids)) == [f"m{i}" for i in range(5)]
+
+
+def test_verify_names_stored_messages_without_an_envelope(tmp_path):
+    _store(tmp_path, n=3)
+    p = tmp_path / "events.jsonl"
+    keep = p.read_bytes()
+    with ConversationStateRepository(tmp_path) as repo:
+        lines = keep.split(b"\n")
+        p.write_bytes(b"\n".join(lines[:1] + lines[2:]))    # m1's envelope gone behind its back
+        rep = repo.verify()
+        assert not rep.ok
+        assert any("have no envelope" in pr.message and "'m1'" in pr.message and pr.file == str(p)
+                   and isinstance(pr.offset, int) for pr in rep.problems)
+
+
+def test_verify_reports_event_damage_with_its_offset(tmp_path):
+    _store(tmp_path, n=3, hot_window=8)       # compacted: the open reads no envelope
+    p = tmp_path / "events.jsonl"
+    with open(p, "r+b") as f:
+        f.seek(10)
+        b = f.read(1)
+        f.seek(10)
+        f.write(bytes([b[0] ^ 1]))
+    with ConversationStateRepository(tmp_path) as repo:
+        probs = [pr for pr in repo.verify().problems if pr.file == str(p)]
+    assert [(pr.offset, pr.message) for pr in probs] == [(0, "checksum mismatch")]
+
+
+def test_an_unreadable_archive_footer_names_its_offset(tmp_path):
+    _store(tmp_path, hot_window=1)
+    cool = tmp_path / "hot" / "conversation_cool"
+    f = next(cool.glob("*.parquet"))
+    data = bytearray(f.read_bytes())
+    n = int.from_bytes(data[-8:-4], "little")
+    for i in range(len(data) - 8 - n, len(data) - 8):    # the whole footer
+        data[i] ^= 0xFF
+    f.write_bytes(bytes(data))
+    with pytest.raises(CorruptStateCheckpointError) as e:
+        ConversationStateRepository(tmp_path, hot_window=1)
+    assert e.value.path == str(f) and e.value.offset == len(data) - 8 - n
+
+
+def test_a_missing_task_checkpoint_is_refused(tmp_path):
+    with TaskStateRepository(tmp_path) as tasks:
+        tasks.create("a", "c")
+        tasks.checkpoint()
+        tasks.create("b", "c")
+    os.unlink(tmp_path / "hot" / "task_state.json")
+    with pytest.raises(CorruptStateCheckpointError, match="checkpoint is missing"):
+        TaskStateRepository(tmp_path)
