@@ -257,18 +257,24 @@ def _viewer_retry(method):
             return method(self, *args, **kwargs)
         last = _VIEWER_ATTEMPTS - 1
         for attempt in range(_VIEWER_ATTEMPTS):
+            seen = self._reloads      # another thread's refresh() may reload meanwhile
             try:
                 out = method(self, *args, **kwargs)
             except CorruptStateCheckpointError:
                 with self._lock:
-                    if attempt == last or self._closed or not self._stale_view():
+                    if attempt == last or self._closed:
                         raise
-                    self._load_state()
+                    if self._reloads == seen:
+                        if not self._stale_view():
+                            raise
+                        self._load_state()
                 time.sleep(0.001 * min(attempt, 10))
                 continue
             if (isinstance(out, MessageRead) and out.status is ReadStatus.SOURCE_CORRUPT
                     and attempt < last):
                 with self._lock:
+                    if not self._closed and self._reloads != seen:
+                        continue
                     if not self._closed and self._stale_view():
                         self._load_state()
                         continue
@@ -410,6 +416,7 @@ class ConversationStateRepository:
         A read-only viewer races the writer's compactions (a file the manifest
         it read named may be gone by the time it opens it): it reads again
         while the manifest keeps changing under it."""
+        self._reloads = getattr(self, "_reloads", -1) + 1
         if not self.read_only:
             return self._load_state_once()
         # a reload replaces the tail, segments and cool archive: the replaced
@@ -1042,6 +1049,8 @@ class ConversationStateRepository:
         """Store a batch with one sync at the end; returns how many were new."""
         msgs = msgs if type(msgs) is list else list(msgs)
         if not msgs:
+            with self._lock:
+                self._check_writable()      # a viewer or a closed store refuses even an empty batch
             return 0
         # encoded outside the lock (compiled: csrc/_encode.pyx)
         bodies, hashes, keys = codec.encode_batch(msgs)
@@ -1885,6 +1894,27 @@ class ConversationStateRepository:
         bytes of deleted messages. Work is proportional to what moves."""
         return self._compact(full=True)
 
+    def _erase_quarantined(self, ids: set[str]) -> None:
+        """Unlink the quarantined torn lines of deleted messages: a line cut
+        short by a crash names its message before its content, so a file
+        holding a deleted id's record is the only one that can hold its
+        content (SPEC: after the erasing compaction no file holds it)."""
+        qdir = os.path.join(self.hot_dir, QUARANTINE_DIR)
+        if not os.path.isdir(qdir):
+            return
+        needles = [b'"msg_id":"' + codec.key(m) + b'"' for m in ids]
+        removed = False
+        for name in os.listdir(qdir):
+            path = os.path.join(qdir, name)
+            with open(path, "rb") as f:
+                data = f.read()
+            if any(n in data for n in needles):
+                _unlink(path)
+                removed = True
+                log.info("erased quarantined line %s: it held a deleted message", path)
+        if removed:
+            fsync_dir(qdir)
+
     def _compact_segments(self, rep: CompactionReport, cool_erase: list[str],
                           old_segs: list[int]) -> list[int]:
         """Steps 3-4 of a compaction (lock held); returns the new segment order."""
@@ -2013,6 +2043,8 @@ class ConversationStateRepository:
                     or self._tail.size >= ROLL_BYTES):
                 new_order = self._compact_segments(rep, cool_erase, old_segs)
                 self._segs_unchecked = False
+            if self._pending_erase:
+                self._erase_quarantined(self._pending_erase)
             rep.erased = len(self._pending_erase)
             # 5. envelopes before the checkpoint that depends on them
             if durable:

@@ -154,3 +154,90 @@ def test_a_missing_task_checkpoint_is_refused(tmp_path):
     os.unlink(tmp_path / "hot" / "task_state.json")
     with pytest.raises(CorruptStateCheckpointError, match="checkpoint is missing"):
         TaskStateRepository(tmp_path)
+
+
+def test_erasure_reaches_a_quarantined_torn_line_of_the_deleted_message(tmp_path):
+    """A crash cut m's line short (quarantined); the caller appends m again
+    and deletes it: after the erasing compaction no file holds its content."""
+    secret = ConversationMessageRecord(msg_id="m", content="hello QSECRET-4242", channel_id="c", ts=1.0)
+    with ConversationStateRepository(tmp_path) as repo:
+        repo.append(secret)
+    tail = tmp_path / "hot" / "conversation_tail.jsonl"
+    data = tail.read_bytes().rstrip(b"\0")
+    os.truncate(tail, len(data) - 3)
+    with pytest.warns(RecoveryWarning):
+        repo = ConversationStateRepository(tmp_path)
+    with repo:
+        assert len(repo.stats()["quarantined"]) == 1
+        assert repo.append(secret) and repo.delete("m")
+        repo.compact()
+    held = [str(p) for p in tmp_path.rglob("*") if p.is_file() and b"QSECRET" in p.read_bytes()]
+    assert held == []
+
+
+def test_an_empty_batch_on_a_viewer_or_a_closed_store_raises(tmp_path):
+    from rune_fast.errors import ReadOnlyStoreError, StoreClosedError
+    repo = ConversationStateRepository(tmp_path)
+    with ConversationStateRepository(tmp_path, read_only=True) as viewer:
+        with pytest.raises(ReadOnlyStoreError):
+            viewer.append_many([])
+    repo.close()
+    with pytest.raises(StoreClosedError):
+        repo.append_many([])
+
+
+def test_a_viewer_shared_by_threads_beside_a_compacting_writer_reads_soundly(tmp_path):
+    """One thread refreshes the viewer while another reads through it; the
+    writer cools and merges archive files all along. A read that met a file
+    the writer replaced used to raise (or report SOURCE_CORRUPT) when the
+    other thread's refresh() had already reloaded the view."""
+    import logging
+    import threading
+    import time
+    first = [ConversationMessageRecord(msg_id=f"msg_{i:05d}", content=f"c{i}", channel_id=f"ch{i % 4}", ts=1.0 + i)
+             for i in range(40)]
+    writer = ConversationStateRepository(tmp_path, durability="none", compact_every=1000, hot_window=1)
+    writer.append_many(first)
+    writer.compact()
+    viewer = ConversationStateRepository(tmp_path, read_only=True, hot_window=1)
+    stop = threading.Event()
+    bad: list[str] = []
+
+    def write():
+        i = 1000
+        while not stop.is_set():
+            writer.append_many([ConversationMessageRecord(msg_id=f"msg_{i + j:05d}", content="x",
+                                                          channel_id=f"ch{j % 4}", ts=2000.0 + i + j)
+                                for j in range(8)])
+            i += 8
+            writer.compact()
+
+    def refresh():
+        while not stop.is_set():
+            viewer.refresh()
+
+    def read():
+        while not stop.is_set():
+            try:
+                for m in first:
+                    got = viewer.get_message(m.msg_id)
+                    if got.status is not ReadStatus.FOUND_VERIFIED or got.record != m:
+                        bad.append(f"{m.msg_id}: {got.status}")
+                viewer.window("ch1", 50)
+                viewer.search("c1")
+            except Exception as exc:                # noqa: BLE001 - the test reports it
+                bad.append(f"{type(exc).__name__}: {exc}")
+    logging.disable(logging.CRITICAL)
+    threads = [threading.Thread(target=f) for f in (write, refresh, read)]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(8)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        logging.disable(logging.NOTSET)
+        viewer.close()
+        writer.close()
+    assert bad == []
