@@ -241,3 +241,48 @@ def test_a_viewer_shared_by_threads_beside_a_compacting_writer_reads_soundly(tmp
         viewer.close()
         writer.close()
     assert bad == []
+
+
+def test_a_store_whose_envelopes_were_written_again_reopens(tmp_path):
+    # the manifest kept the old, larger events offset: the next open read
+    # events.jsonl from the middle of a line and refused the store
+    _store(tmp_path, n=9, compact_every=4)
+    p = tmp_path / "events.jsonl"
+    os.truncate(p, p.stat().st_size // 3)
+    with pytest.warns(RecoveryWarning):
+        repo = ConversationStateRepository(tmp_path, compact_every=100)
+    with repo:
+        repo.append_many(ConversationMessageRecord(msg_id=f"n{i}", content="y", channel_id="c", ts=50.0 + i)
+                         for i in range(3))
+    with ConversationStateRepository(tmp_path, compact_every=100) as repo:
+        assert len(repo) == 12
+        rep = repo.verify()
+        assert rep.ok, rep.problems
+        ids = [e["id"] for e in repo._events.iter_envelopes(0) if e["type"] == "conversation.message"]
+        assert sorted(ids) == sorted(set(ids))          # each envelope once
+
+
+def test_the_manifest_vouches_only_for_event_bytes_it_synced(tmp_path, monkeypatch):
+    """A task change on the shared event store between the compaction's sync
+    and its look at the file's size was counted as synced: a power loss that
+    kept only the synced bytes then read as envelopes lost."""
+    from rune_fast import events as ev
+    store = ev.EventStore(tmp_path / "events.jsonl")
+    tasks = TaskStateRepository(tmp_path, events=store)
+    conv = ConversationStateRepository(tmp_path, events=store, compact_every=10**6)
+    conv.append_many(msg(i) for i in range(5))
+    synced = []
+    real_sync = ev.EventStore.sync
+
+    def sync(self):
+        real_sync(self)
+        synced.append(os.path.getsize(self.path))
+        if len(synced) == 1:
+            tasks.create("t", "c")              # another thread's change: appended, not yet synced
+    monkeypatch.setattr(ev.EventStore, "sync", sync)
+    conv.compact()
+    monkeypatch.setattr(ev.EventStore, "sync", real_sync)
+    assert conv._manifest["events_offset"] <= synced[0]
+    conv.close()
+    tasks.close()
+    store.close()

@@ -28,18 +28,21 @@ def _expected(msgs: list[ConversationMessageRecord]) -> list[str]:
 
 def _check(repo: ConversationStateRepository, msgs: list[ConversationMessageRecord]) -> None:
     want = _expected(msgs)
+    task = {m.msg_id: m.task_id for m in msgs}
     assert [r.msg_id for r in repo.window("c", 1000)] == want
     assert [r.msg_id for r in repo.window("c", 3)] == want[-3:]
-    assert [r.msg_id for r in repo.messages_for_task("t")] == want
+    for t in ("t0", "t1", "t2"):
+        assert [r.msg_id for r in repo.messages_for_task(t)] == [i for i in want if task[i] == t]
     assert [h.record.msg_id for h in repo.search("body")] == want
-    assert repo.latest_task("c") == "t"
+    assert [h.record.msg_id for h in repo.search("body", limit=2)] == want[-2:]
+    assert repo.latest_task("c") == task[want[-1]]
 
 
 @settings(max_examples=80)
 @given(st.lists(st.tuples(name, st.one_of(st.just(""), name)), min_size=1, max_size=14,
                 unique_by=lambda t: t[0]))
 def test_oldest_first_is_python_string_order_in_every_tier(pairs):
-    msgs = [ConversationMessageRecord(msg_id=mid, hlc=hlc, content=f"body {i}", channel_id="c", task_id="t",
+    msgs = [ConversationMessageRecord(msg_id=mid, hlc=hlc, content=f"body {i}", channel_id="c", task_id=f"t{i % 3}",
                                       ts=1_700_000_000.0 + i) for i, (mid, hlc) in enumerate(pairs)]
     with tempfile.TemporaryDirectory() as d:
         with ConversationStateRepository(d, compact_every=5, hot_window=3) as repo:
