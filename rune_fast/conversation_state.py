@@ -1964,13 +1964,20 @@ class ConversationStateRepository:
 
     def _cooling_due(self) -> bool:
         """Whether some channel's excess over ``hot_window`` reaches a quarter
-        window: the automatic compaction's reason to cool."""
-        return self._index.max_channel_len() - self.hot_window >= max(1, self.hot_window // 4)
+        window (any excess for a window under 64 messages, whose runs are
+        small anyway): the automatic compaction's reason to cool."""
+        due = 1 if self.hot_window < 64 else self.hot_window // 4
+        return self._index.max_channel_len() - self.hot_window >= due
+
+    def _merge_rows(self, groups: list[list[str]]) -> int:
+        rows = self._cool.file_rows()
+        return sum(rows.get(name, 0) for g in groups for name in g)
 
     def _excess(self, full: bool) -> list[int]:
         """Locations to cool: every channel's messages beyond its newest
         ``hot_window``. The automatic compaction (``full=False``) cools only
-        once some channel's excess reaches a quarter window, and then cools
+        once some channel's excess reaches a quarter window (windows of 64
+        messages or more; smaller ones: any excess), and then cools
         every channel's excess: one larger Parquet run now and then instead
         of a small run (and its merges) every few ``compact_every``."""
         if not full and not self._cooling_due():
@@ -2026,8 +2033,11 @@ class ConversationStateRepository:
                 old_cool.extend(change.removed)
                 rep.cool_files_written += len(change.added)
             groups = self._cool.plan_merge() if settle else []
-            if groups and not full and start_bg:
+            if groups and not full and start_bg and self._merge_rows(groups) >= BG_COOL_MIN_ROWS:
                 # merged in the background; the next compaction adopts it
+                # (meanwhile automatic compactions cool nothing: a small
+                # merge runs here, so a small store's tiers never depend on
+                # a thread's timing)
                 self._bg = _Staged("merge", functools.partial(self._cool.stage_merge, groups,
                                                               durable=durable))
                 groups = []

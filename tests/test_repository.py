@@ -692,6 +692,31 @@ def test_a_readers_edit_of_a_cached_record_never_reaches_disk_verify_or_export(t
         assert repo.verify().ok
 
 
+def _tiers(repo, msgs):
+    return [repo.get_message(m.msg_id).tier for m in msgs]
+
+
+def test_automatic_compaction_cools_what_compact_would(tmp_path):
+    """SPEC: compaction runs by itself every compact_every messages and cools
+    each channel's messages beyond its newest hot_window. A small window
+    cools any excess (a quarter-window batching applies from 64 messages on),
+    and a small merge of archive files runs inline: it used to run in a
+    thread during which automatic compactions cooled nothing, so the tiers
+    of a small store depended on the thread's timing."""
+    ms = [msg(i) for i in range(12)]
+    with ConversationStateRepository(tmp_path / "a", compact_every=1, hot_window=8) as repo:
+        for m in ms[:9]:
+            repo.append(m)
+        assert _tiers(repo, ms[:9]) == ["cool"] + ["hot"] * 8
+    with ConversationStateRepository(tmp_path / "b", compact_every=1, hot_window=1) as auto, \
+            ConversationStateRepository(tmp_path / "c", compact_every=10**9, hot_window=1) as manual:
+        for m in ms:
+            auto.append(m)
+            manual.append(m)
+            manual.compact()
+        assert _tiers(auto, ms) == _tiers(manual, ms) == ["cool"] * 11 + ["hot"]
+
+
 def test_decode_cache_stays_bounded_by_a_large_batch(tmp_path):
     from rune_fast import conversation_state as cs
     with ConversationStateRepository(tmp_path, durability="none", compact_every=10**6,
