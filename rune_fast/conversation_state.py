@@ -980,13 +980,19 @@ class ConversationStateRepository:
 
     def _read_loc_seq(self, loc: int) -> tuple[ConversationMessageRecord, int | None]:
         """The verified record at ``loc`` and its append sequence."""
-        line = self._index.line(loc)     # verifies the checksum, names seg and offset
         hit = self._decoded.get(loc)
         if hit is None:
-            seg = loc >> 40
-            hit = codec.record_from_line(line, path=self._path_of(seg), offset=loc & ((1 << 40) - 1))
+            hit = self._decode_loc(loc)
             self._cache(loc, hit)
+        else:
+            self._index.line(loc)        # verifies the checksum, names seg and offset
         return hit
+
+    def _decode_loc(self, loc: int) -> tuple[ConversationMessageRecord, int | None]:
+        """The record at ``loc`` and its append sequence, decoded from its
+        checked bytes (never from the decode cache)."""
+        return codec.record_from_line(self._index.line(loc), path=self._path_of(loc >> 40),
+                                      offset=loc & ((1 << 40) - 1))
 
     def _read_locs_seq(self, locs: list[int]) -> list[tuple[ConversationMessageRecord, int | None]]:
         """``_read_loc_seq`` of each of ``locs``: every line checked in one
@@ -1825,8 +1831,7 @@ class ConversationStateRepository:
             for loc in self._index.channel_locs(k, -1).tolist():
                 rec = self._read_loc(loc)
                 if rec.tool_calls:
-                    rec, _seq = codec.record_from_line(self._index.line(loc), path=self._path_of(loc >> 40),
-                                                       offset=loc & ((1 << 40) - 1))
+                    rec, _seq = self._decode_loc(loc)
                 out.append((rec, self._tier_of(loc)))
         for ch in self._cool.channels():
             out.extend((r, "cool") for r in self._cool_rows(self._cool.channel_rows(ch)))
@@ -2406,8 +2411,7 @@ class ConversationStateRepository:
             for ch in list(self._index.channels()):
                 for loc in self._index.channel_locs(ch, -1).tolist():
                     try:
-                        rec, _seq = codec.record_from_line(self._index.line(loc), path=self._path_of(loc >> 40),
-                                                           offset=loc & ((1 << 40) - 1))
+                        rec, _seq = self._decode_loc(loc)
                         hashes[rec.msg_id] = payload_hash(rec)
                     except CorruptStateCheckpointError as exc:
                         problems.append(Problem(self._path_of(loc >> 40), loc & ((1 << 40) - 1), str(exc)))
