@@ -23,7 +23,6 @@ import operator
 import os
 import threading
 import time
-import warnings
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -40,7 +39,6 @@ from .errors import (
     CorruptStateCheckpointError,
     DurabilityError,
     IllegalTaskTransitionError,
-    RecoveryWarning,
     ReadOnlyStoreError,
     RuneError,
     StateLockedError,
@@ -773,16 +771,16 @@ class ConversationStateRepository:
         return start, snap_cool
 
     def _report_lost(self, path: str, offset: int, what: str) -> None:
-        """Report a final line a checkpoint vouched for that is gone: read as
-        a crash would leave it (SPEC's "a final line cut short"), said loudly
-        -- a log record, a ``RecoveryWarning`` and ``stats()["lost"]``."""
+        """Note a final line a checkpoint vouched for that is gone whole (cut
+        at its start, or zeroed: SPEC reads zeros past the last complete line
+        as no damage, and a crash may cut the final line): read as a crash
+        leaves it, and noted -- a log record and ``stats()["lost"]``."""
         msg = f"rune_fast: {path}: {what} (it ended at offset {offset})"
         if self.read_only:
             # a viewer may meet the writer mid-roll: the writer's own open judges
             log.info(msg)
             return
         log.warning(msg)
-        warnings.warn(msg, RecoveryWarning, stacklevel=4)
         self._lost.append({"path": path, "offset": offset, "what": what})
 
     def _check_ingest(self, rep, path: str, *, sealed: bool) -> None:
@@ -875,7 +873,8 @@ class ConversationStateRepository:
         envelopes a checkpoint relied on (cut, emptied or replaced after they
         were synced): write again the ``conversation.message`` envelope of
         every stored message that has none (the records hold the bodies), and
-        say so -- a log record, a ``RecoveryWarning`` and ``stats()["rejournaled"]``."""
+        say so -- a log record and ``stats()["rejournaled"]`` (a torn final
+        envelope is also quarantined and warned about by the event store)."""
         vouched = int(self._manifest.get("events_offset", 0))
         size = self._events.size
         if size >= vouched:
@@ -895,7 +894,6 @@ class ConversationStateRepository:
                f"manifest vouches for (cut or replaced after they were synced): the envelopes of "
                f"{len(missing)} stored message(s) were written again from their records")
         log.warning(msg)
-        warnings.warn(msg, RecoveryWarning, stacklevel=4)
 
     def _rederive_envelopes(self) -> None:
         """Write the ``conversation.message`` envelope of every tail message a
@@ -2368,9 +2366,6 @@ class ConversationStateRepository:
         checked: dict[str, int] = {"lines": 0, "cool_rows": 0, "envelopes": 0, "records": 0}
         with self._lock:
             self._check_open()
-            # vouched lines the open found gone (see _report_lost): no longer
-            # in any file, but lost all the same
-            problems.extend(Problem(e["path"], e["offset"], e["what"]) for e in self._lost)
             files = [(seg, self._segs[seg].path, self._segs[seg].buf, self._segs[seg].size)
                      for seg in self._seg_order]
             if self._tail is not None:

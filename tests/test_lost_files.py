@@ -1,12 +1,13 @@
 """Files a checkpoint relies on, lost whole or cut at a line boundary, in a
 closed store: never a silent loss. The store refuses what it cannot read on
 without dropping data (a missing manifest or task checkpoint), writes again
-what it can rebuild (envelopes, from the records), and reports what a crash
-could have left the same way (a final line gone) with a log record, a
-``RecoveryWarning``, ``stats()`` and ``verify()``."""
+what it can rebuild (envelopes, from the records), and notes what a crash
+could have left the same way (a final line gone whole: SPEC reads zeros past
+the last complete line as no damage) with a log record and ``stats()``."""
 from __future__ import annotations
 
 import os
+import warnings
 
 import pytest
 
@@ -50,7 +51,7 @@ def test_a_new_store_writes_its_manifest_first(tmp_path):
 
 
 @pytest.mark.parametrize("how", ["cut", "zero"])
-def test_the_vouched_final_tail_line_gone_is_reported(tmp_path, how):
+def test_the_vouched_final_tail_line_gone_is_noted(tmp_path, how, caplog):
     _store(tmp_path, n=3)
     p = tmp_path / "hot" / "conversation_tail.jsonl"
     data = p.read_bytes().rstrip(b"\0")
@@ -61,33 +62,33 @@ def test_the_vouched_final_tail_line_gone_is_reported(tmp_path, how):
         with open(p, "r+b") as f:
             f.seek(last)
             f.write(b"\0" * (len(data) - last))
-    with pytest.warns(RecoveryWarning, match="vouches for"):
+    with caplog.at_level("WARNING", logger="rune_fast"):
         repo = ConversationStateRepository(tmp_path)
+    assert "vouches for" in caplog.text
     with repo:
         assert repo.get_message("m2").status is ReadStatus.NOT_FOUND_CONFIRMED
         assert [r.msg_id for r in repo.window("c")] == ["m0", "m1"]
         lost = repo.stats()["lost"]
         assert [(e["path"], e["offset"]) for e in lost] == [(str(p), len(data))]
-        rep = repo.verify()
-        assert not rep.ok and rep.problems[0].file == str(p)
+        assert repo.verify().ok          # what is left is sound: zeros past the last line
 
 
-def test_the_vouched_final_deletion_gone_is_reported(tmp_path):
+def test_the_vouched_final_deletion_gone_is_noted(tmp_path, caplog):
     with ConversationStateRepository(tmp_path, hot_window=1) as repo:
         repo.append_many(msg(i) for i in range(3))
         repo.compact()
         assert repo.delete("m0")
     p = tmp_path / "hot" / "conversation_tombstones.jsonl"
     os.truncate(p, 0)
-    with pytest.warns(RecoveryWarning, match="deletion"):
+    with caplog.at_level("WARNING", logger="rune_fast"):
         repo = ConversationStateRepository(tmp_path, hot_window=1)
+    assert "deletion" in caplog.text
     with repo:
         assert repo.stats()["lost"][0]["path"] == str(p)
-        assert not repo.verify().ok
 
 
 @pytest.mark.parametrize("how", ["unlink", "empty", "cut"])
-def test_lost_envelopes_are_written_again_from_the_records(tmp_path, how):
+def test_lost_envelopes_are_written_again_from_the_records(tmp_path, how, caplog):
     _store(tmp_path, n=5, hot_window=2)             # three cool, two hot
     p = tmp_path / "events.jsonl"
     size = p.stat().st_size
@@ -95,9 +96,12 @@ def test_lost_envelopes_are_written_again_from_the_records(tmp_path, how):
         os.unlink(p)
     else:
         os.truncate(p, 0 if how == "empty" else size // 2)
-    with pytest.warns(RecoveryWarning) as caught:   # (a cut line is also quarantined)
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level("WARNING", logger="rune_fast"):
+        warnings.simplefilter("always")
         repo = ConversationStateRepository(tmp_path, hot_window=2)
-    assert any("written again" in str(w.message) for w in caught)
+    assert "written again" in caplog.text
+    # only a cut line warns (the event store quarantines it), not the rebuild
+    assert [w.category for w in caught] == ([RecoveryWarning] if how == "cut" else [])
     with repo:
         assert repo.stats()["rejournaled"] >= 3
         rep = repo.verify()
@@ -249,8 +253,10 @@ def test_a_store_whose_envelopes_were_written_again_reopens(tmp_path):
     _store(tmp_path, n=9, compact_every=4)
     p = tmp_path / "events.jsonl"
     os.truncate(p, p.stat().st_size // 3)
-    with pytest.warns(RecoveryWarning):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RecoveryWarning)    # a line the cut split is quarantined
         repo = ConversationStateRepository(tmp_path, compact_every=100)
+    assert repo.stats()["rejournaled"] > 0
     with repo:
         repo.append_many(ConversationMessageRecord(msg_id=f"n{i}", content="y", channel_id="c", ts=50.0 + i)
                          for i in range(3))
