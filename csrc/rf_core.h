@@ -241,7 +241,7 @@ static inline int rf_cmp_bytes(const unsigned char *a, size_t na, const unsigned
 /* ---- order of JSON string bodies ---------------------------------------- */
 
 /* A reader of the bytes a JSON string body (between its quotes) stands for,
- * as UTF-8: escapes decoded (\uXXXX, surrogate pairs joined), other bytes as
+ * as UTF-8: escapes decoded (\u and four hex digits, surrogate pairs joined), other bytes as
  * they are. A malformed escape is read as its bytes. */
 typedef struct {
     const unsigned char *p, *end;

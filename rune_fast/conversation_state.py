@@ -380,9 +380,9 @@ class ConversationStateRepository:
         self._manifest_store = AtomicStore(os.path.join(self.hot_dir, MANIFEST_NAME))
         self._clock = _sync.HlcClock(self._device_id())
         self._load_state()
-        if not self.read_only:
-            self._rederive_lost_envelopes()
+        if not self.read_only and not self._rederive_lost_envelopes():
             self._rederive_envelopes()
+        if not self.read_only:
             self._import_legacy()
 
     def _device_id(self) -> str:
@@ -868,17 +868,18 @@ class ConversationStateRepository:
                 self._unerased.append(body["msg_id"])
         return out
 
-    def _rederive_lost_envelopes(self) -> None:
+    def _rederive_lost_envelopes(self) -> bool:
         """An event store shorter than the manifest's ``events_offset`` lost
         envelopes a checkpoint relied on (cut, emptied or replaced after they
         were synced): write again the ``conversation.message`` envelope of
         every stored message that has none (the records hold the bodies), and
         say so -- a log record and ``stats()["rejournaled"]`` (a torn final
-        envelope is also quarantined and warned about by the event store)."""
+        envelope is also quarantined and warned about by the event store).
+        True if it did (every stored message has its envelope then)."""
         vouched = int(self._manifest.get("events_offset", 0))
         size = self._events.size
         if size >= vouched:
-            return
+            return False
         have = {env.get("id") for env in self._events.iter_envelopes(0)
                 if env.get("type") == "conversation.message"}
         missing = [rec for rec, _t in self._all_records() if rec.msg_id not in have]
@@ -894,6 +895,7 @@ class ConversationStateRepository:
                f"manifest vouches for (cut or replaced after they were synced): the envelopes of "
                f"{len(missing)} stored message(s) were written again from their records")
         log.warning(msg)
+        return True
 
     def _rederive_envelopes(self) -> None:
         """Write the ``conversation.message`` envelope of every tail message a
@@ -986,6 +988,13 @@ class ConversationStateRepository:
             self._index.line(loc)        # verifies the checksum, names seg and offset
         return hit
 
+    def _exact_hit(self, loc: int) -> tuple[ConversationMessageRecord, int | None] | None:
+        """The decode cache's entry for ``loc`` if it is what was appended:
+        not one with tool calls, whose dicts a reader may have edited in
+        place. For the reads whose result leaves the store (cooling, export)."""
+        hit = self._decoded.get(loc)
+        return hit if hit is not None and not hit[0].tool_calls else None
+
     def _decode_loc(self, loc: int) -> tuple[ConversationMessageRecord, int | None]:
         """The record at ``loc`` and its append sequence, decoded from its
         checked bytes (never from the decode cache)."""
@@ -1003,10 +1012,8 @@ class ConversationStateRepository:
         """The verified record dict at ``loc`` (as ``to_dict()`` wrote it; no
         record is built) and its append sequence: what cooling copies."""
         line = self._index.line(loc)
-        hit = self._decoded.get(loc)
-        if hit is not None and not hit[0].tool_calls:
-            # (a record with tool calls holds dicts a reader may have edited
-            # in place: the bytes are what was appended)
+        hit = self._exact_hit(loc)
+        if hit is not None:
             return hit[0].to_dict(), hit[1]
         d = codec.decode_body(line, path=self._path_of(loc >> 40), offset=loc & ((1 << 40) - 1))
         return d["r"], d.get("s")
@@ -1180,11 +1187,9 @@ class ConversationStateRepository:
         wall time; a ts outside the Hlc's range makes no stamp and moves
         nothing."""
         try:
-            wall = round(ts * 1000)
+            self._clock.pass_wall(round(ts * 1000))
         except (ValueError, OverflowError):
-            return
-        if 0 <= wall <= _sync.WALL_MAX:
-            self._clock.pass_wall(wall)
+            pass
 
     def _note_order(self, m: ConversationMessageRecord) -> None:
         """Keep the interleave verdict of the channel true after an append."""
@@ -1827,9 +1832,10 @@ class ConversationStateRepository:
         out = []
         for k in self._index.channels():
             for loc in self._index.channel_locs(k, -1).tolist():
-                rec = self._read_loc(loc)
-                if rec.tool_calls:
-                    rec, _seq = self._decode_loc(loc)
+                hit = self._exact_hit(loc)
+                if hit is not None:
+                    self._index.line(loc)       # checks the line
+                rec = (hit or self._decode_loc(loc))[0]
                 out.append((rec, self._tier_of(loc)))
         for ch in self._cool.channels():
             out.extend((r, "cool") for r in self._cool_rows(self._cool.channel_rows(ch)))

@@ -97,7 +97,7 @@ __all__ = [
 #: ``{speaker, text, timestamp}`` turns, or an empty/``None`` id).
 DEFAULT_CONVERSATION = "default"
 
-_WALL_MAX = WALL_MAX = 10**15 - 1      # 15 decimal digits in the string form
+_WALL_MAX = 10**15 - 1      # 15 decimal digits in the string form
 _COUNTER_MAX = 10**10 - 1   # 10 decimal digits in the string form
 
 

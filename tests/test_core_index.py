@@ -125,7 +125,7 @@ def test_order_unstamped_first_then_hlc_then_id():
 
 def _spelled(s: str, ascii_only: bool) -> bytes:
     """The body of s as a JSON string: orjson's spelling, or json's
-    ensure_ascii one (\\uXXXX escapes, surrogate pairs for astral characters)."""
+    ensure_ascii one (\\u escapes, surrogate pairs for astral characters)."""
     import json
     return json.dumps(s).encode()[1:-1] if ascii_only else key(s)
 
