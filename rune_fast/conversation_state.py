@@ -1991,7 +1991,26 @@ class ConversationStateRepository:
         of a small run (and its merges) every few ``compact_every``."""
         if not full and not self._cooling_due():
             return []
-        return self._index.excess(self.hot_window).tolist()
+        excess = self._index.excess(self.hot_window).tolist()
+        for ch in list(self._cool_max):
+            if self._is_interleaved(ch):
+                excess.extend(self._excess_behind_cool(ch, set(excess)))
+        return excess
+
+    def _excess_behind_cool(self, channel_id: str, counted: set[int]) -> list[int]:
+        """Hot locations of an interleaved channel that lie beyond its newest
+        ``hot_window`` once its cool rows are counted too: a message that
+        arrived late (or unstamped) after newer ones were cooled and a newer
+        hot one was deleted. ``HotIndex.excess`` counts the hot ones only."""
+        locs = self._index.channel_locs(codec.key(channel_id), -1).tolist()
+        n = self.hot_window
+        rows = self._cool.channel_tail(channel_id, n + len(self._cool_deleted))
+        cool = self._cool_rows(rows)[-n:] if n else []
+        keyed = [(_order_key(r, _COOL_RANK, i), None) for i, r in enumerate(cool)]
+        keyed += [(_order_key(self._read_loc(loc), _HOT_RANK, i), loc) for i, loc in enumerate(locs)]
+        keyed.sort(key=_first)
+        keep = {loc for _k, loc in keyed[len(keyed) - n:]} if n else set()
+        return [loc for loc in locs if loc not in keep and loc not in counted]
 
     def _compact(self, *, full: bool, start_bg: bool = True, settle: bool = True,
                  cool_excess: bool = True) -> CompactionReport:

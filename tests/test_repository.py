@@ -906,3 +906,35 @@ def test_a_viewer_refresh_that_meets_a_replaced_file_reads_the_new_state(tmp_pat
             w.append(msg(7))
             with pytest.raises(Corrupt):
                 v.refresh()                       # the manifest did not move: damage is loud
+
+
+def _hlc(ms: int) -> str:
+    return f"{ms:015d}-0000000000-dev"
+
+
+@pytest.mark.parametrize("late_hlc", [_hlc(500), ""], ids=["older-stamp", "unstamped"])
+@pytest.mark.parametrize("hot_window", [1, 2])
+def test_compact_counts_cool_messages_in_the_hot_window(tmp_path, late_hlc, hot_window):
+    # SPEC: compact() cools each channel's messages beyond its newest
+    # hot_window. After the newest hot message is deleted, a late message that
+    # sorts before a cool one (an older stamp, or no stamp) lies beyond the
+    # window although the channel has fewer hot messages than hot_window:
+    # it is cooled (the hot count alone used to keep it hot).
+    olds = [msg(i, hlc=_hlc(1000 + i)) for i in range(hot_window)]
+    newest = msg(50, hlc=_hlc(2000))
+    late = msg(60, hlc=late_hlc)
+    with ConversationStateRepository(tmp_path, hot_window=hot_window, compact_every=10**9) as repo:
+        repo.append_many([*olds, newest])
+        repo.compact()
+        assert [repo.get_message(m.msg_id).tier for m in olds] == ["cool"] + ["hot"] * (hot_window - 1)
+        assert repo.get_message(newest.msg_id).tier == "hot"
+        repo.delete(newest.msg_id)
+        repo.append(late)
+        repo.compact()
+        assert repo.window("ch", 10) == [late, *olds]
+        assert repo.get_message(late.msg_id).tier == "cool"
+        assert [repo.get_message(m.msg_id).tier for m in olds] == ["cool"] + ["hot"] * (hot_window - 1)
+    with ConversationStateRepository(tmp_path, hot_window=hot_window) as repo:
+        assert repo.window("ch", 10) == [late, *olds]
+        assert repo.get_message(late.msg_id).tier == "cool"
+        assert repo.verify().ok

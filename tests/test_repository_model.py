@@ -103,6 +103,14 @@ class RepositoryModel(RuleBasedStateMachine):
     @rule()
     def compact(self):
         self.repo.compact()
+        # SPEC: compact() cools each channel's messages beyond its newest
+        # hot_window, counting the cool ones too (a late or unstamped
+        # message can sort before a newer cool one)
+        hot_window = self.OPTS["hot_window"]
+        for ch in CHANNELS:
+            older = self._channel(ch)[:-hot_window] if hot_window else self._channel(ch)
+            for rec in older:
+                assert self.repo.get_message(rec.msg_id).tier == "cool", (ch, rec.msg_id)
 
     @rule(snapshot=st.booleans())
     def reopen(self, snapshot):
