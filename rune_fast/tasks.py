@@ -156,6 +156,12 @@ class TaskStateRepository:
                 os.unlink(path)
         self._gen = gen
         self._log = FramedLog(self._log_path(gen))
+        if cp is None and not logs:
+            # A new ledger records generation 0 at once (its log first, so a
+            # crash between the two leaves the layout of a ledger without a
+            # checkpoint yet): from then on a lost log is refused above
+            # instead of reading as an empty ledger.
+            self._checkpoint.write({"format": _CHECKPOINT_FORMAT, "gen": 0, "seq": 0, "tasks": []})
         entries = []
         for offset, line in self._log.iter_lines(0):
             entry = parse_line(line, path=self._log.path, offset=offset)

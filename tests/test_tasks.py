@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import shutil
 import tempfile
@@ -772,11 +773,18 @@ def test_crash_before_the_first_checkpoint_is_written(tmp_path):
     shutil.copytree(live, crashed)
     tasks.close()
     hot = crashed / "hot"
-    assert not (hot / "task_state.json").exists()
+    assert json.loads((hot / "task_state.json").read_bytes())["body"]["gen"] == 0   # the new ledger's
+    # a ledger of an earlier build has no checkpoint before its first one
+    older = tmp_path / "older"
+    shutil.copytree(crashed, older, ignore=shutil.ignore_patterns("task_state.json"))
+    (older / "hot" / "task_log-00000001.jsonl").write_bytes(b"")
     (hot / "task_log-00000001.jsonl").write_bytes(b"")
     with TaskStateRepository(crashed) as again:
         assert [again.get(t.task_id) for t in made] == made
-    assert not (hot / "task_log-00000001.jsonl").exists() or (hot / "task_state.json").exists()
+    with TaskStateRepository(older) as again:
+        assert [again.get(t.task_id) for t in made] == made
+    with TaskStateRepository(older) as again:
+        assert [again.get(t.task_id) for t in made] == made
     # a later log that holds changes without any checkpoint is damage, loudly
     damaged = tmp_path / "damaged"
     shutil.copytree(live, damaged, ignore=shutil.ignore_patterns("task_state.json"))
@@ -784,3 +792,17 @@ def test_crash_before_the_first_checkpoint_is_written(tmp_path):
         b'{"x":"0000000000000000","a":1}\n')
     with pytest.raises(CorruptStateCheckpointError):
         TaskStateRepository(damaged)
+
+
+def test_a_lost_log_of_a_new_ledger_is_refused(tmp_path):
+    """A new ledger writes its generation-0 checkpoint at once: its log lost
+    before the first real checkpoint is refused, naming the log, instead of
+    opening as an empty ledger (the tasks silently gone)."""
+    with TaskStateRepository(tmp_path / "live") as tasks:
+        tasks.create("kept", "ch")
+        shutil.copytree(tmp_path / "live", tmp_path / "lost")   # as a crash leaves it
+    log_path = tmp_path / "lost" / "hot" / "task_log-00000000.jsonl"
+    log_path.unlink()
+    with pytest.raises(CorruptStateCheckpointError) as err:
+        TaskStateRepository(tmp_path / "lost")
+    assert str(log_path) in str(err.value)
