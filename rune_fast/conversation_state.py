@@ -349,6 +349,7 @@ class ConversationStateRepository:
         self._events: EventStore | None = None
         self._quarantined: list[dict] = []
         self._lost: list[dict] = []     # vouched final lines found gone (see _report_lost)
+        self._snap_events = 0           # event store size the index snapshot in use recorded
         self._rejournaled = 0           # envelopes written again (see _rederive_lost_envelopes)
         self._compactions = 0
         self._last_compaction: CompactionReport | None = None
@@ -656,6 +657,8 @@ class ConversationStateRepository:
             except CorruptStateCheckpointError as exc:
                 log.warning("index snapshot %s not used, rebuilding from the tail: %s", snap_path, exc)
                 index = covered = None
+            if covered is not None:     # (its tail lines' envelopes come after this size)
+                self._snap_events = covered.get(_EVENTS_MARK, 0)
             # a tail that lost lines the snapshot vouches for raises here
             meta = None if covered is None else self._snapshot_meta(covered)
             if meta is not None:
@@ -766,16 +769,16 @@ class ConversationStateRepository:
                 self._report_lost(tail.path, start, "the final tail line the index snapshot "
                                   "vouches for (an acknowledged append) is gone")
             return None
-        cool_nums = {-(s + 1) for s in covered if s < 0 and s not in (_TAIL_MARK, _SYNCED_MARK)}
+        cool_nums = {-(s + 1) for s in covered if s < 0 and s not in (_TAIL_MARK, _SYNCED_MARK, _EVENTS_MARK)}
         snap_cool = [f for f in self._manifest["cool_files"] if _cool_no(f) in cool_nums]
         return start, snap_cool
 
-    def _report_lost(self, path: str, offset: int, what: str) -> None:
+    def _report_lost(self, path: str, offset: int, what: str, *, where: str = "it ended at offset") -> None:
         """Note a final line a checkpoint vouched for that is gone whole (cut
         at its start, or zeroed: SPEC reads zeros past the last complete line
         as no damage, and a crash may cut the final line): read as a crash
         leaves it, and noted -- a log record and ``stats()["lost"]``."""
-        msg = f"rune_fast: {path}: {what} (it ended at offset {offset})"
+        msg = f"rune_fast: {path}: {what} ({where} {offset})"
         if self.read_only:
             # a viewer may meet the writer mid-roll: the writer's own open judges
             log.info(msg)
@@ -899,25 +902,73 @@ class ConversationStateRepository:
 
     def _rederive_envelopes(self) -> None:
         """Write the ``conversation.message`` envelope of every tail message a
-        crash kept out of the event store (the tail holds the body)."""
-        if self._tail is None or self._tail.size <= self._covered:
+        crash kept out of the event store (the tail holds the body), and note
+        messages journaled since the index snapshot that no tier holds."""
+        start = int(self._manifest.get("events_offset", 0))
+        unheld_from = max(start, self._snap_events)
+        lines_after = self._tail is not None and self._tail.size > self._covered
+        if not lines_after and self._events.size <= unheld_from:
             return
-        have = set()
-        for env in self._events.iter_envelopes(int(self._manifest.get("events_offset", 0))):
-            if env.get("type") == "conversation.message":
-                have.add(env.get("id"))
+        journaled: dict[str, int] = {}      # msg_id -> offset of its envelope
+        for env in self._events.iter_envelopes(start if lines_after else unheld_from):
+            if env.get("type") == "conversation.message" and type(env.get("id")) is str:
+                journaled.setdefault(env["id"], env["offset"])
+        self._note_unheld([m for m, at in journaled.items() if at >= unheld_from], journaled)
+        if not lines_after:
+            return
         missing = []
         for off, ln in self._tail_lines(self._covered, self._tail.size):
             line = self._tail.buf[off:off + ln]
             if bytes(line[23:30]) != codec.MESSAGE_PREFIX[:7]:
                 continue
             rec, _seq = codec.record_from_line(line, path=self._tail.path, offset=off)
-            if rec.msg_id not in have:
+            if rec.msg_id not in journaled:
                 missing.append(rec)
         if missing:
             for rec in missing:
                 self._events.append("conversation.message", rec.msg_id, payload_hash(rec))
             self._events.sync()
+
+    def _note_unheld(self, ids: list[str], journaled: dict[str, int]) -> None:
+        """A ``conversation.message`` envelope is written after its tail line,
+        so after a crash every message journaled since the index snapshot
+        (``ids``; ``journaled`` gives each envelope's offset) is in some tier,
+        deleted, or a torn final line that was quarantined. One that is none
+        of these was acknowledged and then lost (its complete lines cut or
+        zeroed: SPEC reads zeros past the last complete line as no damage, so
+        the open goes on): noted as :meth:`_report_lost` notes a vouched line
+        gone (a log record and ``stats()["lost"]``). A power loss between the
+        two writes of an append that was never acknowledged would also leave
+        such an envelope."""
+        ids = [m for m in ids if m not in self._tombstones]
+        if not ids:
+            return
+        found = self._index.find_many([codec.key(m) for m in ids]).tolist()
+        ids = [m for m, f in zip(ids, found) if f < 0]
+        if ids and self._cool.has_files():
+            ids = [m for m, hit in zip(ids, self._cool.contains_many(ids).tolist()) if not hit]
+        if not ids:
+            return
+        torn = self._quarantined_bytes()
+        for mid in ids:
+            if codec.key(mid) in torn:
+                continue        # its line was a torn final one: never acknowledged
+            self._report_lost(self._events.path, journaled[mid],
+                              f"message {mid!r} was journaled (an acknowledged append) but no tier "
+                              f"holds it: its tail line is gone", where="its envelope is at offset")
+
+    def _quarantined_bytes(self) -> bytes:
+        """The torn lines kept in the quarantine folder (this open's and earlier ones)."""
+        qdir = os.path.join(self.hot_dir, QUARANTINE_DIR)
+        try:
+            names = sorted(os.listdir(qdir))
+        except FileNotFoundError:
+            return b""
+        out = []
+        for name in names:
+            with open(os.path.join(qdir, name), "rb") as f:
+                out.append(f.read())
+        return b"\n".join(out)
 
     def _tail_lines(self, start: int, end: int) -> Iterator[tuple[int, int]]:
         scan = scan_frames(self._tail.buf, start, end)
@@ -2320,6 +2371,8 @@ class ConversationStateRepository:
         covered = {seg: self._segs[seg].size for seg in self._seg_order}
         covered[self._tail_seg] = self._tail.size
         covered[_TAIL_MARK] = self._tail_seg
+        if self._events is not None:
+            covered[_EVENTS_MARK] = self._events.size
         size = self._tail.size
         buf = self._tail.buf
         covered[_SYNCED_MARK] = (buf.rfind(b"\n", 0, size - 1) + 1 if size > 1 and buf is not None else 0) + 1
@@ -2552,6 +2605,10 @@ class ConversationStateRepository:
 _TAIL_MARK = -1
 #: a snapshot key: the tail bytes the snapshot covers were synced before it was written
 _SYNCED_MARK = -(1 << 62)
+#: key of the snapshot's ``covered`` map whose value is the size of the event
+#: store when the snapshot was written: the envelopes after it are those of
+#: the tail lines after the snapshot (see ``_note_unheld``)
+_EVENTS_MARK = -(1 << 61)
 
 
 def _cool_no(name: str) -> int:

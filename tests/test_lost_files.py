@@ -295,3 +295,52 @@ def test_the_manifest_vouches_only_for_event_bytes_it_synced(tmp_path, monkeypat
     conv.close()
     tasks.close()
     store.close()
+
+
+@pytest.mark.parametrize("how", ["cut", "zero"])
+def test_journaled_messages_whose_tail_lines_are_gone_are_noted(tmp_path, how, caplog):
+    # a writer that died without closing: no snapshot vouches for its tail
+    # lines, but every envelope is written after its line, so a journaled
+    # message that no tier holds was acknowledged and then lost (the open
+    # used to go on without a word; SPEC reads zeros past the last complete
+    # line as no damage, so it is noted, not refused)
+    import shutil
+    with ConversationStateRepository(tmp_path / "live") as repo:
+        repo.append_many(msg(i) for i in range(6))
+        shutil.copytree(tmp_path / "live", tmp_path / "dead")        # as a kill leaves it
+    p = tmp_path / "dead" / "hot" / "conversation_tail.jsonl"
+    data = p.read_bytes().rstrip(b"\0")
+    lines = data.split(b"\n")[:-1]
+    keep = sum(len(ln) + 1 for ln in lines[:4])
+    if how == "cut":
+        os.truncate(p, keep)
+    else:
+        with open(p, "r+b") as f:
+            f.seek(keep)
+            f.write(b"\0" * (len(data) - keep))
+    with caplog.at_level("WARNING", logger="rune_fast"):
+        repo = ConversationStateRepository(tmp_path / "dead")
+    with repo:
+        assert len(repo) == 4
+        lost = repo.stats()["lost"]
+        assert [e["path"] for e in lost] == [str(tmp_path / "dead" / "events.jsonl")] * 2
+        assert "'m4'" in lost[0]["what"] and "'m5'" in lost[1]["what"]
+    assert "no tier holds it" in caplog.text
+
+
+def test_a_torn_final_line_is_not_a_lost_message(tmp_path):
+    # the torn final line of a killed writer was never acknowledged: its
+    # envelope (written after the line) is excused by the quarantined bytes
+    import shutil
+    with ConversationStateRepository(tmp_path / "live") as repo:
+        repo.append_many(msg(i) for i in range(3))
+        shutil.copytree(tmp_path / "live", tmp_path / "dead")
+    p = tmp_path / "dead" / "hot" / "conversation_tail.jsonl"
+    data = p.read_bytes().rstrip(b"\0")
+    last = data.rstrip(b"\n").rfind(b"\n") + 1
+    os.truncate(p, last + 60)                      # m2's line cut after its id
+    with pytest.warns(RecoveryWarning):
+        repo = ConversationStateRepository(tmp_path / "dead")
+    with repo:
+        assert len(repo) == 2 and repo.stats()["lost"] == []
+        assert len(repo.stats()["quarantined"]) == 1
