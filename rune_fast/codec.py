@@ -25,8 +25,8 @@ import orjson
 
 from . import _encode
 from .errors import CorruptStateCheckpointError, RecordTooLargeError
-from .records import (ConversationMessageRecord, _stored_calls_ok, fast_canonical_json,
-                      message_canonical_json, message_from_stored)
+from .records import (ConversationMessageRecord, _stored_calls_ok, check_tool_calls,
+                      fast_canonical_json, message_canonical_json, message_from_stored)
 
 __all__ = [
     "MAX_RECORD_BYTES",
@@ -67,8 +67,15 @@ def dumps(value: Any) -> bytes:
 
 def key(s: str) -> bytes:
     """The index key of an id, channel or task: its JSON-escaped UTF-8 bytes,
-    exactly as they stand between the quotes in a tail line."""
-    return orjson.dumps(s)[1:-1]
+    exactly as they stand between the quotes in a tail line. ValueError
+    naming the id for a str that is not valid UTF-8 (a lone surrogate: no
+    such id can be stored)."""
+    try:
+        return orjson.dumps(s)[1:-1]
+    except orjson.JSONEncodeError:
+        if isinstance(s, str):
+            raise ValueError(f"id {s!r} is not valid UTF-8 (a lone surrogate)") from None
+        raise
 
 
 def _check_finite(value: Any, field: str) -> None:
@@ -92,12 +99,16 @@ def message_body(record: ConversationMessageRecord) -> bytes:
     Raises ``RecordTooLargeError`` (naming the msg_id) past ``MAX_RECORD_BYTES``
     and ``ValueError`` for values JSON cannot hold exactly.
     """
+    if record.tool_calls:
+        check_tool_calls(record)
     return _body(record, record.to_dict())
 
 
 def message_body_and_hash(record: ConversationMessageRecord) -> tuple[bytes, str]:
     """:func:`message_body` and the record's ``payload_hash`` (sha256 of its
     canonical JSON) from one ``to_dict()``."""
+    if record.tool_calls:
+        check_tool_calls(record)
     d = record.to_dict()
     return _body(record, d), hashlib.sha256(message_canonical_json(record, d)).hexdigest()
 
@@ -132,6 +143,7 @@ def _encode_slow(record: ConversationMessageRecord) -> tuple[bytes, str, bytes]:
 def _calls_json(record: ConversationMessageRecord) -> tuple[bytes, bytes]:
     """The ``tool_calls`` value of a record's line JSON and of its canonical
     JSON (which the encoder splices in; JSON encoding is compositional)."""
+    check_tool_calls(record)
     calls = list(record.tool_calls)
     return dumps(calls), fast_canonical_json(calls)
 

@@ -23,6 +23,7 @@ import operator
 import os
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -243,6 +244,12 @@ _HOT_RANK = 1
 _VIEWER_ATTEMPTS = 50
 
 
+def _check_path(field: str, value: Any) -> None:
+    """TypeError naming ``field`` unless ``value`` is a path (str, bytes, os.PathLike)."""
+    if not isinstance(value, (str, bytes, os.PathLike)):
+        raise TypeError(f"{field}: expected a path (str or os.PathLike), got {type(value).__name__}")
+
+
 def _viewer_retry(method):
     """For a read-only viewer: a read that met a file the writer's compaction
     replaced reloads the state once the manifest shows it moved, and retries
@@ -335,6 +342,9 @@ class ConversationStateRepository:
             raise ValueError(f"compact_every: must be a positive int, got {compact_every!r}")
         if not isinstance(hot_window, int) or hot_window < 0:
             raise ValueError(f"hot_window: must be a non-negative int, got {hot_window!r}")
+        _check_path("state_dir", state_dir)
+        if events is not None and not isinstance(events, EventStore):
+            _check_path("events", events)
         self.state_dir = os.path.abspath(os.fspath(state_dir))
         self.hot_dir = os.path.join(self.state_dir, "hot")
         self.durability = durability
@@ -1897,6 +1907,8 @@ class ConversationStateRepository:
         """Every stored message (all tiers) and every tombstone as ops, by
         ``(hlc, op_id)``; with ``since`` (exclusive) only those stamped after it."""
         if since is not None and not isinstance(since, _sync.Hlc):
+            if not isinstance(since, str):
+                raise TypeError(f"since: expected an Hlc, its str or None, got {type(since).__name__}")
             since = _sync.Hlc.parse(since)
         with self._lock:
             self._check_open()
@@ -1927,6 +1939,8 @@ class ConversationStateRepository:
     def merge_ops(self, ops: Iterable[Any]) -> int:
         """Store the messages and apply the tombstones of ``ops`` (from another
         store's ``export_ops``); returns how many messages were new."""
+        if isinstance(ops, (str, bytes, Mapping)) or not isinstance(ops, Iterable):
+            raise TypeError(f"ops: expected an iterable of ops, got {type(ops).__name__}")
         with self._lock:
             self._check_writable()
             records: list[ConversationMessageRecord] = []
@@ -2275,6 +2289,7 @@ class ConversationStateRepository:
         for loc in locs:
             pop(loc, None)
         self._snap_changes += len(ids)
+        self._interleaved.clear()       # the verdicts read the cool rows' maxima just moved
 
     def _find_cooled_lines(self, ids: list[str], stats: dict) -> None:
         """Mark the segments that still hold the (dead) hot line of a message

@@ -240,6 +240,16 @@ def _norm_tool_calls(owner: str, value: Any) -> tuple[dict[str, Any], ...]:
     return tuple(calls)
 
 
+def check_tool_calls(record: "ConversationMessageRecord") -> None:
+    """Check a record's tool calls again before they are stored: the record
+    is frozen, but the dicts inside ``tool_calls`` are plain dicts that a
+    caller may have edited since the constructor checked them. A value it
+    would refuse raises ``TypeError``/``ValueError`` naming the message and
+    the field (else it would be written, and every later open would refuse
+    the store as damaged)."""
+    _norm_tool_calls(f"message {record.msg_id!r}: ConversationMessageRecord", record.tool_calls)
+
+
 def _copy_json(value: Any) -> Any:
     """A detached copy of an already validated JSON value (for to_dict)."""
     tp = type(value)

@@ -267,3 +267,28 @@ def test_the_tail_rolls_while_a_merge_is_written(tmp_path, small_bg, monkeypatch
         check_reads(repo, stored)
     with open_repo(tmp_path) as repo:
         check_reads(repo, stored)
+
+
+def test_compact_after_adopting_a_staged_run_cools_a_late_message_behind_it(tmp_path, monkeypatch):
+    # compact() adopts a staged cooling run and then cools each channel's
+    # messages beyond its newest hot_window, cool ones counted. A read before
+    # the adoption had cached "hot and cool do not interleave" for the
+    # channel; the cached verdict hid a late message that now sorts before a
+    # cool one, and it stayed hot (found by a tier fuzzer)
+    monkeypatch.setattr(cs, "BG_COOL_MIN_ROWS", 2)
+
+    def m(mid, ch, ms):
+        return ConversationMessageRecord(msg_id=mid, content=mid, channel_id=ch, hlc=f"{ms:015d}-0000000000-dev")
+
+    with ConversationStateRepository(tmp_path, hot_window=2, compact_every=4, durability="none") as repo:
+        repo.append_many([m(f"o{i}", "other", 1 + i) for i in range(4)])
+        a = [m(f"a{i}", "ch", 1000 + i) for i in range(4)]
+        repo.append_many(a)              # the automatic compaction stages the cooling of a0, a1
+        assert repo._bg is not None and repo._bg.kind == "cool"
+        assert [r.msg_id for r in repo.window("ch", 10)] == ["a0", "a1", "a2", "a3"]
+        repo.delete("a3")
+        repo.append(m("late", "ch", 500))
+        repo.compact()
+        order = [r.msg_id for r in repo.window("ch", 10)]
+        assert order == ["late", "a0", "a1", "a2"]
+        assert [repo.get_message(x).tier for x in order] == ["cool", "cool", "cool", "hot"]

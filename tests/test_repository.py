@@ -938,3 +938,59 @@ def test_compact_counts_cool_messages_in_the_hot_window(tmp_path, late_hlc, hot_
         assert repo.window("ch", 10) == [late, *olds]
         assert repo.get_message(late.msg_id).tier == "cool"
         assert repo.verify().ok
+
+
+@pytest.mark.parametrize("edit", ["id-int", "no-arguments", "nan", "surrogate", "object"])
+def test_a_tool_call_edited_after_construction_is_checked_again_and_nothing_is_written(tmp_path, edit):
+    # the dicts inside tool_calls are plain dicts: an edit made after the
+    # constructor checked them used to be written as it was, and every later
+    # open then refused the store as damaged
+    m = ConversationMessageRecord(msg_id="tc", role="assistant", content="x", channel_id="c",
+                                  tool_calls=[{"id": "a", "name": "f", "arguments": {}}])
+    call = m.tool_calls[0]
+    if edit == "id-int":
+        call["id"] = 5
+    elif edit == "no-arguments":
+        del call["arguments"]
+    elif edit == "nan":
+        call["arguments"]["k"] = float("nan")
+    elif edit == "surrogate":
+        call["name"] = "\ud800"
+    else:
+        call["arguments"]["o"] = object()
+    with ConversationStateRepository(tmp_path) as repo:
+        repo.append(msg(1))
+        before = {p: read(p) for p in files_under(tmp_path)}
+        for write in (lambda: repo.append(m), lambda: repo.append_many([msg(2), m])):
+            with pytest.raises((TypeError, ValueError), match=r"message 'tc': .*tool_calls\[0\]"):
+                write()
+        assert {p: read(p) for p in files_under(tmp_path)} == before
+        assert len(repo) == 1 and repo.verify().ok
+    with ConversationStateRepository(tmp_path) as repo:
+        assert [r.msg_id for r in repo.window("ch")] == [msg(1).msg_id]
+
+
+def test_bad_arguments_name_themselves_and_create_nothing(tmp_path):
+    from rune_fast.tasks import TaskStateRepository
+    target = tmp_path / "never"
+    for make in (lambda: ConversationStateRepository(target, events=5),
+                 lambda: TaskStateRepository(target, events=5)):
+        with pytest.raises(TypeError, match="^events: expected a path"):
+            make()
+    for make in (lambda: ConversationStateRepository(None), lambda: TaskStateRepository(123)):
+        with pytest.raises(TypeError, match="^state_dir: expected a path"):
+            make()
+    assert not target.exists()
+    with ConversationStateRepository(tmp_path / "s") as repo:
+        repo.append(msg(1))
+        before = {p: read(p) for p in files_under(tmp_path / "s")}
+        for call in (lambda: repo.window("\ud800"), lambda: repo.delete("\ud800"),
+                     lambda: repo.clear_channel("\ud800"), lambda: repo.messages_for_task("\ud800"),
+                     lambda: repo.latest_task("\ud800")):
+            with pytest.raises(ValueError, match="not valid UTF-8"):
+                call()
+        with pytest.raises(TypeError, match="^since: "):
+            repo.export_ops(since=5)
+        with pytest.raises(TypeError, match="^ops: "):
+            repo.merge_ops(None)
+        assert {p: read(p) for p in files_under(tmp_path / "s")} == before
