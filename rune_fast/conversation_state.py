@@ -360,6 +360,9 @@ class ConversationStateRepository:
         self._quarantined: list[dict] = []
         self._lost: list[dict] = []     # vouched final lines found gone (see _report_lost)
         self._snap_events = 0           # event store size the index snapshot in use recorded
+        # channels where a hot message may sort before a cool row (None: not
+        # known yet, every channel with stamped cool rows is checked once)
+        self._behind: set[str] | None = None
         self._rejournaled = 0           # envelopes written again (see _rederive_lost_envelopes)
         self._compactions = 0
         self._last_compaction: CompactionReport | None = None
@@ -1204,6 +1207,7 @@ class ConversationStateRepository:
         if len(self._decoded) + len(fresh) - skip > _DECODE_CACHE:
             self._trim_cache(len(fresh) - skip)
         decoded, interleaved, fold = self._decoded, self._interleaved, self._fold_order
+        behind, cool_max = self._behind, self._cool_max
         newest = -math.inf      # the latest ts of an unstamped message
         pos = (seg << 40) | off
         for j, i in enumerate(fresh):
@@ -1214,6 +1218,9 @@ class ConversationStateRepository:
             ch = m.channel_id
             if ch in interleaved:
                 self._note_order(m)
+            if behind is not None and ch in cool_max and ch not in behind \
+                    and (not m.hlc or (m.hlc, m.msg_id) < cool_max[ch]):
+                behind.add(ch)          # it sorts before a cool row (see _excess_behind_cool)
             if ch in fold:
                 self._note_fold_order(m)
             if m.hlc:
@@ -2057,25 +2064,46 @@ class ConversationStateRepository:
         if not full and not self._cooling_due():
             return []
         excess = self._index.excess(self.hot_window).tolist()
-        for ch in list(self._cool_max):
-            if self._is_interleaved(ch):
-                excess.extend(self._excess_behind_cool(ch, set(excess)))
+        cands = list(self._cool_max) if self._behind is None else list(self._behind)
+        behind: set[str] = set()
+        if cands:
+            counted = set(excess)
+            for ch in cands:
+                extra, still = self._excess_behind_cool(ch, counted)
+                excess.extend(extra)
+                if still:
+                    behind.add(ch)
+        self._behind = behind
         return excess
 
-    def _excess_behind_cool(self, channel_id: str, counted: set[int]) -> list[int]:
-        """Hot locations of an interleaved channel that lie beyond its newest
-        ``hot_window`` once its cool rows are counted too: a message that
-        arrived late (or unstamped) after newer ones were cooled and a newer
-        hot one was deleted. ``HotIndex.excess`` counts the hot ones only."""
+    def _excess_behind_cool(self, channel_id: str, counted: set[int]) -> tuple[list[int], bool]:
+        """(hot locations beyond the channel's newest ``hot_window`` once its
+        cool rows are counted too, whether a hot message sorts before its
+        newest stamped cool row). Such a message arrived late (or unstamped)
+        after newer ones were cooled; once a newer hot one is deleted it can
+        lie beyond the window although ``HotIndex.excess``, which counts the
+        hot ones only, keeps it. ``counted``: what that excess already cools."""
+        last = self._cool_max.get(channel_id)
         locs = self._index.channel_locs(codec.key(channel_id), -1).tolist()
+        if last is None or not locs:
+            return [], False
+        first = self._read_loc(locs[0])
+        if first.hlc and (first.hlc, first.msg_id) > last:
+            return [], False            # every hot message sorts after every cool row
+        kept = [loc for loc in locs if loc not in counted]
+        if not kept:
+            return [], True
+        oldest = self._read_loc(kept[0])
         n = self.hot_window
+        if (oldest.hlc and (oldest.hlc, oldest.msg_id) > last) or n == 0:
+            return [], True             # only messages cooled anyway sort before a cool row
         rows = self._cool.channel_tail(channel_id, n + len(self._cool_deleted))
-        cool = self._cool_rows(rows)[-n:] if n else []
+        cool = self._cool_rows(rows)[-n:]
         keyed = [(_order_key(r, _COOL_RANK, i), None) for i, r in enumerate(cool)]
-        keyed += [(_order_key(self._read_loc(loc), _HOT_RANK, i), loc) for i, loc in enumerate(locs)]
+        keyed += [(_order_key(self._read_loc(loc), _HOT_RANK, i), loc) for i, loc in enumerate(kept)]
         keyed.sort(key=_first)
-        keep = {loc for _k, loc in keyed[len(keyed) - n:]} if n else set()
-        return [loc for loc in locs if loc not in keep and loc not in counted]
+        keep = {loc for _k, loc in keyed[len(keyed) - n:]}
+        return [loc for loc in kept if loc not in keep], True
 
     def _compact(self, *, full: bool, start_bg: bool = True, settle: bool = True,
                  cool_excess: bool = True) -> CompactionReport:
@@ -2101,7 +2129,7 @@ class ConversationStateRepository:
             # 1. cooling: first a run staged in the background, then the rest
             if staged is not None and staged.kind == "cool":
                 manifest_cool = self._cool.adopt(staged.result)
-                self._cooled(staged.locs, staged.table)
+                self._cooled(staged.locs, staged.table, staged=True)
                 rep.cooled += staged.table.num_rows
                 rep.cool_files_written += 1
             elif staged is not None:
@@ -2273,17 +2301,23 @@ class ConversationStateRepository:
         line = self._index.line
         return table_from_lines([line(loc) for loc in locs], lambda i: self._read_loc_raw(locs[i]))
 
-    def _cooled(self, locs: Sequence[int], table: pa.Table) -> None:
-        """Drop messages now served by the cool tier from the hot index."""
+    def _cooled(self, locs: Sequence[int], table: pa.Table, *, staged: bool = False) -> None:
+        """Drop messages now served by the cool tier from the hot index.
+        ``staged``: a run written in the background, which appends may have
+        overtaken (a late one can sort before its rows; an inline run cools
+        the oldest messages and those already behind a cool row)."""
         ids = table.column("msg_id").to_pylist()
         hlcs = table.column("hlc").to_pylist()
         chans = table.column("channel_id").to_pylist()
         cool_max = self._cool_max
+        behind = self._behind if staged else None
         for hlc, mid, ch in zip(hlcs, ids, chans):
             if hlc:
                 k = (hlc, mid)
                 if k > cool_max.get(ch, ("", "")):
                     cool_max[ch] = k
+                    if behind is not None:
+                        behind.add(ch)      # a late append may sort before the new maximum
         self._index.remove_many([codec.key(m) for m in ids])
         pop = self._decoded.pop
         for loc in locs:
