@@ -28,6 +28,16 @@ def _store(d, n=4, **kw):
             repo.compact()
 
 
+def _lose(path, how: str, start: int, end: int) -> None:
+    """Lose the bytes of ``path`` from ``start`` to ``end``: cut off, or zeroed."""
+    if how == "cut":
+        os.truncate(path, start)
+    else:
+        with open(path, "r+b") as f:
+            f.seek(start)
+            f.write(b"\0" * (end - start))
+
+
 def test_a_missing_manifest_is_refused_and_nothing_is_deleted(tmp_path):
     # the open used to read a new empty store and unlink the archives and
     # segments the manifest named: every cooled message gone, without a word
@@ -56,12 +66,7 @@ def test_the_vouched_final_tail_line_gone_is_noted(tmp_path, how, caplog):
     p = tmp_path / "hot" / "conversation_tail.jsonl"
     data = p.read_bytes().rstrip(b"\0")
     last = data.rstrip(b"\n").rfind(b"\n") + 1          # where m2's line starts
-    if how == "cut":
-        os.truncate(p, last)
-    else:
-        with open(p, "r+b") as f:
-            f.seek(last)
-            f.write(b"\0" * (len(data) - last))
+    _lose(p, how, last, len(data))
     with caplog.at_level("WARNING", logger="rune_fast"):
         repo = ConversationStateRepository(tmp_path)
     assert "vouches for" in caplog.text
@@ -311,13 +316,7 @@ def test_journaled_messages_whose_tail_lines_are_gone_are_noted(tmp_path, how, c
     p = tmp_path / "dead" / "hot" / "conversation_tail.jsonl"
     data = p.read_bytes().rstrip(b"\0")
     lines = data.split(b"\n")[:-1]
-    keep = sum(len(ln) + 1 for ln in lines[:4])
-    if how == "cut":
-        os.truncate(p, keep)
-    else:
-        with open(p, "r+b") as f:
-            f.seek(keep)
-            f.write(b"\0" * (len(data) - keep))
+    _lose(p, how, sum(len(ln) + 1 for ln in lines[:4]), len(data))
     with caplog.at_level("WARNING", logger="rune_fast"):
         repo = ConversationStateRepository(tmp_path / "dead")
     with repo:
