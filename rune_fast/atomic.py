@@ -140,6 +140,13 @@ class AtomicStore:
         return f"AtomicStore({self.path!r})"
 
 
+def check_path(field: str, value: Any) -> None:
+    """TypeError naming ``field`` unless ``value`` is a path (str, bytes,
+    os.PathLike): checked before a repository creates any folder."""
+    if not isinstance(value, (str, bytes, os.PathLike)):
+        raise TypeError(f"{field}: expected a path (str or os.PathLike), got {type(value).__name__}")
+
+
 def _unlink_quietly(path: str) -> None:
     try:
         os.unlink(path)

@@ -34,7 +34,7 @@ from . import sync as _sync
 from ._encode import frame_messages, message_envelopes
 from ._index import HotIndex
 from ._log import frame_many, scan_frames
-from .atomic import AtomicStore
+from .atomic import AtomicStore, check_path
 from .cool import SPECIAL_FOLD, CoolArchive, relevant_specials, table_from_lines
 from .errors import (
     CorruptStateCheckpointError,
@@ -244,12 +244,6 @@ _HOT_RANK = 1
 _VIEWER_ATTEMPTS = 50
 
 
-def _check_path(field: str, value: Any) -> None:
-    """TypeError naming ``field`` unless ``value`` is a path (str, bytes, os.PathLike)."""
-    if not isinstance(value, (str, bytes, os.PathLike)):
-        raise TypeError(f"{field}: expected a path (str or os.PathLike), got {type(value).__name__}")
-
-
 def _viewer_retry(method):
     """For a read-only viewer: a read that met a file the writer's compaction
     replaced reloads the state once the manifest shows it moved, and retries
@@ -342,9 +336,9 @@ class ConversationStateRepository:
             raise ValueError(f"compact_every: must be a positive int, got {compact_every!r}")
         if not isinstance(hot_window, int) or hot_window < 0:
             raise ValueError(f"hot_window: must be a non-negative int, got {hot_window!r}")
-        _check_path("state_dir", state_dir)
+        check_path("state_dir", state_dir)
         if events is not None and not isinstance(events, EventStore):
-            _check_path("events", events)
+            check_path("events", events)
         self.state_dir = os.path.abspath(os.fspath(state_dir))
         self.hot_dir = os.path.join(self.state_dir, "hot")
         self.durability = durability

@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Any
 
-from .atomic import AtomicStore
+from .atomic import AtomicStore, check_path
 from .errors import (
     CorruptStateCheckpointError,
     IllegalTaskTransitionError,
@@ -79,11 +79,9 @@ class TaskStateRepository:
                  checkpoint_every: int = 64) -> None:
         if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be an int >= 1, got {checkpoint_every!r}")
-        for field, value in (("state_dir", state_dir), ("events", events)):
-            if field == "events" and (value is None or isinstance(value, EventStore)):
-                continue
-            if not isinstance(value, (str, bytes, os.PathLike)):
-                raise TypeError(f"{field}: expected a path (str or os.PathLike), got {type(value).__name__}")
+        check_path("state_dir", state_dir)
+        if events is not None and not isinstance(events, EventStore):
+            check_path("events", events)
         self.state_dir = os.path.abspath(os.fspath(state_dir))
         self.checkpoint_every = checkpoint_every
         self._lock = threading.RLock()
