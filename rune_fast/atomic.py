@@ -141,9 +141,9 @@ class AtomicStore:
 
 
 def check_path(field: str, value: Any) -> None:
-    """TypeError naming ``field`` unless ``value`` is a path (str, bytes,
-    os.PathLike): checked before a repository creates any folder."""
-    if not isinstance(value, (str, bytes, os.PathLike)):
+    """TypeError naming ``field`` unless ``value`` is a str path (a str or
+    an os.PathLike giving one): checked before a repository creates any folder."""
+    if not isinstance(value, (str, os.PathLike)) or not isinstance(os.fspath(value), str):
         raise TypeError(f"{field}: expected a path (str or os.PathLike), got {type(value).__name__}")
 
 

@@ -354,6 +354,9 @@ class ConversationStateRepository:
         self._quarantined: list[dict] = []
         self._lost: list[dict] = []     # vouched final lines found gone (see _report_lost)
         self._snap_events = 0           # event store size the index snapshot in use recorded
+        # the event store is this store's own file (state_dir/events.jsonl):
+        # only then is a message envelope in it one of this store's appends
+        self._events_private = events is None
         # channels where a hot message may sort before a cool row (None: not
         # known yet, every channel with stamped cool rows is checked once)
         self._behind: set[str] | None = None
@@ -920,7 +923,8 @@ class ConversationStateRepository:
         for env in self._events.iter_envelopes(start if lines_after else unheld_from):
             if env.get("type") == "conversation.message" and type(env.get("id")) is str:
                 journaled.setdefault(env["id"], env["offset"])
-        self._note_unheld([m for m, at in journaled.items() if at >= unheld_from], journaled)
+        if self._events_private:
+            self._note_unheld([m for m, at in journaled.items() if at >= unheld_from], journaled)
         if not lines_after:
             return
         missing = []

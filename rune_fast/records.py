@@ -246,8 +246,17 @@ def check_tool_calls(record: "ConversationMessageRecord") -> None:
     caller may have edited since the constructor checked them. A value it
     would refuse raises ``TypeError``/``ValueError`` naming the message and
     the field (else it would be written, and every later open would refuse
-    the store as damaged)."""
-    _norm_tool_calls(f"message {record.msg_id!r}: ConversationMessageRecord", record.tool_calls)
+    the store as damaged). The common case -- plain dicts of plain JSON
+    values that orjson encodes -- is one compiled walk and one encode; the
+    field-by-field check names what is wrong."""
+    calls = record.tool_calls
+    if _stored_calls_ok(calls) and json_safe(list(calls)):
+        try:
+            orjson.dumps(calls)         # refuses lone surrogates
+            return
+        except orjson.JSONEncodeError:
+            pass
+    _norm_tool_calls(f"message {record.msg_id!r}: ConversationMessageRecord", calls)
 
 
 def _copy_json(value: Any) -> Any:

@@ -343,3 +343,23 @@ def test_a_torn_final_line_is_not_a_lost_message(tmp_path):
     with repo:
         assert len(repo) == 2 and repo.stats()["lost"] == []
         assert len(repo.stats()["quarantined"]) == 1
+
+
+def test_stores_sharing_an_event_store_do_not_report_each_other_as_lost(tmp_path):
+    # an event store outside the state directory may be shared (composition):
+    # its message envelopes are not all this store's, so none is read as lost
+    from rune_fast.composition import build_conversation_state
+    shared = tmp_path / "events.jsonl"
+    with ConversationStateRepository(tmp_path / "a", events=shared) as a:
+        a.append(msg(1))
+    with ConversationStateRepository(tmp_path / "b", events=shared) as b:
+        assert b.stats()["lost"] == []
+        b.append(msg(2))
+    root = build_conversation_state({"state": str(tmp_path / "c"), "events": str(shared),
+                                     "evidence": str(tmp_path / "ev")})
+    root.get("conversation_state").append(msg(3))
+    root.get("conversation_state").close()
+    root.get("task_state").close()
+    for d in ("a", "b"):
+        with ConversationStateRepository(tmp_path / d, events=shared) as repo:
+            assert repo.stats()["lost"] == []

@@ -977,7 +977,9 @@ def test_bad_arguments_name_themselves_and_create_nothing(tmp_path):
                  lambda: TaskStateRepository(target, events=5)):
         with pytest.raises(TypeError, match="^events: expected a path"):
             make()
-    for make in (lambda: ConversationStateRepository(None), lambda: TaskStateRepository(123)):
+    for make in (lambda: ConversationStateRepository(None), lambda: TaskStateRepository(123),
+                 lambda: ConversationStateRepository(os.fsencode(target)),
+                 lambda: TaskStateRepository(os.fsencode(target))):
         with pytest.raises(TypeError, match="^state_dir: expected a path"):
             make()
     assert not target.exists()
