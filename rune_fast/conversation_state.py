@@ -47,7 +47,7 @@ from .errors import (
 )
 from .events import EventStore, fdatasync_path
 from .locking import DirLock
-from .records import ConversationMessageRecord, message_from_stored, payload_hash
+from .records import ConversationMessageRecord, _utf8_ok, message_from_stored, payload_hash
 from .segments import TAIL_NAME, Segment, TailFile, fsync_dir, quarantine_bytes, seg_name, write_file
 from .tasks import TaskStateRepository
 
@@ -242,6 +242,16 @@ _HOT_RANK = 1
 
 
 _VIEWER_ATTEMPTS = 50
+
+
+def _str_arg(field: str, value: Any) -> None:
+    """TypeError unless ``value`` is a str, ValueError if it is not valid
+    UTF-8 (a lone surrogate: no id, channel or task can hold one); both name
+    ``field``."""
+    if not isinstance(value, str):
+        raise TypeError(f"{field}: expected str, got {type(value).__name__}")
+    if not value.isascii() and not _utf8_ok(value):
+        raise ValueError(f"{field}: {value!r} is not valid UTF-8 (a lone surrogate)")
 
 
 def _viewer_retry(method):
@@ -1368,16 +1378,14 @@ class ConversationStateRepository:
     def delete(self, msg_id: str) -> bool:
         """Delete a stored message. True if one was deleted. Durable on return;
         the bytes are erased from every tier by the next ``compact()``."""
-        if not isinstance(msg_id, str):
-            raise TypeError(f"msg_id: expected str, got {type(msg_id).__name__}")
+        _str_arg("msg_id", msg_id)
         with self._lock:
             self._check_writable()
             return self._delete_ids([msg_id], record_unknown=False) == 1
 
     def clear_channel(self, channel_id: str) -> int:
         """Delete every message of the channel; returns how many."""
-        if not isinstance(channel_id, str):
-            raise TypeError(f"channel_id: expected str, got {type(channel_id).__name__}")
+        _str_arg("channel_id", channel_id)
         with self._lock:
             self._check_writable()
             ids = [r.msg_id for r, _t in self._channel_all(channel_id)]
@@ -1459,8 +1467,7 @@ class ConversationStateRepository:
     @_viewer_retry
     def get_message(self, msg_id: str) -> MessageRead:
         """Exact read across tiers, verified against the stored checksum or digest."""
-        if not isinstance(msg_id, str):
-            raise TypeError(f"msg_id: expected str, got {type(msg_id).__name__}")
+        _str_arg("msg_id", msg_id)
         with self._lock:
             self._check_open()
             if msg_id in self._tombstones:
@@ -1525,8 +1532,7 @@ class ConversationStateRepository:
     def window(self, channel_id: str, n: int = 8) -> list[ConversationMessageRecord]:
         """The last ``n`` messages of the channel, oldest first ([] for n <= 0
         or an unknown channel)."""
-        if not isinstance(channel_id, str):
-            raise TypeError(f"channel_id: expected str, got {type(channel_id).__name__}")
+        _str_arg("channel_id", channel_id)
         if not isinstance(n, int) or isinstance(n, bool):
             raise TypeError(f"n: expected int, got {type(n).__name__}")
         with self._lock:
@@ -1559,8 +1565,7 @@ class ConversationStateRepository:
     @_viewer_retry
     def messages_for_task(self, task_id: str) -> list[ConversationMessageRecord]:
         """Every message of the task, all tiers, oldest first."""
-        if not isinstance(task_id, str):
-            raise TypeError(f"task_id: expected str, got {type(task_id).__name__}")
+        _str_arg("task_id", task_id)
         with self._lock:
             self._check_open()
             if task_id == "":
@@ -1765,8 +1770,7 @@ class ConversationStateRepository:
     @_viewer_retry
     def latest_task(self, channel_id: str) -> str | None:
         """task_id of the newest message on the channel that has one, or None."""
-        if not isinstance(channel_id, str):
-            raise TypeError(f"channel_id: expected str, got {type(channel_id).__name__}")
+        _str_arg("channel_id", channel_id)
         with self._lock:
             self._check_open()
             if not self._is_interleaved(channel_id):
@@ -1815,8 +1819,7 @@ class ConversationStateRepository:
     def resume_messages(self, channel_id: str, n: int | None = None) -> list[dict]:
         """The channel's transcript as a provider-valid message list: fold of its
         ops, then ``LastN(n)``, then ``repair`` (system messages left out)."""
-        if not isinstance(channel_id, str):
-            raise TypeError(f"channel_id: expected str, got {type(channel_id).__name__}")
+        _str_arg("channel_id", channel_id)
         if n is not None and (not isinstance(n, int) or isinstance(n, bool)):
             raise TypeError(f"n: expected int or None, got {type(n).__name__}")
         if n is not None and n < 0:

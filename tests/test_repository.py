@@ -989,7 +989,7 @@ def test_bad_arguments_name_themselves_and_create_nothing(tmp_path):
         for call in (lambda: repo.window("\ud800"), lambda: repo.delete("\ud800"),
                      lambda: repo.clear_channel("\ud800"), lambda: repo.messages_for_task("\ud800"),
                      lambda: repo.latest_task("\ud800")):
-            with pytest.raises(ValueError, match="not valid UTF-8"):
+            with pytest.raises(ValueError, match=r"^(channel_id|msg_id|task_id): .* not valid UTF-8"):
                 call()
         with pytest.raises(TypeError, match="^since: "):
             repo.export_ops(since=5)
