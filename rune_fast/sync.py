@@ -62,6 +62,8 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from .records import _copy_json
+
 log = logging.getLogger("rune_fast.sync")
 
 __all__ = [
@@ -645,11 +647,11 @@ class Turn(_TurnFields):
     def to_message(self) -> dict[str, Any]:
         """``{"role": "user", "content"}``, ``{"role": "assistant", "content",
         "tool_calls"}`` or ``{"role": "tool_result", "tool_use_id",
-        "content"}`` (fresh dicts and lists; call dicts are copies)."""
+        "content"}`` (fresh dicts and lists; call dicts are deep copies)."""
         r = self.role
         if r == "assistant":
             return {"role": "assistant", "content": self.content,
-                    "tool_calls": [dict(c) for c in self.tool_calls]}
+                    "tool_calls": [_copy_json(dict(c)) for c in self.tool_calls]}
         if r == "tool":
             return {"role": "tool_result", "tool_use_id": self.tool_use_id,
                     "content": self.content}
@@ -660,14 +662,14 @@ class Turn(_TurnFields):
         return {"op_id": self.op_id, "hlc": str(self.hlc),
                 "conversation_id": self.conversation_id, "role": str(self.role),
                 "content": self.content,
-                "tool_calls": [dict(c) for c in self.tool_calls],
+                "tool_calls": [_copy_json(dict(c)) for c in self.tool_calls],
                 "tool_use_id": self.tool_use_id, "timestamp": self.timestamp}
 
     def to_op(self) -> OpRecord:
         """The op that folds back into this turn (a normalised payload)."""
         return OpRecord(self.op_id, self.hlc, {
             "conversation_id": self.conversation_id, "role": str(self.role),
-            "content": self.content, "tool_calls": [dict(c) for c in self.tool_calls],
+            "content": self.content, "tool_calls": [_copy_json(dict(c)) for c in self.tool_calls],
             "tool_use_id": self.tool_use_id, "timestamp": self.timestamp})
 
 

@@ -442,3 +442,14 @@ def test_fold_none_or_empty_conversation_means_default():
     ops = [("l1", H(1), {"speaker": "user", "text": "hi"})]
     assert fold(ops, None) == fold(ops, "") == fold(ops, DEFAULT_CONVERSATION)  # type: ignore[arg-type]
     assert len(fold(ops, None)) == 1  # type: ignore[arg-type]
+
+
+def test_turn_messages_share_nothing_with_the_turn():
+    # to_message/to_dict/to_op copy the call dicts down to the arguments: a
+    # caller editing a rendered message's arguments used to edit the Turn's
+    t = Turn("o1", str(H(5, 1, "d")), "c", "assistant", "hi",
+             [{"id": "k", "name": "f", "arguments": {"q": [1, {"x": 2}]}}], "", 1)
+    for out in (t.to_message()["tool_calls"], t.to_dict()["tool_calls"], t.to_op().payload["tool_calls"]):
+        out[0]["arguments"]["q"][1]["x"] = 99
+        out[0]["arguments"]["q"].append(3)
+    assert t.tool_calls[0]["arguments"] == {"q": [1, {"x": 2}]}
