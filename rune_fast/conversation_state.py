@@ -211,6 +211,13 @@ def _order_key(rec: ConversationMessageRecord, tier_rank: int, pos: Any) -> tupl
     return (0, tier_rank, pos)
 
 
+def _sorts_before(rec: ConversationMessageRecord, stamp: tuple) -> bool:
+    """Whether ``rec`` sorts before the stamped message whose ``(hlc,
+    msg_id)`` is ``stamp`` (an unstamped message sorts before every stamped
+    one; no two messages share an id)."""
+    return not rec.hlc or (rec.hlc, rec.msg_id) < stamp
+
+
 def _xkey(rec: ConversationMessageRecord, seq: int | None) -> tuple:
     """Sort key of "oldest first" across channels and tiers: unstamped
     messages first by append sequence, then stamped by (hlc, msg_id)."""
@@ -970,7 +977,7 @@ class ConversationStateRepository:
             ids = [m for m, hit in zip(ids, self._cool.contains_many(ids).tolist()) if not hit]
         if not ids:
             return
-        torn = self._quarantined_bytes()
+        torn = b"\n".join(data for _path, data in self._torn_lines())
         for mid in ids:
             if codec.key(mid) in torn:
                 continue        # its line was a torn final one: never acknowledged
@@ -978,18 +985,20 @@ class ConversationStateRepository:
                               f"message {mid!r} was journaled (an acknowledged append) but no tier "
                               f"holds it: its tail line is gone", where="its envelope is at offset")
 
-    def _quarantined_bytes(self) -> bytes:
-        """The torn lines kept in the quarantine folder (this open's and earlier ones)."""
+    def _torn_lines(self) -> list[tuple[str, bytes]]:
+        """(path, bytes) of each torn line kept in the quarantine folder (this
+        open's and earlier ones)."""
         qdir = os.path.join(self.hot_dir, QUARANTINE_DIR)
         try:
             names = sorted(os.listdir(qdir))
         except FileNotFoundError:
-            return b""
+            return []
         out = []
         for name in names:
-            with open(os.path.join(qdir, name), "rb") as f:
-                out.append(f.read())
-        return b"\n".join(out)
+            path = os.path.join(qdir, name)
+            with open(path, "rb") as f:
+                out.append((path, f.read()))
+        return out
 
     def _tail_lines(self, start: int, end: int) -> Iterator[tuple[int, int]]:
         scan = scan_frames(self._tail.buf, start, end)
@@ -1227,7 +1236,7 @@ class ConversationStateRepository:
             if ch in interleaved:
                 self._note_order(m)
             if behind is not None and ch in cool_max and ch not in behind \
-                    and (not m.hlc or (m.hlc, m.msg_id) < cool_max[ch]):
+                    and _sorts_before(m, cool_max[ch]):
                 behind.add(ch)          # it sorts before a cool row (see _excess_behind_cool)
             if ch in fold:
                 self._note_fold_order(m)
@@ -1271,7 +1280,7 @@ class ConversationStateRepository:
         """Keep the interleave verdict of the channel true after an append."""
         if self._interleaved.get(m.channel_id) is False:
             last = self._cool_max_order(m.channel_id)
-            if last is not None and (not m.hlc or (m.hlc, m.msg_id) < last):
+            if last is not None and _sorts_before(m, last):
                 self._interleaved[m.channel_id] = True
 
     def _is_interleaved(self, channel_id: str) -> bool:
@@ -1289,7 +1298,7 @@ class ConversationStateRepository:
                     first = self._read_loc(int(locs[0]))
                     # (the cool tier asked last: a first read of a channel
                     # whose hot messages are newer never opens its index)
-                    verdict = ((not first.hlc or (first.hlc, first.msg_id) < last)
+                    verdict = (_sorts_before(first, last)
                                and self._cool_has_channel(channel_id))
             self._interleaved[channel_id] = verdict
         return verdict
@@ -1989,21 +1998,15 @@ class ConversationStateRepository:
         short by a crash names its message before its content, so a file
         holding a deleted id's record is the only one that can hold its
         content (SPEC: after the erasing compaction no file holds it)."""
-        qdir = os.path.join(self.hot_dir, QUARANTINE_DIR)
-        if not os.path.isdir(qdir):
-            return
         needles = [b'"msg_id":"' + codec.key(m) + b'"' for m in ids]
         removed = False
-        for name in os.listdir(qdir):
-            path = os.path.join(qdir, name)
-            with open(path, "rb") as f:
-                data = f.read()
+        for path, data in self._torn_lines():
             if any(n in data for n in needles):
                 _unlink(path)
                 removed = True
                 log.info("erased quarantined line %s: it held a deleted message", path)
         if removed:
-            fsync_dir(qdir)
+            fsync_dir(os.path.join(self.hot_dir, QUARANTINE_DIR))
 
     def _compact_segments(self, rep: CompactionReport, cool_erase: list[str],
                           old_segs: list[int]) -> list[int]:
@@ -2089,14 +2092,14 @@ class ConversationStateRepository:
         if last is None or not locs:
             return [], False
         first = self._read_loc(locs[0])
-        if first.hlc and (first.hlc, first.msg_id) > last:
+        if not _sorts_before(first, last):
             return [], False            # every hot message sorts after every cool row
         kept = [loc for loc in locs if loc not in counted]
         if not kept:
             return [], True
         oldest = self._read_loc(kept[0])
         n = self.hot_window
-        if (oldest.hlc and (oldest.hlc, oldest.msg_id) > last) or n == 0:
+        if not _sorts_before(oldest, last) or n == 0:
             return [], True             # only messages cooled anyway sort before a cool row
         rows = self._cool.channel_tail(channel_id, n + len(self._cool_deleted))
         cool = self._cool_rows(rows)[-n:]
