@@ -896,3 +896,113 @@ def json_safe(v) -> bool:
     deep), and floats that both write without an exponent (shortest
     round-trip digits)."""
     return _json_safe(v, 0)
+
+
+# ---------------------------------------------------------------- own_calls
+
+cdef extern from "Python.h":
+    ctypedef struct PyObject
+    void Py_XINCREF(PyObject *o)
+    object PyDict_Copy(object d)
+    object PyList_GetSlice(object l, Py_ssize_t low, Py_ssize_t high)
+
+
+cdef object _json_copy(object v):
+    """A copy of a stored JSON value that shares no dict or list with it."""
+    cdef object t = type(v)
+    cdef object c
+    cdef Py_ssize_t i
+    if t is dict:
+        c = PyDict_Copy(v)
+        for k, x in (<dict>v).items():
+            if type(x) is dict or type(x) is list:
+                c[k] = _json_copy(x)
+        return c
+    if t is list:
+        c = PyList_GetSlice(v, 0, len(<list>v))
+        for i in range(len(<list>v)):
+            x = (<list>v)[i]
+            if type(x) is dict or type(x) is list:
+                (<list>c)[i] = _json_copy(x)
+        return c
+    return v
+
+
+cdef tuple _RECORD_SLOTS = ("msg_id", "ts", "role", "content", "channel_id", "task_id",
+                            "token_estimate", "tool_call_id", "origin", "hlc")
+#: Bytes of an object's header: where the first slot of a slotted instance lies.
+cdef Py_ssize_t _HEAD = object.__basicsize__
+
+# What own_calls copies (set once by own_calls_setup): the record type, the
+# copy of another type's record, and -- when an instance of the type is its
+# header and its field pointers only -- how many pointers and which one is
+# tool_calls (else -1: the copy goes field by field).
+cdef type _own_type = None
+cdef object _own_fallback = None
+cdef Py_ssize_t _own_slots = -1
+cdef Py_ssize_t _own_calls_at = -1
+
+
+def own_calls_setup(type record_type, object fallback):
+    """Set what :func:`own_calls` copies: instances of ``record_type``, each
+    field as it is but the tool calls; another type's record by
+    ``fallback(record)``."""
+    global _own_type, _own_fallback, _own_slots, _own_calls_at
+    cdef tuple slots = getattr(record_type, "__slots__", ())
+    cdef Py_ssize_t n = len(_RECORD_SLOTS) + 1, k
+    cdef PyObject **at
+    _own_type, _own_fallback, _own_slots, _own_calls_at = record_type, fallback, -1, -1
+    if (record_type.__dictoffset__ == 0 and record_type.__weakrefoffset__ == 0
+            and record_type.__itemsize__ == 0 and len(slots) == n and "tool_calls" in slots
+            and set(slots) == set(_RECORD_SLOTS) | {"tool_calls"}
+            and record_type.__basicsize__ == _HEAD + n * <Py_ssize_t>sizeof(void *)):
+        # which pointer is tool_calls (CPython lays slots out in its own
+        # order): the one a probe's sentinel lands in
+        probe = record_type.__new__(record_type)
+        sentinel = object()
+        PyObject_GenericSetAttr(probe, "tool_calls", sentinel)
+        at = <PyObject **>(<char *><void *>probe + _HEAD)
+        for k in range(n):
+            if at[k] == <PyObject *>sentinel:
+                _own_slots, _own_calls_at = n, k
+
+
+def own_calls(list recs):
+    """Give every record of ``recs`` that has tool calls a copy of its own
+    (in place; the list is returned): the same fields, the tool-call dicts
+    and everything in them copied, so a reader that edits them edits its
+    copy only. Records without tool calls stay as they are."""
+    cdef Py_ssize_t i, k
+    cdef object rec, calls, n
+    cdef PyObject **src
+    cdef PyObject **dst
+    if _own_type is None:
+        raise RuntimeError("own_calls: own_calls_setup was not called")
+    for i in range(len(recs)):
+        rec = recs[i]
+        if type(rec) is not _own_type:
+            if rec.tool_calls:
+                recs[i] = _own_fallback(rec)
+            continue
+        if _own_slots > 0:
+            src = <PyObject **>(<char *><void *>rec + _HEAD)
+            calls = <object>src[_own_calls_at]
+            if not calls:
+                continue
+            # the instance is its header and its field pointers: copy them
+            # (the new object's are NULL), then replace the tool calls
+            n = _own_type.__new__(_own_type)
+            dst = <PyObject **>(<char *><void *>n + _HEAD)
+            for k in range(_own_slots):
+                Py_XINCREF(src[k])
+                dst[k] = src[k]
+        else:
+            calls = rec.tool_calls
+            if not calls:
+                continue
+            n = _own_type.__new__(_own_type)
+            for name in _RECORD_SLOTS:
+                PyObject_GenericSetAttr(n, name, getattr(rec, name))
+        PyObject_GenericSetAttr(n, "tool_calls", tuple([_json_copy(c) for c in calls]))
+        recs[i] = n
+    return recs

@@ -228,6 +228,15 @@ def _xkey(rec: ConversationMessageRecord, seq: int | None) -> tuple:
 
 _first = operator.itemgetter(0)
 
+#: Reads hand out records from their caches: one that has tool calls is
+#: handed out with dicts of its own (see codec.own_calls), so a caller that
+#: edits them changes nothing another read returns.
+own_calls = codec.own_calls
+
+
+def _own(rec: ConversationMessageRecord) -> ConversationMessageRecord:
+    return own_calls([rec])[0] if rec.tool_calls else rec
+
 
 def _make_room(cache: dict, room: int) -> None:
     """Make room for ``room`` entries in a record cache of ``_DECODE_CACHE``:
@@ -1230,7 +1239,8 @@ class ConversationStateRepository:
         for j, i in enumerate(fresh):
             m = msgs[i]
             if j >= skip:
-                decoded[pos] = (m, seq0 + j)
+                # (a caller's later edit of its record's tool calls is not the stored value)
+                decoded[pos] = (_own(m), seq0 + j)
             pos += lengths[j]
             ch = m.channel_id
             if ch in interleaved:
@@ -1492,7 +1502,7 @@ class ConversationStateRepository:
                     return MessageRead(ReadStatus.SOURCE_CORRUPT, None, tier)
                 if rec.msg_id != msg_id:
                     return MessageRead(ReadStatus.SOURCE_CORRUPT, None, tier)
-                return MessageRead(ReadStatus.FOUND_VERIFIED, rec, tier)
+                return MessageRead(ReadStatus.FOUND_VERIFIED, _own(rec), tier)
             try:
                 # the rows whose id hashes like msg_id (usually one): kept records, or read now
                 rec = next((r for r, _o in self._cool_records(self._cool.id_locs(msg_id))
@@ -1510,7 +1520,7 @@ class ConversationStateRepository:
                         log.error("exact read of %s: %s", msg_id, exc)
                         return MessageRead(ReadStatus.SOURCE_CORRUPT, None, self._tier_of(cand))
                 return MessageRead(ReadStatus.NOT_FOUND_CONFIRMED)
-            return MessageRead(ReadStatus.FOUND_VERIFIED, rec, "cool")
+            return MessageRead(ReadStatus.FOUND_VERIFIED, _own(rec), "cool")
 
     def _hot_channel(self, channel_id: str, n: int = -1) -> list[tuple[ConversationMessageRecord, str]]:
         locs = self._index.channel_locs(codec.key(channel_id), n)
@@ -1557,8 +1567,8 @@ class ConversationStateRepository:
                     for loc in locs:
                         hit = cached(loc)
                         out.append(hit[0] if hit is not None else self._read_loc(loc))
-                    return out
-            return [r for r, _t in self._window(channel_id, n)]
+                    return own_calls(out)
+            return own_calls([r for r, _t in self._window(channel_id, n)])
 
     def _window(self, channel_id: str, n: int) -> list[tuple[ConversationMessageRecord, str]]:
         if self._is_interleaved(channel_id):
@@ -1582,7 +1592,7 @@ class ConversationStateRepository:
             locs = self._index.task_locs(codec.key(task_id)).tolist()
             hot = self._read_locs_seq(locs)
             if not self._cool_has_task(task_id):
-                return [r for r, _seq in hot]       # the index keeps them in order
+                return own_calls([r for r, _seq in hot])       # the index keeps them in order
             keyed = [(_xkey(r, seq), r) for r, seq in hot]
             deleted = self._cool_deleted
             for rec, o in self._cool_records(self._cool.task_locs(task_id)):
@@ -1593,7 +1603,7 @@ class ConversationStateRepository:
                 if rec.msg_id not in deleted:
                     keyed.append((_xkey(rec, o), rec))
             keyed.sort(key=_first)
-            return [r for _k, r in keyed]
+            return own_calls([r for _k, r in keyed])
 
     def _cool_records(self, locs: list[tuple[int, int]]) -> list[tuple[ConversationMessageRecord, int]]:
         """(record, ord) of the cool rows at ``locs``: from the cache of rows
@@ -1681,7 +1691,8 @@ class ConversationStateRepository:
             keyed.sort(key=lambda e: e[0])
             if limit is not None:
                 keyed = keyed[-limit:]
-            return [SearchHit(r, t) for _k, r, t in keyed]
+            recs = own_calls([r for _k, r, _t in keyed])
+            return [SearchHit(r, t) for r, (_k, _r, t) in zip(recs, keyed)]
 
     def _check_hot_lines(self) -> None:
         """Check the checksum of every hot line once (lock held): a search

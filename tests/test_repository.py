@@ -692,6 +692,110 @@ def test_a_readers_edit_of_a_cached_record_never_reaches_disk_verify_or_export(t
         assert repo.verify().ok
 
 
+
+def _call_msg(mid: str, ts: float, args: dict) -> ConversationMessageRecord:
+    return ConversationMessageRecord(msg_id=mid, role="assistant", content=f"calls {mid}", channel_id="c",
+                                     task_id="t", ts=ts, tool_calls=[{"id": f"call_{mid}", "name": "f",
+                                                                      "arguments": args}])
+
+
+@pytest.mark.parametrize("tier", ["tail", "hot", "cool"])
+def test_each_read_hands_out_tool_calls_of_its_own(tmp_path, tier):
+    """The reads serve records from caches, and the dicts inside tool_calls
+    are the mutable part of a record: a caller that edits what window(),
+    get_message(), messages_for_task() or search() returned (or the record
+    it appended) must change nothing that a later read returns, in either
+    tier. They used to hand out the cached record itself, so an edit showed
+    in every later read and in resume_messages(), which then disagreed with
+    the fold of export_ops()."""
+    from rune_fast.sync import fold, repair
+    orig = [_call_msg("a", 1.0, {"q": "one", "deep": [{"k": 1}]}), _call_msg("b", 2.0, {"q": "two"})]
+    tool = ConversationMessageRecord(msg_id="r", role="tool", content="result", channel_id="c", task_id="t",
+                                     ts=3.0, tool_call_id="call_b")
+    mine = [ConversationMessageRecord.from_dict(m.to_dict()) for m in orig]
+    with ConversationStateRepository(tmp_path, compact_every=10**6, hot_window=1 if tier == "cool" else 512,
+                                     durability="none") as repo:
+        repo.append(mine[0])
+        repo.append_many([mine[1], tool])
+        mine[0].tool_calls[0]["arguments"]["q"] = "appended, then edited"    # the caller's own record
+        if tier != "tail":
+            repo.compact()
+        assert [repo.get_message(m.msg_id).tier for m in orig] == [tier, tier]
+        resumed = repo.resume_messages("c")
+        assert resumed == repair(fold(repo.export_ops(), "c"))
+
+        def edit(rec):
+            for call in rec.tool_calls:
+                call["name"] = "edited"
+                call["arguments"]["q"] = "edited"
+                for item in call["arguments"].get("deep", []):
+                    item["k"] = "edited"
+        reads = [lambda: repo.window("c", 3)[:2], lambda: [repo.get_message(m.msg_id).record for m in orig],
+                 lambda: repo.messages_for_task("t")[:2], lambda: [h.record for h in repo.search("calls")]]
+        for read_ in reads:
+            for rec in read_():
+                edit(rec)
+            for again in reads:
+                assert again() == orig
+            assert repo.resume_messages("c") == resumed
+        assert repo.verify().ok
+    with ConversationStateRepository(tmp_path) as repo:
+        assert [repo.get_message(m.msg_id).record for m in orig] == orig
+
+
+def test_own_calls_copies_every_field_and_every_nested_value():
+    """codec.own_calls (compiled) lists the record's fields itself: a field
+    it missed would be lost (this record sets every field to a non-default
+    value), and a dict or list it shared would alias the cache."""
+    import dataclasses
+
+    from rune_fast import codec
+    fields = {f.name: getattr(ConversationMessageRecord(channel_id="x"), f.name)
+              for f in dataclasses.fields(ConversationMessageRecord)}
+    m = ConversationMessageRecord(msg_id="m", ts=5.5, role="assistant", content="c", channel_id="ch",
+                                  task_id="t", token_estimate=9, tool_call_id="tc", origin="o",
+                                  hlc="000000000000001-0000000000-o",
+                                  tool_calls=[{"id": "i", "name": "n", "arguments": {"l": [{"d": [1]}]}}])
+    assert set(fields) == set(m.to_dict()) - {"schema_version"}
+    plain = ConversationMessageRecord(msg_id="p", channel_id="ch")
+
+    class Sub(ConversationMessageRecord):
+        __slots__ = ()
+    sub = Sub(msg_id="s", channel_id="ch", tool_calls=[{"id": "i", "name": "n", "arguments": {"a": [1]}}])
+    got = codec.own_calls([m, plain, sub])
+    assert got[0] == m and got[0] is not m and got[1] is plain
+    assert all(getattr(got[0], f) == getattr(m, f) for f in fields)
+    assert type(got[2]) is Sub and got[2] == sub and got[2] is not sub
+
+    def containers(v):
+        if isinstance(v, (dict, list)):
+            yield v
+            for x in (v.values() if isinstance(v, dict) else v):
+                yield from containers(x)
+    for a, b in ((got[0], m), (got[2], sub)):
+        ids = {id(x) for c in b.tool_calls for x in containers(c)}
+        assert not ids & {id(x) for c in a.tool_calls for x in containers(c)}
+
+
+def test_own_calls_copies_field_by_field_when_a_record_is_more_than_its_slots():
+    """The compiled copy takes a record's field pointers as they lie only
+    when the type is its slots and nothing else; any other type is copied
+    field by field."""
+    from rune_fast import _encode, codec
+
+    class WithDict(ConversationMessageRecord):     # no __slots__: a __dict__ too
+        pass
+    m = WithDict(msg_id="m", ts=2.0, role="assistant", content="c", channel_id="ch", task_id="t",
+                 tool_call_id="tc", origin="o", tool_calls=[{"id": "i", "name": "n", "arguments": {"a": [1]}}])
+    try:
+        _encode.own_calls_setup(WithDict, None)
+        got = codec.own_calls([m])[0]
+    finally:
+        _encode.own_calls_setup(ConversationMessageRecord, codec._copy_record)
+    assert type(got) is WithDict and got == m and got is not m
+    assert got.tool_calls[0] is not m.tool_calls[0]
+    assert got.tool_calls[0]["arguments"]["a"] is not m.tool_calls[0]["arguments"]["a"]
+
 def _tiers(repo, msgs):
     return [repo.get_message(m.msg_id).tier for m in msgs]
 
