@@ -52,6 +52,10 @@ cdef extern from "Python.h":
     bint PyUnicode_IS_ASCII(object o)
     const char *PyUnicode_AsUTF8AndSize(object o, Py_ssize_t *size) except NULL
     long long PyLong_AsLongLongAndOverflow(object o, int *overflow) except? -1
+    ctypedef struct PyObject
+    void Py_XINCREF(PyObject *o)
+    object PyDict_Copy(object d)
+    object PyList_GetSlice(object l, Py_ssize_t low, Py_ssize_t high)
 
 # The Python callables the compiled path hands records to.
 _sha256 = hashlib.sha256
@@ -899,13 +903,6 @@ def json_safe(v) -> bool:
 
 
 # ---------------------------------------------------------------- own_calls
-
-cdef extern from "Python.h":
-    ctypedef struct PyObject
-    void Py_XINCREF(PyObject *o)
-    object PyDict_Copy(object d)
-    object PyList_GetSlice(object l, Py_ssize_t low, Py_ssize_t high)
-
 
 cdef object _json_copy(object v):
     """A copy of a stored JSON value that shares no dict or list with it."""
