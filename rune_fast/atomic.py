@@ -121,7 +121,7 @@ class AtomicStore:
         try:
             return json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            pos = getattr(exc, "pos", None)
+            pos: int | None = getattr(exc, "pos", None)
             if pos is None:
                 pos = getattr(exc, "start", 0)
             raise CorruptStateCheckpointError(

@@ -84,7 +84,7 @@ def _child_env() -> dict[str, str]:
 
 
 def _files(root: str) -> list[str]:
-    out = []
+    out: list[str] = []
     for base, _dirs, names in os.walk(root):
         out.extend(os.path.join(base, n) for n in names)
     return out
@@ -198,6 +198,7 @@ class Canary:
         expect(self.Msg.from_dict(m.to_dict()) == m, "message round trip")
         t = self.rec.TaskStateRecord(title="x", channel_id="c")
         expect(self.rec.TaskStateRecord.from_dict(t.to_dict()) == t, "task round trip")
+        bad: Any        # (fields of a bad message, by name)
         for bad in (dict(role="bot", content="x", channel_id="c"), dict(role="user", content="x", channel_id=""),
                     dict(role="user", content="\ud800", channel_id="c")):
             try:

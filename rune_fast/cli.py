@@ -991,8 +991,9 @@ def _import_messages(args: argparse.Namespace, kind: str, path: str) -> dict[str
         if kind == "jsonl":
             f = sys.stdin.buffer if path == "-" else open(path, "rb")
             try:
-                recs = (_record_from(d, f"{path} line {n}", channel=args.channel, role=None, task=None,
-                                     derive=derive) for n, d in _json_lines(f, path))
+                recs: Iterable[Any] = (
+                    _record_from(d, f"{path} line {n}", channel=args.channel, role=None, task=None,
+                                 derive=derive) for n, d in _json_lines(f, path))
                 size_of = (lambda: f.tell()) if path != "-" else None
                 new, total = _store_batches(repo, recs, bar, size_of)
             finally:
@@ -1052,10 +1053,13 @@ def cmd_import(args: argparse.Namespace) -> int:
         from .operator import migrate_operator_tasks
 
         with build_conversation_state({"state": _state(args)}) as root, Progress("import") as bar:
+            def progress(done: int, total: int) -> None:
+                bar.total = total
+                bar.update(done)
+
             report = migrate_operator_tasks(path, root.get("task_state"), root.get("conversation_state"),
                                             default_channel=args.channel or "default",
-                                            progress=lambda done, total: (setattr(bar, "total", total),
-                                                                          bar.update(done)))
+                                            progress=progress)
         result = {"kind": "operator", **report.to_dict()}
         if args.json:
             _print_json(result)

@@ -24,7 +24,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Iterator, Sequence, cast
 
 import numpy as np
 import pyarrow as pa
@@ -147,6 +147,10 @@ class SearchHit:
 
 class _Report:
     """Attribute and mapping access, for callers that expect either."""
+
+    if TYPE_CHECKING:
+        # every subclass is a dataclass (to_dict's dataclasses.asdict needs one)
+        __dataclass_fields__: ClassVar[dict[str, Any]]
 
     def __getitem__(self, name: str) -> Any:
         return getattr(self, name)
@@ -680,7 +684,8 @@ class ConversationStateRepository:
             index.attach(self._tail_seg, self._tail.buf, self._tail.path)
 
     def _reattach_tail(self) -> None:
-        self._index.attach(self._tail_seg, self._tail.buf, self._tail.path)
+        tail = cast("TailFile", self._tail)    # only called with a tail (a writer's, or refresh's)
+        self._index.attach(self._tail_seg, tail.buf, tail.path)
 
     def _load_index(self) -> HotIndex:
         """The hot index: the snapshot if it matches the manifest (then only
@@ -832,6 +837,7 @@ class ConversationStateRepository:
                                                   path=path, offset=rep.torn_offset)
             if self.read_only:
                 return  # the writer's append in flight: skipped, not quarantined
+            assert self._tail is not None      # a writer always has its tail
             data = bytes(self._tail.buf[rep.torn_offset:self._tail.file_size])
             qpath = quarantine_bytes(os.path.join(self.hot_dir, QUARANTINE_DIR), path,
                                      rep.torn_offset, data.strip(b"\0"))
@@ -915,6 +921,7 @@ class ConversationStateRepository:
         say so -- a log record and ``stats()["rejournaled"]`` (a torn final
         envelope is also quarantined and warned about by the event store).
         True if it did (every stored message has its envelope then)."""
+        assert self._events is not None     # a writer always has its event store
         vouched = int(self._manifest.get("events_offset", 0))
         size = self._events.size
         if size >= vouched:
@@ -940,6 +947,7 @@ class ConversationStateRepository:
         """Write the ``conversation.message`` envelope of every tail message a
         crash kept out of the event store (the tail holds the body), and note
         messages journaled since the index snapshot that no tier holds."""
+        assert self._events is not None     # a writer always has its event store
         start = int(self._manifest.get("events_offset", 0))
         unheld_from = max(start, self._snap_events)
         lines_after = self._tail is not None and self._tail.size > self._covered
@@ -953,6 +961,7 @@ class ConversationStateRepository:
             self._note_unheld([m for m, at in journaled.items() if at >= unheld_from], journaled)
         if not lines_after:
             return
+        assert self._tail is not None       # (lines_after)
         missing = []
         for off, ln in self._tail_lines(self._covered, self._tail.size):
             line = self._tail.buf[off:off + ln]
@@ -987,6 +996,7 @@ class ConversationStateRepository:
         if not ids:
             return
         torn = b"\n".join(data for _path, data in self._torn_lines())
+        assert self._events is not None     # a writer always has its event store
         for mid in ids:
             if codec.key(mid) in torn:
                 continue        # its line was a torn final one: never acknowledged
@@ -1010,6 +1020,7 @@ class ConversationStateRepository:
         return out
 
     def _tail_lines(self, start: int, end: int) -> Iterator[tuple[int, int]]:
+        assert self._tail is not None       # only called with a tail
         scan = scan_frames(self._tail.buf, start, end)
         yield from zip(scan.offsets.tolist(), scan.lengths.tolist())
 
@@ -1214,7 +1225,8 @@ class ConversationStateRepository:
         seq0 = self._next_seq
         data, lengths = frame_messages(bodies, fresh, seq0)
         self._next_seq += len(fresh)
-        off, remapped = self._tail.append(data)
+        # a writer always has its tail and event store (None only in a viewer)
+        off, remapped = cast("TailFile", self._tail).append(data)
         self._wpos += len(data)
         if remapped:
             self._reattach_tail()
@@ -1222,12 +1234,12 @@ class ConversationStateRepository:
         if len(fresh) == 1:
             if not self._index.add((seg << 40) | off):   # cannot happen: checked above under the lock
                 raise RuneError(f"index refused new message {msgs[fresh[0]].msg_id!r} at "
-                                f"{self._tail.path}:{off}")
+                                f"{cast('TailFile', self._tail).path}:{off}")
         else:
             rep = self._index.ingest(seg, off, off + len(data))
             if rep.good_end != off + len(data) or len(rep.added) != len(fresh):
                 raise RuneError(f"index took {len(rep.added)} of the {len(fresh)} new messages "
-                                f"written at {self._tail.path}:{off}")
+                                f"written at {cast('TailFile', self._tail).path}:{off}")
         # the decode cache keeps the batch's newest records (at most its size)
         skip = max(0, len(fresh) - _DECODE_CACHE)
         if len(self._decoded) + len(fresh) - skip > _DECODE_CACHE:
@@ -1258,8 +1270,8 @@ class ConversationStateRepository:
             self._observe_derived(newest)
         # journaled with one write; durable by the next checkpoint, re-derived
         # from the tail by recovery if a crash loses it first
-        self._events.append_encoded(message_envelopes(keys, hashes, fresh, codec.dumps(time.time())),
-                                    offset=False)
+        cast("EventStore", self._events).append_encoded(
+            message_envelopes(keys, hashes, fresh, codec.dumps(time.time())), offset=False)
         self._since_compact += len(fresh)
         self._snap_changes += len(fresh)
         return self._wpos, len(fresh)
@@ -1321,8 +1333,8 @@ class ConversationStateRepository:
         with cond:
             while True:
                 if self._sync_error is not None:
-                    raise DurabilityError(f"sync of {self._tail.path} failed: {self._sync_error}") \
-                        from self._sync_error
+                    raise DurabilityError(f"sync of {cast('TailFile', self._tail).path} failed: "
+                                          f"{self._sync_error}") from self._sync_error
                 if self._synced >= target:
                     return
                 if not self._syncing:
@@ -1334,7 +1346,7 @@ class ConversationStateRepository:
                 # other appenders are on their way: let them write, then one sync
                 time.sleep(BATCH_WINDOW_S)
             upto = self._wpos
-            self._tail.sync()
+            cast("TailFile", self._tail).sync()     # a writer always has its tail
         except BaseException as exc:
             with cond:
                 self._sync_error = exc
@@ -1378,6 +1390,7 @@ class ConversationStateRepository:
                 return
             self._sync_now()
             self._sync_tombstones()
+            assert self._events is not None     # a writer always has its event store
             self._events.sync()
 
     def _sync_tombstones(self) -> None:
@@ -1415,6 +1428,7 @@ class ConversationStateRepository:
         """Tombstone ``ids`` (lock held): one sync for the batch. Returns how many
         stored messages were deleted. With ``record_unknown`` an id that is not
         stored is tombstoned too (a tombstone op merged ahead of its message)."""
+        assert self._events is not None     # a writer always has its event store
         lines = []
         todo: list[tuple[str, str, int, bool]] = []  # (id, channel, loc, in_cool)
         for mid in dict.fromkeys(ids):
@@ -1428,7 +1442,7 @@ class ConversationStateRepository:
                 channel = self._read_loc(loc).channel_id
             elif self._cool.contains(mid):
                 in_cool = True
-                channel = self._cool.get(mid)["channel_id"]
+                channel = cast("dict", self._cool.get(mid))["channel_id"]   # contains() just found it
             elif record_unknown:
                 channel = (channels or {}).get(mid, "")
             else:
@@ -1493,6 +1507,7 @@ class ConversationStateRepository:
                 return MessageRead(ReadStatus.NOT_FOUND_CONFIRMED)
             k = codec.key(msg_id)
             loc = self._index.find(k)
+            rec: ConversationMessageRecord | None
             if loc >= 0:
                 tier = self._tier_of(loc)
                 try:
@@ -1767,7 +1782,8 @@ class ConversationStateRepository:
         out: list[int] = []
         for seg in segs:
             per = cache.setdefault(seg, {})
-            stop = self._tail.size if seg == self._tail_seg else -1    # not the tail's zero padding
+            # not the tail's zero padding (segs holds the tail's number only when there is a tail)
+            stop = cast("TailFile", self._tail).size if seg == self._tail_seg else -1
             for c in chars:
                 end, locs = per.get(c, (0, []))
                 new, end = self._index.scan_segment(seg, end, codec.key(c), stop)
@@ -2022,6 +2038,7 @@ class ConversationStateRepository:
     def _compact_segments(self, rep: CompactionReport, cool_erase: list[str],
                           old_segs: list[int]) -> list[int]:
         """Steps 3-4 of a compaction (lock held); returns the new segment order."""
+        assert self._tail is not None       # a writer always has its tail
         # 3. segments: roll the tail if it holds deleted lines or grew large
         stats = self._index.seg_stats()
         if cool_erase or self._unlocated:
@@ -2054,6 +2071,7 @@ class ConversationStateRepository:
 
     def _fold_only(self) -> bool:
         """Whether an automatic compaction has nothing to move but the fold."""
+        assert self._tail is not None       # a writer always has its tail
         return (not self._pending_erase and not self._segs_unchecked
                 and self._tail.size < ROLL_BYTES and not self._cooling_due()
                 and not self._cool.plan_merge())
@@ -2129,6 +2147,7 @@ class ConversationStateRepository:
         background staged, but leave the excess to the caller."""
         with self._lock:
             self._check_writable()
+            assert self._tail is not None and self._events is not None     # (a writer's)
             t0 = time.perf_counter()
             rep = CompactionReport()
             staged = self._settle_bg() if settle else None
@@ -2241,6 +2260,7 @@ class ConversationStateRepository:
         """Fold the tail into the hot tier in memory (lock held). The manifest
         records it at the next checkpoint that moves files (or at close); a
         crash meanwhile only relabels those lines "tail"."""
+        assert self._tail is not None and self._events is not None     # (a writer's)
         rep.folded = self._since_compact
         self._covered = self._tail.size
         self._covered_events = self._events.size
@@ -2256,6 +2276,7 @@ class ConversationStateRepository:
         held). A large cooling run is staged in a background thread (Parquet
         encoding and its syncs run while appenders go on); the compaction after
         it finishes adopts it. Everything else runs here, as ``compact()``."""
+        assert self._tail is not None       # a writer always has its tail
         t0 = time.perf_counter()
         job = self._bg
         if job is not None and not job.done.is_set():
@@ -2344,6 +2365,7 @@ class ConversationStateRepository:
         """Mark the segments that still hold the (dead) hot line of a message
         that was cooled and then deleted, so erasure rewrites them too. Only
         segments with dead bytes are scanned, each by a throwaway index."""
+        assert self._tail is not None       # a writer always has its tail
         keys = [codec.key(m) for m in ids]
         files = [(seg, self._segs[seg].buf, self._segs[seg].path, self._segs[seg].size)
                  for seg in self._seg_order]
@@ -2364,6 +2386,7 @@ class ConversationStateRepository:
 
     def _roll_tail(self) -> None:
         """Seal the tail as segment ``tail_seg`` and open an empty tail (lock held)."""
+        assert self._tail is not None       # a writer always has its tail
         self._tail.sync()
         old = self._tail
         seg = self._tail_seg
@@ -2432,6 +2455,7 @@ class ConversationStateRepository:
         # always: tail bytes a killed "none" session left unsynced are not
         # counted in _wpos (an fdatasync with nothing to write is cheap)
         self._sync_now()
+        assert self._tail is not None       # a writer always has its tail
         covered = {seg: self._segs[seg].size for seg in self._seg_order}
         covered[self._tail_seg] = self._tail.size
         covered[_TAIL_MARK] = self._tail_seg
@@ -2527,7 +2551,7 @@ class ConversationStateRepository:
                     fresh.ingest(seg, 0, size)
             except RuneError as exc:
                 problems.append(Problem(self.hot_dir, None, f"index rebuild failed: {exc}"))
-            hashes: dict[str, str] = {}
+            hashes: dict[str | None, str] = {}     # msg_id (as a record's .get gives it) -> payload hash
             gone = self._cool_deleted
 
             def sound(rec: dict) -> None:     # a cool record, for the envelope check below
@@ -2556,8 +2580,8 @@ class ConversationStateRepository:
             # envelopes against records
             if self._events is not None:
                 try:
-                    for p in self._events.verify():
-                        problems.append(Problem(p["path"], p["offset"], p["problem"]))
+                    for ep in self._events.verify():
+                        problems.append(Problem(ep["path"], ep["offset"], ep["problem"]))
                     journaled = set()
                     for env in self._events.iter_envelopes(0):
                         checked["envelopes"] += 1
@@ -2621,6 +2645,7 @@ class ConversationStateRepository:
                     self._compact(full=False, start_bg=False)   # adopt the staged work
                 if not self.read_only and self._sync_error is None and self._tail is not None:
                     self._sync_now()
+                    assert self._events is not None     # a writer always has its event store
                     self._events.sync()
                     if self._manifest_dirty:
                         self._write_manifest(list(self._manifest["cool_files"]))

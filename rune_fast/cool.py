@@ -44,7 +44,7 @@ import struct
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, NamedTuple, Sequence, cast
 
 import numpy as np
 import orjson
@@ -58,6 +58,9 @@ from ._index import HashIndex
 from ._log import utf8_hashes
 from ._search import block_grams, find_spans, gram_blocks
 from .pages import PageError, PageReader, Unsupported
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 from .errors import CorruptStateCheckpointError
 from .events import fsync_dir
 from .records import fast_canonical_json, json_safe as _json_safe
@@ -421,7 +424,7 @@ class _FileIndex:
         """task -> its rows in this file (ascending). A sidecar's task section
         is parsed at the first task query, not at open."""
         if self._tasks is None:
-            text, all_rows = self._task_src
+            text, all_rows = cast("tuple", self._task_src)     # set whenever _tasks is None
             tasks: dict[str, np.ndarray] = {}
             for t, a, b in orjson.loads(text):
                 if not 0 <= a <= b <= len(all_rows):
@@ -574,7 +577,8 @@ def _build_index(no: int, size: int, footer: str, msg_ids: Any, channel_ids: Any
 # Row groups in memory
 # --------------------------------------------------------------------------- #
 
-_NUM_FMT = {"ts": "d", "token_estimate": "q", "schema_version": "i", "ord": "q"}
+_NUM_FMT: dict[str, Literal["d", "q", "i"]] = {
+    "ts": "d", "token_estimate": "q", "schema_version": "i", "ord": "q"}
 _NUM_SIZE = {"d": 8, "q": 8, "i": 4}
 #: per cached column: overhead beyond its bytes (Python objects, memoryviews,
 #: Arrow buffer padding), counted against the cache budget (measured: the
@@ -637,12 +641,17 @@ def _col_view(name: str, arr: pa.Array, path: str, first: int) -> tuple:
     else:
         offs = memoryview(bufs[1]).cast("B")[4 * off:4 * (off + n + 1)].cast("i")
     lo, hi = (offs[0], offs[n]) if n else (0, 0)
+    data: bytes | None      # (None in the view of an ASCII column: its text is kept instead)
     data = bytes(memoryview(bufs[2]).cast("B")[lo:hi]) if bufs[2] is not None and hi > lo else b""
     if lo:
-        offs = memoryview(np.frombuffer(offs, dtype=np.int32) - np.int32(lo)).cast("B").cast("i")
+        # (numpy's stubs give ndarray its __buffer__ for Python >= 3.12 only)
+        shifted = cast("Buffer", np.frombuffer(offs, dtype=np.int32) - np.int32(lo))
+        offs = memoryview(shifted).cast("B").cast("i")
     nbytes = len(data) + 4 * (n + 1) + _COL_OVERHEAD
     if name == "content":
         return _content_view(data, offs, n)
+    getter: Callable[[int], str]
+    take: Callable[[list[int]], list[str]]
     if data.isascii():
         text = data.decode("ascii")
         if name != "content":
@@ -682,7 +691,7 @@ class _Content:
     def nbytes(self) -> int:
         if self.data is not None:
             return len(self.data) + len(self.grams) + 4 * (self.n + 1) + _COL_OVERHEAD
-        return (sum(len(b) + 41 for b in self.blocks) + len(self.grams) + 4 * (self.n + 1)
+        return (sum(len(b) + 41 for b in cast("list[bytes]", self.blocks)) + len(self.grams) + 4 * (self.n + 1)
                 + _COL_OVERHEAD)
 
     def compress(self) -> int:
@@ -736,7 +745,8 @@ class _Content:
         if k != self.last_k:
             o, a = self.offs, k * _BLOCK_ROWS
             size = o[min(a + _BLOCK_ROWS, self.n)] - o[a]
-            self.last = _LZ4.decompress(self.blocks[k], size, asbytes=True) if size else b""
+            blk = cast("list[bytes]", self.blocks)[k]       # (blocks is set whenever data is None)
+            self.last = _LZ4.decompress(blk, size, asbytes=True) if size else b""
             self.last_k = k
         return self.last
 
@@ -778,7 +788,7 @@ class _Content:
             return self.data
         o, n, dec = self.offs, self.n, _LZ4.decompress
         out = []
-        for k, blk in enumerate(self.blocks):
+        for k, blk in enumerate(cast("list[bytes]", self.blocks)):
             a = k * _BLOCK_ROWS
             size = o[min(a + _BLOCK_ROWS, n)] - o[a]
             out.append(dec(blk, size, asbytes=True) if size else b"")
@@ -904,20 +914,20 @@ def _row_digest(rec: dict, plain: bool) -> str:
     return record_digest(rec)
 
 
-def _assemble_columns(cols: Sequence[Sequence[Any]]) -> list[tuple[dict | None, int, str, bool]]:
+def _assemble_columns(cols: Sequence[Sequence[Any]]) -> list[tuple[dict | None, int, str, bool] | None]:
     """:func:`_assemble_many` of rows already taken: ``cols`` holds the 15
     columns' values of just those rows."""
     return _assemble_many([lambda rs, v=v: v for v in cols], [0] * (len(cols[0]) if cols else 0))
 
 
-def _assemble_many(takes: list, local: list[int]) -> list[tuple[dict | None, int, str, bool]]:
+def _assemble_many(takes: list, local: list[int]) -> list[tuple[dict | None, int, str, bool] | None]:
     """_assemble_at for many rows at once, column by column; a row that
     fails to decode is redone alone (to name its problem)."""
     try:
         cols = [t(local) for t in takes]
     except (UnicodeDecodeError, IndexError):
         return [None] * len(local)  # the caller redoes each row with _assemble_at
-    out = []
+    out: list[tuple[dict | None, int, str, bool] | None] = []
     loads = _loads
     for (mid, ch, task, hlc, content, ts, role, tok, tc, tcid, origin, sv, extra, o, dig) in zip(*cols):
         try:
@@ -1305,6 +1315,7 @@ class CoolArchive:
         except CorruptStateCheckpointError as exc:
             yield base, str(exc)
             return
+        assert acc is not None      # _table_group adds every column
         for i in range(table.num_rows):
             rec, _o, dig, plain = _assemble_at(acc, i)
             if rec is None:
@@ -1320,7 +1331,7 @@ class CoolArchive:
         # (the fields themselves: this runs while the sidecars are being read)
         self._files_d[fi.no] = fi
         no = fi.no
-        pairs = [(self._channels_d, fi.channels)]
+        pairs: list[tuple[dict[str, list[int]], Iterable[str]]] = [(self._channels_d, fi.channels)]
         if self._tasks_d is not None:
             pairs.append((self._tasks_d, fi.tasks))
         for index, names in pairs:
@@ -1626,12 +1637,12 @@ class CoolArchive:
             many = self._direct(no, rg, end - base, local)
             if many is None:
                 g = self._group(no, rg, _COLS, True, pinned)
-                acc = g.acc
+                acc = cast("list", g.acc)     # (every column read: the getters are set)
                 if local[0] < 0 or local[-1] >= g.n:
                     raise CorruptStateCheckpointError(
                         f"cool index points past row group {rg}", path=self._path(name),
                         offset=sel[0] if local[0] < 0 else sel[-1])
-                many = _assemble_many(g.takes, local) if len(local) > 1 else [None]
+                many = _assemble_many(cast("list", g.takes), local) if len(local) > 1 else [None]
             if any(got is None for got in many):
                 many = [got if got is not None else _assemble_at(acc, i) for i, got in zip(local, many)]
             out.extend(self._verified(name, sel, many))
@@ -1698,7 +1709,7 @@ class CoolArchive:
                     if not 0 <= i < g.n:
                         raise CorruptStateCheckpointError(f"cool index points past row group {rg}",
                                                           path=self._path(fi.name), offset=row)
-                    acc = g.acc
+                    acc = cast("list", g.acc)     # (every column read: the getters are set)
                     try:
                         mid = acc[0](i)
                     except UnicodeDecodeError:

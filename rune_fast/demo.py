@@ -138,8 +138,8 @@ def run_workload(state: str, *, history_per_channel: int = 600, live_tasks: int 
     from .records import ConversationMessageRecord as M
 
     rng = random.Random(seed)
-    counts = {"history": 0, "live_messages": 0, "tasks_created": 0, "amended": 0, "superseded": 0,
-              "completed": 0, "failed": 0, "tool_calls": 0}
+    counts: dict[str, Any] = {"history": 0, "live_messages": 0, "tasks_created": 0, "amended": 0,
+                              "superseded": 0, "completed": 0, "failed": 0, "tool_calls": 0}
     t0 = time.time() - 30 * 86400
     total_steps = len(CHANNELS) + live_tasks
     step = 0
@@ -182,7 +182,8 @@ def run_workload(state: str, *, history_per_channel: int = 600, live_tasks: int 
             # The model calls a tool or two.
             for _ in range(rng.randint(0, 2)):
                 name, arg = rng.choice(TOOLS)
-                call = {"id": f"toolu_{k:03d}{rng.randint(0, 99999):05d}", "name": name, "arguments": {arg: ask[:48]}}
+                call: dict[str, Any] = {"id": f"toolu_{k:03d}{rng.randint(0, 99999):05d}", "name": name,
+                                        "arguments": {arg: ask[:48]}}
                 conv.append(M(role="assistant", content="", channel_id=ch, task_id=task.task_id, tool_calls=(call,)))
                 conv.append(M(role="tool", content=rng.choice(RESULTS).format(n=rng.randint(1, 99)), channel_id=ch,
                               task_id=task.task_id, tool_call_id=call["id"]))

@@ -25,7 +25,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, Literal, cast, overload
 
 import orjson
 import xxhash
@@ -314,6 +314,11 @@ class FramedLog:
         if self._failed is not None:
             raise DurabilityError(f"log {self.path} refuses writes after a failed write or sync: {self._failed}")
 
+    @overload
+    def append_bytes(self, data: bytes, *, offset: Literal[True] = ...) -> int: ...
+    @overload
+    def append_bytes(self, data: bytes, *, offset: bool) -> int | None: ...
+
     def append_bytes(self, data: bytes, *, offset: bool = True) -> int | None:
         """Append already framed lines with one ``write(2)``; return the offset
         where they start (None with ``offset=False``, which saves the
@@ -333,7 +338,9 @@ class FramedLog:
                 fcntl.flock(fd, fcntl.LOCK_UN)
             if written != len(data):
                 self._failed = f"short write {written} of {len(data)} bytes"
-                raise DurabilityError(f"append to {self.path}: {self._failed} at offset {end - written}")
+                # (end is known: a short write takes the lseek)
+                raise DurabilityError(f"append to {self.path}: {self._failed} at offset "
+                                      f"{cast(int, end) - written}")
             return None if end is None else end - written
 
     def sync(self) -> None:
@@ -597,6 +604,11 @@ class EventStore:
             offsets.append(start)
             start += len(line)
         return offsets
+
+    @overload
+    def append_encoded(self, lines: bytes, *, offset: Literal[True] = ...) -> int: ...
+    @overload
+    def append_encoded(self, lines: bytes, *, offset: bool) -> int | None: ...
 
     def append_encoded(self, lines: bytes, *, offset: bool = True) -> int | None:
         """Append lines made by :meth:`encode` (one or several, concatenated)

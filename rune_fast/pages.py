@@ -193,6 +193,7 @@ class PageReader:
                 except UnicodeDecodeError as exc:
                     raise PageError(f"{self.path}: row group {rg}, column {c}: {exc}") from None
                 continue
+            vals: Any       # one page's bytes (one row of a string column), else _values' form
             k_open, vals, first = -1, None, 0
             for n, i in enumerate(local):
                 k = bisect.bisect_right(firsts, i) - 1

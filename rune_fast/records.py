@@ -14,7 +14,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 import orjson
@@ -328,11 +328,10 @@ def record_canonical_json(record: "OrchestrationRecord") -> bytes:
     """``canonical_json(record.to_dict())``, computed with orjson when the
     record holds only values both encoders print identically (the common
     case: no tool calls, epoch-range times); otherwise with json."""
-    tp = type(record)
-    if tp is ConversationMessageRecord:
+    if type(record) is ConversationMessageRecord:
         if not record.tool_calls and _orjson_float_ok(record.ts) and record.token_estimate < 1 << 63:
             return orjson.dumps(record.to_dict(), option=orjson.OPT_SORT_KEYS)
-    elif tp is TaskStateRecord:
+    elif type(record) is TaskStateRecord:
         if _orjson_float_ok(record.created_at) and _orjson_float_ok(record.updated_at):
             return orjson.dumps(record.to_dict(), option=orjson.OPT_SORT_KEYS)
     return canonical_json(record.to_dict())
@@ -350,7 +349,7 @@ def payload_hash(record: "OrchestrationRecord | Mapping[str, Any]") -> str:
 # ----------------------------------------------------------------------- records
 
 
-def _schema_version(cls: type, d: Mapping[str, Any]) -> None:
+def _schema_version(cls: type[OrchestrationRecord], d: Mapping[str, Any]) -> None:
     version = d.get("schema_version", cls.SCHEMA_VERSION)
     if isinstance(version, bool) or not isinstance(version, int):
         raise TypeError(f"{cls.__name__}.from_dict: schema_version must be int, got {version!r}")
@@ -626,7 +625,7 @@ class ConversationMessageRecord(OrchestrationRecord):
         return cls(*args)
 
 
-def _stored_calls_ok(calls: list) -> bool:
+def _stored_calls_ok(calls: Iterable[Any]) -> bool:
     for c in calls:
         if type(c) is not dict or type(c.get("id")) is not str or type(c.get("name")) is not str \
                 or "arguments" not in c or not c["id"].isascii() and not _utf8_ok(c["id"]):

@@ -172,22 +172,26 @@ class Hlc(_HlcFields):
     def __lt__(self, other: object) -> bool:
         if isinstance(other, str):
             return "%015d-%010d-%s" % self < other
-        return tuple.__lt__(self, other)
+        # (typeshed wants a tuple here; any other object gives NotImplemented, as it should)
+        return tuple.__lt__(self, other)  # type: ignore[operator]
 
     def __le__(self, other: object) -> bool:
         if isinstance(other, str):
             return "%015d-%010d-%s" % self <= other
-        return tuple.__le__(self, other)
+        # (typeshed wants a tuple here; any other object gives NotImplemented, as it should)
+        return tuple.__le__(self, other)  # type: ignore[operator]
 
     def __gt__(self, other: object) -> bool:
         if isinstance(other, str):
             return "%015d-%010d-%s" % self > other
-        return tuple.__gt__(self, other)
+        # (typeshed wants a tuple here; any other object gives NotImplemented, as it should)
+        return tuple.__gt__(self, other)  # type: ignore[operator]
 
     def __ge__(self, other: object) -> bool:
         if isinstance(other, str):
             return "%015d-%010d-%s" % self >= other
-        return tuple.__ge__(self, other)
+        # (typeshed wants a tuple here; any other object gives NotImplemented, as it should)
+        return tuple.__ge__(self, other)  # type: ignore[operator]
 
     @classmethod
     def parse(cls, s: str | Hlc) -> Hlc:
@@ -449,7 +453,8 @@ class OpRecord(_OpFields):
         unknown = set(changes) - set(self._fields)
         if unknown:
             raise ValueError(f"OpRecord has no fields {sorted(unknown)!r}")
-        return OpRecord(*(changes.get(f, v) for f, v in zip(self._fields, self)), surface)
+        # (mypy maps a starred iterable onto every positional parameter, surface too)
+        return OpRecord(*(changes.get(f, v) for f, v in zip(self._fields, self)), surface)  # type: ignore[call-arg]
 
     def to_dict(self) -> dict[str, Any]:
         """The wire form ``{"op_id", "hlc": str, "payload"}`` (plus
@@ -742,7 +747,7 @@ _BAD = object()
 def _turn_from(op_id: str, hlc: Hlc, cid: str, payload: Mapping[str, Any]) -> Turn | None:
     """The turn a payload describes, or None for a system turn."""
     get = payload.get
-    role_s = get("role")
+    role_s: Any = get("role")
     if role_s is None and "speaker" in payload:
         role = _legacy_role(get("speaker"))
     else:
@@ -764,7 +769,7 @@ def _turn_from(op_id: str, hlc: Hlc, cid: str, payload: Mapping[str, Any]) -> Tu
         else:
             raise TypeError(f"op {op_id!r}: content must be a str, got "
                             f"{type(content).__name__}")
-    calls = ()
+    calls: tuple[dict[str, Any], ...] = ()
     tuid = ""
     if role is _ASSISTANT:
         raw = get("tool_calls")
@@ -895,6 +900,7 @@ def _blank(s: str) -> bool:
 def _extract(m: Any, i: int) -> tuple[int, str, Any, str] | None:
     """(kind, text, calls, tool_use_id) of a Turn or message dict; None for a
     turn that is not part of a transcript (system)."""
+    r: object       # a Turn's role, or whatever a dict holds under "role"
     if isinstance(m, Turn):
         r = m.role
         if r == "user":
@@ -971,6 +977,7 @@ def repair(turns: Iterable[Any]) -> list[dict[str, Any]]:
     tuids: list[str] = []
     last = -1  # kind of the last working message
     kind_of = _KIND_OF
+    calls: Sequence[dict[str, Any]]
     # Pass 1: coalesce the raw sequence.
     for i, t in enumerate(turns):
         if type(t) is Turn and t[3] in kind_of:
@@ -1236,8 +1243,8 @@ def to_anthropic(messages: Iterable[Any]) -> list[dict[str, Any]]:
     for k, text, calls, tuid in items[start:]:
         if k == _K_TOOL:
             role = "user"
-            blocks = [{"type": "tool_result", "tool_use_id": _anthropic_id(tuid),
-                       "content": text}]
+            blocks: list[dict[str, Any]] = [{"type": "tool_result", "tool_use_id": _anthropic_id(tuid),
+                                             "content": text}]
         else:
             role = "user" if k == _K_USER else "assistant"
             blocks = [] if _blank(text) else [{"type": "text", "text": text}]

@@ -178,7 +178,7 @@ class TaskStateRepository:
         not reach the event store (possible only after a power loss: a change
         is acknowledged after one fsync, of the task log)."""
         assert self._events is not None
-        readers: dict[str, EventStore | None] = {}
+        readers: dict[Any, EventStore | None] = {}     # keyed by whatever the entry says ("in")
         missing = []
         try:
             for entry in entries:
@@ -483,7 +483,7 @@ class TaskStateRepository:
         changes since the last checkpoint, quarantined torn lines."""
         with self._lock:
             self._check_open()
-            assert self._log is not None
+            assert self._log is not None and self._events is not None
             return {
                 "tasks": len(self._tasks),
                 "open": sum(1 for r in self._tasks.values() if r.status not in TERMINAL_STATUSES),
