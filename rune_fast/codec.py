@@ -20,7 +20,7 @@ import hashlib
 import json
 import math
 import re
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 
@@ -166,7 +166,7 @@ _encode.own_calls_setup(ConversationMessageRecord, _copy_record)
 #: one mutable part of a record, so each read's caller gets dicts no one
 #: else holds (about 0.2 us a record that has tool calls; the others are
 #: handed out as cached). Compiled: csrc/_encode.pyx.
-own_calls = _encode.own_calls
+own_calls: Callable[[list], list] = _encode.own_calls
 
 
 def _body(record: ConversationMessageRecord, d: dict) -> bytes:
