@@ -1702,8 +1702,8 @@ class CoolArchive:
                 got = self._direct(no, rg, starts[rg + 1] - starts[rg], [i])
                 if got is not None:
                     rec, o, dig, plain = got[0]
-                    if rec["msg_id"] != msg_id:
-                        continue  # another id with the same 64-bit hash
+                    if rec is not None and rec["msg_id"] != msg_id:
+                        continue  # another id with the same 64-bit hash (a malformed row: below)
                 else:
                     g = self._group(no, rg, _COLS, True)
                     if not 0 <= i < g.n:

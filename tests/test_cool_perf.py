@@ -7,12 +7,14 @@ import os
 import random
 import sys
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rune_fast import cool as coolmod
-from rune_fast.cool import SPECIAL_FOLD, CoolArchive, _relevant_specials
+from rune_fast.cool import COOL_SCHEMA, SPECIAL_FOLD, CoolArchive, _relevant_specials
 from rune_fast.errors import CorruptStateCheckpointError
 
 
@@ -247,3 +249,23 @@ def test_id_index_is_built_lazily_and_answers_alike(cdir):
         b.contains("msg_00000014")
     assert not b._pending and len(b._ids) == 398
     assert b.contains("msg_00000399") and not b.contains("msg_00000203")
+
+
+def test_malformed_row_is_loud_on_a_first_exact_read(cdir):
+    """A row whose extra column is no JSON object cannot make a record: the
+    first exact read (the direct page path, no group cached) raised a bare
+    TypeError before its malformed-row check; it must name the file and row."""
+    a = CoolArchive(cdir, durable=False)
+    a.cool([rec(i) for i in range(3)], list(range(3)))
+    table = pq.read_table(os.path.join(cdir, a.files()[0]))
+    extra = table.column("extra").to_pylist()
+    extra[1] = "[1]"
+    table = table.set_column(table.schema.get_field_index("extra"), "extra", pa.array(extra, pa.string()))
+    b = CoolArchive(cdir + "2", durable=False)
+    b.cool_table(table.cast(COOL_SCHEMA))
+    for _ in range(2):      # the direct path, then the cached group's
+        fresh = CoolArchive.open(cdir + "2", b.files())
+        with pytest.raises(CorruptStateCheckpointError, match="row 1 is malformed") as err:
+            fresh.get("msg_00000001")
+        assert err.value.path.endswith(b.files()[0])
+    assert CoolArchive.open(cdir + "2", b.files()).get("msg_00000002")["content"] == "message number 2"
