@@ -2527,7 +2527,22 @@ class ConversationStateRepository:
     # ------------------------------------------------------------------
     def verify(self) -> VerifyReport:
         """A full check of every tier; raises nothing, reports every problem
-        with its file and offset."""
+        with its file and offset. A viewer whose writer replaced files during
+        the check (a compaction moved the manifest) checks again from the
+        new state, as its reads do, instead of reporting the files it missed."""
+        report = self._verify_once()
+        attempt = 0
+        while self.read_only and not report.ok and attempt < _VIEWER_ATTEMPTS - 1:
+            with self._lock:
+                if self._closed or not self._stale_view():
+                    break
+                self._load_state()
+            time.sleep(0.001 * min(attempt, 10))
+            attempt += 1
+            report = self._verify_once()
+        return report
+
+    def _verify_once(self) -> VerifyReport:
         problems: list[Problem] = []
         checked: dict[str, int] = {"lines": 0, "cool_rows": 0, "envelopes": 0, "records": 0}
         with self._lock:

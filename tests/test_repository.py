@@ -1012,6 +1012,36 @@ def test_a_viewer_refresh_that_meets_a_replaced_file_reads_the_new_state(tmp_pat
                 v.refresh()                       # the manifest did not move: damage is loud
 
 
+def test_a_viewers_verify_after_its_writer_compacted_checks_the_new_state(tmp_path):
+    """SPEC: verify() reports every problem, and a viewer opens beside a
+    running writer. A viewer's verify() after the writer compacted (cool
+    files merged or erased, segments sealed: the files the viewer had read
+    are gone) reported them missing although the store is sound; it now
+    reads the new state, as the viewer's other reads do. Damage stays loud."""
+    with ConversationStateRepository(tmp_path, hot_window=2, compact_every=10**6, durability="none") as w:
+        w.append_many([msg(i, channel=f"c{i % 3}") for i in range(30)])
+        w.compact()
+        with ConversationStateRepository(tmp_path, read_only=True) as v:
+            assert v.verify().ok
+            w.delete(msg(0).msg_id)                 # erased by the next compaction: a cool file rewritten
+            w.append_many([msg(i, channel=f"c{i % 3}") for i in range(30, 60)])
+            w.compact()
+            w.flush()
+            report = v.verify()                     # no refresh() first
+            assert report.ok, report.problems
+            assert report.checked["records"] == 59
+            w.close()
+            seg = sorted(f for f in os.listdir(tmp_path / "hot") if f.startswith("conversation_seg-"))[0]
+            with open(tmp_path / "hot" / seg, "r+b") as f:
+                f.seek(40)
+                byte = f.read(1)
+                f.seek(40)
+                f.write(bytes([byte[0] ^ 0x01]))
+            v.refresh()
+            report = v.verify()
+            assert not report.ok and any(p.file.endswith(seg) for p in report.problems)
+
+
 def _hlc(ms: int) -> str:
     return f"{ms:015d}-0000000000-dev"
 
