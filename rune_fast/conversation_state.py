@@ -48,7 +48,8 @@ from .errors import (
 from .events import EventStore, fdatasync_path
 from .locking import DirLock
 from .records import ConversationMessageRecord, _utf8_ok, message_from_stored, payload_hash
-from .segments import TAIL_NAME, Segment, TailFile, fsync_dir, quarantine_bytes, seg_name, write_file
+from .segments import (MARK_NAME, TAIL_NAME, DurableMark, Segment, TailFile, fsync_dir, quarantine_bytes,
+                       seg_name, write_file)
 from .tasks import TaskStateRepository
 
 __all__ = [
@@ -395,6 +396,10 @@ class ConversationStateRepository:
         self._last_compaction: CompactionReport | None = None
         self._bg: _Staged | None = None
         self._special_cache: dict[int, dict[str, tuple[int, list[int]]]] = {}
+        # the tail location after the last write (what the next sync makes
+        # durable), and the one last published to viewers (see _publish)
+        self._wmark: int = -1
+        self._published: int = -1
         try:
             self._open(events)
         except BaseException:
@@ -420,11 +425,30 @@ class ConversationStateRepository:
                 self._own_events = True
         self._manifest_store = AtomicStore(os.path.join(self.hot_dir, MANIFEST_NAME))
         self._clock = _sync.HlcClock(self._device_id())
+        # where the durable tail lines end, for viewers (see DurableMark)
+        self._mark = DurableMark(os.path.join(self.hot_dir, MARK_NAME), writer=not self.read_only)
         self._load_state()
         if not self.read_only and not self._rederive_lost_envelopes():
             self._rederive_envelopes()
         if not self.read_only:
             self._import_legacy()
+            # the lines this writer found (a killed writer's unsynced ones
+            # too) are durable from here on: viewers may show them
+            assert self._tail is not None       # a writer always has its tail
+            if self.durability != "none":
+                self._tail.sync()
+            self._wmark = (self._tail_seg << 40) | self._tail.size
+            self._publish(self._wmark, force=True)
+
+    def _publish(self, loc: int, *, force: bool = False) -> None:
+        """Tell viewers that the tail lines up to ``loc`` (a location) are
+        durable: what ``refresh()`` may show (SPEC: "what the writer has made
+        durable"). Never backwards but at open. Callers hold ``_sync_cond``
+        (a sync), or the repository lock in "none" mode, where nothing
+        publishes without it."""
+        if loc > self._published or force:
+            self._mark.publish(loc)
+            self._published = loc
 
     def _device_id(self) -> str:
         path = os.path.join(self.hot_dir, DEVICE_NAME)
@@ -732,7 +756,7 @@ class ConversationStateRepository:
         """Scan the tail from ``start``, then drop what was cooled or deleted."""
         self._attach_all(index)
         if self._tail is not None:
-            rep = index.ingest(self._tail_seg, start, self._tail.file_size)
+            rep = index.ingest(self._tail_seg, start, max(start, self._visible_end()))
             self._check_ingest(rep, self._tail.path, sealed=False)
             self._tail.size = rep.good_end
         cooled = self._cool_ids_in(cooled_files)
@@ -745,6 +769,23 @@ class ConversationStateRepository:
                 self._dirty_segs.add(loc >> 40)
         self._snap_changes = 0
         return index
+
+    def _visible_end(self) -> int:
+        """Where the tail lines to read end: the whole file for a writer; for
+        a viewer, where the writer's durable lines end (its DurableMark), as
+        SPEC's refresh() shows "what the writer has made durable" (a line in
+        the file may still await its sync). Lines of a tail the writer has
+        sealed since are all durable; a store without a mark (its writer
+        predates it) shows every complete line."""
+        assert self._tail is not None
+        end = self._tail.file_size
+        loc = self._mark.read() if self.read_only else None
+        if loc is None:
+            return end
+        seg = loc >> 40
+        if seg == self._tail_seg:
+            return min(end, loc & ((1 << 40) - 1))
+        return end if seg > self._tail_seg else 0
 
     def _snapshot_meta(self, covered: dict) -> tuple[int, list[str]] | None:
         """Whether a loaded snapshot matches the manifest; (tail start, cool files) if so.
@@ -1231,6 +1272,9 @@ class ConversationStateRepository:
         if remapped:
             self._reattach_tail()
         seg = self._tail_seg
+        self._wmark = (seg << 40) | (off + len(data))
+        if self.durability == "none":
+            self._publish(self._wmark)      # (the OS has it: all this mode promises)
         if len(fresh) == 1:
             if not self._index.add((seg << 40) | off):   # cannot happen: checked above under the lock
                 raise RuneError(f"index refused new message {msgs[fresh[0]].msg_id!r} at "
@@ -1345,7 +1389,7 @@ class ConversationStateRepository:
             if self.durability == "batch" and self._inflight > 1:
                 # other appenders are on their way: let them write, then one sync
                 time.sleep(BATCH_WINDOW_S)
-            upto = self._wpos
+            upto, mark = self._wpos, self._wmark
             cast("TailFile", self._tail).sync()     # a writer always has its tail
         except BaseException as exc:
             with cond:
@@ -1355,6 +1399,7 @@ class ConversationStateRepository:
             raise
         with cond:
             self._synced = max(self._synced, upto)
+            self._publish(mark)
             self._syncing = False
             cond.notify_all()
 
@@ -1369,7 +1414,7 @@ class ConversationStateRepository:
                 raise DurabilityError(f"sync of {self._tail.path} failed: {self._sync_error}")
             self._syncing = True
         try:
-            upto = self._wpos
+            upto, mark = self._wpos, self._wmark
             self._tail.sync()
         except BaseException as exc:
             with self._sync_cond:
@@ -1379,6 +1424,7 @@ class ConversationStateRepository:
             raise
         with self._sync_cond:
             self._synced = max(self._synced, upto)
+            self._publish(mark)
             self._syncing = False
             self._sync_cond.notify_all()
 
@@ -2402,6 +2448,9 @@ class ConversationStateRepository:
         self._next_seg += 1
         self._tail = TailFile(os.path.join(self.hot_dir, TAIL_NAME), self._tail_seg)
         fsync_dir(self.hot_dir)
+        with self._sync_cond:       # (the sealed lines were synced above)
+            self._wmark = self._tail_seg << 40
+            self._publish(self._wmark)
         # the decode cache is keyed by location; locations in the sealed file are unchanged
 
     def _rewrite_segment(self, seg: int) -> int:
@@ -2488,7 +2537,7 @@ class ConversationStateRepository:
                     start = self._tail.size
                     if self._tail.refresh_map():
                         self._reattach_tail()
-                    rep = self._index.ingest(self._tail_seg, start, self._tail.file_size)
+                    rep = self._index.ingest(self._tail_seg, start, max(start, self._visible_end()))
                     self._check_ingest(rep, self._tail.path, sealed=False)
                     self._tail.size = rep.good_end
                     self._fold_order.clear()
@@ -2683,6 +2732,9 @@ class ConversationStateRepository:
         tail = getattr(self, "_tail", None)
         if tail is not None:
             tail.close()
+        mark = getattr(self, "_mark", None)
+        if mark is not None:
+            mark.close()
         for s in getattr(self, "_segs", {}).values():
             s.close()
         cool = getattr(self, "_cool", None)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import mmap
 import os
+
+import numpy as np
 import threading
 import time
 import warnings
@@ -20,11 +22,13 @@ from ._log import map_file
 from .errors import DurabilityError, FramingError, StoreClosedError, RecoveryWarning
 from .events import fsync_dir
 
-__all__ = ["TAIL_NAME", "seg_name", "fsync_dir", "write_file", "Segment", "TailFile", "quarantine_bytes"]
+__all__ = ["TAIL_NAME", "MARK_NAME", "seg_name", "fsync_dir", "write_file", "Segment", "TailFile",
+           "DurableMark", "quarantine_bytes"]
 
 log = logging.getLogger("rune_fast")
 
 TAIL_NAME = "conversation_tail.jsonl"
+MARK_NAME = "conversation_tail.durable"
 _MIN_CHUNK = 1 << 20
 _MAX_CHUNK = 64 << 20
 
@@ -153,6 +157,88 @@ class TailFile:
             os.close(self._fd)
             self._fd = -1
         self.buf = None
+
+
+class DurableMark:
+    """``hot/conversation_tail.durable``: where the writer's durable tail
+    lines end, for viewers (a viewer reads the tail's bytes as the writer
+    writes them, before they are synced). 24 bytes: ``RFDURBL1``, the
+    location ``(tail_seg << 40) | offset`` as a little-endian uint64, and its
+    bitwise complement as a check, each stored and read as one aligned
+    8-byte word through a shared map (no system call per append; not synced:
+    a writer's open writes it again).
+
+    The writer opens it with ``writer=True`` (created 0600 if missing or not
+    this format); a viewer with ``writer=False`` reads it, and reads ``None``
+    while it is missing or not this format (a store whose writer predates
+    it), or when its check fails (damage: a log record): every complete line
+    is then visible, as before there was a mark -- damage here may show a
+    viewer a line before its sync, never hide one."""
+
+    MAGIC = b"RFDURBL1"
+    SIZE = 24
+    _ONES = (1 << 64) - 1
+
+    def __init__(self, path: str, *, writer: bool) -> None:
+        self.path = path
+        self.writer = writer
+        self._map: mmap.mmap | None = None
+        self._words: np.ndarray | None = None
+        if writer:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                if os.fstat(fd).st_size != self.SIZE or os.pread(fd, 8, 0) != self.MAGIC:
+                    os.ftruncate(fd, self.SIZE)
+                    os.pwrite(fd, self.MAGIC + bytes(8) + b"\xff" * 8, 0)
+                self._map = mmap.mmap(fd, self.SIZE, access=mmap.ACCESS_WRITE)
+            finally:
+                os.close(fd)
+            self._words = np.frombuffer(self._map, dtype="<u8", count=2, offset=8)
+
+    def _attach(self) -> bool:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            if os.fstat(fd).st_size < self.SIZE or os.pread(fd, 8, 0) != self.MAGIC:
+                return False
+            self._map = mmap.mmap(fd, self.SIZE, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        self._words = np.frombuffer(self._map, dtype="<u8", count=2, offset=8)
+        return True
+
+    def read(self) -> int | None:
+        """The location the writer last published, or None (no mark, or a
+        damaged one)."""
+        if self._words is None and (self.writer or not self._attach()):
+            return None
+        words = self._words
+        assert words is not None
+        for attempt in range(20):
+            loc, check = int(words[0]), int(words[1])
+            if check == loc ^ self._ONES:
+                return loc
+            time.sleep(0.001 if attempt else 0)    # the writer is between its two stores
+        log.warning("%s: the durable mark fails its check (%#x, %#x); every complete tail "
+                    "line is visible", self.path, loc, check)
+        return None
+
+    def publish(self, loc: int) -> None:
+        """Store ``loc`` (writer; the caller keeps it from moving backwards)."""
+        words = self._words
+        assert words is not None
+        words[:] = (loc, loc ^ self._ONES)     # one call: no other thread runs in between
+
+    def close(self) -> None:
+        self._words = None
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:
+                pass        # a view of it is still referenced; the map goes with it
+            self._map = None
 
 
 def write_file(path: str, data: bytes, *, exclusive: bool = False) -> None:

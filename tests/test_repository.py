@@ -1,6 +1,7 @@
 """ConversationStateRepository: tiers, compaction, cooling, erasure, recovery, threads."""
 from __future__ import annotations
 
+import logging
 import os
 import stat
 import threading
@@ -1040,6 +1041,72 @@ def test_a_viewers_verify_after_its_writer_compacted_checks_the_new_state(tmp_pa
             v.refresh()
             report = v.verify()
             assert not report.ok and any(p.file.endswith(seg) for p in report.problems)
+
+
+@pytest.mark.parametrize("durability", ["fsync", "batch"])
+def test_a_viewer_shows_a_line_only_once_the_writer_has_synced_it(tmp_path, durability):
+    """SPEC: refresh() "picks up what the writer has made durable since". A
+    viewer read the tail's bytes as the writer wrote them, so a message was
+    visible before its sync (and before append() acknowledged it): a power
+    loss then could take back what a viewer had shown. The writer now
+    publishes where its durable lines end (hot/conversation_tail.durable)."""
+    with ConversationStateRepository(tmp_path, durability=durability) as w:
+        w.append(msg(0))
+        with ConversationStateRepository(tmp_path, read_only=True) as v:
+            assert len(v) == 1
+            tail = w._tail
+            real_sync = tail.sync
+            seen_before_sync = []
+
+            def sync():
+                v.refresh()
+                seen_before_sync.append((len(v), v.get_message(msg(1).msg_id).status))
+                real_sync()
+            tail.sync = sync
+            w.append(msg(1))
+            assert seen_before_sync == [(1, ReadStatus.NOT_FOUND_CONFIRMED)]
+            assert v.refresh() == 1
+            assert v.get_message(msg(1).msg_id).record == msg(1)
+            del tail.sync
+            # a viewer opened now reads as far as the mark too
+            w._mark.publish(w._published - 1)      # (as if the last sync had not returned yet)
+            with ConversationStateRepository(tmp_path, read_only=True) as v2:
+                assert len(v2) == 1
+            w._mark.publish(w._published)
+
+
+def test_a_viewer_beside_a_none_writer_sees_each_write_and_every_sealed_line(tmp_path, caplog):
+    """durability="none" leaves durability to the OS: a viewer sees each line
+    once it is written. Lines of a tail the writer sealed (a compaction's
+    roll) are durable, whatever the mark of the new tail says; a store
+    without a mark (written by an earlier build) shows every complete line."""
+    with ConversationStateRepository(tmp_path, durability="none", hot_window=2,
+                                     compact_every=10**6) as w:
+        with ConversationStateRepository(tmp_path, read_only=True) as v:
+            for i in range(5):
+                w.append(msg(i))
+                assert v.refresh() == 1
+            w.compact()
+            w.append_many([msg(i) for i in range(5, 9)])
+            v.refresh()
+            assert [m.msg_id for m in v.window("ch", 20)] == [msg(i).msg_id for i in range(9)]
+    mark = tmp_path / "hot" / "conversation_tail.durable"
+    raw = mark.read_bytes()
+    for flip in (8, 23):                # a bit of the location, a bit of its check
+        mark.write_bytes(raw[:flip] + bytes([raw[flip] ^ 0x04]) + raw[flip + 1:])
+        with caplog.at_level(logging.WARNING, logger="rune_fast"):
+            with ConversationStateRepository(tmp_path, read_only=True) as v:
+                assert len(v) == 9      # damage never hides a line
+        assert "fails its check" in caplog.text
+        caplog.clear()
+    os.unlink(mark)
+    with ConversationStateRepository(tmp_path, read_only=True) as v:
+        assert len(v) == 9
+    with ConversationStateRepository(tmp_path) as w:        # the writer writes it again
+        assert (tmp_path / "hot" / "conversation_tail.durable").stat().st_mode & 0o777 == 0o600
+        with ConversationStateRepository(tmp_path, read_only=True) as v:
+            w.append(msg(9))
+            assert v.refresh() == 1 and len(v) == 10
 
 
 def _hlc(ms: int) -> str:
