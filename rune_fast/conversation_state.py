@@ -2711,7 +2711,9 @@ class ConversationStateRepository:
                     self._sync_now()
                     assert self._events is not None     # a writer always has its event store
                     self._events.sync()
-                    if self._manifest_dirty:
+                    clock = str(self._clock.last) if self._clock.last is not None else ""
+                    if self._manifest_dirty or clock != self._manifest.get("clock", ""):
+                        # (the clock too: stamps it issued, stored or not, stay behind the next session's)
                         self._write_manifest(list(self._manifest["cool_files"]))
                     if self._snap_changes:
                         self._write_snapshot()

@@ -508,6 +508,25 @@ def test_resume_suffix_with_stamps_the_fold_clamps_or_replaces(tmp_path, caplog,
             assert repo.resume_messages("c", n) == _resume_by_ops(repo, "c", n), n
 
 
+def test_the_clock_never_issues_a_stamp_again_after_a_reopen(tmp_path):
+    """repo.clock is the store's HlcClock, its device id persisted: a stamp
+    it handed out (and a caller put on a message sent elsewhere) must stay
+    behind every stamp of the next session, also when the clock ran ahead of
+    the wall clock after observing a future stamp (then the wall clock does
+    not carry it past them). close() used to keep the clock only when the
+    manifest had other news (found by the sync fuzzing helper)."""
+    import time
+
+    from rune_fast.sync import Hlc
+    future = Hlc(int(time.time() * 1000) + 600_000, 0, "devF")
+    with ConversationStateRepository(tmp_path, durability="none") as repo:
+        repo.append(ConversationMessageRecord(content="hi", channel_id="c", hlc=str(future)))
+        repo.close()
+    with ConversationStateRepository(tmp_path, durability="none") as repo:
+        issued = [repo.clock.now() for _ in range(5)]      # nothing stored: only the clock moved
+    with ConversationStateRepository(tmp_path, durability="none") as repo:
+        assert repo.clock.now() > issued[-1]
+
 def test_a_future_unstamped_message_moves_the_clock_so_a_later_deletion_syncs(tmp_path):
     """Section 7: the store observes every hlc it stores; an unstamped
     message's is Hlc(round(ts*1000), 0, origin). A deletion after a message
