@@ -5,18 +5,20 @@ the open tail is ``hot/conversation_tail.jsonl``. Lines are frames (see
 docs/FORMAT.md). The tail is written with ``pwrite`` at its logical end and
 preallocated ahead in zero-filled chunks, so one read-only memory map covers
 every appended byte without a remap per append; the zeros past the last line
-are preallocation, not damage. Nothing is ever written through a map.
+are preallocation, not damage. No line is ever written through a map (only
+the two words of the durable mark, :class:`DurableMark`, which tells viewers
+where the synced lines end).
 """
 from __future__ import annotations
 
+import logging
 import mmap
 import os
-
-import numpy as np
 import threading
 import time
 import warnings
-import logging
+
+import numpy as np
 
 from ._log import map_file
 from .errors import DurabilityError, FramingError, StoreClosedError, RecoveryWarning
