@@ -905,24 +905,32 @@ def json_safe(v) -> bool:
 # ---------------------------------------------------------------- own_calls
 
 cdef object _json_copy(object v):
-    """A copy of a stored JSON value that shares no dict or list with it."""
+    """A copy of a stored JSON value that shares no dict or list with it. A
+    value that is no plain dict, list, str, int, float, bool or None (a
+    tuple or a Mapping a caller put in a record's tool calls after building
+    it, which the store accepted) goes to ``_own_value``: it returns the
+    plain JSON value stored for it (a list, a dict)."""
     cdef object t = type(v)
     cdef object c
     cdef Py_ssize_t i
+    if t is str or t is int or t is float or t is bool or v is None:
+        return v
     if t is dict:
         c = PyDict_Copy(v)
         for k, x in (<dict>v).items():
-            if type(x) is dict or type(x) is list:
+            t = type(x)
+            if not (t is str or t is int or t is float or t is bool or x is None):
                 c[k] = _json_copy(x)
         return c
     if t is list:
         c = PyList_GetSlice(v, 0, len(<list>v))
         for i in range(len(<list>v)):
             x = (<list>v)[i]
-            if type(x) is dict or type(x) is list:
+            t = type(x)
+            if not (t is str or t is int or t is float or t is bool or x is None):
                 (<list>c)[i] = _json_copy(x)
         return c
-    return v
+    return _own_value(v)
 
 
 cdef tuple _RECORD_SLOTS = ("msg_id", "ts", "role", "content", "channel_id", "task_id",
@@ -936,19 +944,21 @@ cdef Py_ssize_t _HEAD = object.__basicsize__
 # tool_calls (else -1: the copy goes field by field).
 cdef type _own_type = None
 cdef object _own_fallback = None
+cdef object _own_value = None
 cdef Py_ssize_t _own_slots = -1
 cdef Py_ssize_t _own_calls_at = -1
 
 
-def own_calls_setup(type record_type, object fallback):
+def own_calls_setup(type record_type, object fallback, object value):
     """Set what :func:`own_calls` copies: instances of ``record_type``, each
     field as it is but the tool calls; another type's record by
-    ``fallback(record)``."""
-    global _own_type, _own_fallback, _own_slots, _own_calls_at
+    ``fallback(record)``; a tool-call value that is no plain JSON value by
+    ``value(v)`` (see _json_copy)."""
+    global _own_type, _own_fallback, _own_value, _own_slots, _own_calls_at
     cdef tuple slots = getattr(record_type, "__slots__", ())
     cdef Py_ssize_t n = len(_RECORD_SLOTS) + 1, k
     cdef PyObject **at
-    _own_type, _own_fallback, _own_slots, _own_calls_at = record_type, fallback, -1, -1
+    _own_type, _own_fallback, _own_value, _own_slots, _own_calls_at = record_type, fallback, value, -1, -1
     if (record_type.__dictoffset__ == 0 and record_type.__weakrefoffset__ == 0
             and record_type.__itemsize__ == 0 and len(slots) == n and "tool_calls" in slots
             and set(slots) == set(_RECORD_SLOTS) | {"tool_calls"}

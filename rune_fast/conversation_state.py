@@ -428,10 +428,7 @@ class ConversationStateRepository:
         # where the durable tail lines end, for viewers (see DurableMark)
         self._mark = DurableMark(os.path.join(self.hot_dir, MARK_NAME), writer=not self.read_only)
         self._load_state()
-        if not self.read_only and not self._rederive_lost_envelopes():
-            self._rederive_envelopes()
         if not self.read_only:
-            self._import_legacy()
             # the lines this writer found (a killed writer's unsynced ones
             # too) are durable from here on: viewers may show them
             assert self._tail is not None       # a writer always has its tail
@@ -439,13 +436,16 @@ class ConversationStateRepository:
                 self._tail.sync()
             self._wmark = (self._tail_seg << 40) | self._tail.size
             self._publish(self._wmark, force=True)
+            if not self._rederive_lost_envelopes():
+                self._rederive_envelopes()
+            self._import_legacy()
 
     def _publish(self, loc: int, *, force: bool = False) -> None:
         """Tell viewers that the tail lines up to ``loc`` (a location) are
         durable: what ``refresh()`` may show (SPEC: "what the writer has made
-        durable"). Never backwards but at open. Callers hold ``_sync_cond``
-        (a sync), or the repository lock in "none" mode, where nothing
-        publishes without it."""
+        durable"). Never backwards but at open (which runs alone). Callers
+        hold ``_sync_cond`` (a sync), or the repository lock in "none" mode,
+        where nothing publishes without it."""
         if loc > self._published or force:
             self._mark.publish(loc)
             self._published = loc
@@ -1268,11 +1268,13 @@ class ConversationStateRepository:
         self._next_seq += len(fresh)
         # a writer always has its tail and event store (None only in a viewer)
         off, remapped = cast("TailFile", self._tail).append(data)
+        seg = self._tail_seg
+        # _wmark before _wpos: a syncer reads _wpos first, so one that sees
+        # these bytes counted also sees (and publishes) where they end
+        self._wmark = (seg << 40) | (off + len(data))
         self._wpos += len(data)
         if remapped:
             self._reattach_tail()
-        seg = self._tail_seg
-        self._wmark = (seg << 40) | (off + len(data))
         if self.durability == "none":
             self._publish(self._wmark)      # (the OS has it: all this mode promises)
         if len(fresh) == 1:
@@ -2585,7 +2587,11 @@ class ConversationStateRepository:
             with self._lock:
                 if self._closed or not self._stale_view():
                     break
-                self._load_state()
+                try:
+                    self._load_state()
+                except CorruptStateCheckpointError as exc:     # the new state is damaged
+                    return VerifyReport(ok=False, problems=[Problem(exc.path or self.hot_dir, exc.offset,
+                                                                    str(exc))], checked=report.checked)
             time.sleep(0.001 * min(attempt, 10))
             attempt += 1
             report = self._verify_once()

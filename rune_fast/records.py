@@ -240,23 +240,26 @@ def _norm_tool_calls(owner: str, value: Any) -> tuple[dict[str, Any], ...]:
     return tuple(calls)
 
 
-def check_tool_calls(record: "ConversationMessageRecord") -> None:
-    """Check a record's tool calls again before they are stored: the record
-    is frozen, but the dicts inside ``tool_calls`` are plain dicts that a
-    caller may have edited since the constructor checked them. A value it
-    would refuse raises ``TypeError``/``ValueError`` naming the message and
-    the field (else it would be written, and every later open would refuse
-    the store as damaged). The common case -- plain dicts of plain JSON
-    values that orjson encodes -- is one compiled walk and one encode; the
+def check_tool_calls(record: "ConversationMessageRecord") -> tuple[dict[str, Any], ...]:
+    """Check a record's tool calls again before they are stored, and return
+    them as they are to be stored: the record is frozen, but the dicts
+    inside ``tool_calls`` are plain dicts that a caller may have edited since
+    the constructor checked them. A value it would refuse raises
+    ``TypeError``/``ValueError`` naming the message and the field (else it
+    would be written, and every later open would refuse the store as
+    damaged); one it would take as another type (a tuple, a Mapping) is
+    returned as the constructor stores it (a list, a dict). The common case
+    -- plain dicts of plain JSON values that orjson encodes -- is one
+    compiled walk and one encode, and returns the record's own calls; the
     field-by-field check names what is wrong."""
     calls = record.tool_calls
     if _stored_calls_ok(calls) and json_safe(list(calls)):
         try:
             orjson.dumps(calls)         # refuses lone surrogates
-            return
+            return calls
         except orjson.JSONEncodeError:
             pass
-    _norm_tool_calls(f"message {record.msg_id!r}: ConversationMessageRecord", calls)
+    return _norm_tool_calls(f"message {record.msg_id!r}: ConversationMessageRecord", calls)
 
 
 def _copy_json(value: Any) -> Any:

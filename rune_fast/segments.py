@@ -170,12 +170,13 @@ class DurableMark:
     8-byte word through a shared map (no system call per append; not synced:
     a writer's open writes it again).
 
-    The writer opens it with ``writer=True`` (created 0600 if missing or not
-    this format); a viewer with ``writer=False`` reads it, and reads ``None``
-    while it is missing or not this format (a store whose writer predates
-    it), or when its check fails (damage: a log record): every complete line
-    is then visible, as before there was a mark -- damage here may show a
-    viewer a line before its sync, never hide one."""
+    The writer opens it with ``writer=True`` (created 0600, zeros, if missing
+    or not this format; the magic follows the words at the first
+    :meth:`publish`); a viewer with ``writer=False`` reads it, and reads
+    ``None`` while it is missing or not (yet) this format (a store whose
+    writer predates it), or when its check fails (damage: one log record):
+    every complete line is then visible, as before there was a mark --
+    damage here may show a viewer a line before its sync, never hide one."""
 
     MAGIC = b"RFDURBL1"
     SIZE = 24
@@ -186,12 +187,16 @@ class DurableMark:
         self.writer = writer
         self._map: mmap.mmap | None = None
         self._words: np.ndarray | None = None
+        self._magic = False         # (writer) the magic is in place
+        self._bad: tuple[int, int] | None = None    # (viewer) words found failing their check
         if writer:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
-                if os.fstat(fd).st_size != self.SIZE or os.pread(fd, 8, 0) != self.MAGIC:
+                self._magic = os.fstat(fd).st_size == self.SIZE and os.pread(fd, 8, 0) == self.MAGIC
+                if not self._magic:
+                    # no mark until the first publish: a viewer sees every line meanwhile
+                    os.ftruncate(fd, 0)
                     os.ftruncate(fd, self.SIZE)
-                    os.pwrite(fd, self.MAGIC + bytes(8) + b"\xff" * 8, 0)
                 self._map = mmap.mmap(fd, self.SIZE, access=mmap.ACCESS_WRITE)
             finally:
                 os.close(fd)
@@ -221,17 +226,24 @@ class DurableMark:
         for attempt in range(20):
             loc, check = int(words[0]), int(words[1])
             if check == loc ^ self._ONES:
+                self._bad = None
                 return loc
+            if (loc, check) == self._bad:
+                return None         # the damage already reported
             time.sleep(0.001 if attempt else 0)    # the writer is between its two stores
         log.warning("%s: the durable mark fails its check (%#x, %#x); every complete tail "
                     "line is visible", self.path, loc, check)
+        self._bad = (loc, check)
         return None
 
     def publish(self, loc: int) -> None:
         """Store ``loc`` (writer; the caller keeps it from moving backwards)."""
         words = self._words
-        assert words is not None
+        assert words is not None and self._map is not None
         words[:] = (loc, loc ^ self._ONES)     # one call: no other thread runs in between
+        if not self._magic:
+            self._map[0:8] = self.MAGIC         # after the words: a viewer that sees it sees them
+            self._magic = True
 
     def close(self) -> None:
         self._words = None

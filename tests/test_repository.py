@@ -763,6 +763,44 @@ def test_each_read_hands_out_tool_calls_of_its_own(tmp_path, tier):
         assert [repo.get_message(m.msg_id).record for m in orig] == orig
 
 
+@pytest.mark.parametrize("kind", ["tuple", "mapping"])
+def test_a_tool_call_value_edited_into_a_tuple_or_mapping_is_cached_as_stored(tmp_path, kind):
+    """A caller may edit its record's call dicts after building it: a tuple or
+    a Mapping that is no dict is accepted (stored as a JSON list / object),
+    and the cache and every read must hold that stored value, detached from
+    the caller's object and from each other read (found by the review: the
+    copy kept such values shared)."""
+    import collections
+    import types
+    m = ConversationMessageRecord(msg_id="a", role="assistant", content="x", channel_id="c",
+                                  tool_calls=[{"id": "i", "name": "n", "arguments": {}}])
+    inner = {"k": 1}
+    m.tool_calls[0]["arguments"]["t"] = ((inner,) if kind == "tuple"
+                                         else types.MappingProxyType(collections.OrderedDict(k=inner)))
+    stored = {"t": [{"k": 1}]} if kind == "tuple" else {"t": {"k": {"k": 1}}}
+    with ConversationStateRepository(tmp_path, durability="none") as repo:
+        assert repo.append(m)
+        inner["k"] = "edited by the caller after append"
+        got = repo.window("c", 1)[0]
+        assert got.tool_calls[0]["arguments"] == stored
+        (got.tool_calls[0]["arguments"]["t"][0] if kind == "tuple"
+         else got.tool_calls[0]["arguments"]["t"]["k"])["k"] = "edited by a reader"
+        assert repo.get_message("a").record.tool_calls[0]["arguments"] == stored
+    with ConversationStateRepository(tmp_path, durability="none") as repo:
+        assert repo.get_message("a").record.tool_calls[0]["arguments"] == stored
+
+
+def test_own_calls_keeps_a_subclass_records_own_attributes():
+    from rune_fast import codec
+
+    class Tagged(ConversationMessageRecord):
+        __slots__ = ("tag",)
+    m = Tagged(msg_id="m", channel_id="c", tool_calls=[{"id": "i", "name": "n", "arguments": {"a": 1}}])
+    object.__setattr__(m, "tag", "mine")
+    got = codec.own_calls([m])[0]
+    assert type(got) is Tagged and got.tag == "mine" and got == m
+    assert got.tool_calls[0] is not m.tool_calls[0]
+
 def test_own_calls_copies_every_field_and_every_nested_value():
     """codec.own_calls (compiled) lists the record's fields itself: a field
     it missed would be lost (this record sets every field to a non-default
@@ -808,10 +846,10 @@ def test_own_calls_copies_field_by_field_when_a_record_is_more_than_its_slots():
     m = WithDict(msg_id="m", ts=2.0, role="assistant", content="c", channel_id="ch", task_id="t",
                  tool_call_id="tc", origin="o", tool_calls=[{"id": "i", "name": "n", "arguments": {"a": [1]}}])
     try:
-        _encode.own_calls_setup(WithDict, None)
+        _encode.own_calls_setup(WithDict, None, codec._stored_value)
         got = codec.own_calls([m])[0]
     finally:
-        _encode.own_calls_setup(ConversationMessageRecord, codec._copy_record)
+        _encode.own_calls_setup(ConversationMessageRecord, codec._copy_record, codec._stored_value)
     assert type(got) is WithDict and got == m and got is not m
     assert got.tool_calls[0] is not m.tool_calls[0]
     assert got.tool_calls[0]["arguments"]["a"] is not m.tool_calls[0]["arguments"]["a"]
@@ -1093,6 +1131,84 @@ def test_a_viewer_shows_a_line_only_once_the_writer_has_synced_it(tmp_path, dura
                 assert len(v2) == 1
             w._mark.publish(w._published)
 
+
+@pytest.mark.parametrize("durability", ["fsync", "batch"])
+def test_every_acknowledged_append_is_within_the_published_mark(tmp_path, durability):
+    """Group commit: the syncing thread reads how far the tail was written
+    and where the written lines end without the repository lock. The
+    location used to be set after the count (with a tail remap in between),
+    so a syncer could count an append's bytes, publish the location before
+    them, and tell that appender "durable" while viewers could not see its
+    line until some later sync (found by the review). The patches only
+    stretch the windows: a sync held back, and a remap."""
+    import time
+    with ConversationStateRepository(tmp_path, durability=durability, compact_every=10**9) as w, \
+            ConversationStateRepository(tmp_path, read_only=True) as v:
+        tail = w._tail
+        real_append, real_sync, real_reattach = tail.append, tail.sync, w._reattach_tail
+        c_may_finish = threading.Event()
+
+        def sync():
+            if threading.current_thread().name == "C":
+                c_may_finish.wait(10)
+            real_sync()
+
+        def append(data):
+            off, remapped = real_append(data)
+            return off, remapped or threading.current_thread().name == "A"    # as if the map grew
+
+        def reattach():
+            c_may_finish.set()          # C's sync returns; B becomes the syncer
+            time.sleep(0.3)             # B reads what was written meanwhile
+            real_reattach()
+        tail.sync, tail.append, w._reattach_tail = sync, append, reattach
+        threads = [threading.Thread(name=n, target=w.append, args=(msg(i),)) for i, n in enumerate("CBA")]
+        for t in threads:
+            t.start()
+            time.sleep(0.15)            # C syncing (held back), B waiting for it, then A
+        for t in threads:
+            t.join()
+        time.sleep(0.1)
+        v.refresh()
+        assert len(v) == 3, (w._published & ((1 << 40) - 1), w._wmark & ((1 << 40) - 1))
+
+
+def test_a_new_mark_hides_nothing_before_the_writers_first_publication(tmp_path):
+    """The writer creates the mark at open and publishes at the end of its
+    open: a viewer reading the mark in between (or after an open that
+    failed) must see every complete line, as without a mark; a mark created
+    holding location 0 hid the whole tail (found by the review)."""
+    from rune_fast.segments import DurableMark
+    with ConversationStateRepository(tmp_path, durability="none") as w:
+        w.append_many([msg(i) for i in range(5)])
+    mark = tmp_path / "hot" / "conversation_tail.durable"
+    os.unlink(mark)
+    fresh = DurableMark(str(mark), writer=True)     # created, not yet published
+    try:
+        assert DurableMark(str(mark), writer=False).read() is None
+        with ConversationStateRepository(tmp_path, read_only=True) as v:
+            assert len(v) == 5
+    finally:
+        fresh.close()
+
+
+def test_a_viewers_verify_reports_a_damaged_new_state_instead_of_raising(tmp_path):
+    """verify() raises nothing: a viewer whose writer moved the manifest to a
+    state that is damaged reports it (found by the review)."""
+    with ConversationStateRepository(tmp_path, hot_window=2, compact_every=10**6, durability="none") as w:
+        w.append_many([msg(i, channel=f"c{i % 3}") for i in range(30)])
+        w.compact()
+        with ConversationStateRepository(tmp_path, read_only=True) as v:
+            w.delete(msg(0).msg_id)                 # erased by the next compaction: a cool file rewritten
+            w.append_many([msg(i, channel=f"c{i % 3}") for i in range(30, 60)])
+            w.compact()
+            w.close()
+            for name in os.listdir(tmp_path / "hot"):
+                if name.startswith("conversation_seg-"):
+                    os.unlink(tmp_path / "hot" / name)
+            report = v.verify()
+            assert not report.ok
+            assert any("missing" in p.message for p in report.problems)
 
 def test_a_viewer_beside_a_none_writer_sees_each_write_and_every_sealed_line(tmp_path, caplog):
     """durability="none" leaves durability to the OS: a viewer sees each line
