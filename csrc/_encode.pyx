@@ -904,6 +904,11 @@ def json_safe(v) -> bool:
 
 # ---------------------------------------------------------------- own_calls
 
+cdef inline bint _json_scalar(object v):
+    cdef object t = type(v)
+    return t is str or t is int or t is float or t is bool or v is None
+
+
 cdef object _json_copy(object v):
     """A copy of a stored JSON value that shares no dict or list with it. A
     value that is no plain dict, list, str, int, float, bool or None (a
@@ -913,21 +918,19 @@ cdef object _json_copy(object v):
     cdef object t = type(v)
     cdef object c
     cdef Py_ssize_t i
-    if t is str or t is int or t is float or t is bool or v is None:
+    if _json_scalar(v):
         return v
     if t is dict:
         c = PyDict_Copy(v)
         for k, x in (<dict>v).items():
-            t = type(x)
-            if not (t is str or t is int or t is float or t is bool or x is None):
+            if not _json_scalar(x):
                 c[k] = _json_copy(x)
         return c
     if t is list:
         c = PyList_GetSlice(v, 0, len(<list>v))
         for i in range(len(<list>v)):
             x = (<list>v)[i]
-            t = type(x)
-            if not (t is str or t is int or t is float or t is bool or x is None):
+            if not _json_scalar(x):
                 (<list>c)[i] = _json_copy(x)
         return c
     return _own_value(v)

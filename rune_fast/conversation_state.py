@@ -1267,7 +1267,8 @@ class ConversationStateRepository:
         data, lengths = frame_messages(bodies, fresh, seq0)
         self._next_seq += len(fresh)
         # a writer always has its tail and event store (None only in a viewer)
-        off, remapped = cast("TailFile", self._tail).append(data)
+        tail = cast("TailFile", self._tail)
+        off, remapped = tail.append(data)
         seg = self._tail_seg
         # _wmark before _wpos: a syncer reads _wpos first, so one that sees
         # these bytes counted also sees (and publishes) where they end
@@ -1280,12 +1281,12 @@ class ConversationStateRepository:
         if len(fresh) == 1:
             if not self._index.add((seg << 40) | off):   # cannot happen: checked above under the lock
                 raise RuneError(f"index refused new message {msgs[fresh[0]].msg_id!r} at "
-                                f"{cast('TailFile', self._tail).path}:{off}")
+                                f"{tail.path}:{off}")
         else:
             rep = self._index.ingest(seg, off, off + len(data))
             if rep.good_end != off + len(data) or len(rep.added) != len(fresh):
                 raise RuneError(f"index took {len(rep.added)} of the {len(fresh)} new messages "
-                                f"written at {cast('TailFile', self._tail).path}:{off}")
+                                f"written at {tail.path}:{off}")
         # the decode cache keeps the batch's newest records (at most its size)
         skip = max(0, len(fresh) - _DECODE_CACHE)
         if len(self._decoded) + len(fresh) - skip > _DECODE_CACHE:
@@ -1387,11 +1388,31 @@ class ConversationStateRepository:
                     self._syncing = True
                     break
                 cond.wait()
+        # other appenders on their way in batch mode: let them write, then one sync
+        self._sync_as_syncer(BATCH_WINDOW_S if self.durability == "batch" and self._inflight > 1 else 0.0)
+
+    def _sync_now(self) -> None:
+        """Sync the tail now (lock held); records a failure for every waiter."""
+        if self._tail is None:
+            return
+        with self._sync_cond:
+            while self._syncing:
+                self._sync_cond.wait()
+            if self._sync_error is not None:
+                raise DurabilityError(f"sync of {self._tail.path} failed: {self._sync_error}")
+            self._syncing = True
+        self._sync_as_syncer(0.0)
+
+    def _sync_as_syncer(self, wait_s: float) -> None:
+        """The sync of the thread that set ``_syncing`` (group commit): after
+        ``wait_s``, sync what was written so far, publish where it ends to
+        viewers, wake the waiters; a failure is recorded for every waiter
+        (the store then refuses writes) and raised."""
+        cond = self._sync_cond
         try:
-            if self.durability == "batch" and self._inflight > 1:
-                # other appenders are on their way: let them write, then one sync
-                time.sleep(BATCH_WINDOW_S)
-            upto, mark = self._wpos, self._wmark
+            if wait_s:
+                time.sleep(wait_s)
+            upto, mark = self._wpos, self._wmark    # (_wpos first: see _write_messages)
             cast("TailFile", self._tail).sync()     # a writer always has its tail
         except BaseException as exc:
             with cond:
@@ -1404,31 +1425,6 @@ class ConversationStateRepository:
             self._publish(mark)
             self._syncing = False
             cond.notify_all()
-
-    def _sync_now(self) -> None:
-        """Sync the tail now (lock held); records a failure for every waiter."""
-        if self._tail is None:
-            return
-        with self._sync_cond:
-            while self._syncing:
-                self._sync_cond.wait()
-            if self._sync_error is not None:
-                raise DurabilityError(f"sync of {self._tail.path} failed: {self._sync_error}")
-            self._syncing = True
-        try:
-            upto, mark = self._wpos, self._wmark
-            self._tail.sync()
-        except BaseException as exc:
-            with self._sync_cond:
-                self._sync_error = exc
-                self._syncing = False
-                self._sync_cond.notify_all()
-            raise
-        with self._sync_cond:
-            self._synced = max(self._synced, upto)
-            self._publish(mark)
-            self._syncing = False
-            self._sync_cond.notify_all()
 
     def flush(self) -> None:
         """Make everything written so far durable (whatever the mode)."""
@@ -2489,13 +2485,17 @@ class ConversationStateRepository:
              "covered": self._covered, "cool_files": list(cool_files),
              "events_offset": self._covered_events, "next_seg": self._next_seg,
              "next_seq": self._next_seq,
-             "clock": str(self._clock.last) if self._clock.last is not None else "",
+             "clock": self._clock_text(),
              "tombstones_erased": self._tomb_erased,
              "tombstones_synced": [self._tomb_size, self._tomb_last],
              "cool_max": {ch: list(k) for ch, k in self._cool_max.items()}}
         self._manifest_store.write(m, durable=durable)
         self._manifest = m
         self._manifest_dirty = False
+
+    def _clock_text(self) -> str:
+        """The clock's last stamp as the manifest records it ("" before any)."""
+        return str(self._clock.last) if self._clock.last is not None else ""
 
     def _snapshot_due(self) -> bool:
         return self._snap_changes >= max(4096, len(self._index) // 4)
@@ -2717,8 +2717,7 @@ class ConversationStateRepository:
                     self._sync_now()
                     assert self._events is not None     # a writer always has its event store
                     self._events.sync()
-                    clock = str(self._clock.last) if self._clock.last is not None else ""
-                    if self._manifest_dirty or clock != self._manifest.get("clock", ""):
+                    if self._manifest_dirty or self._clock_text() != self._manifest.get("clock", ""):
                         # (the clock too: stamps it issued, stored or not, stay behind the next session's)
                         self._write_manifest(list(self._manifest["cool_files"]))
                     if self._snap_changes:

@@ -200,7 +200,7 @@ class DurableMark:
                 self._map = mmap.mmap(fd, self.SIZE, access=mmap.ACCESS_WRITE)
             finally:
                 os.close(fd)
-            self._words = np.frombuffer(self._map, dtype="<u8", count=2, offset=8)
+            self._words = self._map_words(self._map)
 
     def _attach(self) -> bool:
         try:
@@ -213,8 +213,13 @@ class DurableMark:
             self._map = mmap.mmap(fd, self.SIZE, access=mmap.ACCESS_READ)
         finally:
             os.close(fd)
-        self._words = np.frombuffer(self._map, dtype="<u8", count=2, offset=8)
+        self._words = self._map_words(self._map)
         return True
+
+    @staticmethod
+    def _map_words(m: mmap.mmap) -> np.ndarray:
+        # the location and its check: two aligned little-endian words after the magic
+        return np.frombuffer(m, dtype="<u8", count=2, offset=8)
 
     def read(self) -> int | None:
         """The location the writer last published, or None (no mark, or a
