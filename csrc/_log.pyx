@@ -19,9 +19,16 @@ from posix.fcntl cimport open as c_open
 from posix.stat cimport fstat, struct_stat
 from posix.unistd cimport close as c_close
 from posix.unistd cimport fdatasync, ftruncate
+from posix.unistd cimport pwrite as c_pwrite
 from posix.unistd cimport write as c_write
 
 cimport _xxh
+
+cdef extern from "sys/file.h" nogil:
+    int flock(int fd, int operation)
+    enum:
+        LOCK_SH
+        LOCK_UN
 from rf_core cimport (RF_MAX_LINE, RF_OK, RF_PREFIX_LEN, rf_check_frame,
                       rf_i64vec, rf_reason, rf_scan, rf_scan_result,
                       rf_write_prefix)
@@ -275,6 +282,76 @@ def line_verdict(buf, Py_ssize_t offset) -> str:
         if nl == NULL:
             return "torn"
         return rf_reason(rf_check_frame(p, <size_t>(nl - p))).decode("ascii")
+    finally:
+        PyBuffer_Release(&view)
+
+
+def pwrite_all(int fd, data, int64_t offset) -> None:
+    """Write every byte of ``data`` at ``offset`` of ``fd`` with pwrite(2),
+    looping over partial writes and EINTR, in one release of the GIL (the
+    append path of a store: one call, no Python between the system calls).
+    OSError with the errno and the bytes written so far in its message on
+    failure (the bytes before may be written)."""
+    cdef Py_buffer view
+    cdef const char *p
+    cdef Py_ssize_t left, done = 0, w
+    cdef int err = 0
+    if offset < 0:
+        raise ValueError(f"pwrite_all: negative offset {offset}")
+    _get_buffer(data, &view, "data")
+    try:
+        p = <const char *>view.buf
+        left = view.len
+        with nogil:
+            while left > 0:
+                w = c_pwrite(fd, p + done, <size_t>left, offset + done)
+                if w < 0:
+                    if errno == EINTR:
+                        continue
+                    err = errno
+                    break
+                done += w
+                left -= w
+        if err:
+            raise OSError(err, f"{os.strerror(err)} (pwrite of {view.len} bytes at offset {offset}: "
+                               f"{done} written)")
+    finally:
+        PyBuffer_Release(&view)
+
+
+def locked_write(int fd, data) -> int:
+    """One write(2) of ``data`` to ``fd`` (retried on EINTR only) under a
+    shared flock(2) of ``fd``, taken and released in the same call, with one
+    release of the GIL: the shared event store's append (see
+    rune_fast/events.py). Returns the bytes written, which may be fewer than
+    ``len(data)`` (the caller decides). OSError with the errno on failure;
+    the lock is released either way."""
+    cdef Py_buffer view
+    cdef Py_ssize_t w = 0
+    cdef int err = 0, rc, step = 0
+    _get_buffer(data, &view, "data")
+    try:
+        with nogil:
+            rc = flock(fd, LOCK_SH)
+            while rc != 0 and errno == EINTR:
+                rc = flock(fd, LOCK_SH)
+            if rc != 0:
+                err = errno
+            else:
+                step = 1
+                w = c_write(fd, view.buf, <size_t>view.len)
+                while w < 0 and errno == EINTR:
+                    w = c_write(fd, view.buf, <size_t>view.len)
+                if w < 0:
+                    err = errno
+                rc = flock(fd, LOCK_UN)
+                if rc != 0 and not err:
+                    err = errno
+                    step = 2
+        if err:
+            what = ("flock(LOCK_SH)", f"write of {view.len} bytes", "flock(LOCK_UN)")[step]
+            raise OSError(err, f"{os.strerror(err)} ({what})")
+        return w
     finally:
         PyBuffer_Release(&view)
 

@@ -1104,6 +1104,7 @@ class CoolArchive:
         # (no, size, footer hash) of live files whose sidecars are not read yet
         self._unloaded: list[tuple[int, int, str]] = []
         self._lookups = 0
+        self._ids_built = False     # the id index was built once: later files join it at once
         self._rebuilt: list[str] = []
         if not read_only:
             if not os.path.isdir(self._dir):
@@ -1346,7 +1347,13 @@ class CoolArchive:
         # The global id index takes the file's ids at the first lookups that
         # need it: an open followed by hot-tier reads never builds it, and a
         # few lookups before then search the files' sorted hashes instead.
-        self._pending_d.append(fi.no)
+        # Once built, a new file (a cooling run, a merge) joins it at once:
+        # the append path's duplicate check then asks one hash table.
+        if self._ids_built:
+            self._ids_d.insert_many(fi.hashes, (np.int64(no) << np.int64(32)) | fi.hrows.astype(np.int64))
+            fi.hashes = fi.hrows = None  # type: ignore[assignment]
+        else:
+            self._pending_d.append(no)
 
     def _build_ids(self) -> None:
         """Move the pending files' ids into the global index (~17-35 bytes per
@@ -1358,6 +1365,7 @@ class CoolArchive:
             fi.hashes = fi.hrows = None  # type: ignore[assignment]
         self._pending.clear()
         self._lookups = 0
+        self._ids_built = True
 
     def _id_locs(self, msg_id: str) -> list[int]:
         """``(file no << 32) | row`` of every archived row whose id hashes

@@ -30,6 +30,7 @@ from typing import Any, Literal, cast, overload
 import orjson
 import xxhash
 
+from ._log import locked_write
 from .errors import (
     RecoveryWarning,
     CorruptStateCheckpointError,
@@ -326,16 +327,14 @@ class FramedLog:
         with self._lock:
             self._check_writable()
             fd = self._fd
-            fcntl.flock(fd, fcntl.LOCK_SH)
             self._unsynced = True
             try:
-                written = os.write(fd, data)
+                # flock(LOCK_SH), write(2), flock(LOCK_UN) in one compiled call
+                written = locked_write(fd, data)
                 end = os.lseek(fd, 0, os.SEEK_CUR) if offset or written != len(data) else None
             except OSError as exc:
                 self._failed = str(exc)
                 raise DurabilityError(f"append to {self.path} failed: {exc}") from exc
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
             if written != len(data):
                 self._failed = f"short write {written} of {len(data)} bytes"
                 # (end is known: a short write takes the lseek)

@@ -20,7 +20,7 @@ import warnings
 
 import numpy as np
 
-from ._log import map_file
+from ._log import map_file, pwrite_all
 from .errors import DurabilityError, FramingError, StoreClosedError, RecoveryWarning
 from .events import fsync_dir
 
@@ -116,10 +116,7 @@ class TailFile:
         off = self.size
         try:
             remapped = self._ensure_capacity(off + len(data))
-            view = memoryview(data)
-            done = 0
-            while done < len(data):
-                done += os.pwrite(self._fd, view[done:], off + done)
+            pwrite_all(self._fd, data, off)
         except OSError as exc:
             self.failed = exc
             raise DurabilityError(f"write to {self.path} at offset {off} failed: {exc}") from exc
