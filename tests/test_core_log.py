@@ -230,3 +230,50 @@ def test_concurrent_appends_do_not_interleave(tmp_path):
     for mine in offs.values():
         for off, ln in mine:
             assert data[off:off + len(ln)] == ln
+
+
+def test_pwrite_all_writes_every_byte_at_its_offset(tmp_path):
+    p = tmp_path / "t"
+    fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        _log.pwrite_all(fd, b"abc", 5)
+        _log.pwrite_all(fd, memoryview(b"xyz" * 5000), 8)     # larger than one page
+        _log.pwrite_all(fd, b"", 0)
+        assert p.read_bytes() == b"\0" * 5 + b"abc" + b"xyz" * 5000
+        with pytest.raises(ValueError, match="negative offset"):
+            _log.pwrite_all(fd, b"a", -1)
+        with pytest.raises(FramingError):
+            _log.pwrite_all(fd, "text", 0)
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError, match="pwrite of 1 bytes at offset 0") as ei:
+        _log.pwrite_all(fd, b"a", 0)                          # closed descriptor
+    assert ei.value.errno == 9
+
+
+def test_locked_write_appends_under_a_shared_lock(tmp_path):
+    import fcntl
+    p = tmp_path / "ev"
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    other = os.open(p, os.O_RDONLY)
+    try:
+        assert _log.locked_write(fd, b"one\n") == 4
+        # an exclusive holder (another store's recovery) makes it wait
+        fcntl.flock(other, fcntl.LOCK_EX)
+        done = threading.Event()
+        t = threading.Thread(target=lambda: (_log.locked_write(fd, b"two\n"), done.set()))
+        t.start()
+        assert not done.wait(0.2)
+        assert p.read_bytes() == b"one\n"
+        fcntl.flock(other, fcntl.LOCK_UN)
+        t.join(5)
+        assert done.is_set() and p.read_bytes() == b"one\ntwo\n"
+        # and it released its own lock: an exclusive lock is free again
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(other, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+        os.close(other)
+    with pytest.raises(OSError, match="flock") as ei:
+        _log.locked_write(fd, b"x")                            # closed descriptor
+    assert ei.value.errno == 9
