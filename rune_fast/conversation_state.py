@@ -101,6 +101,9 @@ SPARSE_MIN_BYTES = 64 << 10
 #: background thread (appends go on meanwhile); smaller runs, and every run of
 #: an explicit compact(), are written inline.
 BG_COOL_MIN_ROWS = 512
+# lines per slice of a background cooling run's table (see _stage_cool_run)
+_TABLE_SLICE = 256
+_OFF_MASK = (1 << 40) - 1
 _FORMAT = 1
 #: The non-ASCII characters whose casefold holds an ASCII character (Unicode
 #: 15, checked by a test against this Python's unicodedata): one table for
@@ -313,6 +316,27 @@ def _viewer_retry(method):
     return wrapper
 
 
+def _cool_run_table(lines: list[bytes], where: list[tuple[str, int]]) -> pa.Table:
+    """The cool table of an automatic cooling run, built by its background
+    job from copies of the hot lines (``where``: the file and offset of each,
+    for errors) a slice at a time, with the GIL handed on between slices (an
+    appender waiting for it after its sync gets it then, not after the
+    interpreter's switch interval)."""
+    parts = []
+    for a in range(0, len(lines), _TABLE_SLICE):
+        part = lines[a:a + _TABLE_SLICE]
+        parts.append(table_from_lines(part, lambda i, a=a: _decode_copied(lines[a + i], *where[a + i])))
+        time.sleep(0)
+    return parts[0] if len(parts) == 1 else pa.concat_tables(parts).combine_chunks()
+
+
+def _decode_copied(line: bytes, path: str, offset: int) -> tuple[dict, int | None]:
+    """The record dict and append sequence of a copied hot line (the
+    compiled reader's fallback, as ``_read_loc_raw`` for a live one)."""
+    d = codec.decode_body(line, path=path, offset=offset)
+    return d["r"], d.get("s")
+
+
 class _Staged:
     """Archive work done by a background thread: a cooling run (``kind``
     "cool": the rows were read under the repository lock, and
@@ -321,10 +345,12 @@ class _Staged:
     next compaction adopts the result, or discards it. Until then its files
     are strays that no manifest names (a crash leaves them to the next open)."""
 
-    def __init__(self, kind: str, work: Any, locs: Sequence[int] = (), table: Any = None) -> None:
+    def __init__(self, kind: str, work: Any, locs: Sequence[int] = (), table: Any = None,
+                 build: Any = None) -> None:
         self.kind = kind
         self.locs = locs
         self.table = table      # a cooling run's rows, in the order of locs
+        self.build = build      # or what makes them (then work(table) stages them)
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = threading.Event()
@@ -334,7 +360,11 @@ class _Staged:
 
     def _run(self, work: Any) -> None:
         try:
-            self.result = work()
+            if self.build is not None:
+                self.table = self.build()   # a cooling run whose job builds its table
+                self.result = work(self.table)
+            else:
+                self.result = work()
         except BaseException as exc:   # reported by the compaction that settles the job
             self.error = exc
         finally:
@@ -2341,10 +2371,15 @@ class ConversationStateRepository:
         if not self._pending_erase and not self._segs_unchecked:
             excess = self._excess(False)
             if len(excess) >= BG_COOL_MIN_ROWS:
-                table = self._cool_table_at(excess)
-                self._bg = _Staged("cool", functools.partial(self._cool.stage_table, table,
+                # the job builds the run's table from copies of the (checked)
+                # lines: no map is read off the lock, and the appender pays
+                # only the copy
+                line = self._index.line
+                lines = [bytes(line(loc)) for loc in excess]
+                where = [(self._path_of(loc >> 40), loc & _OFF_MASK) for loc in excess]
+                self._bg = _Staged("cool", functools.partial(self._cool.stage_table,
                                                              durable=self.durability != "none"),
-                                   excess, table)
+                                   excess, build=functools.partial(_cool_run_table, lines, where))
                 if job is None:
                     self._fold(CompactionReport(), t0)
                 return
@@ -2367,12 +2402,12 @@ class ConversationStateRepository:
         if job.result is None:
             return None
         if job.kind == "cool":
-            find = self._index.find
-            tombs = self._tombstones
-            for loc, mid in zip(job.locs, job.table.column("msg_id").to_pylist()):
-                if mid in tombs or find(codec.key(mid)) != loc:
-                    job.discard(self._cool)
-                    return None
+            ids = job.table.column("msg_id").to_pylist()
+            found = self._index.find_many([codec.key(m) for m in ids])
+            if not self._tombstones.keys().isdisjoint(ids) \
+                    or not np.array_equal(found, np.asarray(job.locs, dtype=np.int64)):
+                job.discard(self._cool)
+                return None
         return job
 
     def _cool_table_at(self, locs: Sequence[int]) -> pa.Table:
