@@ -325,15 +325,17 @@ def _cool_run_table(lines: list[bytes], where: list[tuple[str, int]]) -> pa.Tabl
     parts = []
     for a in range(0, len(lines), _TABLE_SLICE):
         part = lines[a:a + _TABLE_SLICE]
-        parts.append(table_from_lines(part, lambda i, a=a: _decode_copied(lines[a + i], *where[a + i])))
+        spots = where[a:a + _TABLE_SLICE]
+        parts.append(table_from_lines(part, functools.partial(_decode_copied_at, part, spots)))
         time.sleep(0)
     return parts[0] if len(parts) == 1 else pa.concat_tables(parts).combine_chunks()
 
 
-def _decode_copied(line: bytes, path: str, offset: int) -> tuple[dict, int | None]:
-    """The record dict and append sequence of a copied hot line (the
+def _decode_copied_at(lines: list[bytes], where: list[tuple[str, int]], i: int) -> tuple[dict, int | None]:
+    """The record dict and append sequence of copied hot line ``i`` (the
     compiled reader's fallback, as ``_read_loc_raw`` for a live one)."""
-    d = codec.decode_body(line, path=path, offset=offset)
+    path, offset = where[i]
+    d = codec.decode_body(lines[i], path=path, offset=offset)
     return d["r"], d.get("s")
 
 
