@@ -2666,7 +2666,7 @@ class ConversationStateRepository:
                 if mid not in gone:
                     hashes[mid] = payload_hash(rec)
             for p in self._cool.verify(checked, sound):
-                problems.append(Problem(os.path.join(self._cool.cool_dir, p.file), p.row, p.problem))
+                problems.append(Problem(self._cool.path_of(p.file), p.row, p.problem))
             # index snapshot against the tail
             snap_path = os.path.join(self.hot_dir, SNAPSHOT_NAME)
             if os.path.exists(snap_path):

@@ -354,6 +354,12 @@ def _idx_name(no: int) -> str:
     return f"cool-{no:08d}.idx"
 
 
+def index_dir_for(cool_dir: str) -> str:
+    """The folder of the sidecars of the archive in ``cool_dir``: its
+    sibling ``<cool_dir>_index``."""
+    return os.path.normpath(cool_dir) + "_index"
+
+
 def _footer_hash(path: str) -> tuple[int, str]:
     """(size, xxh3_64 hex of the Parquet footer): ties a sidecar to the exact
     file it indexes without reading the whole file."""
@@ -1082,8 +1088,12 @@ class CoolArchive:
 
     def __init__(self, cool_dir: str | os.PathLike, files: Iterable[str] = (), *,
                  read_only: bool = False, cache_bytes: int = 8 << 20,
-                 row_group_rows: int = ROW_GROUP_ROWS, durable: bool = True) -> None:
+                 row_group_rows: int = ROW_GROUP_ROWS, durable: bool = True,
+                 index_dir: str | os.PathLike | None = None) -> None:
         self._dir = os.fspath(cool_dir)
+        # the sidecars live beside the archive folder, not in it: the folder
+        # holds Parquet files only, so any reader takes it whole as a dataset
+        self._idx_dir = os.fspath(index_dir) if index_dir is not None else index_dir_for(self._dir)
         self._read_only = read_only
         self._durable = bool(durable)
         self._cache_bytes = int(cache_bytes)
@@ -1106,10 +1116,12 @@ class CoolArchive:
         self._lookups = 0
         self._ids_built = False     # the id index was built once: later files join it at once
         self._rebuilt: list[str] = []
+        self._moved_legacy = False
         if not read_only:
-            if not os.path.isdir(self._dir):
-                os.makedirs(self._dir, mode=0o700, exist_ok=True)
-                os.chmod(self._dir, 0o700)
+            for d in (self._dir, self._idx_dir):
+                if not os.path.isdir(d):
+                    os.makedirs(d, mode=0o700, exist_ok=True)
+                    os.chmod(d, 0o700)
         self._next_no = 1 + max([0] + self._numbers_on_disk())
         # Each file's footer is checked now, and that its sidecar names it;
         # the sidecar itself (digest, arrays) is read at the first call that
@@ -1132,8 +1144,12 @@ class CoolArchive:
                 raise CorruptStateCheckpointError("cool archive named by the manifest is missing",
                                                   path=path) from None
             self._unloaded.append((no, size, footer))
-            if read_only or not _sidecar_names(self._path(_idx_name(no)), no, size, footer):
+            if not read_only:
+                self._move_legacy_sidecar(no)
+            if read_only or not _sidecar_names(self._sidecar_path(no), no, size, footer):
                 self._load_sidecars()
+        if self._moved_legacy and self._durable:
+            fsync_dir(self._dir)        # (a rename is atomic: the sidecar is in one place or the other)
 
     def _load_sidecars(self) -> None:
         with self._lock:
@@ -1217,7 +1233,7 @@ class CoolArchive:
                     names = self._files[no].tasks
                 except (ValueError, TypeError) as exc:   # orjson.JSONDecodeError is a ValueError
                     raise CorruptStateCheckpointError(
-                        f"cool sidecar task section unreadable: {exc}", path=self._path(_idx_name(no))) from None
+                        f"cool sidecar task section unreadable: {exc}", path=self._sidecar_path(no)) from None
                 for t in names:
                     tasks.setdefault(t, []).append(no)
             self._tasks = tasks
@@ -1245,22 +1261,68 @@ class CoolArchive:
     def _path(self, name: str) -> str:
         return os.path.join(self._dir, name)
 
-    def _numbers_on_disk(self) -> list[int]:
-        try:
-            names = os.listdir(self._dir)
-        except FileNotFoundError:
-            return []
+    def _ipath(self, name: str) -> str:
+        return os.path.join(self._idx_dir, name)
+
+    @property
+    def index_dir(self) -> str:
+        """The folder of the sidecars."""
+        return self._idx_dir
+
+    def path_of(self, name: str) -> str:
+        """The path of an archive file (``cool-<n>.parquet``) or of a
+        sidecar (``cool-<n>.idx``) named by :meth:`verify`."""
+        m = _OURS_RE.match(name)
+        if m and m.group(2) == "idx":
+            return self._sidecar_path(int(m.group(1)))
+        return self._path(name)
+
+    def _sidecar_path(self, no: int) -> str:
+        """Where file ``no``'s sidecar is: the index folder, or (a store
+        written before the sidecars moved, read by a viewer) the archive
+        folder."""
+        ipath = self._ipath(_idx_name(no))
+        if self._read_only and not os.path.exists(ipath):
+            legacy = self._path(_idx_name(no))
+            if os.path.exists(legacy):
+                return legacy
+        return ipath
+
+    def _move_legacy_sidecar(self, no: int) -> None:
+        """Move file ``no``'s sidecar out of the archive folder, where
+        stores written before the index folder kept it (a rename; the
+        folders are synced once the open has moved them all)."""
+        legacy = self._path(_idx_name(no))
+        if os.path.exists(legacy):
+            if os.path.exists(self._ipath(_idx_name(no))):
+                os.unlink(legacy)
+            else:
+                os.replace(legacy, self._ipath(_idx_name(no)))
+            self._moved_legacy = True
+
+    def _listing(self) -> list[tuple[str, str]]:
+        """(folder, name) of every archive-owned file of both folders."""
         out = []
-        for n in names:
+        for d in (self._dir, self._idx_dir):
+            try:
+                names = os.listdir(d)
+            except FileNotFoundError:
+                continue
+            out += [(d, n) for n in names if _OURS_RE.match(n)]
+        return out
+
+    def _numbers_on_disk(self) -> list[int]:
+        out = []
+        for _d, n in self._listing():
             m = _OURS_RE.match(n)
-            if m:
-                out.append(int(m.group(1)))
+            assert m is not None        # (_listing matched it)
+            out.append(int(m.group(1)))
         return out
 
     def _load_index(self, no: int, size: int, footer: str) -> _FileIndex:
         """The index of file ``no`` (checked at open: ``size`` bytes, footer
         hash ``footer``) from its sidecar, or rebuilt from the file."""
-        ipath = self._path(_idx_name(no))
+        ipath = self._sidecar_path(no)
         try:
             fi = _FileIndex.decode(_map_file(ipath), no, ipath)
             if fi.size == size and fi.footer == footer:
@@ -1273,7 +1335,7 @@ class CoolArchive:
         _release_arrow()
         self._rebuilt.append(_idx_name(no))
         if not self._read_only:
-            self._write_atomic(_idx_name(no), fi.encode())
+            self._write_atomic(_idx_name(no), fi.encode(), folder=self._idx_dir)
         return fi
 
     def _parquet(self, no: int) -> pq.ParquetFile:
@@ -1426,7 +1488,7 @@ class CoolArchive:
         self._ids = HashIndex.from_arrays(hs[keep], locs[keep])
 
     def _sidecar_entries(self, no: int) -> tuple[np.ndarray, np.ndarray]:
-        ipath = self._path(_idx_name(no))
+        ipath = self._sidecar_path(no)
         with open(ipath, "rb") as f:
             fi = _FileIndex.decode(f.read(), no, ipath)
         return fi.hashes, fi.hrows
@@ -2080,9 +2142,10 @@ class CoolArchive:
         return self._durable if durable is None else bool(durable)
 
     def _write_tmp(self, name: str, data: bytes | None = None, table: pa.Table | None = None,
-                   *, durable: bool) -> str:
-        """Write ``name``'s temp file (0600), fsynced when ``durable``; returns its path."""
-        tmp = self._path("." + name + ".tmp")
+                   *, durable: bool, folder: str | None = None) -> str:
+        """Write ``name``'s temp file (0600) in ``folder`` (default: the
+        archive folder), fsynced when ``durable``; returns its path."""
+        tmp = os.path.join(folder or self._dir, "." + name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             with os.fdopen(fd, "wb", closefd=True) as f:
@@ -2103,18 +2166,21 @@ class CoolArchive:
             raise
         return tmp
 
-    def _write_atomic(self, name: str, data: bytes, *, durable: bool | None = None) -> None:
-        """Write ``name`` in the archive folder atomically: temp file (0600),
-        fsync, rename, fsync of the folder (no fsyncs unless durable)."""
+    def _write_atomic(self, name: str, data: bytes, *, durable: bool | None = None,
+                      folder: str | None = None) -> None:
+        """Write ``name`` in ``folder`` (default: the archive folder)
+        atomically: temp file (0600), fsync, rename, fsync of the folder (no
+        fsyncs unless durable)."""
         durable = self._dur(durable)
-        tmp = self._write_tmp(name, data, durable=durable)
+        folder = folder or self._dir
+        tmp = self._write_tmp(name, data, durable=durable, folder=folder)
         try:
-            os.replace(tmp, self._path(name))
+            os.replace(tmp, os.path.join(folder, name))
         except BaseException:
             _unlink_quiet(tmp)
             raise
         if durable:
-            fsync_dir(self._dir)
+            fsync_dir(folder)
 
     def _take_no(self) -> int:
         with self._lock:
@@ -2136,15 +2202,18 @@ class CoolArchive:
             rg_counts = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
             fi = _build_index(no, size, footer, table.column("msg_id"), table.column("channel_id"),
                               table.column("task_id"), rg_counts, self._path(name))
-            itmp = self._write_tmp(iname, fi.encode(), durable=durable)
+            itmp = self._write_tmp(iname, fi.encode(), durable=durable, folder=self._idx_dir)
+            os.replace(itmp, self._ipath(iname))
             os.replace(tmp, self._path(name))
-            os.replace(itmp, self._path(iname))
         except BaseException:
             _unlink_quiet(tmp)
             if itmp is not None:
                 _unlink_quiet(itmp)
+                _unlink_quiet(self._ipath(iname))
             raise
         if durable:
+            # (the sidecar's folder is not synced: a sidecar a power loss
+            # takes is rebuilt from its file, which this sync keeps)
             fsync_dir(self._dir)
         return fi
 
@@ -2310,11 +2379,8 @@ class CoolArchive:
         still serves the old set, so they are strays)."""
         for fi in new:
             self._forget_cache(fi.no)
-            for n in (fi.name, _idx_name(fi.no)):
-                try:
-                    os.unlink(self._path(n))
-                except FileNotFoundError:
-                    pass
+            for path in (self._path(fi.name), self._ipath(_idx_name(fi.no))):
+                _unlink_quiet(path)
 
     def _switch(self, old_nos: list[int], new: list[_FileIndex]) -> None:
         """Serve ``new`` instead of ``old_nos`` (all new files are durable)."""
@@ -2423,30 +2489,36 @@ class CoolArchive:
             for name in names:
                 no = _file_no(name)
                 self._forget_cache(no)
-                for n in (name, _idx_name(no), "." + name + ".tmp", "." + _idx_name(no) + ".tmp"):
+                iname = _idx_name(no)
+                for path in (self._path(name), self._ipath(iname), self._path("." + name + ".tmp"),
+                             self._ipath("." + iname + ".tmp"), self._path(iname)):
                     try:
-                        os.unlink(self._path(n))
-                        done.append(n)
+                        os.unlink(path)
+                        done.append(os.path.basename(path))
                     except FileNotFoundError:
                         pass
             if done and self._durable:
-                fsync_dir(self._dir)
+                fsync_dir(self._dir)    # (a sidecar that comes back is a stray)
             return done
 
     def strays(self, keep: Iterable[str] | None = None) -> list[str]:
         """Archive-owned files in the folder that ``keep`` (default: the live
         files) does not reference: leftovers of a crash."""
+        return sorted(n for _d, n in self._stray_files(keep))
+
+    def _stray_files(self, keep: Iterable[str] | None = None) -> list[tuple[str, str]]:
+        """(folder, name) of each file :meth:`strays` names; a sidecar left
+        in the archive folder (a store written before the index folder) is
+        one too."""
         with self._lock:
             keep_nos = {_file_no(n) for n in (self.files() if keep is None else keep)}
             out = []
-            try:
-                names = sorted(os.listdir(self._dir))
-            except FileNotFoundError:
-                return []
-            for n in names:
+            for d, n in self._listing():
                 m = _OURS_RE.match(n)
-                if m and (int(m.group(1)) not in keep_nos or n.startswith(".")):
-                    out.append(n)
+                assert m is not None        # (_listing matched it)
+                if int(m.group(1)) not in keep_nos or n.startswith(".") \
+                        or (d == self._dir and m.group(2) == "idx"):
+                    out.append((d, n))
             return out
 
     def gc(self, keep: Iterable[str] | None = None) -> list[str]:
@@ -2460,18 +2532,19 @@ class CoolArchive:
             if not set(keep) <= live:
                 raise ValueError(f"gc: keep names files that are not live: {sorted(set(keep) - live)}")
             gone = []
-            for n in self.strays(keep):
+            for d, n in self._stray_files(keep):
                 m = _OURS_RE.match(n)
-                if m and int(m.group(1)) in self._live_nos() and not n.startswith("."):
+                if m and int(m.group(1)) in self._live_nos() and not n.startswith(".") \
+                        and not (d == self._dir and m.group(2) == "idx"):
                     continue
                 try:
-                    os.unlink(self._path(n))
+                    os.unlink(os.path.join(d, n))
                     gone.append(n)
                 except FileNotFoundError:
                     pass
             if gone and self._durable:
                 fsync_dir(self._dir)
-            return gone
+            return sorted(gone)
 
     # ------------------------------------------------------------------ verify
 
@@ -2539,7 +2612,7 @@ class CoolArchive:
             if not (_same_index(truth, fi, ids=False) and np.array_equal(mine[0], truth.hashes)
                     and np.array_equal(mine[1], truth.hrows)):
                 problems.append(CoolProblem(name, None, "index in memory disagrees with the file"))
-            ipath = self._path(_idx_name(no))
+            ipath = self._sidecar_path(no)
             try:
                 with open(ipath, "rb") as f:
                     disk = _FileIndex.decode(f.read(), no, ipath)

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rune_fast.cool import COOL_SCHEMA, CoolArchive, record_digest
+from rune_fast.cool import COOL_SCHEMA, CoolArchive, index_dir_for, record_digest
 from rune_fast.errors import CorruptStateCheckpointError
 
 
@@ -149,7 +149,11 @@ def test_permissions_and_names(cdir):
     assert stat.S_IMODE(os.stat(cdir).st_mode) == 0o700
     for n in os.listdir(cdir):
         assert stat.S_IMODE(os.stat(os.path.join(cdir, n)).st_mode) == 0o600
-    assert sorted(os.listdir(cdir)) == ["cool-00000001.idx", "cool-00000001.parquet"]
+    assert sorted(os.listdir(cdir)) == ["cool-00000001.parquet"]       # Parquet files only
+    idir = index_dir_for(cdir)
+    assert stat.S_IMODE(os.stat(idir).st_mode) == 0o700
+    assert sorted(os.listdir(idir)) == ["cool-00000001.idx"]
+    assert stat.S_IMODE(os.stat(os.path.join(idir, "cool-00000001.idx")).st_mode) == 0o600
     with pytest.raises(ValueError):
         CoolArchive(cdir, ["../../etc/passwd"])
 
@@ -256,7 +260,7 @@ def test_digest_mismatch_on_reads(cdir):
     tamper(path, 3, "message number 3!")
     # open trusting a sidecar that vouches for the tampered file (attacker or bug)
     from rune_fast.cool import _FileIndex, _footer_hash
-    ipath = os.path.join(cdir, "cool-00000001.idx")
+    ipath = os.path.join(index_dir_for(cdir), "cool-00000001.idx")
     with open(ipath, "rb") as f:
         fi = _FileIndex.decode(f.read(), 1, ipath)
     fi.size, fi.footer = _footer_hash(path)
@@ -378,7 +382,7 @@ def test_damage_found_by_a_lazy_sidecar_read_is_loud(cdir):
     """A sidecar that names its file but fails its digest is rebuilt at the
     first need, from the file, verified: a file damaged too raises then."""
     a, rows = make_archive(cdir, 90, 1)
-    ipath = os.path.join(cdir, "cool-00000001.idx")
+    ipath = os.path.join(index_dir_for(cdir), "cool-00000001.idx")
     data = bytearray(read_bytes(ipath))
     data[len(data) - 3] ^= 1        # in the arrays: the header still names the file
     with open(ipath, "wb") as f:
@@ -402,7 +406,7 @@ def test_damage_found_by_a_lazy_sidecar_read_is_loud(cdir):
 @pytest.mark.parametrize("damage", ["delete", "flip", "truncate", "garbage"])
 def test_sidecar_damage_rebuilt(cdir, damage):
     a, rows = make_archive(cdir, 90, 1)
-    ipath = os.path.join(cdir, "cool-00000001.idx")
+    ipath = os.path.join(index_dir_for(cdir), "cool-00000001.idx")
     good = read_bytes(ipath)
     if damage == "delete":
         os.unlink(ipath)
@@ -456,7 +460,7 @@ def test_sidecar_of_the_previous_version_still_reads(cdir):
     from rune_fast.cool import _IDX_MAGIC
 
     a, rows = make_archive(cdir, 120, 1)
-    ipath = os.path.join(cdir, "cool-00000001.idx")
+    ipath = os.path.join(index_dir_for(cdir), "cool-00000001.idx")
     fi = a._files[1]
     names = list(fi.tasks)
     offs = np.cumsum([0] + [len(fi.tasks[t]) for t in names]).tolist()
@@ -535,7 +539,7 @@ def test_erase_whole_file_and_crash_sets(cdir):
     # crash after it moved: the new set opens, gc removes the old remnants
     c = CoolArchive.open(cdir, ch.files)
     assert c.gc() == ["cool-00000001.idx", "cool-00000001.parquet"]
-    assert os.listdir(cdir) == []
+    assert os.listdir(cdir) == [] and os.listdir(index_dir_for(cdir)) == []
 
 
 def test_gc_removes_strays_and_temps(cdir):
@@ -549,8 +553,8 @@ def test_gc_removes_strays_and_temps(cdir):
     assert b.cool([rec(3)], [3]).file == "cool-00000010.parquet"  # never reuses a stray's name
     assert run.file not in b.files()
     assert set(b.gc()) == {".cool-00000009.parquet.tmp", "cool-00000002.idx", "cool-00000002.parquet"}
-    assert sorted(os.listdir(cdir)) == ["cool-00000001.idx", "cool-00000001.parquet",
-                                        "cool-00000010.idx", "cool-00000010.parquet", "unrelated.txt"]
+    assert sorted(os.listdir(cdir)) == ["cool-00000001.parquet", "cool-00000010.parquet", "unrelated.txt"]
+    assert sorted(os.listdir(index_dir_for(cdir))) == ["cool-00000001.idx", "cool-00000010.idx"]
 
 
 # ----------------------------------------------------------------- merge
@@ -576,7 +580,8 @@ def test_merge_keeps_every_row(cdir):
         assert a.get(r["msg_id"]) == r
     b = CoolArchive.open(cdir, ch.files)
     assert {ch_: [r.record for r in b.channel_rows(ch_)] for ch_ in b.channels()} == before
-    assert sorted(os.listdir(cdir)) == sorted(ch.files + [f[:-8] + ".idx" for f in ch.files])
+    assert sorted(os.listdir(cdir)) == sorted(ch.files)
+    assert sorted(os.listdir(index_dir_for(cdir))) == sorted(f[:-8] + ".idx" for f in ch.files)
 
 
 def test_plan_merge_tiers_and_max_files(cdir):
@@ -703,7 +708,7 @@ def test_golden_fixture_still_reads(tmp_path):
     disk = _FileIndex.decode(read_bytes(ipath), 1, ipath)
     b = CoolArchive(str(tmp_path / "fresh"))
     b.cool(want["rows"], want["ords"])
-    fresh_path = str(tmp_path / "fresh" / "cool-00000001.idx")
+    fresh_path = os.path.join(index_dir_for(str(tmp_path / "fresh")), "cool-00000001.idx")
     fresh = _FileIndex.decode(read_bytes(fresh_path), 1, fresh_path)
     assert (disk.channels, disk.rows, disk.hashes.tolist(), disk.hrows.tolist()) == (
         fresh.channels, fresh.rows, fresh.hashes.tolist(), fresh.hrows.tolist())
@@ -743,7 +748,8 @@ def test_failure_half_way_keeps_old_set(cdir, monkeypatch, op, fail_at):
     assert sorted(r.record["msg_id"] for r in a.iter_rows()) == before
     b = CoolArchive.open(cdir, old)
     b.gc()
-    assert sorted(os.listdir(cdir)) == sorted(old + [n[:-8] + ".idx" for n in old])
+    assert sorted(os.listdir(cdir)) == sorted(old)
+    assert sorted(os.listdir(index_dir_for(cdir))) == sorted(n[:-8] + ".idx" for n in old)
     assert b.verify() == [] and len(b) == 30
 
 
@@ -758,7 +764,8 @@ def test_erase_of_unreadable_file_changes_nothing(cdir):
         a.erase(["msg_00000001", "msg_00000002"])
     assert ei.value.path == os.path.join(cdir, old[1])
     assert a.files() == old and a.get("msg_00000001") == rec(1, "a")
-    assert sorted(os.listdir(cdir)) == sorted(old + [n[:-8] + ".idx" for n in old])
+    assert sorted(os.listdir(cdir)) == sorted(old)
+    assert sorted(os.listdir(index_dir_for(cdir))) == sorted(n[:-8] + ".idx" for n in old)
 
 
 def test_foreign_parquet_is_loud(cdir):
@@ -872,3 +879,50 @@ def test_files_cooled_after_the_id_index_is_built_join_it_at_once(tmp_path):
     assert not again._pending and len(again.files()) == 1
     assert all(again.contains(r["msg_id"]) for r in rows)
     assert again.contains_many([r["msg_id"] for r in rows] + ["nope"]).tolist() == [True] * 60 + [False]
+
+
+def test_the_archive_folder_reads_whole_as_a_parquet_dataset(tmp_path):
+    """The sidecars live beside the folder: a reader given the folder (a
+    dataset) or ``*`` in it finds Parquet files only."""
+    from rune_fast.conversation_state import ConversationStateRepository
+    from rune_fast.records import ConversationMessageRecord
+    state = tmp_path / "s"
+    msgs = [ConversationMessageRecord(msg_id=f"m{i:03d}", role="user", content=f"text {i}",
+                                      channel_id=f"c{i % 2}", ts=1_700_000_000.0 + i) for i in range(40)]
+    with ConversationStateRepository(state, hot_window=3) as repo:
+        repo.append_many(msgs[:20])
+        repo.compact()
+        repo.append_many(msgs[20:])
+        repo.compact()
+        cool = repo.stats()["cool"]
+    cool_dir = state / "hot" / "conversation_cool"
+    assert cool >= 30 and all(n.endswith(".parquet") for n in os.listdir(cool_dir))
+    table = pq.read_table(str(cool_dir))
+    assert table.num_rows == cool
+    assert table.schema.field("content").type == pa.string() and "digest" in table.schema.names
+    ids = table.column("msg_id").to_pylist()
+    assert len(set(ids)) == cool and set(ids) <= {m.msg_id for m in msgs}
+
+
+def test_a_store_with_sidecars_in_the_archive_folder_moves_them_out(cdir):
+    """Stores written before the index folder kept each sidecar beside its
+    Parquet file: a viewer reads them there, changing nothing; a writer's
+    open moves them out (trusted as they are, nothing rebuilt) and removes
+    a stray one."""
+    import shutil
+    a, rows = make_archive(cdir, 90, 2)
+    idir = index_dir_for(cdir)
+    names = sorted(os.listdir(idir))
+    for n in names:
+        shutil.move(os.path.join(idir, n), os.path.join(cdir, n))
+    open(os.path.join(cdir, "cool-00000077.idx"), "wb").close()      # a stray of a crash
+    before = sorted(os.listdir(cdir))
+    v = CoolArchive.open(cdir, a.files(), read_only=True)
+    assert v.rebuilt_sidecars == [] and v.verify() == []
+    assert [r.record for r in v.channel_rows("ch1")] == [r for r in rows if r["channel_id"] == "ch1"]
+    assert sorted(os.listdir(cdir)) == before and os.listdir(idir) == []
+    b = CoolArchive.open(cdir, a.files())
+    assert b.rebuilt_sidecars == [] and sorted(os.listdir(idir)) == names
+    b.gc()
+    assert sorted(os.listdir(cdir)) == sorted(a.files())
+    assert b.verify() == [] and all(b.get(r["msg_id"]) == r for r in rows)

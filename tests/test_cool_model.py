@@ -10,7 +10,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from rune_fast.cool import CoolArchive
+from rune_fast.cool import CoolArchive, index_dir_for
 
 CHANNELS = ["a", "b", "ß"]
 TASKS = ["", "", "t1", "t2"]
@@ -82,7 +82,7 @@ class CoolMachine(RuleBasedStateMachine):
             extra = CoolArchive(self.dir, files)
             extra.cool([dict(next(iter(self.model.values()))[0], msg_id="stray")], [0])
         if lose_sidecar and files:
-            os.unlink(os.path.join(self.dir, files[0][:-8] + ".idx"))
+            os.unlink(os.path.join(index_dir_for(self.dir), files[0][:-8] + ".idx"))
         self.archive = CoolArchive.open(self.dir, files, row_group_rows=8)
         self.archive.gc()
         assert self.archive.strays() == []
