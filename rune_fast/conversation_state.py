@@ -603,7 +603,7 @@ class ConversationStateRepository:
                 fsync_dir(self.hot_dir)
         self._cool = CoolArchive.open(os.path.join(self.hot_dir, COOL_DIR), list(m["cool_files"]),
                                       read_only=self.read_only, durable=self.durability != "none",
-                                      cache_bytes=COOL_CACHE_BYTES)
+                                      cache_bytes=COOL_CACHE_BYTES, expect=m.get("cool_meta"))
         if not self.read_only:
             # files a crash left unreferenced (written before the manifest moved,
             # or replaced by it before they were unlinked)
@@ -2517,9 +2517,11 @@ class ConversationStateRepository:
 
     def _write_manifest(self, cool_files: list[str], *, durable: bool = True) -> None:
         self._sync_tombstones()      # the manifest vouches for them
+        meta = self._cool.file_meta()
         m = {"format": _FORMAT, "segments": list(self._seg_order), "tail_seg": self._tail_seg,
              "segment_ends": {str(g): self._seg_ends[g] for g in self._seg_order if g in self._seg_ends},
              "covered": self._covered, "cool_files": list(cool_files),
+             "cool_meta": {n: meta[n] for n in cool_files if n in meta},
              "events_offset": self._covered_events, "next_seg": self._next_seg,
              "next_seq": self._next_seq,
              "clock": self._clock_text(),

@@ -44,7 +44,7 @@ import struct
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, NamedTuple, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, Mapping, NamedTuple, Sequence, cast
 
 import numpy as np
 import orjson
@@ -358,6 +358,21 @@ def index_dir_for(cool_dir: str) -> str:
     """The folder of the sidecars of the archive in ``cool_dir``: its
     sibling ``<cool_dir>_index``."""
     return os.path.normpath(cool_dir) + "_index"
+
+
+def _footer_start(path: str) -> int | None:
+    """Offset of the Parquet footer of the file at ``path`` by its length
+    word (None if that cannot say)."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size < 12:
+                return None
+            f.seek(size - 8)
+            n = int.from_bytes(f.read(4), "little")
+    except OSError:
+        return None
+    return size - 8 - n if 0 < n <= size - 12 else None
 
 
 def _footer_hash(path: str) -> tuple[int, str]:
@@ -1071,6 +1086,11 @@ class CoolArchive:
     ``read_only``); a Parquet file that cannot be read, or whose rows fail
     their digests while rebuilding, raises
     :class:`~rune_fast.errors.CorruptStateCheckpointError` naming the file.
+    ``expect`` (``{name: [size, footer hash]}``, what :meth:`file_meta`
+    gave when the files were live) makes a file that is not the one
+    archived (rewritten with rows dropped, added or replaced: a valid Parquet
+    file whose rows check) raise the same at open. ``index_dir``: the
+    folder of the sidecars (default: ``<cool_dir>_index``).
 
     ``durable=False`` skips every fsync (files are still written to a temp
     name and renamed, so a process crash leaves the old or the new file, never
@@ -1089,7 +1109,8 @@ class CoolArchive:
     def __init__(self, cool_dir: str | os.PathLike, files: Iterable[str] = (), *,
                  read_only: bool = False, cache_bytes: int = 8 << 20,
                  row_group_rows: int = ROW_GROUP_ROWS, durable: bool = True,
-                 index_dir: str | os.PathLike | None = None) -> None:
+                 index_dir: str | os.PathLike | None = None,
+                 expect: Mapping[str, Sequence[Any]] | None = None) -> None:
         self._dir = os.fspath(cool_dir)
         # the sidecars live beside the archive folder, not in it: the folder
         # holds Parquet files only, so any reader takes it whole as a dataset
@@ -1143,6 +1164,15 @@ class CoolArchive:
             except FileNotFoundError:
                 raise CorruptStateCheckpointError("cool archive named by the manifest is missing",
                                                   path=path) from None
+            want = (expect or {}).get(name)
+            if want is not None and (size, footer) != (want[0], want[1]):
+                # the file was rewritten after it was archived (rows dropped,
+                # added or replaced by a valid Parquet file), or its footer
+                # is damaged: not the archive
+                raise CorruptStateCheckpointError(
+                    f"cool archive is not the file the manifest names: {size} bytes, footer hash "
+                    f"{footer} (the manifest: {want[0]} bytes, {want[1]})", path=path,
+                    offset=_footer_start(path) if size == want[0] else None)
             self._unloaded.append((no, size, footer))
             if not read_only:
                 self._move_legacy_sidecar(no)
@@ -1196,6 +1226,15 @@ class CoolArchive:
         """Names of the live files, oldest first: what the manifest records."""
         with self._lock:
             return [_parquet_name(no) for no in sorted(self._live_nos())]
+
+    def file_meta(self) -> dict[str, list]:
+        """``{name: [size, footer hash]}`` of every live file: what the
+        manifest records of each, so that a file rewritten after it was
+        archived is found at the next open (see ``expect``)."""
+        with self._lock:
+            out = {fi.name: [fi.size, fi.footer] for fi in self._files_d.values()}
+            out.update({_parquet_name(no): [size, footer] for no, size, footer in self._unloaded})
+            return out
 
     def _live_nos(self) -> set[int]:
         """Numbers of the live files, without reading unread sidecars."""

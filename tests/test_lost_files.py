@@ -363,3 +363,49 @@ def test_stores_sharing_an_event_store_do_not_report_each_other_as_lost(tmp_path
     for d in ("a", "b"):
         with ConversationStateRepository(tmp_path / d, events=shared) as repo:
             assert repo.stats()["lost"] == []
+
+
+@pytest.mark.parametrize("how", ["drop-row", "duplicate-row", "other-store"])
+def test_an_archive_rewritten_as_valid_parquet_is_refused(tmp_path, how):
+    """A cool file replaced by another valid Parquet file whose rows all
+    check (a row dropped, one doubled, or another store's archive) is not
+    the archive: open names it instead of serving a message short or twice."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    _store(tmp_path / "a", n=8, hot_window=1)
+    f = next((tmp_path / "a" / "hot" / "conversation_cool").glob("*.parquet"))
+    t = pq.read_table(f)
+    if how == "drop-row":
+        t = t.slice(0, t.num_rows - 1)
+    elif how == "duplicate-row":
+        t = pa.concat_tables([t, t.slice(0, 1)])
+    else:
+        _store(tmp_path / "b", n=9, hot_window=1)
+        t = pq.read_table(next((tmp_path / "b" / "hot" / "conversation_cool").glob("*.parquet")))
+    pq.write_table(t, f, compression="zstd")
+    with pytest.raises(CorruptStateCheckpointError, match="not the file the manifest names") as e:
+        ConversationStateRepository(tmp_path / "a", hot_window=1)
+    assert e.value.path == str(f)
+    with pytest.raises(CorruptStateCheckpointError):
+        ConversationStateRepository(tmp_path / "a", hot_window=1, read_only=True)
+
+
+def test_a_manifest_without_the_archives_sizes_still_opens(tmp_path):
+    """Manifests written before it recorded each cool file's size and footer
+    hash open as before; the next checkpoint records them."""
+    import json
+    _store(tmp_path, n=8, hot_window=1)
+    mpath = tmp_path / "hot" / "conversation_manifest.json"
+    from rune_fast.atomic import AtomicStore
+    store = AtomicStore(str(mpath))
+    m = store.read()
+    assert set(m["cool_meta"]) == set(m["cool_files"]) and m["cool_files"]
+    del m["cool_meta"]
+    store.write(m)
+    with ConversationStateRepository(tmp_path, hot_window=1) as repo:
+        assert [r.msg_id for r in repo.window("c", 10)] == [f"m{i}" for i in range(8)]
+        repo.append(msg(8))
+        repo.compact()
+    m = store.read()
+    assert set(m["cool_meta"]) == set(m["cool_files"])
+    assert json.dumps(m["cool_meta"])          # plain JSON: [size, footer hash] per file
