@@ -25,11 +25,11 @@ cdef extern from "<sys/mman.h>" nogil:
     int PROT_WRITE
     int MAP_PRIVATE
     void *MAP_FAILED
-from rf_core cimport (RF_ID_OFF, RF_MAX_LINE, RF_OK, rf_all_zero, rf_check_frame,
+from rf_core cimport (RF_ID_OFF, RF_MAX_LINE, RF_OK, RF_SEQ_ORDER, rf_all_zero, rf_check_frame,
                       rf_cmp_json, rf_content_has, rf_find, rf_find_nonascii,
                       rf_has_nonascii, rf_i64vec, rf_line_start, rf_prefault, rf_check_slots, rf_first_negative,
                       rf_prefetch,
-                      rf_i64vec_push, rf_lower, rf_msg, rf_parse_msg, rf_reason,
+                      rf_i64vec_push, rf_line_seq, rf_lower, rf_msg, rf_parse_msg, rf_reason,
                       rf_scan_result)
 
 import os
@@ -1122,6 +1122,7 @@ cdef class HotIndex:
         cdef const unsigned char *last_task = NULL
         cdef size_t last_ch_len = 0, last_task_len = 0
         cdef int64_t last_ci = -1, last_ti = -1, e
+        cdef int64_t seq, last_seq = -1
         cdef list tombstones = []
         memset(&added, 0, sizeof(added))
         memset(&dups, 0, sizeof(dups))
@@ -1148,6 +1149,19 @@ cdef class HotIndex:
                     if i + 8 < nrec:
                         # the id table slot of a later line: its miss overlaps this work
                         rf_prefetch(&self._c_slots[_home(recs[i + 8].h >> 32, self._n_slots)])
+                    if rec.m.kind == b'm':
+                        # the append sequence rises line by line: a line moved
+                        # or repeated (each line sound) is damage, not an order
+                        seq = rf_line_seq(p, rec.len)
+                        if seq >= 0:
+                            if seq <= last_seq:
+                                r.good_end = rec.off
+                                r.damaged_offset = rec.off
+                                r.torn_offset = -1
+                                r.damage = RF_SEQ_ORDER
+                                more = False
+                                break
+                            last_seq = seq
                     loc = (seg << 40) | (off0 + rec.off)
                     slot = self._find_slot(rec.h, p + rec.m.id_off, rec.m.id_len)
                     if slot == -2:

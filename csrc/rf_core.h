@@ -26,7 +26,8 @@ enum {
     RF_BAD_REST = 4,
     RF_TOO_LONG = 5,
     RF_NOT_MESSAGE = 6,
-    RF_BAD_FIELDS = 7
+    RF_BAD_FIELDS = 7,
+    RF_SEQ_ORDER = 8
 };
 
 static inline const char *rf_reason(int code)
@@ -40,8 +41,29 @@ static inline const char *rf_reason(int code)
     case RF_TOO_LONG: return "line too long";
     case RF_NOT_MESSAGE: return "not a message line";
     case RF_BAD_FIELDS: return "message fields do not parse";
+    case RF_SEQ_ORDER: return "append sequence not above the line before (a line moved or repeated)";
     default: return "unknown damage";
     }
+}
+
+/* The append sequence "s" of a message line p[0:len) (its newline may be
+ * included): the line ends `},"s":<digits>}`; -1 if it has none (lines
+ * written before the sequence existed end `}}`). */
+static inline int64_t rf_line_seq(const unsigned char *p, size_t len)
+{
+    size_t e = len, i, nd = 0;
+    int64_t v = 0, mul = 1;
+    if (e && p[e - 1] == '\n') e--;
+    if (e < 8 || p[e - 1] != '}') return -1;
+    i = e - 1;
+    while (i > 0 && p[i - 1] >= '0' && p[i - 1] <= '9' && nd < 18) {
+        v += (int64_t)(p[i - 1] - '0') * mul;
+        mul *= 10;
+        i--;
+        nd++;
+    }
+    if (nd == 0 || i < 6 || memcmp(p + i - 6, "},\"s\":", 6) != 0) return -1;
+    return v;
 }
 
 /* ---- hex --------------------------------------------------------------- */

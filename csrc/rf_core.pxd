@@ -13,6 +13,7 @@ cdef extern from "rf_core.h" nogil:
         RF_TOO_LONG
         RF_NOT_MESSAGE
         RF_BAD_FIELDS
+        RF_SEQ_ORDER
     size_t RF_MAX_LINE
 
     ctypedef struct rf_msg:
@@ -36,6 +37,7 @@ cdef extern from "rf_core.h" nogil:
         int oom
 
     const char *rf_reason(int code)
+    int64_t rf_line_seq(const unsigned char *p, size_t len)
     void rf_write_prefix(const unsigned char *rest, size_t n, unsigned char *out)
     int rf_check_frame(const unsigned char *p, size_t len)
     int rf_all_zero(const unsigned char *p, size_t n)

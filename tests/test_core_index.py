@@ -821,3 +821,37 @@ def test_snapshot_writes_live_entries_only(tmp_path):
     assert back.seg_stats() == ix.seg_stats()
     # and it keeps working: removals and appends on the loaded index
     assert back.remove(key("m1")) >= 0 and back.find(key("m1")) == -1
+
+
+def _seq_line(msg_id: str, seq: int, channel: str = "c") -> bytes:
+    """A message line with its append sequence, as the store writes it."""
+    from _core_support import rest
+    return _log.frame(rest(msg_id, channel)[:-1] + b',"s":%d}' % seq)
+
+
+@pytest.mark.parametrize("order", [[0, 2, 1, 3], [0, 1, 1, 2], [0, 1, 2, 0]])
+def test_ingest_stops_at_a_line_whose_sequence_does_not_rise(order):
+    """Each line is sound, but a line moved or repeated breaks the append
+    order the sequence records (and unstamped reads follow): damage, at the
+    offset of the first line not above the one before; earlier lines indexed."""
+    lines = [_seq_line(f"m{k}" if order.count(k) == 1 or order.index(k) == i else f"x{i}", k)
+             for i, k in enumerate(order)]
+    bad = next(i for i in range(1, len(order)) if order[i] <= max(order[:i]))
+    ix, data, rep = build(lines)
+    offs = offsets(lines)
+    assert rep.damaged_offset == offs[bad] and rep.good_end == offs[bad] and rep.torn_offset == -1
+    assert rep.damage.startswith("append sequence not above")
+    assert len(rep.added) == bad and len(ix) == bad
+
+
+def test_ingest_takes_rising_sequences_and_lines_without_one():
+    lines = [_seq_line("a", 3), _seq_line("b", 7), line("c", "c"), _seq_line("d", 8),
+             _seq_line("e", 12, channel="other")]
+    ix, data, rep = build(lines)
+    assert rep.damaged_offset == -1 and rep.good_end == len(data) and len(ix) == 5
+    # the sequence is checked per ingest: a later region continues from any value
+    ix2 = _index.HotIndex()
+    more = [_seq_line("f", 1), _seq_line("g", 2)]
+    ix2.attach(0, data + b"".join(more), path="/state/seg-0")
+    assert ix2.ingest(0, 0, len(data)).good_end == len(data)
+    assert ix2.ingest(0, len(data)).good_end == len(data) + len(b"".join(more))

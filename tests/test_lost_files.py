@@ -409,3 +409,30 @@ def test_a_manifest_without_the_archives_sizes_still_opens(tmp_path):
     m = store.read()
     assert set(m["cool_meta"]) == set(m["cool_files"])
     assert json.dumps(m["cool_meta"])          # plain JSON: [size, footer hash] per file
+
+
+@pytest.mark.parametrize("how", ["swap", "repeat"])
+def test_tail_lines_moved_or_repeated_are_refused(tmp_path, how):
+    """Complete lines each sound but moved (two swapped) or repeated: the
+    append sequence in every line says so, and unstamped reads would follow
+    the file's order; the open names the first line out of order."""
+    _store(tmp_path, n=5)
+    for extra in ("conversation_index.snap",):      # (a snapshot would vouch for the old order)
+        try:
+            os.unlink(tmp_path / "hot" / extra)
+        except FileNotFoundError:
+            pass
+    p = tmp_path / "hot" / "conversation_tail.jsonl"
+    raw = p.read_bytes()
+    data = raw.rstrip(b"\0")
+    lines = data.split(b"\n")[:-1]
+    if how == "swap":
+        lines[1], lines[2] = lines[2], lines[1]
+    else:
+        lines = lines[:3] + [lines[1]] + lines[3:]
+    new = b"\n".join(lines) + b"\n"
+    p.write_bytes(new + raw[len(new):])
+    bad = sum(len(x) + 1 for x in lines[:2 if how == "swap" else 3])
+    with pytest.raises(CorruptStateCheckpointError, match="append sequence") as e:
+        ConversationStateRepository(tmp_path)
+    assert e.value.path == str(p) and e.value.offset == bad
