@@ -321,11 +321,12 @@ class IngestReport:
     """What :meth:`HotIndex.ingest` found in a region of a segment."""
 
     __slots__ = ("good_end", "torn_offset", "damaged_offset", "damage", "n_lines",
-                 "added", "dup_locs", "tombstones")
+                 "added", "dup_locs", "tombstones", "last_seq")
 
     def __init__(self, good_end, torn_offset, damaged_offset, damage, n_lines, added,
-                 dup_locs, tombstones):
+                 dup_locs, tombstones, last_seq=-1):
         self.good_end = good_end
+        self.last_seq = last_seq    # the append sequence of the last message line taken
         self.torn_offset = torn_offset
         self.damaged_offset = damaged_offset
         self.damage = damage
@@ -1036,11 +1037,14 @@ cdef class HotIndex:
 
     # ---- building --------------------------------------------------------
 
-    def ingest(self, int64_t seg, int64_t start=0, int64_t end=-1):
+    def ingest(self, int64_t seg, int64_t start=0, int64_t end=-1, int64_t min_seq=-1):
         """Check every line of segment `seg` in [start, end) (end -1: to the end
         of its buffer), index each message line and apply each tombstone line.
         Stops at the first damaged complete line or at a torn final line and
-        reports it; lines before it are indexed. Returns an IngestReport."""
+        reports it; lines before it are indexed. A message line's append
+        sequence must rise above `min_seq` (the last one before the region)
+        and the line before it: one that does not is damage. Returns an
+        IngestReport (its `last_seq`: the last sequence taken, else `min_seq`)."""
         cdef Py_buffer view
         self._guard()
         self._seg_of(seg)
@@ -1049,7 +1053,8 @@ cdef class HotIndex:
         if self._c_segs[seg].state == 2:
             if start != 0 or end > 0:
                 raise FramingError(f"ingest: region [{start}, {end}) of the empty segment {seg}")
-            return IngestReport(0, -1, -1, "", 0, np.empty(0, np.int64), np.empty(0, np.int64), [])
+            return IngestReport(0, -1, -1, "", 0, np.empty(0, np.int64), np.empty(0, np.int64), [],
+                                min_seq)
         PyObject_GetBuffer(self._views[seg], &view, PyBUF_SIMPLE)
         try:
             if end < 0:
@@ -1059,7 +1064,8 @@ cdef class HotIndex:
                                    f"of {view.len} bytes")
             with nogil:
                 rf_prefault(<const unsigned char *>view.buf + start, <size_t>(end - start))
-            return self._ingest_at(seg, <const unsigned char *>view.buf + start, start, end - start)
+            return self._ingest_at(seg, <const unsigned char *>view.buf + start, start, end - start,
+                                   min_seq)
         finally:
             PyBuffer_Release(&view)
 
@@ -1100,7 +1106,7 @@ cdef class HotIndex:
             if view.len:
                 memcpy(sg.ov + sg.ov_len, view.buf, <size_t>view.len)
             sg.ov_len += view.len
-            r = self._ingest_at(seg, sg.ov + (sg.ov_len - view.len), offset, view.len)
+            r = self._ingest_at(seg, sg.ov + (sg.ov_len - view.len), offset, view.len, -1)
             if r.good_end != offset + view.len:
                 # keep only what was indexed: a torn or damaged line is the caller's to handle
                 sg.ov_len -= offset + view.len - r.good_end
@@ -1108,7 +1114,8 @@ cdef class HotIndex:
         finally:
             PyBuffer_Release(&view)
 
-    cdef object _ingest_at(self, int64_t seg, const unsigned char *p0, int64_t off0, int64_t n):
+    cdef object _ingest_at(self, int64_t seg, const unsigned char *p0, int64_t off0, int64_t n,
+                           int64_t min_seq):
         """Ingest the bytes p0[0:n), which are file offsets [off0, off0 + n) of seg."""
         cdef rf_rec *recs = NULL
         cdef rf_scan_result r
@@ -1122,7 +1129,7 @@ cdef class HotIndex:
         cdef const unsigned char *last_task = NULL
         cdef size_t last_ch_len = 0, last_task_len = 0
         cdef int64_t last_ci = -1, last_ti = -1, e
-        cdef int64_t seq, last_seq = -1
+        cdef int64_t seq, last_seq = min_seq
         cdef list tombstones = []
         memset(&added, 0, sizeof(added))
         memset(&dups, 0, sizeof(dups))
@@ -1206,7 +1213,7 @@ cdef class HotIndex:
                                 -1 if r.torn_offset < 0 else off0 + r.torn_offset,
                                 -1 if r.damaged_offset < 0 else off0 + r.damaged_offset,
                                 rf_reason(r.damage).decode("ascii"), n_lines,
-                                _vec_array(&added), _vec_array(&dups), tombstones)
+                                _vec_array(&added), _vec_array(&dups), tombstones, last_seq)
         finally:
             self._c_busy = 0
             self._sweep()

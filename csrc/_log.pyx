@@ -8,9 +8,10 @@ buffer protocol (bytes, bytearray, memoryview, mmap) and raises a
 """
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_FillInfo, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.exc cimport PyErr_CheckSignals
 from cpython.pythread cimport (PyThread_acquire_lock, PyThread_allocate_lock,
                                PyThread_free_lock, PyThread_release_lock)
-from libc.errno cimport EINTR, errno
+from libc.errno cimport EINTR, EIO, errno
 from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.stdlib cimport free
 from libc.string cimport memchr, memcpy, memset
@@ -288,10 +289,11 @@ def line_verdict(buf, Py_ssize_t offset) -> str:
 
 def pwrite_all(int fd, data, int64_t offset) -> None:
     """Write every byte of ``data`` at ``offset`` of ``fd`` with pwrite(2),
-    looping over partial writes and EINTR, in one release of the GIL (the
-    append path of a store: one call, no Python between the system calls).
-    OSError with the errno and the bytes written so far in its message on
-    failure (the bytes before may be written)."""
+    looping over partial writes, in one release of the GIL (the append path
+    of a store: one call, no Python between the system calls). EINTR runs
+    the signal handlers (an exception of one is raised) and goes on. OSError
+    with the errno and the bytes written so far in its message on failure
+    (the bytes before may be written); a write of no bytes is EIO."""
     cdef Py_buffer view
     cdef const char *p
     cdef Py_ssize_t left, done = 0, w
@@ -302,16 +304,19 @@ def pwrite_all(int fd, data, int64_t offset) -> None:
     try:
         p = <const char *>view.buf
         left = view.len
-        with nogil:
-            while left > 0:
-                w = c_pwrite(fd, p + done, <size_t>left, offset + done)
-                if w < 0:
-                    if errno == EINTR:
-                        continue
-                    err = errno
-                    break
-                done += w
-                left -= w
+        while True:
+            with nogil:
+                while left > 0:
+                    w = c_pwrite(fd, p + done, <size_t>left, offset + done)
+                    if w <= 0:
+                        err = errno if w < 0 else EIO
+                        break
+                    done += w
+                    left -= w
+            if err != EINTR:
+                break
+            err = 0
+            PyErr_CheckSignals()
         if err:
             raise OSError(err, f"{os.strerror(err)} (pwrite of {view.len} bytes at offset {offset}: "
                                f"{done} written)")
@@ -320,37 +325,44 @@ def pwrite_all(int fd, data, int64_t offset) -> None:
 
 
 def locked_write(int fd, data) -> int:
-    """One write(2) of ``data`` to ``fd`` (retried on EINTR only) under a
-    shared flock(2) of ``fd``, taken and released in the same call, with one
-    release of the GIL: the shared event store's append (see
-    rune_fast/events.py). Returns the bytes written, which may be fewer than
-    ``len(data)`` (the caller decides). OSError with the errno on failure;
-    the lock is released either way."""
+    """One write(2) of ``data`` to ``fd`` under a shared flock(2) of ``fd``,
+    taken and released in the same call, with one release of the GIL: the
+    shared event store's append (see rune_fast/events.py). EINTR (a signal
+    while waiting for the lock) runs the signal handlers (an exception of one
+    is raised, nothing written) and tries again. Returns the bytes written,
+    which may be fewer than ``len(data)`` (the caller decides). OSError with
+    the errno on failure, its ``step`` attribute saying where: 0 taking the
+    lock (nothing written), 1 the write, 2 releasing the lock after the
+    write; the lock is released either way."""
     cdef Py_buffer view
     cdef Py_ssize_t w = 0
     cdef int err = 0, rc, step = 0
     _get_buffer(data, &view, "data")
     try:
-        with nogil:
-            rc = flock(fd, LOCK_SH)
-            while rc != 0 and errno == EINTR:
+        while True:
+            step = 0
+            with nogil:
                 rc = flock(fd, LOCK_SH)
-            if rc != 0:
-                err = errno
-            else:
-                step = 1
-                w = c_write(fd, view.buf, <size_t>view.len)
-                while w < 0 and errno == EINTR:
+                if rc != 0:
+                    err = errno
+                else:
+                    step = 1
                     w = c_write(fd, view.buf, <size_t>view.len)
-                if w < 0:
-                    err = errno
-                rc = flock(fd, LOCK_UN)
-                if rc != 0 and not err:
-                    err = errno
-                    step = 2
+                    if w < 0:
+                        err = errno
+                    rc = flock(fd, LOCK_UN)
+                    if rc != 0 and not err:
+                        err = errno
+                        step = 2
+            if err != EINTR or step == 2:
+                break
+            err = 0             # (a write cut by a signal before any byte: nothing written)
+            PyErr_CheckSignals()
         if err:
             what = ("flock(LOCK_SH)", f"write of {view.len} bytes", "flock(LOCK_UN)")[step]
-            raise OSError(err, f"{os.strerror(err)} ({what})")
+            exc = OSError(err, f"{os.strerror(err)} ({what})")
+            exc.step = step
+            raise exc
         return w
     finally:
         PyBuffer_Release(&view)

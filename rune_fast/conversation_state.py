@@ -21,6 +21,7 @@ import logging
 import math
 import operator
 import os
+import re
 import threading
 import time
 from collections.abc import Mapping
@@ -101,9 +102,10 @@ SPARSE_MIN_BYTES = 64 << 10
 #: background thread (appends go on meanwhile); smaller runs, and every run of
 #: an explicit compact(), are written inline.
 BG_COOL_MIN_ROWS = 512
-# lines per slice of a background cooling run's table (see _stage_cool_run)
+# lines per slice of a background cooling run's table (see _cool_run_table)
 _TABLE_SLICE = 256
 _OFF_MASK = (1 << 40) - 1
+_SEQ_END_RE = re.compile(rb'\},"s":(\d{1,18})\}\Z')
 _FORMAT = 1
 #: The non-ASCII characters whose casefold holds an ASCII character (Unicode
 #: 15, checked by a test against this Python's unicodedata): one table for
@@ -329,6 +331,18 @@ def _cool_run_table(lines: list[bytes], where: list[tuple[str, int]]) -> pa.Tabl
         parts.append(table_from_lines(part, functools.partial(_decode_copied_at, part, spots)))
         time.sleep(0)
     return parts[0] if len(parts) == 1 else pa.concat_tables(parts).combine_chunks()
+
+
+def _line_seq_ending(buf: Any, end: int) -> int:
+    """The append sequence of the line of ``buf`` that ends (its newline)
+    at ``end``; -1 if none ends there or it has none."""
+    if buf is None or end <= 0:
+        return -1
+    with memoryview(buf) as view:
+        if end > len(view) or view[end - 1] != 0x0A:
+            return -1
+        m = _SEQ_END_RE.search(bytes(view[max(0, end - 48):end - 1]))
+    return int(m.group(1)) if m else -1
 
 
 def _decode_copied_at(lines: list[bytes], where: list[tuple[str, int]], i: int) -> tuple[dict, int | None]:
@@ -638,7 +652,7 @@ class ConversationStateRepository:
         self._ragged: set[int] = set()
         self._manifest_dirty = False    # an in-memory fold the manifest does not show yet
         self._index = self._load_index()
-        self._next_seq = max(self._next_seq, self._last_tail_seq() + 1)
+        self._next_seq = max(self._next_seq, self._last_tail_seq() + 1, self._seq_floor(0) + 1)
         self._observe_stored_stamps()
         # Group commit counts bytes appended in this session, across tail rolls.
         self._wpos = 0
@@ -673,6 +687,22 @@ class ConversationStateRepository:
                         self._observe_derived(rec.ts)
         for hlc in self._tomb_hlcs:
             self._observe(hlc)
+
+    def _seq_floor(self, start: int) -> int:
+        """The append sequence of the line before tail offset ``start`` (at
+        0: the last line of the last sealed segment, where the manifest
+        records its end): the tail's lines from ``start`` rise above it; -1
+        when that cannot say."""
+        if start > 0:
+            return _line_seq_ending(self._tail.buf if self._tail is not None else None, start)
+        for seg in reversed(self._seg_order):
+            end = self._seg_ends.get(seg)
+            s = self._segs.get(seg)
+            if end is None or s is None:
+                return -1
+            if end > 0:
+                return _line_seq_ending(s.buf, end)
+        return -1
 
     def _last_tail_seq(self) -> int:
         """Append sequence of the last message line in the tail (-1 if none)."""
@@ -772,23 +802,29 @@ class ConversationStateRepository:
                     return index
                 log.warning("index snapshot %s names a segment that is gone; rebuilding", snap_path)
         index = HotIndex()
+        seq = -1        # the append sequence rises across the segments too
         for seg in self._seg_order:
             index.attach(seg, self._segs[seg].buf, self._segs[seg].path)
-            rep = index.ingest(seg, 0, self._segs[seg].size)
+            rep = index.ingest(seg, 0, self._segs[seg].size, seq)
             self._check_ingest(rep, self._segs[seg].path, sealed=True)
+            seq = rep.last_seq
             end = self._seg_ends.get(seg)
             if end is not None and rep.good_end != end:
                 raise CorruptStateCheckpointError(
                     f"sealed segment {seg} holds complete lines up to offset {rep.good_end}, but the "
                     f"manifest records its lines ending at {end} (cut off or zeroed after it was sealed)",
                     path=self._segs[seg].path, offset=min(rep.good_end, end))
-        return self._finish_index(index, 0, list(self._manifest["cool_files"]))
+        return self._finish_index(index, 0, list(self._manifest["cool_files"]), seq)
 
-    def _finish_index(self, index: HotIndex, start: int, cooled_files: list[str]) -> HotIndex:
-        """Scan the tail from ``start``, then drop what was cooled or deleted."""
+    def _finish_index(self, index: HotIndex, start: int, cooled_files: list[str],
+                      min_seq: int | None = None) -> HotIndex:
+        """Scan the tail from ``start`` (its lines' sequence rising from
+        ``min_seq``, default: the line's before ``start``), then drop what
+        was cooled or deleted."""
         self._attach_all(index)
         if self._tail is not None:
-            rep = index.ingest(self._tail_seg, start, max(start, self._visible_end()))
+            rep = index.ingest(self._tail_seg, start, max(start, self._visible_end()),
+                               self._seq_floor(start) if min_seq is None else min_seq)
             self._check_ingest(rep, self._tail.path, sealed=False)
             self._tail.size = rep.good_end
         cooled = self._cool_ids_in(cooled_files)
@@ -904,6 +940,11 @@ class ConversationStateRepository:
         if rep.damaged_offset >= 0:
             raise CorruptStateCheckpointError(f"damaged line: {rep.damage}", path=path,
                                               offset=rep.damaged_offset)
+        if len(rep.dup_locs):
+            # no writer stores an id twice: a line repeated (each copy sound)
+            raise CorruptStateCheckpointError(
+                "damaged line: a message line repeated (its id is on an earlier line)", path=path,
+                offset=int(rep.dup_locs[0]) & _OFF_MASK)
         if rep.torn_offset >= 0:
             if sealed:
                 raise CorruptStateCheckpointError("sealed segment ends in a cut-short line",
@@ -2578,7 +2619,8 @@ class ConversationStateRepository:
                     start = self._tail.size
                     if self._tail.refresh_map():
                         self._reattach_tail()
-                    rep = self._index.ingest(self._tail_seg, start, max(start, self._visible_end()))
+                    rep = self._index.ingest(self._tail_seg, start, max(start, self._visible_end()),
+                                             self._seq_floor(start))
                     self._check_ingest(rep, self._tail.path, sealed=False)
                     self._tail.size = rep.good_end
                     self._fold_order.clear()
@@ -2656,8 +2698,15 @@ class ConversationStateRepository:
             try:
                 for seg, path, buf, size in files:
                     fresh.attach(seg, buf)
+                seq = -1
                 for seg, path, buf, size in files:
-                    fresh.ingest(seg, 0, size)
+                    rep = fresh.ingest(seg, 0, size, seq)
+                    seq = rep.last_seq
+                    if rep.damaged_offset >= 0 and rep.damage.startswith("append sequence"):
+                        problems.append(Problem(path, rep.damaged_offset, f"damaged line: {rep.damage}"))
+                    for loc in rep.dup_locs.tolist():
+                        problems.append(Problem(path, loc & _OFF_MASK, "a message line repeated "
+                                                "(its id is on an earlier line)"))
             except RuneError as exc:
                 problems.append(Problem(self.hot_dir, None, f"index rebuild failed: {exc}"))
             hashes: dict[str | None, str] = {}     # msg_id (as a record's .get gives it) -> payload hash

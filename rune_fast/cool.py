@@ -1138,11 +1138,13 @@ class CoolArchive:
         self._ids_built = False     # the id index was built once: later files join it at once
         self._rebuilt: list[str] = []
         self._moved_legacy = False
+        made = False
         if not read_only:
             for d in (self._dir, self._idx_dir):
                 if not os.path.isdir(d):
                     os.makedirs(d, mode=0o700, exist_ok=True)
                     os.chmod(d, 0o700)
+                    made = True
         self._next_no = 1 + max([0] + self._numbers_on_disk())
         # Each file's footer is checked now, and that its sidecar names it;
         # the sidecar itself (digest, arrays) is read at the first call that
@@ -1178,8 +1180,13 @@ class CoolArchive:
                 self._move_legacy_sidecar(no)
             if read_only or not _sidecar_names(self._sidecar_path(no), no, size, footer):
                 self._load_sidecars()
-        if self._moved_legacy and self._durable:
-            fsync_dir(self._dir)        # (a rename is atomic: the sidecar is in one place or the other)
+        if (made or self._moved_legacy) and self._durable:
+            # new folders, or sidecars moved into the index folder: synced
+            # once, so that a power loss does not cost every sidecar a
+            # rebuild from its file (a rename is atomic either way)
+            fsync_dir(self._idx_dir)
+            fsync_dir(self._dir)
+            fsync_dir(os.path.dirname(os.path.normpath(self._dir)) or ".")
 
     def _load_sidecars(self) -> None:
         with self._lock:
@@ -1362,14 +1369,19 @@ class CoolArchive:
         """The index of file ``no`` (checked at open: ``size`` bytes, footer
         hash ``footer``) from its sidecar, or rebuilt from the file."""
         ipath = self._sidecar_path(no)
-        try:
-            fi = _FileIndex.decode(_map_file(ipath), no, ipath)
-            if fi.size == size and fi.footer == footer:
-                return fi
-        except FileNotFoundError:
-            pass
-        except (ValueError, KeyError, TypeError, IndexError, struct.error):
-            pass  # damaged sidecar: the Parquet file is the truth, rebuild below
+        for _attempt in range(2):
+            try:
+                fi = _FileIndex.decode(_map_file(ipath), no, ipath)
+                if fi.size == size and fi.footer == footer:
+                    return fi
+                break
+            except FileNotFoundError:
+                # (a viewer: a writer's open may just have moved it out of the archive folder)
+                if ipath == self._ipath(_idx_name(no)):
+                    break
+                ipath = self._ipath(_idx_name(no))
+            except (ValueError, KeyError, TypeError, IndexError, struct.error):
+                break  # damaged sidecar: the Parquet file is the truth, rebuild below
         fi = self._index_from_parquet(no, size, footer, verify=True)
         _release_arrow()
         self._rebuilt.append(_idx_name(no))
@@ -2537,7 +2549,8 @@ class CoolArchive:
                     except FileNotFoundError:
                         pass
             if done and self._durable:
-                fsync_dir(self._dir)    # (a sidecar that comes back is a stray)
+                fsync_dir(self._dir)
+                fsync_dir(self._idx_dir)    # (an erased file's sidecar names its channels and tasks)
             return done
 
     def strays(self, keep: Iterable[str] | None = None) -> list[str]:
@@ -2555,8 +2568,8 @@ class CoolArchive:
             for d, n in self._listing():
                 m = _OURS_RE.match(n)
                 assert m is not None        # (_listing matched it)
-                if int(m.group(1)) not in keep_nos or n.startswith(".") \
-                        or (d == self._dir and m.group(2) == "idx"):
+                legacy = d == self._dir and m.group(2) == "idx" and not self._read_only
+                if int(m.group(1)) not in keep_nos or n.startswith(".") or legacy:
                     out.append((d, n))
             return out
 
@@ -2570,7 +2583,7 @@ class CoolArchive:
             live = set(self.files())
             if not set(keep) <= live:
                 raise ValueError(f"gc: keep names files that are not live: {sorted(set(keep) - live)}")
-            gone = []
+            gone = set()
             for d, n in self._stray_files(keep):
                 m = _OURS_RE.match(n)
                 if m and int(m.group(1)) in self._live_nos() and not n.startswith(".") \
@@ -2578,7 +2591,7 @@ class CoolArchive:
                     continue
                 try:
                     os.unlink(os.path.join(d, n))
-                    gone.append(n)
+                    gone.add(n)
                 except FileNotFoundError:
                     pass
             if gone and self._durable:

@@ -333,7 +333,8 @@ class FramedLog:
                 written = locked_write(fd, data)
                 end = os.lseek(fd, 0, os.SEEK_CUR) if offset or written != len(data) else None
             except OSError as exc:
-                self._failed = str(exc)
+                if getattr(exc, "step", 1) >= 1:     # (a lock not taken wrote nothing)
+                    self._failed = str(exc)
                 raise DurabilityError(f"append to {self.path} failed: {exc}") from exc
             if written != len(data):
                 self._failed = f"short write {written} of {len(data)} bytes"

@@ -921,6 +921,7 @@ def test_a_store_with_sidecars_in_the_archive_folder_moves_them_out(cdir):
     assert v.rebuilt_sidecars == [] and v.verify() == []
     assert [r.record for r in v.channel_rows("ch1")] == [r for r in rows if r["channel_id"] == "ch1"]
     assert sorted(os.listdir(cdir)) == before and os.listdir(idir) == []
+    assert v.strays() == ["cool-00000077.idx"]      # a live file's sidecar there is no stray to a viewer
     b = CoolArchive.open(cdir, a.files())
     assert b.rebuilt_sidecars == [] and sorted(os.listdir(idir)) == names
     b.gc()

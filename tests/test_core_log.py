@@ -277,3 +277,58 @@ def test_locked_write_appends_under_a_shared_lock(tmp_path):
     with pytest.raises(OSError, match="flock") as ei:
         _log.locked_write(fd, b"x")                            # closed descriptor
     assert ei.value.errno == 9
+
+
+def test_locked_write_waiting_for_the_lock_runs_signal_handlers(tmp_path):
+    """A signal while it waits for the lock runs Python's handlers: an
+    exception a handler raises comes out at once, nothing written."""
+    import fcntl
+    import signal
+    import time
+
+    class Alarm(Exception):
+        pass
+
+    def on_alarm(signum, frame):
+        raise Alarm()
+
+    p = tmp_path / "ev"
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    holder = os.open(p, os.O_RDONLY)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    safety = threading.Timer(5.0, lambda: fcntl.flock(holder, fcntl.LOCK_UN))
+    safety.start()
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        t0 = time.monotonic()
+        with pytest.raises(Alarm):
+            _log.locked_write(fd, b"x\n")
+        assert time.monotonic() - t0 < 3.0
+        assert p.read_bytes() == b""
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        safety.cancel()
+        fcntl.flock(holder, fcntl.LOCK_UN)
+        os.close(holder)
+        os.close(fd)
+
+
+def test_a_lock_that_cannot_be_taken_leaves_the_event_store_writable(tmp_path, monkeypatch):
+    from rune_fast import events as ev_mod
+    from rune_fast.errors import DurabilityError as DE
+    store = ev_mod.EventStore(tmp_path / "events.jsonl")
+    real = ev_mod.locked_write
+
+    def no_lock(fd, data):
+        exc = OSError(37, "No locks available (flock(LOCK_SH))")
+        exc.step = 0
+        raise exc
+    monkeypatch.setattr(ev_mod, "locked_write", no_lock)
+    with pytest.raises(DE, match="No locks available"):
+        store.append("conversation.message", "id1", "0" * 64)
+    monkeypatch.setattr(ev_mod, "locked_write", real)
+    store.append("conversation.message", "id2", "0" * 64)      # nothing was written: it goes on
+    store.sync()
+    store.close()

@@ -436,3 +436,43 @@ def test_tail_lines_moved_or_repeated_are_refused(tmp_path, how):
     with pytest.raises(CorruptStateCheckpointError, match="append sequence") as e:
         ConversationStateRepository(tmp_path)
     assert e.value.path == str(p) and e.value.offset == bad
+
+
+@pytest.mark.parametrize("how,snapshot", [("repeat", False), ("swap", False), ("repeat", True)])
+def test_lines_moved_or_repeated_across_a_segment_boundary_are_refused(tmp_path, monkeypatch, how, snapshot):
+    """The last line of one sealed segment copied over the first of the next
+    (the message it overwrote would vanish), or the two swapped: the append
+    sequence rises across segments too, so the open names the line. (With
+    an index snapshot, which open trusts instead of rescanning what it
+    covers, a swap of two lines of equal length is not found; see the
+    README's Limits.)"""
+    import json as _json
+
+    from rune_fast import conversation_state as cs
+    monkeypatch.setattr(cs, "ROLL_BYTES", 1500)
+    with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=10_000) as repo:
+        for i in range(40):
+            repo.append(ConversationMessageRecord(msg_id=f"m{i:03d}", content=f"message number {i:03d}",
+                                                  channel_id="c", ts=1.0))
+            repo.compact()
+    hot = tmp_path / "hot"
+    if not snapshot:
+        (hot / "conversation_index.snap").unlink(missing_ok=True)
+    man = _json.loads((hot / "conversation_manifest.json").read_bytes())["body"]
+    a, b = (hot / f"conversation_seg-{s:08d}.jsonl" for s in man["segments"][:2])
+    la, lb = a.read_bytes().rstrip(b"\n").split(b"\n"), b.read_bytes().rstrip(b"\n").split(b"\n")
+    assert len(la[-1]) == len(lb[0])          # (same length: every size a checkpoint records holds)
+    if how == "repeat":
+        lb[0] = la[-1]
+    else:
+        la[-1], lb[0] = lb[0], la[-1]
+    a.write_bytes(b"\n".join(la) + b"\n")
+    b.write_bytes(b"\n".join(lb) + b"\n")
+    with pytest.raises(CorruptStateCheckpointError, match="repeated|append sequence") as e:
+        with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=10_000) as repo:
+            repo.window("c", 50)
+            assert repo.get_message("m006").status is ReadStatus.FOUND_VERIFIED
+            rep = repo.verify()
+            assert not rep.ok
+            raise CorruptStateCheckpointError("verify: " + "; ".join(map(str, rep.problems)))
+    assert e.value.path in (str(a), str(b), None)

@@ -125,4 +125,5 @@ cdef class HotIndex:
                      const unsigned char *ip, uint32_t il) except -1
     cdef int _nm_put(self, int which, uint64_t h, uint32_t idx) except -1
     cdef object _search_all(self, const unsigned char *nd, size_t m, bint ci, bint na)
-    cdef object _ingest_at(self, int64_t seg, const unsigned char *p0, int64_t off0, int64_t n)
+    cdef object _ingest_at(self, int64_t seg, const unsigned char *p0, int64_t off0, int64_t n,
+                           int64_t min_seq)
