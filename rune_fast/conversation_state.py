@@ -102,8 +102,6 @@ SPARSE_MIN_BYTES = 64 << 10
 #: background thread (appends go on meanwhile); smaller runs, and every run of
 #: an explicit compact(), are written inline.
 BG_COOL_MIN_ROWS = 512
-# lines per slice of a background cooling run's table (see _cool_run_table)
-_TABLE_SLICE = 256
 _OFF_MASK = (1 << 40) - 1
 _SEQ_END_RE = re.compile(rb'\},"s":(\d{1,18})\}\Z')
 _FORMAT = 1
@@ -318,21 +316,6 @@ def _viewer_retry(method):
     return wrapper
 
 
-def _cool_run_table(lines: list[bytes], where: list[tuple[str, int]]) -> pa.Table:
-    """The cool table of an automatic cooling run, built by its background
-    job from copies of the hot lines (``where``: the file and offset of each,
-    for errors) a slice at a time, with the GIL handed on between slices (an
-    appender waiting for it after its sync gets it then, not after the
-    interpreter's switch interval)."""
-    parts = []
-    for a in range(0, len(lines), _TABLE_SLICE):
-        part = lines[a:a + _TABLE_SLICE]
-        spots = where[a:a + _TABLE_SLICE]
-        parts.append(table_from_lines(part, functools.partial(_decode_copied_at, part, spots)))
-        time.sleep(0)
-    return parts[0] if len(parts) == 1 else pa.concat_tables(parts).combine_chunks()
-
-
 def _line_seq_ending(buf: Any, end: int) -> int:
     """The append sequence of the line of ``buf`` that ends (its newline)
     at ``end``; -1 if none ends there or it has none."""
@@ -345,14 +328,6 @@ def _line_seq_ending(buf: Any, end: int) -> int:
     return int(m.group(1)) if m else -1
 
 
-def _decode_copied_at(lines: list[bytes], where: list[tuple[str, int]], i: int) -> tuple[dict, int | None]:
-    """The record dict and append sequence of copied hot line ``i`` (the
-    compiled reader's fallback, as ``_read_loc_raw`` for a live one)."""
-    path, offset = where[i]
-    d = codec.decode_body(lines[i], path=path, offset=offset)
-    return d["r"], d.get("s")
-
-
 class _Staged:
     """Archive work done by a background thread: a cooling run (``kind``
     "cool": the rows were read under the repository lock, and
@@ -361,12 +336,10 @@ class _Staged:
     next compaction adopts the result, or discards it. Until then its files
     are strays that no manifest names (a crash leaves them to the next open)."""
 
-    def __init__(self, kind: str, work: Any, locs: Sequence[int] = (), table: Any = None,
-                 build: Any = None) -> None:
+    def __init__(self, kind: str, work: Any, locs: Sequence[int] = (), table: Any = None) -> None:
         self.kind = kind
         self.locs = locs
         self.table = table      # a cooling run's rows, in the order of locs
-        self.build = build      # or what makes them (then work(table) stages them)
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = threading.Event()
@@ -376,11 +349,7 @@ class _Staged:
 
     def _run(self, work: Any) -> None:
         try:
-            if self.build is not None:
-                self.table = self.build()   # a cooling run whose job builds its table
-                self.result = work(self.table)
-            else:
-                self.result = work()
+            self.result = work()
         except BaseException as exc:   # reported by the compaction that settles the job
             self.error = exc
         finally:
@@ -2414,15 +2383,10 @@ class ConversationStateRepository:
         if not self._pending_erase and not self._segs_unchecked:
             excess = self._excess(False)
             if len(excess) >= BG_COOL_MIN_ROWS:
-                # the job builds the run's table from copies of the (checked)
-                # lines: no map is read off the lock, and the appender pays
-                # only the copy
-                line = self._index.line
-                lines = [bytes(line(loc)) for loc in excess]
-                where = [(self._path_of(loc >> 40), loc & _OFF_MASK) for loc in excess]
-                self._bg = _Staged("cool", functools.partial(self._cool.stage_table,
+                table = self._cool_table_at(excess)
+                self._bg = _Staged("cool", functools.partial(self._cool.stage_table, table,
                                                              durable=self.durability != "none"),
-                                   excess, build=functools.partial(_cool_run_table, lines, where))
+                                   excess, table)
                 if job is None:
                     self._fold(CompactionReport(), t0)
                 return

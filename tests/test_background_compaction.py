@@ -13,7 +13,6 @@ import pytest
 from rune_fast import conversation_state as cs
 from rune_fast.conversation_state import ConversationStateRepository, ReadStatus
 from rune_fast.cool import CoolArchive
-from rune_fast.errors import CorruptStateCheckpointError
 from rune_fast.records import ConversationMessageRecord
 
 CHANNELS = ("a", "b", "c")
@@ -294,28 +293,3 @@ def test_compact_after_adopting_a_staged_run_cools_a_late_message_behind_it(tmp_
         order = [r.msg_id for r in repo.window("ch", 10)]
         assert order == ["late", "a0", "a1", "a2"]
         assert [repo.get_message(x).tier for x in order] == ["cool", "cool", "cool", "hot"]
-
-
-def test_a_background_run_builds_the_table_the_inline_run_would(tmp_path, monkeypatch):
-    """The job's table of copied lines, built in slices, is the inline
-    table, also for lines the compiled reader leaves to the dict path."""
-    from rune_fast import cool as cool_mod
-    monkeypatch.setattr(cs, "_TABLE_SLICE", 7)
-    with open_repo(tmp_path, compact_every=10_000, hot_window=10_000) as repo:
-        repo.append_many([msg(i) for i in range(40)])
-        locs = repo._index.seg_locs(repo._tail_seg).tolist()
-        line = repo._index.line
-        lines = [bytes(line(loc)) for loc in locs]
-        where = [(repo._path_of(loc >> 40), loc & ((1 << 40) - 1)) for loc in locs]
-        inline = repo._cool_table_at(locs)
-        assert cs._cool_run_table(lines, where).equals(inline)
-        real = cool_mod._encode.cool_columns
-        monkeypatch.setattr(cool_mod._encode, "cool_columns",
-                            lambda ls, texts: ([], real([], texts)[1]))     # nothing taken: the dict path
-        assert cs._cool_run_table(lines, where).equals(inline)
-        # a copied line that does not decode names its file and offset
-        bad = list(lines)
-        bad[3] = bad[3].replace(b'"r":{', b'"r":[', 1)
-        with pytest.raises(CorruptStateCheckpointError) as ei:
-            cs._cool_run_table(bad, where)
-        assert ei.value.path == where[3][0] and ei.value.offset == where[3][1]
