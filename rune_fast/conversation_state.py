@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Iterator, S
 
 import numpy as np
 import pyarrow as pa
+import xxhash
 
 from . import codec
 from . import sync as _sync
@@ -314,6 +315,14 @@ def _viewer_retry(method):
             return out
         return method(self, *args, **kwargs)
     return wrapper
+
+
+def _tag_matches(line: Any, key: bytes, path: str, offset: int) -> bool:
+    """Whether the id on the message line ``line`` hashes to the 32-bit tag
+    of ``key`` (the id table's slot tag), as every indexed line's own id does."""
+    rec, _seq = codec.record_from_line(line, path=path, offset=offset)
+    own = xxhash.xxh3_64_intdigest(codec.key(rec.msg_id))
+    return own >> 32 == xxhash.xxh3_64_intdigest(key) >> 32
 
 
 def _line_seq_ending(buf: Any, end: int) -> int:
@@ -1616,9 +1625,17 @@ class ConversationStateRepository:
                 # checksum may be this message with a damaged id: not "not found".
                 for cand in self._index.candidates(k).tolist():
                     try:
-                        self._index.line(cand)
+                        line = self._index.line(cand)
+                        moved = not _tag_matches(line, k, self._path_of(cand >> 40), cand & _OFF_MASK)
                     except CorruptStateCheckpointError as exc:
                         log.error("exact read of %s: %s", msg_id, exc)
+                        return MessageRead(ReadStatus.SOURCE_CORRUPT, None, self._tier_of(cand))
+                    if moved:
+                        # a sound line, but not of the id whose hash put it in
+                        # this slot: a line moved there (another id sharing the
+                        # tag would match it)
+                        log.error("exact read of %s: the line at %s:%d is another message's",
+                                  msg_id, self._path_of(cand >> 40), cand & _OFF_MASK)
                         return MessageRead(ReadStatus.SOURCE_CORRUPT, None, self._tier_of(cand))
                 return MessageRead(ReadStatus.NOT_FOUND_CONFIRMED)
             return MessageRead(ReadStatus.FOUND_VERIFIED, _own(rec), "cool")

@@ -438,7 +438,7 @@ def test_tail_lines_moved_or_repeated_are_refused(tmp_path, how):
     assert e.value.path == str(p) and e.value.offset == bad
 
 
-@pytest.mark.parametrize("how,snapshot", [("repeat", False), ("swap", False), ("repeat", True)])
+@pytest.mark.parametrize("how,snapshot", [("repeat", False), ("swap", False), ("repeat", True), ("swap", True)])
 def test_lines_moved_or_repeated_across_a_segment_boundary_are_refused(tmp_path, monkeypatch, how, snapshot):
     """The last line of one sealed segment copied over the first of the next
     (the message it overwrote would vanish), or the two swapped: the append
@@ -468,6 +468,14 @@ def test_lines_moved_or_repeated_across_a_segment_boundary_are_refused(tmp_path,
         la[-1], lb[0] = lb[0], la[-1]
     a.write_bytes(b"\n".join(la) + b"\n")
     b.write_bytes(b"\n".join(lb) + b"\n")
+    if how == "swap" and snapshot:
+        # the open trusts the snapshot; an exact read of either message finds
+        # a sound line of the other where the index points: SOURCE_CORRUPT
+        moved = [_json.loads(x)["r"]["msg_id"] for x in (la[-1], lb[0])]
+        with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=10_000) as repo:
+            assert {repo.get_message(m).status for m in moved} == {ReadStatus.SOURCE_CORRUPT}
+            assert repo.get_message("m000").status is ReadStatus.FOUND_VERIFIED
+        return
     with pytest.raises(CorruptStateCheckpointError, match="repeated|append sequence") as e:
         with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=10_000) as repo:
             repo.window("c", 50)
