@@ -105,6 +105,7 @@ SPARSE_MIN_BYTES = 64 << 10
 BG_COOL_MIN_ROWS = 512
 _OFF_MASK = (1 << 40) - 1
 _SEQ_END_RE = re.compile(rb'\},"s":(\d{1,18})\}\Z')
+_REPEATED = "a message line repeated (its id is on an earlier line)"
 _FORMAT = 1
 #: The non-ASCII characters whose casefold holds an ASCII character (Unicode
 #: 15, checked by a test against this Python's unicodedata): one table for
@@ -630,7 +631,9 @@ class ConversationStateRepository:
         self._ragged: set[int] = set()
         self._manifest_dirty = False    # an in-memory fold the manifest does not show yet
         self._index = self._load_index()
-        self._next_seq = max(self._next_seq, self._last_tail_seq() + 1, self._seq_floor(0) + 1)
+        # (the last line's sequence: the tail's, else the last sealed segment's)
+        self._next_seq = max(self._next_seq,
+                             self._seq_floor(self._tail.size if self._tail is not None else 0) + 1)
         self._observe_stored_stamps()
         # Group commit counts bytes appended in this session, across tail rolls.
         self._wpos = 0
@@ -681,19 +684,6 @@ class ConversationStateRepository:
             if end > 0:
                 return _line_seq_ending(s.buf, end)
         return -1
-
-    def _last_tail_seq(self) -> int:
-        """Append sequence of the last message line in the tail (-1 if none)."""
-        if self._tail is None or self._tail.size == 0:
-            return -1
-        buf = self._tail.buf
-        end = self._tail.size - 1                     # the last line's newline
-        start = buf.rfind(b"\n", 0, end) + 1
-        line = buf[start:end]
-        if line[23:30] != codec.MESSAGE_PREFIX[:7]:
-            return -1
-        _rec, seq = codec.record_from_line(line, path=self._tail.path, offset=start)
-        return -1 if seq is None else seq
 
     def _check_new_store(self) -> None:
         """A state directory without a manifest must hold no messages: a
@@ -920,9 +910,8 @@ class ConversationStateRepository:
                                               offset=rep.damaged_offset)
         if len(rep.dup_locs):
             # no writer stores an id twice: a line repeated (each copy sound)
-            raise CorruptStateCheckpointError(
-                "damaged line: a message line repeated (its id is on an earlier line)", path=path,
-                offset=int(rep.dup_locs[0]) & _OFF_MASK)
+            raise CorruptStateCheckpointError(f"damaged line: {_REPEATED}", path=path,
+                                              offset=int(rep.dup_locs[0]) & _OFF_MASK)
         if rep.torn_offset >= 0:
             if sealed:
                 raise CorruptStateCheckpointError("sealed segment ends in a cut-short line",
@@ -2686,8 +2675,7 @@ class ConversationStateRepository:
                     if rep.damaged_offset >= 0 and rep.damage.startswith("append sequence"):
                         problems.append(Problem(path, rep.damaged_offset, f"damaged line: {rep.damage}"))
                     for loc in rep.dup_locs.tolist():
-                        problems.append(Problem(path, loc & _OFF_MASK, "a message line repeated "
-                                                "(its id is on an earlier line)"))
+                        problems.append(Problem(path, loc & _OFF_MASK, _REPEATED))
             except RuneError as exc:
                 problems.append(Problem(self.hot_dir, None, f"index rebuild failed: {exc}"))
             hashes: dict[str | None, str] = {}     # msg_id (as a record's .get gives it) -> payload hash

@@ -1357,6 +1357,11 @@ class CoolArchive:
             out += [(d, n) for n in names if _OURS_RE.match(n)]
         return out
 
+    def _legacy_sidecar(self, folder: str, m: "re.Match[str]") -> bool:
+        """Whether the archive-owned name ``m`` in ``folder`` is a sidecar
+        left in the archive folder (a store written before the index folder)."""
+        return folder == self._dir and m.group(2) == "idx"
+
     def _numbers_on_disk(self) -> list[int]:
         out = []
         for _d, n in self._listing():
@@ -1463,19 +1468,20 @@ class CoolArchive:
         # Once built, a new file (a cooling run, a merge) joins it at once:
         # the append path's duplicate check then asks one hash table.
         if self._ids_built:
-            self._ids_d.insert_many(fi.hashes, (np.int64(no) << np.int64(32)) | fi.hrows.astype(np.int64))
-            fi.hashes = fi.hrows = None  # type: ignore[assignment]
+            self._index_ids(fi)
         else:
             self._pending_d.append(no)
+
+    def _index_ids(self, fi: "_FileIndex") -> None:
+        """Put a file's ids into the global index (its arrays then go)."""
+        self._ids_d.insert_many(fi.hashes, (np.int64(fi.no) << np.int64(32)) | fi.hrows.astype(np.int64))
+        fi.hashes = fi.hrows = None  # type: ignore[assignment]
 
     def _build_ids(self) -> None:
         """Move the pending files' ids into the global index (~17-35 bytes per
         cooled message)."""
         for no in self._pending:
-            fi = self._files[no]
-            locs = (np.int64(fi.no) << np.int64(32)) | fi.hrows.astype(np.int64)
-            self._ids.insert_many(fi.hashes, locs)
-            fi.hashes = fi.hrows = None  # type: ignore[assignment]
+            self._index_ids(self._files[no])
         self._pending.clear()
         self._lookups = 0
         self._ids_built = True
@@ -2568,7 +2574,7 @@ class CoolArchive:
             for d, n in self._listing():
                 m = _OURS_RE.match(n)
                 assert m is not None        # (_listing matched it)
-                legacy = d == self._dir and m.group(2) == "idx" and not self._read_only
+                legacy = self._legacy_sidecar(d, m) and not self._read_only
                 if int(m.group(1)) not in keep_nos or n.startswith(".") or legacy:
                     out.append((d, n))
             return out
@@ -2587,7 +2593,7 @@ class CoolArchive:
             for d, n in self._stray_files(keep):
                 m = _OURS_RE.match(n)
                 if m and int(m.group(1)) in self._live_nos() and not n.startswith(".") \
-                        and not (d == self._dir and m.group(2) == "idx"):
+                        and not self._legacy_sidecar(d, m):
                     continue
                 try:
                     os.unlink(os.path.join(d, n))
