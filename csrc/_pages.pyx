@@ -2,15 +2,21 @@
 header (Thrift compact protocol), finding the j-th value of a PLAIN
 BYTE_ARRAY page, and turning such a page into an Arrow string layout.
 
-The Python layer (``rune_fast.pages``) locates the pages, checks their CRC,
+The Python layer (``rune_fast.pages``) asks where a column chunk's pages lie
+(:func:`chunk_pages` walks their headers in C), checks their CRC,
 decompresses them and decides what to do with anything these functions refuse:
 every malformed input raises ValueError, never reads out of bounds.
 """
+from libc.errno cimport EINTR, errno
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
+from posix.unistd cimport pread
 
 cimport cython
 from rf_core cimport rf_find
+
+import os
 
 import numpy as np
 
@@ -124,23 +130,16 @@ cdef class _Cursor:
             self.skip(t, depth)
 
 
-@cython.boundscheck(False)
-@cython.wraparound(False)
-def page_header(const unsigned char[::1] buf, Py_ssize_t pos=0):
-    """Parse the PageHeader at ``buf[pos:]``.
-
-    Returns ``(header_len, page_type, uncompressed_size, compressed_size, crc,
-    num_values, encoding)``: ``crc`` is the unsigned CRC-32 or -1 when the
-    header has none; ``num_values`` and ``encoding`` come from a v1 data page
-    header (-1 for other page types). ValueError when the bytes are not a
-    complete header (also when ``buf`` ends inside it: read more and retry)."""
+cdef int _header(const unsigned char *p, Py_ssize_t n, Py_ssize_t pos, int64_t *out) except -1:
+    """Parse the PageHeader at ``p[pos:n]`` into ``out``: what
+    :func:`page_header` returns, in its order."""
     cdef _Cursor c = _Cursor()
     cdef int fid = 0, sfid, t, st
     cdef int64_t ptype = -1, usize = -1, csize = -1, crc = -1, nvals = -1, enc = -1
-    if pos < 0 or pos > buf.shape[0]:
+    if pos < 0 or pos > n:
         raise ValueError("page header position out of range")
-    c.p = &buf[0] if buf.shape[0] else NULL
-    c.n = buf.shape[0]
+    c.p = p
+    c.n = n
     c.i = pos
     while True:
         t = c.field(&fid)
@@ -170,7 +169,29 @@ def page_header(const unsigned char[::1] buf, Py_ssize_t pos=0):
             c.skip(t, 0)
     if ptype < 0 or usize < 0 or csize < 0:
         raise ValueError("page header lacks its type or sizes")
-    return c.i - pos, ptype, usize, csize, crc, nvals, enc
+    out[0] = c.i - pos
+    out[1] = ptype
+    out[2] = usize
+    out[3] = csize
+    out[4] = crc
+    out[5] = nvals
+    out[6] = enc
+    return 0
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def page_header(const unsigned char[::1] buf, Py_ssize_t pos=0):
+    """Parse the PageHeader at ``buf[pos:]``.
+
+    Returns ``(header_len, page_type, uncompressed_size, compressed_size, crc,
+    num_values, encoding)``: ``crc`` is the unsigned CRC-32 or -1 when the
+    header has none; ``num_values`` and ``encoding`` come from a v1 data page
+    header (-1 for other page types). ValueError when the bytes are not a
+    complete header (also when ``buf`` ends inside it: read more and retry)."""
+    cdef int64_t h[7]
+    _header(&buf[0] if buf.shape[0] else NULL, buf.shape[0], pos, h)
+    return h[0], h[1], h[2], h[3], h[4], h[5], h[6]
 
 
 @cython.boundscheck(False)
@@ -263,3 +284,86 @@ def plain_find(const unsigned char[::1] page, Py_ssize_t count, const unsigned c
     if pos != n:
         raise ValueError(f"{n - pos} bytes past the last PLAIN value")
     return hits[:nh]
+
+
+cdef enum:
+    # bytes read at a page header that lies past what was read before; a
+    # header that does not parse in them (statistics make it longer) is read
+    # again, up to HEADER_MAX
+    HEADER_PROBE = 512
+    HEADER_MAX = 64 * 1024
+    # bytes read at once from the start of a column chunk: the headers of a
+    # chunk of small pages all lie in them
+    CHUNK_WINDOW = 16 * 1024
+    DATA_PAGE = 0
+    PLAIN = 0
+
+
+cdef Py_ssize_t _read_at(int fd, unsigned char *buf, Py_ssize_t size, int64_t offset) except -1:
+    """pread exactly ``size`` bytes at ``offset``: OSError if the read fails,
+    ValueError naming the offset if the file ends first."""
+    cdef Py_ssize_t got = 0, r
+    while got < size:
+        with nogil:
+            r = pread(fd, buf + got, <size_t>(size - got), offset + got)
+        if r < 0:
+            if errno == EINTR:
+                continue
+            raise OSError(errno, os.strerror(errno))
+        if r == 0:
+            raise ValueError(f"{size} bytes at offset {offset} run past the end of the file")
+        got += r
+    return got
+
+
+def chunk_pages(int fd, int64_t offset, int64_t total, int64_t rows, bint zstd):
+    """The pages of one column chunk, from their headers: ``total`` bytes at
+    ``offset`` of the file open as ``fd``, holding ``rows`` values. Returns
+    ``(firsts, pages)``: the first row of each page, and ``(first, data
+    offset, compressed size, uncompressed size, crc, zstd, values)`` of each.
+
+    Only PLAIN v1 data pages with a CRC are read here: any other page raises
+    NotImplementedError (the caller reads the file another way). A header
+    that does not parse, a page of no values (or, uncompressed, of two
+    sizes), or pages that do not fill the chunk exactly with ``rows`` values
+    raise ValueError naming the offset; a failed read, OSError."""
+    cdef list firsts = [], pages = []
+    cdef int64_t end = offset + total, pos = offset, first = 0, base = offset
+    cdef int64_t h[7]
+    cdef Py_ssize_t have = 0, want
+    cdef unsigned char *buf = <unsigned char *>malloc(HEADER_MAX)
+    if buf == NULL:
+        raise MemoryError()
+    try:
+        if total > 0:
+            have = _read_at(fd, buf, <Py_ssize_t>min(total, <int64_t>CHUNK_WINDOW), offset)
+        while pos < end:
+            if pos - base >= have:
+                base = pos
+                have = _read_at(fd, buf, <Py_ssize_t>min(end - pos, <int64_t>HEADER_PROBE), pos)
+            try:
+                _header(buf, have, <Py_ssize_t>(pos - base), h)
+            except ValueError:
+                # the header may run past the bytes read: read it where it starts
+                want = <Py_ssize_t>min(end - pos, <int64_t>HEADER_MAX)
+                base = pos
+                have = _read_at(fd, buf, want, pos)
+                try:
+                    _header(buf, have, 0, h)
+                except ValueError as exc:
+                    raise ValueError(f"page header at offset {pos}: {exc}") from None
+            if h[1] != DATA_PAGE or h[6] != PLAIN or h[4] < 0:
+                raise NotImplementedError(f"page at offset {pos} (type {h[1]}, encoding {h[6]}, "
+                                          f"crc {h[4] >= 0})")
+            if h[5] <= 0 or (not zstd and h[2] != h[3]):
+                raise ValueError(f"page header at offset {pos} has {h[5]} values")
+            firsts.append(first)
+            pages.append((first, pos + h[0], h[3], h[2], h[4], zstd, h[5]))
+            first += h[5]
+            pos += h[0] + h[3]
+    finally:
+        free(buf)
+    if pos != end or first != rows:
+        raise ValueError(f"column chunk at offset {offset} holds {first} values "
+                         f"in {pos - offset} bytes, expected {rows} in {total}")
+    return firsts, pages

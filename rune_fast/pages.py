@@ -34,15 +34,10 @@ import zstandard
 import numpy as np
 import pyarrow as pa
 
-from ._pages import byte_array_at, page_header, plain_find, plain_strings
+from ._pages import byte_array_at, chunk_pages, plain_find, plain_strings
 
 __all__ = ["PageError", "PageReader", "Unsupported"]
 
-#: bytes read to parse a page header (a header with statistics may be longer:
-#: then it is read again, larger)
-_PROBE = 512
-#: directory bytes read at once while walking a column chunk's page headers
-_WINDOW = 64 << 10
 #: row groups whose page directories a reader keeps
 _MAX_DIRS = 4096
 
@@ -123,35 +118,14 @@ class PageReader:
 
     def _chunk_pages(self, offset: int, total: int, rows: int, zstd: bool) -> tuple[list[int], list[tuple]]:
         """(first row of each page, (first, data offset, compressed size,
-        uncompressed size, crc, zstd, values) of each page) of one column chunk."""
-        firsts: list[int] = []
-        pages: list[tuple] = []
-        end = offset + total
-        pos, first = offset, 0
-        base, buf = offset, self._pread(min(total, _WINDOW), offset)
-        while pos < end:
-            rel = pos - base
-            try:
-                hlen, ptype, usize, csize, crc, nvals, enc = page_header(buf, rel)
-            except ValueError:
-                # the header may run past the window: read it where it starts
-                base, buf = pos, self._pread(min(end - pos, max(_WINDOW, 8 * _PROBE)), pos)
-                try:
-                    hlen, ptype, usize, csize, crc, nvals, enc = page_header(buf, 0)
-                except ValueError as exc:
-                    raise PageError(f"{self.path}: page header at offset {pos}: {exc}") from None
-            if ptype != _DATA_PAGE or enc != _PLAIN or crc < 0:
-                raise Unsupported(f"page at offset {pos} (type {ptype}, encoding {enc}, crc {crc >= 0})")
-            if nvals <= 0 or (not zstd and usize != csize):
-                raise PageError(f"{self.path}: page header at offset {pos} has {nvals} values")
-            firsts.append(first)
-            pages.append((first, pos + hlen, csize, usize, crc, zstd, nvals))
-            first += nvals
-            pos += hlen + csize
-        if pos != end or first != rows:
-            raise PageError(f"{self.path}: column chunk at offset {offset} holds {first} values "
-                            f"in {pos - offset} bytes, expected {rows} in {total}")
-        return firsts, pages
+        uncompressed size, crc, zstd, values) of each page) of one column
+        chunk (its headers walked in C: ``_pages.chunk_pages``)."""
+        try:
+            return chunk_pages(self._fd, offset, total, rows, zstd)
+        except NotImplementedError as exc:
+            raise Unsupported(str(exc)) from None
+        except ValueError as exc:
+            raise PageError(f"{self.path}: {exc}") from None
 
     def _dir(self, rg: int) -> list[tuple[list[int], list[tuple]]]:
         d = self._dirs.get(rg)

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from rune_fast._pages import byte_array_at, page_header, plain_find, plain_strings
+from rune_fast._pages import byte_array_at, chunk_pages, page_header, plain_find, plain_strings
 from rune_fast.cool import COOL_SCHEMA, CoolArchive
 from rune_fast.errors import CorruptStateCheckpointError
 from rune_fast.pages import PageError, PageReader, Unsupported
@@ -210,6 +210,81 @@ def test_plain_find(values, needle, ci, cut):
     except ValueError:
         return
     assert cut >= len(page) and got == want
+
+
+def _walk_model(data: bytes, offset: int, total: int, rows: int, zstd: bool):
+    """A plain-Python walk of a column chunk's page headers in the file
+    bytes ``data``: what chunk_pages returns, or the exception class it
+    raises (the reference for the compiled walk)."""
+    if offset + total > len(data):
+        return ValueError
+    firsts, pages, pos, first, end = [], [], offset, 0, offset + total
+    while pos < end:
+        try:
+            hlen, ptype, usize, csize, crc, nvals, enc = page_header(data[:end], pos)
+        except ValueError:
+            return ValueError
+        if ptype != 0 or enc != 0 or crc < 0:
+            return NotImplementedError
+        if nvals <= 0 or (not zstd and usize != csize):
+            return ValueError
+        firsts.append(first)
+        pages.append((first, pos + hlen, csize, usize, crc, zstd, nvals))
+        first += nvals
+        pos += hlen + csize
+    if pos != end or first != rows:
+        return ValueError
+    return firsts, pages
+
+
+@pytest.fixture(scope="module")
+def chunk_file(tmp_path_factory):
+    """A cool file, its bytes and every column chunk (offset, size, rows, zstd)."""
+    d = str(tmp_path_factory.mktemp("chunks") / "cool")
+    a = CoolArchive(d, row_group_rows=256, cache_bytes=1)
+    rows = _records(600, seed=3)
+    a.cool(rows, list(range(len(rows))))
+    path = _parquet_path(a)
+    md = pq.ParquetFile(path).metadata
+    chunks = [(cc.data_page_offset, cc.total_compressed_size, md.row_group(g).num_rows,
+               cc.compression == "ZSTD")
+              for g in range(md.num_row_groups) for cc in map(md.row_group(g).column, range(md.num_columns))]
+    with open(path, "rb") as f:
+        return f.read(), chunks
+
+
+@settings(max_examples=300, deadline=None)
+@given(k=st.integers(0, 10 ** 6), flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(1, 255)),
+                                                  max_size=3),
+       cut=st.none() | st.floats(0, 1), rows_off=st.sampled_from([0, 0, 0, -1, 1]))
+def test_chunk_pages_walks_headers_as_the_model(chunk_file, tmp_path_factory, k, flips, cut, rows_off):
+    """The compiled walk of a column chunk's headers (reads of its own,
+    windows, headers past them) gives what a plain-Python walk of the
+    same bytes gives, damaged or cut short or not: the same pages, or the
+    same kind of refusal (ValueError for damage, NotImplementedError for a
+    page it does not read), never anything else."""
+    data, chunks = chunk_file
+    offset, total, rows, zstd = chunks[k % len(chunks)]
+    rows += rows_off
+    b = bytearray(data)
+    for frac, mask in flips:         # mostly inside this chunk (its headers live there)
+        b[offset + int(frac * total)] ^= mask
+    if cut is not None:
+        b = b[:offset + int(cut * total)]
+    path = str(tmp_path_factory.mktemp("walk") / "f.parquet")
+    with open(path, "wb") as f:
+        f.write(bytes(b))
+    want = _walk_model(bytes(b), offset, total, rows, zstd)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        got = chunk_pages(fd, offset, total, rows, zstd)
+    except (ValueError, NotImplementedError) as exc:
+        assert want is type(exc), (want, exc)
+        assert "offset" in str(exc)
+    else:
+        assert got == want
+    finally:
+        os.close(fd)
 
 
 # ------------------------------------------------------- through the archive
