@@ -2575,7 +2575,9 @@ class ConversationStateRepository:
     # ------------------------------------------------------------------
     def refresh(self) -> int:
         """Pick up what the writer made durable since open or the last refresh
-        (read-only stores). Returns how many messages became visible."""
+        (read-only stores). Returns how many more messages it shows than
+        before: ``len`` after minus ``len`` before (negative when the writer
+        deleted more than it appended meanwhile; 0 on a writer)."""
         with self._lock:
             self._check_open()
             if not self.read_only:

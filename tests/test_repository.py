@@ -290,6 +290,25 @@ def test_second_writer_is_refused_and_reader_is_not(tmp_path):
         assert set(before) <= set(after)
 
 
+def test_refresh_counts_the_change_in_len(tmp_path):
+    """refresh() returns len after minus len before: what the writer
+    appended, less what it deleted; 0 on a writer."""
+    with ConversationStateRepository(tmp_path) as repo:
+        repo.append_many([msg(i) for i in range(4)])
+        assert repo.refresh() == 0
+        with ConversationStateRepository(tmp_path, read_only=True) as viewer:
+            assert viewer.refresh() == 0
+            repo.append(msg(4))
+            repo.delete(msg(0).msg_id)
+            assert viewer.refresh() == 0 and len(viewer) == 4
+            repo.delete(msg(1).msg_id)
+            repo.delete(msg(2).msg_id)
+            repo.append(msg(5))
+            assert viewer.refresh() == -1 and len(viewer) == 3
+            repo.compact()
+            assert viewer.refresh() == 0 and viewer.window("ch") == [msg(3), msg(4), msg(5)]
+
+
 def test_reader_follows_compaction(tmp_path):
     with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=2) as repo:
         repo.append_many(msg(i) for i in range(5))
