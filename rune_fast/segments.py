@@ -14,11 +14,11 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import struct
 import threading
 import time
 import warnings
 
-import numpy as np
 
 from ._log import map_file, pwrite_all
 from .errors import DurabilityError, FramingError, StoreClosedError, RecoveryWarning
@@ -183,7 +183,6 @@ class DurableMark:
         self.path = path
         self.writer = writer
         self._map: mmap.mmap | None = None
-        self._words: np.ndarray | None = None
         self._magic = False         # (writer) the magic is in place
         self._bad: tuple[int, int] | None = None    # (viewer) words found failing their check
         if writer:
@@ -197,7 +196,6 @@ class DurableMark:
                 self._map = mmap.mmap(fd, self.SIZE, access=mmap.ACCESS_WRITE)
             finally:
                 os.close(fd)
-            self._words = self._map_words(self._map)
 
     def _attach(self) -> bool:
         try:
@@ -210,23 +208,17 @@ class DurableMark:
             self._map = mmap.mmap(fd, self.SIZE, access=mmap.ACCESS_READ)
         finally:
             os.close(fd)
-        self._words = self._map_words(self._map)
         return True
-
-    @staticmethod
-    def _map_words(m: mmap.mmap) -> np.ndarray:
-        # the location and its check: two aligned little-endian words after the magic
-        return np.frombuffer(m, dtype="<u8", count=2, offset=8)
 
     def read(self) -> int | None:
         """The location the writer last published, or None (no mark, or a
         damaged one)."""
-        if self._words is None and (self.writer or not self._attach()):
+        if self._map is None and (self.writer or not self._attach()):
             return None
-        words = self._words
-        assert words is not None
+        m = self._map
+        assert m is not None
         for attempt in range(20):
-            loc, check = int(words[0]), int(words[1])
+            loc, check = _WORDS.unpack_from(m, 8)
             if check == loc ^ self._ONES:
                 self._bad = None
                 return loc
@@ -240,21 +232,20 @@ class DurableMark:
 
     def publish(self, loc: int) -> None:
         """Store ``loc`` (writer; the caller keeps it from moving backwards)."""
-        words = self._words
-        assert words is not None and self._map is not None
-        words[:] = (loc, loc ^ self._ONES)     # one call: no other thread runs in between
+        assert self._map is not None
+        _WORDS.pack_into(self._map, 8, loc, loc ^ self._ONES)    # one call: no other thread runs in between
         if not self._magic:
             self._map[0:8] = self.MAGIC         # after the words: a viewer that sees it sees them
             self._magic = True
 
     def close(self) -> None:
-        self._words = None
         if self._map is not None:
-            try:
-                self._map.close()
-            except BufferError:
-                pass        # a view of it is still referenced; the map goes with it
+            self._map.close()
             self._map = None
+
+
+#: the mark's location and its check: two little-endian words after the magic
+_WORDS = struct.Struct("<QQ")
 
 
 def write_file(path: str, data: bytes, *, exclusive: bool = False) -> None:
