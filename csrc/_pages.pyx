@@ -8,9 +8,10 @@ decompresses them and decides what to do with anything these functions refuse:
 every malformed input raises ValueError, never reads out of bounds.
 """
 from libc.errno cimport EINTR, errno
-from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+from libc.stdint cimport INT64_MAX, int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
+from posix.stat cimport fstat, struct_stat
 from posix.unistd cimport pread
 
 cimport cython
@@ -323,15 +324,27 @@ def chunk_pages(int fd, int64_t offset, int64_t total, int64_t rows, bint zstd):
     offset, compressed size, uncompressed size, crc, zstd, values)`` of each.
 
     Only PLAIN v1 data pages with a CRC are read here: any other page raises
-    NotImplementedError (the caller reads the file another way). A header
-    that does not parse, a page of no values (or, uncompressed, of two
-    sizes), or pages that do not fill the chunk exactly with ``rows`` values
-    raise ValueError naming the offset; a failed read, OSError."""
+    NotImplementedError (the caller reads the file another way). A chunk
+    that runs past the end of the file, a header that does not parse, a
+    page of no values (or, uncompressed, of two sizes), or pages that do
+    not fill the chunk exactly with ``rows`` values raise ValueError naming
+    the offset; a failed read, OSError."""
     cdef list firsts = [], pages = []
-    cdef int64_t end = offset + total, pos = offset, first = 0, base = offset
+    cdef int64_t end, pos = offset, first = 0, base = offset
     cdef int64_t h[7]
     cdef Py_ssize_t have = 0, want
-    cdef unsigned char *buf = <unsigned char *>malloc(HEADER_MAX)
+    cdef struct_stat st
+    cdef unsigned char *buf
+    if offset < 0 or total < 0 or rows < 0 or total > INT64_MAX - offset:
+        raise ValueError(f"column chunk at offset {offset}: {total} bytes, {rows} values")
+    end = offset + total
+    if fstat(fd, &st) != 0:
+        raise OSError(errno, os.strerror(errno))
+    if end > st.st_size:
+        # (the pages walked would otherwise end past what the file holds)
+        raise ValueError(f"column chunk at offset {offset} ({total} bytes) runs past the end "
+                         f"of the file ({st.st_size} bytes)")
+    buf = <unsigned char *>malloc(HEADER_MAX)
     if buf == NULL:
         raise MemoryError()
     try:
@@ -357,6 +370,13 @@ def chunk_pages(int fd, int64_t offset, int64_t total, int64_t rows, bint zstd):
                                           f"crc {h[4] >= 0})")
             if h[5] <= 0 or (not zstd and h[2] != h[3]):
                 raise ValueError(f"page header at offset {pos} has {h[5]} values")
+            # (checked before they are added: no sum can overflow)
+            if h[5] > rows - first:
+                raise ValueError(f"page at offset {pos} holds {h[5]} values, {rows - first} "
+                                 f"left of the chunk's {rows}")
+            if h[3] > end - pos - h[0]:
+                raise ValueError(f"page at offset {pos} ({h[0]} + {h[3]} bytes) runs past its "
+                                 f"column chunk, which ends at {end}")
             firsts.append(first)
             pages.append((first, pos + h[0], h[3], h[2], h[4], zstd, h[5]))
             first += h[5]
