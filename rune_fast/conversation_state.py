@@ -306,6 +306,10 @@ def _viewer_retry(method):
                     if not self._closed and self._stale_view():
                         self._load_state()
                         continue
+            if isinstance(out, MessageRead) and out.status is ReadStatus.SOURCE_CORRUPT:
+                log.error("exact read of %s in viewer of %s: SOURCE_CORRUPT (the state did not move: "
+                          "damage, not a replaced file)", args[0] if args else kwargs.get("msg_id"),
+                          self.state_dir)
             return out
         return method(self, *args, **kwargs)
     return wrapper
@@ -1022,8 +1026,10 @@ class ConversationStateRepository:
         crash kept out of the event store (the tail holds the body), and note
         messages journaled since the index snapshot that no tier holds."""
         assert self._events is not None     # a writer always has its event store
-        start = int(self._manifest.get("events_offset", 0))
-        unheld_from = max(start, self._snap_events)
+        # (a checkpoint of an earlier build may have recorded a size read
+        # while a task envelope was half written: its lines start after it)
+        start = self._events.next_line_start(int(self._manifest.get("events_offset", 0)))
+        unheld_from = self._events.next_line_start(max(start, self._snap_events))
         lines_after = self._tail is not None and self._tail.size > self._covered
         if not lines_after and self._events.size <= unheld_from:
             return
@@ -1584,7 +1590,7 @@ class ConversationStateRepository:
                 try:
                     rec = self._read_loc(loc)
                 except CorruptStateCheckpointError as exc:
-                    log.error("exact read of %s: %s", msg_id, exc)
+                    self._read_damage("exact read of %s: %s", msg_id, exc)
                     return MessageRead(ReadStatus.SOURCE_CORRUPT, None, tier)
                 if rec.msg_id != msg_id:
                     return MessageRead(ReadStatus.SOURCE_CORRUPT, None, tier)
@@ -1594,7 +1600,7 @@ class ConversationStateRepository:
                 rec = next((r for r, _o in self._cool_records(self._cool.id_locs(msg_id))
                             if r.msg_id == msg_id), None)
             except CorruptStateCheckpointError as exc:
-                log.error("exact read of %s: %s", msg_id, exc)
+                self._read_damage("exact read of %s: %s", msg_id, exc)
                 return MessageRead(ReadStatus.SOURCE_CORRUPT, None, "cool")
             if rec is None:
                 # A hot line indexed under this id's hash whose bytes fail their
@@ -1604,17 +1610,24 @@ class ConversationStateRepository:
                         line = self._index.line(cand)
                         moved = not _tag_matches(line, k, self._path_of(cand >> 40), cand & _OFF_MASK)
                     except CorruptStateCheckpointError as exc:
-                        log.error("exact read of %s: %s", msg_id, exc)
+                        self._read_damage("exact read of %s: %s", msg_id, exc)
                         return MessageRead(ReadStatus.SOURCE_CORRUPT, None, self._tier_of(cand))
                     if moved:
                         # a sound line, but not of the id whose hash put it in
                         # this slot: a line moved there (another id sharing the
                         # tag would match it)
-                        log.error("exact read of %s: the line at %s:%d is another message's",
+                        self._read_damage("exact read of %s: the line at %s:%d is another message's",
                                   msg_id, self._path_of(cand >> 40), cand & _OFF_MASK)
                         return MessageRead(ReadStatus.SOURCE_CORRUPT, None, self._tier_of(cand))
                 return MessageRead(ReadStatus.NOT_FOUND_CONFIRMED)
             return MessageRead(ReadStatus.FOUND_VERIFIED, _own(rec), "cool")
+
+    def _read_damage(self, fmt: str, *args: Any) -> None:
+        """Log what made an exact read SOURCE_CORRUPT: an error in a writer;
+        in a viewer a debug record, as the read may have met a file its
+        writer's compaction just replaced (``_viewer_retry`` reloads and
+        reads again, and logs the error if the read stays SOURCE_CORRUPT)."""
+        (log.debug if self.read_only else log.error)(fmt, *args)
 
     def _hot_channel(self, channel_id: str, n: int = -1) -> list[tuple[ConversationMessageRecord, str]]:
         locs = self._index.channel_locs(codec.key(channel_id), n)
@@ -2301,7 +2314,7 @@ class ConversationStateRepository:
             # 5. envelopes before the checkpoint that depends on them (the
             # size taken first: another writer of a shared event store may
             # append between the sync and a later look, unsynced)
-            events_size = self._events.size
+            events_size = self._events.line_end()
             if durable:
                 self._events.sync()
             self._seg_order = new_order
@@ -2342,7 +2355,7 @@ class ConversationStateRepository:
         assert self._tail is not None and self._events is not None     # (a writer's)
         rep.folded = self._since_compact
         self._covered = self._tail.size
-        self._covered_events = self._events.size
+        self._covered_events = self._events.line_end()
         self._since_compact = 0
         self._manifest_dirty = True
         self._compactions += 1
@@ -2548,7 +2561,7 @@ class ConversationStateRepository:
         covered[self._tail_seg] = self._tail.size
         covered[_TAIL_MARK] = self._tail_seg
         if self._events is not None:
-            covered[_EVENTS_MARK] = self._events.size
+            covered[_EVENTS_MARK] = self._events.line_end()
         size = self._tail.size
         buf = self._tail.buf
         covered[_SYNCED_MARK] = (buf.rfind(b"\n", 0, size - 1) + 1 if size > 1 and buf is not None else 0) + 1

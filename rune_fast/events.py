@@ -373,6 +373,47 @@ class FramedLog:
                 return os.fstat(self._fd).st_size
             return os.stat(self.path).st_size
 
+    def line_end(self) -> int:
+        """Where the file's complete lines end now: its size read while no
+        appender is inside its write. Every appender (an EventStore of this
+        or another repository, in this or another process) writes whole
+        lines holding a shared ``flock``; this takes it exclusively for the
+        ``fstat``. A size read without it can fall inside a line another
+        appender is writing (a long envelope grows the file a page at a
+        time): a checkpoint that recorded it would point mid-line."""
+        with self._lock:
+            if self._closed:
+                return self.size
+            fd = self._fd if self._fd >= 0 else os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                try:
+                    return os.fstat(fd).st_size
+                finally:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                if fd != self._fd:
+                    os.close(fd)
+
+    def next_line_start(self, offset: int) -> int:
+        """``offset`` if a line starts there (or it is 0 or past the end),
+        else where the next line starts: a checkpoint of an earlier build may
+        have recorded a size read while another appender's line was half
+        written (see :meth:`line_end`)."""
+        if offset <= 0:
+            return 0
+        with open(self.path, "rb") as f:
+            f.seek(offset - 1)
+            pos = offset - 1
+            while True:
+                chunk = f.read(4096)
+                if not chunk:
+                    return max(offset, pos)
+                nl = chunk.find(b"\n")
+                if nl >= 0:
+                    return pos + nl + 1
+                pos += len(chunk)
+
     # -- reading -----------------------------------------------------------
 
     def iter_lines(self, start: int = 0) -> Iterator[tuple[int, bytes]]:
@@ -391,10 +432,11 @@ class FramedLog:
                 raise CorruptStateCheckpointError(f"damaged line: {reason}", path=self.path, offset=offset)
             yield offset, line
 
-    def _scan(self, start: int) -> Iterator[tuple[int, bytes, str | None]]:
+    def _scan(self, start: int, stop: int | None = None) -> Iterator[tuple[int, bytes, str | None]]:
         """Yield (offset, line, reason) for complete lines (reason "" if sound)
         and, at the end, (offset, tail, None) for non-zero bytes after the last
-        newline, if any. Zero padding at the end is skipped."""
+        newline, if any. Zero padding at the end is skipped. ``stop``: read
+        no byte at or past it (what was appended after a :meth:`line_end`)."""
         if self._closed:
             raise StoreClosedError(f"log {self.path} is closed")
         with open(self.path, "rb") as f:
@@ -402,8 +444,11 @@ class FramedLog:
             offset = start          # file offset of buf[0]
             zeros_from = -1         # start of a skipped run of zero bytes, if any
             buf = b""
+            left = -1 if stop is None else max(0, stop - start)
             while True:
-                chunk = f.read(_READ_CHUNK)
+                chunk = f.read(_READ_CHUNK if left < 0 else min(_READ_CHUNK, left))
+                if left >= 0:
+                    left -= len(chunk)
                 if not chunk:
                     break
                 buf += chunk
@@ -431,12 +476,14 @@ class FramedLog:
             if buf and buf.count(0) != len(buf):
                 yield (zeros_from if zeros_from >= 0 else offset), buf, None
 
-    def verify(self) -> list[dict[str, Any]]:
+    def verify(self, stop: int | None = None) -> list[dict[str, Any]]:
         """Check every line; never raises for damage. Return one
         ``{"path", "offset", "problem"}`` dict per damaged line (and one for a
-        non-zero incomplete final line)."""
+        non-zero incomplete final line). The lines checked end where complete
+        lines ended when it started (``stop``, default :meth:`line_end`): an
+        append in flight then is not an incomplete line."""
         problems = []
-        for offset, _line, reason in self._scan(0):
+        for offset, _line, reason in self._scan(0, self.line_end() if stop is None else stop):
             if reason is None:
                 problems.append({"path": self.path, "offset": offset,
                                  "problem": "incomplete final line (torn, or an append in flight)"})
@@ -668,12 +715,24 @@ class EventStore:
         del env["x"]
         return env
 
+    def line_end(self) -> int:
+        """Where complete lines end now (see :meth:`FramedLog.line_end`): the
+        size a checkpoint may record."""
+        return self._log.line_end()
+
+    def next_line_start(self, offset: int) -> int:
+        """See :meth:`FramedLog.next_line_start`."""
+        return self._log.next_line_start(offset)
+
     def verify(self) -> list[dict[str, Any]]:
-        """Check every line and envelope; never raises for damage. Return one
+        """Check every line and envelope up to where complete lines ended
+        when it started (another appender's envelope in flight is not
+        damage); never raises for damage. Return one
         ``{"path", "offset", "problem"}`` dict per problem."""
-        problems = self._log.verify()
+        stop = self._log.line_end()
+        problems = self._log.verify(stop)
         bad = {p["offset"] for p in problems}
-        for offset, line, reason in self._log._scan(0):
+        for offset, line, reason in self._log._scan(0, stop):
             if reason or reason is None or offset in bad:
                 continue
             try:

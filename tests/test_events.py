@@ -392,3 +392,80 @@ def test_append_encoded(tmp_path):
         assert [e["type"] for e in store.iter_envelopes()] == ["conversation.message", "conversation.deleted"]
         with pytest.raises(ValueError):
             store.append_encoded(b'{"x":"00"')
+
+
+def _half_written(path: str, line: bytes):
+    """Another appender in the middle of its write: a descriptor of its own
+    holding the shared lock, half the line written. Returns (fd, rest)."""
+    import fcntl
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    os.write(fd, line[:len(line) // 2])
+    return fd, line[len(line) // 2:]
+
+
+def _finish(fd: int, rest: bytes, delay: float) -> threading.Thread:
+    import fcntl
+    import time
+
+    def run():
+        time.sleep(delay)
+        os.write(fd, rest)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def test_line_end_waits_for_an_append_in_flight(tmp_path):
+    """line_end() is never inside another appender's line: it waits for the
+    shared lock the appender holds while writing (found by a thread stress
+    test: a conversation checkpoint recorded the size of events.jsonl while
+    a task envelope several pages long was half written, and the store then
+    refused to reopen)."""
+    path = str(tmp_path / "events.jsonl")
+    store = EventStore(path)
+    store.append("task_state.created", "task_1", H)
+    fd, rest = _half_written(path, store.encode("task_state.created", "task_2", H, pad="p" * 20000))
+    t = _finish(fd, rest, 0.2)
+    end = store.line_end()
+    t.join()
+    assert end == os.path.getsize(path)
+    assert [e["id"] for e in store.iter_envelopes(0)] == ["task_1", "task_2"]
+    # the same through a read-only view of the file
+    fd, rest = _half_written(path, store.encode("task_state.created", "task_3", H))
+    t = _finish(fd, rest, 0.2)
+    assert EventStore(path, read_only=True).line_end() == os.path.getsize(path)
+    t.join()
+    store.close()
+
+
+def test_verify_does_not_report_an_append_in_flight(tmp_path):
+    """verify() checks the lines complete when it starts: another
+    appender's envelope being written is not an incomplete line."""
+    path = str(tmp_path / "events.jsonl")
+    store = EventStore(path)
+    store.append("task_state.created", "task_1", H)
+    fd, rest = _half_written(path, store.encode("task_state.created", "task_2", H, pad="p" * 20000))
+    t = _finish(fd, rest, 0.2)
+    assert store.verify() == []
+    t.join()
+    assert store.verify() == []
+    # a line cut short with no appender at it is still reported
+    with open(path, "ab") as f:
+        f.write(b'{"x":"0')
+    assert [p["problem"] for p in store.verify()] == ["incomplete final line (torn, or an append in flight)"]
+    store.close()
+
+
+def test_next_line_start(tmp_path):
+    path = str(tmp_path / "events.jsonl")
+    store = EventStore(path)
+    a = store.append("task_state.created", "task_1", H)
+    b = store.append("task_state.created", "task_2", H)
+    size = store.size
+    assert [store.next_line_start(o) for o in (0, a, b, size)] == [0, a, b, size]
+    assert store.next_line_start(b - 5) == b and store.next_line_start(a + 1) == b
+    assert store.next_line_start(b + 1) == size and store.next_line_start(size + 7) == size + 7
+    store.close()

@@ -1351,3 +1351,71 @@ def test_bad_arguments_name_themselves_and_create_nothing(tmp_path):
         with pytest.raises(TypeError, match="^ops: "):
             repo.merge_ops(None)
         assert {p: read(p) for p in files_under(tmp_path / "s")} == before
+
+
+def test_checkpoint_never_records_the_middle_of_another_appenders_envelope(tmp_path):
+    """A task repository (or another process) appending to the same
+    events.jsonl through an event store of its own: a compaction that runs
+    while its envelope is half written records where complete lines end,
+    and the store reopens (found by a thread stress test: the manifest's
+    events_offset fell inside a long task envelope and the reopen raised
+    'damaged line')."""
+    import fcntl
+    import time
+
+    from rune_fast.tasks import TaskStateRepository
+    state = str(tmp_path)
+    with TaskStateRepository(state) as tasks:
+        tasks.create("t", "ch")
+        conv = ConversationStateRepository(state, compact_every=1_000_000)
+        conv.append(msg(1))
+        conv.append(msg(2))
+        path = os.path.join(state, "events.jsonl")
+        line = conv._events.encode("task_state.created", "task_x", "ab" * 32, pad="p" * 20000)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        os.write(fd, line[:9000])
+
+        def finish():
+            time.sleep(0.2)
+            os.write(fd, line[9000:])
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+        # (a real appender writes its line with one write(2), which other
+        # appends wait for; the half is what a reader of the size sees meanwhile)
+        t = threading.Thread(target=finish)
+        t.start()
+        conv.compact()
+        t.join()
+        assert conv._manifest["events_offset"] == os.path.getsize(path)
+        conv.append(msg(3))
+        conv.close()
+        with ConversationStateRepository(state) as again:
+            assert again.window("ch") == [msg(1), msg(2), msg(3)]
+            assert again.verify().ok
+
+
+def test_a_mid_line_events_offset_of_an_earlier_build_still_opens(tmp_path, monkeypatch):
+    """A manifest an earlier build wrote with events_offset inside another
+    appender's envelope: the open reads envelopes from the next line on,
+    re-derives what a crash lost after it, and says nothing is damaged."""
+    from rune_fast.events import EventStore
+    from rune_fast.tasks import TaskStateRepository
+    state = str(tmp_path)
+    with TaskStateRepository(state) as tasks:
+        conv = ConversationStateRepository(state, compact_every=1_000_000)
+        conv.append(msg(1))
+        tasks.create("t" * 3000, "ch")
+        # the earlier build: a size read inside the task envelope just written
+        monkeypatch.setattr(EventStore, "line_end", lambda self: self.size - 1000)
+        conv.compact()
+        monkeypatch.undo()
+        off = conv._manifest["events_offset"]
+        with open(os.path.join(state, "events.jsonl"), "rb") as f:
+            assert f.read()[off - 1:off] != b"\n"       # (mid-line, as the earlier build wrote it)
+        conv.append(msg(2))
+        conv.close()
+    with ConversationStateRepository(state) as again:
+        assert again.window("ch") == [msg(1), msg(2)]
+        report = again.verify()
+        assert report.ok, report.problems
