@@ -21,6 +21,10 @@ import os
 
 import numpy as np
 
+class Unsupported(Exception):
+    """The file's layout is not one the page reader reads (use pyarrow)."""
+
+
 # Thrift compact protocol field types
 cdef enum:
     T_TRUE = 1
@@ -324,7 +328,7 @@ def chunk_pages(int fd, int64_t offset, int64_t total, int64_t rows, bint zstd):
     offset, compressed size, uncompressed size, crc, zstd, values)`` of each.
 
     Only PLAIN v1 data pages with a CRC are read here: any other page raises
-    NotImplementedError (the caller reads the file another way). A chunk
+    :class:`Unsupported` (the caller reads the file another way). A chunk
     that runs past the end of the file, a header that does not parse, a
     page of no values (or, uncompressed, of two sizes), or pages that do
     not fill the chunk exactly with ``rows`` values raise ValueError naming
@@ -366,7 +370,7 @@ def chunk_pages(int fd, int64_t offset, int64_t total, int64_t rows, bint zstd):
                 except ValueError as exc:
                     raise ValueError(f"page header at offset {pos}: {exc}") from None
             if h[1] != DATA_PAGE or h[6] != PLAIN or h[4] < 0:
-                raise NotImplementedError(f"page at offset {pos} (type {h[1]}, encoding {h[6]}, "
+                raise Unsupported(f"page at offset {pos} (type {h[1]}, encoding {h[6]}, "
                                           f"crc {h[4] >= 0})")
             if h[5] <= 0 or (not zstd and h[2] != h[3]):
                 raise ValueError(f"page header at offset {pos} has {h[5]} values")

@@ -25,6 +25,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, Literal, cast, overload
 
 import orjson
@@ -198,6 +199,17 @@ def _close_fd(fd: int) -> None:
             raise
 
 
+@contextmanager
+def _exclusive(fd: int) -> Iterator[None]:
+    """Hold the file's ``flock`` exclusively: no appender (each holds it
+    shared for its one write) is inside a write meanwhile."""
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
 class FramedLog:
     """One append-only file of framed lines.
 
@@ -252,8 +264,7 @@ class FramedLog:
     # -- recovery -----------------------------------------------------------
 
     def _recover(self) -> None:
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-        try:
+        with _exclusive(self._fd):
             size = os.fstat(self._fd).st_size
             if size == 0:
                 return
@@ -282,8 +293,6 @@ class FramedLog:
                        f"({len(tail)} bytes) moved to {qpath}")
             log.warning("%s", message)
             warnings.warn(message, RecoveryWarning, stacklevel=4)
-        finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def _quarantine(self, data: bytes) -> str:
         n = 0
@@ -386,11 +395,8 @@ class FramedLog:
                 return self.size
             fd = self._fd if self._fd >= 0 else os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                try:
+                with _exclusive(fd):
                     return os.fstat(fd).st_size
-                finally:
-                    fcntl.flock(fd, fcntl.LOCK_UN)
             finally:
                 if fd != self._fd:
                     os.close(fd)

@@ -34,7 +34,7 @@ import zstandard
 import numpy as np
 import pyarrow as pa
 
-from ._pages import byte_array_at, chunk_pages, plain_find, plain_strings
+from ._pages import Unsupported, byte_array_at, chunk_pages, plain_find, plain_strings
 
 __all__ = ["PageError", "PageReader", "Unsupported"]
 
@@ -45,10 +45,6 @@ _FIXED = {"INT64": struct.Struct("<q"), "INT32": struct.Struct("<i"), "DOUBLE": 
 _ARROW = {"INT64": pa.int64(), "INT32": pa.int32(), "DOUBLE": pa.float64()}
 _DATA_PAGE = 0
 _PLAIN = 0
-
-
-class Unsupported(Exception):
-    """The file's layout is not one this reader reads (use pyarrow)."""
 
 
 class PageError(ValueError):
@@ -122,8 +118,6 @@ class PageReader:
         chunk (its headers walked in C: ``_pages.chunk_pages``)."""
         try:
             return chunk_pages(self._fd, offset, total, rows, zstd)
-        except NotImplementedError as exc:
-            raise Unsupported(str(exc)) from None
         except ValueError as exc:
             raise PageError(f"{self.path}: {exc}") from None
 

@@ -225,7 +225,7 @@ def _walk_model(data: bytes, offset: int, total: int, rows: int, zstd: bool):
         except ValueError:
             return ValueError
         if ptype != 0 or enc != 0 or crc < 0:
-            return NotImplementedError
+            return Unsupported
         if nvals <= 0 or (not zstd and usize != csize):
             return ValueError
         if nvals > rows - first or pos + hlen + csize > end:
@@ -268,7 +268,7 @@ def test_chunk_pages_walks_headers_as_the_model(chunk_file, tmp_path_factory, k,
     """The compiled walk of a column chunk's headers (reads of its own,
     windows, headers past them) gives what a plain-Python walk of the
     same bytes gives, damaged or cut short or not: the same pages, or the
-    same kind of refusal (ValueError for damage, NotImplementedError for a
+    same kind of refusal (ValueError for damage, Unsupported for a
     page it does not read), never anything else."""
     data, chunks = chunk_file
     content = [c for c in chunks if c[1] > 16 << 10]      # the content chunks: past the first window
@@ -286,7 +286,7 @@ def test_chunk_pages_walks_headers_as_the_model(chunk_file, tmp_path_factory, k,
     fd = os.open(path, os.O_RDONLY)
     try:
         got = chunk_pages(fd, offset, total, rows, zstd)
-    except (ValueError, NotImplementedError) as exc:
+    except (ValueError, Unsupported) as exc:
         assert want is type(exc), (want, exc)
         assert "offset" in str(exc)
     else:
