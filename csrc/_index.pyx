@@ -26,7 +26,7 @@ cdef extern from "<sys/mman.h>" nogil:
     int MAP_PRIVATE
     void *MAP_FAILED
 from rf_core cimport (RF_ID_OFF, RF_MAX_LINE, RF_OK, RF_SEQ_ORDER, rf_all_zero, rf_check_frame,
-                      rf_cmp_json, rf_content_has, rf_find, rf_find_nonascii,
+                      rf_cmp_json, rf_content_has, rf_find, rf_find_nonascii, rf_gram, rf_gram_fill,
                       rf_has_nonascii, rf_i64vec, rf_line_start, rf_prefault, rf_check_slots, rf_first_negative,
                       rf_prefetch,
                       rf_i64vec_push, rf_line_seq, rf_lower, rf_msg, rf_parse_msg, rf_reason,
@@ -270,6 +270,124 @@ cdef class HashIndex:
 # HotIndex
 
 
+
+# ---- trigram filters of hot segments (search over every channel) ----------
+#
+# A whole-store search scans every attached segment. Block b of a segment's
+# buffer (GR_BLOCK bytes) gets a filter of the trigrams starting in it or in
+# the GR_OVER bytes after it (rf_gram: ASCII letters lowercased): a needle of
+# 3 to GR_OVER + 2 bytes that starts in block b has every trigram in b's
+# filter, so a block whose filter lacks one is skipped without reading its
+# bytes. Building them costs about five plain scans, so a store searched
+# once never pays it: the second search that can use them builds them
+# (memory: 1/32 of the bytes covered), every later one extends them over
+# the blocks since; they are dropped when the segment is detached or
+# attached again. The bytes past the last full block are always scanned.
+cdef enum:
+    GR_BLOCK = 16384
+    GR_OVER = 256
+    GR_LG = 12                 # 4096 bits a filter
+    GR_WORDS = 64
+
+
+cdef int _gr_build(rf_seg *sg) noexcept nogil:
+    """Extend the filters of segment `sg` over every full block of its buffer
+    that lies before its last newline (block b needs bytes up to (b + 1) *
+    GR_BLOCK + GR_OVER + 2): a mapped tail goes on past its lines (zeros the
+    writer's appends overwrite, or a line being written), and only complete
+    lines never change. 0, or -1 when memory runs out (the filters stay as
+    they were)."""
+    cdef int64_t want, b, stable
+    cdef uint64_t *w
+    cdef const unsigned char *p = sg.ptr
+    if sg.len < GR_BLOCK + GR_OVER + 2:
+        return 0
+    stable = rf_line_start(p, p + sg.len) - p      # after the last newline
+    if stable < GR_BLOCK + GR_OVER + 2:
+        return 0
+    want = (stable - GR_OVER - 2) // GR_BLOCK
+    if want <= sg.gr_n:
+        return 0
+    w = <uint64_t *>realloc(sg.gr, <size_t>want * GR_WORDS * sizeof(uint64_t))
+    if w == NULL:
+        return -1
+    sg.gr = w
+    memset(w + sg.gr_n * GR_WORDS, 0, <size_t>(want - sg.gr_n) * GR_WORDS * sizeof(uint64_t))
+    for b in range(sg.gr_n, want):
+        rf_gram_fill(sg.gr + b * GR_WORDS, p + b * GR_BLOCK, GR_BLOCK + GR_OVER + 2, GR_LG)
+    sg.gr_n = want
+    return 0
+
+
+cdef inline bint _gr_may(const uint64_t *w, const uint32_t *hs, size_t k) noexcept nogil:
+    """Does a filter hold each of the k trigram bits hs?"""
+    cdef size_t i
+    for i in range(k):
+        if not (w[hs[i] >> 6] >> (hs[i] & 63)) & 1:
+            return False
+    return True
+
+
+cdef int _scan_region(const unsigned char *base, int64_t *ppos, int64_t hi, int64_t end,
+                      const unsigned char *nd, size_t m, bint ci, bint na, int64_t seg, int64_t off0,
+                      rf_i64vec *hits, rf_i64vec *bad) noexcept nogil:
+    """The candidate lines of base[0:end) whose match (of the needle, or with
+    `na` a non-ASCII byte) starts in [*ppos, hi): each line whose content holds
+    the needle joins `hits`, a line that does not parse joins `bad` (locs of
+    segment `seg`, whose offset of base[0] is off0). *ppos ends past the last
+    line seen (end if a final line has no newline). Nonzero on memory error."""
+    cdef int64_t pos = ppos[0], lim, loc, ln
+    cdef const unsigned char *p
+    cdef const unsigned char *c
+    cdef const unsigned char *nl
+    cdef const unsigned char *nh = NULL
+    cdef const unsigned char *hb = NULL
+    cdef rf_msg msg
+    cdef int oom = 0
+    # needle matches starting before hi lie within base[:lim]
+    lim = hi + <int64_t>m - 1 if m else hi
+    if lim > end:
+        lim = end
+    while pos < hi and not oom:
+        # jump to the next line that can match: a needle candidate or (with
+        # na) a non-ASCII byte; each stream scans forward once
+        p = base + pos
+        if nh == NULL or nh < p:
+            nh = rf_find(p, <size_t>(lim - pos), nd, m, ci) if lim > pos else NULL
+            if nh == NULL:
+                nh = base + end
+        c = nh
+        if na:
+            if hb == NULL or hb < p:
+                hb = rf_find_nonascii(p, <size_t>(hi - pos))
+                if hb == NULL:
+                    hb = base + end
+            if hb < c:
+                c = hb
+        if c >= base + hi:
+            pos = hi
+            break
+        p = rf_line_start(base, c)
+        nl = <const unsigned char *>memchr(c, b'\n', <size_t>(base + end - c))
+        if nl == NULL:
+            pos = end          # a torn or in-flight final line: never indexed
+            break
+        ln = nl - p
+        loc = (seg << 40) | (off0 + (p - base))
+        # checksums are checked when a hit is read (line()); a candidate line
+        # that does not even parse is damage if live
+        if rf_parse_msg(p, <size_t>ln, &msg, 0) != RF_OK:
+            oom = rf_i64vec_push(bad, loc)
+        elif msg.kind == b'm':
+            c = p + msg.content_off
+            if rf_content_has(c, nl, nd, m, ci) or (na and rf_has_nonascii(c, <size_t>(nl - c))):
+                oom = rf_i64vec_push(hits, loc)
+        pos = (nl - base) + 1
+    if pos > ppos[0]:
+        ppos[0] = pos
+    return oom
+
+
 cdef struct rf_rec:
     int64_t off
     uint32_t len        # the line's bytes with its newline
@@ -437,6 +555,7 @@ cdef class HotIndex:
                 if self._c_segs[s].state == 1:
                     PyBuffer_Release(&self._c_segs[s].view)
                 free(self._c_segs[s].ov)
+                free(self._c_segs[s].gr)
             free(self._c_segs)
         _free_lists(self._c_chan, self._n_chan)
         _free_lists(self._c_task, self._n_task)
@@ -1015,6 +1134,9 @@ cdef class HotIndex:
             self._c_segs[seg].state = 0
             self._c_segs[seg].ptr = NULL
             self._c_segs[seg].len = 0
+            free(self._c_segs[seg].gr)     # the filters were of the old buffer
+            self._c_segs[seg].gr = NULL
+            self._c_segs[seg].gr_n = 0
         self._views.pop(seg, None)
 
     def detach(self, int64_t seg) -> None:
@@ -1786,20 +1908,25 @@ cdef class HotIndex:
     @cython.wraparound(False)
     cdef object _search_all(self, const unsigned char *nd, size_t m, bint ci, bint na):
         """search() over every channel: one sequential pass over each attached
-        segment, then the hits that are live entries, in channel order."""
+        segment (skipping the blocks whose trigram filter rules the needle
+        out), then the hits that are live entries, in channel order."""
         cdef rf_i64vec hits, bad, out
-        cdef int64_t seg, pos, end, ln, loc, off0
+        cdef int64_t seg, pos, end, loc, off0, b, b2
         cdef int reg
         cdef const unsigned char *base
-        cdef const unsigned char *p
-        cdef const unsigned char *nl
-        cdef const unsigned char *c
-        cdef const unsigned char *nh
-        cdef const unsigned char *hb
-        cdef rf_msg msg
+        cdef rf_seg *sg
         cdef int oom = 0
-        cdef uint32_t li, j, e
+        cdef uint32_t li, j
         cdef rf_list *L
+        cdef uint32_t hs[GR_OVER]
+        cdef size_t k = 0
+        # the filters serve a needle of 3 to GR_OVER + 2 bytes, not na's extra lines
+        cdef bint filt = not na and 3 <= m <= GR_OVER + 2
+        if filt:
+            self._n_scans += 1
+            for k in range(m - 2):
+                hs[k] = rf_gram(nd[k], nd[k + 1], nd[k + 2], GR_LG)
+            k = m - 2
         memset(&hits, 0, sizeof(hits))
         memset(&bad, 0, sizeof(bad))
         memset(&out, 0, sizeof(out))
@@ -1807,57 +1934,40 @@ cdef class HotIndex:
         try:
             with nogil:
                 for seg in range(self._n_segs):
+                    sg = &self._c_segs[seg]
                     for reg in range(2):
-                      # the mapped buffer, then the bytes appended after it
-                      if reg == 0:
-                          if self._c_segs[seg].state != 1:
-                              continue
-                          base = self._c_segs[seg].ptr
-                          end = self._c_segs[seg].len
-                          off0 = 0
-                      else:
-                          if self._c_segs[seg].state == 0 or self._c_segs[seg].ov_len == 0:
-                              continue
-                          base = self._c_segs[seg].ov
-                          end = self._c_segs[seg].ov_len
-                          off0 = self._c_segs[seg].len
-                      pos = 0
-                      nh = NULL
-                      hb = NULL
-                      while pos < end and not oom:
-                          # jump to the next line that can match: a needle candidate
-                          # or (with na) a non-ASCII byte; each stream scans forward once
-                          p = base + pos
-                          if nh == NULL or nh < p:
-                              nh = rf_find(p, <size_t>(end - pos), nd, m, ci)
-                              if nh == NULL:
-                                  nh = base + end
-                          c = nh
-                          if na:
-                              if hb == NULL or hb < p:
-                                  hb = rf_find_nonascii(p, <size_t>(end - pos))
-                                  if hb == NULL:
-                                      hb = base + end
-                              if hb < c:
-                                  c = hb
-                          if c >= base + end:
-                              break
-                          p = rf_line_start(p, c)
-                          nl = <const unsigned char *>memchr(c, b'\n', <size_t>(base + end - c))
-                          if nl == NULL:
-                              break          # a torn or in-flight final line: never indexed
-                          ln = nl - p
-                          loc = (seg << 40) | (off0 + (p - base))
-                          # checksums are checked when a hit is read (line());
-                          # a candidate line that does not even parse is damage if live
-                          if rf_parse_msg(p, <size_t>ln, &msg, 0) != RF_OK:
-                              oom = rf_i64vec_push(&bad, loc)
-                          elif msg.kind == b'm':
-                              c = p + msg.content_off
-                              if (rf_content_has(c, nl, nd, m, ci)
-                                      or (na and rf_has_nonascii(c, <size_t>(nl - c)))):
-                                  oom = rf_i64vec_push(&hits, loc)
-                          pos = (nl - base) + 1
+                        # the mapped buffer, then the bytes appended after it
+                        if reg == 0:
+                            if sg.state != 1:
+                                continue
+                            base = sg.ptr
+                            end = sg.len
+                            off0 = 0
+                        else:
+                            if sg.state == 0 or sg.ov_len == 0:
+                                continue
+                            base = sg.ov
+                            end = sg.ov_len
+                            off0 = sg.len
+                        pos = 0
+                        b = 0
+                        if reg == 0 and filt and self._n_scans > 1 and _gr_build(sg) == 0:
+                            while b < sg.gr_n and not oom and pos < end:
+                                if not _gr_may(sg.gr + b * GR_WORDS, hs, k):
+                                    b += 1
+                                    continue
+                                b2 = b + 1     # a run of candidate blocks: one pass
+                                while b2 < sg.gr_n and _gr_may(sg.gr + b2 * GR_WORDS, hs, k):
+                                    b2 += 1
+                                if pos < b * GR_BLOCK:
+                                    pos = b * GR_BLOCK
+                                oom = _scan_region(base, &pos, b2 * GR_BLOCK, end, nd, m, ci, na,
+                                                   seg, off0, &hits, &bad)
+                                b = b2
+                            if pos < b * GR_BLOCK:
+                                pos = b * GR_BLOCK
+                        if not oom and pos < end:
+                            oom = _scan_region(base, &pos, end, end, nd, m, ci, na, seg, off0, &hits, &bad)
                 # hits and bad lines are sorted by loc; keep the live ones, in channel order
                 if not oom and (hits.n or bad.n):
                     for li in range(self._n_chan):
@@ -1893,7 +2003,8 @@ cdef class HotIndex:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of memory held by the index structures (not the mapped files)."""
+        """Bytes of memory held by the index structures (not the mapped files),
+        the search filters built so far included."""
         self._ensure_tasks()
         cdef uint64_t total = (<uint64_t>self._cap_entries * sizeof(int64_t)
                                + <uint64_t>self._cap_free * sizeof(uint32_t)
@@ -1905,6 +2016,9 @@ cdef class HotIndex:
             total += (<uint64_t>self._c_chan[i].cap_u + self._c_chan[i].cap_s) * sizeof(uint32_t) + self._c_chan[i].lk_cap
         for i in range(self._n_task):
             total += (<uint64_t>self._c_task[i].cap_u + self._c_task[i].cap_s) * sizeof(uint32_t) + self._c_task[i].lk_cap
+        cdef int64_t sgi
+        for sgi in range(self._n_segs):
+            total += <uint64_t>self._c_segs[sgi].gr_n * GR_WORDS * sizeof(uint64_t)
         return total
 
     def __repr__(self):

@@ -15,7 +15,7 @@ from posix.stat cimport fstat, struct_stat
 from posix.unistd cimport pread
 
 cimport cython
-from rf_core cimport rf_find
+from rf_core cimport rf_find, rf_gram_fill, rf_gram_may
 
 import os
 
@@ -289,6 +289,123 @@ def plain_find(const unsigned char[::1] page, Py_ssize_t count, const unsigned c
     if pos != n:
         raise ValueError(f"{n - pos} bytes past the last PLAIN value")
     return hits[:nh]
+
+
+
+cdef inline int _utf8_len(unsigned char c) noexcept nogil:
+    """Bytes of the UTF-8 character whose lead byte is c (0: not a lead byte
+    of a multi-byte character)."""
+    if c >= 0xF0:
+        return 4 if c < 0xF8 else 0
+    if c >= 0xE0:
+        return 3
+    if c >= 0xC0:
+        return 2
+    return 0
+
+
+cdef inline uint32_t _char_bit(const unsigned char *p, int n, int lg) noexcept nogil:
+    cdef uint32_t x = 0
+    cdef int i
+    for i in range(n):
+        x = (x << 8) | p[i]
+    return (x * 2654435761u) >> (32 - lg)
+
+
+cdef int _grams_lg(Py_ssize_t nbits) except -1:
+    cdef int lg = 0
+    while (<Py_ssize_t>1 << lg) < nbits:
+        lg += 1
+    if nbits < 256 or (<Py_ssize_t>1 << lg) != nbits or lg > 24:
+        raise ValueError(f"nbits must be a power of two in [256, 2**24], got {nbits}")
+    return lg
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def plain_grams(const unsigned char[::1] page, Py_ssize_t count, Py_ssize_t nbits=4096) -> bytes:
+    """The search filter of the values of a PLAIN BYTE_ARRAY page of
+    ``count`` values: ``nbits // 8`` bytes of trigram filter (the
+    ``rf_gram_fill`` bits of each value: trigrams within it, ASCII letters
+    lowercased), then ``nbits // 32`` bytes of character filter (a bit per
+    multi-byte UTF-8 character), which :func:`grams_pages` tests.
+    ``nbits``: a power of two in [256, 2**24]. ValueError as
+    :func:`plain_strings`."""
+    cdef Py_ssize_t n = page.shape[0], pos = 0, k, j, bad = -1
+    cdef uint32_t ln, h
+    cdef int lg = _grams_lg(nbits), cl
+    cdef const unsigned char *b = &page[0] if n else NULL
+    if count < 0:
+        raise ValueError("negative value count")
+    out = bytearray(nbits // 8 + nbits // 32)
+    cdef uint64_t *w = <uint64_t *>(<char *>out)
+    cdef uint64_t *wc = w + nbits // 64
+    with nogil:
+        for k in range(count):
+            if n - pos < 4:
+                bad = k
+                break
+            ln = (<uint32_t>b[pos] | (<uint32_t>b[pos + 1] << 8)
+                  | (<uint32_t>b[pos + 2] << 16) | (<uint32_t>b[pos + 3] << 24))
+            pos += 4
+            if <uint64_t>ln > <uint64_t>(n - pos):
+                bad = k
+                break
+            rf_gram_fill(w, b + pos, ln, lg)
+            j = pos
+            while j < pos + <Py_ssize_t>ln:
+                if b[j] < 0xC0:
+                    j += 1
+                    continue
+                cl = _utf8_len(b[j])
+                if cl and j + cl <= pos + <Py_ssize_t>ln:
+                    h = _char_bit(b + j, cl, lg - 2)
+                    wc[h >> 6] |= (<uint64_t>1) << (h & 63)
+                    j += cl
+                else:
+                    j += 1
+            pos += ln
+    if bad >= 0:
+        raise ValueError(f"PLAIN value {bad} runs past its page")
+    if pos != n:
+        raise ValueError(f"{n - pos} bytes past the last PLAIN value")
+    return bytes(out)
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def grams_pages(grams, Py_ssize_t nbits, needle):
+    """Indices (int64, ascending) of the pages whose filter (the
+    concatenated :func:`plain_grams` of pages) may hold ``needle``: one
+    multi-byte UTF-8 character is looked up in the character filter, a
+    longer needle by its trigrams; a shorter one passes every page."""
+    cdef int lg = _grams_lg(nbits)
+    cdef const unsigned char[::1] g = grams
+    cdef const unsigned char[::1] nd = needle
+    cdef Py_ssize_t per = nbits // 8 + nbits // 32, m = nd.shape[0], k = 0, i
+    cdef Py_ssize_t npages = g.shape[0] // per
+    cdef const uint64_t *w
+    cdef uint32_t h = 0
+    cdef bint one_char = m >= 2 and _utf8_len(nd[0]) == m
+    if g.shape[0] != npages * per:
+        raise ValueError(f"{g.shape[0]} bytes of filters are not a whole number of pages of {per}")
+    out = np.empty(npages, dtype=np.int64)
+    cdef int64_t[::1] ov = out
+    if npages == 0 or (m < 3 and not one_char):
+        return np.arange(npages, dtype=np.int64)
+    if one_char:
+        h = _char_bit(&nd[0], <int>m, lg - 2)
+    with nogil:
+        for i in range(npages):
+            w = <const uint64_t *>&g[i * per]
+            if one_char:
+                if not (w[nbits // 64 + (h >> 6)] >> (h & 63)) & 1:
+                    continue
+            elif not rf_gram_may(w, &nd[0], <size_t>m, lg):
+                continue
+            ov[k] = i
+            k += 1
+    return out[:k].copy()
 
 
 cdef enum:

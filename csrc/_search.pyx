@@ -9,7 +9,7 @@ from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 
 cimport cython
-from rf_core cimport rf_find, rf_has_nonascii, rf_lower
+from rf_core cimport rf_find, rf_gram_fill, rf_gram_may, rf_has_nonascii, rf_lower
 
 import numpy as np
 
@@ -109,11 +109,6 @@ def find_spans(data, starts, ends, needle, bint ignore_ascii_case=False,
 # filter lacks one cannot hold a match: the cool tier tests the filter before
 # opening a compressed block. A false pass only costs the block's check.
 
-cdef inline uint32_t _gram(unsigned char a, unsigned char b, unsigned char c, int lg) noexcept nogil:
-    cdef uint32_t x = ((<uint32_t>rf_lower(a)) << 16) | ((<uint32_t>rf_lower(b)) << 8) | rf_lower(c)
-    return (x * 2654435761u) >> (32 - lg)
-
-
 def _check_bits(Py_ssize_t nbits) -> int:
     cdef int lg = 0
     while (1 << lg) < nbits:
@@ -163,9 +158,8 @@ def block_grams(data, offsets, Py_ssize_t block_rows, Py_ssize_t nbits=4096) -> 
                     s = 0
                 if e > dv.len:
                     e = dv.len
-                for j in range(s, e - 2):
-                    h = _gram(p[j], p[j + 1], p[j + 2], lg)
-                    w[(r // block_rows) * words + (h >> 6)] |= (<uint64_t>1) << (h & 63)
+                if e > s:
+                    rf_gram_fill(w + (r // block_rows) * words, p + s, <size_t>(e - s), lg)
     finally:
         PyBuffer_Release(&dv)
     return bytes(out)
@@ -180,10 +174,8 @@ def gram_blocks(grams, Py_ssize_t nbits, needle):
     cdef const unsigned char[::1] g = grams
     cdef const unsigned char[::1] nd = needle
     cdef size_t words = <size_t>(nbits // 64)
-    cdef Py_ssize_t nblocks = g.shape[0] // <Py_ssize_t>(words * 8), b, j, k = 0, m = nd.shape[0]
+    cdef Py_ssize_t nblocks = g.shape[0] // <Py_ssize_t>(words * 8), b, k = 0, m = nd.shape[0]
     cdef const uint64_t *w
-    cdef uint32_t h
-    cdef bint ok
     out = np.empty(nblocks, dtype=np.int64)
     cdef int64_t[::1] ov = out
     if nblocks == 0:
@@ -193,13 +185,7 @@ def gram_blocks(grams, Py_ssize_t nbits, needle):
         return np.arange(nblocks, dtype=np.int64)
     with nogil:
         for b in range(nblocks):
-            ok = True
-            for j in range(m - 2):
-                h = _gram(nd[j], nd[j + 1], nd[j + 2], lg)
-                if not (w[b * words + (h >> 6)] >> (h & 63)) & 1:
-                    ok = False
-                    break
-            if ok:
+            if rf_gram_may(w + b * words, &nd[0], <size_t>m, lg):
                 ov[k] = b
                 k += 1
     return out[:k].copy()

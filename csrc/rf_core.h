@@ -361,6 +361,40 @@ static inline unsigned char rf_lower(unsigned char c)
     return (c >= 'A' && c <= 'Z') ? (unsigned char)(c | 0x20) : c;
 }
 
+/* Bit of a trigram in a filter of 2**lg bits: ASCII letters lowercased, so
+ * one filter serves exact and ASCII-case-blind searches (the search tiers'
+ * block filters: rune_fast._search.block_grams, HotIndex.search). */
+static inline uint32_t rf_gram(unsigned char a, unsigned char b, unsigned char c, int lg)
+{
+    uint32_t x = ((uint32_t)rf_lower(a) << 16) | ((uint32_t)rf_lower(b) << 8) | rf_lower(c);
+    return (x * 2654435761u) >> (32 - lg);
+}
+
+/* Set in filter w (2**lg bits) the bit of each trigram of p[0:n). */
+static inline void rf_gram_fill(uint64_t *w, const unsigned char *p, size_t n, int lg)
+{
+    uint32_t x, h;
+    if (n < 3) return;
+    x = ((uint32_t)rf_lower(p[0]) << 8) | rf_lower(p[1]);   /* rf_gram's key, rolled */
+    for (size_t j = 2; j < n; j++) {
+        x = ((x << 8) | rf_lower(p[j])) & 0xFFFFFFu;
+        h = (x * 2654435761u) >> (32 - lg);
+        w[h >> 6] |= (uint64_t)1 << (h & 63);
+    }
+}
+
+/* Can bytes whose filter (rf_gram_fill) is w hold nd[0:m)? 1 also when the
+ * needle is shorter than a trigram. */
+static inline int rf_gram_may(const uint64_t *w, const unsigned char *nd, size_t m, int lg)
+{
+    uint32_t h;
+    for (size_t j = 0; j + 2 < m; j++) {
+        h = rf_gram(nd[j], nd[j + 1], nd[j + 2], lg);
+        if (!((w[h >> 6] >> (h & 63)) & 1)) return 0;
+    }
+    return 1;
+}
+
 static inline unsigned char rf_upper(unsigned char c)
 {
     return (c >= 'a' && c <= 'z') ? (unsigned char)(c & ~0x20) : c;

@@ -45,6 +45,9 @@ cdef extern from "rf_core.h" nogil:
     int rf_cmp_bytes(const unsigned char *a, size_t na, const unsigned char *b, size_t nb)
     int rf_cmp_json(const unsigned char *a, size_t na, const unsigned char *b, size_t nb)
     unsigned char rf_lower(unsigned char c)
+    uint32_t rf_gram(unsigned char a, unsigned char b, unsigned char c, int lg)
+    void rf_gram_fill(uint64_t *w, const unsigned char *p, size_t n, int lg)
+    int rf_gram_may(const uint64_t *w, const unsigned char *nd, size_t m, int lg)
     const unsigned char *rf_find(const unsigned char *h, size_t n,
                                  const unsigned char *nd, size_t m, int ci)
     int rf_has_nonascii(const unsigned char *h, size_t n)

@@ -88,6 +88,9 @@ ROW_GROUP_ROWS = 1024
 #: than pyarrow's default 1 MiB pages
 _PAGE_BYTES = 4 << 10
 _PAGE_BATCH_ROWS = 32
+#: memory for the search filters of content pages (640 B a page of 32 rows
+#: or fewer: about 20 MiB a million cooled messages)
+_GRAMS_BUDGET = 64 << 20
 #: row groups remembered as missed once (see CoolArchive._direct)
 _MAX_MISSED = 1 << 16
 
@@ -977,6 +980,19 @@ _SCAN_POOL: Any = None
 _SCAN_POOL_LOCK = threading.Lock()
 
 
+class _Deferred:
+    """A call made when its result is asked for (a future's ``result()``)."""
+
+    __slots__ = ("_fn", "_arg")
+
+    def __init__(self, fn: Callable[[Any], Any], arg: Any) -> None:
+        self._fn = fn
+        self._arg = arg
+
+    def result(self) -> Any:
+        return self._fn(self._arg)
+
+
 def _scan_pool() -> Any:
     """The threads that decompress and search cool pages for searches (two;
     made at the first search that scans the files)."""
@@ -1127,6 +1143,10 @@ class CoolArchive:
         self._readers: dict[int, PageReader | None] = {}   # None: not a layout PageReader reads
         self._missed: set[tuple[int, int]] = set()        # groups read once without caching them
         self._full = False   # a group was just dropped for want of room: read misses page by page
+        # (file, row group) -> trigram filters of its content pages, made by a
+        # search's scan (PageReader.find): 640 B a page, at most _GRAMS_BUDGET
+        self._grams: dict[tuple[int, int], bytes] = {}
+        self._grams_bytes = 0
         self._channels_d: dict[str, list[int]] = {}
         self._tasks_d: dict[str, list[int]] | None = None   # built at the first task query
         # id index: xxh3_64(msg_id) -> (file no << 32) | row, every live file
@@ -1222,6 +1242,8 @@ class CoolArchive:
             self._cache.clear()
             self._cached_bytes = 0
             self._full = False
+            self._grams.clear()
+            self._grams_bytes = 0
 
     # ------------------------------------------------------------------ info
 
@@ -1564,6 +1586,8 @@ class CoolArchive:
         self._full = False
         for key in [k for k in self._cache if k[0] == no]:
             self._cached_bytes -= self._cache.pop(key).nbytes
+        for key in [k for k in self._grams if k[0] == no]:
+            self._grams_bytes -= len(self._grams.pop(key))
         pf = self._handles.pop(no, None)
         if pf is not None:
             _close(pf)
@@ -2053,7 +2077,7 @@ class CoolArchive:
                         continue
                     pinned: dict = {}      # this group, even if the cache does not keep it
                     if scans and rg in scans:
-                        got = self._scan_result(no, scans.pop(rg))
+                        got = self._scan_result(no, rg, scans.pop(rg))
                         if got is not None:
                             found.extend(self._verified(fi.name, [base + i for i in got[0]], got[1]))
                             continue
@@ -2125,9 +2149,9 @@ class CoolArchive:
         probes = [(nb.lower(), True) if mode == "ci" else (nb, False)] + [(a, False) for a, _b in fold_repl]
         starts = self._files[no].rg_list
 
-        def scan(rg: int) -> tuple[list[int], list]:
+        def scan(rg: int) -> tuple[list[int], list, bytes | None]:
             lo, hi = s - starts[rg], e - starts[rg]
-            res = reader.find(rg, _CONTENT_COL, probes)
+            res, built = reader.find(rg, _CONTENT_COL, probes, self._grams.get((no, rg)))
             hits = {i: v for i, v in res[0] if lo <= i < hi}
             for part in res[1:]:
                 for i, v in part:
@@ -2135,24 +2159,31 @@ class CoolArchive:
                         hits[i] = v
             local = sorted(hits)
             if not local:
-                return local, []
+                return local, [], built
             vals = reader.rows(rg, local, {_CONTENT_COL: [hits[i] for i in local]})
-            return local, _assemble_columns(list(zip(*vals)))
+            return local, _assemble_columns(list(zip(*vals))), built
 
+        # a group whose page filters are known reads a few pages: scanned when
+        # its turn comes, on this thread (two threads would fight for the GIL)
         pool = _scan_pool()
-        return {rg: pool.submit(scan, rg) for rg in rgs}
+        return {rg: _Deferred(scan, rg) if (no, rg) in self._grams else pool.submit(scan, rg)
+                for rg in rgs}
 
-    def _scan_result(self, no: int, fut: Any) -> tuple[list[int], list] | None:
+    def _scan_result(self, no: int, rg: int, fut: Any) -> tuple[list[int], list] | None:
         """What a scan of :meth:`_start_scans` found, or None: the caller reads
         the group instead (a layout the PageReader does not read, or damage,
         which that read names)."""
         try:
-            local, many = fut.result()
+            local, many, built = fut.result()
         except PageError:
             return None
         except Unsupported:
             self._readers[no] = None    # (closed when the other scans drop it)
             return None
+        if built is not None and no in self._files and self._grams_bytes + len(built) <= _GRAMS_BUDGET:
+            # the pages' trigram filters: later scans of the group read only pages that may match
+            self._grams[(no, rg)] = built
+            self._grams_bytes += len(built)
         if any(got is None for got in many):
             return None
         return local, many

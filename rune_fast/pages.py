@@ -34,12 +34,18 @@ import zstandard
 import numpy as np
 import pyarrow as pa
 
-from ._pages import Unsupported, byte_array_at, chunk_pages, plain_find, plain_strings
+from ._pages import Unsupported, byte_array_at, chunk_pages, grams_pages, plain_find, plain_grams, plain_strings
 
 __all__ = ["PageError", "PageReader", "Unsupported"]
 
 #: row groups whose page directories a reader keeps
 _MAX_DIRS = 4096
+#: bits of the trigram filter ``find`` returns per page (a page of content
+#: holds 32 values or fewer, about 2,700 distinct trigrams: about half the
+#: bits set, so a 13-trigram needle passes a page without it once in ~10^4),
+#: and bytes of a page's filters with the character filter (GRAM_BITS / 4 bits)
+GRAM_BITS = 4096
+GRAM_BYTES = GRAM_BITS // 8 + GRAM_BITS // 32
 
 _FIXED = {"INT64": struct.Struct("<q"), "INT32": struct.Struct("<i"), "DOUBLE": struct.Struct("<d")}
 _ARROW = {"INT64": pa.int64(), "INT32": pa.int32(), "DOUBLE": pa.float64()}
@@ -101,8 +107,8 @@ class PageReader:
     def __del__(self) -> None:
         try:
             self.close()
-        except OSError:
-            pass
+        except (OSError, AttributeError, TypeError):
+            pass    # (an __init__ that failed early; interpreter shutdown)
 
     # ------------------------------------------------------------ directory
 
@@ -220,33 +226,57 @@ class PageReader:
                             f"for {nvals} values of {kind.size}")
         return raw
 
-    def find(self, rg: int, c: int, probes: list[tuple[bytes, bool]]) -> list[list[tuple[int, bytes]]]:
+    def find(self, rg: int, c: int, probes: list[tuple[bytes, bool]],
+             grams: bytes | None = None) -> tuple[list[list[tuple[int, bytes]]], bytes | None]:
         """For each probe ``(needle, ignore_ascii_case)`` (the needle ASCII-
         lowercased for the latter), the values of string column ``c`` of row
         group ``rg`` that hold it: ``(row within the group, the value's
-        UTF-8 bytes)``, ascending. The column chunk is read in one ``pread``
-        and every page checked and decompressed here; nothing is kept (the
-        scan of a search, which must not churn a cache)."""
+        UTF-8 bytes)``, ascending; nothing is kept (the scan of a search,
+        which must not churn a cache).
+
+        ``grams``: the chunk's page filters a previous call returned; the
+        pages whose filter rules out every probe are not read. Without them
+        every page is read (the chunk in one ``pread``), checked and
+        decompressed, and their filters (:data:`GRAM_BYTES` a page, see
+        ``plain_grams``) are returned with the hits, else None."""
         _firsts, pages = self._dir(rg)[c]
         if self._kinds[c] is not None:
             raise Unsupported(f"column {c} is not a string column")
         out: list[list[tuple[int, bytes]]] = [[] for _ in probes]
         if not pages:
-            return out
+            return out, None if grams is not None else b""
+        dctx = self._dctx()
+        if grams is not None:
+            if len(grams) != len(pages) * GRAM_BYTES:
+                raise ValueError(f"{self.path}: {len(grams)} bytes of filters for the "
+                                 f"{len(pages)} pages of row group {rg}, column {c}")
+            ks: set[int] = set()
+            for needle, _ci in probes:
+                ks.update(grams_pages(grams, GRAM_BITS, needle).tolist())
+            for k in sorted(ks):
+                page = pages[k]
+                self._find_in(self._unpack(self._pread(page[2], page[1]), page, dctx), page, rg, c, probes, out)
+            return out, None
         base = pages[0][1]
         buf = memoryview(self._pread(pages[-1][1] + pages[-1][2] - base, base))
-        dctx = self._dctx()
+        built = []
         for page in pages:
-            first, off, csize = page[0], page[1], page[2]
+            off, csize = page[1], page[2]
             raw = self._unpack(buf[off - base:off - base + csize], page, dctx)
-            try:
-                for k, (needle, ci) in enumerate(probes):
-                    for i in plain_find(raw, page[6], needle, ci).tolist():
-                        a, b = byte_array_at(raw, i)
-                        out[k].append((first + i, raw[a:b]))
-            except ValueError as exc:
-                raise PageError(f"{self.path}: page at offset {off} (row group {rg}, column {c}): {exc}") from None
-        return out
+            self._find_in(raw, page, rg, c, probes, out)
+            built.append(plain_grams(raw, page[6], GRAM_BITS))   # (parsed just above)
+        return out, b"".join(built)
+
+    def _find_in(self, raw: bytes, page: tuple, rg: int, c: int, probes: list[tuple[bytes, bool]],
+                 out: list[list[tuple[int, bytes]]]) -> None:
+        first = page[0]
+        try:
+            for k, (needle, ci) in enumerate(probes):
+                for i in plain_find(raw, page[6], needle, ci).tolist():
+                    a, b = byte_array_at(raw, i)
+                    out[k].append((first + i, raw[a:b]))
+        except ValueError as exc:
+            raise PageError(f"{self.path}: page at offset {page[1]} (row group {rg}, column {c}): {exc}") from None
 
     def _dctx(self) -> Any:
         d = getattr(self._local, "dctx", None)

@@ -345,6 +345,108 @@ def test_seg_stats_seg_locs_relocate():
         ix.relocate([1, 2], [3])
 
 
+_WORDS = ["alpha", "Beta", "gamma", "DELTA", "stra\u00dfe", "\u6771\u4eac", "x", "quarterly", "report",
+          "\"q\"", "tab\tbed", "line\nbreak", "zeta", "Omega"]
+
+
+def _filler_lines(rng, n, chans=("c0", "c1", "c2")):
+    out = []
+    for i in range(n):
+        words = [rng.choice(_WORDS) for _ in range(rng.randrange(5, 120))]
+        out.append(line(f"m{i}", chans[i % len(chans)], content=" ".join(words)))
+    return out
+
+
+def _by_channels(ix, needle, ci):
+    """The per-channel search (never filtered), in the whole search's order."""
+    return [loc for ch in ix.channels() for loc in ix.search(needle, ci, False, ch).tolist()]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32), st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 300), st.booleans()),
+                                      min_size=1, max_size=12))
+def test_search_block_filters_skip_only_blocks_without_a_match(seed, picks):
+    """A whole-store search skips the 16 KiB blocks whose trigram filter rules
+    the needle out: it finds exactly what the per-channel pass finds, for
+    needles cut anywhere from the lines (across block boundaries, longer than
+    a filter serves, in either case), and for needles found nowhere."""
+    import random as _random
+    rng = _random.Random(seed)
+    ls = _filler_lines(rng, rng.randrange(150, 400))
+    ix, data, _ = build(ls)
+    assert len(data) > 3 * 16384
+    before = ix.nbytes
+    ix.search(b"warm", False, False, None)     # (the second search builds the filters)
+    for start, length, ci in picks:
+        a = start % len(data)
+        raw = data[a:a + length]
+        for needle in (raw, raw.swapcase(), b"no such text here", b"zq" + raw[:5]):
+            nd = needle.lower() if ci else needle
+            assert ix.search(nd, ci, False, None).tolist() == _by_channels(ix, nd, ci), (needle, ci)
+    assert ix.nbytes > before          # the filters were built (and are counted)
+
+
+@pytest.mark.parametrize("shift", [-40, -17, -16, -3, -1, 0, 1, 250, 255, 256, 257])
+def test_search_block_filters_find_a_match_across_a_block_boundary(shift):
+    """A needle found once, starting near the end of a block and running into
+    the next (whose filter lacks its first trigrams), or starting in the
+    bytes a block's filter shares with the next."""
+    token = "Zyxwvut-Unique-9876543210"
+    prefix = b"".join(line(f"p{i}", "c0", content="filler " * 30) for i in range(80))
+    probe = line("t", "c1", content=token + " and more")
+    at = probe.index(token.encode())
+    for boundary in (16384, 32768):
+        want = boundary + shift                  # where the token starts
+        head = prefix[:boundary - 2048]
+        head = head[:head.rfind(b"\n") + 1]
+        pad = want - len(head) - at
+        body = line("t", "c1", content="p" * pad + token + " and more")
+        data = head + body + b"".join(line(f"s{i}", "c2", content="suffix " * 40) for i in range(40))
+        assert data.index(token.encode()) == want
+        ix = _index.HotIndex()
+        ix.attach(0, data)
+        ix.ingest(0)
+        ix.search(b"warm", False, False, None)   # (the second search builds the filters)
+        for needle, ci in ((token.encode(), False), (token.lower().encode(), True), (token[3:].encode(), False)):
+            assert ids(ix, ix.search(needle, ci, False, None)) == ["t"], (boundary, shift, needle)
+
+
+def test_search_block_filters_follow_a_growing_mapped_tail():
+    """The mapped tail of a writer runs on past its lines (zeros its appends
+    overwrite): filters cover only complete lines, so lines written into the
+    buffer later are found, and a buffer attached again drops them."""
+    import random as _random
+    rng = _random.Random(7)
+    first = _filler_lines(rng, 120)
+    later = [line(f"n{i}", "c9", content=f"needle-{i} written later " + "pad " * 60) for i in range(60)]
+    buf = bytearray(sum(map(len, first + later)) + 65536)
+    head = b"".join(first)
+    buf[:len(head)] = head
+    ix = _index.HotIndex()
+    ix.attach(0, buf)
+    ix.ingest(0, 0, len(head))
+    before = ix.nbytes
+    for _ in range(2):                # the second whole-store search builds the filters
+        assert ids(ix, ix.search(b"needle-1", False, False, None)) == []
+    assert ix.nbytes > before
+    pos = len(head)
+    for ln in later:                      # written in place, as the writer's appends land in the map
+        buf[pos:pos + len(ln)] = ln
+        ix.ingest(0, pos, pos + len(ln))
+        pos += len(ln)
+    assert ids(ix, ix.search(b"needle-1", False, False, None)) == [f"n{i}" for i in range(60) if str(i).startswith("1")]
+    assert ids(ix, ix.search(b"NEEDLE-59 ", True, False, None)) == ["n59"]
+    assert ix.search(b"alpha", True, False, None).tolist() == _by_channels(ix, b"alpha", True)
+    other = b"".join(line(f"o{i}", "c0", content="other words " * 40 + str(i)) for i in range(80))
+    ix.detach(0)
+    ix.attach(0, other)               # the old buffer's filters are gone with it
+    assert ix.search(b"alpha", False, False, None).tolist() == []
+    fresh = _index.HotIndex()
+    fresh.attach(0, other)
+    fresh.ingest(0)
+    assert ids(fresh, fresh.search(b"words 79", False, False, None)) == ["o79"]
+
+
 def test_search_in_escaped_content():
     ls = [line("m0", "c", content="line one\nline two"), line("m1", "c", content="say \"hi\""),
           line("m2", "d", content="back\\slash n"), line("m3", "c", content="\u00c9t\u00e9 and \x0b"),

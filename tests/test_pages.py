@@ -12,7 +12,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from rune_fast._pages import byte_array_at, chunk_pages, page_header, plain_find, plain_strings
+from rune_fast._pages import (byte_array_at, chunk_pages, grams_pages, page_header, plain_find, plain_grams,
+                              plain_strings)
 from rune_fast.cool import COOL_SCHEMA, CoolArchive
 from rune_fast.errors import CorruptStateCheckpointError
 from rune_fast.pages import PageError, PageReader, Unsupported
@@ -212,6 +213,50 @@ def test_plain_find(values, needle, ci, cut):
     assert cut >= len(page) and got == want
 
 
+_TEXT = st.text(st.sampled_from(list("abcQRst \n\"") + ["\u00df", "\u017f", "\u1e97", "\u212a", "\u6771",
+                                                         "\U0001f680", "\u00e9"]), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(pages=st.lists(st.lists(_TEXT, max_size=8), min_size=1, max_size=5), data=st.data())
+def test_page_filters_never_rule_out_a_page_holding_the_needle(pages, data):
+    """grams_pages over the plain_grams of pages: a page holding the needle
+    (any cut of a value: trigrams, in either ASCII case, or one multi-byte
+    character) always passes; a needle too short to test passes every page."""
+    enc = [[v.encode("utf-8") for v in vals] for vals in pages]
+    raw = [b"".join(len(v).to_bytes(4, "little") + v for v in vals) for vals in enc]
+    grams = b"".join(plain_grams(r, len(vals), 4096) for r, vals in zip(raw, enc))
+    assert len(grams) == len(pages) * (4096 // 8 + 4096 // 32)
+    flat = [v for vals in pages for v in vals]
+    text = data.draw(st.sampled_from(flat)) if flat and data.draw(st.booleans()) else data.draw(_TEXT)
+    a = data.draw(st.integers(0, len(text)))
+    needle = text[a:a + data.draw(st.integers(0, 12))]
+    for nb, ci in ((needle.encode("utf-8"), False), (needle.encode("utf-8").lower(), True)):
+        passed = set(grams_pages(grams, 4096, nb).tolist())
+        for k, vals in enumerate(enc):
+            if any(nb in (v.lower() if ci else v) for v in vals):
+                assert k in passed, (needle, ci, k)
+        if len(nb) < 3 and not (len(nb) >= 2 and len(needle) == 1):
+            assert passed == set(range(len(pages)))
+
+
+def test_page_filters_rule_out_pages_without_the_needle():
+    vals = [b"quarterly report", b"stra\xc3\x9fe"]
+    raw = b"".join(len(v).to_bytes(4, "little") + v for v in vals)
+    grams = plain_grams(raw, 2, 4096) + plain_grams(b"", 0, 4096)
+    assert grams_pages(grams, 4096, b"report").tolist() == [0]
+    assert grams_pages(grams, 4096, "\u00df".encode()).tolist() == [0]     # one character: its own filter
+    assert grams_pages(grams, 4096, b"zzzz").tolist() == []
+    assert grams_pages(grams, 4096, "\u1e97".encode()).tolist() == []
+    assert grams_pages(grams, 4096, b"ab").tolist() == [0, 1]           # too short to test
+    with pytest.raises(ValueError, match="whole number of pages"):
+        grams_pages(grams[:-1], 4096, b"report")
+    with pytest.raises(ValueError, match="power of two"):
+        plain_grams(raw, 2, 1000)
+    with pytest.raises(ValueError, match="runs past its page"):
+        plain_grams(raw[:-3], 2, 4096)
+
+
 def _walk_model(data: bytes, offset: int, total: int, rows: int, zstd: bool):
     """A plain-Python walk of a column chunk's page headers in the file
     bytes ``data``: what chunk_pages returns, or the exception class it
@@ -353,9 +398,9 @@ def test_search_past_the_cache_scans_the_pages(archive, monkeypatch, needle):
     calls = []
     real = PageReader.find
 
-    def find(self, rg, c, probes):
-        calls.append(rg)
-        return real(self, rg, c, probes)
+    def find(self, rg, c, probes, grams=None):
+        calls.append((rg, grams is not None))
+        return real(self, rg, c, probes, grams)
     monkeypatch.setattr(PageReader, "find", find)
     cached = CoolArchive(a.cool_dir, a.files(), row_group_rows=256, cache_bytes=64 << 20, read_only=True)
     for cs in (False, True):
@@ -368,6 +413,8 @@ def test_search_past_the_cache_scans_the_pages(archive, monkeypatch, needle):
                      and ((needle in r["content"]) if cs else (needle.casefold() in r["content"].casefold()))]
             assert sorted(r["msg_id"] for r, _o in got) == sorted(r["msg_id"] for r in model)
     assert calls and len(a._cache) <= 1 and len(cached._cache) > 1
+    # the first scan of a group keeps its page filters; the searches after it use them
+    assert {g for _rg, g in calls} == {False, True} and a._grams
 
 
 def test_search_scan_of_a_damaged_page_is_loud(archive):

@@ -33,6 +33,10 @@ cdef struct rf_seg:
     unsigned char *ov
     int64_t ov_len
     int64_t ov_cap
+    # trigram filters of the first gr_n blocks of the buffer (see
+    # HotIndex.search), built by the first search that can use them
+    uint64_t *gr
+    int64_t gr_n
 
 
 cdef class HashIndex:
@@ -65,6 +69,7 @@ cdef class HotIndex:
     cdef uint32_t _cap_task
     cdef rf_seg *_c_segs
     cdef int64_t _n_segs
+    cdef int64_t _n_scans          # whole-store searches a trigram filter could serve
     cdef int _c_busy               # a nogil pass is running
     cdef dict _chan_ids
     cdef list _chan_keys
