@@ -15,7 +15,7 @@ from posix.stat cimport fstat, struct_stat
 from posix.unistd cimport pread
 
 cimport cython
-from rf_core cimport rf_find, rf_gram_fill, rf_gram_may
+from rf_core cimport rf_find, rf_gram_acc, rf_gram_acc_add, rf_gram_acc_init, rf_gram_acc_pack, rf_gram_fill, rf_gram_may
 
 import os
 
@@ -340,7 +340,10 @@ def plain_grams(const unsigned char[::1] page, Py_ssize_t count, Py_ssize_t nbit
     out = bytearray(nbits // 8 + nbits // 32)
     cdef uint64_t *w = <uint64_t *>(<char *>out)
     cdef uint64_t *wc = w + nbits // 64
+    cdef rf_gram_acc acc
     with nogil:
+        if lg <= 12:
+            rf_gram_acc_init(&acc, lg)
         for k in range(count):
             if n - pos < 4:
                 bad = k
@@ -351,7 +354,10 @@ def plain_grams(const unsigned char[::1] page, Py_ssize_t count, Py_ssize_t nbit
             if <uint64_t>ln > <uint64_t>(n - pos):
                 bad = k
                 break
-            rf_gram_fill(w, b + pos, ln, lg)
+            if lg <= 12:
+                rf_gram_acc_add(&acc, b + pos, ln)
+            else:
+                rf_gram_fill(w, b + pos, ln, lg)
             j = pos
             while j < pos + <Py_ssize_t>ln:
                 if b[j] < 0xC0:
@@ -365,6 +371,8 @@ def plain_grams(const unsigned char[::1] page, Py_ssize_t count, Py_ssize_t nbit
                 else:
                     j += 1
             pos += ln
+        if lg <= 12:
+            rf_gram_acc_pack(&acc, w)
     if bad >= 0:
         raise ValueError(f"PLAIN value {bad} runs past its page")
     if pos != n:

@@ -9,7 +9,8 @@ from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 
 cimport cython
-from rf_core cimport rf_find, rf_gram_fill, rf_gram_may, rf_has_nonascii, rf_lower
+from rf_core cimport (rf_find, rf_gram_acc, rf_gram_acc_add, rf_gram_acc_init, rf_gram_acc_pack, rf_gram_fill,
+                      rf_gram_may, rf_has_nonascii, rf_lower)
 
 import numpy as np
 
@@ -126,6 +127,7 @@ def block_grams(data, offsets, Py_ssize_t block_rows, Py_ssize_t nbits=4096) -> 
     ``data[offsets[i]:offsets[i + 1]]`` (``offsets``: int32, n + 1 of them)."""
     cdef int lg = _check_bits(nbits)
     cdef Py_buffer dv
+    cdef rf_gram_acc acc
     cdef const int32_t[::1] o = np.ascontiguousarray(np.frombuffer(offsets, dtype=np.int32)
                                                      if not isinstance(offsets, np.ndarray) else offsets,
                                                      dtype=np.int32)
@@ -158,8 +160,16 @@ def block_grams(data, offsets, Py_ssize_t block_rows, Py_ssize_t nbits=4096) -> 
                     s = 0
                 if e > dv.len:
                     e = dv.len
+                if lg > 12:
+                    if e > s:
+                        rf_gram_fill(w + (r // block_rows) * words, p + s, <size_t>(e - s), lg)
+                    continue
+                if r % block_rows == 0:
+                    rf_gram_acc_init(&acc, lg)
                 if e > s:
-                    rf_gram_fill(w + (r // block_rows) * words, p + s, <size_t>(e - s), lg)
+                    rf_gram_acc_add(&acc, p + s, <size_t>(e - s))
+                if r % block_rows == block_rows - 1 or r == n - 1:
+                    rf_gram_acc_pack(&acc, w + (r // block_rows) * words)
     finally:
         PyBuffer_Release(&dv)
     return bytes(out)

@@ -370,12 +370,57 @@ static inline uint32_t rf_gram(unsigned char a, unsigned char b, unsigned char c
     return (x * 2654435761u) >> (32 - lg);
 }
 
-/* Set in filter w (2**lg bits) the bit of each trigram of p[0:n). */
+/* Set in filter w (2**lg bits) the bit of each trigram of p[0:n). Filters
+ * of up to 4096 bits are built through a byte map (rf_gram_acc): one store a
+ * trigram instead of a read-modify-write of a shared word, then packed. */
+#define RF_GRAM_ACC_BITS 4096
+typedef struct {
+    unsigned char m[RF_GRAM_ACC_BITS];   /* 0xFF: the trigram's bit is set */
+    int lg;
+} rf_gram_acc;
+
+static inline void rf_gram_acc_init(rf_gram_acc *a, int lg)
+{
+    a->lg = lg;
+    memset(a->m, 0, (size_t)1 << lg);
+}
+
+static inline void rf_gram_acc_add(rf_gram_acc *a, const unsigned char *p, size_t n)
+{
+    uint32_t x;
+    int sh = 32 - a->lg;
+    if (n < 3) return;
+    x = ((uint32_t)rf_lower(p[0]) << 8) | rf_lower(p[1]);   /* rf_gram's key, rolled */
+    for (size_t j = 2; j < n; j++) {
+        x = (x << 8) | rf_lower(p[j]);
+        a->m[((x & 0xFFFFFFu) * 2654435761u) >> sh] = 0xFF;
+    }
+}
+
+/* OR the accumulated bits into filter w (2**lg bits, lg >= 6). */
+static inline void rf_gram_acc_pack(const rf_gram_acc *a, uint64_t *w)
+{
+    size_t nb = (size_t)1 << a->lg;
+    for (size_t i = 0; i < nb; i += 64) {
+        uint64_t word = 0;
+#if defined(__SSE2__)
+        for (int k = 0; k < 4; k++) {
+            __m128i v = _mm_loadu_si128((const __m128i *)(a->m + i + 16 * k));
+            word |= (uint64_t)(uint32_t)_mm_movemask_epi8(v) << (16 * k);
+        }
+#else
+        for (int k = 0; k < 64; k++)
+            word |= (uint64_t)(a->m[i + k] & 1) << k;
+#endif
+        w[i >> 6] |= word;
+    }
+}
+
 static inline void rf_gram_fill(uint64_t *w, const unsigned char *p, size_t n, int lg)
 {
     uint32_t x, h;
     if (n < 3) return;
-    x = ((uint32_t)rf_lower(p[0]) << 8) | rf_lower(p[1]);   /* rf_gram's key, rolled */
+    x = ((uint32_t)rf_lower(p[0]) << 8) | rf_lower(p[1]);
     for (size_t j = 2; j < n; j++) {
         x = ((x << 8) | rf_lower(p[j])) & 0xFFFFFFu;
         h = (x * 2654435761u) >> (32 - lg);

@@ -98,6 +98,35 @@ def test_trigram_filters_never_drop_a_block_with_a_match(rows, needle, block, bi
         assert passed == set(range(nblocks))
 
 
+def _model_filter(values: list[bytes], nbits: int) -> bytes:
+    """The filter bits of ``values`` in plain Python: each trigram within a
+    value, ASCII letters lowercased, hashed as rf_gram does."""
+    lg = nbits.bit_length() - 1
+    bits = 0
+    for v in values:
+        v = ascii_lower(v)
+        for j in range(len(v) - 2):
+            x = (v[j] << 16) | (v[j + 1] << 8) | v[j + 2]
+            bits |= 1 << (((x * 2654435761) & 0xFFFFFFFF) >> (32 - lg))
+    return bits.to_bytes(nbits // 8, "little")
+
+
+@given(rows=st.lists(st.binary(max_size=60) | st.lists(ALPHA, max_size=30).map(b"".join), max_size=30),
+       block=st.integers(1, 7), bits=st.sampled_from([64, 512, 4096, 8192]))
+def test_trigram_filters_are_the_model_bits(rows, block, bits):
+    """block_grams (through its byte map up to 4,096 bits, bit by bit above)
+    and the pages' plain_grams set exactly the bits of the plain-Python hash."""
+    from rune_fast._pages import plain_grams
+    data = b"".join(rows)
+    offs = np.cumsum([0] + [len(r) for r in rows]).astype(np.int32)
+    grams = _search.block_grams(data, offs, block, bits)
+    want = [_model_filter(rows[i:i + block], bits) for i in range(0, len(rows), block)]
+    assert [grams[k * bits // 8:(k + 1) * bits // 8] for k in range(len(want))] == want
+    if bits >= 256:
+        page = b"".join(len(r).to_bytes(4, "little") + r for r in rows)
+        assert plain_grams(page, len(rows), bits)[:bits // 8] == _model_filter(rows, bits)
+
+
 def test_trigram_filters_skip_blocks():
     rows = [b"alpha beta", b"gamma delta", b"Quarterly Report", b"nothing here"] * 8
     offs = np.cumsum([0] + [len(r) for r in rows]).astype(np.int32)
