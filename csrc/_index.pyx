@@ -279,7 +279,10 @@ cdef class HashIndex:
 # the GR_OVER bytes after it (rf_gram: ASCII letters lowercased): a needle of
 # 3 to GR_OVER + 2 bytes that starts in block b has every trigram in b's
 # filter, so a block whose filter lacks one is skipped without reading its
-# bytes. Building them costs about five plain scans, so a store searched
+# bytes. Only a segment attached as not growing gets filters: a tail another
+# process writes may show a line's newline before the bytes before it
+# (string stores are not ordered), and a filter built then would stay
+# wrong. Building them costs about five plain scans, so a store searched
 # once never pays it: the second search that can use them builds them
 # (memory: 1/32 of the bytes covered), every later one extends them over
 # the blocks since; they are dropped when the segment is detached or
@@ -1079,12 +1082,14 @@ cdef class HotIndex:
 
     # ---- buffers ---------------------------------------------------------
 
-    def attach(self, int64_t seg, buf, path=None) -> None:
+    def attach(self, int64_t seg, buf, path=None, *, bint growing=False) -> None:
         """(Re)register the read-only buffer (an mmap, bytes, memoryview) of
         segment `seg`; None or an empty buffer registers an empty segment. The
         index holds the buffer until :meth:`detach` (so an mmap cannot be closed
         under it); attach again after remapping a grown file. `path` only
-        names the file in error messages."""
+        names the file in error messages. `growing`: the buffer maps a file
+        that is still written (a tail, possibly by another process): search
+        never builds filters over it (see _gr_build)."""
         cdef rf_seg *segs
         cdef int64_t n
         self._guard()
@@ -1111,6 +1116,7 @@ cdef class HotIndex:
         cdef int64_t old_len = self._c_segs[seg].len, new_len, shift
         cdef rf_seg *sg = &self._c_segs[seg]
         self._release(seg)
+        sg.growing = growing
         if mv is None or len(mv) == 0:
             sg.state = 2
         else:
@@ -1955,7 +1961,7 @@ cdef class HotIndex:
                             off0 = sg.len
                         pos = 0
                         b = 0
-                        if reg == 0 and filt and self._n_scans > 1 and _gr_build(sg) == 0:
+                        if reg == 0 and filt and not sg.growing and self._n_scans > 1 and _gr_build(sg) == 0:
                             while b < sg.gr_n and not oom and pos < end:
                                 if not _gr_may(sg.gr + b * GR_WORDS, hs, k):
                                     b += 1

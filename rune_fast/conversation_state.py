@@ -732,11 +732,11 @@ class ConversationStateRepository:
         for seg in self._seg_order:
             index.attach(seg, self._segs[seg].buf, self._segs[seg].path)
         if self._tail is not None:
-            index.attach(self._tail_seg, self._tail.buf, self._tail.path)
+            index.attach(self._tail_seg, self._tail.buf, self._tail.path, growing=True)
 
     def _reattach_tail(self) -> None:
         tail = cast("TailFile", self._tail)    # only called with a tail (a writer's, or refresh's)
-        self._index.attach(self._tail_seg, tail.buf, tail.path)
+        self._index.attach(self._tail_seg, tail.buf, tail.path, growing=True)
 
     def _load_index(self) -> HotIndex:
         """The hot index: the snapshot if it matches the manifest (then only

@@ -437,6 +437,13 @@ def test_search_block_filters_follow_a_growing_mapped_tail():
     assert ids(ix, ix.search(b"needle-1", False, False, None)) == [f"n{i}" for i in range(60) if str(i).startswith("1")]
     assert ids(ix, ix.search(b"NEEDLE-59 ", True, False, None)) == ["n59"]
     assert ix.search(b"alpha", True, False, None).tolist() == _by_channels(ix, b"alpha", True)
+    grown = _index.HotIndex()             # a tail attached as growing never gets filters
+    grown.attach(0, buf, growing=True)
+    grown.ingest(0, 0, pos)
+    before = grown.nbytes
+    for _ in range(3):
+        assert ids(grown, grown.search(b"needle-59 ", False, False, None)) == ["n59"]
+    assert grown.nbytes == before
     other = b"".join(line(f"o{i}", "c0", content="other words " * 40 + str(i)) for i in range(80))
     ix.detach(0)
     ix.attach(0, other)               # the old buffer's filters are gone with it

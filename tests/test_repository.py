@@ -1419,3 +1419,37 @@ def test_a_mid_line_events_offset_of_an_earlier_build_still_opens(tmp_path, monk
         assert again.window("ch") == [msg(1), msg(2)]
         report = again.verify()
         assert report.ok, report.problems
+
+
+def test_search_filters_cover_sealed_segments_and_follow_appends(tmp_path, monkeypatch):
+    """From the second whole-store search on, the sealed segments' blocks are
+    skipped by their trigram filters (counted in index_bytes); the tail,
+    still written, is always scanned: hits appended after the filters were
+    built, and hits across tiers, come back exactly."""
+    import rune_fast.conversation_state as cs
+    monkeypatch.setattr(cs, "ROLL_BYTES", 64 << 10)     # compact() seals the tail
+    words = ["alpha", "Beta", "gamma", "delta", "omega", "kappa", "zeta"]
+    stored = []
+    with ConversationStateRepository(tmp_path, compact_every=10**6, hot_window=10**6) as repo:
+        for i in range(400):
+            text = " ".join(words[(i * 7 + k) % len(words)] for k in range(60)) + f" #{i}"
+            if i % 37 == 0:
+                text += " Quarterly Report"
+            m = msg(i, channel=f"c{i % 3}", content=text)
+            repo.append(m)
+            stored.append(m)
+        repo.compact()                    # the tail becomes a sealed segment
+
+        def want(needle):
+            return sorted(m.msg_id for m in stored if needle.casefold() in m.content.casefold())
+
+        before = repo.stats()["index_bytes"]
+        for _ in range(3):
+            assert sorted(h.record.msg_id for h in repo.search("quarterly report")) == want("quarterly report")
+        assert repo.stats()["index_bytes"] > before
+        for i in range(400, 420):
+            m = msg(i, channel="c1", content=f"late QUARTERLY REPORT {i}")
+            repo.append(m)
+            stored.append(m)
+        for needle in ("quarterly report", "#39", "gamma delta", "late q"):
+            assert sorted(h.record.msg_id for h in repo.search(needle)) == want(needle), needle

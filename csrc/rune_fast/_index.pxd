@@ -37,6 +37,7 @@ cdef struct rf_seg:
     # HotIndex.search), built by the first search that can use them
     uint64_t *gr
     int64_t gr_n
+    bint growing        # a file still written: no filters
 
 
 cdef class HashIndex:
