@@ -437,7 +437,7 @@ class _FileIndex:
     channels: dict[str, tuple[int, int, int]]  # ch -> (start, end, latest task row or -1)
     _tasks: dict[str, np.ndarray] | None       # task -> uint32 rows (ascending); None: not parsed yet
     rg_list: list[int] = field(default_factory=list)
-    special: dict = field(default_factory=dict)   # rg -> rows with SPECIAL_FOLD chars (search)
+    special: dict = field(default_factory=dict)   # rg -> {char: rows holding it, "": non-ASCII rows} (search)
     _task_src: tuple | None = None             # (task JSON bytes, all task rows) until parsed
 
     def __post_init__(self) -> None:
@@ -2191,23 +2191,23 @@ class CoolArchive:
     def _special_rows(self, fi: "_FileIndex", rg: int, g: "_Group",
                       chars: Sequence[str]) -> np.ndarray:
         """Rows of a group (local, ascending) holding one of ``chars`` (from
-        SPECIAL_FOLD). Which rows hold which special character is computed
-        once per group and kept with the file's index (small)."""
+        SPECIAL_FOLD). Which rows hold a special character is computed once
+        per group and character, when a search first asks, and kept with the
+        file's index (small): a needle asks for one or two of the 17."""
         if not chars:
             return np.zeros(0, np.int64)
-        per = fi.special.get(rg)
-        if per is None:
+        per = fi.special.setdefault(rg, {})
+        missing = [c for c in chars if c not in per]
+        if missing:
             data, offs = g.spans()
-            per = {}
-            na = find_spans(data, offs[:-1], offs[1:], b"\xff", False, True)  # non-ASCII rows
-            if len(na):
-                st, en = offs[na], offs[na + 1]
-                for c, enc in zip(SPECIAL_FOLD, _SPECIAL_UTF8):
-                    k = find_spans(data, st, en, enc)
-                    if len(k):
-                        per[c] = na[k]
-            fi.special[rg] = per
-        found = [per[c] for c in chars if c in per]
+            na = per.get("")
+            if na is None:      # the rows holding any non-ASCII byte
+                na = per[""] = find_spans(data, offs[:-1], offs[1:], b"\xff", False, True)
+            for c in missing:
+                k = find_spans(data, offs[na], offs[na + 1], _SPECIAL_UTF8[SPECIAL_FOLD.index(c)]) \
+                    if len(na) else na
+                per[c] = na[k]
+        found = [per[c] for c in chars if len(per[c])]
         if not found:
             return np.zeros(0, np.int64)
         return found[0] if len(found) == 1 else np.unique(np.concatenate(found))
