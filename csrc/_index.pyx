@@ -294,6 +294,21 @@ cdef enum:
     GR_WORDS = 64
 
 
+cdef inline bint _region(rf_seg *sg, int reg, const unsigned char **base, int64_t *end,
+                         int64_t *off0) noexcept nogil:
+    """Region `reg` of an attached segment: 0 its mapped buffer, 1 the bytes
+    appended after it (a copy; file offsets from off0). False if empty."""
+    if reg == 0:
+        if sg.state != 1:
+            return False
+        base[0], end[0], off0[0] = sg.ptr, sg.len, 0
+    else:
+        if sg.state == 0 or sg.ov_len == 0:
+            return False
+        base[0], end[0], off0[0] = sg.ov, sg.ov_len, sg.len
+    return True
+
+
 cdef int _gr_build(rf_seg *sg) noexcept nogil:
     """Extend the filters of segment `sg` over every full block of its buffer
     that lies before its last newline (block b needs bytes up to (b + 1) *
@@ -1872,18 +1887,8 @@ cdef class HotIndex:
         try:
             with nogil:
                 for reg in range(2):
-                    if reg == 0:
-                        if sg.state != 1:
-                            continue
-                        base = sg.ptr
-                        end = sg.len
-                        off0 = 0
-                    else:
-                        if sg.ov_len == 0:
-                            continue
-                        base = sg.ov
-                        end = sg.ov_len
-                        off0 = sg.len
+                    if not _region(sg, reg, &base, &end, &off0):
+                        continue
                     if stop >= 0 and off0 + end > stop:
                         end = stop - off0 if stop > off0 else 0
                     if start >= off0 + end:
@@ -1946,19 +1951,8 @@ cdef class HotIndex:
                 for seg in range(self._n_segs):
                     sg = &self._c_segs[seg]
                     for reg in range(2):
-                        # the mapped buffer, then the bytes appended after it
-                        if reg == 0:
-                            if sg.state != 1:
-                                continue
-                            base = sg.ptr
-                            end = sg.len
-                            off0 = 0
-                        else:
-                            if sg.state == 0 or sg.ov_len == 0:
-                                continue
-                            base = sg.ov
-                            end = sg.ov_len
-                            off0 = sg.len
+                        if not _region(sg, reg, &base, &end, &off0):
+                            continue
                         pos = 0
                         b = 0
                         if reg == 0 and filt and not sg.growing and self._n_scans > 1 and _gr_build(sg) == 0:
