@@ -247,9 +247,9 @@ class PageReader:
             return out, None if grams is not None else b""
         dctx = self._dctx()
         if grams is not None:
-            if len(grams) != len(pages) * GRAM_BYTES:
-                raise ValueError(f"{self.path}: {len(grams)} bytes of filters for the "
-                                 f"{len(pages)} pages of row group {rg}, column {c}")
+            if len(grams) != len(pages) * GRAM_BYTES:      # (the caller reads the group instead)
+                raise PageError(f"{self.path}: {len(grams)} bytes of filters for the "
+                                f"{len(pages)} pages of row group {rg}, column {c}")
             ks: set[int] = set()
             for needle, _ci in probes:
                 ks.update(grams_pages(grams, GRAM_BITS, needle).tolist())

@@ -1,0 +1,286 @@
+"""The trigram search filters against unfiltered models: a fresh index's
+first whole-store search (which never uses filters), the per-channel pass,
+and a plain-Python casefold model for the cool tier and the repository.
+(Written by the review of the twelfth session's change; it found no bug.)"""
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from _core_support import key, line
+from rune_fast import _index
+from rune_fast.conversation_state import ConversationStateRepository
+from rune_fast.cool import SPECIAL_FOLD, CoolArchive
+from test_cool import rec
+from test_repository import msg
+
+_ALPH = ["alpha", "Beta", "gamma", "DELTA", "stra\u00dfe", "\u6771\u4eac", "x", "q", "\n", "\"", "\\",
+         "\t", "\u00e9", "\U0001f600", "zz", "Zz", "abc", "ABC", "\x01"]
+
+
+def _lines(rng, n, chans=("c0", "c1", "c2"), pre="m"):
+    out = []
+    for i in range(n):
+        words = [rng.choice(_ALPH) for _ in range(rng.randrange(1, 200))]
+        out.append(line(f"{pre}{i}", chans[i % len(chans)], content=" ".join(words)))
+    return out
+
+
+def _by_channels(ix, needle, ci):
+    return [loc for ch in ix.channels() for loc in ix.search(needle, ci, False, ch).tolist()]
+
+
+def _unfiltered(segs, needle, ci, na=False):
+    """A fresh index's first whole-store search never uses filters."""
+    ix = _index.HotIndex()
+    for s, (data, kw) in segs.items():
+        ix.attach(s, data, **kw)
+        ix.ingest(s)
+    return ix.search(needle, ci, na, None).tolist()
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.integers(0, 2**32), st.lists(st.tuples(st.integers(0, 10**7), st.sampled_from([1, 2, 3, 4, 17, 257, 258, 259, 300]),
+                                                 st.booleans(), st.booleans()), min_size=1, max_size=10),
+       st.lists(st.integers(0, 700), min_size=1, max_size=4))
+def test_filtered_whole_store_search_matches_unfiltered(seed, picks, sizes):
+    """Segments of any size (empty, under a block, several blocks), needles
+    cut anywhere (mid-escape, mid-character), of every length around the
+    filters' 258-byte limit, either case."""
+    rng = random.Random(seed)
+    segs = {}
+    for s, n in enumerate(sizes):
+        data = b"".join(_lines(rng, n, (f"c{s}", "cx")))
+        segs[s] = (data, {})
+    ix = _index.HotIndex()
+    for s, (data, kw) in segs.items():
+        ix.attach(s, data, **kw)
+        ix.ingest(s)
+    ix.search(b"warm", False, False, None)
+    ix.search(b"warm", False, False, None)
+    everything = b"".join(d for d, _ in segs.values())
+    if not everything:
+        return
+    for start, length, ci, swap in picks:
+        a = start % len(everything)
+        raw = everything[a:a + length]
+        if swap:
+            raw = raw.swapcase()
+        nd = raw.lower() if ci else raw
+        got = ix.search(nd, ci, False, None).tolist()
+        assert got == _unfiltered(segs, nd, ci), (nd, ci)
+        assert got == [l for ch in ix.channels() for l in ix.search(nd, ci, False, ch).tolist()]
+
+
+# ---- cool tier: page filters ----------------------------------------------
+
+_CWORDS = ["alpha", "Stra\u00dfe", "STRASSE", "\u65e5\u672c\u8a9e", "\U0001f680", "", "x" * 40, "line\nbreak",
+           "quote\"d", "\x00nul", "\u212aelvin", "\u017fs", "e\u0301", "\ufb00", "\u0130i", "\u00e9t\u00e9", "ab"] + list(
+    "\u00df\u0130\u0149\u017f\u01f0\u1e96\u1e97\u1e98\u1e99\u1e9a\u1e9e\u212a\ufb00\ufb01\ufb02\ufb03\ufb04\ufb05\ufb06")
+
+
+@pytest.fixture(scope="module", params=[1, 64 << 20])
+def cool_rows(tmp_path_factory, request):
+    d = str(tmp_path_factory.mktemp("cool") / "cool")
+    rng = random.Random(5)
+    rows = []
+    for i in range(1200):
+        content = " ".join(rng.choice(_CWORDS) for _ in range(rng.randrange(0, 30)))
+        rows.append(rec(i, f"ch{i % 5}", content=content))
+    a = CoolArchive(d, row_group_rows=256, cache_bytes=request.param)
+    a.cool(rows, list(range(len(rows))))
+    return a, rows
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_cool_search_with_page_filters_matches_model(cool_rows, data):
+    """Searches through a one-byte cache (page scans and their kept filters)
+    and a large one (cached groups, special-fold rows), repeated."""
+    a, rows = cool_rows
+    src = data.draw(st.sampled_from(rows))["content"]
+    i = data.draw(st.integers(0, len(src)))
+    needle = data.draw(st.one_of(st.just(src[i:i + data.draw(st.integers(1, 12))]),
+                                 st.sampled_from(list(SPECIAL_FOLD) + ["ss", "SS", "k", "K", "ff", "i\u0307", "s", "st", "ffi", "h", "t", "w", "y", "a", "j", "n",
+                                                                       "\u00df", "\u00e9", "\U0001f680", "\u65e5"])))
+    if data.draw(st.booleans()):
+        needle = needle.swapcase()
+    cs = data.draw(st.booleans())
+    ch = data.draw(st.sampled_from([None, "ch2"]))
+    for _ in range(2):
+        got = sorted(h.record["msg_id"] for h in a.search(needle, ch, case_sensitive=cs))
+        want = sorted(r["msg_id"] for r in rows if (ch is None or r["channel_id"] == ch)
+                      and ((needle in r["content"]) if cs else (needle.casefold() in r["content"].casefold())))
+        assert got == want, (needle, cs, ch)
+
+
+def _place(token: bytes, want: int, n_after: int = 40):
+    """Lines where `token` (in the content of line "t") starts at byte `want`."""
+    prefix = b"".join(line(f"p{i}", "c0", content="filler " * 30) for i in range(120))
+    probe = line("t", "c1", content="Q" + " and more")
+    at = probe.index(b"Q")
+    head = prefix[:max(0, want - 4096)]
+    head = head[:head.rfind(b"\n") + 1]
+    pad = want - len(head) - at
+    body = line("t", "c1", content="p" * pad + token.decode() + " and more")
+    data = head + body + b"".join(line(f"s{i}", "c2", content="suffix " * 40) for i in range(n_after))
+    assert data.index(token) == want
+    return data
+
+
+@pytest.mark.parametrize("m", [3, 4, 200, 257, 258, 259])
+@pytest.mark.parametrize("shift", [-259, -258, -257, -3, -2, -1, 0, 1, 2, 254, 255, 256, 257])
+def test_long_needles_at_block_edges(m, shift):
+    """A unique needle of 3 to 259 bytes planted around two block boundaries
+    is found exactly once, in either case, search after search."""
+    rng = random.Random(m * 1000 + shift)
+    token = bytes(rng.choice(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") for _ in range(m))
+    for boundary in (16384, 32768):
+        data = _place(token, boundary + shift)
+        ix = _index.HotIndex()
+        ix.attach(0, data)
+        ix.ingest(0)
+        for _ in range(3):
+            for nd, ci in ((token, False), (token.lower(), True)):
+                assert ix.search(nd, ci, False, None).tolist() == _unfiltered({0: (data, {})}, nd, ci), (m, shift)
+                assert len(ix.search(nd, ci, False, None)) == 1
+
+
+def test_reattach_and_appended_copy():
+    """Lines appended after the mapped buffer (a copy) are searched; an
+    attach of a grown buffer, then of other bytes, under one segment number
+    leaves no filter of the old bytes."""
+    rng = random.Random(3)
+    a = b"".join(_lines(rng, 200, ("c0", "c1")))
+    b = b"".join(_lines(rng, 200, ("c0", "c2"), "b"))
+    ix = _index.HotIndex()
+    ix.attach(0, a)
+    ix.ingest(0)
+    for _ in range(3):
+        ix.search(b"abc", False, False, None)
+    # append lines after the mapped buffer (a copy): searched too
+    extra = b"".join(line(f"e{i}", "c1", content=f"zzyzx appended {i} abc") for i in range(5))
+    ix.append_bytes(0, len(a), extra)
+    segs = {0: (a + extra, {})}
+    for nd in (b"zzyzx", b"abc", b"appended 3", b"ABC"):
+        for ci in (False, True):
+            n = nd.lower() if ci else nd
+            assert ix.search(n, ci, False, None).tolist() == _unfiltered(segs, n, ci)
+    # re-attach of the same segment number: a grown buffer, then other bytes
+    ix2 = _index.HotIndex()
+    ix2.attach(0, a)
+    ix2.ingest(0)
+    for _ in range(3):
+        ix2.search(b"gamma", True, False, None)
+    grown = a + b
+    ix2.attach(0, grown)
+    ix2.ingest(0, len(a))
+    for nd in (b"gamma", b"stra", b"b19", b"\xe6\x9d\xb1\xe4\xba\xac"):
+        for _ in range(2):
+            assert ix2.search(nd, True, False, None).tolist() == _unfiltered({0: (grown, {})}, nd, True)
+    ix2.remove_many([key(f"m{i}") for i in range(200)] + [key(f"b{i}") for i in range(200)])
+    other = b"".join(_lines(rng, 300, ("c0", "c5"), "o"))
+    ix2.attach(0, other)
+    ix2.ingest(0)
+    for nd in (b"gamma", b"stra", b"o19", b"\xe6\x9d\xb1\xe4\xba\xac"):
+        for _ in range(2):
+            assert ix2.search(nd, True, False, None).tolist() == _unfiltered({0: (other, {})}, nd, True)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.integers(0, 2**32), st.lists(st.tuples(st.integers(0, 10**7), st.sampled_from([3, 5, 30, 258, 259]),
+                                                 st.booleans(), st.booleans()), min_size=1, max_size=6))
+def test_long_lines_spanning_blocks(seed, picks):
+    """Lines of up to ~50 KiB: a hit in a late block of a line that started
+    in a skipped block; several hits of one line in different runs."""
+    rng = random.Random(seed)
+    ls = []
+    for i in range(rng.randrange(5, 40)):
+        n = rng.choice([3, 50, 2000, 6000, 12000])
+        words = [rng.choice(_ALPH) for _ in range(n)]
+        ls.append(line(f"m{i}", f"c{i % 3}", content=" ".join(words)))
+    data = b"".join(ls)
+    if rng.random() < 0.5:
+        data += line("torn", "c0", content="abc gamma")[:-1]    # a final line without newline
+    segs = {0: (data, {})}
+    ix = _index.HotIndex()
+    ix.attach(0, data)
+    ix.ingest(0)
+    ix.search(b"warm", False, False, None)
+    for start, length, ci, na in picks:
+        a = start % len(data)
+        nd = data[a:a + length]
+        nd = nd.lower() if ci else nd
+        for _ in range(2):
+            got = ix.search(nd, ci, na, None).tolist()
+            assert got == _unfiltered(segs, nd, ci, na), (nd, ci, na)
+
+
+# ---- through the repository: sealed segments, tail, cool tier, a viewer ----
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_repository_search_matches_model_across_tiers(tmp_path, monkeypatch, seed):
+    """Sealed segments, the tail, the cool tier and a read-only viewer
+    (refreshed): every search, repeated, equals the casefold model."""
+    import rune_fast.conversation_state as cs
+    monkeypatch.setattr(cs, "ROLL_BYTES", 48 << 10)
+    rng = random.Random(seed)
+    words = _CWORDS + ["Quarterly", "report", "gamma", "DELTA"]
+    stored = {}
+    needles = ["quarterly report", "stra\u00dfe", "STRASSE", "ss", "k", "\u00df", "\u212a", "gamma delta",
+               "elvin", "ab", "t\u00e9", "\U0001f680", "x" * 10, "e\u0301", "fi", "report q"]
+    with ConversationStateRepository(tmp_path, compact_every=10**6, hot_window=64) as repo:
+        viewer = None
+        n = 0
+        for rnd in range(4):
+            for _ in range(300):
+                text = " ".join(rng.choice(words) for _ in range(rng.randrange(0, 60)))
+                m = msg(n, channel=f"c{n % 3}", content=text)
+                repo.append(m)
+                stored[m.msg_id] = m
+                n += 1
+            if rnd % 2 == 0:
+                repo.compact()
+            repo.flush()
+            if viewer is None:
+                viewer = ConversationStateRepository(tmp_path, read_only=True)
+            else:
+                viewer.refresh()
+            for _ in range(3):
+                for needle in needles + [rng.choice(list(stored.values())).content[5:14]]:
+                    for csens in (False, True):
+                        want = sorted(i for i, m in stored.items()
+                                      if ((needle in m.content) if csens
+                                          else (needle.casefold() in m.content.casefold())))
+                        for r in (repo, viewer):
+                            got = sorted(h.record.msg_id for h in r.search(needle, case_sensitive=csens))
+                            assert got == want, (needle, csens, r is viewer, rnd)
+        viewer.close()
+
+
+@pytest.mark.parametrize("extra", [-2, -1, 0, 1, 2, 16384])
+@pytest.mark.parametrize("newline", [True, False])
+def test_segment_sizes_around_one_block(extra, newline):
+    """Segments just shorter/longer than a block plus its overlap, the
+    needle in the last line (with or without its newline)."""
+    target = 16384 + 258 + extra
+    head = b"".join(line(f"p{i}", "c0", content="filler " * 30) for i in range(60))
+    head = head[:target - 2000]
+    head = head[:head.rfind(b"\n") + 1]
+    probe = line("t", "c1", content="Q")
+    pad = target - len(head) - len(probe)
+    last = line("t", "c1", content="p" * pad + "Zyxwvu")     # the needle ends its content
+    data = head + last
+    assert len(data) == target + 5
+    if not newline:
+        data = data[:-1]
+    ix = _index.HotIndex()
+    ix.attach(0, data)
+    ix.ingest(0)
+    for _ in range(3):
+        for nd, ci in ((b"Zyxwvu", False), (b"zyxwvu", True), (b"wvu", False), (b"pZy", False)):
+            assert ix.search(nd, ci, False, None).tolist() == _unfiltered({0: (data, {})}, nd, ci)
