@@ -701,6 +701,18 @@ cdef class HotIndex:
             return 0
         return -1
 
+    cdef void _prefetch_line(self, int64_t loc) noexcept nogil:
+        """Ask for the first bytes of the line at loc (a read that checks many
+        lines far apart asks for each before checking the first, so that
+        their memory latencies overlap)."""
+        cdef const unsigned char *p
+        cdef size_t avail, j
+        if self._line_at(loc, &p, &avail) == 0:
+            j = 0
+            while j < avail and j < 256:
+                rf_prefetch(p + j)
+                j += 64
+
     cdef int _parse_entry(self, uint32_t e, const unsigned char **p, rf_msg *m) noexcept nogil:
         cdef size_t avail
         if self._line_at(self._c_locs[e], p, &avail) != 0:
@@ -1571,6 +1583,10 @@ cdef class HotIndex:
         L = &self._c_chan[<int64_t>idx]
         if n < _len(L):
             start = _len(L) - <uint32_t>n
+        # the lines lie far apart in a large store: ask for the start of each
+        # before checking the first, so their memory latencies overlap
+        for i in range(start, _len(L)):
+            self._prefetch_line(self._c_locs[_at(L, i)])
         out = []
         for i in range(start, _len(L)):
             loc = self._c_locs[_at(L, i)]
@@ -1776,6 +1792,8 @@ cdef class HotIndex:
         in a cache."""
         cdef const unsigned char *p
         cdef size_t n
+        for loc in locs:
+            self._prefetch_line(loc)
         for loc in locs:
             self._checked_line(loc, &p, &n)
 

@@ -108,6 +108,7 @@ cdef class HotIndex:
     cdef object _where(self, int64_t seg)
     cdef int _line_at(self, int64_t loc, const unsigned char **p, size_t *avail) noexcept nogil
     cdef int _checked_line(self, int64_t loc, const unsigned char **p, size_t *n) except -1
+    cdef void _prefetch_line(self, int64_t loc) noexcept nogil
     cdef int _parse_entry(self, uint32_t e, const unsigned char **p, rf_msg *m) noexcept nogil
     cdef int64_t _find_slot(self, uint64_t h, const unsigned char *key, size_t klen) noexcept nogil
     cdef int _table_reserve(self, uint64_t need) except -1
