@@ -2051,6 +2051,10 @@ class CoolArchive:
         fold_repl = [(c.encode("utf-8"), c.casefold().encode("utf-8")) for c in specials]
         hits: list[CoolRow] = []
         with self._lock:
+            # a tier the cache cannot hold (its content decodes to about twice
+            # the files' bytes) is searched in its pages from the start, not
+            # poured through the cache until it is full
+            big = 2 * sum(fi.size for fi in self._files.values()) > self._cache_bytes
             if channel_id is None:
                 targets = [(no, 0, fi.rows) for no, fi in sorted(self._files.items())]
             else:
@@ -2062,11 +2066,12 @@ class CoolArchive:
                 rg_b = self._rg_of(fi, e - 1) + 1 if e > s else 0
                 sel_rows = []
                 found: list[CoolRow] = []
-                # once the cache is full (a group read by a scan did not fit), the
-                # groups it does not hold are searched as their pages are read
+                # once the cache is full (a group read by a scan did not fit), or
+                # for a tier it cannot hold, the groups it does not hold are
+                # searched as their pages are read
                 scans: dict[int, Any] | None = None if mode in ("ci", "cs") else {}
                 for rg in range(rg_a, rg_b):
-                    if scans is None and self._full and (no, rg) not in self._cache:
+                    if scans is None and (self._full or big) and (no, rg) not in self._cache:
                         scans = self._start_scans(no, [r for r in range(rg, rg_b) if (no, r) not in self._cache],
                                                   s, e, mode, nb, fold_repl)
                     base = fi.rg_list[rg]

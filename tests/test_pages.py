@@ -575,3 +575,18 @@ def test_search_with_filters_that_do_not_fit_reads_the_group(archive):
     for key in list(a._grams):
         a._grams[key] = a._grams[key][:-1]
     assert sorted(h.record["msg_id"] for h in a.search("ALPHA")) == want
+
+
+def test_search_of_a_tier_the_cache_cannot_hold_reads_pages(archive):
+    """A cool tier whose content would not fit the cache is searched in its
+    pages from the first group (nothing poured through the cache); one that
+    fits is searched through the cache, which keeps it for the next search."""
+    a, rows = archive
+    size = os.path.getsize(_parquet_path(a))
+    want = sorted(r["msg_id"] for r in rows if "strasse" in r["content"].casefold())
+    for cache, fills in ((2 * size - 1, False), (64 << 20, True)):
+        b = CoolArchive(a.cool_dir, a.files(), row_group_rows=256, cache_bytes=cache, read_only=True)
+        for _ in range(2):
+            assert sorted(h.record["msg_id"] for h in b.search("STRASSE")) == want
+        assert bool(b._cache) is fills, cache
+        assert bool(b._grams) is not fills, cache
