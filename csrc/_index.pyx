@@ -27,7 +27,7 @@ cdef extern from "<sys/mman.h>" nogil:
     void *MAP_FAILED
 from rf_core cimport (RF_ID_OFF, RF_MAX_LINE, RF_OK, RF_SEQ_ORDER, rf_all_zero, rf_check_frame,
                       rf_cmp_json, rf_content_has, rf_find, rf_find_nonascii, rf_gram, rf_gram_acc,
-                      rf_gram_acc_add, rf_gram_acc_init, rf_gram_acc_pack,
+                      rf_gram_acc_add, rf_gram_acc_done, rf_gram_acc_init,
                       rf_has_nonascii, rf_i64vec, rf_line_start, rf_prefault, rf_check_slots, rf_first_negative,
                       rf_prefetch,
                       rf_i64vec_push, rf_line_seq, rf_lower, rf_msg, rf_parse_msg, rf_reason,
@@ -334,9 +334,9 @@ cdef int _gr_build(rf_seg *sg) noexcept nogil:
     memset(w + sg.gr_n * GR_WORDS, 0, <size_t>(want - sg.gr_n) * GR_WORDS * sizeof(uint64_t))
     cdef rf_gram_acc acc
     for b in range(sg.gr_n, want):
-        rf_gram_acc_init(&acc, GR_LG)
+        rf_gram_acc_init(&acc, sg.gr + b * GR_WORDS, GR_LG)
         rf_gram_acc_add(&acc, p + b * GR_BLOCK, GR_BLOCK + GR_OVER + 2)
-        rf_gram_acc_pack(&acc, sg.gr + b * GR_WORDS)
+        rf_gram_acc_done(&acc)
     sg.gr_n = want
     return 0
 

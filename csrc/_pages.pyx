@@ -15,7 +15,7 @@ from posix.stat cimport fstat, struct_stat
 from posix.unistd cimport pread
 
 cimport cython
-from rf_core cimport rf_find, rf_gram_acc, rf_gram_acc_add, rf_gram_acc_init, rf_gram_acc_pack, rf_gram_fill, rf_gram_may
+from rf_core cimport rf_find, rf_gram_acc, rf_gram_acc_add, rf_gram_acc_done, rf_gram_acc_init, rf_gram_may, rf_pow2_log
 
 import os
 
@@ -313,10 +313,8 @@ cdef inline uint32_t _char_bit(const unsigned char *p, int n, int lg) noexcept n
 
 
 cdef int _grams_lg(Py_ssize_t nbits) except -1:
-    cdef int lg = 0
-    while (<Py_ssize_t>1 << lg) < nbits:
-        lg += 1
-    if nbits < 256 or (<Py_ssize_t>1 << lg) != nbits or lg > 24:
+    cdef int lg = rf_pow2_log(nbits, 256)
+    if lg < 0:
         raise ValueError(f"nbits must be a power of two in [256, 2**24], got {nbits}")
     return lg
 
@@ -326,7 +324,7 @@ cdef int _grams_lg(Py_ssize_t nbits) except -1:
 def plain_grams(const unsigned char[::1] page, Py_ssize_t count, Py_ssize_t nbits=4096) -> bytes:
     """The search filter of the values of a PLAIN BYTE_ARRAY page of
     ``count`` values: ``nbits // 8`` bytes of trigram filter (the
-    ``rf_gram_fill`` bits of each value: trigrams within it, ASCII letters
+    ``rf_gram_acc`` bits of each value: trigrams within it, ASCII letters
     lowercased), then ``nbits // 32`` bytes of character filter (a bit per
     multi-byte UTF-8 character), which :func:`grams_pages` tests.
     ``nbits``: a power of two in [256, 2**24]. ValueError as
@@ -342,8 +340,7 @@ def plain_grams(const unsigned char[::1] page, Py_ssize_t count, Py_ssize_t nbit
     cdef uint64_t *wc = w + nbits // 64
     cdef rf_gram_acc acc
     with nogil:
-        if lg <= 12:
-            rf_gram_acc_init(&acc, lg)
+        rf_gram_acc_init(&acc, w, lg)
         for k in range(count):
             if n - pos < 4:
                 bad = k
@@ -354,10 +351,7 @@ def plain_grams(const unsigned char[::1] page, Py_ssize_t count, Py_ssize_t nbit
             if <uint64_t>ln > <uint64_t>(n - pos):
                 bad = k
                 break
-            if lg <= 12:
-                rf_gram_acc_add(&acc, b + pos, ln)
-            else:
-                rf_gram_fill(w, b + pos, ln, lg)
+            rf_gram_acc_add(&acc, b + pos, ln)
             j = pos
             while j < pos + <Py_ssize_t>ln:
                 if b[j] < 0xC0:
@@ -371,8 +365,7 @@ def plain_grams(const unsigned char[::1] page, Py_ssize_t count, Py_ssize_t nbit
                 else:
                     j += 1
             pos += ln
-        if lg <= 12:
-            rf_gram_acc_pack(&acc, w)
+        rf_gram_acc_done(&acc)
     if bad >= 0:
         raise ValueError(f"PLAIN value {bad} runs past its page")
     if pos != n:

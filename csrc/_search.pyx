@@ -9,8 +9,8 @@ from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 
 cimport cython
-from rf_core cimport (rf_find, rf_gram_acc, rf_gram_acc_add, rf_gram_acc_init, rf_gram_acc_pack, rf_gram_fill,
-                      rf_gram_may, rf_has_nonascii, rf_lower)
+from rf_core cimport (rf_find, rf_gram_acc, rf_gram_acc_add, rf_gram_acc_done, rf_gram_acc_init, rf_gram_may,
+                      rf_has_nonascii, rf_lower, rf_pow2_log)
 
 import numpy as np
 
@@ -111,10 +111,8 @@ def find_spans(data, starts, ends, needle, bint ignore_ascii_case=False,
 # opening a compressed block. A false pass only costs the block's check.
 
 def _check_bits(Py_ssize_t nbits) -> int:
-    cdef int lg = 0
-    while (1 << lg) < nbits:
-        lg += 1
-    if nbits < 64 or (1 << lg) != nbits or lg > 24:
+    cdef int lg = rf_pow2_log(nbits, 64)
+    if lg < 0:
         raise FramingError(f"nbits must be a power of two in [64, 2**24], got {nbits}")
     return lg
 
@@ -160,16 +158,12 @@ def block_grams(data, offsets, Py_ssize_t block_rows, Py_ssize_t nbits=4096) -> 
                     s = 0
                 if e > dv.len:
                     e = dv.len
-                if lg > 12:
-                    if e > s:
-                        rf_gram_fill(w + (r // block_rows) * words, p + s, <size_t>(e - s), lg)
-                    continue
                 if r % block_rows == 0:
-                    rf_gram_acc_init(&acc, lg)
+                    rf_gram_acc_init(&acc, w + (r // block_rows) * words, lg)
                 if e > s:
                     rf_gram_acc_add(&acc, p + s, <size_t>(e - s))
                 if r % block_rows == block_rows - 1 or r == n - 1:
-                    rf_gram_acc_pack(&acc, w + (r // block_rows) * words)
+                    rf_gram_acc_done(&acc)
     finally:
         PyBuffer_Release(&dv)
     return bytes(out)

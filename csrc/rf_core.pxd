@@ -46,13 +46,13 @@ cdef extern from "rf_core.h" nogil:
     int rf_cmp_json(const unsigned char *a, size_t na, const unsigned char *b, size_t nb)
     unsigned char rf_lower(unsigned char c)
     uint32_t rf_gram(unsigned char a, unsigned char b, unsigned char c, int lg)
-    void rf_gram_fill(uint64_t *w, const unsigned char *p, size_t n, int lg)
     enum: RF_GRAM_ACC_BITS
     ctypedef struct rf_gram_acc:
         int lg
-    void rf_gram_acc_init(rf_gram_acc *a, int lg)
+    void rf_gram_acc_init(rf_gram_acc *a, uint64_t *w, int lg)
     void rf_gram_acc_add(rf_gram_acc *a, const unsigned char *p, size_t n)
-    void rf_gram_acc_pack(const rf_gram_acc *a, uint64_t *w)
+    void rf_gram_acc_done(rf_gram_acc *a)
+    int rf_pow2_log(int64_t n, int64_t lo)
     int rf_gram_may(const uint64_t *w, const unsigned char *nd, size_t m, int lg)
     const unsigned char *rf_find(const unsigned char *h, size_t n,
                                  const unsigned char *nd, size_t m, int ci)

@@ -2209,9 +2209,7 @@ class CoolArchive:
             if na is None:      # the rows holding any non-ASCII byte
                 na = per[""] = find_spans(data, offs[:-1], offs[1:], b"\xff", False, True)
             for c in missing:
-                k = find_spans(data, offs[na], offs[na + 1], _SPECIAL_UTF8[SPECIAL_FOLD.index(c)]) \
-                    if len(na) else na
-                per[c] = na[k]
+                per[c] = na[find_spans(data, offs[na], offs[na + 1], _SPECIAL_UTF8[SPECIAL_FOLD.index(c)])]
         found = [per[c] for c in chars if len(per[c])]
         if not found:
             return np.zeros(0, np.int64)

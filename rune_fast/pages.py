@@ -243,9 +243,8 @@ class PageReader:
         if self._kinds[c] is not None:
             raise Unsupported(f"column {c} is not a string column")
         out: list[list[tuple[int, bytes]]] = [[] for _ in probes]
-        if not pages:
-            return out, None if grams is not None else b""
-        dctx = self._dctx()
+        if grams is None and not pages:
+            return out, b""
         if grams is not None:
             if len(grams) != len(pages) * GRAM_BYTES:      # (the caller reads the group instead)
                 raise PageError(f"{self.path}: {len(grams)} bytes of filters for the "
@@ -254,9 +253,9 @@ class PageReader:
             for needle, _ci in probes:
                 ks.update(grams_pages(grams, GRAM_BITS, needle).tolist())
             for k in sorted(ks):
-                page = pages[k]
-                self._find_in(self._unpack(self._pread(page[2], page[1]), page, dctx), page, rg, c, probes, out)
+                self._find_in(self._page(pages[k]), pages[k], rg, c, probes, out)
             return out, None
+        dctx = self._dctx()
         base = pages[0][1]
         buf = memoryview(self._pread(pages[-1][1] + pages[-1][2] - base, base))
         built = []

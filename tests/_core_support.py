@@ -26,3 +26,18 @@ def line(msg_id: str, channel: str, task: str = "", hlc: str = "", content: str 
 
 def tombstone(msg_id: str, channel: str, hlc: str = "") -> bytes:
     return line(msg_id, channel, "", hlc, "", kind="d")
+
+
+def word_lines(rng, n: int, words: list[str], chans=("c0", "c1", "c2"), pre: str = "m",
+               count: tuple[int, int] = (5, 120)) -> list[bytes]:
+    """``n`` message lines ``{pre}{i}`` over ``chans`` in turn, each holding a
+    random run of ``words`` (``randrange(*count)`` of them)."""
+    return [line(f"{pre}{i}", chans[i % len(chans)],
+                 content=" ".join(rng.choice(words) for _ in range(rng.randrange(*count))))
+            for i in range(n)]
+
+
+def by_channels(ix, needle: bytes, ci: bool) -> list[int]:
+    """HotIndex.search channel by channel (never filtered), in the order of
+    the whole-store search."""
+    return [loc for ch in ix.channels() for loc in ix.search(needle, ci, False, ch).tolist()]

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from _core_support import key, line, tombstone
+from _core_support import by_channels, key, line, tombstone, word_lines
 from rune_fast import _index, _log
 from rune_fast.errors import CorruptStateCheckpointError, FramingError, RuneError
 
@@ -349,17 +349,8 @@ _WORDS = ["alpha", "Beta", "gamma", "DELTA", "stra\u00dfe", "\u6771\u4eac", "x",
           "\"q\"", "tab\tbed", "line\nbreak", "zeta", "Omega"]
 
 
-def _filler_lines(rng, n, chans=("c0", "c1", "c2")):
-    out = []
-    for i in range(n):
-        words = [rng.choice(_WORDS) for _ in range(rng.randrange(5, 120))]
-        out.append(line(f"m{i}", chans[i % len(chans)], content=" ".join(words)))
-    return out
-
-
-def _by_channels(ix, needle, ci):
-    """The per-channel search (never filtered), in the whole search's order."""
-    return [loc for ch in ix.channels() for loc in ix.search(needle, ci, False, ch).tolist()]
+def _filler_lines(rng, n):
+    return word_lines(rng, n, _WORDS)
 
 
 @settings(max_examples=40, deadline=None)
@@ -382,7 +373,7 @@ def test_search_block_filters_skip_only_blocks_without_a_match(seed, picks):
         raw = data[a:a + length]
         for needle in (raw, raw.swapcase(), b"no such text here", b"zq" + raw[:5]):
             nd = needle.lower() if ci else needle
-            assert ix.search(nd, ci, False, None).tolist() == _by_channels(ix, nd, ci), (needle, ci)
+            assert ix.search(nd, ci, False, None).tolist() == by_channels(ix, nd, ci), (needle, ci)
     assert ix.nbytes > before          # the filters were built (and are counted)
 
 
@@ -436,7 +427,7 @@ def test_search_block_filters_follow_a_growing_mapped_tail():
         pos += len(ln)
     assert ids(ix, ix.search(b"needle-1", False, False, None)) == [f"n{i}" for i in range(60) if str(i).startswith("1")]
     assert ids(ix, ix.search(b"NEEDLE-59 ", True, False, None)) == ["n59"]
-    assert ix.search(b"alpha", True, False, None).tolist() == _by_channels(ix, b"alpha", True)
+    assert ix.search(b"alpha", True, False, None).tolist() == by_channels(ix, b"alpha", True)
     grown = _index.HotIndex()             # a tail attached as growing never gets filters
     grown.attach(0, buf, growing=True)
     grown.ingest(0, 0, pos)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _core_support import key, line
+from _core_support import by_channels, key, line, word_lines
 from rune_fast import _index
 from rune_fast.conversation_state import ConversationStateRepository
 from rune_fast.cool import SPECIAL_FOLD, CoolArchive
@@ -22,15 +22,7 @@ _ALPH = ["alpha", "Beta", "gamma", "DELTA", "stra\u00dfe", "\u6771\u4eac", "x", 
 
 
 def _lines(rng, n, chans=("c0", "c1", "c2"), pre="m"):
-    out = []
-    for i in range(n):
-        words = [rng.choice(_ALPH) for _ in range(rng.randrange(1, 200))]
-        out.append(line(f"{pre}{i}", chans[i % len(chans)], content=" ".join(words)))
-    return out
-
-
-def _by_channels(ix, needle, ci):
-    return [loc for ch in ix.channels() for loc in ix.search(needle, ci, False, ch).tolist()]
+    return word_lines(rng, n, _ALPH, chans, pre, (1, 200))
 
 
 def _unfiltered(segs, needle, ci, na=False):
@@ -72,7 +64,7 @@ def test_filtered_whole_store_search_matches_unfiltered(seed, picks, sizes):
         nd = raw.lower() if ci else raw
         got = ix.search(nd, ci, False, None).tolist()
         assert got == _unfiltered(segs, nd, ci), (nd, ci)
-        assert got == [l for ch in ix.channels() for l in ix.search(nd, ci, False, ch).tolist()]
+        assert got == by_channels(ix, nd, ci)
 
 
 # ---- cool tier: page filters ----------------------------------------------
