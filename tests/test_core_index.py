@@ -908,7 +908,8 @@ def test_snapshot_writes_live_entries_only(tmp_path):
     raw = path.read_bytes()
     n_entries, = struct.unpack_from("<I", raw, 36)
     n_live, = struct.unpack_from("<Q", raw, 56)
-    assert n_entries == n_live == len(ix) == 133
+    # (and a sixteenth more spare entries after them: see the next test)
+    assert n_live == len(ix) == 133 and n_entries == 133 + 133 // 16
     back, covered = _index.HotIndex.load_snapshot(path)
     back.attach(0, data)
     assert covered == {0: len(data)} and len(back) == len(ix)
@@ -921,6 +922,42 @@ def test_snapshot_writes_live_entries_only(tmp_path):
     assert back.seg_stats() == ix.seg_stats()
     # and it keeps working: removals and appends on the loaded index
     assert back.remove(key("m1")) >= 0 and back.find(key("m1")) == -1
+
+
+def test_snapshot_spare_entries_keep_appends_in_the_map(tmp_path):
+    # a snapshot holds a sixteenth more entries than are live, free: the
+    # entries added after a load (a killed writer's tail lines, at the open)
+    # use them where they lie instead of copying the arrays out of the map
+    import struct
+    lines = [line(f"m{i}", "abc"[i % 3], f"t{i % 4}" if i % 2 else "") for i in range(320)]
+    ix, data, _rep = build(lines[:300])
+    path = tmp_path / "s.snap"
+    ix.save_snapshot(path, {0: len(data)})
+    raw = path.read_bytes()
+    n_entries, = struct.unpack_from("<I", raw, 36)
+    assert n_entries == 300 + 18
+    locs = struct.unpack_from(f"<{n_entries}q", raw, 64 + 16)
+    assert all(x >= 0 for x in locs[:300]) and set(locs[300:]) == {-1}
+    back, _ = _index.HotIndex.load_snapshot(path)
+    assert back.in_map == {"entries", "lengths", "slots", "tasks"} and len(back) == 300
+    back.attach(0, b"".join(lines))
+    ends = offsets(lines) + [len(b"".join(lines))]
+    back.ingest(0, ends[300], ends[318])            # 18 more: the spare ones
+    assert {"entries", "lengths"} <= back.in_map and len(back) == 318
+    back.ingest(0, ends[318], ends[320])            # then the arrays grow on the heap
+    assert not {"entries", "lengths"} & back.in_map and len(back) == 320
+    whole, _, _ = build(lines)
+    for ch in (b"a", b"b", b"c"):
+        assert back.channel_locs(ch).tolist() == whole.channel_locs(ch).tolist()
+    for t in range(4):
+        assert back.task_locs(f"t{t}".encode()).tolist() == whole.task_locs(f"t{t}".encode()).tolist()
+    for i in range(320):
+        assert back.find(key(f"m{i}")) == whole.find(key(f"m{i}"))
+    assert back.seg_stats() == whole.seg_stats()
+    # saved again, the spare entries are not counted as messages
+    back.save_snapshot(tmp_path / "again.snap", {0: ends[320]})
+    again, _ = _index.HotIndex.load_snapshot(tmp_path / "again.snap")
+    assert len(again) == 320 and struct.unpack_from("<I", (tmp_path / "again.snap").read_bytes(), 36) == (340,)
 
 
 def _seq_line(msg_id: str, seq: int, channel: str = "c") -> bytes:
