@@ -894,6 +894,17 @@ def test_max_channel_len():
     assert ix.max_channel_len() == 4 == ix.channel_len(b"b")
 
 
+def assert_same_index(got, want, n_ids):
+    """``got`` answers as ``want`` for channels a-c, tasks t0-t3 and ids m0..m{n_ids - 1}."""
+    for ch in (b"a", b"b", b"c"):
+        assert got.channel_locs(ch).tolist() == want.channel_locs(ch).tolist()
+    for t in range(4):
+        assert got.task_locs(f"t{t}".encode()).tolist() == want.task_locs(f"t{t}".encode()).tolist()
+    for i in range(n_ids):
+        assert got.find(key(f"m{i}")) == want.find(key(f"m{i}"))
+    assert got.seg_stats() == want.seg_stats()
+
+
 def test_snapshot_writes_live_entries_only(tmp_path):
     # the entries freed by removals are not written: the loaded index numbers
     # its live entries densely and answers every query as the saved one did
@@ -913,13 +924,7 @@ def test_snapshot_writes_live_entries_only(tmp_path):
     back, covered = _index.HotIndex.load_snapshot(path)
     back.attach(0, data)
     assert covered == {0: len(data)} and len(back) == len(ix)
-    for ch in (b"a", b"b", b"c"):
-        assert back.channel_locs(ch).tolist() == ix.channel_locs(ch).tolist()
-    for t in range(4):
-        assert back.task_locs(f"t{t}".encode()).tolist() == ix.task_locs(f"t{t}".encode()).tolist()
-    for i in range(200):
-        assert back.find(key(f"m{i}")) == ix.find(key(f"m{i}"))
-    assert back.seg_stats() == ix.seg_stats()
+    assert_same_index(back, ix, 200)
     # and it keeps working: removals and appends on the loaded index
     assert back.remove(key("m1")) >= 0 and back.find(key("m1")) == -1
 
@@ -946,14 +951,7 @@ def test_snapshot_spare_entries_keep_appends_in_the_map(tmp_path):
     assert {"entries", "lengths"} <= back.in_map and len(back) == 318
     back.ingest(0, ends[318], ends[320])            # then the arrays grow on the heap
     assert not {"entries", "lengths"} & back.in_map and len(back) == 320
-    whole, _, _ = build(lines)
-    for ch in (b"a", b"b", b"c"):
-        assert back.channel_locs(ch).tolist() == whole.channel_locs(ch).tolist()
-    for t in range(4):
-        assert back.task_locs(f"t{t}".encode()).tolist() == whole.task_locs(f"t{t}".encode()).tolist()
-    for i in range(320):
-        assert back.find(key(f"m{i}")) == whole.find(key(f"m{i}"))
-    assert back.seg_stats() == whole.seg_stats()
+    assert_same_index(back, build(lines)[0], 320)
     # saved again, the spare entries are not counted as messages
     back.save_snapshot(tmp_path / "again.snap", {0: ends[320]})
     again, _ = _index.HotIndex.load_snapshot(tmp_path / "again.snap")
