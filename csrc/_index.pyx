@@ -2064,15 +2064,17 @@ cdef class HotIndex:
         the segment's lines are in the index). See docs/FORMAT.md."""
         cdef uint32_t e, n_new = 0
         cdef uint32_t *remap = NULL
+        cdef uint32_t room = <uint32_t>(self._n_live >> 4)
         self._guard()
         self._ensure_tasks()
         if sys.byteorder != "little":
             raise RuneError("save_snapshot: only little-endian machines write snapshots")
-        # room in the id table for the appends after the next open (a sixteenth
-        # more): else the first of them may rehash the whole table (~10 ms at
-        # 500,000 messages) on the open path, as after a killed writer. A table
-        # with that room already is saved as it is (golden files rewrite identically).
-        self._table_reserve(self._n_live + (self._n_live >> 4))
+        # room for the appends after the next open (a sixteenth more), in the
+        # id table and as spare entries (see _write_snapshot): else the first
+        # of them may rehash the whole table (~10 ms at 500,000 messages) on
+        # the open path, as after a killed writer. A table with that room
+        # already is saved as it is (golden files rewrite identically).
+        self._table_reserve(self._n_live + room)
         # live entries only, numbered densely (free entries a churning hot tier
         # leaves behind are not written: the next open maps less); the id table
         # keeps its layout, its slots and the arrays are renumbered
@@ -2088,7 +2090,7 @@ cdef class HotIndex:
                     remap[e] = 0xFFFFFFFFU
             if n_new != self._n_live:
                 raise RuneError(f"save_snapshot: {n_new} live entries, the index counts {self._n_live}")
-            self._write_snapshot(path, covered, remap, n_new, n_new >> 4)
+            self._write_snapshot(path, covered, remap, n_new, room)
         finally:
             free(remap)
 
@@ -2309,9 +2311,10 @@ cdef object _load(unsigned char *o, Py_ssize_t total, str path):
         idx._cap_entries = n_entries
     pos += (8 * n_entries + 7) & ~7
     idx._n_entries = n_entries
-    if n_live != n_entries and _spare_suffix(idx._c_locs, n_live, n_entries):
-        # the live entries, then the spare ones save_snapshot leaves for the
-        # appends after an open: capacity, not free entries
+    if n_live < n_entries and _all_free(idx._c_locs + n_live, n_entries - n_live):
+        # as many free entries at the end as are not live: the spare ones
+        # save_snapshot leaves for the appends after an open, capacity rather
+        # than free entries (the entries before them are then checked all live)
         idx._n_entries = <uint32_t>n_live
     # live entries as a bitmap (the checks below then stay in cache), unless
     # every entry is live, as in every snapshot of version 2
@@ -2328,12 +2331,10 @@ cdef object _load(unsigned char *o, Py_ssize_t total, str path):
     return idx, covered
 
 
-cdef bint _spare_suffix(const int64_t *locs, uint64_t n_live, uint32_t n_entries) noexcept:
-    """Whether ``locs[:n_live]`` are all live and the rest all free (-1)."""
-    cdef uint32_t j
-    if rf_first_negative(locs, n_live) != n_live:
-        return False
-    for j in range(<uint32_t>n_live, n_entries):
+cdef bint _all_free(const int64_t *locs, uint64_t n) noexcept:
+    """Whether ``locs[:n]`` are all free (-1)."""
+    cdef uint64_t j
+    for j in range(n):
         if locs[j] != -1:
             return False
     return True
@@ -2351,13 +2352,11 @@ cdef int _load_arrays(HotIndex idx, const unsigned char *o, Py_ssize_t pos, Py_s
     cdef Py_ssize_t i, keys_len = 0, nlist = 0
     cdef uint32_t meta[4]
     if livebits == NULL:
-        # every entry in use is live: none may be free (_spare_suffix checked
-        # that already when spare entries follow them)
-        if n_entries == n_stored:
-            u64 = rf_first_negative(idx._c_locs, n_entries)
-            if u64 != n_entries:
-                raise _bad(path, f"entry {u64} has a bad location" if idx._c_locs[u64] != -1
-                           else "live entry count mismatch", pos)
+        # every entry in use (the spare ones after them aside) is live: none may be free
+        u64 = rf_first_negative(idx._c_locs, n_entries)
+        if u64 != n_entries:
+            raise _bad(path, f"entry {u64} has a bad location" if idx._c_locs[u64] != -1
+                       else "live entry count mismatch", pos)
     else:
         # one pass: live bitmap and free list (sized by the header's count, checked after)
         _grow_u32(&idx._c_free, &idx._cap_free, n_entries - <uint32_t>n_live)
