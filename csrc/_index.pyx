@@ -12,6 +12,8 @@ cimport cython
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_ITEM
+from cpython.tuple cimport PyTuple_CheckExact, PyTuple_GET_ITEM, PyTuple_GET_SIZE
+from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF, PyObject
 from libc.stdint cimport INT64_MIN, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memchr, memcmp, memcpy, memmove, memset
@@ -548,6 +550,208 @@ cdef void _free_lists(rf_list *lists, uint32_t n) noexcept nogil:
     free(lists)
 
 
+# --------------------------------------------------------------------------
+# LocCache: the repository's cache of records decoded from checked lines
+
+
+cdef class LocCache:
+    """A bounded map from a line's location (an int >= 0) to what was decoded
+    from it, that forgets its oldest insertions first as a dict kept in
+    insertion order would: an update keeps an entry's place, a pop and a
+    new insertion put it last, and at capacity an insertion drops the
+    oldest entry.
+
+    The reads that check a batch of lines (:meth:`HotIndex.window_hits`,
+    :meth:`HotIndex.task_hits`) look it up in C with the memory fetches of
+    the whole batch overlapped: a lookup is one slot here, where a dict's
+    is a chain of dependent fetches (index, entry, key object), each a
+    cache miss once the store is large."""
+
+    def __cinit__(self, Py_ssize_t capacity):
+        cdef uint64_t size = 16, i
+        if capacity < 1:
+            raise ValueError(f"LocCache: capacity must be >= 1, got {capacity}")
+        while size < 2 * <uint64_t>capacity:
+            size <<= 1
+        self._ring_n = 2 * <uint64_t>capacity
+        self._c_slots = <rf_cslot *>malloc(size * sizeof(rf_cslot))
+        self._c_serial = <uint64_t *>malloc(size * sizeof(uint64_t))
+        self._c_ring = <int64_t *>malloc(self._ring_n * sizeof(int64_t))
+        if self._c_slots == NULL or self._c_serial == NULL or self._c_ring == NULL:
+            raise MemoryError(f"LocCache: cannot allocate {size} slots")
+        for i in range(size):
+            self._c_slots[i].loc = -1
+            self._c_slots[i].val = NULL
+        self._mask = size - 1
+        self._cap = capacity
+
+    def __dealloc__(self):
+        cdef uint64_t i
+        if self._c_slots != NULL:
+            for i in range(self._mask + 1):
+                if self._c_slots[i].loc >= 0:
+                    Py_XDECREF(<PyObject *>self._c_slots[i].val)
+        free(self._c_slots)
+        free(self._c_serial)
+        free(self._c_ring)
+
+    # ---- internals -------------------------------------------------------
+
+    cdef int64_t _find(self, int64_t loc) noexcept nogil:
+        """Slot of `loc`, -1 if absent (load <= 1/2: a probe ends at an empty slot)."""
+        cdef uint64_t i = _mix(<uint64_t>loc) & self._mask
+        while self._c_slots[i].loc != -1:
+            if self._c_slots[i].loc == loc:
+                return <int64_t>i
+            i = (i + 1) & self._mask
+        return -1
+
+    cdef void _prefetch(self, int64_t loc) noexcept nogil:
+        rf_prefetch(&self._c_slots[_mix(<uint64_t>loc) & self._mask])
+
+    cdef object _take(self, uint64_t i):
+        """Remove slot i (the entries after it in its probe run shift back
+        into the hole) and return its value."""
+        cdef PyObject *v = <PyObject *>self._c_slots[i].val
+        cdef uint64_t j = i, k, m = self._mask
+        while True:
+            j = (j + 1) & m
+            if self._c_slots[j].loc == -1:
+                break
+            k = _mix(<uint64_t>self._c_slots[j].loc) & m
+            # the entry at j may fill the hole at i unless its home k lies
+            # cyclically in (i, j]
+            if (i <= j and (k <= i or k > j)) or (i > j and k <= i and k > j):
+                self._c_slots[i] = self._c_slots[j]
+                self._c_serial[i] = self._c_serial[j]
+                i = j
+        self._c_slots[i].loc = -1
+        self._c_slots[i].val = NULL
+        self._n -= 1
+        out = <object>v
+        Py_DECREF(out)         # the table's reference (out holds its own)
+        return out
+
+    cdef int _compact_ring(self) noexcept nogil:
+        """Renumber the held insertions from _head on, dropping the ring's
+        places of entries popped or replaced since (at least half of a full
+        ring: it has room for twice the capacity)."""
+        cdef uint64_t s, w = self._head, R = self._ring_n
+        cdef int64_t loc, i
+        for s in range(self._head, self._tail):
+            loc = self._c_ring[s % R]
+            i = self._find(loc)
+            if i >= 0 and self._c_serial[i] == s:
+                self._c_ring[w % R] = loc
+                self._c_serial[i] = w
+                w += 1
+        self._tail = w
+        return 0
+
+    cdef int _drop_oldest(self) except -1:
+        cdef uint64_t s
+        cdef int64_t i
+        while self._head < self._tail:
+            s = self._head
+            self._head += 1
+            i = self._find(self._c_ring[s % self._ring_n])
+            if i >= 0 and self._c_serial[i] == s:
+                self._take(<uint64_t>i)
+                return 1
+        return 0
+
+    cdef list _in_order(self, int what):
+        """Keys (0), values (1) or (key, value) pairs (2), oldest first."""
+        cdef uint64_t s
+        cdef int64_t i, loc
+        out = []
+        for s in range(self._head, self._tail):
+            loc = self._c_ring[s % self._ring_n]
+            i = self._find(loc)
+            if i >= 0 and self._c_serial[i] == s:
+                v = <object>self._c_slots[i].val
+                out.append(loc if what == 0 else v if what == 1 else (loc, v))
+        return out
+
+    # ---- the dict-like interface -----------------------------------------
+
+    @property
+    def capacity(self) -> int:
+        return self._cap
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __contains__(self, int64_t loc) -> bool:
+        return loc >= 0 and self._find(loc) >= 0
+
+    def get(self, int64_t loc, default=None):
+        cdef int64_t i = self._find(loc) if loc >= 0 else -1
+        return default if i < 0 else <object>self._c_slots[i].val
+
+    def __getitem__(self, int64_t loc):
+        cdef int64_t i = self._find(loc) if loc >= 0 else -1
+        if i < 0:
+            raise KeyError(loc)
+        return <object>self._c_slots[i].val
+
+    def __setitem__(self, int64_t loc, object value):
+        cdef int64_t i
+        cdef uint64_t j
+        cdef PyObject *old
+        if loc < 0:
+            raise ValueError(f"LocCache: a location is >= 0, got {loc}")
+        i = self._find(loc)
+        if i >= 0:
+            old = <PyObject *>self._c_slots[i].val
+            Py_INCREF(value)
+            self._c_slots[i].val = <void *>value
+            Py_DECREF(<object>old)
+            return
+        if self._n >= self._cap:
+            self._drop_oldest()
+        if self._tail - self._head == self._ring_n:
+            self._compact_ring()
+        j = _mix(<uint64_t>loc) & self._mask
+        while self._c_slots[j].loc != -1:
+            j = (j + 1) & self._mask
+        Py_INCREF(value)
+        self._c_slots[j].loc = loc
+        self._c_slots[j].val = <void *>value
+        self._c_serial[j] = self._tail
+        self._c_ring[self._tail % self._ring_n] = loc
+        self._tail += 1
+        self._n += 1
+
+    def pop(self, int64_t loc, default=None):
+        cdef int64_t i = self._find(loc) if loc >= 0 else -1
+        return default if i < 0 else self._take(<uint64_t>i)
+
+    def make_room(self, Py_ssize_t room) -> None:
+        """Room for `room` insertions: drop the oldest quarter of the
+        capacity, or more if `room` needs it (at most every entry)."""
+        cdef Py_ssize_t drop = max(self._cap // 4, self._n + room - self._cap)
+        while drop > 0 and self._drop_oldest():
+            drop -= 1
+
+    def clear(self) -> None:
+        while self._drop_oldest():
+            pass
+        self._head = self._tail = 0
+
+    def keys(self) -> list:
+        return self._in_order(0)
+
+    def values(self) -> list:
+        return self._in_order(1)
+
+    def items(self) -> list:
+        return self._in_order(2)
+
+    def __iter__(self):
+        return iter(self._in_order(0))
+
+
 cdef class HotIndex:
     """Index of every live message line of the hot tier and the tail.
 
@@ -701,15 +905,16 @@ cdef class HotIndex:
             return 0
         return -1
 
-    cdef void _prefetch_line(self, int64_t loc) noexcept nogil:
-        """Ask for the first bytes of the line at loc (a read that checks many
-        lines far apart asks for each before checking the first, so that
-        their memory latencies overlap)."""
+    cdef void _prefetch_line(self, int64_t loc, uint32_t length=0) noexcept nogil:
+        """Ask for the line at loc: its `length` bytes (at most 4 KiB), or its
+        first 256 if that is not known (0). A read that checks many lines far
+        apart asks for each before checking the first, so that their memory
+        latencies overlap."""
         cdef const unsigned char *p
-        cdef size_t avail, j
+        cdef size_t avail, j, want = 256 if length == 0 else min(length, 4096)
         if self._line_at(loc, &p, &avail) == 0:
             j = 0
-            while j < avail and j < 256:
+            while j < avail and j < want:
                 rf_prefetch(p + j)
                 j += 64
 
@@ -1101,6 +1306,59 @@ cdef class HotIndex:
         for i in range(start, _len(L)):
             out[i - start] = self._c_locs[_at(L, i)]
         return arr
+
+    cdef tuple _hits(self, rf_list *L, uint32_t start, LocCache cache, bint record):
+        """``(locs, hits, misses)`` of the entries ``[start, len)`` of `L`,
+        oldest first: every line checked as :meth:`line` checks it, then
+        ``hits[i]`` the value `cache` holds for ``locs[i]`` (its first item
+        if `record`), None where it holds none (`misses` of them). The
+        fetches of all the lines, then of all the slots, then of all the
+        values and records are each asked for before the first is used."""
+        cdef uint32_t k = _len(L) - start, i
+        cdef const unsigned char *p
+        cdef size_t ln
+        cdef int64_t j
+        cdef Py_ssize_t misses = 0
+        cdef uint32_t e
+        cdef PyObject *v
+        cdef int64_t *locs = <int64_t *>malloc(<size_t>k * (sizeof(int64_t) + sizeof(void *)) + 1)
+        cdef void **vals = <void **>(locs + k)
+        if locs == NULL:
+            raise MemoryError(f"HotIndex: cannot read {k} lines")
+        try:
+            for i in range(k):
+                e = _at(L, start + i)
+                locs[i] = self._c_locs[e]
+                self._prefetch_line(locs[i], self._c_lens[e])
+                cache._prefetch(locs[i])
+            for i in range(k):
+                self._checked_line(locs[i], &p, &ln)
+            for i in range(k):
+                j = cache._find(locs[i])
+                vals[i] = NULL if j < 0 else cache._c_slots[j].val
+                if vals[i] != NULL:
+                    rf_prefetch(vals[i])
+            if record:
+                for i in range(k):
+                    v = <PyObject *>vals[i]
+                    if v != NULL and PyTuple_CheckExact(<object>v) and PyTuple_GET_SIZE(<object>v) > 0:
+                        v = PyTuple_GET_ITEM(<object>v, 0)
+                        rf_prefetch(v)
+                        rf_prefetch(<char *>v + 64)
+            out_locs = []
+            out_hits = []
+            for i in range(k):
+                out_locs.append(locs[i])
+                if vals[i] == NULL:
+                    out_hits.append(None)
+                    misses += 1
+                elif record:
+                    out_hits.append((<object>vals[i])[0])
+                else:
+                    out_hits.append(<object>vals[i])
+        finally:
+            free(locs)
+        return out_locs, out_hits, misses
 
     cdef int64_t _seg_of(self, int64_t seg) except -1:
         if seg < 0 or seg > MAX_SEG:
@@ -1566,33 +1824,34 @@ cdef class HotIndex:
             start = _len(L) - <uint32_t>n
         return self._locs_of(L, start)
 
-    def window_locs(self, ch_key, Py_ssize_t n):
-        """The locations of the last n messages of the channel, oldest first, as
-        a list, each line checked as :meth:`line` checks it (raising the same
-        errors): what a window read needs in one call. [] for an unknown
-        channel or n <= 0."""
+    def window_hits(self, ch_key, Py_ssize_t n, LocCache cache not None):
+        """What a window read needs in one call: ``(locs, records, misses)``
+        of the last n messages of the channel, oldest first, each line
+        checked as :meth:`line` checks it (raising the same errors);
+        ``records[i]`` is the first item of what `cache` holds for
+        ``locs[i]``, None where it holds nothing (`misses` of them). Empty
+        for an unknown channel or n <= 0."""
         cdef bytes k = _key_bytes(ch_key, "ch_key")
-        cdef const unsigned char *p
-        cdef size_t ln
-        cdef uint32_t start = 0, i
-        cdef int64_t loc
+        cdef uint32_t start = 0
         cdef rf_list *L
         idx = self._chan_ids.get(k)
         if idx is None or n <= 0:
-            return []
+            return [], [], 0
         L = &self._c_chan[<int64_t>idx]
         if n < _len(L):
             start = _len(L) - <uint32_t>n
-        # the lines lie far apart in a large store: ask for the start of each
-        # before checking the first, so their memory latencies overlap
-        for i in range(start, _len(L)):
-            self._prefetch_line(self._c_locs[_at(L, i)])
-        out = []
-        for i in range(start, _len(L)):
-            loc = self._c_locs[_at(L, i)]
-            self._checked_line(loc, &p, &ln)
-            out.append(loc)
-        return out
+        return self._hits(L, start, cache, True)
+
+    def task_hits(self, task_key, LocCache cache not None):
+        """``(locs, hits, misses)`` of every message of the task, oldest
+        first: each line checked as :meth:`line` checks it, ``hits[i]`` what
+        `cache` holds for ``locs[i]`` or None (`misses` of them)."""
+        cdef bytes k = _key_bytes(task_key, "task_key")
+        self._ensure_tasks()
+        idx = self._task_ids.get(k)
+        if idx is None:
+            return [], [], 0
+        return self._hits(&self._c_task[<int64_t>idx], 0, cache, False)
 
     def task_locs(self, task_key):
         """Locations of every message of the task, oldest first."""

@@ -34,7 +34,7 @@ import xxhash
 from . import codec
 from . import sync as _sync
 from ._encode import frame_messages, message_envelopes
-from ._index import HotIndex
+from ._index import HotIndex, LocCache
 from ._log import frame_many, scan_frames
 from .atomic import AtomicStore, check_path
 from .cool import SPECIAL_FOLD, CoolArchive, relevant_specials, table_from_lines
@@ -606,8 +606,10 @@ class ConversationStateRepository:
         self._pending_erase: set[str] = set()    # deleted ids whose bytes are still on disk
         self._dirty_segs: set[int] = set()        # segments holding lines of deleted messages
         self._cool_deleted: set[str] = set()      # deleted ids still present in a cool file
-        # location -> (record, append sequence): decoded lines, newest first out
-        self._decoded: dict[int, tuple[ConversationMessageRecord, int | None]] = {}
+        # location -> (record, append sequence) of lines decoded, at most
+        # _DECODE_CACHE, the oldest dropped first (a dict-like table the
+        # compiled window and task reads look up)
+        self._decoded = LocCache(_DECODE_CACHE)
         # (cool file number, row) -> (record, ord): cool rows read and verified
         # once, so a task or an exact read asked again skips their assembly and
         # digest (file numbers are never reused: a merged or erased file's rows
@@ -1182,13 +1184,6 @@ class ConversationStateRepository:
         return codec.record_from_line(self._index.line(loc), path=self._path_of(loc >> 40),
                                       offset=loc & ((1 << 40) - 1))
 
-    def _read_locs_seq(self, locs: list[int]) -> list[tuple[ConversationMessageRecord, int | None]]:
-        """``_read_loc_seq`` of each of ``locs``: every line checked in one
-        call, records from the decode cache where it has them."""
-        self._index.check_lines(locs)
-        get = self._decoded.get
-        return [get(loc) or self._read_loc_seq(loc) for loc in locs]    # a hit is a non-empty tuple
-
     def _read_loc_raw(self, loc: int) -> tuple[dict, int | None]:
         """The verified record dict at ``loc`` (as ``to_dict()`` wrote it; no
         record is built) and its append sequence: what cooling copies."""
@@ -1205,7 +1200,7 @@ class ConversationStateRepository:
         self._decoded[loc] = hit
 
     def _trim_cache(self, room: int) -> None:
-        _make_room(self._decoded, room)
+        self._decoded.make_room(room)
 
     @staticmethod
     def _cool_record(row) -> ConversationMessageRecord:
@@ -1219,9 +1214,6 @@ class ConversationStateRepository:
 
     def _cool_has_channel(self, channel_id: str) -> bool:
         return self._cool.channel_len(channel_id) > 0
-
-    def _cool_has_task(self, task_id: str) -> bool:
-        return self._cool.task_len(task_id) > 0
 
     def _cool_max_order(self, channel_id: str) -> tuple | None:
         """(hlc, msg_id) of the channel's newest stamped cool row, or None."""
@@ -1666,15 +1658,12 @@ class ConversationStateRepository:
             if n <= 0:
                 return []
             if not self._is_interleaved(channel_id):
-                # the last n locations, every line's checksum checked, every read
-                locs = self._index.window_locs(codec.key(channel_id), n)
+                # the last n messages, every line's checksum checked, every read
+                locs, recs, misses = self._index.window_hits(codec.key(channel_id), n, self._decoded)
                 if len(locs) >= n or not self._cool_has_channel(channel_id):
-                    cached = self._decoded.get
-                    out = []
-                    for loc in locs:
-                        hit = cached(loc)
-                        out.append(hit[0] if hit is not None else self._read_loc(loc))
-                    return own_calls(out)
+                    if misses:
+                        recs = [r if r is not None else self._read_loc(loc) for loc, r in zip(locs, recs)]
+                    return own_calls(recs)
             return own_calls([r for r, _t in self._window(channel_id, n)])
 
     def _window(self, channel_id: str, n: int) -> list[tuple[ConversationMessageRecord, str]]:
@@ -1696,19 +1685,21 @@ class ConversationStateRepository:
             self._check_open()
             if task_id == "":
                 return []
-            locs = self._index.task_locs(codec.key(task_id)).tolist()
-            hot = self._read_locs_seq(locs)
-            if not self._cool_has_task(task_id):
+            locs, hot, misses = self._index.task_hits(codec.key(task_id), self._decoded)
+            if misses:
+                hot = [h if h is not None else self._read_loc_seq(loc) for loc, h in zip(locs, hot)]
+            cool_locs = self._cool.task_locs(task_id)
+            if not cool_locs:
                 return own_calls([r for r, _seq in hot])       # the index keeps them in order
-            keyed = [(_xkey(r, seq), r) for r, seq in hot]
+            cool = self._cool_records(cool_locs)
+            if {rec.task_id for rec, _o in cool} != {task_id}:
+                rec = next(rec for rec, _o in cool if rec.task_id != task_id)
+                raise CorruptStateCheckpointError(
+                    f"cool index says {rec.msg_id!r} is a message of task {task_id!r}, "
+                    f"the file says {rec.task_id!r}", path=self._cool.cool_dir)
             deleted = self._cool_deleted
-            for rec, o in self._cool_records(self._cool.task_locs(task_id)):
-                if rec.task_id != task_id:
-                    raise CorruptStateCheckpointError(
-                        f"cool index says {rec.msg_id!r} is a message of task {task_id!r}, "
-                        f"the file says {rec.task_id!r}", path=self._cool.cool_dir)
-                if rec.msg_id not in deleted:
-                    keyed.append((_xkey(rec, o), rec))
+            keyed = [(_xkey(r, seq), r) for r, seq in hot]
+            keyed += [(_xkey(rec, o), rec) for rec, o in cool if rec.msg_id not in deleted]
             keyed.sort(key=_first)
             return own_calls([r for _k, r in keyed])
 
@@ -1716,9 +1707,11 @@ class ConversationStateRepository:
         """(record, ord) of the cool rows at ``locs``: from the cache of rows
         verified before, the others read (and verified) now and kept."""
         cache = self._cool_decoded
-        miss = [loc for loc in locs if loc not in cache]
-        if not miss:
+        try:
             return [cache[loc] for loc in locs]
+        except KeyError:
+            pass
+        miss = [loc for loc in locs if loc not in cache]
         got = {loc: (self._cool_record(row), row.ord) for loc, row in zip(miss, self._cool.rows_at(miss))}
         out = [cache[loc] if loc in cache else got[loc] for loc in locs]
         self._cool_keep(list(got.items()))

@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import mmap
 import os
+import weakref
 
 import numpy as np
 import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from _core_support import by_channels, key, line, tombstone, word_lines
 from rune_fast import _index, _log
@@ -53,6 +55,121 @@ def test_hash_index_bulk_and_clear():
         h.insert_many([1, 2], [1])
     h.clear()
     assert len(h) == 0 and h.lookup(int(hs[5])).tolist() == []
+
+
+# ---- LocCache ----------------------------------------------------------------
+
+class _Val:
+    """A cached value whose release a weak reference sees."""
+
+    def __init__(self, tag):
+        self.tag = tag
+
+    def __eq__(self, other):
+        return isinstance(other, _Val) and other.tag == self.tag
+
+    __hash__ = None
+
+
+class LocCacheMachine(RuleBasedStateMachine):
+    """LocCache against a dict kept in insertion order, as the repository
+    used one: an update keeps its place, a pop then an insertion puts a key
+    last, an insertion at capacity drops the oldest key, ``make_room(k)``
+    drops the oldest quarter of the capacity or more. Few keys and much
+    churn, so the ring of insertions fills with the places of popped and
+    updated keys and is renumbered."""
+
+    def __init__(self):
+        super().__init__()
+        self.cap = 7
+        self.cache = _index.LocCache(self.cap)
+        self.model: dict[int, _Val] = {}
+        self.refs: list[weakref.ref] = []
+        self.n = 0
+
+    def _drop(self, k: int) -> None:
+        for key_ in list(self.model)[:k]:
+            del self.model[key_]
+
+    @rule(loc=st.integers(0, 12) | st.sampled_from([2**62, 2**63 - 1, 1 << 40]))
+    def put(self, loc):
+        self.n += 1
+        v = _Val(self.n)
+        self.refs.append(weakref.ref(v))
+        if loc not in self.model and len(self.model) >= self.cap:
+            self._drop(1)
+        self.model[loc] = v
+        self.cache[loc] = v
+
+    @rule(loc=st.integers(0, 12))
+    def pop(self, loc):
+        assert self.cache.pop(loc, "no") == self.model.pop(loc, "no")
+
+    @rule(loc=st.integers(-2, 14))
+    def get(self, loc):
+        assert self.cache.get(loc) == self.model.get(loc)
+        assert (loc in self.cache) == (loc in self.model)
+        if loc in self.model:
+            assert self.cache[loc] is self.model[loc]
+        else:
+            with pytest.raises(KeyError):
+                self.cache[loc]
+
+    @rule(loc=st.integers(0, 12), times=st.integers(1, 20))
+    def churn(self, loc, times):
+        # insert and pop a key again and again: the ring fills with the
+        # places of popped keys behind the ones held
+        for _ in range(times):
+            self.put(loc)
+            self.pop(loc)
+
+    @rule(room=st.integers(0, 10))
+    def make_room(self, room):
+        self._drop(max(self.cap // 4, len(self.model) + room - self.cap))
+        self.cache.make_room(room)
+
+    @rule()
+    def clear(self):
+        self.model.clear()
+        self.cache.clear()
+
+    @invariant()
+    def same(self):
+        assert len(self.cache) == len(self.model) <= self.cap
+        assert self.cache.keys() == list(self.model) == list(self.cache)
+        assert self.cache.values() == list(self.model.values())
+        assert self.cache.items() == list(self.model.items())
+
+    @invariant()
+    def released(self):
+        held = {id(v) for v in self.model.values()}
+        for r in self.refs:
+            v = r()
+            assert v is None or id(v) in held, "a value dropped from the cache is still referenced"
+
+
+TestLocCache = LocCacheMachine.TestCase
+TestLocCache.settings = settings(max_examples=150, stateful_step_count=80, deadline=None)
+
+
+def test_loc_cache_refuses_bad_arguments_and_releases_its_values():
+    with pytest.raises(ValueError, match="capacity"):
+        _index.LocCache(0)
+    c = _index.LocCache(4)
+    with pytest.raises(ValueError, match="-1"):
+        c[-1] = 1
+    with pytest.raises(TypeError):
+        c["x"] = 1
+    assert c.capacity == 4 and c.get(-1) is None and -1 not in c and c.pop(-1, 0) == 0
+    vals = [_Val(i) for i in range(3)]
+    refs = [weakref.ref(v) for v in vals]
+    for i, v in enumerate(vals):
+        c[i] = v
+    c[0] = _Val("new")
+    del vals, v
+    assert refs[0]() is None and refs[1]() is not None        # the replaced value is released
+    del c
+    assert all(r() is None for r in refs)                      # and the rest with the cache
 
 
 # ---- HotIndex ----------------------------------------------------------------
@@ -266,22 +383,36 @@ def test_check_lines_is_line_without_views():
         ix.check_lines((0,))
 
 
-def test_window_locs_is_channel_locs_checked():
-    ls = [line(f"m{i}", "c" if i % 3 else "d") for i in range(12)]
+def test_window_hits_are_channel_locs_checked_with_cached_records():
+    ls = [line(f"m{i}", "c" if i % 3 else "d", "t" if i % 2 else "") for i in range(12)]
     offs = [sum(len(x) for x in ls[:i]) for i in range(12)]
     data = bytearray(b"".join(ls))
     ix = _index.HotIndex()
     ix.attach(0, bytes(data), path="/state/seg-0")
     ix.ingest(0)
+    cache = _index.LocCache(64)
+    for i in (2, 5, 11):
+        cache[offs[i]] = (f"rec{i}", i)
     for n in (0, 1, 5, 8, 100):
-        assert ix.window_locs(b"c", n) == (ix.channel_locs(b"c", n).tolist() if n else [])
-    assert ix.window_locs(b"nope", 8) == [] and ix.window_locs(b"c", -1) == []
-    data[offs[11] + 40] ^= 1                           # the newest line of "c"
+        locs, recs, misses = ix.window_hits(b"c", n, cache)
+        assert locs == (ix.channel_locs(b"c", n).tolist() if n else [])
+        assert recs == [f"rec{offs.index(loc)}" if offs.index(loc) in (2, 5, 11) else None for loc in locs]
+        assert misses == recs.count(None)
+    assert ix.window_hits(b"nope", 8, cache) == ([], [], 0) and ix.window_hits(b"c", -1, cache) == ([], [], 0)
+    locs, hits, misses = ix.task_hits(b"t", cache)
+    assert locs == ix.task_locs(b"t").tolist() and misses == 4
+    assert hits == [(f"rec{offs.index(loc)}", offs.index(loc)) if offs.index(loc) in (5, 11) else None
+                    for loc in locs]
+    assert ix.task_hits(b"nope", cache) == ([], [], 0)
+    with pytest.raises(TypeError):
+        ix.window_hits(b"c", 8, {})
+    data[offs[11] + 40] ^= 1                           # the newest line of "c" (its record is cached)
     ix.attach(0, bytes(data), path="/state/seg-0")
-    assert ix.window_locs(b"d", 8) == ix.channel_locs(b"d", 8).tolist()
-    with pytest.raises(CorruptStateCheckpointError) as ei:
-        ix.window_locs(b"c", 2)
-    assert ei.value.path == "/state/seg-0" and ei.value.offset == offs[11]
+    assert ix.window_hits(b"d", 8, cache)[0] == ix.channel_locs(b"d", 8).tolist()
+    for read in (lambda: ix.window_hits(b"c", 2, cache), lambda: ix.task_hits(b"t", cache)):
+        with pytest.raises(CorruptStateCheckpointError) as ei:
+            read()
+        assert ei.value.path == "/state/seg-0" and ei.value.offset == offs[11]
 
 
 def test_remove_and_remove_many_keep_arrays_consistent():

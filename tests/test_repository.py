@@ -112,6 +112,25 @@ def test_search_never_misses_a_damaged_line_silently(tmp_path, victim, live):
         assert any(p.file == tail for p in repo.verify().problems)
 
 
+def test_a_cool_index_naming_another_tasks_row_is_refused(tmp_path):
+    """The cool index in memory says which rows hold a task; a row it names
+    that belongs to another task (read from the file, or from the cache of
+    rows read before) raises, naming both tasks, instead of being returned."""
+    with ConversationStateRepository(tmp_path, compact_every=1000, hot_window=2) as repo:
+        for i in range(12):
+            assert repo.append(msg(i, task="t1" if i % 2 else "t2"))
+        repo.compact()
+        assert [m.msg_id for m in repo.messages_for_task("t2")] == [f"msg_{i:08d}" for i in range(0, 12, 2)]
+        rows = {no: fi.tasks for no, fi in repo._cool._files.items()}
+        no = next(no for no, tasks in rows.items() if "t1" in tasks)
+        rows[no]["t2"] = rows[no]["t1"][:1].copy()          # a t1 row listed as t2's
+        for attempt in ("cached", "read"):
+            if attempt == "read":
+                repo._cool_decoded.clear()
+            with pytest.raises(CorruptStateCheckpointError, match="is a message of task 't2'.*says 't1'"):
+                repo.messages_for_task("t2")
+
+
 def test_cool_records_read_again_come_from_the_cache(tmp_path, monkeypatch):
     """A cool row verified once is kept as a record: the same task or exact
     read asked again does not go back to the archive; deletion and erasure

@@ -51,6 +51,30 @@ cdef class HashIndex:
     cdef int _insert(self, uint64_t h, int64_t v) except -1
 
 
+cdef struct rf_cslot:
+    int64_t loc         # -1: empty
+    void *val           # a strong reference (PyObject *)
+
+
+cdef class LocCache:
+    cdef rf_cslot *_c_slots        # open addressing, linear probing, load <= 1/2
+    cdef uint64_t *_c_serial       # slot -> its insertion number (its place in the ring)
+    cdef uint64_t _mask            # table size - 1
+    cdef int64_t *_c_ring          # insertion order: the loc of insertion s at s % _ring_n
+    cdef uint64_t _ring_n
+    cdef uint64_t _head            # insertions [_head, _tail) may still be held
+    cdef uint64_t _tail
+    cdef Py_ssize_t _n
+    cdef Py_ssize_t _cap
+
+    cdef int64_t _find(self, int64_t loc) noexcept nogil
+    cdef void _prefetch(self, int64_t loc) noexcept nogil
+    cdef object _take(self, uint64_t i)
+    cdef int _compact_ring(self) noexcept nogil
+    cdef int _drop_oldest(self) except -1
+    cdef list _in_order(self, int what)
+
+
 cdef class HotIndex:
     cdef int64_t *_c_locs          # entry -> loc; -1 free; bit 63 set: removed, sweep pending
     cdef uint32_t *_c_lens         # entry -> line length incl. newline; 0: not measured yet
@@ -108,7 +132,7 @@ cdef class HotIndex:
     cdef object _where(self, int64_t seg)
     cdef int _line_at(self, int64_t loc, const unsigned char **p, size_t *avail) noexcept nogil
     cdef int _checked_line(self, int64_t loc, const unsigned char **p, size_t *n) except -1
-    cdef void _prefetch_line(self, int64_t loc) noexcept nogil
+    cdef void _prefetch_line(self, int64_t loc, uint32_t length=*) noexcept nogil
     cdef int _parse_entry(self, uint32_t e, const unsigned char **p, rf_msg *m) noexcept nogil
     cdef int64_t _find_slot(self, uint64_t h, const unsigned char *key, size_t klen) noexcept nogil
     cdef int _table_reserve(self, uint64_t need) except -1
@@ -122,6 +146,7 @@ cdef class HotIndex:
     cdef int _kill(self, uint64_t slot) except -1
     cdef int _sweep(self) except -1
     cdef object _locs_of(self, rf_list *L, uint32_t start)
+    cdef tuple _hits(self, rf_list *L, uint32_t start, LocCache cache, bint record)
     cdef int _grow_entries(self, uint64_t nc) except -1
     cdef int _cmp_entry(self, uint32_t x, const unsigned char *hp, size_t hl,
                         const unsigned char *ip, size_t il, int *out) noexcept nogil
