@@ -1783,11 +1783,25 @@ class ConversationStateRepository:
                 rec, seq = self._read_loc_seq(loc)
                 if check(rec.content):
                     keyed.append((_xkey(rec, seq), rec, self._tier_of(loc)))
-            for row in self._cool.search(text, channel_id, case_sensitive=case_sensitive):
-                if row.record["msg_id"] in self._cool_deleted:
-                    continue
+            # cool hits whose verified records the cache holds are not read
+            # again (a search asked twice); the rows read join the cache
+            cached = self._cool_decoded
+            rows, known = self._cool.search_known(text, channel_id, case_sensitive=case_sensitive, known=cached)
+            deleted = self._cool_deleted
+            for rec, o in (cached[loc] for loc in known):
+                if channel_id is not None and rec.channel_id != channel_id:
+                    raise CorruptStateCheckpointError(
+                        f"cool index says {rec.msg_id!r} is a message of channel {channel_id!r}, "
+                        f"its row says {rec.channel_id!r}", path=self._cool.cool_dir)
+                if rec.msg_id not in deleted and check(rec.content):
+                    keyed.append((_xkey(rec, o), rec, "cool"))
+            fresh = []
+            for row in rows:
                 rec = self._cool_record(row)
-                keyed.append((_xkey(rec, row.ord), rec, "cool"))
+                fresh.append((self._cool.loc_of(row), (rec, row.ord)))
+                if rec.msg_id not in deleted:
+                    keyed.append((_xkey(rec, row.ord), rec, "cool"))
+            self._cool_keep(fresh)
             keyed.sort(key=lambda e: e[0])
             if limit is not None:
                 keyed = keyed[-limit:]

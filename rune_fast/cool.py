@@ -44,7 +44,7 @@ import struct
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, Mapping, NamedTuple, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Container, Iterable, Iterator, Literal, Mapping, NamedTuple, Sequence, cast
 
 import numpy as np
 import orjson
@@ -1975,6 +1975,11 @@ class CoolArchive:
         out.sort(key=_row_key)
         return out
 
+    @staticmethod
+    def loc_of(row: CoolRow) -> tuple[int, int]:
+        """``(file number, row)`` of a row (what :meth:`task_locs` names)."""
+        return _file_no(row.file), row.row
+
     def task_locs(self, task_id: str) -> list[tuple[int, int]]:
         """``(file number, row)`` of every archived message of the task (as
         the sidecars say; :meth:`rows_at` reads and verifies them)."""
@@ -2032,6 +2037,20 @@ class CoolArchive:
         """Archived messages whose content contains ``text`` (case-insensitive:
         ``text.casefold() in content.casefold()``), oldest first by the order
         key. Every hit is verified against its digest."""
+        return self.search_known(text, channel_id, case_sensitive=case_sensitive)[0]
+
+    def search_known(self, text: str, channel_id: str | None = None, *, case_sensitive: bool = False,
+                     known: Container[tuple[int, int]] = ()) -> tuple[list[CoolRow], list[tuple[int, int]]]:
+        """:meth:`search`, except that a hit whose ``(file number, row)`` is
+        in ``known`` (rows the caller holds verified records of; it must not
+        change during the call) may be reported by that location instead of
+        read: ``(rows, locs)``, the rows as :meth:`search` gives them, the
+        locations in no order. A location names a row whose content bytes
+        the search matched as it matches before reading a row; the caller
+        checks its own record (content, channel) as this method checks the
+        rows it reads. Reading a hit's other columns is most of a search of
+        the pages (a page of each column per hit): a search asked again
+        skips it for the rows its caller kept."""
         if not isinstance(text, str):
             raise TypeError(f"search text must be str, got {type(text).__name__}")
         needle = text if case_sensitive else text.casefold()
@@ -2050,6 +2069,7 @@ class CoolArchive:
         specials = _relevant_specials(probe.decode("ascii")) if mode in ("ci", "ci-run") else ()
         fold_repl = [(c.encode("utf-8"), c.casefold().encode("utf-8")) for c in specials]
         hits: list[CoolRow] = []
+        known_hits: list[tuple[int, int]] = []
         with self._lock:
             # a tier the cache cannot hold (its content decodes to about twice
             # the files' bytes) is searched in its pages from the start, not
@@ -2073,7 +2093,7 @@ class CoolArchive:
                 for rg in range(rg_a, rg_b):
                     if scans is None and (self._full or big) and (no, rg) not in self._cache:
                         scans = self._start_scans(no, [r for r in range(rg, rg_b) if (no, r) not in self._cache],
-                                                  s, e, mode, nb, fold_repl)
+                                                  s, e, mode, nb, fold_repl, known)
                     base = fi.rg_list[rg]
                     n = fi.rg_list[rg + 1] - base
                     lo, hi = max(s - base, 0), min(e - base, n)
@@ -2085,6 +2105,7 @@ class CoolArchive:
                         got = self._scan_result(no, rg, scans.pop(rg))
                         if got is not None:
                             found.extend(self._verified(fi.name, [base + i for i in got[0]], got[1]))
+                            known_hits.extend((no, base + i) for i in got[2])
                             continue
                     g = self._group(no, rg, ("content",), True, pinned)
                     content = g.cols["content"][2]
@@ -2134,15 +2155,17 @@ class CoolArchive:
                         self._check_field(rows, "channel_id", channel_id)
                     hits.extend(rows)
         hits.sort(key=_row_key)
-        return hits
+        return hits, known_hits
 
     def _start_scans(self, no: int, rgs: list[int], s: int, e: int, mode: str, nb: bytes,
-                     fold_repl: list[tuple[bytes, bytes]]) -> dict[int, Any]:
+                     fold_repl: list[tuple[bytes, bytes]], known: Container[tuple[int, int]] = ()
+                     ) -> dict[int, Any]:
         """Start the search of row groups ``rgs`` of file ``no`` (groups the
         cache does not hold; rows ``[s, e)`` of the file) in the file's pages
         as they are decompressed, without building or caching the groups:
         rg -> future of (rows within the group, their assembled values; see
-        :meth:`_scan_result`). ``mode`` "ci": ``nb`` (ASCII, casefolded)
+        :meth:`_scan_result`; the hits in ``known`` are not read, only
+        named). ``mode`` "ci": ``nb`` (ASCII, casefolded)
         matched ASCII-case-blind, the rows holding a SPECIAL_FOLD character
         of ``fold_repl`` checked one by one; "cs": bytes as they are. The
         hits' other columns are read by the same task; two run at a time
@@ -2154,19 +2177,22 @@ class CoolArchive:
         probes = [(nb.lower(), True) if mode == "ci" else (nb, False)] + [(a, False) for a, _b in fold_repl]
         starts = self._files[no].rg_list
 
-        def scan(rg: int) -> tuple[list[int], list, bytes | None]:
-            lo, hi = s - starts[rg], e - starts[rg]
+        def scan(rg: int) -> tuple[list[int], list, bytes | None, list[int]]:
+            lo, hi, base = s - starts[rg], e - starts[rg], starts[rg]
             res, built = reader.find(rg, _CONTENT_COL, probes, self._grams.get((no, rg)))
             hits = {i: v for i, v in res[0] if lo <= i < hi}
             for part in res[1:]:
                 for i, v in part:
                     if lo <= i < hi and i not in hits and _ascii_fold_has(v, nb, fold_repl):
                         hits[i] = v
-            local = sorted(hits)
+            local: list[int] = []
+            named: list[int] = []
+            for i in sorted(hits):
+                (named if (no, base + i) in known else local).append(i)
             if not local:
-                return local, [], built
+                return local, [], built, named
             vals = reader.rows(rg, local, {_CONTENT_COL: [hits[i] for i in local]})
-            return local, _assemble_columns(list(zip(*vals))), built
+            return local, _assemble_columns(list(zip(*vals))), built, named
 
         # a group whose page filters are known reads a few pages: scanned when
         # its turn comes, on this thread (two threads would fight for the GIL)
@@ -2174,12 +2200,13 @@ class CoolArchive:
         return {rg: _Deferred(scan, rg) if (no, rg) in self._grams else pool.submit(scan, rg)
                 for rg in rgs}
 
-    def _scan_result(self, no: int, rg: int, fut: Any) -> tuple[list[int], list] | None:
-        """What a scan of :meth:`_start_scans` found, or None: the caller reads
-        the group instead (a layout the PageReader does not read, or damage,
-        which that read names)."""
+    def _scan_result(self, no: int, rg: int, fut: Any) -> tuple[list[int], list, list[int]] | None:
+        """What a scan of :meth:`_start_scans` found (rows read, their values,
+        rows only named), or None: the caller reads the group instead (a
+        layout the PageReader does not read, or damage, which that read
+        names)."""
         try:
-            local, many, built = fut.result()
+            local, many, built, named = fut.result()
         except PageError:
             return None
         except Unsupported:
@@ -2191,7 +2218,7 @@ class CoolArchive:
             self._grams_bytes += len(built)
         if any(got is None for got in many):
             return None
-        return local, many
+        return local, many, named
 
     def _special_rows(self, fi: "_FileIndex", rg: int, g: "_Group",
                       chars: Sequence[str]) -> np.ndarray:

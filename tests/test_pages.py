@@ -417,6 +417,33 @@ def test_search_past_the_cache_scans_the_pages(archive, monkeypatch, needle):
     assert {g for _rg, g in calls} == {False, True} and a._grams
 
 
+@pytest.mark.parametrize("needle, ch, cs", [("alpha", None, False), ("STRASSE", "ch3", False),
+                                             ("alpha", "ch3", True), ("日本", None, False)])
+def test_search_known_names_the_known_hits_and_reads_the_rest(archive, monkeypatch, needle, ch, cs):
+    """search_known: the hits it names are rows the caller holds, those it
+    reads come back as search() gives them, and together they are
+    search()'s hits, each once. Over the pages (an ASCII needle) every
+    known hit is named and no page of its other columns is decoded."""
+    a, rows = archive
+    a.search(needle, ch, case_sensitive=cs)             # (page filters built)
+    want = a.search(needle, ch, case_sensitive=cs)
+    locs = [a.loc_of(h) for h in want]
+    known = set(random.Random(5).sample(locs, len(locs) // 2))
+    read = []
+    real = PageReader.rows
+
+    def counted(self, rg, local, have=None):
+        read.extend(local)
+        return real(self, rg, local, have)
+    monkeypatch.setattr(PageReader, "rows", counted)
+    got, named = a.search_known(needle, ch, case_sensitive=cs, known=known)
+    assert set(named) <= known and len(set(named)) == len(named)
+    assert got == [h for h in want if a.loc_of(h) not in set(named)]
+    if needle.isascii():
+        assert set(named) == known and len(read) == len(want) - len(known)
+    assert a.search_known(needle, ch, case_sensitive=cs) == (want, [])
+
+
 def test_search_scan_of_a_damaged_page_is_loud(archive):
     a, rows = archive
     path = _parquet_path(a)

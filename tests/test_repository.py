@@ -131,6 +131,54 @@ def test_a_cool_index_naming_another_tasks_row_is_refused(tmp_path):
                 repo.messages_for_task("t2")
 
 
+def test_a_search_asked_again_takes_its_cool_hits_from_the_record_cache(tmp_path, monkeypatch):
+    """A cool tier past the archive's cache is searched in its pages, each
+    hit's other columns read page by page: the records of those hits join
+    the cache of verified cool records, and the same search asked again (or
+    one that finds some of them) reads none of them again and returns the
+    same hits. A message deleted since is left out; a kept record whose
+    channel is not the one the cool index says raises."""
+    import dataclasses
+
+    import rune_fast.conversation_state as cs
+    from rune_fast.pages import PageReader
+    monkeypatch.setattr(cs, "COOL_CACHE_BYTES", 1)
+    ms = [msg(i, channel=f"c{i % 3}", content=f"note {i} about {'alpha' if i % 4 == 0 else 'beta'}")
+          for i in range(3000)]
+    with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=2) as repo:
+        assert repo.append_many(ms) == 3000
+        repo.compact()
+        first = repo.search("ALPHA")
+        assert [h.record for h in first] == ms[::4] and sum(h.tier == "cool" for h in first) == 749
+        read, named = [], []
+        real_rows, real_search = PageReader.rows, repo._cool.search_known
+
+        def counted(self, rg, local, have=None):
+            read.extend(local)
+            return real_rows(self, rg, local, have)
+
+        def search_known(*args, **kw):
+            out = real_search(*args, **kw)
+            named.append(len(out[1]))
+            return out
+        monkeypatch.setattr(PageReader, "rows", counted)
+        monkeypatch.setattr(repo._cool, "search_known", search_known)
+        assert repo.search("ALPHA") == first
+        assert repo.search("alpha", "c1") == [h for h in first if h.record.channel_id == "c1"]
+        assert repo.search("alpha", case_sensitive=True) == first
+        assert repo.search("Alpha", case_sensitive=True) == [] and read == []
+        assert named[0] > 500 and named[1] > 150 and named[2] > 500   # (the groups the scan reads)
+        victim = first[5].record.msg_id
+        assert first[5].tier == "cool" and repo.delete(victim)
+        read.clear()                                     # (the delete read the row for its channel)
+        assert repo.search("alpha") == [h for h in first if h.record.msg_id != victim] and read == []
+        for loc, (rec, o) in list(repo._cool_decoded.items()):
+            if rec.channel_id == "c1":
+                repo._cool_decoded[loc] = (dataclasses.replace(rec, channel_id="c2"), o)
+        with pytest.raises(CorruptStateCheckpointError, match="channel 'c1'"):
+            repo.search("alpha", "c1")
+
+
 def test_cool_records_read_again_come_from_the_cache(tmp_path, monkeypatch):
     """A cool row verified once is kept as a record: the same task or exact
     read asked again does not go back to the archive; deletion and erasure
