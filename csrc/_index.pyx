@@ -727,6 +727,45 @@ cdef class LocCache:
         cdef int64_t i = self._find(loc) if loc >= 0 else -1
         return default if i < 0 else self._take(<uint64_t>i)
 
+    def get_many(self, list locs):
+        """``(values, misses)``: what the cache holds for each of `locs` (ints)
+        in their order, None where it holds nothing (`misses` of them). The
+        slots of all, then all the values and the first item of each value
+        (a tuple's: the record), are asked for before the first is used."""
+        cdef Py_ssize_t k = len(locs), i, misses = 0
+        cdef int64_t j
+        cdef PyObject *v
+        cdef int64_t *at = <int64_t *>malloc(<size_t>k * sizeof(int64_t) + 1)
+        if at == NULL:
+            raise MemoryError(f"LocCache: cannot look up {k} locations")
+        try:
+            for i in range(k):
+                at[i] = locs[i]
+                if at[i] >= 0:
+                    self._prefetch(at[i])
+            for i in range(k):
+                j = self._find(at[i]) if at[i] >= 0 else -1
+                at[i] = j
+                if j >= 0:
+                    rf_prefetch(self._c_slots[j].val)
+            for i in range(k):
+                if at[i] >= 0:
+                    v = <PyObject *>self._c_slots[at[i]].val
+                    if PyTuple_CheckExact(<object>v) and PyTuple_GET_SIZE(<object>v) > 0:
+                        v = PyTuple_GET_ITEM(<object>v, 0)
+                        rf_prefetch(v)
+                        rf_prefetch(<char *>v + 64)
+            out = []
+            for i in range(k):
+                if at[i] < 0:
+                    out.append(None)
+                    misses += 1
+                else:
+                    out.append(<object>self._c_slots[at[i]].val)
+        finally:
+            free(at)
+        return out, misses
+
     def make_room(self, Py_ssize_t room) -> None:
         """Room for `room` insertions: drop the oldest quarter of the
         capacity, or more if `room` needs it (at most every entry)."""

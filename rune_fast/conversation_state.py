@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-import itertools
 import logging
 import math
 import operator
@@ -239,15 +238,6 @@ own_calls = codec.own_calls
 
 def _own(rec: ConversationMessageRecord) -> ConversationMessageRecord:
     return own_calls([rec])[0] if rec.tool_calls else rec
-
-
-def _make_room(cache: dict, room: int) -> None:
-    """Make room for ``room`` entries in a record cache of ``_DECODE_CACHE``:
-    drop the oldest quarter, or more if ``room`` needs it (dicts keep
-    insertion order)."""
-    drop = max(_DECODE_CACHE // 4, len(cache) + room - _DECODE_CACHE)
-    for k in list(itertools.islice(cache, drop)):
-        del cache[k]
 
 
 def _fold_key(rec: ConversationMessageRecord) -> tuple:
@@ -614,7 +604,7 @@ class ConversationStateRepository:
         # once, so a task or an exact read asked again skips their assembly and
         # digest (file numbers are never reused: a merged or erased file's rows
         # are simply never looked up again)
-        self._cool_decoded: dict[tuple[int, int], tuple[ConversationMessageRecord, int]] = {}
+        self._cool_decoded = LocCache(_DECODE_CACHE)       # (cool_loc: file number << 32 | row)
         # channel -> [store order agrees with fold order, last fold key] (lazily)
         self._fold_order: dict[str, list] = {}
         # channel -> whether a hot message sorts before a cool one (computed lazily)
@@ -1703,26 +1693,26 @@ class ConversationStateRepository:
             keyed.sort(key=_first)
             return own_calls([r for _k, r in keyed])
 
-    def _cool_records(self, locs: list[tuple[int, int]]) -> list[tuple[ConversationMessageRecord, int]]:
-        """(record, ord) of the cool rows at ``locs``: from the cache of rows
-        verified before, the others read (and verified) now and kept."""
-        cache = self._cool_decoded
-        try:
-            return [cache[loc] for loc in locs]
-        except KeyError:
-            pass
-        miss = [loc for loc in locs if loc not in cache]
-        got = {loc: (self._cool_record(row), row.ord) for loc, row in zip(miss, self._cool.rows_at(miss))}
-        out = [cache[loc] if loc in cache else got[loc] for loc in locs]
-        self._cool_keep(list(got.items()))
-        return out
+    def _cool_records(self, locs: list[int]) -> list[tuple[ConversationMessageRecord, int]]:
+        """(record, ord) of the cool rows at ``locs`` (cool_loc): from the
+        cache of rows verified before, the others read (and verified) now
+        and kept."""
+        got, misses = self._cool_decoded.get_many(locs)
+        if not misses:
+            return got
+        miss = [loc for loc, hit in zip(locs, got) if hit is None]
+        read = {loc: (self._cool_record(row), row.ord) for loc, row in zip(miss, self._cool.rows_at(miss))}
+        self._cool_keep(list(read.items()))
+        return [hit if hit is not None else read[loc] for loc, hit in zip(locs, got)]
 
-    def _cool_keep(self, items: list[tuple[tuple[int, int], tuple[ConversationMessageRecord, int]]]) -> None:
+    def _cool_keep(self, items: list[tuple[int, tuple[ConversationMessageRecord, int]]]) -> None:
         """Keep verified cool records (at most _DECODE_CACHE; the oldest quarter goes first)."""
         items = items[-_DECODE_CACHE:]
-        if len(self._cool_decoded) + len(items) > _DECODE_CACHE:
-            _make_room(self._cool_decoded, len(items))
-        self._cool_decoded.update(items)
+        cache = self._cool_decoded
+        if len(cache) + len(items) > _DECODE_CACHE:
+            cache.make_room(len(items))
+        for loc, hit in items:
+            cache[loc] = hit
 
     @_viewer_retry
     def search(self, text: str, channel_id: str | None = None, *, limit: int | None = None,

@@ -69,6 +69,7 @@ __all__ = [
     "CoolArchive",
     "CoolRow",
     "CoolRun",
+    "cool_loc",
     "CoolChange",
     "CoolProblem",
     "StagedMerge",
@@ -341,6 +342,13 @@ def _dumps(value: Any) -> str:
 # --------------------------------------------------------------------------- #
 # Files: atomic writes, Parquet footers
 # --------------------------------------------------------------------------- #
+
+def cool_loc(no: int, row: int) -> int:
+    """A cool row's location: ``(file number << 32) | row``, as the id index
+    keeps it (file numbers are never reused, so a location names one row for
+    good)."""
+    return (no << 32) | row
+
 
 def _file_no(name: str) -> int:
     m = _PARQUET_RE.match(name)
@@ -1976,38 +1984,42 @@ class CoolArchive:
         return out
 
     @staticmethod
-    def loc_of(row: CoolRow) -> tuple[int, int]:
-        """``(file number, row)`` of a row (what :meth:`task_locs` names)."""
-        return _file_no(row.file), row.row
+    def loc_of(row: CoolRow) -> int:
+        """The location (:func:`cool_loc`) of a row, as :meth:`task_locs` names it."""
+        return cool_loc(_file_no(row.file), row.row)
 
-    def task_locs(self, task_id: str) -> list[tuple[int, int]]:
-        """``(file number, row)`` of every archived message of the task (as
-        the sidecars say; :meth:`rows_at` reads and verifies them)."""
+    def task_locs(self, task_id: str) -> list[int]:
+        """The locations (:func:`cool_loc`) of every archived message of the
+        task (as the sidecars say; :meth:`rows_at` reads and verifies them)."""
         with self._lock:
-            return [(no, r) for no in self._task_map().get(task_id, ())
-                    for r in self._files[no].tasks[task_id].tolist()]
+            parts = [self._files[no].tasks[task_id].astype(np.int64) | (no << 32)
+                     for no in self._task_map().get(task_id, ())]
+        if not parts:
+            return []
+        return (parts[0] if len(parts) == 1 else np.concatenate(parts)).tolist()
 
-    def id_locs(self, msg_id: str) -> list[tuple[int, int]]:
-        """``(file number, row)`` of the archived rows whose id hashes like
-        ``msg_id`` (usually none or one; :meth:`rows_at` reads them)."""
+    def id_locs(self, msg_id: str) -> list[int]:
+        """The locations (:func:`cool_loc`) of the archived rows whose id
+        hashes like ``msg_id`` (usually none or one; :meth:`rows_at` reads them)."""
         with self._lock:
-            return [(loc >> 32, loc & 0xFFFFFFFF) for loc in self._id_locs(msg_id)]
+            return list(self._id_locs(msg_id))
 
-    def rows_at(self, locs: Sequence[tuple[int, int]]) -> list[CoolRow]:
+    def rows_at(self, locs: Sequence[int]) -> list[CoolRow]:
         """The verified rows at ``locs`` (from :meth:`task_locs` or
         :meth:`id_locs`), in their order. Damage raises
         CorruptStateCheckpointError (file and row)."""
         with self._lock:
             by_file: dict[int, list[int]] = {}
-            for no, r in locs:
+            for loc in locs:
+                no = loc >> 32
                 if no not in self._files:
                     raise CorruptStateCheckpointError(f"cool file number {no} is not live", path=self._dir)
-                by_file.setdefault(no, []).append(r)
-            got: dict[tuple[int, int], CoolRow] = {}
+                by_file.setdefault(no, []).append(loc & 0xFFFFFFFF)
+            got: dict[int, CoolRow] = {}
             for no, rows in by_file.items():
                 rows = sorted(set(rows))
                 for r, row in zip(rows, self._rows(no, 0, 0, rows)):
-                    got[(no, r)] = row
+                    got[cool_loc(no, r)] = row
             return [got[loc] for loc in locs]
 
     def latest_task_row(self, channel_id: str) -> CoolRow | None:
@@ -2040,9 +2052,9 @@ class CoolArchive:
         return self.search_known(text, channel_id, case_sensitive=case_sensitive)[0]
 
     def search_known(self, text: str, channel_id: str | None = None, *, case_sensitive: bool = False,
-                     known: Container[tuple[int, int]] = ()) -> tuple[list[CoolRow], list[tuple[int, int]]]:
-        """:meth:`search`, except that a hit whose ``(file number, row)`` is
-        in ``known`` (rows the caller holds verified records of; it must not
+                     known: Container[int] = ()) -> tuple[list[CoolRow], list[int]]:
+        """:meth:`search`, except that a hit whose location (:func:`cool_loc`)
+        is in ``known`` (rows the caller holds verified records of; it must not
         change during the call) may be reported by that location instead of
         read: ``(rows, locs)``, the rows as :meth:`search` gives them, the
         locations in no order. A location names a row whose content bytes
@@ -2069,7 +2081,7 @@ class CoolArchive:
         specials = _relevant_specials(probe.decode("ascii")) if mode in ("ci", "ci-run") else ()
         fold_repl = [(c.encode("utf-8"), c.casefold().encode("utf-8")) for c in specials]
         hits: list[CoolRow] = []
-        known_hits: list[tuple[int, int]] = []
+        known_hits: list[int] = []
         with self._lock:
             # a tier the cache cannot hold (its content decodes to about twice
             # the files' bytes) is searched in its pages from the start, not
@@ -2105,7 +2117,7 @@ class CoolArchive:
                         got = self._scan_result(no, rg, scans.pop(rg))
                         if got is not None:
                             found.extend(self._verified(fi.name, [base + i for i in got[0]], got[1]))
-                            known_hits.extend((no, base + i) for i in got[2])
+                            known_hits.extend(cool_loc(no, base + i) for i in got[2])
                             continue
                     g = self._group(no, rg, ("content",), True, pinned)
                     content = g.cols["content"][2]
@@ -2158,7 +2170,7 @@ class CoolArchive:
         return hits, known_hits
 
     def _start_scans(self, no: int, rgs: list[int], s: int, e: int, mode: str, nb: bytes,
-                     fold_repl: list[tuple[bytes, bytes]], known: Container[tuple[int, int]] = ()
+                     fold_repl: list[tuple[bytes, bytes]], known: Container[int] = ()
                      ) -> dict[int, Any]:
         """Start the search of row groups ``rgs`` of file ``no`` (groups the
         cache does not hold; rows ``[s, e)`` of the file) in the file's pages
@@ -2178,7 +2190,7 @@ class CoolArchive:
         starts = self._files[no].rg_list
 
         def scan(rg: int) -> tuple[list[int], list, bytes | None, list[int]]:
-            lo, hi, base = s - starts[rg], e - starts[rg], starts[rg]
+            lo, hi, base = s - starts[rg], e - starts[rg], cool_loc(no, starts[rg])
             res, built = reader.find(rg, _CONTENT_COL, probes, self._grams.get((no, rg)))
             hits = {i: v for i, v in res[0] if lo <= i < hi}
             for part in res[1:]:
@@ -2188,7 +2200,7 @@ class CoolArchive:
             local: list[int] = []
             named: list[int] = []
             for i in sorted(hits):
-                (named if (no, base + i) in known else local).append(i)
+                (named if base + i in known else local).append(i)
             if not local:
                 return local, [], built, named
             vals = reader.rows(rg, local, {_CONTENT_COL: [hits[i] for i in local]})

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rune_fast.cool import COOL_SCHEMA, CoolArchive, index_dir_for, record_digest
+from rune_fast.cool import COOL_SCHEMA, CoolArchive, cool_loc, index_dir_for, record_digest
 from rune_fast.errors import CorruptStateCheckpointError
 
 
@@ -189,6 +189,20 @@ def test_channel_task_queries(cdir):
         assert [g.record for g in a.task_rows(t)] == [r for r in rows if r["task_id"] == t]
         assert a.task_len(t) == len([r for r in rows if r["task_id"] == t])
     assert a.task_rows("nope") == [] and a.latest_task("nope") is None
+    # locations: (file number << 32) | row, across the three files; rows_at reads them in their order
+    for t in ("t1", "t2"):
+        locs = a.task_locs(t)
+        assert all(type(loc) is int for loc in locs) and len({loc >> 32 for loc in locs}) == 3
+        got = a.rows_at(locs[::-1])
+        assert [a.loc_of(g) for g in got] == locs[::-1]
+        assert sorted((g.record for g in got), key=lambda r: r["msg_id"]) == \
+            [r for r in rows if r["task_id"] == t]
+        assert all(g.record["task_id"] == t and cool_loc(int(g.file[-16:-8]), g.row) == a.loc_of(g)
+                   for g in got)
+    assert a.task_locs("nope") == [] and a.rows_at([]) == []
+    assert [a.loc_of(g) for g in a.rows_at(a.id_locs("msg_00000005"))] == a.id_locs("msg_00000005")
+    with pytest.raises(CorruptStateCheckpointError, match="file number 99"):
+        a.rows_at([cool_loc(99, 0)])
     assert a.contains("msg_00000005") and not a.contains("msg_x")
     assert a.contains_many(["msg_00000005", "zz"]).tolist() == [True, False]
 

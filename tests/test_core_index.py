@@ -123,6 +123,12 @@ class LocCacheMachine(RuleBasedStateMachine):
             self.put(loc)
             self.pop(loc)
 
+    @rule(locs=st.lists(st.integers(-1, 14), max_size=12))
+    def get_many(self, locs):
+        got, misses = self.cache.get_many(locs)
+        assert got == [self.model.get(loc) for loc in locs] and misses == got.count(None)
+        assert all(g is self.model[loc] for loc, g in zip(locs, got) if g is not None)
+
     @rule(room=st.integers(0, 10))
     def make_room(self, room):
         self._drop(max(self.cap // 4, len(self.model) + room - self.cap))
@@ -160,6 +166,11 @@ def test_loc_cache_refuses_bad_arguments_and_releases_its_values():
         c[-1] = 1
     with pytest.raises(TypeError):
         c["x"] = 1
+    with pytest.raises(TypeError):
+        c.get_many([0, "x"])
+    with pytest.raises(TypeError):
+        c.get_many((0, 1))
+    assert c.get_many([]) == ([], 0)
     assert c.capacity == 4 and c.get(-1) is None and -1 not in c and c.pop(-1, 0) == 0
     vals = [_Val(i) for i in range(3)]
     refs = [weakref.ref(v) for v in vals]
