@@ -578,6 +578,12 @@ cdef class LocCache:
         self._c_serial = <uint64_t *>malloc(size * sizeof(uint64_t))
         self._c_ring = <int64_t *>malloc(self._ring_n * sizeof(int64_t))
         if self._c_slots == NULL or self._c_serial == NULL or self._c_ring == NULL:
+            free(self._c_slots)
+            free(self._c_serial)
+            free(self._c_ring)
+            self._c_slots = NULL          # (__dealloc__ then releases nothing)
+            self._c_serial = NULL
+            self._c_ring = NULL
             raise MemoryError(f"LocCache: cannot allocate {size} slots")
         for i in range(size):
             self._c_slots[i].loc = -1
@@ -738,6 +744,7 @@ cdef class LocCache:
         cdef int64_t *at = <int64_t *>malloc(<size_t>k * sizeof(int64_t) + 1)
         if at == NULL:
             raise MemoryError(f"LocCache: cannot look up {k} locations")
+        out = []       # (before the lookups: see HotIndex._hits)
         try:
             for i in range(k):
                 at[i] = locs[i]
@@ -755,7 +762,6 @@ cdef class LocCache:
                         v = PyTuple_GET_ITEM(<object>v, 0)
                         rf_prefetch(v)
                         rf_prefetch(<char *>v + 64)
-            out = []
             for i in range(k):
                 if at[i] < 0:
                     out.append(None)
@@ -1364,6 +1370,10 @@ cdef class HotIndex:
         cdef void **vals = <void **>(locs + k)
         if locs == NULL:
             raise MemoryError(f"HotIndex: cannot read {k} lines")
+        # (made before the values are looked up: from then on nothing that
+        # can start a garbage collection runs until each value is referenced)
+        out_locs = []
+        out_hits = []
         try:
             for i in range(k):
                 e = _at(L, start + i)
@@ -1384,8 +1394,6 @@ cdef class HotIndex:
                         v = PyTuple_GET_ITEM(<object>v, 0)
                         rf_prefetch(v)
                         rf_prefetch(<char *>v + 64)
-            out_locs = []
-            out_hits = []
             for i in range(k):
                 out_locs.append(locs[i])
                 if vals[i] == NULL:

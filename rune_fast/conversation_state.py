@@ -600,11 +600,11 @@ class ConversationStateRepository:
         # _DECODE_CACHE, the oldest dropped first (a dict-like table the
         # compiled window and task reads look up)
         self._decoded = LocCache(_DECODE_CACHE)
-        # (cool file number, row) -> (record, ord): cool rows read and verified
-        # once, so a task or an exact read asked again skips their assembly and
-        # digest (file numbers are never reused: a merged or erased file's rows
-        # are simply never looked up again)
-        self._cool_decoded = LocCache(_DECODE_CACHE)       # (cool_loc: file number << 32 | row)
+        # cool_loc (file number << 32 | row) -> (record, ord): cool rows read
+        # and verified once, so a task, an exact read or a search asked again
+        # skips their assembly and digest (file numbers are never reused: a
+        # merged or erased file's rows are simply never looked up again)
+        self._cool_decoded = LocCache(_DECODE_CACHE)
         # channel -> [store order agrees with fold order, last fold key] (lazily)
         self._fold_order: dict[str, list] = {}
         # channel -> whether a hot message sorts before a cool one (computed lazily)
@@ -1785,13 +1785,9 @@ class ConversationStateRepository:
                         f"its row says {rec.channel_id!r}", path=self._cool.cool_dir)
                 if rec.msg_id not in deleted and check(rec.content):
                     keyed.append((_xkey(rec, o), rec, "cool"))
-            fresh = []
-            for row in rows:
-                rec = self._cool_record(row)
-                fresh.append((self._cool.loc_of(row), (rec, row.ord)))
-                if rec.msg_id not in deleted:
-                    keyed.append((_xkey(rec, row.ord), rec, "cool"))
-            self._cool_keep(fresh)
+            read = [(self._cool_record(row), row) for row in rows]
+            keyed += [(_xkey(rec, row.ord), rec, "cool") for rec, row in read if rec.msg_id not in deleted]
+            self._cool_keep([(self._cool.loc_of(row), (rec, row.ord)) for rec, row in read[-_DECODE_CACHE:]])
             keyed.sort(key=lambda e: e[0])
             if limit is not None:
                 keyed = keyed[-limit:]
