@@ -679,6 +679,39 @@ cdef class LocCache:
                 out.append(loc if what == 0 else v if what == 1 else (loc, v))
         return out
 
+    cdef Py_ssize_t _values(self, const int64_t *locs, Py_ssize_t k, void **vals, bint first,
+                            list out) except -1:
+        """Append to `out` what the cache holds for each of `locs` (the first
+        item of a value if `first`), None where it holds nothing; return how
+        many Nones (`vals`: room for k pointers). Every value, then every
+        value's first item (a tuple's: the record), is asked for before the
+        first is used. The caller asked for the slots (:meth:`_prefetch`)
+        and made `out` before: from the lookups on nothing that can start a
+        garbage collection runs until each value is referenced."""
+        cdef Py_ssize_t i, misses = 0
+        cdef int64_t j
+        cdef PyObject *v
+        for i in range(k):
+            j = self._find(locs[i]) if locs[i] >= 0 else -1
+            vals[i] = NULL if j < 0 else self._c_slots[j].val
+            if vals[i] != NULL:
+                rf_prefetch(vals[i])
+        for i in range(k):
+            v = <PyObject *>vals[i]
+            if v != NULL and PyTuple_CheckExact(<object>v) and PyTuple_GET_SIZE(<object>v) > 0:
+                v = PyTuple_GET_ITEM(<object>v, 0)
+                rf_prefetch(v)
+                rf_prefetch(<char *>v + 64)
+        for i in range(k):
+            if vals[i] == NULL:
+                out.append(None)
+                misses += 1
+            elif first:
+                out.append((<object>vals[i])[0])
+            else:
+                out.append(<object>vals[i])
+        return misses
+
     # ---- the dict-like interface -----------------------------------------
 
     @property
@@ -738,36 +771,17 @@ cdef class LocCache:
         in their order, None where it holds nothing (`misses` of them). The
         slots of all, then all the values and the first item of each value
         (a tuple's: the record), are asked for before the first is used."""
-        cdef Py_ssize_t k = len(locs), i, misses = 0
-        cdef int64_t j
-        cdef PyObject *v
-        cdef int64_t *at = <int64_t *>malloc(<size_t>k * sizeof(int64_t) + 1)
+        cdef Py_ssize_t k = len(locs), i, misses
+        cdef int64_t *at = <int64_t *>malloc(<size_t>k * (sizeof(int64_t) + sizeof(void *)) + 1)
         if at == NULL:
             raise MemoryError(f"LocCache: cannot look up {k} locations")
-        out = []       # (before the lookups: see HotIndex._hits)
+        out = []
         try:
             for i in range(k):
                 at[i] = locs[i]
                 if at[i] >= 0:
                     self._prefetch(at[i])
-            for i in range(k):
-                j = self._find(at[i]) if at[i] >= 0 else -1
-                at[i] = j
-                if j >= 0:
-                    rf_prefetch(self._c_slots[j].val)
-            for i in range(k):
-                if at[i] >= 0:
-                    v = <PyObject *>self._c_slots[at[i]].val
-                    if PyTuple_CheckExact(<object>v) and PyTuple_GET_SIZE(<object>v) > 0:
-                        v = PyTuple_GET_ITEM(<object>v, 0)
-                        rf_prefetch(v)
-                        rf_prefetch(<char *>v + 64)
-            for i in range(k):
-                if at[i] < 0:
-                    out.append(None)
-                    misses += 1
-                else:
-                    out.append(<object>self._c_slots[at[i]].val)
+            misses = self._values(at, k, <void **>(at + k), False, out)
         finally:
             free(at)
         return out, misses
@@ -1357,21 +1371,16 @@ cdef class HotIndex:
         oldest first: every line checked as :meth:`line` checks it, then
         ``hits[i]`` the value `cache` holds for ``locs[i]`` (its first item
         if `record`), None where it holds none (`misses` of them). The
-        fetches of all the lines, then of all the slots, then of all the
-        values and records are each asked for before the first is used."""
-        cdef uint32_t k = _len(L) - start, i
+        fetches of all the lines and slots, then of all the values and
+        records (:meth:`LocCache._values`) are each asked for before the
+        first is used."""
+        cdef uint32_t k = _len(L) - start, i, e
         cdef const unsigned char *p
         cdef size_t ln
-        cdef int64_t j
-        cdef Py_ssize_t misses = 0
-        cdef uint32_t e
-        cdef PyObject *v
+        cdef Py_ssize_t misses
         cdef int64_t *locs = <int64_t *>malloc(<size_t>k * (sizeof(int64_t) + sizeof(void *)) + 1)
-        cdef void **vals = <void **>(locs + k)
         if locs == NULL:
             raise MemoryError(f"HotIndex: cannot read {k} lines")
-        # (made before the values are looked up: from then on nothing that
-        # can start a garbage collection runs until each value is referenced)
         out_locs = []
         out_hits = []
         try:
@@ -1382,27 +1391,8 @@ cdef class HotIndex:
                 cache._prefetch(locs[i])
             for i in range(k):
                 self._checked_line(locs[i], &p, &ln)
-            for i in range(k):
-                j = cache._find(locs[i])
-                vals[i] = NULL if j < 0 else cache._c_slots[j].val
-                if vals[i] != NULL:
-                    rf_prefetch(vals[i])
-            if record:
-                for i in range(k):
-                    v = <PyObject *>vals[i]
-                    if v != NULL and PyTuple_CheckExact(<object>v) and PyTuple_GET_SIZE(<object>v) > 0:
-                        v = PyTuple_GET_ITEM(<object>v, 0)
-                        rf_prefetch(v)
-                        rf_prefetch(<char *>v + 64)
-            for i in range(k):
                 out_locs.append(locs[i])
-                if vals[i] == NULL:
-                    out_hits.append(None)
-                    misses += 1
-                elif record:
-                    out_hits.append((<object>vals[i])[0])
-                else:
-                    out_hits.append(<object>vals[i])
+            misses = cache._values(locs, k, <void **>(locs + k), record, out_hits)
         finally:
             free(locs)
         return out_locs, out_hits, misses

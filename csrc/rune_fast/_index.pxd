@@ -73,6 +73,8 @@ cdef class LocCache:
     cdef int _compact_ring(self) noexcept nogil
     cdef int _drop_oldest(self) except -1
     cdef list _in_order(self, int what)
+    cdef Py_ssize_t _values(self, const int64_t *locs, Py_ssize_t k, void **vals, bint first,
+                            list out) except -1
 
 
 cdef class HotIndex:
