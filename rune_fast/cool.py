@@ -1918,6 +1918,13 @@ class CoolArchive:
             if not msg_ids or not self._files:
                 return out
             hs = _id_hashes(msg_ids)
+            if self._pending:
+                # each id counts as a lookup (see _id_locs): a store fed by
+                # batches builds the id index as one fed one by one does,
+                # instead of searching every pending file's hashes per batch
+                self._lookups += len(msg_ids)
+                if self._lookups > _LAZY_LOOKUPS:
+                    self._build_ids()
             cand = self._ids.has_many(hs)
             for no in self._pending:
                 fh = self._files[no].hashes

@@ -251,6 +251,26 @@ def test_id_index_is_built_lazily_and_answers_alike(cdir):
     assert b.contains("msg_00000399") and not b.contains("msg_00000203")
 
 
+def test_batch_lookups_build_the_id_index_too(cdir):
+    """contains_many counts each id as a lookup, found or not: a store fed
+    by batches of new messages (append_many, whose ids are never found)
+    builds the global id index past _LAZY_LOOKUPS, as one fed one message at
+    a time does, instead of searching every pending file's hashes for every
+    batch; the answers are the same before and after."""
+    a = CoolArchive(cdir, durable=False)
+    for f in range(3):
+        a.cool([rec(f * 50 + i) for i in range(50)], list(range(f * 50, f * 50 + 50)))
+    b = CoolArchive(cdir, a.files(), durable=False)
+    fresh = [f"new_{i:08d}" for i in range(coolmod._LAZY_LOOKUPS // 2)]
+    assert not b.contains_many(fresh).any()
+    assert b._pending and len(b._ids) == 0, "a batch under the threshold built the index"
+    mixed = fresh + ["msg_00000003", "msg_00000149", "msg_00000150"]
+    want = [False] * len(fresh) + [True, True, False]
+    assert b.contains_many(mixed).tolist() == want
+    assert not b._pending and len(b._ids) == 150
+    assert b.contains_many(mixed).tolist() == want
+
+
 def test_malformed_row_is_loud_on_a_first_exact_read(cdir):
     """A row whose extra column is no JSON object cannot make a record: the
     first exact read (the direct page path, no group cached) raised a bare
