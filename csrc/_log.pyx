@@ -547,8 +547,10 @@ cdef class TailWriter:
 cdef extern from "sys/mman.h" nogil:
     void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset)
     int munmap(void *addr, size_t length)
+    int madvise(void *addr, size_t length, int advice)
     int PROT_READ
     int MAP_SHARED
+    int MADV_DONTNEED
     void *MAP_FAILED
 
 
@@ -569,6 +571,15 @@ cdef class MappedFile:
 
     def __releasebuffer__(self, Py_buffer *buffer):
         pass
+
+    def release_pages(self) -> None:
+        """Drop the page-table entries reads made in this map
+        (``madvise(MADV_DONTNEED)``): the file's pages stay in the page
+        cache, the next read of one maps it again, and they no longer count
+        in the process's resident memory. The map is shared and read-only:
+        nothing it shows can be lost. OSError if the call fails."""
+        if self._base != NULL and madvise(self._base, <size_t>self._size, MADV_DONTNEED) != 0:
+            raise OSError(errno, os.strerror(errno))
 
     def __dealloc__(self):
         if self._base != NULL:

@@ -109,6 +109,14 @@ FOLDS_TO_ASCII = SPECIAL_FOLD
 #: measured on a 1,000,000-message store, window(ch, 8) over random channels
 #: takes 7.7 us with it and 52 us with 1,024.
 _DECODE_CACHE = 8192
+#: Hot lines decoded from the segment and tail maps between two releases of
+#: the pages those reads mapped (see ``_release_maps``). A read fault maps a
+#: whole page-cache folio (64 KiB to 2 MiB on a kernel with large folios;
+#: about 110 KiB a read measured on a 1,000,000-message store), so reads
+#: spread over 700 MB of segments left them all resident: ~290 of 470 bytes
+#: a message after touching every channel once. 256 reads bound that share
+#: to some tens of MiB; a release (one madvise a map) costs ~0.1 ms.
+MAP_RELEASE_READS = 256
 #: Decoded Parquet row groups the cool tier keeps (bounded memory, see stats()):
 #: the whole cool tier of a 100,000-message store of the bench's workload.
 COOL_CACHE_BYTES = 48 << 20
@@ -392,6 +400,8 @@ class ConversationStateRepository:
         self._lock = threading.RLock()
         self._sync_cond = threading.Condition(threading.Lock())
         self._closed = False
+        self._map_reads = 0             # lines decoded from the maps since their last release
+        self._map_release = True        # False once a release failed (logged)
         self._lockfile: DirLock | None = None
         self._own_events = False
         self._events: EventStore | None = None
@@ -771,7 +781,9 @@ class ConversationStateRepository:
                     f"sealed segment {seg} holds complete lines up to offset {rep.good_end}, but the "
                     f"manifest records its lines ending at {end} (cut off or zeroed after it was sealed)",
                     path=self._segs[seg].path, offset=min(rep.good_end, end))
-        return self._finish_index(index, 0, list(self._manifest["cool_files"]), seq)
+        index = self._finish_index(index, 0, list(self._manifest["cool_files"]), seq)
+        self._release_maps()        # the rebuild read every line through the maps
+        return index
 
     def _finish_index(self, index: HotIndex, start: int, cooled_files: list[str],
                       min_seq: int | None = None) -> HotIndex:
@@ -1171,6 +1183,9 @@ class ConversationStateRepository:
     def _decode_loc(self, loc: int) -> tuple[ConversationMessageRecord, int | None]:
         """The record at ``loc`` and its append sequence, decoded from its
         checked bytes (never from the decode cache)."""
+        self._map_reads += 1
+        if self._map_reads >= MAP_RELEASE_READS:
+            self._release_maps()
         return codec.record_from_line(self._index.line(loc), path=self._path_of(loc >> 40),
                                       offset=loc & ((1 << 40) - 1))
 
@@ -1183,6 +1198,29 @@ class ConversationStateRepository:
             return hit[0].to_dict(), hit[1]
         d = codec.decode_body(line, path=self._path_of(loc >> 40), offset=loc & ((1 << 40) - 1))
         return d["r"], d.get("s")
+
+    def _release_maps(self) -> None:
+        """Drop the pages reads mapped in the segment and tail maps from this
+        process's page tables (``segments.release_pages``; lock held): they
+        stay in the page cache, and a read of one maps it again. Called every
+        MAP_RELEASE_READS decoded lines and after the passes that read lines
+        by the thousand (search, compaction, verify, a rebuild), so resident
+        memory follows the lines read lately, not every line read since the
+        open. Record-cache hits check their lines through the maps too, so
+        the lines of cached records stay mapped while they are read."""
+        self._map_reads = 0
+        if not self._map_release:
+            return
+        maps: list[Any] = list(self._segs.values())
+        if self._tail is not None:
+            maps.append(self._tail)
+        try:
+            for m in maps:
+                m.release_pages()
+        except (OSError, ValueError) as exc:     # (ValueError: a map closed meanwhile)
+            self._map_release = False
+            log.warning("%s: mapped segment pages cannot be released (%s); they stay resident",
+                        self.hot_dir, exc)
 
     def _cache(self, loc: int, hit: tuple[ConversationMessageRecord, int | None]) -> None:
         if len(self._decoded) >= _DECODE_CACHE:
@@ -1792,6 +1830,7 @@ class ConversationStateRepository:
             if limit is not None:
                 keyed = keyed[-limit:]
             recs = own_calls([r for _k, r, _t in keyed])
+            self._release_maps()        # the pass mapped every block its filters passed
             return [SearchHit(r, t) for r, (_k, _r, t) in zip(recs, keyed)]
 
     def _check_hot_lines(self) -> None:
@@ -2336,6 +2375,7 @@ class ConversationStateRepository:
             if self._snapshot_due():
                 self._write_snapshot()
                 rep.snapshot_written = True
+            self._release_maps()        # the lines cooled or rewritten were read through the maps
             rep.seconds = time.perf_counter() - t0
             self._compactions += 1
             self._last_compaction = rep
@@ -2420,6 +2460,7 @@ class ConversationStateRepository:
         """The cool-schema table of the hot lines at ``locs`` (each checked
         against its checksum), row i from ``locs[i]``."""
         line = self._index.line
+        self._map_reads += len(locs)
         return table_from_lines([line(loc) for loc in locs], lambda i: self._read_loc_raw(locs[i]))
 
     def _cooled(self, locs: Sequence[int], table: pa.Table, *, staged: bool = False) -> None:
@@ -2641,6 +2682,9 @@ class ConversationStateRepository:
             time.sleep(0.001 * min(attempt, 10))
             attempt += 1
             report = self._verify_once()
+        with self._lock:
+            if not self._closed:
+                self._release_maps()    # the check read every line through the maps
         return report
 
     def _verify_once(self) -> VerifyReport:

@@ -24,8 +24,8 @@ from ._log import map_file, pwrite_all
 from .errors import DurabilityError, FramingError, StoreClosedError, RecoveryWarning
 from .events import fsync_dir
 
-__all__ = ["TAIL_NAME", "MARK_NAME", "seg_name", "fsync_dir", "write_file", "Segment", "TailFile",
-           "DurableMark", "quarantine_bytes"]
+__all__ = ["TAIL_NAME", "MARK_NAME", "seg_name", "fsync_dir", "write_file", "release_pages", "Segment",
+           "TailFile", "DurableMark", "quarantine_bytes"]
 
 log = logging.getLogger("rune_fast")
 
@@ -46,6 +46,20 @@ def _map(fd: int, size: int):
     return mmap.mmap(fd, size, access=mmap.ACCESS_READ)
 
 
+def release_pages(buf) -> None:
+    """Drop the page-table entries that reads made in a segment's or the
+    tail's map (``madvise(MADV_DONTNEED)``; None: no map). The file's pages
+    stay in the page cache and the next read maps them again; meanwhile they
+    no longer count in the process's resident memory. The maps are shared
+    and read-only: nothing can be lost. OSError if the call fails."""
+    if buf is None:
+        return
+    if isinstance(buf, mmap.mmap):
+        buf.madvise(mmap.MADV_DONTNEED)
+    else:
+        buf.release_pages()
+
+
 class Segment:
     """A sealed segment: a read-only file and its map."""
 
@@ -53,6 +67,9 @@ class Segment:
         self.path = path
         self.seg = seg
         self.buf, self.size = map_file(path)
+
+    def release_pages(self) -> None:
+        release_pages(self.buf)
 
     def close(self) -> None:
         self.buf = None
@@ -80,6 +97,9 @@ class TailFile:
         self._io_lock = threading.Lock()
 
     # -- reading -------------------------------------------------------
+    def release_pages(self) -> None:
+        release_pages(self.buf)
+
     def refresh_map(self) -> bool:
         """Re-map if the file grew (a reader beside a writer). True if remapped."""
         st = os.fstat(self._fd).st_size
