@@ -18,6 +18,7 @@ import enum
 import functools
 import logging
 import math
+import mmap
 import operator
 import os
 import re
@@ -109,14 +110,20 @@ FOLDS_TO_ASCII = SPECIAL_FOLD
 #: measured on a 1,000,000-message store, window(ch, 8) over random channels
 #: takes 7.7 us with it and 52 us with 1,024.
 _DECODE_CACHE = 8192
-#: Hot lines decoded from the segment and tail maps between two releases of
-#: the pages those reads mapped (see ``_release_maps``). A read fault maps a
-#: whole page-cache folio (64 KiB to 2 MiB on a kernel with large folios;
-#: about 110 KiB a read measured on a 1,000,000-message store), so reads
-#: spread over 700 MB of segments left them all resident: ~290 of 470 bytes
-#: a message after touching every channel once. 256 reads bound that share
-#: to some tens of MiB; a release (one madvise a map) costs ~0.1 ms.
+#: Resident file pages (the segment and tail maps' share) that the hot reads
+#: may add before the pages they mapped are released (see ``_release_maps``),
+#: looked at every MAP_RELEASE_READS lines decoded from the maps. A read
+#: fault maps a whole page-cache folio (64 KiB to 2 MiB on a kernel with
+#: large folios; about 110 KiB a read measured on a 1,000,000-message store),
+#: so reads spread over 700 MB of segments left them all resident: ~290 of
+#: 470 bytes a message after touching every channel once. A release costs
+#: one madvise a map (0.15-0.35 ms for that store's 65 maps) and, after it,
+#: a fault for each page a read maps again: up to ~110 us for the first read
+#: of a cached task of 40 messages. The budget keeps a working set under it
+#: mapped (no release at all), and a larger one from growing without bound.
+MAP_BUDGET_BYTES = 128 << 20
 MAP_RELEASE_READS = 256
+_STATM = "/proc/self/statm"
 #: Decoded Parquet row groups the cool tier keeps (bounded memory, see stats()):
 #: the whole cool tier of a 100,000-message store of the bench's workload.
 COOL_CACHE_BYTES = 48 << 20
@@ -400,8 +407,9 @@ class ConversationStateRepository:
         self._lock = threading.RLock()
         self._sync_cond = threading.Condition(threading.Lock())
         self._closed = False
-        self._map_reads = 0             # lines decoded from the maps since their last release
+        self._map_reads = 0             # lines decoded from the maps since the last look
         self._map_release = True        # False once a release failed (logged)
+        self._map_base: int | None = None   # resident file pages after the last release
         self._lockfile: DirLock | None = None
         self._own_events = False
         self._events: EventStore | None = None
@@ -782,7 +790,7 @@ class ConversationStateRepository:
                     f"manifest records its lines ending at {end} (cut off or zeroed after it was sealed)",
                     path=self._segs[seg].path, offset=min(rep.good_end, end))
         index = self._finish_index(index, 0, list(self._manifest["cool_files"]), seq)
-        self._release_maps()        # the rebuild read every line through the maps
+        self._bound_maps()          # the rebuild read every line through the maps
         return index
 
     def _finish_index(self, index: HotIndex, start: int, cooled_files: list[str],
@@ -1185,7 +1193,7 @@ class ConversationStateRepository:
         checked bytes (never from the decode cache)."""
         self._map_reads += 1
         if self._map_reads >= MAP_RELEASE_READS:
-            self._release_maps()
+            self._bound_maps()
         return codec.record_from_line(self._index.line(loc), path=self._path_of(loc >> 40),
                                       offset=loc & ((1 << 40) - 1))
 
@@ -1199,18 +1207,33 @@ class ConversationStateRepository:
         d = codec.decode_body(line, path=self._path_of(loc >> 40), offset=loc & ((1 << 40) - 1))
         return d["r"], d.get("s")
 
+    def _bound_maps(self) -> None:
+        """Release the mapped pages (lock held) if the resident file pages
+        grew past MAP_BUDGET_BYTES since the last release (Linux:
+        /proc/self/statm, whose third field counts them; elsewhere, at every
+        call). Called every MAP_RELEASE_READS decoded lines and after the
+        passes that read lines by the thousand: a search (the first after an
+        open checks every hot line), a compaction, verify(), a rebuild."""
+        self._map_reads = 0
+        now = _resident_file_bytes()
+        if now is None or self._map_base is None or now - self._map_base > MAP_BUDGET_BYTES:
+            self._release_maps()
+        elif now < self._map_base:
+            self._map_base = now        # (the kernel reclaimed pages meanwhile)
+
     def _release_maps(self) -> None:
         """Drop the pages reads mapped in the segment and tail maps from this
         process's page tables (``segments.release_pages``; lock held): they
-        stay in the page cache, and a read of one maps it again. Called every
-        MAP_RELEASE_READS decoded lines and after the passes that read lines
-        by the thousand (search, compaction, verify, a rebuild), so resident
-        memory follows the lines read lately, not every line read since the
-        open. Record-cache hits check their lines through the maps too, so
-        the lines of cached records stay mapped while they are read."""
+        stay in the page cache, and a read of one maps it again. Called when
+        reads mapped more than MAP_BUDGET_BYTES (:meth:`_bound_maps`) and at
+        close, so resident memory follows the lines read lately, not every
+        line read since the open. Record-cache hits check their lines through
+        the maps too: the pages of a working set under the budget stay
+        mapped."""
         self._map_reads = 0
         if not self._map_release:
             return
+        self._map_base = None
         maps: list[Any] = list(self._segs.values())
         if self._tail is not None:
             maps.append(self._tail)
@@ -1221,6 +1244,8 @@ class ConversationStateRepository:
             self._map_release = False
             log.warning("%s: mapped segment pages cannot be released (%s); they stay resident",
                         self.hot_dir, exc)
+            return
+        self._map_base = _resident_file_bytes()
 
     def _cache(self, loc: int, hit: tuple[ConversationMessageRecord, int | None]) -> None:
         if len(self._decoded) >= _DECODE_CACHE:
@@ -1830,7 +1855,7 @@ class ConversationStateRepository:
             if limit is not None:
                 keyed = keyed[-limit:]
             recs = own_calls([r for _k, r, _t in keyed])
-            self._release_maps()        # the pass mapped every block its filters passed
+            self._bound_maps()          # the pass mapped every block its filters passed
             return [SearchHit(r, t) for r, (_k, _r, t) in zip(recs, keyed)]
 
     def _check_hot_lines(self) -> None:
@@ -2375,7 +2400,7 @@ class ConversationStateRepository:
             if self._snapshot_due():
                 self._write_snapshot()
                 rep.snapshot_written = True
-            self._release_maps()        # the lines cooled or rewritten were read through the maps
+            self._bound_maps()          # the lines cooled or rewritten were read through the maps
             rep.seconds = time.perf_counter() - t0
             self._compactions += 1
             self._last_compaction = rep
@@ -2684,7 +2709,7 @@ class ConversationStateRepository:
             report = self._verify_once()
         with self._lock:
             if not self._closed:
-                self._release_maps()    # the check read every line through the maps
+                self._bound_maps()      # the check read every line through the maps
         return report
 
     def _verify_once(self) -> VerifyReport:
@@ -2832,6 +2857,10 @@ class ConversationStateRepository:
                 job.discard(self._cool)
             except (OSError, ValueError) as exc:
                 log.warning("cannot remove the files of an unadopted %s: %s", job.kind, exc)
+        if hasattr(self, "_segs") and hasattr(self, "_tail"):
+            # the maps live on while the index holds views of them (as long
+            # as this object does): their pages need not stay resident
+            self._release_maps()
         tail = getattr(self, "_tail", None)
         if tail is not None:
             tail.close()
@@ -2873,6 +2902,16 @@ _EVENTS_MARK = -(1 << 61)
 def _cool_no(name: str) -> int:
     """The number n of a cool file ``cool-<n>.parquet``."""
     return int(name.split("-", 1)[1].split(".", 1)[0])
+
+
+def _resident_file_bytes() -> int | None:
+    """Resident file-backed (shared) bytes of this process, from
+    /proc/self/statm; None where it cannot be read (not Linux)."""
+    try:
+        with open(_STATM, "rb") as f:
+            return int(f.read().split()[2]) * mmap.PAGESIZE
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _unlink(path: str) -> None:

@@ -96,30 +96,46 @@ def _store(path, n: int) -> list[ConversationMessageRecord]:
     return msgs
 
 
-def test_exact_reads_keep_few_segment_pages_resident(tmp_path, monkeypatch):
-    """get_message over every message of a 6 MB hot tier: with releases
-    every few decoded lines the segments' resident pages stay a small part
-    of what the same reads leave without them; every read is exact."""
-    msgs = _store(tmp_path / "s", 6000)
+def test_exact_reads_keep_the_mapped_pages_within_the_budget(tmp_path, monkeypatch):
+    """get_message over every message of a 16 MB hot tier, looked at every
+    16 decoded lines: with a budget of 1 MiB the segments' resident pages
+    stay a small part of what the same reads leave with a budget larger than
+    the store (a working set under the budget is never released, so a warm
+    loop re-faults nothing); every read is exact. (A read fault may map a
+    whole 2 MiB folio: the store is several of them.)"""
+    msgs = _store(tmp_path / "s", 16000)
+    monkeypatch.setattr(cs, "MAP_RELEASE_READS", 16)
+    released = []
 
-    def read_all(every: int) -> int:
-        monkeypatch.setattr(cs, "MAP_RELEASE_READS", every)
+    release = ConversationStateRepository._release_maps
+
+    def counted(repo: ConversationStateRepository) -> None:
+        released.append(cs.MAP_BUDGET_BYTES)
+        release(repo)
+    monkeypatch.setattr(ConversationStateRepository, "_release_maps", counted)
+
+    def read_all(budget: int) -> int:
+        monkeypatch.setattr(cs, "MAP_BUDGET_BYTES", budget)
         with ConversationStateRepository(tmp_path / "s") as repo:
             for m in msgs:
                 got = repo.get_message(m.msg_id)
                 assert got.status is ReadStatus.FOUND_VERIFIED and got.record == m
             return segments_kib(tmp_path / "s")
 
-    kept = read_all(10**9)
-    assert kept >= 4096, kept                  # (the reads mapped most of the segments)
-    assert read_all(16) * 4 < kept
+    kept = read_all(1 << 30)
+    assert kept >= 12 << 10, kept              # (the reads mapped most of the segments)
+    assert released == [1 << 30, 1 << 30]      # the first look (it sets the base), the close
+    assert read_all(1 << 20) * 3 < kept
+    assert released.count(1 << 20) > 2
 
 
-def test_whole_store_passes_release_what_they_mapped(tmp_path):
+def test_whole_store_passes_release_what_they_mapped(tmp_path, monkeypatch):
     """search (its first pass checks every hot line), verify() and a
-    compaction that cools read lines by the thousand; none leaves them
-    mapped, and what they return is exact."""
+    compaction that cools read lines by the thousand; past the budget (here
+    none) none leaves them mapped, and what they return is exact. Nor does a
+    close, whatever the budget."""
     msgs = _store(tmp_path / "s", 3000)
+    monkeypatch.setattr(cs, "MAP_BUDGET_BYTES", 0)
     with ConversationStateRepository(tmp_path / "s", compact_every=10**6, hot_window=100) as repo:
         hits = repo.search("message 12")
         assert sorted(h.record.msg_id for h in hits) == sorted(m.msg_id for m in msgs
@@ -132,3 +148,8 @@ def test_whole_store_passes_release_what_they_mapped(tmp_path):
         assert segments_kib(tmp_path / "s") == 0
         assert repo.get_message(msgs[5].msg_id).record == msgs[5]
         assert [m.msg_id for m in repo.window("c3", 3)] == [m.msg_id for m in msgs if m.channel_id == "c3"][-3:]
+        monkeypatch.setattr(cs, "MAP_BUDGET_BYTES", 1 << 30)
+        for m in msgs[:500]:
+            repo.get_message(m.msg_id)
+        assert segments_kib(tmp_path / "s") > 0
+    assert segments_kib(tmp_path / "s") == 0       # closed (repo still referenced: its maps live on)
