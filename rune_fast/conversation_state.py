@@ -51,7 +51,7 @@ from .events import EventStore, fdatasync_path
 from .locking import DirLock
 from .records import ConversationMessageRecord, _utf8_ok, message_from_stored, payload_hash
 from .segments import (MARK_NAME, TAIL_NAME, DurableMark, Segment, TailFile, fsync_dir, quarantine_bytes,
-                       seg_name, write_file)
+                       release_pages, seg_name, write_file)
 from .tasks import TaskStateRepository
 
 __all__ = [
@@ -1230,16 +1230,15 @@ class ConversationStateRepository:
         line read since the open. Record-cache hits check their lines through
         the maps too: the pages of a working set under the budget stay
         mapped."""
-        self._map_reads = 0
         if not self._map_release:
             return
         self._map_base = None
-        maps: list[Any] = list(self._segs.values())
+        bufs = [seg.buf for seg in self._segs.values()]
         if self._tail is not None:
-            maps.append(self._tail)
+            bufs.append(self._tail.buf)
         try:
-            for m in maps:
-                m.release_pages()
+            for buf in bufs:
+                release_pages(buf)
         except (OSError, ValueError) as exc:     # (ValueError: a map closed meanwhile)
             self._map_release = False
             log.warning("%s: mapped segment pages cannot be released (%s); they stay resident",

@@ -68,9 +68,6 @@ class Segment:
         self.seg = seg
         self.buf, self.size = map_file(path)
 
-    def release_pages(self) -> None:
-        release_pages(self.buf)
-
     def close(self) -> None:
         self.buf = None
 
@@ -97,9 +94,6 @@ class TailFile:
         self._io_lock = threading.Lock()
 
     # -- reading -------------------------------------------------------
-    def release_pages(self) -> None:
-        release_pages(self.buf)
-
     def refresh_map(self) -> bool:
         """Re-map if the file grew (a reader beside a writer). True if remapped."""
         st = os.fstat(self._fd).st_size
