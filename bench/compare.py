@@ -760,6 +760,11 @@ def _run(cfg: Config, rune: StoreSpec, sql: StoreSpec, factory: Callable[[dict],
                        warmup=False)
     first_search_row = _time_row("search_first", f"first search {wl.NEEDLE_ASCII!r} after open", res,
                                  "SQLite instr(lower(content), lower(?)) scan", "(none)", None)
+    if res["rune"] and res["sql"]:
+        notes.append(f"first search after open: the first of the {len(res['rune'])} opens found no search "
+                     f"filters kept on disk ({_fmt_value(res['rune'][0], 'ns')}, SQLite's first "
+                     f"{_fmt_value(res['sql'][0], 'ns')}); the later ones read the cool pages' filters that "
+                     "search kept (one search an open never builds the hot segments' filters: the second does)")
 
     def killed_open_job(spec: StoreSpec, d: str) -> Callable[[int], float]:
         inner = open_job(spec, d)

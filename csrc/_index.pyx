@@ -311,6 +311,23 @@ cdef inline bint _region(rf_seg *sg, int reg, const unsigned char **base, int64_
     return True
 
 
+#: (GR_BLOCK, GR_OVER, GR_LG, GR_WORDS): a kept filters file names them, so
+#: one made by a build that cut blocks otherwise is not taken
+SEARCH_FILTER_LAYOUT = (GR_BLOCK, GR_OVER, GR_LG, GR_WORDS)
+
+
+cdef int64_t _gr_blocks(rf_seg *sg) noexcept nogil:
+    """The blocks of segment `sg` whose filters can be built (see _gr_build)."""
+    cdef int64_t stable
+    cdef const unsigned char *p = sg.ptr
+    if sg.state != 1 or sg.len < GR_BLOCK + GR_OVER + 2:
+        return 0
+    stable = rf_line_start(p, p + sg.len) - p      # after the last newline
+    if stable < GR_BLOCK + GR_OVER + 2:
+        return 0
+    return (stable - GR_OVER - 2) // GR_BLOCK
+
+
 cdef int _gr_build(rf_seg *sg) noexcept nogil:
     """Extend the filters of segment `sg` over every full block of its buffer
     that lies before its last newline (block b needs bytes up to (b + 1) *
@@ -318,15 +335,10 @@ cdef int _gr_build(rf_seg *sg) noexcept nogil:
     writer's appends overwrite, or a line being written), and only complete
     lines never change. 0, or -1 when memory runs out (the filters stay as
     they were)."""
-    cdef int64_t want, b, stable
+    cdef int64_t want, b
     cdef uint64_t *w
     cdef const unsigned char *p = sg.ptr
-    if sg.len < GR_BLOCK + GR_OVER + 2:
-        return 0
-    stable = rf_line_start(p, p + sg.len) - p      # after the last newline
-    if stable < GR_BLOCK + GR_OVER + 2:
-        return 0
-    want = (stable - GR_OVER - 2) // GR_BLOCK
+    want = _gr_blocks(sg)
     if want <= sg.gr_n:
         return 0
     w = <uint64_t *>realloc(sg.gr, <size_t>want * GR_WORDS * sizeof(uint64_t))
@@ -1471,6 +1483,52 @@ cdef class HotIndex:
             self._c_segs[seg].gr_n = 0
         self._views.pop(seg, None)
 
+    def seg_filters(self, int64_t seg) -> bytes:
+        """The search filters built so far over sealed segment `seg`'s blocks
+        (GR_WORDS little-endian u64 words a block, from its first block;
+        b"" if none): what a later open may hand to :meth:`set_seg_filters`."""
+        self._guard()
+        self._seg_of(seg)
+        if seg >= self._n_segs or self._c_segs[seg].gr_n == 0:
+            return b""
+        return PyBytes_FromStringAndSize(<const char *>self._c_segs[seg].gr,
+                                         self._c_segs[seg].gr_n * GR_WORDS * sizeof(uint64_t))
+
+    def seg_filter_blocks(self, int64_t seg) -> int:
+        """How many blocks of segment `seg` have search filters (0: none)."""
+        self._guard()
+        self._seg_of(seg)
+        return self._c_segs[seg].gr_n if seg < self._n_segs else 0
+
+    def set_seg_filters(self, int64_t seg, const unsigned char[::1] data) -> int:
+        """Take filters :meth:`seg_filters` gave for the same bytes of
+        segment `seg` (attached, not growing); returns the blocks they cover.
+        The caller vouches that they were built over these bytes (a kept
+        file bound to the segment). ValueError if they cannot be (a length
+        that is not whole blocks, more blocks than the buffer holds, a
+        growing or unattached segment). Filters already as long are kept."""
+        self._guard()
+        self._seg_of(seg)
+        cdef Py_ssize_t n = data.shape[0]
+        cdef int64_t blocks = n // (GR_WORDS * sizeof(uint64_t))
+        cdef rf_seg *sg
+        cdef uint64_t *w
+        if seg >= self._n_segs or self._c_segs[seg].state != 1 or self._c_segs[seg].growing:
+            raise ValueError(f"set_seg_filters: segment {seg} is not an attached sealed segment")
+        sg = &self._c_segs[seg]
+        if n % (GR_WORDS * sizeof(uint64_t)) or blocks > _gr_blocks(sg):
+            raise ValueError(f"set_seg_filters: {n} bytes are not whole filters of segment {seg}'s "
+                             f"{_gr_blocks(sg)} blocks")
+        if blocks <= sg.gr_n:
+            return sg.gr_n
+        w = <uint64_t *>realloc(sg.gr, <size_t>n)
+        if w == NULL:
+            raise MemoryError("HotIndex.set_seg_filters")
+        memcpy(w, &data[0], <size_t>n)
+        sg.gr = w
+        sg.gr_n = blocks
+        return blocks
+
     def detach(self, int64_t seg) -> None:
         """Release the buffer of segment `seg` and the bytes appended to it
         with append_bytes (its entries stay indexed; reads of them raise until
@@ -2269,7 +2327,9 @@ cdef class HotIndex:
                             continue
                         pos = 0
                         b = 0
-                        if reg == 0 and filt and not sg.growing and self._n_scans > 1 and _gr_build(sg) == 0:
+                        # filters kept from an earlier open serve the first search too
+                        if (reg == 0 and filt and not sg.growing
+                                and ((self._n_scans > 1 and _gr_build(sg) == 0) or sg.gr_n > 0)):
                             while b < sg.gr_n and not oom and pos < end:
                                 if not _gr_may(sg.gr + b * GR_WORDS, hs, k):
                                     b += 1

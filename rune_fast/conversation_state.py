@@ -34,7 +34,7 @@ import xxhash
 from . import codec
 from . import sync as _sync
 from ._encode import frame_messages, message_envelopes
-from ._index import HotIndex, LocCache
+from ._index import SEARCH_FILTER_LAYOUT, HotIndex, LocCache
 from ._log import frame_many, scan_frames
 from .atomic import AtomicStore, check_path
 from .cool import SPECIAL_FOLD, CoolArchive, relevant_specials, table_from_lines
@@ -50,8 +50,9 @@ from .errors import (
 from .events import EventStore, fdatasync_path
 from .locking import DirLock
 from .records import ConversationMessageRecord, _utf8_ok, message_from_stored, payload_hash
-from .segments import (MARK_NAME, TAIL_NAME, DurableMark, Segment, TailFile, fsync_dir, quarantine_bytes,
-                       release_pages, seg_name, write_file)
+from .segments import (MARK_NAME, TAIL_NAME, DurableMark, Segment, TailFile, decode_filters, encode_filters,
+                       filters_name, fsync_dir, quarantine_bytes, read_kept, release_pages, seg_name,
+                       write_file)
 from .tasks import TaskStateRepository
 
 __all__ = [
@@ -633,6 +634,10 @@ class ConversationStateRepository:
         # tail (its number, up to which offset); see _check_hot_lines
         self._lines_checked: set[int] = set()
         self._tail_checked = (-1, 0)
+        # sealed segments' search filters: read from their kept files at the
+        # first search; seg -> blocks kept on disk (see _keep_seg_filters)
+        self._filters_read = False
+        self._filters_kept: dict[int, int] = {}
         # segments whose line check met a damaged dead line or zeros: their
         # bytes do not parse as one line after another, which the search
         # pass over whole segments needs (see search)
@@ -716,9 +721,11 @@ class ConversationStateRepository:
         manifest never moved, or an old segment a crash kept from being
         unlinked after it did (it may hold erased content)."""
         keep = {seg_name(s) for s in self._seg_order} | {seg_name(self._tail_seg)}
+        keep |= {filters_name(s) for s in self._seg_order}
         removed = False
         for name in os.listdir(self.hot_dir):
-            if name.startswith("conversation_seg-") and name.endswith(".jsonl") and name not in keep:
+            if name.startswith("conversation_seg-") and name.endswith((".jsonl", ".grams", ".grams.tmp")) \
+                    and name not in keep:
                 _unlink(os.path.join(self.hot_dir, name))
                 removed = True
         if removed:
@@ -1797,6 +1804,8 @@ class ConversationStateRepository:
                 return []
             ch_key = codec.key(channel_id) if channel_id is not None else None
             self._check_hot_lines()
+            if not self._filters_read:
+                self._read_seg_filters()
             # A pass over whole segments finds a hit's line by the newline
             # before it: a segment holding a damaged dead line or zeros (left
             # for verify() to report) is searched line by line from the index
@@ -1830,6 +1839,8 @@ class ConversationStateRepository:
                     locs = hot(codec.key(folded), True, True)
                 else:
                     locs = hot(b"", True, True)
+            if not self.read_only:
+                self._keep_seg_filters()
             keyed = []
             for loc in locs:
                 rec, seq = self._read_loc_seq(loc)
@@ -1887,6 +1898,52 @@ class ConversationStateRepository:
             if self._tail.size > start:
                 self._check_lines(self._tail_seg, self._tail.buf, start, self._tail.size, self._tail.path, live)
             self._tail_checked = (self._tail_seg, self._tail.size)
+
+    def _read_seg_filters(self) -> None:
+        """Hand the index the search filters kept for the sealed segments
+        (lock held; once an open, at its first search, after the line check):
+        a whole-store search skips their blocks that cannot hold its needle
+        from the first search on. A file that does not hold for its segment
+        (damaged, cut, another build's layout, other bytes) is named in a log
+        warning and removed by a writer (a viewer leaves it); the index
+        builds the filters again at its second search."""
+        self._filters_read = True
+        for seg in self._seg_order:
+            s = self._segs.get(seg)
+            if s is None or s.buf is None:
+                continue
+            buf = s.buf
+            kept = read_kept(os.path.join(self.hot_dir, filters_name(seg)),
+                             lambda raw: self._index.set_seg_filters(
+                                 seg, decode_filters(raw, SEARCH_FILTER_LAYOUT, buf)),
+                             remove_bad=not self.read_only)
+            if kept is not None:
+                self._filters_kept[seg] = kept
+
+    def _keep_seg_filters(self) -> None:
+        """Write the filters the index built over sealed segments since they
+        were last kept (lock held; a writer's, after a search): a cache, so
+        the next open's first search skips blocks too (building them costs
+        about five plain scans: ~1.5 s over the 600 MB of hot segments of
+        the 1,000,000-message bench store). Temp file, fsync (not in "none"
+        mode), rename; the folder is not synced (a power loss may cost the
+        next open a build, or a warning for a file it left cut).
+        A failed write is logged and skipped: the search has its answer."""
+        for seg in self._seg_order:
+            n = self._index.seg_filter_blocks(seg)
+            s = self._segs.get(seg)
+            if n <= self._filters_kept.get(seg, 0) or s is None or s.buf is None:
+                continue
+            path = os.path.join(self.hot_dir, filters_name(seg))
+            try:
+                write_file(path + ".tmp", encode_filters(SEARCH_FILTER_LAYOUT, s.buf, self._index.seg_filters(seg)),
+                           sync=self.durability != "none")
+                os.replace(path + ".tmp", path)
+            except OSError as exc:
+                log.warning("%s: search filters not kept: %s", path, exc)
+                _unlink(path + ".tmp")
+                continue
+            self._filters_kept[seg] = n
 
     def _check_lines(self, seg: int, buf: Any, start: int, end: int, path: str,
                      live: Callable[[int, int], list[int]]) -> None:
@@ -2385,6 +2442,8 @@ class ConversationStateRepository:
                 if s is not None:
                     s.close()
                     _unlink(s.path)
+                _unlink(os.path.join(self.hot_dir, filters_name(seg)))
+                self._filters_kept.pop(seg, None)
             if old_cool:
                 self._cool.unlink_files(old_cool)
                 rep.cool_files_removed += len(old_cool)

@@ -37,6 +37,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import json
+import logging
 import mmap
 import os
 import re
@@ -57,13 +58,16 @@ from . import _encode
 from ._index import HashIndex
 from ._log import utf8_hashes
 from ._search import block_grams, find_spans, gram_blocks
-from .pages import PageError, PageReader, Unsupported
+from .pages import GRAM_BYTES, PageError, PageReader, Unsupported
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 from .errors import CorruptStateCheckpointError
 from .events import fsync_dir
+from .segments import read_kept
 from .records import fast_canonical_json, json_safe as _json_safe
+
+log = logging.getLogger("rune_fast.cool")
 
 __all__ = [
     "CoolArchive",
@@ -92,6 +96,18 @@ _PAGE_BATCH_ROWS = 32
 #: memory for the search filters of content pages (640 B a page of 32 rows
 #: or fewer: about 20 MiB a million cooled messages)
 _GRAMS_BUDGET = 64 << 20
+#: A file's content-page filters, kept beside its sidecar once a search built
+#: them (``cool-NNNNNNNN.grams``): a cache bound to the file's size and footer
+#: hash and checked whole (xxh3_64) when read, so the first search of a later
+#: process reads the pages that may match instead of every page. Layout:
+#: magic, version, filter bytes a page, file size, footer hash (16 hex
+#: digits), entry count; per entry its row group, byte count and filters;
+#: then the xxh3_64 of everything before it.
+_GRAMS_MAGIC = b"RFGRAMS1"
+_GRAMS_VERSION = 1
+_GRAMS_HEAD = struct.Struct("<8sIIQ16sI")
+_GRAMS_ENTRY = struct.Struct("<II")
+_GRAMS_SUM = struct.Struct("<Q")
 #: row groups remembered as missed once (see CoolArchive._direct)
 _MAX_MISSED = 1 << 16
 
@@ -128,7 +144,7 @@ _COLS = COOL_SCHEMA.names
 _CONTENT_COL = _COLS.index("content")
 _COL_TYPES = [(f.name, f.type) for f in COOL_SCHEMA]
 _PARQUET_RE = re.compile(r"^cool-(\d{8,})\.parquet$")
-_OURS_RE = re.compile(r"^\.?cool-(\d{8,})\.(parquet|idx)(\.tmp)?$")
+_OURS_RE = re.compile(r"^\.?cool-(\d{8,})\.(parquet|idx|grams)(\.tmp)?$")
 _IDX_MAGIC = b"RFCIDX01"
 _IDX_VERSION = 2          # 1: task names in the header (still read)
 _INT64 = (-(1 << 63), (1 << 63) - 1)
@@ -363,6 +379,53 @@ def _parquet_name(no: int) -> str:
 
 def _idx_name(no: int) -> str:
     return f"cool-{no:08d}.idx"
+
+
+def _grams_name(no: int) -> str:
+    return f"cool-{no:08d}.grams"
+
+
+def _encode_grams(size: int, footer: str, entries: list[tuple[int, bytes]]) -> bytes:
+    """The bytes of a filters file (see _GRAMS_MAGIC) for the file of ``size``
+    bytes and footer hash ``footer``: ``entries`` are (row group, filters)."""
+    parts = [_GRAMS_HEAD.pack(_GRAMS_MAGIC, _GRAMS_VERSION, GRAM_BYTES, size, footer.encode("ascii"),
+                              len(entries))]
+    for rg, grams in entries:
+        parts.append(_GRAMS_ENTRY.pack(rg, len(grams)))
+        parts.append(grams)
+    body = b"".join(parts)
+    return body + _GRAMS_SUM.pack(xxhash.xxh3_64_intdigest(body))
+
+
+def _decode_grams(data: bytes, size: int, footer: str, groups: int) -> dict[int, bytes]:
+    """Row group -> filters of a filters file made for the file of ``size``
+    bytes, footer hash ``footer`` and ``groups`` row groups; ValueError
+    saying what does not hold (damage, another file, another layout)."""
+    end = len(data) - _GRAMS_SUM.size
+    if end < _GRAMS_HEAD.size:
+        raise ValueError(f"{len(data)} bytes: too short")
+    if _GRAMS_SUM.unpack_from(data, end)[0] != xxhash.xxh3_64_intdigest(memoryview(data)[:end]):
+        raise ValueError("fails its checksum")
+    magic, version, gram_bytes, fsize, fhash, count = _GRAMS_HEAD.unpack_from(data, 0)
+    if magic != _GRAMS_MAGIC or version != _GRAMS_VERSION or gram_bytes != GRAM_BYTES:
+        raise ValueError(f"format {magic!r} version {version}, {gram_bytes} bytes a page: not this build's")
+    if (fsize, fhash) != (size, footer.encode("ascii")):
+        raise ValueError("made for another file of that name")
+    out: dict[int, bytes] = {}
+    at = _GRAMS_HEAD.size
+    for _ in range(count):
+        if at + _GRAMS_ENTRY.size > end:
+            raise ValueError(f"entry at offset {at} runs past the end")
+        rg, n = _GRAMS_ENTRY.unpack_from(data, at)
+        at += _GRAMS_ENTRY.size
+        if rg >= groups or rg in out or n % GRAM_BYTES or at + n > end:
+            raise ValueError(f"entry at offset {at - _GRAMS_ENTRY.size} (row group {rg}, {n} bytes) "
+                             f"does not fit the file's {groups} row groups")
+        out[rg] = data[at:at + n]
+        at += n
+    if at != end:
+        raise ValueError(f"{end - at} bytes after the last entry")
+    return out
 
 
 def index_dir_for(cool_dir: str) -> str:
@@ -1155,6 +1218,8 @@ class CoolArchive:
         # search's scan (PageReader.find): 640 B a page, at most _GRAMS_BUDGET
         self._grams: dict[tuple[int, int], bytes] = {}
         self._grams_bytes = 0
+        self._grams_read: set[int] = set()     # files whose filters file was looked for
+        self._grams_new: set[int] = set()      # files with filters built here, not yet kept on disk
         self._channels_d: dict[str, list[int]] = {}
         self._tasks_d: dict[str, list[int]] | None = None   # built at the first task query
         # id index: xxh3_64(msg_id) -> (file no << 32) | row, every live file
@@ -1252,6 +1317,8 @@ class CoolArchive:
             self._full = False
             self._grams.clear()
             self._grams_bytes = 0
+            self._grams_read.clear()
+            self._grams_new.clear()
 
     # ------------------------------------------------------------------ info
 
@@ -1596,6 +1663,8 @@ class CoolArchive:
             self._cached_bytes -= self._cache.pop(key).nbytes
         for key in [k for k in self._grams if k[0] == no]:
             self._grams_bytes -= len(self._grams.pop(key))
+        self._grams_read.discard(no)
+        self._grams_new.discard(no)
         pf = self._handles.pop(no, None)
         if pf is not None:
             _close(pf)
@@ -2090,10 +2159,6 @@ class CoolArchive:
         hits: list[CoolRow] = []
         known_hits: list[int] = []
         with self._lock:
-            # a tier the cache cannot hold (its content decodes to about twice
-            # the files' bytes) is searched in its pages from the start, not
-            # poured through the cache until it is full
-            big = 2 * sum(fi.size for fi in self._files.values()) > self._cache_bytes
             if channel_id is None:
                 targets = [(no, 0, fi.rows) for no, fi in sorted(self._files.items())]
             else:
@@ -2105,12 +2170,13 @@ class CoolArchive:
                 rg_b = self._rg_of(fi, e - 1) + 1 if e > s else 0
                 sel_rows = []
                 found: list[CoolRow] = []
-                # once the cache is full (a group read by a scan did not fit), or
-                # for a tier it cannot hold, the groups it does not hold are
-                # searched as their pages are read
+                # the groups the cache does not hold are searched in their
+                # pages (content pages only, those whose filters may match
+                # once a scan built them or an earlier process kept them),
+                # not poured through the cache: a group decodes whole there
                 scans: dict[int, Any] | None = None if mode in ("ci", "cs") else {}
                 for rg in range(rg_a, rg_b):
-                    if scans is None and (self._full or big) and (no, rg) not in self._cache:
+                    if scans is None and (no, rg) not in self._cache:
                         scans = self._start_scans(no, [r for r in range(rg, rg_b) if (no, r) not in self._cache],
                                                   s, e, mode, nb, fold_repl, known)
                     base = fi.rg_list[rg]
@@ -2173,6 +2239,8 @@ class CoolArchive:
                     if channel_id is not None:
                         self._check_field(rows, "channel_id", channel_id)
                     hits.extend(rows)
+            if self._grams_new and not self._read_only:
+                self._keep_grams()
         hits.sort(key=_row_key)
         return hits, known_hits
 
@@ -2193,6 +2261,8 @@ class CoolArchive:
         reader = self._reader(no) if rgs else None
         if reader is None:
             return {}
+        if no not in self._grams_read:
+            self._read_grams(no)
         probes = [(nb.lower(), True) if mode == "ci" else (nb, False)] + [(a, False) for a, _b in fold_repl]
         starts = self._files[no].rg_list
 
@@ -2219,6 +2289,46 @@ class CoolArchive:
         return {rg: _Deferred(scan, rg) if (no, rg) in self._grams else pool.submit(scan, rg)
                 for rg in rgs}
 
+    def _read_grams(self, no: int) -> None:
+        """Take file ``no``'s content-page filters from its filters file, if
+        a search of an earlier process kept one (lock held; within
+        _GRAMS_BUDGET). One that does not hold for the live file (damaged,
+        stale, another build's) is named in a log warning and removed: the
+        next scan of each group builds its filters again. Only the scans use
+        them, and a filter that names fewer pages than the group holds makes
+        PageReader.find refuse it (the group is read instead)."""
+        self._grams_read.add(no)
+        fi = self._files[no]
+        got = read_kept(self._ipath(_grams_name(no)),
+                        lambda raw: _decode_grams(raw, fi.size, fi.footer, len(fi.rg_list) - 1),
+                        remove_bad=not self._read_only)
+        for rg, grams in (got or {}).items():
+            if (no, rg) not in self._grams and self._grams_bytes + len(grams) <= _GRAMS_BUDGET:
+                self._grams[(no, rg)] = grams
+                self._grams_bytes += len(grams)
+
+    def _keep_grams(self) -> None:
+        """Write the filters files of the files whose filters a search built
+        (lock held; a writer's): temp file (fsynced when durable), rename.
+        A cache: a crash that loses one costs the next process a full scan;
+        one the rename did not make whole fails its checksum when read. A
+        failed write is logged and skipped (the search that built them has
+        its answer)."""
+        for no in sorted(self._grams_new):
+            fi = self._files.get(no)
+            if fi is None:
+                continue
+            entries = sorted((rg, g) for (n, rg), g in self._grams.items() if n == no)
+            name = _grams_name(no)
+            try:
+                tmp = self._write_tmp(name, _encode_grams(fi.size, fi.footer, entries),
+                                      durable=self._durable, folder=self._idx_dir)
+                os.replace(tmp, self._ipath(name))
+            except OSError as exc:
+                log.warning("%s: search filters not kept: %s", self._ipath(name), exc)
+                _unlink_quiet(self._ipath("." + name + ".tmp"))
+        self._grams_new.clear()
+
     def _scan_result(self, no: int, rg: int, fut: Any) -> tuple[list[int], list, list[int]] | None:
         """What a scan of :meth:`_start_scans` found (rows read, their values,
         rows only named), or None: the caller reads the group instead (a
@@ -2235,6 +2345,7 @@ class CoolArchive:
             # the pages' trigram filters: later scans of the group read only pages that may match
             self._grams[(no, rg)] = built
             self._grams_bytes += len(built)
+            self._grams_new.add(no)
         if any(got is None for got in many):
             return None
         return local, many, named
@@ -2626,9 +2737,10 @@ class CoolArchive:
             for name in names:
                 no = _file_no(name)
                 self._forget_cache(no)
-                iname = _idx_name(no)
+                iname, gname = _idx_name(no), _grams_name(no)
                 for path in (self._path(name), self._ipath(iname), self._path("." + name + ".tmp"),
-                             self._ipath("." + iname + ".tmp"), self._path(iname)):
+                             self._ipath("." + iname + ".tmp"), self._path(iname),
+                             self._ipath(gname), self._ipath("." + gname + ".tmp")):
                     try:
                         os.unlink(path)
                         done.append(os.path.basename(path))

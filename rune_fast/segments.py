@@ -18,16 +18,20 @@ import struct
 import threading
 import time
 import warnings
+from typing import Callable, TypeVar
 
+import xxhash
 
 from ._log import map_file, pwrite_all
 from .errors import DurabilityError, FramingError, StoreClosedError, RecoveryWarning
 from .events import fsync_dir
 
-__all__ = ["TAIL_NAME", "MARK_NAME", "seg_name", "fsync_dir", "write_file", "release_pages", "Segment",
+__all__ = ["TAIL_NAME", "MARK_NAME", "seg_name", "filters_name", "segment_ident", "encode_filters",
+           "decode_filters", "read_kept", "fsync_dir", "write_file", "release_pages", "Segment",
            "TailFile", "DurableMark", "quarantine_bytes"]
 
 log = logging.getLogger("rune_fast")
+T = TypeVar("T")
 
 TAIL_NAME = "conversation_tail.jsonl"
 MARK_NAME = "conversation_tail.durable"
@@ -38,6 +42,79 @@ _MAX_CHUNK = 64 << 20
 def seg_name(seg: int) -> str:
     """File name of sealed segment ``seg``."""
     return f"conversation_seg-{seg:08d}.jsonl"
+
+
+def filters_name(seg: int) -> str:
+    """File name of the search filters kept for sealed segment ``seg``."""
+    return f"conversation_seg-{seg:08d}.grams"
+
+
+#: A sealed segment's search filters (HotIndex.seg_filters), kept once a
+#: search built them: magic, version, the filter layout (block, overlap, bits,
+#: words), the segment's length and the xxh3_64 of its first and last 4 KiB,
+#: the block count, the filters, then the xxh3_64 of everything before it.
+_FILTERS_MAGIC = b"RFSEGGR1"
+_FILTERS_HEAD = struct.Struct("<8sIIIIIQQQ")
+_FILTERS_SUM = struct.Struct("<Q")
+
+
+def segment_ident(buf) -> int:
+    """xxh3_64 of a segment's length, its first and its last 4 KiB (what
+    binds kept filters to the bytes they were built over: a sealed segment
+    never changes, and a new one takes a new number)."""
+    mv = memoryview(buf)
+    return xxhash.xxh3_64_intdigest(b"".join((len(mv).to_bytes(8, "little"), mv[:4096], mv[-4096:])))
+
+
+def encode_filters(layout: tuple, buf, words: bytes) -> bytes:
+    """The bytes of a kept filters file for segment bytes ``buf``."""
+    block = layout[3] * 8
+    head = _FILTERS_HEAD.pack(_FILTERS_MAGIC, 1, *layout, len(buf), segment_ident(buf), len(words) // block)
+    body = head + words
+    return body + _FILTERS_SUM.pack(xxhash.xxh3_64_intdigest(body))
+
+
+def decode_filters(raw: bytes, layout: tuple, buf) -> bytes:
+    """The filter words of a kept filters file made for segment bytes
+    ``buf`` with ``layout``; ValueError saying what does not hold."""
+    end = len(raw) - _FILTERS_SUM.size
+    if end < _FILTERS_HEAD.size:
+        raise ValueError(f"{len(raw)} bytes: too short")
+    if _FILTERS_SUM.unpack_from(raw, end)[0] != xxhash.xxh3_64_intdigest(memoryview(raw)[:end]):
+        raise ValueError("fails its checksum")
+    magic, version, *got, length, ident, blocks = _FILTERS_HEAD.unpack_from(raw, 0)
+    if magic != _FILTERS_MAGIC or version != 1 or tuple(got) != tuple(layout):
+        raise ValueError(f"format {magic!r} version {version}, layout {tuple(got)}: not this build's")
+    if length != len(buf) or ident != segment_ident(buf):
+        raise ValueError("made for other bytes than the segment's")
+    if end - _FILTERS_HEAD.size != blocks * layout[3] * 8:
+        raise ValueError(f"{end - _FILTERS_HEAD.size} bytes of filters for {blocks} blocks")
+    return raw[_FILTERS_HEAD.size:end]
+
+
+def read_kept(path: str, decode: Callable[[bytes], T], *, remove_bad: bool) -> T | None:
+    """``decode`` of the kept cache file at ``path`` (search filters), None
+    if there is none or it does not hold: one that cannot be read, or that
+    ``decode`` refuses (ValueError saying why), is named in a log warning and,
+    with ``remove_bad`` (a writer), removed; the search builds it again."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        log.warning("%s: search filters not read (%s); a later search builds them again", path, exc)
+        return None
+    try:
+        return decode(raw)
+    except (ValueError, struct.error) as exc:
+        log.warning("%s: search filters not used: %s; a later search builds them again", path, exc)
+        if remove_bad:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        return None
 
 
 def _map(fd: int, size: int):
@@ -262,16 +339,17 @@ class DurableMark:
 _WORDS = struct.Struct("<QQ")
 
 
-def write_file(path: str, data: bytes, *, exclusive: bool = False) -> None:
+def write_file(path: str, data: bytes, *, exclusive: bool = False, sync: bool = True) -> None:
     """Create ``path`` (0600; ``exclusive``: it must not exist) holding
-    ``data``, fsynced. The caller fsyncs the folder."""
+    ``data``, fsynced unless ``sync`` is false. The caller fsyncs the folder."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if exclusive else os.O_TRUNC)
     fd = os.open(path, flags, 0o600)
     try:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     finally:
         os.close(fd)
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from rune_fast._pages import (byte_array_at, chunk_pages, grams_pages, page_header, plain_find, plain_grams,
                               plain_strings)
-from rune_fast.cool import COOL_SCHEMA, CoolArchive
+from rune_fast.cool import COOL_SCHEMA, CoolArchive, _file_no
 from rune_fast.errors import CorruptStateCheckpointError
 from rune_fast.pages import PageError, PageReader, Unsupported
 
@@ -391,9 +391,9 @@ def test_chunk_pages_refuses_crafted_counts_and_sizes(tmp_path):
 @pytest.mark.parametrize("needle", ["alpha", "ALPHA", "straße", "STRASSE", "ss", "日本", "x" * 5,
                                     "quote\"d", "\x00nul", "e\nb", "🚀", "nothing here"])
 def test_search_past_the_cache_scans_the_pages(archive, monkeypatch, needle):
-    """Once the cache is full, a search reads the groups it does not hold
-    page by page (on the scan threads), never caching them: the same hits,
-    in the same order, as a search through a cache that holds the tier."""
+    """A search reads the groups the cache does not hold page by page (on
+    the scan threads), never caching them: the same hits, in the same order,
+    as a search through a cache that holds the tier (exact reads filled it)."""
     a, rows = archive
     calls = []
     real = PageReader.find
@@ -403,6 +403,12 @@ def test_search_past_the_cache_scans_the_pages(archive, monkeypatch, needle):
         return real(self, rg, c, probes, grams)
     monkeypatch.setattr(PageReader, "find", find)
     cached = CoolArchive(a.cool_dir, a.files(), row_group_rows=256, cache_bytes=64 << 20, read_only=True)
+    for _miss in range(2):          # a group is cached at its second miss
+        for r in rows[::50]:
+            assert cached.get_row(r["msg_id"]).record == r
+    groups = len(cached._files[_file_no(a.files()[0])].rg_list) - 1
+    assert len(cached._cache) == groups
+    calls_before = len(calls)
     for cs in (False, True):
         for ch in (None, "ch3"):
             want = [(h.record, h.ord) for h in cached.search(needle, ch, case_sensitive=cs)]
@@ -412,7 +418,8 @@ def test_search_past_the_cache_scans_the_pages(archive, monkeypatch, needle):
             model = [r for r in rows if (ch is None or r["channel_id"] == ch)
                      and ((needle in r["content"]) if cs else (needle.casefold() in r["content"].casefold()))]
             assert sorted(r["msg_id"] for r, _o in got) == sorted(r["msg_id"] for r in model)
-    assert calls and len(a._cache) <= 1 and len(cached._cache) > 1
+    assert calls and len(a._cache) <= 1 and len(cached._cache) == groups
+    assert calls_before == 0    # (the cached archive searched its cache: no page scans)
     # the first scan of a group keeps its page filters; the searches after it use them
     assert {g for _rg, g in calls} == {False, True} and a._grams
 
@@ -604,16 +611,23 @@ def test_search_with_filters_that_do_not_fit_reads_the_group(archive):
     assert sorted(h.record["msg_id"] for h in a.search("ALPHA")) == want
 
 
-def test_search_of_a_tier_the_cache_cannot_hold_reads_pages(archive):
-    """A cool tier whose content would not fit the cache is searched in its
-    pages from the first group (nothing poured through the cache); one that
-    fits is searched through the cache, which keeps it for the next search."""
+def test_search_reads_pages_of_the_groups_the_cache_does_not_hold(archive):
+    """Whatever the cache's size, a search reads the groups it does not hold
+    in their pages (nothing poured through the cache: a group would decode
+    whole there) and keeps their page filters; groups other reads cached
+    are searched in the cache."""
     a, rows = archive
     size = os.path.getsize(_parquet_path(a))
     want = sorted(r["msg_id"] for r in rows if "strasse" in r["content"].casefold())
-    for cache, fills in ((2 * size - 1, False), (64 << 20, True)):
+    for cache in (2 * size - 1, 64 << 20):
         b = CoolArchive(a.cool_dir, a.files(), row_group_rows=256, cache_bytes=cache, read_only=True)
         for _ in range(2):
             assert sorted(h.record["msg_id"] for h in b.search("STRASSE")) == want
-        assert bool(b._cache) is fills, cache
-        assert bool(b._grams) is not fills, cache
+        assert not b._cache and b._grams, cache
+    no = _file_no(a.files()[0])
+    b = CoolArchive(a.cool_dir, a.files(), row_group_rows=256, cache_bytes=64 << 20, read_only=True)
+    for _miss in range(2):
+        b.get_row(rows[0]["msg_id"])           # caches group 0
+    assert list(b._cache) == [(no, 0)]
+    assert sorted(h.record["msg_id"] for h in b.search("STRASSE")) == want
+    assert set(b._grams) == {(no, rg) for rg in range(1, len(b._files[no].rg_list) - 1)}

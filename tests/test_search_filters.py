@@ -182,6 +182,46 @@ def test_reattach_and_appended_copy():
             assert ix2.search(nd, True, False, None).tolist() == _unfiltered({0: (other, {})}, nd, True)
 
 
+def test_filters_handed_to_another_index_serve_its_first_search():
+    """seg_filters of a sealed segment, handed to a fresh index over the same
+    bytes (set_seg_filters), serve that index's first search: the same hits
+    as no filters. Filters that cannot belong to the bytes are refused."""
+    rng = random.Random(9)
+    data = b"".join(_lines(rng, 900, ("c0", "c1", "c2")))
+    ix = _index.HotIndex()
+    ix.attach(0, data)
+    ix.ingest(0)
+    assert ix.seg_filter_blocks(0) == 0 and ix.seg_filters(0) == b""
+    for _ in range(2):
+        ix.search(b"gamma", True, False, None)
+    blocks = ix.seg_filter_blocks(0)
+    words = ix.seg_filters(0)
+    block, _over, _lg, nwords = _index.SEARCH_FILTER_LAYOUT
+    assert blocks >= 3 and len(words) == blocks * nwords * 8 and blocks * block < len(data)
+    fresh = _index.HotIndex()
+    fresh.attach(0, data)
+    fresh.ingest(0)
+    assert fresh.set_seg_filters(0, words) == blocks == fresh.seg_filter_blocks(0)
+    assert fresh.seg_filters(0) == words
+    for nd in (b"gamma", b"stra", b"m77", b"zz", b"\xe6\x9d\xb1\xe4\xba\xac", b"absent needle"):
+        for ci in (False, True):
+            n = nd.lower() if ci else nd
+            assert fresh.search(n, ci, False, None).tolist() == _unfiltered({0: (data, {})}, n, ci), (n, ci)
+    # filters already as long are kept (never replaced by other words)
+    assert fresh.set_seg_filters(0, bytes(len(words))) == blocks and fresh.seg_filters(0) == words
+    for bad in (words[:-8], words + bytes(nwords * 8 * 1000)):
+        other = _index.HotIndex()
+        other.attach(0, data)
+        with pytest.raises(ValueError, match="not whole filters"):
+            other.set_seg_filters(0, bad)
+    growing = _index.HotIndex()
+    growing.attach(0, data, growing=True)
+    with pytest.raises(ValueError, match="not an attached sealed segment"):
+        growing.set_seg_filters(0, words)
+    with pytest.raises(ValueError, match="not an attached sealed segment"):
+        _index.HotIndex().set_seg_filters(3, words)
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.integers(0, 2**32), st.lists(st.tuples(st.integers(0, 10**7), st.sampled_from([3, 5, 30, 258, 259]),
                                                  st.booleans(), st.booleans()), min_size=1, max_size=6))
@@ -252,6 +292,18 @@ def test_repository_search_matches_model_across_tiers(tmp_path, monkeypatch, see
                             got = sorted(h.record.msg_id for h in r.search(needle, case_sensitive=csens))
                             assert got == want, (needle, csens, r is viewer, rnd)
         viewer.close()
+    # a later open's first searches use the filters the searches above kept
+    assert list((tmp_path / "hot").glob("conversation_seg-*.grams"))
+    with ConversationStateRepository(tmp_path, compact_every=10**6, hot_window=64) as repo, \
+            ConversationStateRepository(tmp_path, read_only=True) as viewer:
+        for r in (viewer, repo):
+            for needle in needles:
+                for csens in (False, True):
+                    want = sorted(i for i, m in stored.items()
+                                  if ((needle in m.content) if csens
+                                      else (needle.casefold() in m.content.casefold())))
+                    got = sorted(h.record.msg_id for h in r.search(needle, case_sensitive=csens))
+                    assert got == want, (needle, csens, r is viewer, "reopened")
 
 
 @pytest.mark.parametrize("extra", [-2, -1, 0, 1, 2, 16384])
