@@ -2234,12 +2234,15 @@ cdef class HotIndex:
         after the last complete line, where a later scan of a growing segment
         resumes (the end of the range when no line holds the needle past the
         last hit: bytes up to `stop` are complete lines). For caching the
-        lines of rare needles per segment: the caller checks liveness on use."""
+        lines of rare needles per segment: the caller checks liveness on use.
+        A sealed segment scanned whole from its start reads only the blocks
+        whose filter (built or kept: see search) may hold a needle of 3 to
+        GR_OVER + 2 bytes."""
         cdef bytes nb = _key_bytes(needle, "needle")
         cdef const unsigned char *nd = <const unsigned char *>PyBytes_AS_STRING(nb)
         cdef size_t m = <size_t>PyBytes_GET_SIZE(nb)
-        cdef rf_i64vec hits
-        cdef int64_t pos, end, off0, loc, done
+        cdef rf_i64vec hits, bad
+        cdef int64_t pos, end, off0, loc, done, b, b2
         cdef int reg, oom = 0
         cdef const unsigned char *base
         cdef const unsigned char *p
@@ -2247,6 +2250,8 @@ cdef class HotIndex:
         cdef const unsigned char *nl
         cdef rf_seg *sg
         cdef rf_msg msg
+        cdef uint32_t hs[GR_OVER]
+        cdef size_t k
         self._guard()
         if seg < 0 or seg >= self._n_segs or self._c_segs[seg].state == 0:
             raise RuneError(f"scan_segment: segment {seg} is not attached")
@@ -2255,6 +2260,7 @@ cdef class HotIndex:
         sg = &self._c_segs[seg]
         done = start
         memset(&hits, 0, sizeof(hits))
+        memset(&bad, 0, sizeof(bad))
         self._c_busy = 1
         try:
             with nogil:
@@ -2266,6 +2272,32 @@ cdef class HotIndex:
                     if start >= off0 + end:
                         continue
                     pos = start - off0 if start > off0 else 0     # a line start (an earlier end)
+                    if reg == 0 and pos == 0 and not sg.growing and sg.gr_n > 0 and 3 <= m <= GR_OVER + 2:
+                        # a sealed segment whose block filters exist (built by
+                        # searches, or kept): only the blocks that may hold the
+                        # needle are read, as a whole-store search reads them
+                        for k in range(m - 2):
+                            hs[k] = rf_gram(nd[k], nd[k + 1], nd[k + 2], GR_LG)
+                        k = m - 2
+                        b = 0
+                        while b < sg.gr_n and not oom and pos < end:
+                            if not _gr_may(sg.gr + b * GR_WORDS, hs, k):
+                                b += 1
+                                continue
+                            b2 = b + 1
+                            while b2 < sg.gr_n and _gr_may(sg.gr + b2 * GR_WORDS, hs, k):
+                                b2 += 1
+                            if pos < b * GR_BLOCK:
+                                pos = b * GR_BLOCK
+                            oom = _scan_region(base, &pos, b2 * GR_BLOCK, end, nd, m, 0, 0, seg, off0,
+                                               &hits, &bad)
+                            b = b2
+                        if pos < b * GR_BLOCK:
+                            pos = b * GR_BLOCK
+                        if not oom and pos < end:
+                            oom = _scan_region(base, &pos, end, end, nd, m, 0, 0, seg, off0, &hits, &bad)
+                        done = off0 + end       # (lines that do not parse are left out, as below)
+                        continue
                     while pos < end and not oom:
                         p = base + pos
                         c = rf_find(p, <size_t>(end - pos), nd, m, 0)
@@ -2290,6 +2322,7 @@ cdef class HotIndex:
         finally:
             self._c_busy = 0
             free(hits.v)
+            free(bad.v)
 
     @cython.boundscheck(False)
     @cython.wraparound(False)

@@ -1,8 +1,11 @@
-"""The content-page filters a search builds are kept beside the sidecars
-(``cool-NNNNNNNN.grams``) and read by the first search of a later process:
-it reads only the pages that may match. The file is a cache: one that does
-not hold for its Parquet file (damaged, stale, cut) is named in a warning,
-removed and built again, and no search answer ever depends on it."""
+"""The search filters a search builds are kept on disk and read by the first
+search of a later process: a cool file's content-page filters beside its
+sidecar (``cool-NNNNNNNN.grams``: the search reads only the pages that may
+match) and a sealed segment's block filters beside it
+(``conversation_seg-NNNNNNNN.grams``). The files are caches: one that does
+not hold for its file (damaged, stale, cut, another file's) is named in a
+warning, removed by a writer and built again, and no search answer ever
+depends on it."""
 from __future__ import annotations
 
 import logging
