@@ -424,6 +424,41 @@ cdef int _scan_region(const unsigned char *base, int64_t *ppos, int64_t hi, int6
     return oom
 
 
+cdef size_t _needle_grams(const unsigned char *nd, size_t m, uint32_t *hs) noexcept nogil:
+    """The trigram bits of a needle of 3 to GR_OVER + 2 bytes into hs (room
+    for GR_OVER); returns how many (m - 2): what _scan_blocks tests."""
+    cdef size_t k
+    for k in range(m - 2):
+        hs[k] = rf_gram(nd[k], nd[k + 1], nd[k + 2], GR_LG)
+    return m - 2
+
+
+cdef int _scan_blocks(rf_seg *sg, const unsigned char *base, int64_t *ppos, int64_t end,
+                      const unsigned char *nd, size_t m, bint ci, bint na, int64_t seg,
+                      const uint32_t *hs, size_t k, rf_i64vec *hits, rf_i64vec *bad) noexcept nogil:
+    """_scan_region over the runs of blocks of sg's mapped buffer (region 0:
+    file offset 0) whose filters hold the k trigram bits hs; *ppos ends at or
+    past the last filtered block, from where the caller scans the rest
+    plainly. Nonzero on memory error."""
+    cdef int64_t pos = ppos[0], b = 0, b2
+    cdef int oom = 0
+    while b < sg.gr_n and not oom and pos < end:
+        if not _gr_may(sg.gr + b * GR_WORDS, hs, k):
+            b += 1
+            continue
+        b2 = b + 1     # a run of candidate blocks: one pass
+        while b2 < sg.gr_n and _gr_may(sg.gr + b2 * GR_WORDS, hs, k):
+            b2 += 1
+        if pos < b * GR_BLOCK:
+            pos = b * GR_BLOCK
+        oom = _scan_region(base, &pos, b2 * GR_BLOCK, end, nd, m, ci, na, seg, 0, hits, bad)
+        b = b2
+    if pos < b * GR_BLOCK:
+        pos = b * GR_BLOCK
+    ppos[0] = pos
+    return oom
+
+
 cdef struct rf_rec:
     int64_t off
     uint32_t len        # the line's bytes with its newline
@@ -2242,7 +2277,7 @@ cdef class HotIndex:
         cdef const unsigned char *nd = <const unsigned char *>PyBytes_AS_STRING(nb)
         cdef size_t m = <size_t>PyBytes_GET_SIZE(nb)
         cdef rf_i64vec hits, bad
-        cdef int64_t pos, end, off0, loc, done, b, b2
+        cdef int64_t pos, end, off0, loc, done
         cdef int reg, oom = 0
         cdef const unsigned char *base
         cdef const unsigned char *p
@@ -2276,24 +2311,8 @@ cdef class HotIndex:
                         # a sealed segment whose block filters exist (built by
                         # searches, or kept): only the blocks that may hold the
                         # needle are read, as a whole-store search reads them
-                        for k in range(m - 2):
-                            hs[k] = rf_gram(nd[k], nd[k + 1], nd[k + 2], GR_LG)
-                        k = m - 2
-                        b = 0
-                        while b < sg.gr_n and not oom and pos < end:
-                            if not _gr_may(sg.gr + b * GR_WORDS, hs, k):
-                                b += 1
-                                continue
-                            b2 = b + 1
-                            while b2 < sg.gr_n and _gr_may(sg.gr + b2 * GR_WORDS, hs, k):
-                                b2 += 1
-                            if pos < b * GR_BLOCK:
-                                pos = b * GR_BLOCK
-                            oom = _scan_region(base, &pos, b2 * GR_BLOCK, end, nd, m, 0, 0, seg, off0,
-                                               &hits, &bad)
-                            b = b2
-                        if pos < b * GR_BLOCK:
-                            pos = b * GR_BLOCK
+                        k = _needle_grams(nd, m, hs)
+                        oom = _scan_blocks(sg, base, &pos, end, nd, m, 0, 0, seg, hs, k, &hits, &bad)
                         if not oom and pos < end:
                             oom = _scan_region(base, &pos, end, end, nd, m, 0, 0, seg, off0, &hits, &bad)
                         done = off0 + end       # (lines that do not parse are left out, as below)
@@ -2331,7 +2350,7 @@ cdef class HotIndex:
         segment (skipping the blocks whose trigram filter rules the needle
         out), then the hits that are live entries, in channel order."""
         cdef rf_i64vec hits, bad, out
-        cdef int64_t seg, pos, end, loc, off0, b, b2
+        cdef int64_t seg, pos, end, loc, off0
         cdef int reg
         cdef const unsigned char *base
         cdef rf_seg *sg
@@ -2344,9 +2363,7 @@ cdef class HotIndex:
         cdef bint filt = not na and 3 <= m <= GR_OVER + 2
         if filt:
             self._n_scans += 1
-            for k in range(m - 2):
-                hs[k] = rf_gram(nd[k], nd[k + 1], nd[k + 2], GR_LG)
-            k = m - 2
+            k = _needle_grams(nd, m, hs)
         memset(&hits, 0, sizeof(hits))
         memset(&bad, 0, sizeof(bad))
         memset(&out, 0, sizeof(out))
@@ -2359,24 +2376,10 @@ cdef class HotIndex:
                         if not _region(sg, reg, &base, &end, &off0):
                             continue
                         pos = 0
-                        b = 0
                         # filters kept from an earlier open serve the first search too
-                        if (reg == 0 and filt and not sg.growing
+                        if (not oom and reg == 0 and filt and not sg.growing
                                 and ((self._n_scans > 1 and _gr_build(sg) == 0) or sg.gr_n > 0)):
-                            while b < sg.gr_n and not oom and pos < end:
-                                if not _gr_may(sg.gr + b * GR_WORDS, hs, k):
-                                    b += 1
-                                    continue
-                                b2 = b + 1     # a run of candidate blocks: one pass
-                                while b2 < sg.gr_n and _gr_may(sg.gr + b2 * GR_WORDS, hs, k):
-                                    b2 += 1
-                                if pos < b * GR_BLOCK:
-                                    pos = b * GR_BLOCK
-                                oom = _scan_region(base, &pos, b2 * GR_BLOCK, end, nd, m, ci, na,
-                                                   seg, off0, &hits, &bad)
-                                b = b2
-                            if pos < b * GR_BLOCK:
-                                pos = b * GR_BLOCK
+                            oom = _scan_blocks(sg, base, &pos, end, nd, m, ci, na, seg, hs, k, &hits, &bad)
                         if not oom and pos < end:
                             oom = _scan_region(base, &pos, end, end, nd, m, ci, na, seg, off0, &hits, &bad)
                 # hits and bad lines are sorted by loc; keep the live ones, in channel order

@@ -52,7 +52,7 @@ from .locking import DirLock
 from .records import ConversationMessageRecord, _utf8_ok, message_from_stored, payload_hash
 from .segments import (MARK_NAME, TAIL_NAME, DurableMark, Segment, TailFile, decode_filters, encode_filters,
                        filters_name, fsync_dir, quarantine_bytes, read_kept, release_pages, seg_name,
-                       write_file)
+                       write_file, write_kept)
 from .tasks import TaskStateRepository
 
 __all__ = [
@@ -1935,15 +1935,9 @@ class ConversationStateRepository:
             if n <= self._filters_kept.get(seg, 0) or s is None or s.buf is None:
                 continue
             path = os.path.join(self.hot_dir, filters_name(seg))
-            try:
-                write_file(path + ".tmp", encode_filters(SEARCH_FILTER_LAYOUT, s.buf, self._index.seg_filters(seg)),
-                           sync=self.durability != "none")
-                os.replace(path + ".tmp", path)
-            except OSError as exc:
-                log.warning("%s: search filters not kept: %s", path, exc)
-                _unlink(path + ".tmp")
-                continue
-            self._filters_kept[seg] = n
+            if write_kept(path, encode_filters(SEARCH_FILTER_LAYOUT, s.buf, self._index.seg_filters(seg)),
+                          tmp=path + ".tmp", sync=self.durability != "none"):
+                self._filters_kept[seg] = n
 
     def _check_lines(self, seg: int, buf: Any, start: int, end: int, path: str,
                      live: Callable[[int, int], list[int]]) -> None:

@@ -37,7 +37,6 @@ from __future__ import annotations
 import bisect
 import heapq
 import json
-import logging
 import mmap
 import os
 import re
@@ -64,10 +63,8 @@ if TYPE_CHECKING:
     from typing_extensions import Buffer
 from .errors import CorruptStateCheckpointError
 from .events import fsync_dir
-from .segments import read_kept
+from .segments import read_kept, seal, unseal, write_kept
 from .records import fast_canonical_json, json_safe as _json_safe
-
-log = logging.getLogger("rune_fast.cool")
 
 __all__ = [
     "CoolArchive",
@@ -107,7 +104,6 @@ _GRAMS_MAGIC = b"RFGRAMS1"
 _GRAMS_VERSION = 1
 _GRAMS_HEAD = struct.Struct("<8sIIQ16sI")
 _GRAMS_ENTRY = struct.Struct("<II")
-_GRAMS_SUM = struct.Struct("<Q")
 #: row groups remembered as missed once (see CoolArchive._direct)
 _MAX_MISSED = 1 << 16
 
@@ -393,19 +389,14 @@ def _encode_grams(size: int, footer: str, entries: list[tuple[int, bytes]]) -> b
     for rg, grams in entries:
         parts.append(_GRAMS_ENTRY.pack(rg, len(grams)))
         parts.append(grams)
-    body = b"".join(parts)
-    return body + _GRAMS_SUM.pack(xxhash.xxh3_64_intdigest(body))
+    return seal(b"".join(parts))
 
 
 def _decode_grams(data: bytes, size: int, footer: str, groups: int) -> dict[int, bytes]:
     """Row group -> filters of a filters file made for the file of ``size``
     bytes, footer hash ``footer`` and ``groups`` row groups; ValueError
     saying what does not hold (damage, another file, another layout)."""
-    end = len(data) - _GRAMS_SUM.size
-    if end < _GRAMS_HEAD.size:
-        raise ValueError(f"{len(data)} bytes: too short")
-    if _GRAMS_SUM.unpack_from(data, end)[0] != xxhash.xxh3_64_intdigest(memoryview(data)[:end]):
-        raise ValueError("fails its checksum")
+    end = unseal(data, _GRAMS_HEAD.size)
     magic, version, gram_bytes, fsize, fhash, count = _GRAMS_HEAD.unpack_from(data, 0)
     if magic != _GRAMS_MAGIC or version != _GRAMS_VERSION or gram_bytes != GRAM_BYTES:
         raise ValueError(f"format {magic!r} version {version}, {gram_bytes} bytes a page: not this build's")
@@ -2320,13 +2311,8 @@ class CoolArchive:
                 continue
             entries = sorted((rg, g) for (n, rg), g in self._grams.items() if n == no)
             name = _grams_name(no)
-            try:
-                tmp = self._write_tmp(name, _encode_grams(fi.size, fi.footer, entries),
-                                      durable=self._durable, folder=self._idx_dir)
-                os.replace(tmp, self._ipath(name))
-            except OSError as exc:
-                log.warning("%s: search filters not kept: %s", self._ipath(name), exc)
-                _unlink_quiet(self._ipath("." + name + ".tmp"))
+            write_kept(self._ipath(name), _encode_grams(fi.size, fi.footer, entries),
+                       tmp=self._ipath("." + name + ".tmp"), sync=self._durable)
         self._grams_new.clear()
 
     def _scan_result(self, no: int, rg: int, fut: Any) -> tuple[list[int], list, list[int]] | None:

@@ -27,7 +27,7 @@ from .errors import DurabilityError, FramingError, StoreClosedError, RecoveryWar
 from .events import fsync_dir
 
 __all__ = ["TAIL_NAME", "MARK_NAME", "seg_name", "filters_name", "segment_ident", "encode_filters",
-           "decode_filters", "read_kept", "fsync_dir", "write_file", "release_pages", "Segment",
+           "decode_filters", "seal", "unseal", "read_kept", "write_kept", "fsync_dir", "write_file", "release_pages", "Segment",
            "TailFile", "DurableMark", "quarantine_bytes"]
 
 log = logging.getLogger("rune_fast")
@@ -55,7 +55,24 @@ def filters_name(seg: int) -> str:
 #: the block count, the filters, then the xxh3_64 of everything before it.
 _FILTERS_MAGIC = b"RFSEGGR1"
 _FILTERS_HEAD = struct.Struct("<8sIIIIIQQQ")
-_FILTERS_SUM = struct.Struct("<Q")
+_SUM = struct.Struct("<Q")
+
+
+def seal(body: bytes) -> bytes:
+    """``body`` followed by the xxh3_64 of it: a kept cache file's bytes."""
+    return body + _SUM.pack(xxhash.xxh3_64_intdigest(body))
+
+
+def unseal(raw: bytes, head: int) -> int:
+    """Where the body of :func:`seal`'s bytes ``raw`` ends (its checksum
+    starts); ValueError if it is shorter than a ``head``-byte header or
+    fails its checksum."""
+    end = len(raw) - _SUM.size
+    if end < head:
+        raise ValueError(f"{len(raw)} bytes: too short")
+    if _SUM.unpack_from(raw, end)[0] != xxhash.xxh3_64_intdigest(memoryview(raw)[:end]):
+        raise ValueError("fails its checksum")
+    return end
 
 
 def segment_ident(buf) -> int:
@@ -70,18 +87,13 @@ def encode_filters(layout: tuple, buf, words: bytes) -> bytes:
     """The bytes of a kept filters file for segment bytes ``buf``."""
     block = layout[3] * 8
     head = _FILTERS_HEAD.pack(_FILTERS_MAGIC, 1, *layout, len(buf), segment_ident(buf), len(words) // block)
-    body = head + words
-    return body + _FILTERS_SUM.pack(xxhash.xxh3_64_intdigest(body))
+    return seal(head + words)
 
 
 def decode_filters(raw: bytes, layout: tuple, buf) -> bytes:
     """The filter words of a kept filters file made for segment bytes
     ``buf`` with ``layout``; ValueError saying what does not hold."""
-    end = len(raw) - _FILTERS_SUM.size
-    if end < _FILTERS_HEAD.size:
-        raise ValueError(f"{len(raw)} bytes: too short")
-    if _FILTERS_SUM.unpack_from(raw, end)[0] != xxhash.xxh3_64_intdigest(memoryview(raw)[:end]):
-        raise ValueError("fails its checksum")
+    end = unseal(raw, _FILTERS_HEAD.size)
     magic, version, *got, length, ident, blocks = _FILTERS_HEAD.unpack_from(raw, 0)
     if magic != _FILTERS_MAGIC or version != 1 or tuple(got) != tuple(layout):
         raise ValueError(f"format {magic!r} version {version}, layout {tuple(got)}: not this build's")
@@ -121,6 +133,25 @@ def _map(fd: int, size: int):
     if size == 0:
         return None
     return mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+
+
+def write_kept(path: str, data: bytes, *, tmp: str, sync: bool) -> bool:
+    """Write the kept cache file ``path`` (search filters): temp file ``tmp``
+    (0600; fsynced when ``sync``), renamed over it; the folder is not synced
+    (a cache: one a crash loses or cuts is built again). A failed write is
+    named in a log warning and False returned: the search that built the
+    filters has its answer."""
+    try:
+        write_file(tmp, data, sync=sync)
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("%s: search filters not kept: %s", path, exc)
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        return False
+    return True
 
 
 def release_pages(buf) -> None:
