@@ -28,7 +28,6 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from cpython.mem cimport PyMem_Free
 from cpython.unicode cimport PyUnicode_AsUTF8String
 from libc.stdint cimport int32_t, int64_t, uint64_t
-from libc.stdio cimport snprintf
 from libc.stdlib cimport free, realloc
 from libc.string cimport memchr, memcmp, memcpy, memset, strlen
 
@@ -38,6 +37,8 @@ cdef extern from "rf_core.h" nogil:
     void rf_write_hex16(uint64_t v, unsigned char *out)
 
 import hashlib
+
+import numpy as np
 
 from rune_fast.errors import FramingError
 
@@ -263,7 +264,7 @@ def encode_messages(list msgs, type record_type, object slow, object calls_json)
         finally:
             PyMem_Free(tsrep)
             tsrep = NULL
-        _raw(&sc.esc, R_TOKEN, tokbuf, snprintf(tokbuf, sizeof(tokbuf), "%lld", tok), rs, rl)
+        _raw(&sc.esc, R_TOKEN, tokbuf, _digits(tok, tokbuf), rs, rl)
         _raw(&sc.esc, R_TOOL_CALLS, PyBytes_AS_STRING(cb), PyBytes_GET_SIZE(cb), rs, rl)
         _raw(&sc.esc, R_VERSION, PyBytes_AS_STRING(verb), PyBytes_GET_SIZE(verb), rs, rl)
         # -- the line's record JSON, then the canonical JSON, from them
@@ -309,8 +310,22 @@ cdef inline Py_ssize_t _frame_rest(unsigned char *line, Py_ssize_t rl) noexcept:
     return RF_PREFIX_LEN + rl + 1
 
 
-cdef int _seq_digits(int64_t seq, char *out) noexcept:
-    return snprintf(out, 24, "%lld", <long long>seq)
+cdef int _digits(int64_t v, char *out) noexcept:
+    """The decimal digits of ``v`` >= 0 at ``out`` (room for 20, no
+    terminator); returns how many (what ``%lld`` writes, without printf's
+    format parsing: twice a message line)."""
+    cdef char tmp[24]
+    cdef int n = 0, i
+    cdef uint64_t u = <uint64_t>v
+    while True:
+        tmp[n] = <char>(48 + <int>(u % 10))
+        n += 1
+        u = u // 10
+        if u == 0:
+            break
+    for i in range(n):
+        out[i] = tmp[n - 1 - i]
+    return n
 
 
 def frame_messages(list bodies, list order, int64_t seq0):
@@ -331,7 +346,7 @@ def frame_messages(list bodies, list order, int64_t seq0):
     for j in range(m):
         body = bodies[order[j]]
         bl = PyBytes_GET_SIZE(body)
-        nd = _seq_digits(seq0 + j, digits)
+        nd = _digits(seq0 + j, digits)
         rl = plen + bl + 5 + nd + 1
         if <size_t>(RF_PREFIX_LEN + rl + 1) > RF_MAX_LINE:
             raise FramingError(f"frame_messages: the line of bodies[{order[j]}] would be "
@@ -343,7 +358,7 @@ def frame_messages(list bodies, list order, int64_t seq0):
     for j in range(m):
         body = bodies[order[j]]
         bl = PyBytes_GET_SIZE(body)
-        nd = _seq_digits(seq0 + j, digits)
+        nd = _digits(seq0 + j, digits)
         rest = <unsigned char *>o + pos + RF_PREFIX_LEN
         rl = _cat(rest, 0, PyBytes_AS_STRING(_MSG_PREFIX), plen)
         rl = _cat(rest, rl, PyBytes_AS_STRING(body), bl)
@@ -674,10 +689,12 @@ cdef bint _parse_line(const unsigned char *p, Py_ssize_t n, _Line *r, bint exact
     return e >= 0 and e + 1 == n and p[e] == c'}' and r.ver <= 0x7FFFFFFF
 
 
-def cool_columns(list lines, object calls_texts):
-    """The cool-file columns of verified message lines (bytes-like, without
-    their newlines), for the lines spelled exactly as the encoder spells
-    them (a time in the range where repr and orjson agree):
+def cool_columns(data, starts, object calls_texts):
+    """The cool-file columns of verified message lines -- ``data`` holds
+    them one after the other, each followed by its newline, line i starting
+    at ``starts[i]`` (what ``HotIndex.gather_lines`` gives) -- for the lines
+    spelled exactly as the encoder spells them (a time in the range where
+    repr and orjson agree):
     ``(taken, columns)``, ``taken`` the indexes of the lines it read (in
     order) and ``columns`` a dict of raw Arrow buffers, by column name: string
     columns as ``(int32 offsets, data)``, ``ts``/``token_estimate``/``ord``
@@ -689,9 +706,11 @@ def cool_columns(list lines, object calls_texts):
     A line with tool calls hands their raw JSON to ``calls_texts(raw) ->
     (column text, canonical JSON)`` (None: the line takes the Python path)."""
     cdef _ColumnBufs cb = _ColumnBufs()
-    cdef Py_ssize_t nl = len(lines), li, n, k
+    cdef const int64_t[::1] st = np.ascontiguousarray(starts, dtype=np.int64)
+    cdef Py_ssize_t nl = st.shape[0], li, n, k, end
     cdef _Line ln
     cdef const unsigned char *p
+    cdef const unsigned char *base
     cdef Py_buffer view
     cdef object texts
     cdef bytes calls_col = None, calls_canon = None
@@ -704,11 +723,16 @@ def cool_columns(list lines, object calls_texts):
     memset(&ln, 0, sizeof(ln))
     for k in range(N_SCOL):
         _push_offset(&cb.offs[k], 0)
-    for li in range(nl):
-        PyObject_GetBuffer(lines[li], &view, PyBUF_SIMPLE)
-        try:
-            p = <const unsigned char *>view.buf
-            n = view.len
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        base = <const unsigned char *>view.buf
+        for li in range(nl):
+            end = st[li + 1] - 1 if li + 1 < nl else view.len - 1
+            if st[li] < 0 or end < st[li] or end >= view.len or base[end] != 10:
+                raise ValueError(f"cool_columns: line {li} (at {st[li]}) is not followed by a "
+                                 f"newline where the next starts")
+            p = base + st[li]
+            n = end - st[li]
             calls_col = calls_canon = None
             ok = _parse_line(p, n, &ln, True)
             if ok and ln.calls:
@@ -760,8 +784,8 @@ def cool_columns(list lines, object calls_texts):
             _reserve(&cb.ords, 8)
             _put(&cb.ords, <const char *>&ln.seq, 8)
             taken.append(li)
-        finally:
-            PyBuffer_Release(&view)
+    finally:
+        PyBuffer_Release(&view)
     cols = {}
     for k in range(N_SCOL):
         cols[_SCOL_NAMES[k]] = (PyBytes_FromStringAndSize(cb.offs[k].p, cb.offs[k].n),

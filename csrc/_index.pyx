@@ -782,6 +782,9 @@ cdef class LocCache:
         return <object>self._c_slots[i].val
 
     def __setitem__(self, int64_t loc, object value):
+        self._set(loc, value)
+
+    cdef int _set(self, int64_t loc, object value) except -1:
         cdef int64_t i
         cdef uint64_t j
         cdef PyObject *old
@@ -793,7 +796,7 @@ cdef class LocCache:
             Py_INCREF(value)
             self._c_slots[i].val = <void *>value
             Py_DECREF(<object>old)
-            return
+            return 0
         if self._n >= self._cap:
             self._drop_oldest()
         if self._tail - self._head == self._ring_n:
@@ -808,10 +811,27 @@ cdef class LocCache:
         self._c_ring[self._tail % self._ring_n] = loc
         self._tail += 1
         self._n += 1
+        return 0
 
     def pop(self, int64_t loc, default=None):
         cdef int64_t i = self._find(loc) if loc >= 0 else -1
         return default if i < 0 else self._take(<uint64_t>i)
+
+    def move_many(self, old_locs, new_locs) -> None:
+        """What the cache holds at ``old_locs[i]`` held at ``new_locs[i]``
+        instead (int64s; the lines a segment rewrite moved), each as a pop
+        and an insertion: a moved entry counts as the newest."""
+        cdef const int64_t[::1] olds = np.ascontiguousarray(old_locs, dtype=np.int64)
+        cdef const int64_t[::1] news = np.ascontiguousarray(new_locs, dtype=np.int64)
+        cdef Py_ssize_t k
+        cdef int64_t i
+        if news.shape[0] != olds.shape[0]:
+            raise ValueError(f"LocCache.move_many: {olds.shape[0]} old locations but "
+                             f"{news.shape[0]} new ones")
+        for k in range(olds.shape[0]):
+            i = self._find(olds[k]) if olds[k] >= 0 else -1
+            if i >= 0:
+                self._set(news[k], self._take(<uint64_t>i))
 
     def get_many(self, list locs):
         """``(values, misses)``: what the cache holds for each of `locs` (ints)
@@ -2185,6 +2205,40 @@ cdef class HotIndex:
             self._prefetch_line(loc)
         for loc in locs:
             self._checked_line(loc, &p, &n)
+
+    def gather_lines(self, locs):
+        """``(data, starts)``: the lines at `locs` (int64s) in that order, each
+        checked as :meth:`line` checks it and followed by its newline, as one
+        bytes object, and an int64 array of where each starts in it (what a
+        segment rewrite writes and the locations it moves the lines to)."""
+        cdef const int64_t[::1] ls = np.ascontiguousarray(locs, dtype=np.int64)
+        cdef Py_ssize_t k = ls.shape[0], i
+        cdef const unsigned char **ps = <const unsigned char **>malloc(<size_t>k * sizeof(void *) + 1)
+        cdef size_t *ns = <size_t *>malloc(<size_t>k * sizeof(size_t) + 1)
+        cdef size_t total = 0, at = 0
+        cdef char *dst
+        cdef bytes data
+        starts = np.empty(k, dtype=np.int64)
+        cdef int64_t[::1] st = starts
+        try:
+            if ps == NULL or ns == NULL:
+                raise MemoryError(f"HotIndex.gather_lines: {k} lines")
+            for i in range(k):
+                self._prefetch_line(ls[i])
+            for i in range(k):
+                self._checked_line(ls[i], &ps[i], &ns[i])
+                total += ns[i] + 1
+            data = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>total)
+            dst = PyBytes_AS_STRING(data)
+            for i in range(k):
+                st[i] = <int64_t>at
+                memcpy(dst + at, ps[i], ns[i])
+                dst[at + ns[i]] = b'\n'
+                at += ns[i] + 1
+            return data, starts
+        finally:
+            free(ps)
+            free(ns)
 
     @cython.boundscheck(False)
     @cython.wraparound(False)

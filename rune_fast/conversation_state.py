@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Iterator, S
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import xxhash
 
 from . import codec
@@ -2249,8 +2250,24 @@ class ConversationStateRepository:
         if roll:
             self._roll_tail()
             stats = self._index.seg_stats()
-        # 4. rewrite sealed segments holding deleted lines or mostly dead; drop empty ones
+        # 4. rewrite sealed segments holding deleted lines or mostly dead (a run
+        # of them in the segment order into one new segment, up to ROLL_BYTES
+        # of live lines); drop empty ones
         new_order: list[int] = []
+        run: list[tuple[int, np.ndarray]] = []
+        run_bytes = 0
+        run_seq: int | None = None     # the append sequence of the run's last line
+
+        def end_run() -> None:
+            nonlocal run, run_bytes
+            if run:
+                new_seg = self._rewrite_segments(run)
+                rep.bytes_written += self._segs[new_seg].size
+                rep.segments_rewritten += len(run)
+                old_segs.extend(seg for seg, _locs in run)
+                new_order.append(new_seg)
+                run, run_bytes = [], 0
+
         for seg in self._seg_order:
             lines, live_bytes = stats.get(seg, (0, 0))
             size = self._segs[seg].size
@@ -2259,14 +2276,28 @@ class ConversationStateRepository:
                 rep.segments_reclaimed += 1
                 continue
             if seg in self._dirty_segs or self._sparse(size, live_bytes):
-                new_seg = self._rewrite_segment(seg)
-                rep.bytes_written += self._segs[new_seg].size
-                old_segs.append(seg)
-                new_order.append(new_seg)
-                rep.segments_rewritten += 1
+                locs = self._index.seg_locs(seg)
+                first = self._line_seq(int(locs[0]))
+                if run and (run_bytes + live_bytes > ROLL_BYTES or run_seq is None
+                            or first is None or first <= run_seq):
+                    end_run()
+                run.append((seg, locs))
+                run_bytes += live_bytes
+                run_seq = self._line_seq(int(locs[-1]))
             else:
+                end_run()
                 new_order.append(seg)
+        end_run()
+        if rep.segments_rewritten:
+            fsync_dir(self.hot_dir)
         return new_order
+
+    def _line_seq(self, loc: int) -> int | None:
+        """The append sequence of the (checked) message line at ``loc``; None
+        if it has none."""
+        line = self._index.line(loc)
+        m = _SEQ_END_RE.search(bytes(line[max(0, len(line) - 48):]))
+        return int(m.group(1)) if m else None
 
     def _fold_only(self) -> bool:
         """Whether an automatic compaction has nothing to move but the fold."""
@@ -2536,9 +2567,9 @@ class ConversationStateRepository:
     def _cool_table_at(self, locs: Sequence[int]) -> pa.Table:
         """The cool-schema table of the hot lines at ``locs`` (each checked
         against its checksum), row i from ``locs[i]``."""
-        line = self._index.line
         self._map_reads += len(locs)
-        return table_from_lines([line(loc) for loc in locs], lambda i: self._read_loc_raw(locs[i]))
+        data, starts = self._index.gather_lines(locs)
+        return table_from_lines(data, starts, lambda i: self._read_loc_raw(locs[i]))
 
     def _cooled(self, locs: Sequence[int], table: pa.Table, *, staged: bool = False) -> None:
         """Drop messages now served by the cool tier from the hot index.
@@ -2546,12 +2577,12 @@ class ConversationStateRepository:
         overtaken (a late one can sort before its rows; an inline run cools
         the oldest messages and those already behind a cool row)."""
         ids = table.column("msg_id").to_pylist()
-        hlcs = table.column("hlc").to_pylist()
-        chans = table.column("channel_id").to_pylist()
         cool_max = self._cool_max
         behind = self._behind if staged else None
-        for hlc, mid, ch in zip(hlcs, ids, chans):
-            if hlc:
+        stamped = table.filter(pc.not_equal(table.column("hlc"), ""))    # (order kept)
+        if stamped.num_rows:
+            for hlc, mid, ch in zip(stamped.column("hlc").to_pylist(), stamped.column("msg_id").to_pylist(),
+                                    stamped.column("channel_id").to_pylist()):
                 k = (hlc, mid)
                 if k > cool_max.get(ch, ("", "")):
                     cool_max[ch] = k
@@ -2610,31 +2641,24 @@ class ConversationStateRepository:
             self._publish(self._wmark)
         # the decode cache is keyed by location; locations in the sealed file are unchanged
 
-    def _rewrite_segment(self, seg: int) -> int:
-        """Copy the live lines of sealed segment ``seg`` into a new segment (lock held)."""
-        locs = self._index.seg_locs(seg).tolist()
+    def _rewrite_segments(self, run: list[tuple[int, np.ndarray]]) -> int:
+        """Copy the live lines of a run of sealed segments (each with its
+        sorted live locations; neighbours in the segment order, each one's
+        append sequences after the one before's) into one new segment, in
+        that order: the append sequence still rises line by line (lock held;
+        the caller fsyncs the folder)."""
+        locs = np.concatenate([seg_locs for _seg, seg_locs in run])
+        data, starts = self._index.gather_lines(locs)
         new_seg = self._next_seg
         self._next_seg += 1
         path = os.path.join(self.hot_dir, seg_name(new_seg))
-        moves = []
-        chunks = []
-        pos = 0
-        for loc in locs:
-            line = bytes(self._index.line(loc)) + b"\n"
-            chunks.append(line)
-            moves.append((loc, (new_seg << 40) | pos))
-            pos += len(line)
-        write_file(path, b"".join(chunks))
-        fsync_dir(self.hot_dir)
-        self._seg_ends[new_seg] = pos
+        write_file(path, data)
+        self._seg_ends[new_seg] = len(data)
         self._segs[new_seg] = Segment(path, new_seg)
         self._index.attach(new_seg, self._segs[new_seg].buf, path)
-        if moves:
-            self._index.relocate([a for a, _b in moves], [b for _a, b in moves])
-        for old_loc, new_loc in moves:
-            rec = self._decoded.pop(old_loc, None)
-            if rec is not None:
-                self._decoded[new_loc] = rec
+        new_locs = starts | (new_seg << 40)
+        self._index.relocate(locs, new_locs)
+        self._decoded.move_many(locs, new_locs)
         return new_seg
 
     def _write_manifest(self, cool_files: list[str], *, durable: bool = True) -> None:

@@ -3044,8 +3044,11 @@ def _calls_texts(raw: bytes) -> tuple[bytes, bytes] | None:
         return None
 
 
-def table_from_lines(lines: list, fallback: Callable[[int], tuple[dict, int | None]]) -> pa.Table:
-    """The cool-schema table of verified hot message lines, row i from line i.
+def table_from_lines(data: bytes, starts: np.ndarray,
+                     fallback: Callable[[int], tuple[dict, int | None]]) -> pa.Table:
+    """The cool-schema table of verified hot message lines, row i from line
+    i: ``data`` holds the lines one after the other, each followed by its
+    newline, line i starting at ``starts[i]`` (``HotIndex.gather_lines``).
 
     The compiled reader (``csrc/_encode.pyx``: ``cool_columns``) takes every
     line spelled as the encoder spells records, straight into Arrow buffers
@@ -3054,7 +3057,8 @@ def table_from_lines(lines: list, fallback: Callable[[int], tuple[dict, int | No
     (:func:`_table_from_records`). The values' UTF-8 is checked by Arrow's
     validation; a batch that fails it goes the dict path whole (which names
     the line)."""
-    taken, cols = _encode.cool_columns(lines, _calls_texts)
+    n_lines = len(starts)
+    taken, cols = _encode.cool_columns(data, starts, _calls_texts)
     table = None
     if taken:
         n = len(taken)
@@ -3069,10 +3073,10 @@ def table_from_lines(lines: list, fallback: Callable[[int], tuple[dict, int | No
             table.validate(full=True)
         except pa.ArrowInvalid:
             table, taken = None, []
-    if len(taken) == len(lines):
+    if len(taken) == n_lines:
         return table
     got = set(taken)
-    rest = [i for i in range(len(lines)) if i not in got]
+    rest = [i for i in range(n_lines) if i not in got]
     rows, ords = [], []
     for i in rest:
         d, seq = fallback(i)

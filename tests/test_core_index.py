@@ -129,6 +129,18 @@ class LocCacheMachine(RuleBasedStateMachine):
         assert got == [self.model.get(loc) for loc in locs] and misses == got.count(None)
         assert all(g is self.model[loc] for loc, g in zip(locs, got) if g is not None)
 
+    @rule(moves=st.lists(st.tuples(st.integers(0, 12), st.integers(0, 12)), max_size=6))
+    def move_many(self, moves):
+        # a segment rewrite's moves: each a pop of the old location and, if
+        # the cache held it, an insertion at the new one
+        for old, new in moves:
+            if old in self.model:
+                v = self.model.pop(old)
+                if new not in self.model and len(self.model) >= self.cap:
+                    self._drop(1)
+                self.model[new] = v
+        self.cache.move_many([o for o, _n in moves], [n for _o, n in moves])
+
     @rule(room=st.integers(0, 10))
     def make_room(self, room):
         self._drop(max(self.cap // 4, len(self.model) + room - self.cap))
@@ -485,6 +497,34 @@ def test_seg_stats_seg_locs_relocate():
     assert ix.find(b"a2") == (2 << S) + len(a[0])
     with pytest.raises(FramingError):
         ix.relocate([1, 2], [3])
+
+
+def test_loc_cache_move_many_refuses_unequal_lengths():
+    cache = _index.LocCache(4)
+    cache[1] = "one"
+    with pytest.raises(ValueError, match="2 old locations but 1 new"):
+        cache.move_many([1, 2], [3])
+    assert cache.items() == [(1, "one")]
+
+
+def test_gather_lines():
+    a = [line(f"a{i}", "c", content="x" * (i * 7)) for i in range(4)]
+    ix = _index.HotIndex()
+    ix.attach(0, b"".join(a))
+    ix.ingest(0)
+    locs = ix.seg_locs(0)
+    data, starts = ix.gather_lines(locs[[2, 0, 3]])
+    assert data == a[2] + a[0] + a[3]
+    assert starts.tolist() == [0, len(a[2]), len(a[2]) + len(a[0])]
+    data, starts = ix.gather_lines([])
+    assert data == b"" and starts.tolist() == []
+    # each line is checked as line() checks it, naming the file and offset
+    bad = bytearray(b"".join(a))
+    bad[int(locs[1]) + 30] ^= 1
+    ix.attach(0, bytes(bad), path="/state/seg-0")
+    with pytest.raises(CorruptStateCheckpointError, match="fails its check") as ei:
+        ix.gather_lines([int(locs[0]), int(locs[1])])
+    assert ei.value.path == "/state/seg-0" and ei.value.offset == int(locs[1])
 
 
 _WORDS = ["alpha", "Beta", "gamma", "DELTA", "stra\u00dfe", "\u6771\u4eac", "x", "quarterly", "report",

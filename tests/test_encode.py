@@ -135,6 +135,7 @@ def test_frame_messages_refuses_bad_input():
 
 import json  # noqa: E402
 
+import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 from rune_fast import cool  # noqa: E402
@@ -160,11 +161,37 @@ def _lines(msgs, seq0=0):
     return out
 
 
+def _blob(lines):
+    """(data, starts) of lines (without their newlines), as
+    HotIndex.gather_lines gives them."""
+    starts, pos = [], 0
+    for ln in lines:
+        starts.append(pos)
+        pos += len(ln) + 1
+    return b"".join(bytes(ln) + b"\n" for ln in lines), np.array(starts, dtype=np.int64)
+
+
+def _columns(lines):
+    return _encode.cool_columns(*_blob(lines), cool._calls_texts)
+
+
 def _from_lines(lines):
     def fallback(i):
         d = codec.decode_body(lines[i], path="t", offset=0)
         return d["r"], d.get("s")
-    return cool.table_from_lines(lines, fallback)
+    return cool.table_from_lines(*_blob(lines), fallback)
+
+
+def test_cool_columns_refuses_lines_not_where_the_starts_say():
+    lines = _lines([ConversationMessageRecord(content=c, channel_id="c") for c in ("a", "b")])
+    data, starts = _blob(lines)
+    assert _encode.cool_columns(data, starts, cool._calls_texts)[0] == [0, 1]
+    assert _encode.cool_columns(b"", np.array([], dtype=np.int64), cool._calls_texts)[0] == []
+    for bad in ([0, starts[1] + 1], [0, starts[1] - 2], [0, len(data) + 5], [-1, starts[1]]):
+        with pytest.raises(ValueError, match="not followed by a newline"):
+            _encode.cool_columns(data, np.array(bad, dtype=np.int64), cool._calls_texts)
+    with pytest.raises(ValueError, match="not followed by a newline"):
+        _encode.cool_columns(data[:-1], starts, cool._calls_texts)
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
@@ -185,7 +212,7 @@ def test_table_from_lines_takes_the_compiled_path_for_plain_lines():
             for c in ("plain", 'quo"te \\ \n\t\x01', "é€😀", "")]
     msgs.append(ConversationMessageRecord(content="called", channel_id="c", tool_calls=calls))
     lines = _lines(msgs, 7)
-    taken, _cols = _encode.cool_columns(lines, cool._calls_texts)
+    taken, _cols = _columns(lines)
     assert taken == [0, 1, 2, 3, 4]
     assert _from_lines(lines).to_pylist() == _dict_table(lines).to_pylist()
 
@@ -206,7 +233,7 @@ def test_lines_spelled_otherwise_take_the_dict_path():
     ]
     lines = [frame(codec.rest_from_body(b, 3))[:-1] for b in variants]
     lines.append(frame(codec.MESSAGE_PREFIX + codec.dumps({**base, "msg_id": "no-seq"}) + b"}")[:-1])
-    taken, _cols = _encode.cool_columns(lines, cool._calls_texts)
+    taken, _cols = _columns(lines)
     assert taken == []
     lines += _lines([ConversationMessageRecord(content="fast", channel_id="c")])
     got = _from_lines(lines)
@@ -218,7 +245,7 @@ def test_invalid_utf8_goes_the_dict_path_which_names_it():
     m = ConversationMessageRecord(content="abc", channel_id="c")
     body = codec.dumps(m.to_dict()).replace(b"abc", b"a\xffc")
     line = frame(codec.rest_from_body(body, 1))[:-1]
-    assert _encode.cool_columns([line], cool._calls_texts)[0] == [0]        # the reader leaves UTF-8 to Arrow
+    assert _columns([line])[0] == [0]        # the reader leaves UTF-8 to Arrow
     with pytest.raises(Exception) as exc:
         _from_lines([line])
     assert "JSON" in str(exc.value) or "utf" in str(exc.value).lower()

@@ -1520,3 +1520,82 @@ def test_search_filters_cover_sealed_segments_and_follow_appends(tmp_path, monke
             stored.append(m)
         for needle in ("quarterly report", "#39", "gamma delta", "late q"):
             assert sorted(h.record.msg_id for h in repo.search(needle)) == want(needle), needle
+
+
+
+def _segment_files(root) -> list[str]:
+    return sorted(p.name for p in (root / "hot").iterdir() if p.name.startswith("conversation_seg-")
+                  and p.name.endswith(".jsonl"))
+
+
+def _compact_counting(repo) -> tuple[int, int]:
+    """compact(); (segments it rewrote, new segments they went to)."""
+    before, tail = set(repo._seg_order), repo._tail_seg
+    rep = repo.compact()
+    return rep.segments_rewritten, len(set(repo._seg_order) - before - {tail})
+
+
+def _fill(root, rounds: int, monkeypatch, roll: int) -> tuple[int, tuple[int, int]]:
+    """Rounds of 12 messages (10 in channel "a"), each compacted into a
+    sealed segment of its own (ROLL_BYTES 1500) under a window that cools
+    nothing; then, with ROLL_BYTES ``roll``, a compaction under a window of
+    4 cools most of every segment at once. (messages, what it rewrote)."""
+    import rune_fast.conversation_state as cs
+    monkeypatch.setattr(cs, "ROLL_BYTES", 1500)
+    monkeypatch.setattr(cs, "SPARSE_MIN_BYTES", 0)
+    with ConversationStateRepository(root, hot_window=1000, compact_every=10**6) as repo:
+        for r in range(rounds):
+            repo.append_many([msg(12 * r + k, channel="abc"[k] if k < 3 else "a") for k in range(12)])
+            repo.compact()
+    monkeypatch.setattr(cs, "ROLL_BYTES", roll)
+    with ConversationStateRepository(root, hot_window=4, compact_every=10**6) as repo:
+        return 12 * rounds, _compact_counting(repo)
+
+
+@pytest.mark.parametrize("snapshot", [True, False])
+def test_a_run_of_sparse_segments_is_rewritten_into_one(tmp_path, monkeypatch, snapshot):
+    """Cooling leaves sealed segments mostly dead; a compaction copies the
+    live lines of each run of them (neighbours in the segment order) into
+    one new segment, in order: the append sequence still rises line by
+    line, so a reopen that rescans the segments (no snapshot) holds every
+    message where it was, and verify() finds nothing."""
+    import rune_fast.conversation_state as cs
+    n, (rewritten, new) = _fill(tmp_path, 10, monkeypatch, 8 << 20)
+    assert rewritten >= 3 and new == 1, (rewritten, new)
+    with ConversationStateRepository(tmp_path, hot_window=4, compact_every=10**6) as repo:
+        assert len(repo._seg_order) == len(_segment_files(tmp_path))
+        expect = {ch: [m.msg_id for m in repo.window(ch, 100)] for ch in "abc"}
+        assert [len(expect[ch]) for ch in "abc"] == [100, 10, 10]
+    if not snapshot:
+        (tmp_path / "hot" / cs.SNAPSHOT_NAME).unlink()
+    with ConversationStateRepository(tmp_path, hot_window=4, compact_every=10**6) as repo:
+        assert {ch: [m.msg_id for m in repo.window(ch, 100)] for ch in "abc"} == expect
+        assert len(repo) == n
+        assert all(repo.get_message(f"msg_{k:08d}").status is ReadStatus.FOUND_VERIFIED for k in range(n))
+        assert repo.verify().ok
+
+
+def test_a_run_of_sparse_segments_stops_at_roll_bytes_of_live_lines(tmp_path, monkeypatch):
+    """A new segment takes at most ROLL_BYTES of live lines (here three
+    segments of 510 live bytes each under 1500: two new segments)."""
+    n, (rewritten, new) = _fill(tmp_path, 10, monkeypatch, 1500)
+    assert (rewritten, new) == (3, 2)
+    with ConversationStateRepository(tmp_path, hot_window=4, compact_every=10**6) as repo:
+        assert len(repo) == n and repo.verify().ok
+        assert [len(repo.window(ch, 100)) for ch in "abc"] == [100, 10, 10]
+
+
+def test_a_run_of_sparse_segments_breaks_where_the_sequence_does_not_rise(tmp_path, monkeypatch):
+    """Segments are merged only while each one's first live line comes after
+    the run's last (append sequences); a line whose sequence cannot be read
+    ends the run: here every rewritten segment takes a new one of its own."""
+    import rune_fast.conversation_state as cs
+    monkeypatch.setattr(cs.ConversationStateRepository, "_line_seq", lambda self, loc: None)
+    n, (rewritten, new) = _fill(tmp_path, 10, monkeypatch, 8 << 20)
+    assert rewritten >= 3 and new == rewritten, (rewritten, new)
+    with ConversationStateRepository(tmp_path, hot_window=4, compact_every=10**6) as repo:
+        expect = {ch: [m.msg_id for m in repo.window(ch, 100)] for ch in "abc"}
+    (tmp_path / "hot" / cs.SNAPSHOT_NAME).unlink()
+    with ConversationStateRepository(tmp_path, hot_window=4, compact_every=10**6) as repo:
+        assert {ch: [m.msg_id for m in repo.window(ch, 100)] for ch in "abc"} == expect
+        assert len(repo) == n and repo.verify().ok

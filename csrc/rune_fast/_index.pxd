@@ -70,6 +70,7 @@ cdef class LocCache:
     cdef int64_t _find(self, int64_t loc) noexcept nogil
     cdef void _prefetch(self, int64_t loc) noexcept nogil
     cdef object _take(self, uint64_t i)
+    cdef int _set(self, int64_t loc, object value) except -1
     cdef int _compact_ring(self) noexcept nogil
     cdef int _drop_oldest(self) except -1
     cdef list _in_order(self, int what)
