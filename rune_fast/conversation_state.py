@@ -1324,15 +1324,18 @@ class ConversationStateRepository:
         if len(msgs) == 1:
             fresh = [] if msgs[0].msg_id in tombs or self._index.find(keys[0]) >= 0 else [0]
         else:
-            found = self._index.find_many(keys).tolist()
-            seen: set[str] = set()
-            fresh = []
-            for i, m in enumerate(msgs):
-                mid = m.msg_id
-                if found[i] >= 0 or mid in seen or mid in tombs:
-                    continue
-                seen.add(mid)
-                fresh.append(i)
+            found = self._index.find_many(keys)
+            if not tombs and not (found >= 0).any() and len(set(keys)) == len(keys):
+                fresh = list(range(len(msgs)))      # the common batch: every id new, none twice
+            else:
+                seen: set[str] = set()
+                fresh = []
+                for i, (m, f) in enumerate(zip(msgs, found.tolist())):
+                    mid = m.msg_id
+                    if f >= 0 or mid in seen or mid in tombs:
+                        continue
+                    seen.add(mid)
+                    fresh.append(i)
         if fresh and self._cool.has_files():
             if len(fresh) == 1:
                 fresh = [] if self._cool.contains(msgs[fresh[0]].msg_id) else fresh
