@@ -26,7 +26,7 @@ import orjson
 from . import _encode
 from .errors import CorruptStateCheckpointError, RecordTooLargeError
 from .records import (ConversationMessageRecord, _json_value, _stored_calls_ok, check_tool_calls,
-                      fast_canonical_json, json_safe, message_canonical_json, message_from_stored)
+                      fast_canonical_json, message_canonical_json, message_from_stored, _plain_calls)
 
 __all__ = [
     "MAX_RECORD_BYTES",
@@ -178,7 +178,7 @@ def _calls_json(record: ConversationMessageRecord) -> tuple[bytes, bytes]:
     is one check and two encodes; anything else is checked and spelled by
     check_tool_calls, dumps and fast_canonical_json."""
     calls = list(record.tool_calls)
-    if _stored_calls_ok(calls) and json_safe(calls):
+    if _plain_calls(calls):
         try:
             return orjson.dumps(calls), orjson.dumps(calls, option=orjson.OPT_SORT_KEYS)
         except orjson.JSONEncodeError:      # a lone surrogate, an int past 64 bits

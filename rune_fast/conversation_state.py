@@ -338,7 +338,13 @@ def _line_seq_ending(buf: Any, end: int) -> int:
     with memoryview(buf) as view:
         if end > len(view) or view[end - 1] != 0x0A:
             return -1
-        m = _SEQ_END_RE.search(bytes(view[max(0, end - 48):end - 1]))
+        return _line_seq_of(view[:end - 1])
+
+
+def _line_seq_of(line: Any) -> int:
+    """The append sequence at the end of a message line (bytes-like, without
+    its newline); -1 if it has none."""
+    m = _SEQ_END_RE.search(bytes(line[max(0, len(line) - 48):]))
     return int(m.group(1)) if m else -1
 
 
@@ -2298,9 +2304,8 @@ class ConversationStateRepository:
     def _line_seq(self, loc: int) -> int | None:
         """The append sequence of the (checked) message line at ``loc``; None
         if it has none."""
-        line = self._index.line(loc)
-        m = _SEQ_END_RE.search(bytes(line[max(0, len(line) - 48):]))
-        return int(m.group(1)) if m else None
+        seq = _line_seq_of(self._index.line(loc))
+        return seq if seq >= 0 else None
 
     def _fold_only(self) -> bool:
         """Whether an automatic compaction has nothing to move but the fold."""

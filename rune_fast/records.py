@@ -253,13 +253,21 @@ def check_tool_calls(record: "ConversationMessageRecord") -> tuple[dict[str, Any
     compiled walk and one encode, and returns the record's own calls; the
     field-by-field check names what is wrong."""
     calls = record.tool_calls
-    if _stored_calls_ok(calls) and json_safe(list(calls)):
+    if _plain_calls(calls):
         try:
             orjson.dumps(calls)         # refuses lone surrogates
             return calls
         except orjson.JSONEncodeError:
             pass
     return _norm_tool_calls(f"message {record.msg_id!r}: ConversationMessageRecord", calls)
+
+
+def _plain_calls(calls: Iterable[Any]) -> bool:
+    """Whether tool calls are stored as they are: plain dicts with str ids
+    and names, of values orjson spells as json does (a lone surrogate or an
+    int past 64 bits is still for orjson.dumps to refuse)."""
+    calls = list(calls)
+    return _stored_calls_ok(calls) and json_safe(calls)
 
 
 def _copy_json(value: Any) -> Any:
