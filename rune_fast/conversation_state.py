@@ -98,6 +98,13 @@ SPARSE_MIN_BYTES = 64 << 10
 #: background thread (appends go on meanwhile); smaller runs, and every run of
 #: an explicit compact(), are written inline.
 BG_COOL_MIN_ROWS = 512
+#: close() leaves the index snapshot as it is when it still matches the files
+#: (the same sealed segments, tail and cool files) and at most this many
+#: changes (appended lines, deletions) came after it: the next open scans those
+#: tail lines (about 1 ms, then 3 us a line, measured at 100,000 messages)
+#: instead of this close rewriting the whole index (10 ms at 100,000 messages,
+#: 70-100 ms and 17 MB at 1,000,000).
+SNAPSHOT_SLACK = 256
 _OFF_MASK = (1 << 40) - 1
 _SEQ_END_RE = re.compile(rb'\},"s":(\d{1,18})\}\Z')
 _REPEATED = "a message line repeated (its id is on an earlier line)"
@@ -424,6 +431,8 @@ class ConversationStateRepository:
         self._quarantined: list[dict] = []
         self._lost: list[dict] = []     # vouched final lines found gone (see _report_lost)
         self._snap_events = 0           # event store size the index snapshot in use recorded
+        self._snap_files: tuple | None = None    # the files the snapshot on disk matches (_snap_layout)
+        self._tail_read = 0             # tail lines the open's index read after its snapshot (or all)
         # the event store is this store's own file (state_dir/events.jsonl):
         # only then is a message envelope in it one of this store's appends
         self._events_private = events is None
@@ -672,14 +681,18 @@ class ConversationStateRepository:
 
     def _observe_stored_stamps(self) -> None:
         """Move the clock past every stamp stored: the manifest keeps the
-        clock as of the last checkpoint; tail lines after it are read here
-        (bounded by ``compact_every``); tombstones carry their own stamps."""
+        clock as of the last checkpoint; tail lines after it are read here;
+        tombstones carry their own stamps. Those lines count towards the next
+        automatic compaction (SPEC: one every ``compact_every`` stored
+        messages, however many sessions stored them), which keeps them
+        bounded by ``compact_every``."""
         if self._manifest.get("clock"):
             self._observe(self._manifest["clock"])
         if self._tail is not None and self._tail.size > self._covered:
             for off, ln in self._tail_lines(self._covered, self._tail.size):
                 line = self._tail.buf[off:off + ln]
                 if bytes(line[23:30]) == codec.MESSAGE_PREFIX[:7]:
+                    self._since_compact += 1
                     rec, _seq = codec.record_from_line(line, path=self._tail.path, offset=off)
                     if rec.hlc:
                         self._observe(rec.hlc)
@@ -781,14 +794,19 @@ class ConversationStateRepository:
                 start, snap_cool = meta
                 # cool files written after the snapshot: their rows left the hot tier
                 known = set(snap_cool)
-                index = self._finish_index(index, start,
-                                           [f for f in self._manifest["cool_files"] if f not in known])
+                cooled_since = [f for f in self._manifest["cool_files"] if f not in known]
+                index = self._finish_index(index, start, cooled_since)
+                # the tail lines after the snapshot count as changes since it
+                self._snap_changes = self._tail_read
+                self._snap_files = None if cooled_since else self._snap_layout()
                 segs = set(self._seg_order) | {self._tail_seg}
                 if not any(s >= 0 and s not in segs for s in covered):
                     return index
                 live = index.seg_stats()
                 if not any(seg not in segs and lines > 0 for seg, (lines, _b) in live.items()):
+                    self._snap_files = None     # (it names a segment gone empty: write a new one)
                     return index
+                self._snap_files = None
                 log.warning("index snapshot %s names a segment that is gone; rebuilding", snap_path)
         index = HotIndex()
         seq = -1        # the append sequence rises across the segments too
@@ -818,6 +836,7 @@ class ConversationStateRepository:
                                self._seq_floor(start) if min_seq is None else min_seq)
             self._check_ingest(rep, self._tail.path, sealed=False)
             self._tail.size = rep.good_end
+            self._tail_read = len(rep.added)
         cooled = self._cool_ids_in(cooled_files)
         if cooled:
             index.remove_many([codec.key(m) for m in cooled])
@@ -2712,6 +2731,21 @@ class ConversationStateRepository:
             covered[-(_cool_no(f) + 1)] = 0
         self._index.save_snapshot(os.path.join(self.hot_dir, SNAPSHOT_NAME), covered)
         self._snap_changes = 0
+        self._snap_files = self._snap_layout()
+
+    def _snap_layout(self) -> tuple:
+        """The files an index snapshot is written against: the sealed
+        segments with their sizes, the tail's number and the cool files."""
+        return (tuple((seg, self._segs[seg].size) for seg in self._seg_order), self._tail_seg,
+                tuple(self._manifest["cool_files"]))
+
+    def _snapshot_serves(self) -> bool:
+        """Whether close() may leave the snapshot on disk as it is: it was
+        written (or read at open) against the files as they are now, and at
+        most SNAPSHOT_SLACK changes came after it (the next open reads those
+        tail lines, as after a crash, and applies the tombstones as always)."""
+        return (self._snap_changes <= SNAPSHOT_SLACK and self._snap_files is not None
+                and self._snap_files == self._snap_layout())
 
     # ------------------------------------------------------------------
     # read-only viewers
@@ -2911,7 +2945,8 @@ class ConversationStateRepository:
             }
 
     def close(self) -> None:
-        """Make everything durable, write the index snapshot, release the lock."""
+        """Make everything durable, write the index snapshot (unless the one on
+        disk still serves: ``SNAPSHOT_SLACK``), release the lock."""
         with self._lock:
             if self._closed:
                 return
@@ -2925,7 +2960,7 @@ class ConversationStateRepository:
                     if self._manifest_dirty or self._clock_text() != self._manifest.get("clock", ""):
                         # (the clock too: stamps it issued, stored or not, stay behind the next session's)
                         self._write_manifest(list(self._manifest["cool_files"]))
-                    if self._snap_changes:
+                    if self._snap_changes and not self._snapshot_serves():
                         self._write_snapshot()
             finally:
                 self._closed = True

@@ -251,6 +251,68 @@ def test_snapshot_is_used_and_tail_after_it_is_checked(tmp_path):
     assert e.value.offset is not None
 
 
+def test_close_leaves_a_snapshot_that_still_serves(tmp_path, monkeypatch):
+    """A close after a few appends keeps the index snapshot on disk (the next
+    open reads the lines after it, checked); past SNAPSHOT_SLACK changes, or
+    once the files it was written against changed, close writes a new one."""
+    monkeypatch.setattr("rune_fast.conversation_state.SNAPSHOT_SLACK", 5)
+    snap = tmp_path / "hot" / "conversation_index.snap"
+    with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=50) as repo:
+        repo.append_many(msg(i) for i in range(40))
+    first = read(snap)
+    for session in range(2):        # 3 + 2 changes: within the slack, counted across sessions
+        with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=50) as repo:
+            repo.append_many(msg(i) for i in range(40 + 3 * session, 43 + 2 * session))
+        assert read(snap) == first
+    with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=50) as repo:
+        assert len(repo) == 45
+        assert repo.window("ch", 100) == [msg(i) for i in range(45)]
+        assert repo.get_message("msg_00000044").tier == "tail"
+        assert repo.verify().ok
+        repo.append(msg(45))        # the sixth change since the snapshot
+    second = read(snap)
+    assert second != first
+    with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=50) as repo:
+        assert repo.append(msg(46))
+    assert read(snap) == second
+    # a line after the snapshot damaged: the open that reads it says so
+    tail = tmp_path / "hot" / "conversation_tail.jsonl"
+    data = bytearray(tail.read_bytes())
+    data[data.rindex(b"message number 46")] ^= 0x01
+    tail.write_bytes(bytes(data))
+    with pytest.raises(CorruptStateCheckpointError) as e:
+        ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=50)
+    assert "conversation_tail.jsonl" in str(e.value) and e.value.offset is not None
+
+
+def test_close_writes_the_snapshot_when_the_files_changed(tmp_path):
+    """One cooling run (new cool file, the tail rolled into a segment) since
+    the snapshot: close writes a new one, however few the changes."""
+    snap = tmp_path / "hot" / "conversation_index.snap"
+    with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=50) as repo:
+        repo.append_many(msg(i) for i in range(60))
+    first = read(snap)
+    with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=50) as repo:
+        assert repo.compact().cooled == 10
+    assert read(snap) != first
+    with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=50) as repo:
+        assert [repo.get_message(f"msg_{i:08d}").tier for i in (0, 9, 10, 59)] == ["cool", "cool", "hot", "hot"]
+        assert repo.window("ch", 100) == [msg(i) for i in range(60)]
+
+
+def test_automatic_compaction_counts_messages_of_earlier_sessions(tmp_path):
+    """SPEC: compaction runs by itself every compact_every stored messages,
+    however many sessions stored them (a store fed a few messages a session
+    still folds its tail and cools past hot_window)."""
+    for session in range(3):
+        with ConversationStateRepository(tmp_path, compact_every=8, hot_window=2) as repo:
+            repo.append_many(msg(i) for i in range(3 * session, 3 * session + 3))
+            tiers = [repo.get_message(f"msg_{i:08d}").tier for i in range(3 * session + 3)]
+            assert repo.stats()["compactions"] == (1 if session == 2 else 0)
+    # the ninth message's append compacted all nine: seven cooled, two hot
+    assert tiers == ["cool"] * 7 + ["hot"] * 2
+
+
 def test_flipped_byte_is_source_corrupt_on_exact_read(tmp_path):
     with ConversationStateRepository(tmp_path) as repo:
         repo.append_many(msg(i) for i in range(10))
