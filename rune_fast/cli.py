@@ -295,7 +295,7 @@ class TaskLedgerView:
 
     def __init__(self, state_dir: str) -> None:
         from .atomic import AtomicStore
-        from .events import FramedLog, parse_line
+        from .events import FramedLog, parse_checked
         from .records import TERMINAL_STATUSES, TaskStateRecord
 
         self._terminal = TERMINAL_STATUSES
@@ -324,7 +324,7 @@ class TaskLedgerView:
                 continue           # the writer checkpointed meanwhile: read again
             try:
                 for offset, line in log.iter_lines(0):
-                    entry = parse_line(line, path=path, offset=offset)
+                    entry = parse_checked(line, path=path, offset=offset)     # (iter_lines checked it)
                     try:
                         rec = TaskStateRecord.from_dict(entry["r"])
                         op, n = entry["op"], int(entry["n"])

@@ -433,6 +433,9 @@ class ConversationStateRepository:
         self._snap_events = 0           # event store size the index snapshot in use recorded
         self._snap_files: tuple | None = None    # the files the snapshot on disk matches (_snap_layout)
         self._tail_read = 0             # tail lines the open's index read after its snapshot (or all)
+        # (covered, tail size, [(offset, msg_id)]) of the tail's message lines
+        # after the last compaction, as the open read them (_observe_stored_stamps)
+        self._uncovered: tuple[int, int, list[tuple[int, str]]] | None = None
         # the event store is this store's own file (state_dir/events.jsonl):
         # only then is a message envelope in it one of this store's appends
         self._events_private = events is None
@@ -681,25 +684,38 @@ class ConversationStateRepository:
 
     def _observe_stored_stamps(self) -> None:
         """Move the clock past every stamp stored: the manifest keeps the
-        clock as of the last checkpoint; tail lines after it are read here;
-        tombstones carry their own stamps. Those lines count towards the next
-        automatic compaction (SPEC: one every ``compact_every`` stored
-        messages, however many sessions stored them), which keeps them
-        bounded by ``compact_every``."""
+        clock as of the last checkpoint; tail lines after it are read here
+        (their ids kept for _rederive_envelopes); tombstones carry their own
+        stamps. Those lines count towards the next automatic compaction
+        (SPEC: one every ``compact_every`` stored messages, however many
+        sessions stored them), which keeps them bounded by ``compact_every``."""
         if self._manifest.get("clock"):
             self._observe(self._manifest["clock"])
+        self._uncovered = None
         if self._tail is not None and self._tail.size > self._covered:
-            for off, ln in self._tail_lines(self._covered, self._tail.size):
-                line = self._tail.buf[off:off + ln]
-                if bytes(line[23:30]) == codec.MESSAGE_PREFIX[:7]:
-                    self._since_compact += 1
-                    rec, _seq = codec.record_from_line(line, path=self._tail.path, offset=off)
-                    if rec.hlc:
-                        self._observe(rec.hlc)
-                    else:
-                        self._observe_derived(rec.ts)
+            ids: list[tuple[int, str]] = []
+            newest = -math.inf      # the latest ts of an unstamped message (as appends observe it)
+            for off, rec in self._uncovered_records():
+                ids.append((off, rec.msg_id))
+                if rec.hlc:
+                    self._observe(rec.hlc)
+                elif rec.ts > newest:
+                    newest = rec.ts
+            if newest * 1000 > self._clock.last_wall:
+                self._observe_derived(newest)
+            self._since_compact += len(ids)
+            self._uncovered = (self._covered, self._tail.size, ids)
         for hlc in self._tomb_hlcs:
             self._observe(hlc)
+
+    def _uncovered_records(self) -> Iterator[tuple[int, ConversationMessageRecord]]:
+        """(offset, record) of each message line of the tail after the last
+        compaction (``_covered``)."""
+        assert self._tail is not None       # only called with a tail
+        for off, ln in self._tail_lines(self._covered, self._tail.size):
+            line = self._tail.buf[off:off + ln]
+            if bytes(line[23:30]) == codec.MESSAGE_PREFIX[:7]:
+                yield off, codec.record_from_line(line, path=self._tail.path, offset=off)[0]
 
     def _seq_floor(self, start: int) -> int:
         """The append sequence of the line before tail offset ``start`` (at
@@ -1087,14 +1103,13 @@ class ConversationStateRepository:
         if not lines_after:
             return
         assert self._tail is not None       # (lines_after)
-        missing = []
-        for off, ln in self._tail_lines(self._covered, self._tail.size):
-            line = self._tail.buf[off:off + ln]
-            if bytes(line[23:30]) != codec.MESSAGE_PREFIX[:7]:
-                continue
-            rec, _seq = codec.record_from_line(line, path=self._tail.path, offset=off)
-            if rec.msg_id not in journaled:
-                missing.append(rec)
+        # the ids the open read (_observe_stored_stamps), if the tail is as it was
+        known, self._uncovered = self._uncovered, None
+        if known is not None and known[:2] == (self._covered, self._tail.size):
+            lost = {off for off, mid in known[2] if mid not in journaled}
+            missing = [rec for off, rec in self._uncovered_records() if off in lost] if lost else []
+        else:
+            missing = [rec for _off, rec in self._uncovered_records() if rec.msg_id not in journaled]
         if missing:
             for rec in missing:
                 self._events.append("conversation.message", rec.msg_id, payload_hash(rec))

@@ -132,6 +132,12 @@ def parse_line(line: bytes, *, path: str = "", offset: int = 0) -> dict[str, Any
     reason = check_line(line)
     if reason:
         raise CorruptStateCheckpointError(f"damaged line: {reason}", path=path, offset=offset)
+    return parse_checked(line, path=path, offset=offset)
+
+
+def parse_checked(line: bytes, *, path: str = "", offset: int = 0) -> dict[str, Any]:
+    """:func:`parse_line` of a line that passed :func:`check_line` already
+    (one that :meth:`FramedLog.iter_lines` yields)."""
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
@@ -692,7 +698,7 @@ class EventStore:
         ``"x"``) with its byte ``"offset"`` added. A damaged line raises
         :class:`CorruptStateCheckpointError` naming the file and offset."""
         for offset, line in self._log.iter_lines(start):
-            env = parse_line(line, path=self.path, offset=offset)
+            env = parse_checked(line, path=self.path, offset=offset)     # (iter_lines checked it)
             env["offset"] = offset
             yield env
 

@@ -38,7 +38,7 @@ from .errors import (
     StoreClosedError,
     UnknownTaskError,
 )
-from .events import EventStore, FramedLog, ensure_private_dir, frame_object, fsync_dir, parse_line
+from .events import EventStore, FramedLog, ensure_private_dir, frame_object, fsync_dir, parse_checked
 from .locking import DirLock
 from .records import (
     TASK_STATUSES,
@@ -167,7 +167,7 @@ class TaskStateRepository:
             self._checkpoint.write({"format": _CHECKPOINT_FORMAT, "gen": 0, "seq": 0, "tasks": []})
         entries = []
         for offset, line in self._log.iter_lines(0):
-            entry = parse_line(line, path=self._log.path, offset=offset)
+            entry = parse_checked(line, path=self._log.path, offset=offset)     # (iter_lines checked it)
             self._replay(entry, self._log.path, offset)
             entries.append(entry)
             self._since_checkpoint += 1

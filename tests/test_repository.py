@@ -696,6 +696,50 @@ def test_a_future_unstamped_message_moves_the_clock_so_a_later_deletion_syncs(tm
         assert a.clock.now() > since
 
 
+def test_after_a_killed_writer_the_clock_passes_the_stamps_of_its_tail(tmp_path):
+    """The manifest keeps the clock as of the last checkpoint; a writer killed
+    after appending leaves lines after it, which the next open reads: the
+    clock passes their stamps (an unstamped message's ts as section 7 stamps
+    it, the latest of them) and their envelopes are all there."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from rune_fast.events import EventStore
+    from rune_fast.sync import Hlc
+    now_ms = int(time.time() * 1000)
+    stamped = Hlc(now_ms + 600_000, 3, "devS")
+    writer = (
+        "import sys, time\n"
+        "from rune_fast import ConversationStateRepository as R, ConversationMessageRecord as M\n"
+        "r = R(sys.argv[1], compact_every=1000)\n"
+        "r.append_many([M(msg_id=f'm{i}', content='x', channel_id='c', ts=time.time() + 3600 * i)"
+        " for i in range(1, 4)])\n"
+        "r.append(M(msg_id='s', content='y', channel_id='c', hlc=sys.argv[2]))\n"
+        "r.append(M(msg_id='m0', content='z', channel_id='c'))\n"
+        "print('DONE', flush=True)\n"
+        "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", writer, str(tmp_path), str(stamped)],
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "DONE"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+    with ConversationStateRepository(tmp_path, compact_every=1000) as repo:
+        assert len(repo) == 5
+        assert repo.stats()["compactions"] == 0
+        newest = repo.get_message("m3").record.ts
+        after = repo.clock.now()
+        assert after > stamped
+        assert after > Hlc(round(newest * 1000), 0, "")
+    ids = [e.get("id") for e in EventStore(tmp_path / "events.jsonl").iter_envelopes()
+           if e.get("type") == "conversation.message"]
+    assert sorted(ids) == ["m0", "m1", "m2", "m3", "s"]
+
+
 def test_resume_shortcut_matches_the_fold_property(tmp_path_factory):
     """Random appends (clock-stamped, hand-stamped with odd or out-of-order
     stamps, unstamped with any ts, system messages) between resume calls: the
