@@ -98,6 +98,9 @@ DESCRIPTIONS = {
                          "close not timed); vs SQLite connect + pragmas + the same query.",
     "open_after_kill": "the same, right after a writer process appended 3 messages and was killed with "
                        "SIGKILL (recovery included); SQLite replays its WAL likewise.",
+    "open_append_close": "a short session, as a command-line agent runs one: open the N-message store, "
+                         "append one message (durability='fsync'), close; vs SQLite connect + pragmas, "
+                         "one insert (synchronous=FULL), close (the last connection checkpoints its WAL).",
     "rss_per_msg": "resident memory (VmRSS) added by opening the N-message store and touching it "
                    "(window on every channel, 50 tasks, 1,000 get_message), divided by N; fresh "
                    "subprocess, baseline taken after the imports.",
@@ -136,6 +139,7 @@ OPERATIONS = (
     "search_first",
     "open_first_window",
     "open_after_kill",
+    "open_append_close",
     "rss_per_msg",
     "write_amp_bulk",
     "write_amp_durable",
@@ -779,6 +783,24 @@ def _run(cfg: Config, rune: StoreSpec, sql: StoreSpec, factory: Callable[[dict],
                        reps, warmup=False)
     rows.append(_time_row("open_after_kill", "open + first window after SIGKILLed writer", res,
                           "SQLite WAL recovery after SIGKILL", ">= 0.10x", 0.1))
+
+    session_msgs: dict[int, Any] = {}       # repeat -> the message both sides append (same stores after)
+
+    def session_job(spec: StoreSpec, d: str) -> Callable[[int], float]:
+        def job(i: int) -> float:
+            if i not in session_msgs:
+                session_msgs[i] = take(1)[0]
+            m = session_msgs[i]
+            t0 = time.perf_counter_ns()
+            s = spec.open(d, "fsync", rt)
+            s.append(m)
+            s.close()
+            return float(time.perf_counter_ns() - t0)
+        return job
+
+    res = _interleaved({"rune": session_job(rune, d_rune), "sql": session_job(sql, d_sql)}, reps)
+    rows.append(_time_row("open_append_close", "open + 1 durable append + close", res,
+                          "SQLite connect, insert (FULL), close", "", None))
 
     # -- resident memory (subprocess) -----------------------------------------
     qfile = os.path.join(root, "queries.json")

@@ -433,6 +433,10 @@ class ConversationStateRepository:
         self._snap_events = 0           # event store size the index snapshot in use recorded
         self._snap_files: tuple | None = None    # the files the snapshot on disk matches (_snap_layout)
         self._tail_read = 0             # tail lines the open's index read after its snapshot (or all)
+        # (see _clock_held) stamps clock.now() returned when the manifest was
+        # written, and whether merge_ops observed one since
+        self._clock_nows = 0
+        self._clock_unheld = False
         # (covered, tail size, [(offset, msg_id)]) of the tail's message lines
         # after the last compaction, as the open read them (_observe_stored_stamps)
         self._uncovered: tuple[int, int, list[tuple[int, str]]] | None = None
@@ -2238,6 +2242,7 @@ class ConversationStateRepository:
                 op = _sync.as_op(raw)
                 payload = op.payload
                 self._observe(op.hlc)
+                self._clock_unheld = True       # (an op refused or a duplicate: its stamp is stored nowhere)
                 if isinstance(payload, dict) and payload.get("deleted"):
                     tomb_ids.append(op.op_id)
                     tomb_hlc[op.op_id] = str(op.hlc)
@@ -2719,6 +2724,17 @@ class ConversationStateRepository:
         self._manifest_store.write(m, durable=durable)
         self._manifest = m
         self._manifest_dirty = False
+        self._clock_unheld = False
+        self._clock_nows = self._clock.nows
+
+    def _clock_held(self) -> bool:
+        """Whether the manifest's clock, with the stamps the next open reads
+        (the tail's lines after the last compaction, the tombstones), puts
+        that session's clock past every stamp this one returned or observed:
+        true unless ``clock.now()`` returned a stamp or ``merge_ops`` observed
+        one since the manifest was written (a stamp a caller may hold, or one
+        no file keeps)."""
+        return not self._clock_unheld and self._clock.nows == self._clock_nows
 
     def _clock_text(self) -> str:
         """The clock's last stamp as the manifest records it ("" before any)."""
@@ -2972,7 +2988,8 @@ class ConversationStateRepository:
                     self._sync_now()
                     assert self._events is not None     # a writer always has its event store
                     self._events.sync()
-                    if self._manifest_dirty or self._clock_text() != self._manifest.get("clock", ""):
+                    if self._manifest_dirty or (self._clock_text() != self._manifest.get("clock", "")
+                                                and not self._clock_held()):
                         # (the clock too: stamps it issued, stored or not, stay behind the next session's)
                         self._write_manifest(list(self._manifest["cool_files"]))
                     if self._snap_changes and not self._snapshot_serves():

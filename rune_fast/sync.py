@@ -243,7 +243,7 @@ class HlcClock:
     one). ``wall`` is the millisecond wall clock (injectable for tests).
     """
 
-    __slots__ = ("_device_id", "_wall", "_l", "_c", "_lock", "_issued")
+    __slots__ = ("_device_id", "_wall", "_l", "_c", "_lock", "_issued", "_nows")
 
     def __init__(self, device_id: str, *, wall: Callable[[], int] | None = None) -> None:
         if not isinstance(device_id, str):
@@ -253,6 +253,7 @@ class HlcClock:
         self._l = 0
         self._c = 0
         self._issued = False
+        self._nows = 0      # stamps now() returned (see ``nows``)
         self._lock = threading.Lock()
 
     @property
@@ -305,9 +306,16 @@ class HlcClock:
         self._l, self._c, self._issued = l, c, True
         return tuple.__new__(Hlc, (l, c, self._device_id))
 
+    @property
+    def nows(self) -> int:
+        """How many stamps :meth:`now` returned: a store keeps the clock on
+        disk when a caller may hold one that nothing stored carries."""
+        return self._nows
+
     def now(self) -> Hlc:
         """Stamp a local event (send): strictly after everything seen so far."""
         with self._lock:
+            self._nows += 1
             pt = self._read_wall()
             if pt > self._l:
                 return self._stamp(pt, 0)

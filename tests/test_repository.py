@@ -675,6 +675,40 @@ def test_the_clock_never_issues_a_stamp_again_after_a_reopen(tmp_path):
     with ConversationStateRepository(tmp_path, durability="none") as repo:
         assert repo.clock.now() > issued[-1]
 
+def test_close_after_appends_only_leaves_the_manifest_and_the_clock_still_passes_them(tmp_path):
+    """A session that only appended needs no new manifest at close (the next
+    open reads the stamps of the tail's lines after the last compaction);
+    one whose clock handed out a stamp (clock.now(), a deletion) or observed
+    a merged op that nothing stores writes it, so the next session's stamps
+    come after those too."""
+    import time
+
+    from rune_fast.sync import Hlc, op_from_record_dict
+    manifest = tmp_path / "hot" / "conversation_manifest.json"
+    ahead = Hlc(int(time.time() * 1000) + 600_000, 7, "devF")
+    with ConversationStateRepository(tmp_path, compact_every=1000) as repo:
+        repo.append(msg(0))
+    before = read(manifest)
+    with ConversationStateRepository(tmp_path, compact_every=1000) as repo:
+        repo.append(msg(1, hlc=str(ahead)))
+        repo.append(ConversationMessageRecord(msg_id="late", content="x", channel_id="ch",
+                                              ts=time.time() + 3600))
+    assert read(manifest) == before
+    with ConversationStateRepository(tmp_path, compact_every=1000) as repo:
+        assert repo.clock.now() > Hlc(round(repo.get_message("late").record.ts * 1000), 0, "")
+    assert read(manifest) != before                  # now() handed out a stamp
+    # a merged op refused (its id deleted) is observed, stored nowhere
+    with ConversationStateRepository(tmp_path, compact_every=1000) as repo:
+        assert repo.delete("msg_00000000")
+    further = Hlc(int(time.time() * 1000) + 7_200_000, 0, "devG")
+    with ConversationStateRepository(tmp_path, compact_every=1000) as repo:
+        before = read(manifest)
+        assert repo.merge_ops([op_from_record_dict(msg(0, hlc=str(further)))]) == 0
+    assert read(manifest) != before
+    with ConversationStateRepository(tmp_path, compact_every=1000) as repo:
+        assert repo.clock.now() > further
+
+
 def test_a_future_unstamped_message_moves_the_clock_so_a_later_deletion_syncs(tmp_path):
     """Section 7: the store observes every hlc it stores; an unstamped
     message's is Hlc(round(ts*1000), 0, origin). A deletion after a message
