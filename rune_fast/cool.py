@@ -250,6 +250,16 @@ def record_digest(d: dict) -> str:
     return xxhash.xxh3_128_hexdigest(_canonical(d))
 
 
+def _id_range(ids: Any) -> tuple[str, str] | None:
+    """(smallest, largest) of a msg_id column, in code point order (Arrow
+    compares UTF-8 bytes, which orders as str does); None if it is empty."""
+    if len(ids) == 0:
+        return None
+    mm = pc.min_max(ids)
+    lo, hi = mm["min"].as_py(), mm["max"].as_py()
+    return None if lo is None or hi is None else (lo, hi)
+
+
 def _id_hash(msg_id: str) -> int:
     return xxhash.xxh3_64_intdigest(msg_id.encode("utf-8"))
 
@@ -501,6 +511,7 @@ class _FileIndex:
     rg_list: list[int] = field(default_factory=list)
     special: dict = field(default_factory=dict)   # rg -> {char: rows holding it, "": non-ASCII rows} (search)
     _task_src: tuple | None = None             # (task JSON bytes, all task rows) until parsed
+    id_range: tuple[str, str] | None = None    # (smallest, largest) msg_id, when known (see _id_span)
 
     def __post_init__(self) -> None:
         self.rg_list = [int(x) for x in self.rg_starts]
@@ -1218,6 +1229,10 @@ class CoolArchive:
         self._pending_d: list[int] = []     # live files whose ids are not in _ids yet
         # (no, size, footer hash) of live files whose sidecars are not read yet
         self._unloaded: list[tuple[int, int, str]] = []
+        # no -> (smallest, largest) msg_id of a live file: written with it,
+        # kept in the manifest's cool_meta, so that the append path's
+        # duplicate check of a new id reads no sidecar (see _id_span)
+        self._ranges: dict[int, tuple[str, str]] = {}
         self._lookups = 0
         self._ids_built = False     # the id index was built once: later files join it at once
         self._rebuilt: list[str] = []
@@ -1260,6 +1275,8 @@ class CoolArchive:
                     f"{footer} (the manifest: {want[0]} bytes, {want[1]})", path=path,
                     offset=_footer_start(path) if size == want[0] else None)
             self._unloaded.append((no, size, footer))
+            if want is not None and len(want) >= 4 and type(want[2]) is str and type(want[3]) is str:
+                self._ranges[no] = (want[2], want[3])
             if not read_only:
                 self._move_legacy_sidecar(no)
             if read_only or not _sidecar_names(self._sidecar_path(no), no, size, footer):
@@ -1329,7 +1346,25 @@ class CoolArchive:
         with self._lock:
             out = {fi.name: [fi.size, fi.footer] for fi in self._files_d.values()}
             out.update({_parquet_name(no): [size, footer] for no, size, footer in self._unloaded})
+            for name, meta in out.items():
+                meta.extend(self._ranges.get(_file_no(name), ()))
             return out
+
+    def _id_span(self) -> tuple[str, str] | None:
+        """(smallest, largest) msg_id over every live file, from the ranges
+        each was written with (lock held; no sidecar is read): an id outside
+        it is archived in no file. None when some file's range is not known
+        (a manifest written before they were kept) or no file is live."""
+        lo = hi = None
+        for no in self._live_nos():
+            r = self._ranges.get(no)
+            if r is None:
+                return None
+            if lo is None or r[0] < lo:
+                lo = r[0]
+            if hi is None or r[1] > hi:
+                hi = r[1]
+        return None if lo is None or hi is None else (lo, hi)
 
     def _live_nos(self) -> set[int]:
         """Numbers of the live files, without reading unread sidecars."""
@@ -1538,6 +1573,8 @@ class CoolArchive:
         # (the fields themselves: this runs while the sidecars are being read)
         self._files_d[fi.no] = fi
         no = fi.no
+        if fi.id_range is not None:
+            self._ranges[no] = fi.id_range
         pairs: list[tuple[dict[str, list[int]], Iterable[str]]] = [(self._channels_d, fi.channels)]
         if self._tasks_d is not None:
             pairs.append((self._tasks_d, fi.tasks))
@@ -1600,6 +1637,7 @@ class CoolArchive:
         n_drop = 0
         for no in nos:
             fi = self._files.pop(no)
+            self._ranges.pop(no, None)
             n_drop += fi.rows
             for ch in fi.channels:
                 lst = self._channels[ch]
@@ -1960,6 +1998,10 @@ class CoolArchive:
         page checksums), not the whole row: that is the append path's
         duplicate check. ``verify=True`` also checks the row's digest (raising
         CorruptStateCheckpointError like :meth:`get_row`)."""
+        with self._lock:
+            span = self._id_span()
+            if span is not None and not span[0] <= msg_id <= span[1]:
+                return False        # (a new id after every archived one: no sidecar read)
         if verify:
             return self.get_row(msg_id) is not None
         with self._lock:
@@ -1975,7 +2017,12 @@ class CoolArchive:
         msg_ids = list(msg_ids)
         out = np.zeros(len(msg_ids), dtype=bool)
         with self._lock:
-            if not msg_ids or not self._files:
+            if not msg_ids:
+                return out
+            span = self._id_span()
+            if span is not None and not any(span[0] <= m <= span[1] for m in msg_ids):
+                return out
+            if not self._files:
                 return out
             hs = _id_hashes(msg_ids)
             if self._pending:
@@ -2436,6 +2483,7 @@ class CoolArchive:
             rg_counts = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
             fi = _build_index(no, size, footer, table.column("msg_id"), table.column("channel_id"),
                               table.column("task_id"), rg_counts, self._path(name))
+            fi.id_range = _id_range(table.column("msg_id"))
             itmp = self._write_tmp(iname, fi.encode(), durable=durable, folder=self._idx_dir)
             os.replace(itmp, self._ipath(iname))
             os.replace(tmp, self._path(name))

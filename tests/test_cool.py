@@ -83,6 +83,38 @@ def test_round_trip_every_field(tmp_path_factory, rows):
         assert src.verify() == []
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(records, min_size=1, max_size=10, unique_by=lambda d: d["msg_id"]),
+       probes=st.lists(texts.filter(bool), max_size=8), split=st.integers(0, 10))
+def test_id_ranges_answer_new_ids_without_the_sidecars(tmp_path_factory, rows, probes, split):
+    """Each file keeps its (smallest, largest) msg_id in file_meta (the
+    manifest's cool_meta); an archive opened with them answers contains and
+    contains_many for an id outside every range without reading a sidecar,
+    and every answer is the truth (unicode ids: Arrow's byte order of UTF-8
+    is str's code point order)."""
+    d = str(tmp_path_factory.mktemp("c") / "cool")
+    a = CoolArchive(d)
+    for part in (rows[:split], rows[split:]):
+        if part:
+            a.cool(part, list(range(len(part))))
+    ids = {r["msg_id"] for r in rows}
+    meta = a.file_meta()
+    assert sorted(m[2] for m in meta.values()) == sorted(
+        min(r["msg_id"] for r in part) for part in (rows[:split], rows[split:]) if part)
+    assert max(m[3] for m in meta.values()) == max(ids) and min(m[2] for m in meta.values()) == min(ids)
+    b = CoolArchive.open(d, a.files(), expect=meta)
+    outside = [p for p in probes if not min(ids) <= p <= max(ids)]
+    assert b.contains_many(outside).tolist() == [False] * len(outside)
+    assert [b.contains(p) for p in outside] == [False] * len(outside)
+    assert len(b._unloaded) == len(a.files())       # no sidecar read yet
+    asked = probes + sorted(ids)
+    assert b.contains_many(asked).tolist() == [p in ids for p in asked]
+    assert [b.contains(p) for p in asked] == [p in ids for p in asked]
+    # without the ranges (a manifest written before they were kept): the same answers
+    c = CoolArchive.open(d, a.files(), expect={n: m[:2] for n, m in meta.items()})
+    assert c.contains_many(asked).tolist() == [p in ids for p in asked]
+
+
 @settings(max_examples=150, deadline=None)
 @given(r=records, plain=st.booleans(), ts=st.floats() | st.sampled_from([1e16, 1e-7, 1.5e300, -0.0]))
 def test_digest_is_xxh3_of_json_dumps(r, plain, ts):

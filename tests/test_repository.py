@@ -313,6 +313,30 @@ def test_automatic_compaction_counts_messages_of_earlier_sessions(tmp_path):
     assert tiers == ["cool"] * 7 + ["hot"] * 2
 
 
+def test_a_new_id_after_every_archived_one_reads_no_sidecar(tmp_path):
+    """The append path's duplicate check asks the cool tier only when the id
+    lies within the archived ids' range (kept in the manifest): a first
+    append after an open reads no sidecar (2-5 ms at 100,000 to 1,000,000
+    messages); an id within it is looked up, and a cool duplicate refused."""
+    from rune_fast.atomic import AtomicStore
+    with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=2) as repo:
+        repo.append_many(msg(i) for i in range(10, 30))
+        assert repo.compact().cooled == 18
+    m = AtomicStore(str(tmp_path / "hot" / "conversation_manifest.json")).read()
+    assert [v[2:] for v in m["cool_meta"].values()] == [["msg_00000010", "msg_00000027"]]
+    with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=2) as repo:
+        assert repo._cool._unloaded
+        assert repo.append(msg(40)) and repo.append(msg(5))
+        assert repo.append_many([msg(50), msg(51)]) == 2
+        assert repo._cool._unloaded             # no sidecar read
+        assert repo.append(msg(12)) is False    # within the range: looked up, a cool duplicate
+        assert not repo._cool._unloaded
+        assert repo.append_many([msg(52), msg(13)]) == 1
+        assert repo.append(msg(20)) is False
+        assert len(repo) == 25
+        assert repo.get_message("msg_00000012").tier == "cool"
+
+
 def test_flipped_byte_is_source_corrupt_on_exact_read(tmp_path):
     with ConversationStateRepository(tmp_path) as repo:
         repo.append_many(msg(i) for i in range(10))
