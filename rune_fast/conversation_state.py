@@ -697,16 +697,9 @@ class ConversationStateRepository:
             self._observe(self._manifest["clock"])
         self._uncovered = None
         if self._tail is not None and self._tail.size > self._covered:
-            ids: list[tuple[int, str]] = []
-            newest = -math.inf      # the latest ts of an unstamped message (as appends observe it)
-            for off, rec in self._uncovered_records():
-                ids.append((off, rec.msg_id))
-                if rec.hlc:
-                    self._observe(rec.hlc)
-                elif rec.ts > newest:
-                    newest = rec.ts
-            if newest * 1000 > self._clock.last_wall:
-                self._observe_derived(newest)
+            found = list(self._uncovered_records())
+            self._observe_stamps([rec for _off, rec in found])
+            ids = [(off, rec.msg_id) for off, rec in found]
             self._since_compact += len(ids)
             self._uncovered = (self._covered, self._tail.size, ids)
         for hlc in self._tomb_hlcs:
@@ -851,6 +844,7 @@ class ConversationStateRepository:
         ``min_seq``, default: the line's before ``start``), then drop what
         was cooled or deleted."""
         self._attach_all(index)
+        self._tail_read = 0
         if self._tail is not None:
             rep = index.ingest(self._tail_seg, start, max(start, self._visible_end()),
                                self._seq_floor(start) if min_seq is None else min_seq)
@@ -1424,7 +1418,6 @@ class ConversationStateRepository:
             self._trim_cache(len(fresh) - skip)
         decoded, interleaved, fold = self._decoded, self._interleaved, self._fold_order
         behind, cool_max = self._behind, self._cool_max
-        newest = -math.inf      # the latest ts of an unstamped message
         pos = (seg << 40) | off
         for j, i in enumerate(fresh):
             m = msgs[i]
@@ -1440,12 +1433,7 @@ class ConversationStateRepository:
                 behind.add(ch)          # it sorts before a cool row (see _excess_behind_cool)
             if ch in fold:
                 self._note_fold_order(m)
-            if m.hlc:
-                self._observe(m.hlc)
-            elif m.ts > newest:
-                newest = m.ts
-        if newest * 1000 > self._clock.last_wall:
-            self._observe_derived(newest)
+        self._observe_stamps([msgs[i] for i in fresh])
         # journaled with one write; durable by the next checkpoint, re-derived
         # from the tail by recovery if a crash loses it first
         cast("EventStore", self._events).append_encoded(
@@ -1453,6 +1441,19 @@ class ConversationStateRepository:
         self._since_compact += len(fresh)
         self._snap_changes += len(fresh)
         return self._wpos, len(fresh)
+
+    def _observe_stamps(self, recs: list[ConversationMessageRecord]) -> None:
+        """Let the clock observe the stamps of stored records: each ``hlc``,
+        and for the unstamped ones the latest ``ts`` once (its section 7
+        stamp passes the others')."""
+        newest = -math.inf
+        for m in recs:
+            if m.hlc:
+                self._observe(m.hlc)
+            elif m.ts > newest:
+                newest = m.ts
+        if newest * 1000 > self._clock.last_wall:
+            self._observe_derived(newest)
 
     def _observe(self, hlc: Any) -> None:
         """Let the clock observe a stored stamp. A stamp that is not in the
