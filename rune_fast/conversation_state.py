@@ -1433,7 +1433,7 @@ class ConversationStateRepository:
                 behind.add(ch)          # it sorts before a cool row (see _excess_behind_cool)
             if ch in fold:
                 self._note_fold_order(m)
-        self._observe_stamps([msgs[i] for i in fresh])
+        self._observe_stamps(msgs if len(fresh) == len(msgs) else [msgs[i] for i in fresh])
         # journaled with one write; durable by the next checkpoint, re-derived
         # from the tail by recovery if a crash loses it first
         cast("EventStore", self._events).append_encoded(

@@ -1233,6 +1233,7 @@ class CoolArchive:
         # kept in the manifest's cool_meta, so that the append path's
         # duplicate check of a new id reads no sidecar (see _id_span)
         self._ranges: dict[int, tuple[str, str]] = {}
+        self._span: tuple[str, str] | None | bool = False    # _id_span's answer (False: not known yet)
         self._lookups = 0
         self._ids_built = False     # the id index was built once: later files join it at once
         self._rebuilt: list[str] = []
@@ -1275,6 +1276,7 @@ class CoolArchive:
                     f"{footer} (the manifest: {want[0]} bytes, {want[1]})", path=path,
                     offset=_footer_start(path) if size == want[0] else None)
             self._unloaded.append((no, size, footer))
+            self._span = False
             if want is not None and len(want) >= 4 and type(want[2]) is str and type(want[3]) is str:
                 self._ranges[no] = (want[2], want[3])
             if not read_only:
@@ -1354,8 +1356,12 @@ class CoolArchive:
         """(smallest, largest) msg_id over every live file, from the ranges
         each was written with (lock held; no sidecar is read): an id outside
         it is archived in no file. None when some file's range is not known
-        (a manifest written before they were kept) or no file is live."""
+        (a manifest written before they were kept) or no file is live.
+        Kept until the live files change (_add_file, _drop_files)."""
+        if self._span is not False:
+            return cast("tuple[str, str] | None", self._span)
         lo = hi = None
+        self._span = None
         for no in self._live_nos():
             r = self._ranges.get(no)
             if r is None:
@@ -1364,7 +1370,19 @@ class CoolArchive:
                 lo = r[0]
             if hi is None or r[1] > hi:
                 hi = r[1]
-        return None if lo is None or hi is None else (lo, hi)
+        self._span = None if lo is None or hi is None else (lo, hi)
+        return self._span
+
+    def _span_now(self) -> tuple[str, str] | None:
+        """:meth:`_id_span` without waiting for the lock once it is known (a
+        background cooling run may hold the lock while it checks its rows):
+        the live files change only under the writer's lock, so an appender
+        reads the span of the files as they are."""
+        span = self._span
+        if span is False:
+            with self._lock:
+                return self._id_span()
+        return cast("tuple[str, str] | None", span)
 
     def _live_nos(self) -> set[int]:
         """Numbers of the live files, without reading unread sidecars."""
@@ -1575,6 +1593,7 @@ class CoolArchive:
         no = fi.no
         if fi.id_range is not None:
             self._ranges[no] = fi.id_range
+        self._span = False
         pairs: list[tuple[dict[str, list[int]], Iterable[str]]] = [(self._channels_d, fi.channels)]
         if self._tasks_d is not None:
             pairs.append((self._tasks_d, fi.tasks))
@@ -1638,6 +1657,7 @@ class CoolArchive:
         for no in nos:
             fi = self._files.pop(no)
             self._ranges.pop(no, None)
+            self._span = False
             n_drop += fi.rows
             for ch in fi.channels:
                 lst = self._channels[ch]
@@ -1998,10 +2018,9 @@ class CoolArchive:
         page checksums), not the whole row: that is the append path's
         duplicate check. ``verify=True`` also checks the row's digest (raising
         CorruptStateCheckpointError like :meth:`get_row`)."""
-        with self._lock:
-            span = self._id_span()
-            if span is not None and not span[0] <= msg_id <= span[1]:
-                return False        # (a new id after every archived one: no sidecar read)
+        span = self._span_now()
+        if span is not None and not span[0] <= msg_id <= span[1]:
+            return False        # (a new id after every archived one: no sidecar read)
         if verify:
             return self.get_row(msg_id) is not None
         with self._lock:
@@ -2016,12 +2035,12 @@ class CoolArchive:
         stored id read (as :meth:`contains` does)."""
         msg_ids = list(msg_ids)
         out = np.zeros(len(msg_ids), dtype=bool)
+        if not msg_ids:
+            return out
+        span = self._span_now()
+        if span is not None and not any(span[0] <= m <= span[1] for m in msg_ids):
+            return out
         with self._lock:
-            if not msg_ids:
-                return out
-            span = self._id_span()
-            if span is not None and not any(span[0] <= m <= span[1] for m in msg_ids):
-                return out
             if not self._files:
                 return out
             hs = _id_hashes(msg_ids)
