@@ -437,9 +437,9 @@ class ConversationStateRepository:
         # written, and whether merge_ops observed one since
         self._clock_nows = 0
         self._clock_unheld = False
-        # (covered, tail size, [(offset, msg_id)]) of the tail's message lines
-        # after the last compaction, as the open read them (_observe_stored_stamps)
-        self._uncovered: tuple[int, int, list[tuple[int, str]]] | None = None
+        # (covered, tail size, msg_ids) of the tail's message lines after the
+        # last compaction, as the open read them (_observe_stored_stamps)
+        self._uncovered: tuple[int, int, list[str]] | None = None
         # the event store is this store's own file (state_dir/events.jsonl):
         # only then is a message envelope in it one of this store's appends
         self._events_private = events is None
@@ -699,7 +699,7 @@ class ConversationStateRepository:
         if self._tail is not None and self._tail.size > self._covered:
             found = list(self._uncovered_records())
             self._observe_stamps([rec for _off, rec in found])
-            ids = [(off, rec.msg_id) for off, rec in found]
+            ids = [rec.msg_id for _off, rec in found]
             self._since_compact += len(ids)
             self._uncovered = (self._covered, self._tail.size, ids)
         for hlc in self._tomb_hlcs:
@@ -793,6 +793,7 @@ class ConversationStateRepository:
         the tail bytes after it are scanned), else a rebuild from every segment."""
         snap_path = os.path.join(self.hot_dir, SNAPSHOT_NAME)
         index = None
+        self._snap_files = None         # (set below when the snapshot serves as it is)
         if os.path.exists(snap_path):
             try:
                 index, covered = HotIndex.load_snapshot(snap_path)
@@ -811,15 +812,14 @@ class ConversationStateRepository:
                 index = self._finish_index(index, start, cooled_since)
                 # the tail lines after the snapshot count as changes since it
                 self._snap_changes = self._tail_read
-                self._snap_files = None if cooled_since else self._snap_layout()
                 segs = set(self._seg_order) | {self._tail_seg}
                 if not any(s >= 0 and s not in segs for s in covered):
+                    if not cooled_since:
+                        self._snap_files = self._snap_layout()
                     return index
                 live = index.seg_stats()
                 if not any(seg not in segs and lines > 0 for seg, (lines, _b) in live.items()):
-                    self._snap_files = None     # (it names a segment gone empty: write a new one)
-                    return index
-                self._snap_files = None
+                    return index        # (it names a segment gone empty: close writes a new one)
                 log.warning("index snapshot %s names a segment that is gone; rebuilding", snap_path)
         index = HotIndex()
         seq = -1        # the append sequence rises across the segments too
@@ -1103,9 +1103,9 @@ class ConversationStateRepository:
         assert self._tail is not None       # (lines_after)
         # the ids the open read (_observe_stored_stamps), if the tail is as it was
         known, self._uncovered = self._uncovered, None
-        if known is not None and known[:2] == (self._covered, self._tail.size):
-            lost = {off for off, mid in known[2] if mid not in journaled}
-            missing = [rec for off, rec in self._uncovered_records() if off in lost] if lost else []
+        if (known is not None and known[:2] == (self._covered, self._tail.size)
+                and all(mid in journaled for mid in known[2])):
+            missing = []        # (the common case: no line decoded again)
         else:
             missing = [rec for _off, rec in self._uncovered_records() if rec.msg_id not in journaled]
         if missing:

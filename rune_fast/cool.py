@@ -1354,35 +1354,30 @@ class CoolArchive:
 
     def _id_span(self) -> tuple[str, str] | None:
         """(smallest, largest) msg_id over every live file, from the ranges
-        each was written with (lock held; no sidecar is read): an id outside
-        it is archived in no file. None when some file's range is not known
-        (a manifest written before they were kept) or no file is live.
-        Kept until the live files change (_add_file, _drop_files)."""
-        if self._span is not False:
-            return cast("tuple[str, str] | None", self._span)
-        lo = hi = None
-        self._span = None
-        for no in self._live_nos():
-            r = self._ranges.get(no)
-            if r is None:
-                return None
-            if lo is None or r[0] < lo:
-                lo = r[0]
-            if hi is None or r[1] > hi:
-                hi = r[1]
-        self._span = None if lo is None or hi is None else (lo, hi)
-        return self._span
-
-    def _span_now(self) -> tuple[str, str] | None:
-        """:meth:`_id_span` without waiting for the lock once it is known (a
-        background cooling run may hold the lock while it checks its rows):
-        the live files change only under the writer's lock, so an appender
-        reads the span of the files as they are."""
+        each was written with (no sidecar is read): an id outside it is
+        archived in no file. None when some file's range is not known (a
+        manifest written before they were kept) or no file is live. Kept
+        until the live files change (_add_file, _drop_files) and read
+        without the lock once known: a background cooling run may hold the
+        lock while it checks its rows, and the live files change only under
+        the writer's lock, so an appender reads the span of the files as
+        they are."""
         span = self._span
-        if span is False:
-            with self._lock:
-                return self._id_span()
-        return cast("tuple[str, str] | None", span)
+        if span is not False:
+            return cast("tuple[str, str] | None", span)
+        with self._lock:
+            lo = hi = None
+            self._span = None
+            for no in self._live_nos():
+                r = self._ranges.get(no)
+                if r is None:
+                    return None
+                if lo is None or r[0] < lo:
+                    lo = r[0]
+                if hi is None or r[1] > hi:
+                    hi = r[1]
+            self._span = None if lo is None or hi is None else (lo, hi)
+            return self._span
 
     def _live_nos(self) -> set[int]:
         """Numbers of the live files, without reading unread sidecars."""
@@ -2018,7 +2013,7 @@ class CoolArchive:
         page checksums), not the whole row: that is the append path's
         duplicate check. ``verify=True`` also checks the row's digest (raising
         CorruptStateCheckpointError like :meth:`get_row`)."""
-        span = self._span_now()
+        span = self._id_span()
         if span is not None and not span[0] <= msg_id <= span[1]:
             return False        # (a new id after every archived one: no sidecar read)
         if verify:
@@ -2037,7 +2032,7 @@ class CoolArchive:
         out = np.zeros(len(msg_ids), dtype=bool)
         if not msg_ids:
             return out
-        span = self._span_now()
+        span = self._id_span()
         if span is not None and not any(span[0] <= m <= span[1] for m in msg_ids):
             return out
         with self._lock:
