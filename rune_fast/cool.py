@@ -2119,12 +2119,12 @@ class CoolArchive:
     def task_locs(self, task_id: str) -> list[int]:
         """The locations (:func:`cool_loc`) of every archived message of the
         task (as the sidecars say; :meth:`rows_at` reads and verifies them)."""
+        out: list[int] = []
         with self._lock:
-            parts = [self._files[no].tasks[task_id].astype(np.int64) | (no << 32)
-                     for no in self._task_map().get(task_id, ())]
-        if not parts:
-            return []
-        return (parts[0] if len(parts) == 1 else np.concatenate(parts)).tolist()
+            for no in self._task_map().get(task_id, ()):
+                base = no << 32     # (a task's rows are few: Python ints beat numpy's calls)
+                out += [base | r for r in self._files[no].tasks[task_id].tolist()]
+        return out
 
     def id_locs(self, msg_id: str) -> list[int]:
         """The locations (:func:`cool_loc`) of the archived rows whose id
