@@ -1356,12 +1356,15 @@ class CoolArchive:
         """(smallest, largest) msg_id over every live file, from the ranges
         each was written with (no sidecar is read): an id outside it is
         archived in no file. None when some file's range is not known (a
-        manifest written before they were kept) or no file is live. Kept
-        until the live files change (_add_file, _drop_files) and read
+        manifest written before they were kept) or no file is live. Read
         without the lock once known: a background cooling run may hold the
-        lock while it checks its rows, and the live files change only under
-        the writer's lock, so an appender reads the span of the files as
-        they are."""
+        lock for a while (it checks its rows, and may build the id index),
+        and the live files change only under the writer's lock, so an
+        appender reads the span of the files as they are. A file added
+        widens it (_add_file); a file dropped leaves it as it is (a span
+        wider than the live files' still holds every archived id), so the
+        first append after a cooling run is adopted does not wait for the
+        lock to work it out again."""
         span = self._span
         if span is not False:
             return cast("tuple[str, str] | None", span)
@@ -1588,7 +1591,8 @@ class CoolArchive:
         no = fi.no
         if fi.id_range is not None:
             self._ranges[no] = fi.id_range
-        self._span = False
+        # (a file whose sidecar is read late was counted by its manifest range)
+        self._span = _widened(self._span, self._ranges.get(no))
         pairs: list[tuple[dict[str, list[int]], Iterable[str]]] = [(self._channels_d, fi.channels)]
         if self._tasks_d is not None:
             pairs.append((self._tasks_d, fi.tasks))
@@ -1652,7 +1656,8 @@ class CoolArchive:
         for no in nos:
             fi = self._files.pop(no)
             self._ranges.pop(no, None)
-            self._span = False
+            if self._span is None:
+                self._span = False      # the file without a range may be the one going
             n_drop += fi.rows
             for ch in fi.channels:
                 lst = self._channels[ch]
@@ -3075,6 +3080,17 @@ def _table_from_records(rows: list[dict], ords: list[int], digests: list[str]) -
     cols["ord"] = list(ords)
     cols["digest"] = list(digests)
     return pa.Table.from_pydict({name: cols[name] for name in _COLS}, schema=COOL_SCHEMA)
+
+
+def _widened(span: tuple[str, str] | None | bool,
+             id_range: tuple[str, str] | None) -> tuple[str, str] | None | bool:
+    """CoolArchive._id_span's cached answer once a file with ``id_range``
+    is added: the known span widened by it, else not known (False: worked
+    out again at the next call)."""
+    if span is None or span is False or id_range is None:
+        return False
+    lo, hi = cast("tuple[str, str]", span)
+    return (min(lo, id_range[0]), max(hi, id_range[1]))
 
 
 def _by_channel(table: pa.Table) -> pa.Table:
