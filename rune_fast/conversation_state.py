@@ -98,6 +98,8 @@ SPARSE_MIN_BYTES = 64 << 10
 #: background thread (appends go on meanwhile); smaller runs, and every run of
 #: an explicit compact(), are written inline.
 BG_COOL_MIN_ROWS = 512
+#: lines a background cooling run parses per call (see _stage_cooling)
+_PARSE_PART = 256
 #: close() leaves the index snapshot as it is when it still matches the files
 #: (the same sealed segments, tail and cool files) and at most this many
 #: changes (appended lines, deletions) came after it: the next open scans those
@@ -244,6 +246,11 @@ def _sorts_before(rec: ConversationMessageRecord, stamp: tuple) -> bool:
     return not rec.hlc or (rec.hlc, rec.msg_id) < stamp
 
 
+def _shifted(fn: Callable[[int], Any], by: int, i: int) -> Any:
+    """``fn(by + i)``: a part's row i is row ``by + i`` of the whole."""
+    return fn(by + i)
+
+
 def _xkey(rec: ConversationMessageRecord, seq: int | None) -> tuple:
     """Sort key of "oldest first" across channels and tiers: unstamped
     messages first by append sequence, then stamped by (hlc, msg_id)."""
@@ -357,16 +364,17 @@ def _line_seq_of(line: Any) -> int:
 
 class _Staged:
     """Archive work done by a background thread: a cooling run (``kind``
-    "cool": the rows were read under the repository lock, and
-    :meth:`CoolArchive.stage` writes and syncs their Parquet file without it)
+    "cool": the lines were copied under the repository lock; the thread
+    makes their table and :meth:`CoolArchive.stage_table` writes and syncs
+    their Parquet file without it)
     or a merge of cool files ("merge": :meth:`CoolArchive.stage_merge`). The
     next compaction adopts the result, or discards it. Until then its files
     are strays that no manifest names (a crash leaves them to the next open)."""
 
-    def __init__(self, kind: str, work: Any, locs: Sequence[int] = (), table: Any = None) -> None:
+    def __init__(self, kind: str, work: Callable[["_Staged"], Any], locs: Sequence[int] = ()) -> None:
         self.kind = kind
         self.locs = locs
-        self.table = table      # a cooling run's rows, in the order of locs
+        self.table: Any = None  # a cooling run's rows, in the order of locs (set by its thread)
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = threading.Event()
@@ -374,9 +382,9 @@ class _Staged:
                                        daemon=True)
         self.thread.start()
 
-    def _run(self, work: Any) -> None:
+    def _run(self, work: Callable[["_Staged"], Any]) -> None:
         try:
-            self.result = work()
+            self.result = work(self)
         except BaseException as exc:   # reported by the compaction that settles the job
             self.error = exc
         finally:
@@ -2475,8 +2483,7 @@ class ConversationStateRepository:
                 # (meanwhile automatic compactions cool nothing: a small
                 # merge runs here, so a small store's tiers never depend on
                 # a thread's timing)
-                self._bg = _Staged("merge", functools.partial(self._cool.stage_merge, groups,
-                                                              durable=durable))
+                self._bg = _Staged("merge", lambda _job: self._cool.stage_merge(groups, durable=durable))
                 groups = []
             merged = bool(groups)
             while groups:
@@ -2585,10 +2592,7 @@ class ConversationStateRepository:
             # inline there stalled an append 0.25 s at 1,000,000 messages)
             excess = self._excess(False)
             if len(excess) >= BG_COOL_MIN_ROWS:
-                table = self._cool_table_at(excess)
-                self._bg = _Staged("cool", functools.partial(self._cool.stage_table, table,
-                                                             durable=self.durability != "none"),
-                                   excess, table)
+                self._bg = self._stage_cooling(excess)
                 if job is None:
                     self._fold(CompactionReport(), t0)
                 return
@@ -2618,6 +2622,37 @@ class ConversationStateRepository:
                 job.discard(self._cool)
                 return None
         return job
+
+    def _stage_cooling(self, locs: list[int]) -> _Staged:
+        """Start the background cooling run of the hot lines at ``locs``
+        (lock held). Only their copy is made here (each line checked); the
+        thread makes their table, a few hundred lines at a time (the parser
+        holds the GIL: an appender waits for a part, not the whole, which
+        took 10 ms of an append at 1,000,000 messages), and writes it."""
+        self._map_reads += len(locs)
+        data, starts = self._index.gather_lines(locs)
+        durable = self.durability != "none"
+
+        def fallback(i: int) -> tuple[dict, int | None]:
+            # a line the compiled reader does not take: its record dict from
+            # the copied bytes (what _read_loc_raw reads from the map)
+            end = int(starts[i + 1]) if i + 1 < len(starts) else len(data)
+            loc = locs[i]
+            d = codec.decode_body(memoryview(data)[int(starts[i]):end - 1],
+                                  path=self._path_of(loc >> 40), offset=loc & ((1 << 40) - 1))
+            return d["r"], d.get("s")
+
+        def work(job: _Staged) -> Any:
+            parts = []
+            for a in range(0, len(starts), _PARSE_PART):
+                b = min(len(starts), a + _PARSE_PART)
+                lo, hi = int(starts[a]), int(starts[b]) if b < len(starts) else len(data)
+                parts.append(table_from_lines(data[lo:hi], starts[a:b] - lo,
+                                              functools.partial(_shifted, fallback, a)))
+            job.table = parts[0] if len(parts) == 1 else pa.concat_tables(parts).combine_chunks()
+            return self._cool.stage_table(job.table, durable=durable)
+
+        return _Staged("cool", work, locs)
 
     def _cool_table_at(self, locs: Sequence[int]) -> pa.Table:
         """The cool-schema table of the hot lines at ``locs`` (each checked

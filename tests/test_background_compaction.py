@@ -12,7 +12,7 @@ import pytest
 
 from rune_fast import conversation_state as cs
 from rune_fast.conversation_state import ConversationStateRepository, ReadStatus
-from rune_fast.cool import CoolArchive
+from rune_fast.cool import CoolArchive, table_from_lines
 from rune_fast.records import ConversationMessageRecord
 
 CHANNELS = ("a", "b", "c")
@@ -320,3 +320,43 @@ def test_first_compaction_after_an_open_stages_a_large_cooling_run(tmp_path, sma
         assert repo.verify().ok
     with open_repo(tmp_path) as repo:
         check_reads(repo, stored)
+
+
+def test_background_run_parses_its_lines_in_parts(tmp_path, small_bg, monkeypatch):
+    # The background run makes its table from the lines copied at staging,
+    # a few at a time (here 3), lines the compiled reader does not take
+    # (a float with an exponent, an integer past 64 bits in the tool calls)
+    # read from the copied bytes: the archive holds exactly what was appended.
+    monkeypatch.setattr(cs, "_PARSE_PART", 3)
+    parts: list[int] = []
+    fallbacks: list[int] = []
+
+    def counted(data, starts, fallback):
+        parts.append(len(starts))
+        return table_from_lines(data, starts, lambda i: fallbacks.append(i) or fallback(i))
+
+    monkeypatch.setattr(cs, "table_from_lines", counted)
+    stored = {}
+    with open_repo(tmp_path, durability="none") as repo:
+        for i in range(60):
+            m = msg(i)
+            if i % 4 == 1:
+                m = ConversationMessageRecord(
+                    msg_id=m.msg_id, role="assistant", content=m.content, channel_id=m.channel_id,
+                    task_id=m.task_id, ts=m.ts,
+                    tool_calls=[{"id": f"c{i}", "name": "f", "arguments": {"x": 1e300, "n": 2 ** 70 + i}}])
+            repo.append(m)
+            stored[m.msg_id] = m
+            if repo._bg is not None and repo._bg.kind == "cool":
+                repo._bg.thread.join()
+        staged = list(parts)
+        repo.compact()
+        assert staged.count(3) >= 3 and fallbacks      # background runs, in parts of 3 (inline: whole)
+        cooled = [mid for mid in stored if repo.get_message(mid).tier == "cool"]
+        assert len(cooled) >= 40 and any(int(mid[1:]) % 4 == 1 for mid in cooled)
+        check_reads(repo, stored)
+        assert repo.verify().ok
+    with open_repo(tmp_path) as repo:
+        check_reads(repo, stored)
+        for mid in cooled:
+            assert repo.get_message(mid).record.tool_calls == stored[mid].tool_calls
