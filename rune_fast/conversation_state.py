@@ -246,11 +246,6 @@ def _sorts_before(rec: ConversationMessageRecord, stamp: tuple) -> bool:
     return not rec.hlc or (rec.hlc, rec.msg_id) < stamp
 
 
-def _shifted(fn: Callable[[int], Any], by: int, i: int) -> Any:
-    """``fn(by + i)``: a part's row i is row ``by + i`` of the whole."""
-    return fn(by + i)
-
-
 def _xkey(rec: ConversationMessageRecord, seq: int | None) -> tuple:
     """Sort key of "oldest first" across channels and tiers: unstamped
     messages first by append sequence, then stamped by (hlc, msg_id)."""
@@ -1814,12 +1809,8 @@ class ConversationStateRepository:
                     f"cool index says {rec.msg_id!r} is a message of task {task_id!r}, "
                     f"the file says {rec.task_id!r}", path=self._cool.cool_dir)
             deleted = self._cool_deleted
-            # _xkey written out: two comprehensions of some forty records are
-            # a fifth of a warm task read, calls included
-            keyed = [((1, r.hlc, r.msg_id) if r.hlc else (0, -1 if seq is None else seq, ""), r)
-                     for r, seq in hot]
-            keyed += [((1, r.hlc, r.msg_id) if r.hlc else (0, -1 if o is None else o, ""), r)
-                      for r, o in cool if r.msg_id not in deleted]
+            keyed = [(_xkey(r, seq), r) for r, seq in hot]
+            keyed += [(_xkey(rec, o), rec) for rec, o in cool if rec.msg_id not in deleted]
             keyed.sort(key=_first)
             return own_calls([r for _k, r in keyed])
 
@@ -2633,9 +2624,11 @@ class ConversationStateRepository:
         data, starts = self._index.gather_lines(locs)
         durable = self.durability != "none"
 
-        def fallback(i: int) -> tuple[dict, int | None]:
-            # a line the compiled reader does not take: its record dict from
-            # the copied bytes (what _read_loc_raw reads from the map)
+        def fallback(i: int, part: int = 0) -> tuple[dict, int | None]:
+            # a line the compiled reader does not take (row i of the part
+            # that starts at line ``part``): its record dict from the copied
+            # bytes (what _read_loc_raw reads from the map)
+            i += part
             end = int(starts[i + 1]) if i + 1 < len(starts) else len(data)
             loc = locs[i]
             d = codec.decode_body(memoryview(data)[int(starts[i]):end - 1],
@@ -2648,7 +2641,7 @@ class ConversationStateRepository:
                 b = min(len(starts), a + _PARSE_PART)
                 lo, hi = int(starts[a]), int(starts[b]) if b < len(starts) else len(data)
                 parts.append(table_from_lines(data[lo:hi], starts[a:b] - lo,
-                                              functools.partial(_shifted, fallback, a)))
+                                              functools.partial(fallback, part=a)))
             job.table = parts[0] if len(parts) == 1 else pa.concat_tables(parts).combine_chunks()
             return self._cool.stage_table(job.table, durable=durable)
 
