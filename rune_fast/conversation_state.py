@@ -655,7 +655,7 @@ class ConversationStateRepository:
         # channel -> whether a hot message sorts before a cool one (computed lazily)
         self._interleaved: dict[str, bool] = {}
         self._since_compact = 0
-        self._segs_unchecked = True     # the first compaction looks at every segment
+        self._segs_unchecked = True     # the first full compaction (or adoption) looks at every segment
         # what search has checked line by line: sealed segments, and the
         # tail (its number, up to which offset); see _check_hot_lines
         self._lines_checked: set[int] = set()
