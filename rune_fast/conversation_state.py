@@ -1233,7 +1233,7 @@ class ConversationStateRepository:
     def _exact_hit(self, loc: int) -> tuple[ConversationMessageRecord, int | None] | None:
         """The decode cache's entry for ``loc`` if it is what was appended:
         not one with tool calls, whose dicts a reader may have edited in
-        place. For the reads whose result leaves the store (cooling, export)."""
+        place. For the reads whose result leaves the store (export: _all_records)."""
         hit = self._decoded.get(loc)
         return hit if hit is not None and not hit[0].tool_calls else None
 
@@ -1245,16 +1245,6 @@ class ConversationStateRepository:
             self._bound_maps()
         return codec.record_from_line(self._index.line(loc), path=self._path_of(loc >> 40),
                                       offset=loc & ((1 << 40) - 1))
-
-    def _read_loc_raw(self, loc: int) -> tuple[dict, int | None]:
-        """The verified record dict at ``loc`` (as ``to_dict()`` wrote it; no
-        record is built) and its append sequence: what cooling copies."""
-        line = self._index.line(loc)
-        hit = self._exact_hit(loc)
-        if hit is not None:
-            return hit[0].to_dict(), hit[1]
-        d = codec.decode_body(line, path=self._path_of(loc >> 40), offset=loc & ((1 << 40) - 1))
-        return d["r"], d.get("s")
 
     def _bound_maps(self) -> None:
         """Release the mapped pages (lock held) if the resident file pages
@@ -2620,29 +2610,11 @@ class ConversationStateRepository:
         thread makes their table, a few hundred lines at a time (the parser
         holds the GIL: an appender waits for a part, not the whole, which
         took 10 ms of an append at 1,000,000 messages), and writes it."""
-        self._map_reads += len(locs)
-        data, starts = self._index.gather_lines(locs)
+        data, starts = self._gather(locs)
         durable = self.durability != "none"
 
-        def fallback(i: int, part: int = 0) -> tuple[dict, int | None]:
-            # a line the compiled reader does not take (row i of the part
-            # that starts at line ``part``): its record dict from the copied
-            # bytes (what _read_loc_raw reads from the map)
-            i += part
-            end = int(starts[i + 1]) if i + 1 < len(starts) else len(data)
-            loc = locs[i]
-            d = codec.decode_body(memoryview(data)[int(starts[i]):end - 1],
-                                  path=self._path_of(loc >> 40), offset=loc & ((1 << 40) - 1))
-            return d["r"], d.get("s")
-
         def work(job: _Staged) -> Any:
-            parts = []
-            for a in range(0, len(starts), _PARSE_PART):
-                b = min(len(starts), a + _PARSE_PART)
-                lo, hi = int(starts[a]), int(starts[b]) if b < len(starts) else len(data)
-                parts.append(table_from_lines(data[lo:hi], starts[a:b] - lo,
-                                              functools.partial(fallback, part=a)))
-            job.table = parts[0] if len(parts) == 1 else pa.concat_tables(parts).combine_chunks()
+            job.table = self._lines_table(locs, data, starts, _PARSE_PART)
             return self._cool.stage_table(job.table, durable=durable)
 
         return _Staged("cool", work, locs)
@@ -2650,9 +2622,41 @@ class ConversationStateRepository:
     def _cool_table_at(self, locs: Sequence[int]) -> pa.Table:
         """The cool-schema table of the hot lines at ``locs`` (each checked
         against its checksum), row i from ``locs[i]``."""
+        data, starts = self._gather(locs)
+        return self._lines_table(locs, data, starts)
+
+    def _gather(self, locs: Sequence[int]) -> tuple[bytes, np.ndarray]:
+        """A copy of the hot lines at ``locs``, each checked (lock held):
+        ``HotIndex.gather_lines``."""
         self._map_reads += len(locs)
-        data, starts = self._index.gather_lines(locs)
-        return table_from_lines(data, starts, lambda i: self._read_loc_raw(locs[i]))
+        return self._index.gather_lines(locs)
+
+    def _lines_table(self, locs: Sequence[int], data: bytes, starts: np.ndarray,
+                     part: int | None = None) -> pa.Table:
+        """The cool-schema table of the lines :meth:`_gather` copied from
+        ``locs``, row i from line i, parsed ``part`` lines a call (all at
+        once: None). A line the compiled reader does not take is decoded
+        from the copied bytes; nothing here reads the index or its maps, so
+        a background run may call it without the lock."""
+        n = len(starts)
+
+        def fallback(i: int, first: int = 0) -> tuple[dict, int | None]:
+            # row i of the part that starts at line ``first``
+            i += first
+            end = int(starts[i + 1]) if i + 1 < n else len(data)
+            loc = locs[i]
+            d = codec.decode_body(memoryview(data)[int(starts[i]):end - 1],
+                                  path=self._path_of(loc >> 40), offset=loc & ((1 << 40) - 1))
+            return d["r"], d.get("s")
+
+        if part is None or n <= part:
+            return table_from_lines(data, starts, fallback)
+        parts = []
+        for a in range(0, n, part):
+            b = min(n, a + part)
+            lo, hi = int(starts[a]), int(starts[b]) if b < n else len(data)
+            parts.append(table_from_lines(data[lo:hi], starts[a:b] - lo, functools.partial(fallback, first=a)))
+        return pa.concat_tables(parts).combine_chunks()
 
     def _cooled(self, locs: Sequence[int], table: pa.Table, *, staged: bool = False) -> None:
         """Drop messages now served by the cool tier from the hot index.
