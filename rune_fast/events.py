@@ -702,10 +702,13 @@ class EventStore:
             env["offset"] = offset
             yield env
 
-    def envelope_at(self, offset: int) -> dict[str, Any] | None:
+    def envelope_at(self, offset: int, *, loud: bool = False) -> dict[str, Any] | None:
         """The envelope of the sound line that starts at byte ``offset``, or
         ``None`` if no complete line passing its check starts there (past the
-        end, mid-line, torn or damaged: :meth:`verify` reports damage)."""
+        end, mid-line, torn or damaged: :meth:`verify` reports damage).
+        ``loud=True``: a complete line (newline included) that starts there,
+        not with a zero byte, and fails its check or is no envelope raises
+        CorruptStateCheckpointError naming the file and offset instead."""
         if self._log.closed:
             raise StoreClosedError(f"event store {self.path} is closed")
         if not isinstance(offset, int) or offset < 0:
@@ -716,13 +719,21 @@ class EventStore:
                 if f.read(1) != b"\n":
                     return None
             line = f.readline(MAX_LINE + 1)
-        if not line.endswith(b"\n") or check_line(line[:-1]):
+        if not line.endswith(b"\n"):
             return None
-        try:
-            env = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            return None
-        if not isinstance(env, dict):
+        problem = check_line(line[:-1])
+        env: Any = None
+        if not problem:
+            try:
+                env = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                problem = f"JSON error {exc}"
+            else:
+                problem = "" if isinstance(env, dict) else "not a JSON object"
+        if problem:
+            if loud and not line.startswith(b"\0"):     # (zeros: a power loss's, as past the end)
+                raise CorruptStateCheckpointError(f"damaged envelope line: {problem}",
+                                                  path=self.path, offset=offset)
             return None
         del env["x"]
         return env

@@ -23,6 +23,7 @@ its log.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -32,9 +33,11 @@ import time
 from typing import Any
 
 from .atomic import AtomicStore, check_path
+from .codec import MAX_RECORD_BYTES
 from .errors import (
     CorruptStateCheckpointError,
     IllegalTaskTransitionError,
+    RecordTooLargeError,
     StoreClosedError,
     UnknownTaskError,
 )
@@ -46,6 +49,7 @@ from .records import (
     TERMINAL_STATUSES,
     TaskStateRecord,
     payload_hash,
+    record_canonical_json,
 )
 
 __all__ = ["TaskStateRepository"]
@@ -196,7 +200,9 @@ class TaskStateRepository:
                         readers[where] = (EventStore(where, read_only=True)
                                           if isinstance(where, str) and os.path.isfile(where) else None)
                     store = readers[where]
-                env = store.envelope_at(ref.get("at", -1)) if store is not None else None
+                # a complete line there that fails its check is damage, not
+                # an envelope a power loss took (SPEC: damage is loud)
+                env = store.envelope_at(ref.get("at", -1), loud=True) if store is not None else None
                 if env is None or (env.get("type"), env.get("id"), env.get("payload_hash")) != expected:
                     missing.append((expected, ref.get("extra") or {}))
         finally:
@@ -271,11 +277,17 @@ class TaskStateRepository:
 
     def _commit(self, op: str, record: TaskStateRecord, **extra: Any) -> None:
         """Journal one change (envelope + log line), make both durable, then
-        apply it in memory; checkpoint when due."""
+        apply it in memory; checkpoint when due. A record whose JSON exceeds
+        MAX_RECORD_BYTES raises RecordTooLargeError before anything is written."""
         assert self._log is not None and self._events is not None
+        canon = record_canonical_json(record)
+        if len(canon) > MAX_RECORD_BYTES:
+            raise RecordTooLargeError(
+                f"task {record.task_id}: the record's JSON is {len(canon)} bytes, over the "
+                f"{MAX_RECORD_BYTES}-byte limit (title: {len(record.title)} characters)")
         n = self._seq + 1
         extra = {"task_id": record.task_id, "channel_id": record.channel_id, "status": record.status, **extra}
-        at = self._events.append(f"task_state.{op}", record.task_id, payload_hash(record), **extra)
+        at = self._events.append(f"task_state.{op}", record.task_id, hashlib.sha256(canon).hexdigest(), **extra)
         line = frame_object({"n": n, "op": op, "r": record.to_dict(),
                              "e": {"in": self._events.path, "at": at, "extra": extra}})
         self._log.append_bytes(line)

@@ -751,6 +751,49 @@ def test_rejournal_when_other_envelopes_took_the_offsets(tmp_path):
         assert [e["id"] for e in again.events.iter_envelopes()] == ["msg_x" * 10, t.task_id]
 
 
+def test_a_damaged_envelope_of_a_logged_change_is_loud(tmp_path):
+    """An envelope that is there but fails its check is damage (SPEC: damage
+    is loud), not one a power loss took: open names events.jsonl and the
+    offset, and re-journals nothing; a zero-filled line is what a power loss
+    leaves, and is re-journaled."""
+    repo = TaskStateRepository(tmp_path, checkpoint_every=1000)
+    a = repo.create("a", "c")
+    repo.create("b", "c")
+    repo.create("c", "c")
+    _crash(repo)
+    path = tmp_path / "events.jsonl"
+    data = path.read_bytes()
+    second = data.index(b"\n") + 1
+    third = data.index(b"\n", second) + 1
+    _write(path, data[:second + 30] + b"X" + data[second + 31:])
+    with pytest.raises(CorruptStateCheckpointError) as err:
+        TaskStateRepository(tmp_path)
+    assert "events.jsonl" in str(err.value) and f"offset {second}" in str(err.value)
+    assert path.read_bytes().count(b"\n") == 3          # nothing was appended
+    _write(path, data[:second] + bytes(third - second - 1) + data[third - 1:])
+    with TaskStateRepository(tmp_path) as again:
+        assert again.stats()["rejournaled"] == 1 and again.get(a.task_id) == a
+
+
+def test_a_task_record_over_the_size_limit_writes_nothing(tmp_path):
+    """create/amend of a record whose JSON exceeds MAX_RECORD_BYTES raise
+    RecordTooLargeError naming the task before anything is written: no
+    envelope for a change that did not happen."""
+    from rune_fast.codec import MAX_RECORD_BYTES
+    from rune_fast.errors import RecordTooLargeError
+    with TaskStateRepository(tmp_path) as repo:
+        with pytest.raises(RecordTooLargeError, match="task_"):
+            repo.create("x" * MAX_RECORD_BYTES, "c")
+        t = repo.create("ok", "c")
+        with pytest.raises(RecordTooLargeError, match=t.task_id):
+            repo.amend(t.task_id, "y" * MAX_RECORD_BYTES)
+        assert len(repo) == 1 and repo.get(t.task_id) == t
+        envs = [(e["type"], e["id"]) for e in repo.events.iter_envelopes()]
+    assert envs == [("task_state.created", t.task_id)]
+    with TaskStateRepository(tmp_path) as again:
+        assert again.get(t.task_id) == t and again.get(t.task_id).title == "ok"
+
+
 def test_no_rejournal_after_clean_reopen_with_shared_store(tmp_path):
     store = EventStore(tmp_path / "ev" / "events.jsonl")
     repo = TaskStateRepository(tmp_path / "state", events=store, checkpoint_every=1000)
