@@ -62,6 +62,7 @@ cdef extern from "Python.h":
 _sha256 = hashlib.sha256
 
 #: ``,"k":"m","r":`` -- what stands between a message line's prefix and its record JSON.
+cdef frozenset _ROLE_SET = frozenset(("user", "assistant", "system", "tool"))
 cdef bytes _MSG_PREFIX = b',"k":"m","r":'
 cdef bytes _ENV_HEAD = b',"type":"conversation.message","id":"'
 cdef bytes _ENV_HASH = b'","payload_hash":"'
@@ -238,6 +239,17 @@ def encode_messages(list msgs, type record_type, object slow, object calls_json)
         calls = rec.tool_calls
         if not bad and type(calls) is not tuple:
             bad = True
+        if not bad:
+            # what the constructor's check makes true and a line must hold
+            # (a field set past it takes the slow path, which checks it)
+            v = rec.role
+            bad = type(v) is not str or v not in _ROLE_SET
+            if not bad:
+                v = rec.msg_id
+                bad = type(v) is not str or not v
+            if not bad:
+                v = rec.channel_id
+                bad = type(v) is not str or not v
         # -- the raw values: each string quoted and escaped
         sc.esc.n = 0
         k = 0

@@ -2038,8 +2038,12 @@ cdef class HotIndex:
         return best
 
     def latest_task(self, ch_key):
-        """Task key of the newest message of the channel that has one, or None."""
+        """Task key of the newest message of the channel that has one, or None.
+        Every line it looks at is checked first (a flipped task field must not
+        decide the answer): CorruptStateCheckpointError naming the file and
+        offset of one that fails."""
         cdef const unsigned char *p
+        cdef size_t n
         cdef rf_msg m
         cdef rf_list *L
         cdef uint32_t i
@@ -2048,6 +2052,7 @@ cdef class HotIndex:
             return None
         L = &self._c_chan[<int64_t>idx]
         for i in range(_len(L), 0, -1):
+            self._checked_line(self._c_locs[_at(L, i - 1)], &p, &n)
             if self._parse_entry(_at(L, i - 1), &p, &m) != 0:
                 raise (self._unreadable(_at(L, i - 1)))
             if m.task_len:

@@ -1,7 +1,10 @@
 """rune_fast: a durable, fast store for LLM agent conversation history and task state.
 
 The public names of ``rune_fast.records``, ``rune_fast.conversation_state``,
-``rune_fast.composition`` and ``rune_fast.sync`` are re-exported here.
+``rune_fast.composition`` and ``rune_fast.sync`` are re-exported here (and the
+errors). One name is taken once: ``canonical_json`` is the records' (SPEC
+section 5's bytes); ``rune_fast.sync.canonical_json`` writes the same bytes for
+JSON-safe data and also takes ``Turn`` and ``Hlc`` values.
 """
 from .errors import (
     CorruptStateCheckpointError,
@@ -17,23 +20,30 @@ from .errors import (
     UnknownTaskError,
 )
 from .records import (
+    OPEN_STATUSES,
+    ROLES,
     TASK_STATUSES,
     TASK_TRANSITIONS,
+    TERMINAL_STATUSES,
     ConversationMessageRecord,
     OrchestrationRecord,
     TaskStateRecord,
+    canonical_json,
     new_id,
+    payload_hash,
+    record_canonical_json,
 )
 from .conversation_state import (
     CompactionReport,
     ConversationStateRepository,
     MessageRead,
+    Problem,
     ReadStatus,
     SearchHit,
     TaskStateRepository,
     VerifyReport,
 )
-from .composition import AUTHORITY_KINDS, build_conversation_state, compose_conversation_state
+from .composition import AUTHORITY_KINDS, AuthorityRoot, build_conversation_state, compose_conversation_state
 from .sync import (
     DEFAULT_CONVERSATION,
     Hlc,
@@ -41,11 +51,25 @@ from .sync import (
     LastN,
     OpRecord,
     Role,
+    Surface,
+    SyncState,
     Turn,
+    as_op,
+    check_anthropic,
+    check_openai,
+    check_repaired,
+    compact,
     fold,
+    is_tombstone,
+    op_from_record_dict,
+    record_dict_from_op,
     repair,
+    resume_messages,
     to_anthropic,
     to_openai,
+    tombstone_op,
+    transcript_hash,
+    turns_from_records,
 )
 
 __version__ = "0.1.0"
@@ -53,8 +77,12 @@ __version__ = "0.1.0"
 __all__ = [
     "AUTHORITY_KINDS",
     "DEFAULT_CONVERSATION",
+    "OPEN_STATUSES",
+    "ROLES",
     "TASK_STATUSES",
     "TASK_TRANSITIONS",
+    "TERMINAL_STATUSES",
+    "AuthorityRoot",
     "CompactionReport",
     "ConversationMessageRecord",
     "ConversationStateRepository",
@@ -68,6 +96,7 @@ __all__ = [
     "MessageRead",
     "OpRecord",
     "OrchestrationRecord",
+    "Problem",
     "ReadOnlyStoreError",
     "ReadStatus",
     "RecordTooLargeError",
@@ -77,17 +106,34 @@ __all__ = [
     "SearchHit",
     "StateLockedError",
     "StoreClosedError",
+    "Surface",
+    "SyncState",
     "TaskStateRecord",
     "TaskStateRepository",
     "Turn",
     "UnknownTaskError",
     "VerifyReport",
+    "as_op",
     "build_conversation_state",
+    "canonical_json",
+    "check_anthropic",
+    "check_openai",
+    "check_repaired",
+    "compact",
     "compose_conversation_state",
     "fold",
+    "is_tombstone",
     "new_id",
+    "op_from_record_dict",
+    "payload_hash",
+    "record_canonical_json",
+    "record_dict_from_op",
     "repair",
+    "resume_messages",
     "to_anthropic",
     "to_openai",
+    "tombstone_op",
+    "transcript_hash",
+    "turns_from_records",
     "__version__",
 ]

@@ -142,9 +142,13 @@ class AtomicStore:
 
 def check_path(field: str, value: Any) -> None:
     """TypeError naming ``field`` unless ``value`` is a str path (a str or
-    an os.PathLike giving one): checked before a repository creates any folder."""
+    an os.PathLike giving one), ValueError if it is empty: checked before a
+    repository creates any folder."""
     if not isinstance(value, (str, os.PathLike)) or not isinstance(os.fspath(value), str):
         raise TypeError(f"{field}: expected a path (str or os.PathLike), got {type(value).__name__}")
+    if not os.fspath(value):
+        # ("" would be the current folder: a store made wherever the process stands)
+        raise ValueError(f"{field}: the path is empty")
 
 
 def _unlink_quietly(path: str) -> None:

@@ -25,8 +25,9 @@ import orjson
 
 from . import _encode
 from .errors import CorruptStateCheckpointError, RecordTooLargeError
-from .records import (ConversationMessageRecord, _json_value, _stored_calls_ok, check_tool_calls,
-                      fast_canonical_json, message_canonical_json, message_from_stored, _plain_calls)
+from .records import (ConversationMessageRecord, _json_value, _stored_calls_ok, check_message_fields,
+                      check_tool_calls, fast_canonical_json, message_canonical_json, message_from_stored,
+                      _plain_calls)
 
 __all__ = [
     "MAX_RECORD_BYTES",
@@ -166,7 +167,9 @@ def _calls_from_json(raw: bytes) -> tuple | None:
 
 
 def _encode_slow(record: ConversationMessageRecord) -> tuple[bytes, str, bytes]:
-    # a record the compiled encoder does not spell (or one over the size limit)
+    # a record the compiled encoder does not spell (or one over the size limit,
+    # or one whose fields were set past the constructor: checked again here)
+    check_message_fields(record)
     body, h = message_body_and_hash(record)
     return body, h, key(record.msg_id)
 

@@ -13,6 +13,7 @@ read goes id/channel/task -> location -> bytes -> checksum -> record.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import functools
@@ -51,6 +52,7 @@ from .errors import (
 from .events import EventStore, fdatasync_path
 from .locking import DirLock
 from .records import ConversationMessageRecord, _utf8_ok, message_from_stored, payload_hash
+from .records import TaskStateRecord  # noqa: F401  (the records beside the repositories, as a frontend imports them)
 from .segments import (MARK_NAME, TAIL_NAME, DurableMark, Segment, TailFile, decode_filters, encode_filters,
                        filters_name, fsync_dir, quarantine_bytes, read_kept, release_pages, seg_name,
                        write_file, write_kept)
@@ -133,6 +135,8 @@ _DECODE_CACHE = 8192
 #: of a cached task of 40 messages. The budget keeps a working set under it
 #: mapped (no release at all), and a larger one from growing without bound.
 MAP_BUDGET_BYTES = 128 << 20
+#: The largest count a read passes to the index (an int64): more than any store holds.
+_MAX_N = 1 << 62
 MAP_RELEASE_READS = 256
 _STATM = "/proc/self/statm"
 #: Decoded Parquet row groups the cool tier keeps (bounded memory, see stats()):
@@ -409,10 +413,13 @@ class ConversationStateRepository:
                  read_only: bool = False) -> None:
         if durability not in DURABILITY_MODES:
             raise ValueError(f"durability: {durability!r} is not one of {', '.join(DURABILITY_MODES)}")
-        if not isinstance(compact_every, int) or compact_every < 1:
+        if isinstance(compact_every, bool) or not isinstance(compact_every, int) or compact_every < 1:
             raise ValueError(f"compact_every: must be a positive int, got {compact_every!r}")
-        if not isinstance(hot_window, int) or hot_window < 0:
+        if isinstance(hot_window, bool) or not isinstance(hot_window, int) or hot_window < 0:
             raise ValueError(f"hot_window: must be a non-negative int, got {hot_window!r}")
+        if not isinstance(read_only, bool):
+            # ("false" would open a viewer: bool() of any non-empty str is True)
+            raise TypeError(f"read_only: expected bool, got {type(read_only).__name__}")
         check_path("state_dir", state_dir)
         if events is not None and not isinstance(events, EventStore):
             check_path("events", events)
@@ -1758,6 +1765,7 @@ class ConversationStateRepository:
             self._check_open()
             if n <= 0:
                 return []
+            n = min(n, _MAX_N)      # (a larger n asks for every message the channel can hold)
             if not self._is_interleaved(channel_id):
                 # the last n messages, every line's checksum checked, every read
                 locs, recs, misses = self._index.window_hits(codec.key(channel_id), n, self._decoded)
@@ -2938,24 +2946,27 @@ class ConversationStateRepository:
                 mid = rec.get("msg_id")
                 if mid not in gone:
                     hashes[mid] = payload_hash(rec)
-            for p in self._cool.verify(checked, sound):
-                problems.append(Problem(self._cool.path_of(p.file), p.row, p.problem))
+            with _noted(problems, self._cool.cool_dir, "cool archive check"):
+                for p in self._cool.verify(checked, sound):
+                    problems.append(Problem(self._cool.path_of(p.file), p.row, p.problem))
             # index snapshot against the tail
             snap_path = os.path.join(self.hot_dir, SNAPSHOT_NAME)
             if os.path.exists(snap_path):
-                try:
-                    HotIndex.load_snapshot(snap_path, lazy_tasks=False)
-                except CorruptStateCheckpointError as exc:
-                    problems.append(Problem(snap_path, getattr(exc, "offset", None), str(exc)))
+                with _noted(problems, snap_path, "index snapshot check"):
+                    try:
+                        HotIndex.load_snapshot(snap_path, lazy_tasks=False)
+                    except CorruptStateCheckpointError as exc:
+                        problems.append(Problem(snap_path, getattr(exc, "offset", None), str(exc)))
             # live index against the files: every indexed line verifies and
             # decodes (from its bytes: not the decode cache's record)
-            for ch in list(self._index.channels()):
-                for loc in self._index.channel_locs(ch, -1).tolist():
-                    try:
-                        rec, _seq = self._decode_loc(loc)
-                        hashes[rec.msg_id] = payload_hash(rec)
-                    except CorruptStateCheckpointError as exc:
-                        problems.append(Problem(self._path_of(loc >> 40), loc & ((1 << 40) - 1), str(exc)))
+            with _noted(problems, self.hot_dir, "index check"):
+                for ch in list(self._index.channels()):
+                    for loc in self._index.channel_locs(ch, -1).tolist():
+                        try:
+                            rec, _seq = self._decode_loc(loc)
+                            hashes[rec.msg_id] = payload_hash(rec)
+                        except CorruptStateCheckpointError as exc:
+                            problems.append(Problem(self._path_of(loc >> 40), loc & ((1 << 40) - 1), str(exc)))
             checked["records"] = len(hashes)
             # envelopes against records
             if self._events is not None:
@@ -2981,6 +2992,8 @@ class ConversationStateRepository:
                 except CorruptStateCheckpointError as exc:
                     if not any(p.file == self._events.path and p.offset == exc.offset for p in problems):
                         problems.append(Problem(self._events.path, exc.offset, str(exc)))
+                except (OSError, RuneError) as exc:     # (a file gone or replaced by another kind)
+                    problems.append(Problem(self._events.path, None, f"event store check failed: {exc!r}"))
         return VerifyReport(ok=not problems, problems=problems, checked=checked)
 
     # ------------------------------------------------------------------
@@ -3088,6 +3101,19 @@ _SYNCED_MARK = -(1 << 62)
 #: store when the snapshot was written: the envelopes after it are those of
 #: the tail lines after the snapshot (see ``_note_unheld``)
 _EVENTS_MARK = -(1 << 61)
+
+
+@contextlib.contextmanager
+def _noted(problems: list[Problem], path: str, what: str) -> Iterator[None]:
+    """verify()'s guard around one of its checks: a file it cannot read (gone,
+    cut, replaced by a folder) is a problem named in the report, never an
+    exception (SPEC: verify raises nothing)."""
+    try:
+        yield
+    except (OSError, RuneError) as exc:
+        offset = exc.offset if isinstance(exc, CorruptStateCheckpointError) else None
+        problems.append(Problem(getattr(exc, "path", None) or getattr(exc, "filename", None) or path,
+                                offset, f"{what} failed: {exc!r}"))
 
 
 def _cool_no(name: str) -> int:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import json
+import logging
 import mmap
 import os
 import re
@@ -65,6 +66,9 @@ from .errors import CorruptStateCheckpointError
 from .events import fsync_dir
 from .segments import read_kept, seal, unseal, write_kept
 from .records import fast_canonical_json, json_safe as _json_safe
+
+
+log = logging.getLogger("rune_fast.cool")
 
 __all__ = [
     "CoolArchive",
@@ -473,6 +477,15 @@ def _footer_hash(path: str) -> tuple[int, str]:
     return size, h.hexdigest()
 
 
+def _file_digest(path: str) -> str:
+    """xxh3_64 hex of the whole file at ``path`` (read in 1 MiB pieces)."""
+    h = xxhash.xxh3_64()
+    with open(path, "rb") as f:
+        for piece in iter(lambda: f.read(1 << 20), b""):
+            h.update(piece)
+    return h.hexdigest()
+
+
 def _sidecar_names(ipath: str, no: int, size: int, footer: str) -> bool:
     """Whether the sidecar at ``ipath`` starts as the one :meth:`_FileIndex.encode`
     writes for file ``no`` of ``size`` bytes and footer hash ``footer``
@@ -512,6 +525,7 @@ class _FileIndex:
     special: dict = field(default_factory=dict)   # rg -> {char: rows holding it, "": non-ASCII rows} (search)
     _task_src: tuple | None = None             # (task JSON bytes, all task rows) until parsed
     id_range: tuple[str, str] | None = None    # (smallest, largest) msg_id, when known (see _id_span)
+    digest: str | None = None                  # xxh3_64 of the whole file, as written (see verify)
 
     def __post_init__(self) -> None:
         self.rg_list = [int(x) for x in self.rg_starts]
@@ -1234,6 +1248,10 @@ class CoolArchive:
         # duplicate check of a new id reads no sidecar (see _id_span)
         self._ranges: dict[int, tuple[str, str]] = {}
         self._span: tuple[str, str] | None | bool = False    # _id_span's answer (False: not known yet)
+        # no -> xxh3_64 of the whole file as written (kept in cool_meta after
+        # the range): verify() finds a byte changed where no page checksum
+        # looks (the leading magic, page headers)
+        self._digests: dict[int, str] = {}
         self._lookups = 0
         self._ids_built = False     # the id index was built once: later files join it at once
         self._rebuilt: list[str] = []
@@ -1279,6 +1297,8 @@ class CoolArchive:
             self._span = False
             if want is not None and len(want) >= 4 and type(want[2]) is str and type(want[3]) is str:
                 self._ranges[no] = (want[2], want[3])
+                if len(want) >= 5 and type(want[4]) is str:
+                    self._digests[no] = want[4]
             if not read_only:
                 self._move_legacy_sidecar(no)
             if read_only or not _sidecar_names(self._sidecar_path(no), no, size, footer):
@@ -1349,7 +1369,11 @@ class CoolArchive:
             out = {fi.name: [fi.size, fi.footer] for fi in self._files_d.values()}
             out.update({_parquet_name(no): [size, footer] for no, size, footer in self._unloaded})
             for name, meta in out.items():
-                meta.extend(self._ranges.get(_file_no(name), ()))
+                no = _file_no(name)
+                if no in self._ranges:
+                    meta.extend(self._ranges[no])
+                    if no in self._digests:
+                        meta.append(self._digests[no])
             return out
 
     def _id_span(self) -> tuple[str, str] | None:
@@ -1513,21 +1537,27 @@ class CoolArchive:
         """The index of file ``no`` (checked at open: ``size`` bytes, footer
         hash ``footer``) from its sidecar, or rebuilt from the file."""
         ipath = self._sidecar_path(no)
+        why = "missing"
         for _attempt in range(2):
             try:
                 fi = _FileIndex.decode(_map_file(ipath), no, ipath)
                 if fi.size == size and fi.footer == footer:
                     return fi
+                why = "made for another version of the file"
                 break
             except FileNotFoundError:
                 # (a viewer: a writer's open may just have moved it out of the archive folder)
                 if ipath == self._ipath(_idx_name(no)):
                     break
                 ipath = self._ipath(_idx_name(no))
-            except (ValueError, KeyError, TypeError, IndexError, struct.error):
+            except (ValueError, KeyError, TypeError, IndexError, struct.error) as exc:
+                why = f"damaged ({exc})"
                 break  # damaged sidecar: the Parquet file is the truth, rebuild below
         fi = self._index_from_parquet(no, size, footer, verify=True)
         _release_arrow()
+        # (not silent: the file's rows were all checked against their digests)
+        log.warning("cool index %s is %s: rebuilt from %s, every row checked", ipath, why,
+                    self._path(_parquet_name(no)))
         self._rebuilt.append(_idx_name(no))
         if not self._read_only:
             self._write_atomic(_idx_name(no), fi.encode(), folder=self._idx_dir)
@@ -1591,6 +1621,8 @@ class CoolArchive:
         no = fi.no
         if fi.id_range is not None:
             self._ranges[no] = fi.id_range
+        if fi.digest is not None:
+            self._digests[no] = fi.digest
         # (a file whose sidecar is read late was counted by its manifest range)
         self._span = _widened(self._span, self._ranges.get(no))
         pairs: list[tuple[dict[str, list[int]], Iterable[str]]] = [(self._channels_d, fi.channels)]
@@ -1656,6 +1688,7 @@ class CoolArchive:
         for no in nos:
             fi = self._files.pop(no)
             self._ranges.pop(no, None)
+            self._digests.pop(no, None)
             if self._span is None:
                 self._span = False      # the file without a range may be the one going
             n_drop += fi.rows
@@ -2503,6 +2536,7 @@ class CoolArchive:
             fi = _build_index(no, size, footer, table.column("msg_id"), table.column("channel_id"),
                               table.column("task_id"), rg_counts, self._path(name))
             fi.id_range = _id_range(table.column("msg_id"))
+            fi.digest = _file_digest(tmp)
             itmp = self._write_tmp(iname, fi.encode(), durable=durable, folder=self._idx_dir)
             os.replace(itmp, self._ipath(iname))
             os.replace(tmp, self._path(name))
@@ -2871,6 +2905,18 @@ class CoolArchive:
                 continue
             if (size, footer) != (fi.size, fi.footer):
                 problems.append(CoolProblem(name, None, "file changed since it was indexed"))
+            want = self._digests.get(no)
+            if want is not None:
+                try:
+                    got = _file_digest(path)
+                except OSError as exc:
+                    problems.append(CoolProblem(name, None, f"not readable: {exc}"))
+                    continue
+                if got != want:
+                    problems.append(CoolProblem(
+                        name, None, f"the file's bytes hash to {got}, not to the xxh3_64 {want} recorded "
+                                    "when it was written: a byte changed (where no page checksum looks, "
+                                    "if no row below is named)"))
             try:
                 pf = _open_parquet(path)
             except CorruptStateCheckpointError as exc:

@@ -519,6 +519,20 @@ def _checked_message(msg_id: Any, ts: Any, role: Any, content: Any, channel_id: 
             tool_call_id, origin, hlc)
 
 
+def check_message_fields(record: Any) -> None:
+    """Check every field of a message record as its constructor would, for
+    the write path: a caller can set a field of the frozen record with
+    ``object.__setattr__``, and a line the store could not read back must
+    never be written. ``TypeError``/``ValueError`` naming the field."""
+    ts, tok = record.ts, record.token_estimate
+    if type(ts) is not float:
+        raise TypeError(f"ConversationMessageRecord.ts must be float, got {type(ts).__name__}")
+    if tok is None:
+        raise TypeError("ConversationMessageRecord.token_estimate must be int, got NoneType")
+    _checked_message(record.msg_id, ts, record.role, record.content, record.channel_id, record.task_id,
+                     tok, record.tool_calls, record.tool_call_id, record.origin, record.hlc)
+
+
 @dataclasses.dataclass(frozen=True, slots=True, init=False)
 class ConversationMessageRecord(OrchestrationRecord):
     """One message of a conversation.

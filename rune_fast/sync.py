@@ -805,8 +805,10 @@ def _wins(new: OpRecord, old: OpRecord) -> bool:
     payload) wins, so every device picks the same one."""
     if new.hlc != old.hlc:
         return new.hlc < old.hlc
-    if new.payload == old.payload:
+    if new.payload is old.payload:
         return False
+    # (the bytes, not ==: payloads equal as Python values can still spell
+    # apart, 1 and 1.0 or True, and the winner must not depend on arrival)
     return canonical_json(new.payload) < canonical_json(old.payload)
 
 

@@ -69,3 +69,22 @@ def test_public_names_are_pinned():
                    rune_fast.tasks, rune_fast.composition):
         for name in module.__all__:
             assert hasattr(module, name), (module.__name__, name)
+
+
+def test_the_package_re_exports_every_public_name_of_its_api_modules():
+    """SPEC section 6: ``rune_fast`` re-exports the public names; a frontend
+    switching imports finds the records beside the repositories too."""
+    import rune_fast
+    import rune_fast.composition
+    import rune_fast.conversation_state
+    import rune_fast.records
+    import rune_fast.sync
+    for module in (rune_fast.records, rune_fast.conversation_state, rune_fast.composition, rune_fast.sync):
+        missing = set(module.__all__) - set(rune_fast.__all__)
+        assert not missing, (module.__name__, sorted(missing))
+    for name in rune_fast.__all__:
+        assert hasattr(rune_fast, name), name
+    assert rune_fast.canonical_json is rune_fast.records.canonical_json
+    from rune_fast.conversation_state import ConversationMessageRecord, TaskStateRecord
+    assert TaskStateRecord is rune_fast.TaskStateRecord
+    assert ConversationMessageRecord is rune_fast.ConversationMessageRecord

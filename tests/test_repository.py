@@ -323,7 +323,7 @@ def test_a_new_id_after_every_archived_one_reads_no_sidecar(tmp_path):
         repo.append_many(msg(i) for i in range(10, 30))
         assert repo.compact().cooled == 18
     m = AtomicStore(str(tmp_path / "hot" / "conversation_manifest.json")).read()
-    assert [v[2:] for v in m["cool_meta"].values()] == [["msg_00000010", "msg_00000027"]]
+    assert [v[2:4] for v in m["cool_meta"].values()] == [["msg_00000010", "msg_00000027"]]
     with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=2) as repo:
         assert repo._cool._unloaded
         assert repo.append(msg(40)) and repo.append(msg(5))
@@ -1554,6 +1554,100 @@ def test_a_tool_call_edited_after_construction_is_checked_again_and_nothing_is_w
         assert len(repo) == 1 and repo.verify().ok
     with ConversationStateRepository(tmp_path) as repo:
         assert [r.msg_id for r in repo.window("ch")] == [msg(1).msg_id]
+
+
+@pytest.mark.parametrize("field,value", [
+    ("role", "bogus"), ("channel_id", ""), ("msg_id", ""), ("token_estimate", -3),
+    ("token_estimate", None), ("content", 123), ("hlc", 5), ("task_id", None),
+    ("content", "a\ud800b"), ("ts", 5)])
+def test_a_field_set_past_the_constructor_is_checked_again_and_nothing_is_written(tmp_path, field, value):
+    """A frozen record's field set with object.__setattr__ to what the
+    constructor refuses: the write refuses it too, naming the field, and
+    writes nothing (such a line was written, and every later open refused
+    the store as damaged)."""
+    m = ConversationMessageRecord(msg_id="fx", role="user", content="x", channel_id="c")
+    object.__setattr__(m, field, value)
+    with ConversationStateRepository(tmp_path) as repo:
+        repo.append(msg(1))
+        before = {p: read(p) for p in files_under(tmp_path)}
+        for write in (lambda: repo.append(m), lambda: repo.append_many([msg(2), m])):
+            with pytest.raises((TypeError, ValueError), match=field):
+                write()
+        assert {p: read(p) for p in files_under(tmp_path)} == before
+        assert len(repo) == 1 and repo.verify().ok
+    with ConversationStateRepository(tmp_path) as repo:
+        assert [r.msg_id for r in repo.window("ch")] == [msg(1).msg_id]
+
+
+@pytest.mark.parametrize("harm", ["events-gone", "events-folder", "sidecar-folder", "snapshot-cut"])
+def test_verify_reports_files_gone_or_replaced_under_an_open_store(tmp_path, harm):
+    """SPEC: verify() raises nothing. A file removed, cut or replaced by a
+    folder while the store is open is a problem in the report, named."""
+    def open_():
+        return ConversationStateRepository(tmp_path, durability="none", compact_every=1000, hot_window=4)
+    with open_() as repo:
+        repo.append_many([msg(i) for i in range(20)])
+        repo.compact()
+    with open_() as repo:
+        hot = tmp_path / "hot"
+        if harm.startswith("events"):
+            target = tmp_path / "events.jsonl"
+            target.unlink()
+            if harm == "events-folder":
+                target.mkdir()
+        elif harm == "sidecar-folder":
+            target = next((hot / "conversation_cool_index").glob("*.idx"))
+            target.unlink()
+            target.mkdir()
+        else:
+            target = hot / "conversation_index.snap"
+            os.truncate(target, 10)
+        report = repo.verify()
+        assert not report.ok
+        assert any(str(target) in str(p) for p in report.problems), report.problems
+
+
+def test_loose_constructor_arguments_are_refused_and_create_nothing(tmp_path, monkeypatch):
+    """read_only takes a bool ("false" was a viewer), counts are not bools,
+    and an empty state_dir is not the current folder."""
+    from rune_fast.tasks import TaskStateRepository
+    monkeypatch.chdir(tmp_path)
+    target = tmp_path / "never"
+    for value in ("false", 1, None):
+        with pytest.raises(TypeError, match="^read_only: expected bool"):
+            ConversationStateRepository(target, read_only=value)
+    for kw in ({"compact_every": True}, {"hot_window": True}, {"compact_every": None}):
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            ConversationStateRepository(target, **kw)
+    for make in (lambda: ConversationStateRepository(""), lambda: TaskStateRepository(""),
+                 lambda: ConversationStateRepository(target, events="")):
+        with pytest.raises(ValueError, match="path is empty"):
+            make()
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_window_larger_than_any_store_is_every_message(tmp_path):
+    with ConversationStateRepository(tmp_path, durability="none") as repo:
+        repo.append_many([msg(i) for i in range(3)])
+        assert repo.window("ch", 2 ** 63) == repo.window("ch", 10 ** 30) == [msg(i) for i in range(3)]
+
+
+def test_verify_names_a_cool_file_whose_magic_changed(tmp_path):
+    """The manifest keeps each cool file's whole-file hash: verify() after a
+    reopen names the file whose leading magic was flipped (no page checksum
+    covers it, pyarrow reads on), and every read stays exact."""
+    with ConversationStateRepository(tmp_path, hot_window=4, compact_every=1000) as repo:
+        repo.append_many([msg(i) for i in range(30)])
+        repo.compact()
+    cool = tmp_path / "hot" / "conversation_cool"
+    (path,) = cool.glob("*.parquet")
+    data = bytearray(path.read_bytes())
+    data[1] ^= 0x20
+    path.write_bytes(bytes(data))
+    with ConversationStateRepository(tmp_path, hot_window=4, compact_every=1000) as repo:
+        assert repo.window("ch", 30) == [msg(i) for i in range(30)]
+        report = repo.verify()
+        assert not report.ok and [p.file for p in report.problems] == [str(path)]
 
 
 def test_bad_arguments_name_themselves_and_create_nothing(tmp_path):

@@ -2,6 +2,7 @@
 ops sees a byte-identical transcript, whatever the delivery order."""
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -278,6 +279,17 @@ def test_conflicting_versions_resolve_to_smallest_hlc_then_payload():
     y = ("m1", H(1), P("user", "aaa"))
     assert fold([x, y], "c") == fold([y, x], "c")
     assert fold([x, y], "c")[0].content == "aaa"
+
+
+def test_versions_equal_as_values_but_spelled_apart_resolve_alike():
+    """1, 1.0 and True compare equal in Python but are three canonical
+    payloads: the winner is the smaller canonical JSON whatever the order of
+    arrival, so every device folds the same bytes."""
+    from rune_fast.sync import canonical_json
+    vs = [("m1", H(1), P("user", "hi", timestamp=t)) for t in (1.0, True, 1)]
+    folds = {canonical_json(fold(order, "c")) for order in itertools.permutations(vs)}
+    assert len(folds) == 1
+    assert fold(vs, "c")[0].timestamp == 1 and type(fold(vs, "c")[0].timestamp) is int
 
 
 # -------------------------------------------------------------- properties
