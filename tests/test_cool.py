@@ -301,6 +301,31 @@ def test_channel_task_queries(cdir):
     assert a.contains_many(["msg_00000005", "zz"]).tolist() == [True, False]
 
 
+def test_kept_task_locations_follow_the_files(cdir):
+    """task_locs keeps its answers until files come or go: a new run, an
+    erasure and a merge each give the task's rows where they are now, and a
+    caller's change to a returned list changes nothing kept."""
+    a, rows = make_archive(cdir)
+    want = {r["msg_id"] for r in rows if r["task_id"] == "t1"}
+
+    def got():
+        return {g.record["msg_id"] for g in a.rows_at(a.task_locs("t1"))}
+    a.task_locs("t1").clear()
+    assert got() == want != set()
+    a.cool([rec(i, "ch9", task="t1") for i in range(300, 310)], list(range(300, 310)))
+    want |= {f"msg_{i:08d}" for i in range(300, 310)}
+    assert got() == want
+    gone = ["msg_00000305", sorted(want)[0]]
+    change = a.erase(gone)
+    a.unlink_files(change.removed)
+    want -= set(gone)
+    assert got() == want
+    change = a.merge([a.files()])
+    a.unlink_files(change.removed)
+    assert len(a.files()) == 1 and got() == want
+    assert len({loc >> 32 for loc in a.task_locs("t1")}) == 1
+
+
 def test_order_key_stamped_after_unstamped(cdir):
     a = CoolArchive(cdir)
     a.cool([rec(1, hlc="000000000000002-0000000000-d"), rec(2, hlc="000000000000009-0000000000-d")],
