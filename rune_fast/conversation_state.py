@@ -2245,7 +2245,7 @@ class ConversationStateRepository:
                 payload = op.payload
                 self._observe(op.hlc)
                 self._clock_unheld = True       # (an op refused or a duplicate: its stamp is stored nowhere)
-                if isinstance(payload, dict) and payload.get("deleted"):
+                if payload.get("deleted") is True:     # (sync.is_tombstone: fold's rule, one test)
                     tomb_ids.append(op.op_id)
                     tomb_hlc[op.op_id] = str(op.hlc)
                     tomb_ch[op.op_id] = payload.get("conversation_id", "")

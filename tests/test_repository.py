@@ -124,6 +124,7 @@ def test_a_cool_index_naming_another_tasks_row_is_refused(tmp_path):
         rows = {no: fi.tasks for no, fi in repo._cool._files.items()}
         no = next(no for no, tasks in rows.items() if "t1" in tasks)
         rows[no]["t2"] = rows[no]["t1"][:1].copy()          # a t1 row listed as t2's
+        repo._cool._task_locs_d.clear()                     # (as if the index said so from the start)
         for attempt in ("cached", "read"):
             if attempt == "read":
                 repo._cool_decoded.clear()
@@ -1648,6 +1649,25 @@ def test_verify_names_a_cool_file_whose_magic_changed(tmp_path):
         assert repo.window("ch", 30) == [msg(i) for i in range(30)]
         report = repo.verify()
         assert not report.ok and [p.file for p in report.problems] == [str(path)]
+
+
+def test_merge_takes_a_tombstone_by_fold_s_rule_only(tmp_path):
+    """A tombstone is a payload whose "deleted" is true (JSON true), as fold
+    reads it: {"deleted": 1} deleted here while fold refused it as a turn
+    without a role, so two readers of one op set disagreed. Now both refuse
+    it, and nothing is deleted."""
+    from rune_fast.sync import fold
+    with ConversationStateRepository(tmp_path, durability="none") as repo:
+        repo.append(msg(1))
+        bad = ("msg_00000001", "000000000000009-0000000000-d", {"deleted": 1, "conversation_id": "ch"})
+        with pytest.raises(ValueError):
+            fold([bad], "ch")
+        with pytest.raises(ValueError, match="msg_00000001"):
+            repo.merge_ops([bad])
+        assert repo.get_message("msg_00000001").status is ReadStatus.FOUND_VERIFIED
+        good = ("msg_00000001", "000000000000009-0000000000-d", {"deleted": True, "conversation_id": "ch"})
+        assert repo.merge_ops([good]) == 0
+        assert repo.get_message("msg_00000001").status is ReadStatus.NOT_FOUND_CONFIRMED
 
 
 def test_bad_arguments_name_themselves_and_create_nothing(tmp_path):
