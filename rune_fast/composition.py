@@ -142,6 +142,26 @@ def _root_event_store(root: Any) -> EventStore | str | os.PathLike[str] | None:
     return None
 
 
+def _composed_for(root: Any, state_dir: str) -> bool:
+    """Whether ``root`` already holds this module's two repositories, open,
+    for ``state_dir``."""
+    get = getattr(root, "get", None)
+    if not callable(get):
+        return False
+    held = []
+    for kind in ("task_state", "conversation_state"):
+        try:
+            held.append(get(kind))
+        except KeyError:
+            return False
+    tasks, conversation = held
+    conversation_cls = _conversation_class()
+    return (isinstance(tasks, TaskStateRepository) and conversation_cls is not None
+            and isinstance(conversation, conversation_cls)
+            and not (tasks.closed or getattr(conversation, "_closed", False))
+            and tasks.state_dir == conversation.state_dir == state_dir)
+
+
 def build_conversation_state(paths: Mapping[str, str | os.PathLike[str]], **options: Any) -> AuthorityRoot:
     """Open both repositories for one run and return an :class:`AuthorityRoot`.
 
@@ -195,9 +215,12 @@ def compose_conversation_state(root: Any, state_dir: str | os.PathLike[str], **o
     :class:`EventStore`, or a path opened once here), else into
     ``state_dir/events.jsonl``. An event store opened here is registered as the
     root's ``"events"`` authority when the root has none. ``options`` go to
-    ``ConversationStateRepository``.
+    ``ConversationStateRepository``. A root that already holds both, open,
+    for ``state_dir`` is returned as it is.
     """
     state_dir = os.path.abspath(os.fspath(state_dir))
+    if _composed_for(root, state_dir):
+        return root     # (composed already: a second call must not open second writers)
     found = _root_event_store(root)
     opened = None
     if isinstance(found, EventStore):

@@ -124,6 +124,21 @@ def test_compose_onto_dict_root(tmp_path):
         _close(root.get)
 
 
+def test_composing_twice_for_one_state_dir_keeps_the_root_as_it_is(tmp_path):
+    """A second compose_conversation_state of the same state directory (a
+    frontend's setup run twice) returns the root with the repositories it
+    holds: it opened second writers, which got StateLockedError."""
+    root = {}
+    compose_conversation_state(root, tmp_path / "state")
+    try:
+        held = (root["task_state"], root["conversation_state"])
+        assert compose_conversation_state(root, tmp_path / "state") is root
+        assert (root["task_state"], root["conversation_state"]) == held
+        assert root["conversation_state"].append(msg("again")) is True
+    finally:
+        _close(root.get)
+
+
 @pytest.mark.parametrize("order", ["as registered", "reversed"])
 def test_closing_everything_a_composed_root_holds_in_any_order(tmp_path, order):
     """A caller that closes every object of its root (the shared event store
