@@ -1289,6 +1289,9 @@ class CoolArchive:
             except FileNotFoundError:
                 raise CorruptStateCheckpointError("cool archive named by the manifest is missing",
                                                   path=path) from None
+            except OSError as exc:      # (a folder in its place, say)
+                raise CorruptStateCheckpointError(f"cool archive named by the manifest is not readable: "
+                                                  f"{exc.strerror or exc}", path=path) from None
             want = (expect or {}).get(name)
             if want is not None and (size, footer) != (want[0], want[1]):
                 # the file was rewritten after it was archived (rows dropped,

@@ -158,6 +158,16 @@ def test_an_unreadable_archive_footer_names_its_offset(tmp_path):
     assert e.value.path == str(f) and e.value.offset == len(data) - 8 - n
 
 
+def test_an_archive_replaced_by_a_folder_is_refused_naming_it(tmp_path):
+    _store(tmp_path, hot_window=1)
+    f = next((tmp_path / "hot" / "conversation_cool").glob("*.parquet"))
+    f.unlink()
+    f.mkdir()
+    with pytest.raises(CorruptStateCheckpointError, match="not readable") as e:
+        ConversationStateRepository(tmp_path, hot_window=1)
+    assert e.value.path == str(f)
+
+
 def test_a_missing_task_checkpoint_is_refused(tmp_path):
     with TaskStateRepository(tmp_path) as tasks:
         tasks.create("a", "c")
