@@ -1929,13 +1929,13 @@ class ConversationStateRepository:
         segment) is left to verify()."""
         live_arr: list[np.ndarray] = []
 
-        def live(lo: int, hi: int) -> list[int]:
+        def live(lo: int, hi: int) -> np.ndarray:
             """The indexed locations in [lo, hi), ascending (all of them
             sorted once, at the first call that needs them)."""
             if not live_arr:
                 live_arr.append(np.sort(self._index.excess(0)))
             a = live_arr[0]
-            return a[np.searchsorted(a, lo):np.searchsorted(a, hi)].tolist()
+            return a[np.searchsorted(a, lo):np.searchsorted(a, hi)]
         for seg in self._seg_order:
             if seg not in self._lines_checked:
                 s = self._segs[seg]
@@ -1990,27 +1990,33 @@ class ConversationStateRepository:
                 self._filters_kept[seg] = n
 
     def _check_lines(self, seg: int, buf: Any, start: int, end: int, path: str,
-                     live: Callable[[int, int], list[int]]) -> None:
-        """Check the lines of ``seg`` in [start, end) (see _check_hot_lines).
-        A segment where the scan meets a damaged line, a cut one, or zeros
-        with live lines after them is noted as ragged (see search)."""
+                     live: Callable[[int, int], np.ndarray]) -> None:
+        """Check the lines of ``seg`` in [start, end) (see _check_hot_lines),
+        and that every indexed message there starts a line: sound lines moved
+        in the region an index snapshot vouches for would otherwise hide the
+        messages from a search (its hits are found in the bytes, then looked
+        up by offset). A segment where the scan meets a damaged line, a cut
+        one, or zeros with live lines after them is noted as ragged (see
+        search)."""
         base = seg << 40
         while start < end:
             scan = scan_frames(buf if buf is not None else b"", start, end)
+            sound_end = scan.good_end if scan.damaged_offset < 0 else scan.damaged_offset
+            _check_line_starts(scan.offsets, live(base | start, base | sound_end) & _OFF_MASK, path)
             if scan.damaged_offset < 0:
                 if scan.good_end < end:
                     # zeros (a segment's trailing preallocation, or zeroed
                     # lines) or a cut line: any live line from there on is
                     # checked by itself (a damaged one raises)
                     rest = live(base | scan.good_end, base | end)
-                    if rest or scan.torn_offset >= 0:
+                    if len(rest) or scan.torn_offset >= 0:
                         self._ragged.add(seg)
-                    if rest:
-                        self._index.check_lines(rest)
+                    if len(rest):
+                        self._index.check_lines(rest.tolist())
                 return
             self._ragged.add(seg)
             off = scan.damaged_offset
-            if live(base | off, base | off + 1):
+            if len(live(base | off, base | off + 1)):
                 raise CorruptStateCheckpointError(f"damaged line: {scan.damage}", path=path, offset=off)
             nl = memoryview(buf)[off:end].tobytes().find(b"\n")
             if nl < 0:
@@ -3101,6 +3107,18 @@ _SYNCED_MARK = -(1 << 62)
 #: store when the snapshot was written: the envelopes after it are those of
 #: the tail lines after the snapshot (see ``_note_unheld``)
 _EVENTS_MARK = -(1 << 61)
+
+
+def _check_line_starts(starts: np.ndarray, offsets: np.ndarray, path: str) -> None:
+    """CorruptStateCheckpointError at the first of ``offsets`` (ascending)
+    that is none of the line starts ``starts`` (ascending) of a sound scan."""
+    if not len(offsets):
+        return
+    at = np.searchsorted(starts, offsets)
+    bad = (at >= len(starts)) | (starts[np.minimum(at, len(starts) - 1)] != offsets)
+    if bad.any():
+        raise CorruptStateCheckpointError("an indexed message's line does not start at this offset "
+                                          "(lines moved)", path=path, offset=int(offsets[bad][0]))
 
 
 @contextlib.contextmanager

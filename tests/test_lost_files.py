@@ -448,6 +448,28 @@ def test_tail_lines_moved_or_repeated_are_refused(tmp_path, how):
     assert e.value.path == str(p) and e.value.offset == bad
 
 
+def test_lines_moved_where_the_snapshot_vouches_are_loud_in_a_search(tmp_path):
+    """Two sound lines of different lengths swapped in the region the index
+    snapshot vouches for (the open trusts it): a search over every channel
+    finds its hits in the bytes and looks them up by offset, so it returned
+    fewer messages without a word. Its first pass now finds an indexed
+    message whose line does not start where the index says."""
+    with ConversationStateRepository(tmp_path) as repo:
+        repo.append_many(ConversationMessageRecord(msg_id=f"m{i}", content=f"number {i}" + "x" * i,
+                                                   channel_id="c", ts=1.0 + i) for i in range(4))
+    p = tmp_path / "hot" / "conversation_tail.jsonl"
+    raw = p.read_bytes()
+    lines = [x + b"\n" for x in raw.rstrip(b"\0").split(b"\n")[:-1]]
+    lines[1], lines[3] = lines[3], lines[1]
+    new = b"".join(lines)
+    p.write_bytes(new + raw[len(new):])
+    with ConversationStateRepository(tmp_path) as repo:
+        with pytest.raises(CorruptStateCheckpointError, match="lines moved") as e:
+            repo.search("number")
+        assert e.value.path == str(p)
+        assert not repo.verify().ok
+
+
 @pytest.mark.parametrize("how,snapshot", [("repeat", False), ("swap", False), ("repeat", True), ("swap", True)])
 def test_lines_moved_or_repeated_across_a_segment_boundary_are_refused(tmp_path, monkeypatch, how, snapshot):
     """The last line of one sealed segment copied over the first of the next
