@@ -142,6 +142,10 @@ def _root_event_store(root: Any) -> EventStore | str | os.PathLike[str] | None:
     return None
 
 
+#: The options a composed root's conversation store keeps as attributes.
+_HELD_OPTIONS = ("compact_every", "hot_window", "durability", "read_only")
+
+
 def _composed_for(root: Any, state_dir: str) -> bool:
     """Whether ``root`` already holds this module's two repositories, open,
     for ``state_dir``."""
@@ -216,11 +220,21 @@ def compose_conversation_state(root: Any, state_dir: str | os.PathLike[str], **o
     ``state_dir/events.jsonl``. An event store opened here is registered as the
     root's ``"events"`` authority when the root has none. ``options`` go to
     ``ConversationStateRepository``. A root that already holds both, open,
-    for ``state_dir`` is returned as it is.
+    for ``state_dir`` is returned as it is (ValueError if ``options`` ask for
+    other settings than its conversation store has).
     """
     state_dir = os.path.abspath(os.fspath(state_dir))
     if _composed_for(root, state_dir):
-        return root     # (composed already: a second call must not open second writers)
+        # composed already: a second call must not open second writers, nor
+        # hand back a store other than the one it asks for
+        held = root.get("conversation_state")
+        for name, value in options.items():
+            if name not in _HELD_OPTIONS:
+                raise TypeError(f"compose_conversation_state: unexpected option {name!r}")
+            if getattr(held, name) != value:
+                raise ValueError(f"compose_conversation_state: the root already holds the conversation "
+                                 f"store of {state_dir} with {name}={getattr(held, name)!r}, not {value!r}")
+        return root
     found = _root_event_store(root)
     opened = None
     if isinstance(found, EventStore):

@@ -677,6 +677,13 @@ class ConversationStateRepository:
         self._ragged: set[int] = set()
         self._manifest_dirty = False    # an in-memory fold the manifest does not show yet
         self._index = self._load_index()
+        # seg -> where the bytes that were there at this load end: the region
+        # an index snapshot may vouch for, whose line starts the first search
+        # checks once (lines this process appends, ingests or rewrites are
+        # placed by the index itself); see _check_lines
+        self._vouched: dict[int, int] = {seg: s.size for seg, s in self._segs.items()}
+        if self._tail is not None:
+            self._vouched[self._tail_seg] = self._tail.size
         # (the last line's sequence: the tail's, else the last sealed segment's)
         self._next_seq = max(self._next_seq,
                              self._seq_floor(self._tail.size if self._tail is not None else 0) + 1)
@@ -1939,14 +1946,15 @@ class ConversationStateRepository:
         for seg in self._seg_order:
             if seg not in self._lines_checked:
                 s = self._segs[seg]
-                self._check_lines(seg, s.buf, 0, s.size, s.path, live)
+                self._check_lines(seg, s.buf, 0, s.size, s.path, live, self._vouched.pop(seg, 0))
                 self._lines_checked.add(seg)
         if self._tail is not None:
             seg, start = self._tail_checked
             if seg != self._tail_seg:
                 start = 0
             if self._tail.size > start:
-                self._check_lines(self._tail_seg, self._tail.buf, start, self._tail.size, self._tail.path, live)
+                self._check_lines(self._tail_seg, self._tail.buf, start, self._tail.size, self._tail.path, live,
+                                  self._vouched.pop(self._tail_seg, 0))
             self._tail_checked = (self._tail_seg, self._tail.size)
 
     def _read_seg_filters(self) -> None:
@@ -1990,9 +1998,10 @@ class ConversationStateRepository:
                 self._filters_kept[seg] = n
 
     def _check_lines(self, seg: int, buf: Any, start: int, end: int, path: str,
-                     live: Callable[[int, int], np.ndarray]) -> None:
+                     live: Callable[[int, int], np.ndarray], vouched_end: int = 0) -> None:
         """Check the lines of ``seg`` in [start, end) (see _check_hot_lines),
-        and that every indexed message there starts a line: sound lines moved
+        and that every indexed message before ``vouched_end`` (the bytes that
+        were there at the open: see _vouched) starts a line: sound lines moved
         in the region an index snapshot vouches for would otherwise hide the
         messages from a search (its hits are found in the bytes, then looked
         up by offset). A segment where the scan meets a damaged line, a cut
@@ -2001,8 +2010,9 @@ class ConversationStateRepository:
         base = seg << 40
         while start < end:
             scan = scan_frames(buf if buf is not None else b"", start, end)
-            sound_end = scan.good_end if scan.damaged_offset < 0 else scan.damaged_offset
-            _check_line_starts(scan.offsets, live(base | start, base | sound_end) & _OFF_MASK, path)
+            sound_end = min(vouched_end, scan.good_end if scan.damaged_offset < 0 else scan.damaged_offset)
+            if sound_end > start:
+                _check_line_starts(scan.offsets, live(base | start, base | sound_end) & _OFF_MASK, path)
             if scan.damaged_offset < 0:
                 if scan.good_end < end:
                     # zeros (a segment's trailing preallocation, or zeroed

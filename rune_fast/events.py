@@ -707,7 +707,7 @@ class EventStore:
         ``None`` if no complete line passing its check starts there (past the
         end, mid-line, torn or damaged: :meth:`verify` reports damage).
         ``loud=True``: a complete line (newline included) that starts there,
-        not with a zero byte, and fails its check or is no envelope raises
+        holds no zero byte, and fails its check or is no envelope raises
         CorruptStateCheckpointError naming the file and offset instead."""
         if self._log.closed:
             raise StoreClosedError(f"event store {self.path} is closed")
@@ -731,7 +731,9 @@ class EventStore:
             else:
                 problem = "" if isinstance(env, dict) else "not a JSON object"
         if problem:
-            if loud and not line.startswith(b"\0"):     # (zeros: a power loss's, as past the end)
+            # zeros are what a power loss leaves (past the end, or a page of an
+            # unsynced region lost between two that were kept), not damage
+            if loud and b"\0" not in line:
                 raise CorruptStateCheckpointError(f"damaged envelope line: {problem}",
                                                   path=self.path, offset=offset)
             return None

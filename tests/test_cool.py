@@ -537,7 +537,7 @@ def test_damage_found_by_a_lazy_sidecar_read_is_loud(cdir):
 
 
 @pytest.mark.parametrize("damage", ["delete", "flip", "truncate", "garbage"])
-def test_sidecar_damage_rebuilt(cdir, damage):
+def test_sidecar_damage_rebuilt(cdir, damage, caplog):
     a, rows = make_archive(cdir, 90, 1)
     ipath = os.path.join(index_dir_for(cdir), "cool-00000001.idx")
     good = read_bytes(ipath)
@@ -553,8 +553,12 @@ def test_sidecar_damage_rebuilt(cdir, damage):
             data = bytearray(b"\x00" * 64)
         with open(ipath, "wb") as f:
             f.write(data)
-    b = CoolArchive.open(cdir, a.files())
-    assert b.rebuilt_sidecars == ["cool-00000001.idx"]
+    with caplog.at_level("WARNING", logger="rune_fast.cool"):
+        b = CoolArchive.open(cdir, a.files())
+        assert b.rebuilt_sidecars == ["cool-00000001.idx"]
+    why = "missing" if damage == "delete" else "damaged"
+    said = [r.getMessage() for r in caplog.records if "rebuilt from" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(f"cool index {ipath} is {why}")   # (not silent)
     assert read_bytes(ipath) == good
     assert [r.record for r in b.channel_rows("ch1")] == [r for r in rows if r["channel_id"] == "ch1"]
     assert b.verify() == []

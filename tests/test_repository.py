@@ -1670,6 +1670,23 @@ def test_merge_takes_a_tombstone_by_fold_s_rule_only(tmp_path):
         assert repo.get_message("msg_00000001").status is ReadStatus.NOT_FOUND_CONFIRMED
 
 
+def test_latest_task_checks_the_lines_it_reads(tmp_path):
+    """A flipped byte in the task id of a channel's newest line, in the
+    region the index snapshot vouches for: latest_task raises naming the
+    file and the line's offset (it returned the flipped id as sound)."""
+    with ConversationStateRepository(tmp_path) as repo:
+        repo.append_many(msg(i, task=f"task{i}") for i in range(5))
+    p = tmp_path / "hot" / "conversation_tail.jsonl"
+    raw = bytearray(p.read_bytes())
+    at = raw.rindex(b'"task4"') + 5
+    raw[at] = ord("9")
+    p.write_bytes(bytes(raw))
+    with ConversationStateRepository(tmp_path) as repo:
+        with pytest.raises(CorruptStateCheckpointError) as e:
+            repo.latest_task("ch")
+        assert e.value.path == str(p) and e.value.offset == raw.rindex(b"\n", 0, at) + 1
+
+
 def test_bad_arguments_name_themselves_and_create_nothing(tmp_path):
     from rune_fast.tasks import TaskStateRepository
     target = tmp_path / "never"

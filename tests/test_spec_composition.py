@@ -133,8 +133,14 @@ def test_composing_twice_for_one_state_dir_keeps_the_root_as_it_is(tmp_path):
     try:
         held = (root["task_state"], root["conversation_state"])
         assert compose_conversation_state(root, tmp_path / "state") is root
+        assert compose_conversation_state(root, tmp_path / "state", durability="fsync", hot_window=512) is root
         assert (root["task_state"], root["conversation_state"]) == held
         assert root["conversation_state"].append(msg("again")) is True
+        with pytest.raises(ValueError, match="durability='fsync', not 'none'"):
+            compose_conversation_state(root, tmp_path / "state", durability="none")
+        with pytest.raises(TypeError, match="bogus"):
+            compose_conversation_state(root, tmp_path / "state", bogus=1)
+        assert (root["task_state"], root["conversation_state"]) == held
     finally:
         _close(root.get)
 

@@ -773,6 +773,18 @@ def test_a_damaged_envelope_of_a_logged_change_is_loud(tmp_path):
     _write(path, data[:second] + bytes(third - second - 1) + data[third - 1:])
     with TaskStateRepository(tmp_path) as again:
         assert again.stats()["rejournaled"] == 1 and again.get(a.task_id) == a
+    # a page lost between two kept ones: the line there starts with the
+    # envelope's bytes, then zeros, then the end of the next line
+    repo = TaskStateRepository(tmp_path, checkpoint_every=1000)
+    more = [repo.create(f"m{i}", "c") for i in range(3)]
+    _crash(repo)
+    data = path.read_bytes()
+    start = data.index(b'"' + more[0].task_id.encode()) - 30
+    start = data.rindex(b"\n", 0, start) + 1
+    nxt = data.index(b"\n", start) + 1
+    _write(path, data[:start + 40] + bytes(nxt + 40 - start - 40) + data[nxt + 40:])
+    with TaskStateRepository(tmp_path) as again:
+        assert again.stats()["rejournaled"] == 2 and [again.get(t.task_id) for t in more] == more
 
 
 def test_a_task_record_over_the_size_limit_writes_nothing(tmp_path):
