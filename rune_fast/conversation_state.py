@@ -1400,7 +1400,11 @@ class ConversationStateRepository:
         self._next_seq += len(fresh)
         # a writer always has its tail and event store (None only in a viewer)
         tail = cast("TailFile", self._tail)
-        off, remapped = tail.append(data)
+        try:
+            off, remapped = tail.append(data)
+        except DurabilityError as exc:
+            self._fail(exc)
+            raise
         seg = self._tail_seg
         # _wmark before _wpos: a syncer reads _wpos first, so one that sees
         # these bytes counted also sees (and publishes) where they end
@@ -1441,12 +1445,18 @@ class ConversationStateRepository:
             if ch in fold:
                 self._note_fold_order(m)
         self._observe_stamps(msgs if len(fresh) == len(msgs) else [msgs[i] for i in fresh])
-        # journaled with one write; durable by the next checkpoint, re-derived
-        # from the tail by recovery if a crash loses it first
-        cast("EventStore", self._events).append_encoded(
-            message_envelopes(keys, hashes, fresh, codec.dumps(time.time())), offset=False)
         self._since_compact += len(fresh)
         self._snap_changes += len(fresh)
+        # journaled with one write; durable by the next checkpoint, re-derived
+        # from the tail by recovery if a crash loses it first
+        events = cast("EventStore", self._events)
+        try:
+            events.append_encoded(message_envelopes(keys, hashes, fresh, codec.dumps(time.time())), offset=False)
+        except (OSError, DurabilityError) as exc:
+            # (the lines are in the tail: "maybe stored", as after a failed sync)
+            self._fail(exc)
+            raise DurabilityError(f"journal of {len(fresh)} message(s) in {events.path} failed: {exc}; "
+                                  "the store refuses writes until reopened") from exc
         return self._wpos, len(fresh)
 
     def _observe_stamps(self, recs: list[ConversationMessageRecord]) -> None:
@@ -1532,6 +1542,15 @@ class ConversationStateRepository:
         # Measured: with 2-4 appending threads in "batch" mode, a leader that
         # waited 0.5 ms for them first had 1.5-2x less throughput.
         self._sync_as_syncer()
+
+    def _fail(self, exc: BaseException) -> None:
+        """Refuse every later write until the store is reopened: a write or
+        sync failed (SPEC: reported, never retried silently). Waiters of a
+        group commit are woken to see it."""
+        with self._sync_cond:
+            if self._sync_error is None:
+                self._sync_error = exc
+            self._sync_cond.notify_all()
 
     def _sync_now(self) -> None:
         """Sync the tail now (lock held); records a failure for every waiter."""
@@ -1646,7 +1665,9 @@ class ConversationStateRepository:
             if self.durability != "none":
                 os.fdatasync(fd)
         except OSError as exc:
-            raise DurabilityError(f"write of tombstones to {self._tomb_path} failed: {exc}") from exc
+            self._fail(exc)
+            raise DurabilityError(f"write of tombstones to {self._tomb_path} failed: {exc}; the store "
+                                  "refuses writes until reopened") from exc
         finally:
             os.close(fd)
         self._tomb_last = self._tomb_size + data.rfind(b"\n", 0, len(data) - 1) + 1
@@ -1661,8 +1682,6 @@ class ConversationStateRepository:
         deleted = 0
         for mid, channel, loc, in_cool in todo:
             self._tombstones[mid] = channel
-            self._events.append("conversation.deleted", mid, payload_hash({"msg_id": mid}),
-                                channel_id=channel)
             if loc >= 0:
                 self._index.remove(codec.key(mid))
                 self._decoded.pop(loc, None)
@@ -1674,8 +1693,18 @@ class ConversationStateRepository:
                 self._pending_erase.add(mid)
                 deleted += 1
         self._snap_changes += len(todo)
-        if self.durability != "none":
-            self._events.sync()
+        # (after the reads see the deletions: the tombstones are durable, and
+        # every read must agree with what the next open will read)
+        try:
+            for mid, channel, _loc, _in_cool in todo:
+                self._events.append("conversation.deleted", mid, payload_hash({"msg_id": mid}),
+                                    channel_id=channel)
+            if self.durability != "none":
+                self._events.sync()
+        except (OSError, DurabilityError) as exc:
+            self._fail(exc)
+            raise DurabilityError(f"journal of {len(todo)} deletion(s) in {self._events.path} failed: {exc}; "
+                                  "the store refuses writes until reopened") from exc
         return deleted
 
     # ------------------------------------------------------------------

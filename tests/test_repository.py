@@ -513,6 +513,63 @@ def test_failed_sync_is_reported_and_store_refuses_writes(tmp_path, monkeypatch)
         assert repo.append(msg(3))
 
 
+def test_a_failed_journal_or_tombstone_write_makes_the_store_refuse_writes(tmp_path, monkeypatch):
+    """A write of events.jsonl or of the tombstones that fails is reported
+    (DurabilityError) and the store then refuses every write until reopened,
+    as after a failed sync: appends after a failed journal write were stored
+    while each raised, and a failed tombstone sync was forgotten. A deletion
+    whose journal write failed is seen by every read alike (its tombstone is
+    durable: the next open applies it)."""
+    import errno
+
+    import rune_fast.events as events_mod
+    with ConversationStateRepository(tmp_path) as repo:
+        repo.append_many([msg(i) for i in range(3)])
+    real = events_mod.locked_write
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    repo = ConversationStateRepository(tmp_path)
+    monkeypatch.setattr(events_mod, "locked_write", full)
+    with pytest.raises(DurabilityError, match="journal of 1 message"):
+        repo.append(msg(10))
+    monkeypatch.setattr(events_mod, "locked_write", real)
+    for write in (lambda: repo.append(msg(11)), lambda: repo.delete("msg_00000000")):
+        with pytest.raises(DurabilityError, match="refuses writes"):
+            write()
+    assert repo.get_message("msg_00000011").status is ReadStatus.NOT_FOUND_CONFIRMED
+    repo.close()
+    repo = ConversationStateRepository(tmp_path)
+    monkeypatch.setattr(events_mod, "locked_write", full)
+    with pytest.raises(DurabilityError, match="journal of 1 deletion"):
+        repo.delete("msg_00000001")
+    monkeypatch.setattr(events_mod, "locked_write", real)
+    assert repo.get_message("msg_00000001").status is ReadStatus.NOT_FOUND_CONFIRMED
+    assert "msg_00000001" not in [m.msg_id for m in repo.window("ch", 10)] and len(repo) == 3
+    with pytest.raises(DurabilityError):
+        repo.append(msg(12))
+    repo.close()
+    repo = ConversationStateRepository(tmp_path)
+    real_sync = os.fdatasync
+
+    def broken(fd):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("conversation_tombstones.jsonl"):
+            raise OSError(errno.EIO, "Input/output error")
+        real_sync(fd)
+    monkeypatch.setattr(os, "fdatasync", broken)
+    with pytest.raises(DurabilityError, match="tombstones"):
+        repo.delete("msg_00000002")
+    monkeypatch.setattr(os, "fdatasync", real_sync)
+    with pytest.raises(DurabilityError):
+        repo.append(msg(13))
+    repo.close()
+    with ConversationStateRepository(tmp_path) as repo:
+        assert repo.get_message("msg_00000010").status is ReadStatus.FOUND_VERIFIED   # (maybe stored)
+        assert [repo.get_message(f"msg_{i:08d}").status for i in (11, 12, 13)] == [
+            ReadStatus.NOT_FOUND_CONFIRMED] * 3
+        assert repo.append(msg(14)) and repo.verify().ok
+
+
 def test_late_stamped_message_takes_its_place_across_tiers(tmp_path):
     hlc = lambda w: f"{w:015d}-{0:010d}-dev"   # noqa: E731
     with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=2) as repo:
