@@ -11,7 +11,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.pythread cimport (PyThread_acquire_lock, PyThread_allocate_lock,
                                PyThread_free_lock, PyThread_release_lock)
-from libc.errno cimport EINTR, EIO, errno
+from libc.errno cimport EINTR, EINVAL, EIO, ENOSYS, ENXIO, EOPNOTSUPP, errno
 from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.stdlib cimport free
 from libc.string cimport memchr, memcpy, memset
@@ -21,6 +21,19 @@ from posix.stat cimport fstat, struct_stat
 from posix.unistd cimport close as c_close
 from posix.unistd cimport fdatasync, ftruncate
 from posix.unistd cimport pwrite as c_pwrite
+from posix.types cimport off_t
+
+
+cdef extern from "<unistd.h>" nogil:
+    off_t lseek(int fd, off_t offset, int whence)
+    const int SEEK_DATA
+    const int SEEK_HOLE
+
+
+cdef extern from "<fcntl.h>" nogil:
+    int fallocate(int fd, int mode, off_t offset, off_t len)
+    const int FALLOC_FL_KEEP_SIZE
+    const int FALLOC_FL_PUNCH_HOLE
 from posix.unistd cimport write as c_write
 
 cimport _xxh
@@ -586,27 +599,74 @@ cdef class MappedFile:
             munmap(self._base, <size_t>self._size)
 
 
+cdef off_t _data_end(int fd, off_t size) noexcept nogil:
+    """Where the file's last data ends: a hole after it (space reserved by
+    ftruncate, never written) is left out, so that no read of the map
+    faults on a page the file system cannot back (a full tmpfs raises
+    SIGBUS there). ``size`` where the file system cannot tell."""
+    cdef off_t pos = 0, data, hole, end = 0
+    cdef int i
+    for i in range(4096):
+        data = lseek(fd, pos, SEEK_DATA)
+        if data < 0:
+            return end if errno == ENXIO else size
+        hole = lseek(fd, data, SEEK_HOLE)
+        if hole < 0:
+            return size
+        end = hole
+        if hole >= size:
+            return size
+        pos = hole
+    return size
+
+
+def data_end(int fd, Py_ssize_t size):
+    """Where the data of the open file ``fd`` (of ``size`` bytes) ends: the
+    start of its last hole, ``size`` without one (see map_file)."""
+    return _data_end(fd, size)
+
+
+def punch_hole(int fd, Py_ssize_t start, Py_ssize_t end):
+    """Give back the blocks of bytes ``[start, end)`` of the open file
+    ``fd`` (they read as zeros; the length stays, so a map of the file
+    elsewhere stays valid). False where the file system cannot (nothing
+    changes then); OSError for any other failure."""
+    cdef int rc
+    if end <= start:
+        return True
+    with nogil:
+        rc = fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, start, end - start)
+    if rc == 0:
+        return True
+    if errno in (EOPNOTSUPP, ENOSYS, EINVAL):
+        return False
+    raise OSError(errno, os.strerror(errno))
+
+
 def map_file(path):
     """(map, size) of the file at `path`: a read-only :class:`MappedFile`, or
-    None for an empty file. OSError (naming the file) if it cannot be opened
-    or mapped."""
+    None for an empty file. A hole at its end (space reserved and never
+    written: zeros) is left out of the map and of ``size``. OSError (naming
+    the file) if it cannot be opened or mapped."""
     cdef bytes p = os.fsencode(path)
     cdef int fd = c_open(p, O_RDONLY | O_CLOEXEC)
     cdef struct_stat st
+    cdef off_t size
     cdef void *base
     if fd < 0:
         raise OSError(errno, os.strerror(errno), os.fsdecode(path))
     try:
         if fstat(fd, &st) != 0:
             raise OSError(errno, os.strerror(errno), os.fsdecode(path))
-        if st.st_size == 0:
+        size = _data_end(fd, st.st_size)
+        if size == 0:
             return None, 0
-        base = mmap(NULL, <size_t>st.st_size, PROT_READ, MAP_SHARED, fd, 0)
+        base = mmap(NULL, <size_t>size, PROT_READ, MAP_SHARED, fd, 0)
         if base == MAP_FAILED:
             raise OSError(errno, os.strerror(errno), os.fsdecode(path))
     finally:
         c_close(fd)
     cdef MappedFile m = MappedFile.__new__(MappedFile)
     m._base = base
-    m._size = <Py_ssize_t>st.st_size
+    m._size = <Py_ssize_t>size
     return m, m._size

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import errno
 import functools
 import logging
 import math
@@ -467,6 +468,14 @@ class ConversationStateRepository:
         self._published: int = -1
         try:
             self._open(events)
+        except OSError as exc:
+            self._release()
+            if exc.errno not in _WRITE_FAULTS:
+                raise
+            # (recovery writes: a quarantined line, a finished roll, envelopes)
+            raise DurabilityError(f"open of {self.state_dir} failed writing "
+                                  f"{exc.filename or self.state_dir}: {exc.strerror or exc}; "
+                                  "a read-only open still reads the store") from exc
         except BaseException:
             self._release()
             raise
@@ -726,10 +735,8 @@ class ConversationStateRepository:
         """(offset, record) of each message line of the tail after the last
         compaction (``_covered``)."""
         assert self._tail is not None       # only called with a tail
-        for off, ln in self._tail_lines(self._covered, self._tail.size):
-            line = self._tail.buf[off:off + ln]
-            if bytes(line[23:30]) == codec.MESSAGE_PREFIX[:7]:
-                yield off, codec.record_from_line(line, path=self._tail.path, offset=off)[0]
+        yield from _message_lines(self._tail.buf, self._tail.path,
+                                  self._tail_lines(self._covered, self._tail.size))
 
     def _seq_floor(self, start: int) -> int:
         """The append sequence of the line before tail offset ``start`` (at
@@ -782,18 +789,69 @@ class ConversationStateRepository:
             fsync_dir(self.hot_dir)
 
     def _recover_roll(self) -> None:
-        """Finish a tail roll that a crash interrupted (tail renamed, manifest not moved)."""
+        """Finish or undo a tail roll the manifest does not show: the tail
+        was renamed to sealed segment ``tail_seg`` (synced, then the folder
+        synced) and a new tail made, and then a crash, or a compaction that
+        failed (a full disk), kept the manifest from moving.
+
+        A new tail holding nothing but zeros (or missing) is undone: the
+        sealed file becomes the tail again. One holding bytes took appends
+        after the roll: the roll is finished as the compaction would have
+        (segment ``tail_seg`` sealed, the tail is segment ``next_seg``), the
+        envelopes of the sealed lines after the last compaction are derived
+        again where missing, and the manifest is written (a viewer does the
+        same in memory and writes nothing)."""
         sealed = os.path.join(self.hot_dir, seg_name(self._tail_seg))
-        if self._tail_seg not in self._segs and os.path.exists(sealed):
-            tail_path = os.path.join(self.hot_dir, TAIL_NAME)
-            if os.path.exists(tail_path) and os.path.getsize(tail_path) > 0:
-                raise CorruptStateCheckpointError(
-                    f"both the tail and sealed segment {self._tail_seg} hold data", path=tail_path)
-            if self.read_only:
-                # The writer is mid-roll; read the sealed file as the tail.
-                return
-            os.replace(sealed, tail_path)
-            fsync_dir(self.hot_dir)
+        if self._tail_seg in self._segs or not os.path.exists(sealed):
+            return
+        tail_path = os.path.join(self.hot_dir, TAIL_NAME)
+        if _holds_bytes(tail_path):
+            self._finish_roll(sealed)
+            return
+        if self.read_only:
+            # The writer is mid-roll; read the sealed file as the tail.
+            return
+        os.replace(sealed, tail_path)
+        fsync_dir(self.hot_dir)
+
+    def _finish_roll(self, sealed: str) -> None:
+        """The second half of an interrupted roll (see _recover_roll)."""
+        seg = self._tail_seg
+        s = self._segs[seg] = Segment(sealed, seg)
+        scan = scan_frames(s.buf if s.buf is not None else b"")
+        if scan.damaged_offset >= 0 or scan.torn_offset >= 0:
+            at = scan.damaged_offset if scan.damaged_offset >= 0 else scan.torn_offset
+            raise CorruptStateCheckpointError(
+                f"sealed segment {seg} of an interrupted tail roll holds a damaged line: "
+                f"{scan.damage or 'cut short'}", path=sealed, offset=at)
+        covered, self._covered = self._covered, 0
+        self._seg_order.append(seg)
+        self._seg_ends[seg] = scan.good_end
+        self._tail_seg = self._next_seg
+        self._next_seg += 1
+        log.warning("%s: a tail roll was interrupted (a crash or a failed compaction) after "
+                    "appends to the new tail: finished as segment %d", sealed, seg)
+        if self.read_only:
+            return
+        assert self._events is not None     # a writer always has its event store
+        # envelopes of the sealed lines after the last compaction: written
+        # after their lines, maybe lost with the compaction that failed
+        start = self._events.next_line_start(self._covered_events)
+        journaled = {env["id"] for env in self._events.iter_envelopes(start)
+                     if env.get("type") == "conversation.message" and type(env.get("id")) is str}
+        lines = [(off, ln) for off, ln in zip(scan.offsets.tolist(), scan.lengths.tolist()) if off >= covered]
+        missing = [rec for _off, rec in _message_lines(s.buf, sealed, lines) if rec.msg_id not in journaled]
+        for rec in missing:
+            self._events.append("conversation.message", rec.msg_id, payload_hash(rec))
+        if missing:
+            self._events.sync()
+            self._rejournaled += len(missing)
+        m = dict(self._manifest)
+        m.update(segments=list(self._seg_order), tail_seg=self._tail_seg, next_seg=self._next_seg,
+                 covered=0, segment_ends={str(g): e for g, e in self._seg_ends.items()
+                                          if g in self._segs})
+        self._manifest_store.write(m)
+        self._manifest = m
 
     def _attach_all(self, index: HotIndex) -> None:
         for seg in self._seg_order:
@@ -917,7 +975,7 @@ class ConversationStateRepository:
         if covered.get(_TAIL_MARK) != self._tail_seg:
             return None
         sealed = {s: o for s, o in covered.items() if s >= 0 and s != self._tail_seg}
-        now = {seg: self._segs[seg].size for seg in self._seg_order}
+        now = {seg: self._segs[seg].file_size for seg in self._seg_order}
         if sealed != now:
             if covered.get(_SYNCED_MARK) and sealed.keys() == now.keys():
                 # the same segments, one of another size: a sealed segment
@@ -1218,7 +1276,7 @@ class ConversationStateRepository:
             raise ReadOnlyStoreError(f"conversation repository {self.state_dir} is open read-only")
         if self._sync_error is not None:
             raise DurabilityError(f"conversation repository {self.state_dir} refuses writes after a "
-                                  f"failed sync ({self._sync_error}); reopen it") from self._sync_error
+                                  f"failed write or sync ({self._sync_error}); reopen it") from self._sync_error
 
     def _path_of(self, seg: int) -> str:
         if seg == self._tail_seg and self._tail is not None:
@@ -2464,6 +2522,28 @@ class ConversationStateRepository:
 
     def _compact(self, *, full: bool, start_bg: bool = True, settle: bool = True,
                  cool_excess: bool = True) -> CompactionReport:
+        """A compaction (lock held; see _compact_now). A write, sync or
+        rename that fails in it (a full disk, an I/O error) makes the store
+        refuse writes until reopened, as a failed append does: its files may
+        be half moved (a rolled tail, a cooled run) where only the manifest,
+        which did not move, says what is stored, and the next open finishes
+        or undoes them. DurabilityError names the file."""
+        with self._lock:
+            try:
+                return self._compact_now(full=full, start_bg=start_bg, settle=settle,
+                                         cool_excess=cool_excess)
+            except DurabilityError as exc:
+                self._fail(exc)
+                raise
+            except OSError as exc:
+                self._fail(exc)
+                raise DurabilityError(
+                    f"compaction of {self.state_dir} failed writing {exc.filename or self.hot_dir}: "
+                    f"{exc.strerror or exc}; every acknowledged message is on disk, and the store "
+                    f"refuses writes until reopened") from exc
+
+    def _compact_now(self, *, full: bool, start_bg: bool = True, settle: bool = True,
+                     cool_excess: bool = True) -> CompactionReport:
         """A compaction (lock held). ``settle=False``: leave a background
         merge running (the caller checked that one runs and that nothing is
         to be erased): nothing is cooled or merged then, only the tail and
@@ -2765,6 +2845,7 @@ class ConversationStateRepository:
         old = self._tail
         seg = self._tail_seg
         self._seg_ends[seg] = old.size
+        old.release_reserved()
         old.close()
         sealed = os.path.join(self.hot_dir, seg_name(seg))
         os.replace(old.path, sealed)
@@ -2843,7 +2924,7 @@ class ConversationStateRepository:
         # counted in _wpos (an fdatasync with nothing to write is cheap)
         self._sync_now()
         assert self._tail is not None       # a writer always has its tail
-        covered = {seg: self._segs[seg].size for seg in self._seg_order}
+        covered = {seg: self._segs[seg].file_size for seg in self._seg_order}
         covered[self._tail_seg] = self._tail.size
         covered[_TAIL_MARK] = self._tail_seg
         if self._events is not None:
@@ -2860,7 +2941,7 @@ class ConversationStateRepository:
     def _snap_layout(self) -> tuple:
         """The files an index snapshot is written against: the sealed
         segments with their sizes, the tail's number and the cool files."""
-        return (tuple((seg, self._segs[seg].size) for seg in self._seg_order), self._tail_seg,
+        return (tuple((seg, self._segs[seg].file_size) for seg in self._seg_order), self._tail_seg,
                 tuple(self._manifest["cool_files"]))
 
     def _snapshot_serves(self) -> bool:
@@ -3091,7 +3172,14 @@ class ConversationStateRepository:
                         # (the clock too: stamps it issued, stored or not, stay behind the next session's)
                         self._write_manifest(list(self._manifest["cool_files"]))
                     if self._snap_changes and not self._snapshot_serves():
-                        self._write_snapshot()
+                        try:
+                            self._write_snapshot()
+                        except OSError as exc:
+                            # a cache: the next open reads the tail lines after the old one
+                            log.warning("%s: index snapshot not written at close: %s", self.hot_dir, exc)
+            except OSError as exc:
+                raise DurabilityError(f"close of {self.state_dir} failed writing "
+                                      f"{exc.filename or self.hot_dir}: {exc.strerror or exc}") from exc
             finally:
                 self._closed = True
                 self._release()
@@ -3186,6 +3274,35 @@ def _resident_file_bytes() -> int | None:
             return int(f.read().split()[2]) * mmap.PAGESIZE
     except (OSError, ValueError, IndexError):
         return None
+
+
+#: errno values of a write the disk could not take: an open's recovery that
+#: meets one raises DurabilityError
+_WRITE_FAULTS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS})
+
+
+def _message_lines(buf: Any, path: str, lines: Iterable[tuple[int, int]]
+                   ) -> Iterator[tuple[int, ConversationMessageRecord]]:
+    """(offset, record) of each message line among ``lines`` ((offset,
+    length) of checked lines in ``buf``); task lines are passed over."""
+    with memoryview(buf) as view:        # (released: a map with a view cannot close)
+        for off, ln in lines:
+            line = view[off:off + ln]
+            if bytes(line[23:30]) == codec.MESSAGE_PREFIX[:7]:
+                yield off, codec.record_from_line(line, path=path, offset=off)[0]
+
+
+def _holds_bytes(path: str) -> bool:
+    """Whether the file at ``path`` exists and holds a byte other than zero
+    (zeros are preallocation: a tail that took no line)."""
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                if chunk.strip(b"\0"):
+                    return True
+    except FileNotFoundError:
+        pass
+    return False
 
 
 def _unlink(path: str) -> None:

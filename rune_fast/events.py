@@ -315,8 +315,12 @@ class FramedLog:
                     written = os.write(fd, view)
                     view = view[written:]
                 os.fsync(fd)
-            finally:
+            except OSError as exc:
+                # (a full disk: no empty quarantine file is left behind)
                 os.close(fd)
+                os.unlink(qpath)
+                raise OSError(exc.errno, exc.strerror, qpath) from exc
+            os.close(fd)
             fsync_dir(os.path.dirname(qpath))
             return qpath
 

@@ -11,6 +11,8 @@ where the synced lines end).
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import mmap
 import os
@@ -22,7 +24,7 @@ from typing import Callable, TypeVar
 
 import xxhash
 
-from ._log import map_file, pwrite_all
+from ._log import data_end, map_file, punch_hole, pwrite_all
 from .errors import DurabilityError, FramingError, StoreClosedError, RecoveryWarning
 from .events import fsync_dir
 
@@ -129,6 +131,20 @@ def read_kept(path: str, decode: Callable[[bytes], T], *, remove_bad: bool) -> T
         return None
 
 
+def _reserve(fd: int, start: int, end: int) -> None:
+    """Back bytes ``[start, end)`` of the file with blocks (posix_fallocate;
+    the file grows to ``end`` if shorter), so that writing or reading them
+    through a map never meets a full disk. A file system that cannot
+    (EOPNOTSUPP, EINVAL) gets the length alone (ftruncate: a hole)."""
+    try:
+        os.posix_fallocate(fd, start, end - start)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+        if os.fstat(fd).st_size < end:
+            os.ftruncate(fd, end)
+
+
 def _map(fd: int, size: int):
     if size == 0:
         return None
@@ -169,12 +185,16 @@ def release_pages(buf) -> None:
 
 
 class Segment:
-    """A sealed segment: a read-only file and its map."""
+    """A sealed segment: a read-only file and its map. ``size`` is where
+    its data ends (what is mapped: the zeros a tail had reserved ahead are
+    left out where they are a hole); ``file_size`` is the file's length,
+    which index snapshots record (a sealed file never changes)."""
 
     def __init__(self, path: str, seg: int) -> None:
         self.path = path
         self.seg = seg
         self.buf, self.size = map_file(path)
+        self.file_size = os.stat(path).st_size
 
     def close(self) -> None:
         self.buf = None
@@ -196,6 +216,8 @@ class TailFile:
         flags = os.O_CLOEXEC | (os.O_RDONLY if read_only else os.O_RDWR | os.O_CREAT)
         self._fd = os.open(path, flags, 0o600)
         self.file_size = os.fstat(self._fd).st_size
+        if not read_only:
+            self.file_size = self._backed_size()
         self.size = self.file_size if logical_size is None else logical_size
         self.buf = _map(self._fd, self.file_size)
         self.failed: BaseException | None = None
@@ -212,12 +234,42 @@ class TailFile:
         return True
 
     # -- writing -------------------------------------------------------
+    def _backed_size(self) -> int:
+        """The part of the file the writer maps: all of it once the space
+        reserved ahead is backed by blocks (a tail written by an older build
+        reserved it as a hole). Where the file system cannot back it (a full
+        disk), only the bytes before the hole: a read of a hole that a full
+        tmpfs cannot back kills the process (SIGBUS), and the hole holds no
+        line; appends reserve it again."""
+        end = data_end(self._fd, self.file_size)
+        if end < self.file_size:
+            try:
+                _reserve(self._fd, end, self.file_size)
+            except OSError as exc:
+                log.warning("%s: the %d bytes reserved after offset %d cannot be backed (%s): "
+                            "left out of the map", self.path, self.file_size - end, end, exc)
+                return end
+        return self.file_size
+
     def _ensure_capacity(self, need: int) -> bool:
+        """Reserve space for the file to hold ``need`` bytes (blocks, not a
+        hole: see _reserve), a chunk ahead; on a disk too full for the chunk,
+        just what the write needs. OSError naming the file if even that
+        cannot be had: nothing is written then."""
         if need <= self.file_size:
             return False
         chunk = min(max(self.file_size // 4, _MIN_CHUNK), _MAX_CHUNK)
         new_size = max(need, self.file_size + chunk)
-        os.ftruncate(self._fd, new_size)
+        try:
+            _reserve(self._fd, self.file_size, new_size)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise OSError(exc.errno, exc.strerror, self.path) from exc
+            new_size = need
+            try:
+                _reserve(self._fd, self.file_size, new_size)
+            except OSError as exc2:
+                raise OSError(exc2.errno, exc2.strerror, self.path) from exc2
         self.file_size = new_size
         self.buf = _map(self._fd, new_size)
         return True
@@ -255,6 +307,15 @@ class TailFile:
         except OSError as exc:
             self.failed = exc
             raise DurabilityError(f"fdatasync of {self.path} failed: {exc}") from exc
+
+    def release_reserved(self) -> None:
+        """Give back the space reserved after the last line (a tail about to
+        be sealed): it stays zeros, as a hole. A file system that cannot
+        keeps it as it is."""
+        try:
+            punch_hole(self._fd, self.size, self.file_size)
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, self.path) from exc
 
     def discard_from(self, size: int) -> None:
         """Zero every byte from ``size`` on and make ``size`` the logical end
@@ -381,6 +442,9 @@ def write_file(path: str, data: bytes, *, exclusive: bool = False, sync: bool = 
             view = view[os.write(fd, view):]
         if sync:
             os.fsync(fd)
+    except OSError as exc:
+        # (os.write and os.fsync name no file)
+        raise OSError(exc.errno, exc.strerror, path) from exc
     finally:
         os.close(fd)
 
@@ -394,7 +458,13 @@ def quarantine_bytes(qdir: str, source: str, offset: int, data: bytes) -> str:
     os.makedirs(qdir, mode=0o700, exist_ok=True)
     name = f"{os.path.basename(source)}.{offset}.{time.time_ns()}.torn"
     path = os.path.join(qdir, name)
-    write_file(path, data, exclusive=True)
+    try:
+        write_file(path, data, exclusive=True)
+    except OSError:
+        # (a full disk: no empty quarantine file is left behind)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        raise
     fsync_dir(qdir)
     msg = (f"rune_fast: {source}: a final line cut short at offset {offset} ({len(data)} bytes, "
            f"an append that was never acknowledged) was moved to {path}")

@@ -492,14 +492,16 @@ def test_lines_moved_or_repeated_across_a_segment_boundary_are_refused(tmp_path,
         (hot / "conversation_index.snap").unlink(missing_ok=True)
     man = _json.loads((hot / "conversation_manifest.json").read_bytes())["body"]
     a, b = (hot / f"conversation_seg-{s:08d}.jsonl" for s in man["segments"][:2])
-    la, lb = a.read_bytes().rstrip(b"\n").split(b"\n"), b.read_bytes().rstrip(b"\n").split(b"\n")
+    # (a rolled tail keeps the zeros reserved after its last line: kept as they are)
+    pad = {p: len(p.read_bytes()) for p in (a, b)}
+    la, lb = (p.read_bytes().rstrip(b"\0").rstrip(b"\n").split(b"\n") for p in (a, b))
     assert len(la[-1]) == len(lb[0])          # (same length: every size a checkpoint records holds)
     if how == "repeat":
         lb[0] = la[-1]
     else:
         la[-1], lb[0] = lb[0], la[-1]
-    a.write_bytes(b"\n".join(la) + b"\n")
-    b.write_bytes(b"\n".join(lb) + b"\n")
+    a.write_bytes((b"\n".join(la) + b"\n").ljust(pad[a], b"\0"))
+    b.write_bytes((b"\n".join(lb) + b"\n").ljust(pad[b], b"\0"))
     if how == "swap" and snapshot:
         # the open trusts the snapshot; an exact read of either message finds
         # a sound line of the other where the index points: SOURCE_CORRUPT
