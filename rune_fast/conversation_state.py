@@ -13,26 +13,18 @@ read goes id/channel/task -> location -> bytes -> checksum -> record.
 """
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import enum
-import errno
 import functools
 import logging
 import math
-import mmap
-import operator
 import os
-import re
 import threading
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Iterator, Sequence, cast
+from typing import Any, Callable, Iterable, Iterator, Sequence, cast
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import xxhash
 
 from . import codec
 from . import sync as _sync
@@ -40,7 +32,7 @@ from ._encode import frame_messages, message_envelopes
 from ._index import SEARCH_FILTER_LAYOUT, HotIndex, LocCache
 from ._log import frame_many, scan_frames
 from .atomic import AtomicStore, check_path
-from .cool import SPECIAL_FOLD, CoolArchive, relevant_specials, table_from_lines
+from .cool import CoolArchive, relevant_specials, table_from_lines
 from .errors import (
     CorruptStateCheckpointError,
     DurabilityError,
@@ -52,12 +44,22 @@ from .errors import (
 )
 from .events import EventStore, fdatasync_path
 from .locking import DirLock
-from .records import ConversationMessageRecord, _utf8_ok, message_from_stored, payload_hash
+from .records import ConversationMessageRecord, message_from_stored, payload_hash
 from .records import TaskStateRecord  # noqa: F401  (the records beside the repositories, as a frontend imports them)
 from .segments import (MARK_NAME, TAIL_NAME, DurableMark, Segment, TailFile, decode_filters, encode_filters,
                        filters_name, fsync_dir, quarantine_bytes, read_kept, release_pages, seg_name,
                        write_file, write_kept)
 from .tasks import TaskStateRepository
+from ._conv import tuning
+from ._conv.common import (COOL_DIR, DEVICE_NAME, DURABILITY_MODES, FOLDS_TO_ASCII, LEGACY_NAME,  # noqa: F401
+                           MANIFEST_NAME, QUARANTINE_DIR, SNAPSHOT_NAME, TOMBSTONES_NAME, _COOL_RANK, _EVENTS_MARK,
+                           _FORMAT, _HOT_RANK, _MAX_N, _OFF_MASK, _REPEATED, _SYNCED_MARK, _TAIL_MARK,
+                           _VIEWER_ATTEMPTS, _WRITE_FAULTS, CompactionReport, MessageRead, Problem, ReadStatus,
+                           SearchHit, VerifyReport, _check_line_starts, _cool_no, _first, _fold_key, _holds_bytes,
+                           _line_seq_ending, _line_seq_of, _message_lines, _noted, _order_key, _own,
+                           _resident_file_bytes, _sorts_before, _str_arg, _tag_matches, _unkey, _unlink,
+                           _write_small_file, _xkey, own_calls)
+from ._conv.staging import _Staged
 
 __all__ = [
     "ConversationStateRepository",
@@ -79,220 +81,9 @@ __all__ = [
 
 log = logging.getLogger("rune_fast")
 
-MANIFEST_NAME = "conversation_manifest.json"
-SNAPSHOT_NAME = "conversation_index.snap"
-TOMBSTONES_NAME = "conversation_tombstones.jsonl"
-LEGACY_NAME = "conversation_messages.json"
-DEVICE_NAME = "device_id"
-COOL_DIR = "conversation_cool"
-QUARANTINE_DIR = "quarantine"
-DURABILITY_MODES = ("fsync", "batch", "none")
-#: Roll the tail into a sealed segment past this size at a compaction.
-ROLL_BYTES = 8 << 20
-#: Rewrite a segment (the tail: roll, then rewrite) when less than this
-#: fraction of its bytes is live and it is larger than SPARSE_MIN_BYTES: cooled
-#: lines do not linger (dead bytes stay under 60% of the hot files), and each
-#: line is copied at most 1/(1 - 0.4) times on average. Measured on a bulk
-#: load of 100,000 messages: 0.25 left 110-134 MiB on disk at 2.5 bytes
-#: written per content byte; 0.4 leaves 94-104 MiB at 2.6-2.8.
-SPARSE_FRACTION = 0.4
-SPARSE_MIN_BYTES = 64 << 10
-#: An automatic cooling run of at least this many messages is written by a
-#: background thread (appends go on meanwhile); smaller runs, and every run of
-#: an explicit compact(), are written inline.
-BG_COOL_MIN_ROWS = 512
-#: lines a background cooling run parses per call (see _stage_cooling)
-_PARSE_PART = 256
-#: close() leaves the index snapshot as it is when it still matches the files
-#: (the same sealed segments, tail and cool files) and at most this many
-#: changes (appended lines, deletions) came after it: the next open scans those
-#: tail lines (about 1 ms, then 3 us a line, measured at 100,000 messages)
-#: instead of this close rewriting the whole index (10 ms at 100,000 messages,
-#: 70-100 ms and 17 MB at 1,000,000).
-SNAPSHOT_SLACK = 256
-_OFF_MASK = (1 << 40) - 1
-_SEQ_END_RE = re.compile(rb'\},"s":(\d{1,18})\}\Z')
-_REPEATED = "a message line repeated (its id is on an earlier line)"
-_FORMAT = 1
-#: The non-ASCII characters whose casefold holds an ASCII character (Unicode
-#: 15, checked by a test against this Python's unicodedata): one table for
-#: the hot and cool tiers' searches.
-FOLDS_TO_ASCII = SPECIAL_FOLD
-#: Decoded records kept by location (the newest appends and reads), so a
-#: window read decodes nothing; bytes are still checksummed on every read.
-#: 8,192 (about 10 MiB at most) holds the last 8 messages of 1,000 channels:
-#: measured on a 1,000,000-message store, window(ch, 8) over random channels
-#: takes 7.7 us with it and 52 us with 1,024.
-_DECODE_CACHE = 8192
-#: Resident file pages (the segment and tail maps' share) that the hot reads
-#: may add before the pages they mapped are released (see ``_release_maps``),
-#: looked at every MAP_RELEASE_READS lines decoded from the maps. A read
-#: fault maps a whole page-cache folio (64 KiB to 2 MiB on a kernel with
-#: large folios; about 110 KiB a read measured on a 1,000,000-message store),
-#: so reads spread over 700 MB of segments left them all resident: ~290 of
-#: 470 bytes a message after touching every channel once. A release costs
-#: one madvise a map (0.15-0.35 ms for that store's 65 maps) and, after it,
-#: a fault for each page a read maps again: up to ~110 us for the first read
-#: of a cached task of 40 messages. The budget keeps a working set under it
-#: mapped (no release at all), and a larger one from growing without bound.
-MAP_BUDGET_BYTES = 128 << 20
-#: The largest count a read passes to the index (an int64): more than any store holds.
-_MAX_N = 1 << 62
-MAP_RELEASE_READS = 256
-_STATM = "/proc/self/statm"
-#: Decoded Parquet row groups the cool tier keeps (bounded memory, see stats()):
-#: the whole cool tier of a 100,000-message store of the bench's workload.
-COOL_CACHE_BYTES = 48 << 20
-
-
-class ReadStatus(enum.Enum):
-    """Verdict of an exact read."""
-
-    FOUND_VERIFIED = "found_verified"
-    SOURCE_CORRUPT = "source_corrupt"
-    NOT_FOUND_CONFIRMED = "not_found_confirmed"
-
-
-@dataclasses.dataclass(frozen=True)
-class MessageRead:
-    """Result of ``get_message``: ``status``, ``record`` (or None), ``tier``."""
-
-    status: ReadStatus
-    record: ConversationMessageRecord | None = None
-    tier: str | None = None
-
-    @property
-    def found(self) -> bool:
-        return self.status is ReadStatus.FOUND_VERIFIED
-
-
-@dataclasses.dataclass(frozen=True)
-class SearchHit:
-    """One ``search`` result: the record and the tier it was read from."""
-
-    record: ConversationMessageRecord
-    tier: str
-
-
-class _Report:
-    """Attribute and mapping access, for callers that expect either."""
-
-    if TYPE_CHECKING:
-        # every subclass is a dataclass (to_dict's dataclasses.asdict needs one)
-        __dataclass_fields__: ClassVar[dict[str, Any]]
-
-    def __getitem__(self, name: str) -> Any:
-        return getattr(self, name)
-
-    def get(self, name: str, default: Any = None) -> Any:
-        return getattr(self, name, default)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-@dataclasses.dataclass
-class CompactionReport(_Report):
-    """What one ``compact()`` did."""
-
-    folded: int = 0            # tail lines folded into the hot checkpoint
-    cooled: int = 0            # messages moved to a Parquet archive
-    erased: int = 0            # deleted messages whose bytes were erased
-    segments_rewritten: int = 0
-    segments_reclaimed: int = 0
-    cool_files_written: int = 0
-    cool_files_removed: int = 0
-    bytes_written: int = 0
-    snapshot_written: bool = False
-    seconds: float = 0.0
-
-
-@dataclasses.dataclass(frozen=True)
-class Problem:
-    """One problem ``verify()`` found: the file, the byte offset (or row), what."""
-
-    file: str
-    offset: int | None
-    message: str
-
-    def __str__(self) -> str:
-        where = self.file if self.offset is None else f"{self.file} @ {self.offset}"
-        return f"{where}: {self.message}"
-
-
-@dataclasses.dataclass
-class VerifyReport(_Report):
-    """Result of ``verify()``: ``ok`` and every ``problems`` entry."""
-
-    ok: bool
-    problems: list[Problem]
-    checked: dict[str, int]
-
-    def __bool__(self) -> bool:
-        return self.ok
-
-
-def _unkey(k: bytes) -> str:
-    return codec.orjson.loads(b'"' + k + b'"')
-
-
-def _order_key(rec: ConversationMessageRecord, tier_rank: int, pos: Any) -> tuple:
-    """Sort key of SPEC's "oldest first": unstamped first, in append order
-    (cool before hot), then stamped by (hlc, msg_id)."""
-    if rec.hlc:
-        return (1, rec.hlc, rec.msg_id)
-    return (0, tier_rank, pos)
-
-
-def _sorts_before(rec: ConversationMessageRecord, stamp: tuple) -> bool:
-    """Whether ``rec`` sorts before the stamped message whose ``(hlc,
-    msg_id)`` is ``stamp`` (an unstamped message sorts before every stamped
-    one; no two messages share an id)."""
-    return not rec.hlc or (rec.hlc, rec.msg_id) < stamp
-
-
-def _xkey(rec: ConversationMessageRecord, seq: int | None) -> tuple:
-    """Sort key of "oldest first" across channels and tiers: unstamped
-    messages first by append sequence, then stamped by (hlc, msg_id)."""
-    if rec.hlc:
-        return (1, rec.hlc, rec.msg_id)
-    return (0, -1 if seq is None else seq, "")
-
-
-_first = operator.itemgetter(0)
-
-#: Reads hand out records from their caches: one that has tool calls is
-#: handed out with dicts of its own (see codec.own_calls), so a caller that
-#: edits them changes nothing another read returns.
-own_calls = codec.own_calls
-
-
-def _own(rec: ConversationMessageRecord) -> ConversationMessageRecord:
-    return own_calls([rec])[0] if rec.tool_calls else rec
-
-
-def _fold_key(rec: ConversationMessageRecord) -> tuple:
-    """A message's place in the fold order: (the stamp of its op, as
-    ``export_ops`` makes it; msg_id)."""
-    return (_sync.record_stamp(rec.hlc, rec.ts, rec.origin), rec.msg_id)
-
-
-_COOL_RANK = 0
-_HOT_RANK = 1
-
-
-_VIEWER_ATTEMPTS = 50
-
-
-def _str_arg(field: str, value: Any) -> None:
-    """TypeError unless ``value`` is a str, ValueError if it is not valid
-    UTF-8 (a lone surrogate: no id, channel or task can hold one); both name
-    ``field``."""
-    if not isinstance(value, str):
-        raise TypeError(f"{field}: expected str, got {type(value).__name__}")
-    if not value.isascii() and not _utf8_ok(value):
-        raise ValueError(f"{field}: {value!r} is not valid UTF-8 (a lone surrogate)")
-
+# the result types keep the module a caller imports them from
+for _t in (ReadStatus, MessageRead, SearchHit, CompactionReport, Problem, VerifyReport):
+    _t.__module__ = __name__
 
 def _viewer_retry(method):
     """For a read-only viewer: a read that met a file the writer's compaction
@@ -334,68 +125,6 @@ def _viewer_retry(method):
             return out
         return method(self, *args, **kwargs)
     return wrapper
-
-
-def _tag_matches(line: Any, key: bytes, path: str, offset: int) -> bool:
-    """Whether the id on the message line ``line`` hashes to the 32-bit tag
-    of ``key`` (the id table's slot tag), as every indexed line's own id does."""
-    rec, _seq = codec.record_from_line(line, path=path, offset=offset)
-    own = xxhash.xxh3_64_intdigest(codec.key(rec.msg_id))
-    return own >> 32 == xxhash.xxh3_64_intdigest(key) >> 32
-
-
-def _line_seq_ending(buf: Any, end: int) -> int:
-    """The append sequence of the line of ``buf`` that ends (its newline)
-    at ``end``; -1 if none ends there or it has none."""
-    if buf is None or end <= 0:
-        return -1
-    with memoryview(buf) as view:
-        if end > len(view) or view[end - 1] != 0x0A:
-            return -1
-        return _line_seq_of(view[:end - 1])
-
-
-def _line_seq_of(line: Any) -> int:
-    """The append sequence at the end of a message line (bytes-like, without
-    its newline); -1 if it has none."""
-    m = _SEQ_END_RE.search(bytes(line[max(0, len(line) - 48):]))
-    return int(m.group(1)) if m else -1
-
-
-class _Staged:
-    """Archive work done by a background thread: a cooling run (``kind``
-    "cool": the lines were copied under the repository lock; the thread
-    makes their table and :meth:`CoolArchive.stage_table` writes and syncs
-    their Parquet file without it)
-    or a merge of cool files ("merge": :meth:`CoolArchive.stage_merge`). The
-    next compaction adopts the result, or discards it. Until then its files
-    are strays that no manifest names (a crash leaves them to the next open)."""
-
-    def __init__(self, kind: str, work: Callable[["_Staged"], Any], locs: Sequence[int] = ()) -> None:
-        self.kind = kind
-        self.locs = locs
-        self.table: Any = None  # a cooling run's rows, in the order of locs (set by its thread)
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._run, args=(work,), name=f"rune-fast-{kind}",
-                                       daemon=True)
-        self.thread.start()
-
-    def _run(self, work: Callable[["_Staged"], Any]) -> None:
-        try:
-            self.result = work(self)
-        except BaseException as exc:   # reported by the compaction that settles the job
-            self.error = exc
-        finally:
-            self.done.set()
-
-    def discard(self, cool: CoolArchive) -> None:
-        if self.result is not None:
-            if self.kind == "cool":
-                cool.discard(self.result)
-            else:
-                cool.discard_merge(self.result)
 
 
 class ConversationStateRepository:
@@ -645,7 +374,7 @@ class ConversationStateRepository:
                 fsync_dir(self.hot_dir)
         self._cool = CoolArchive.open(os.path.join(self.hot_dir, COOL_DIR), list(m["cool_files"]),
                                       read_only=self.read_only, durable=self.durability != "none",
-                                      cache_bytes=COOL_CACHE_BYTES, expect=m.get("cool_meta"))
+                                      cache_bytes=tuning.COOL_CACHE_BYTES, expect=m.get("cool_meta"))
         if not self.read_only:
             # files a crash left unreferenced (written before the manifest moved,
             # or replaced by it before they were unlinked)
@@ -660,12 +389,12 @@ class ConversationStateRepository:
         # location -> (record, append sequence) of lines decoded, at most
         # _DECODE_CACHE, the oldest dropped first (a dict-like table the
         # compiled window and task reads look up)
-        self._decoded = LocCache(_DECODE_CACHE)
+        self._decoded = LocCache(tuning.DECODE_CACHE)
         # cool_loc (file number << 32 | row) -> (record, ord): cool rows read
         # and verified once, so a task, an exact read or a search asked again
         # skips their assembly and digest (file numbers are never reused: a
         # merged or erased file's rows are simply never looked up again)
-        self._cool_decoded = LocCache(_DECODE_CACHE)
+        self._cool_decoded = LocCache(tuning.DECODE_CACHE)
         # channel -> [store order agrees with fold order, last fold key] (lazily)
         self._fold_order: dict[str, list] = {}
         # channel -> whether a hot message sorts before a cool one (computed lazily)
@@ -1313,7 +1042,7 @@ class ConversationStateRepository:
         """The record at ``loc`` and its append sequence, decoded from its
         checked bytes (never from the decode cache)."""
         self._map_reads += 1
-        if self._map_reads >= MAP_RELEASE_READS:
+        if self._map_reads >= tuning.MAP_RELEASE_READS:
             self._bound_maps()
         return codec.record_from_line(self._index.line(loc), path=self._path_of(loc >> 40),
                                       offset=loc & ((1 << 40) - 1))
@@ -1327,7 +1056,7 @@ class ConversationStateRepository:
         open checks every hot line), a compaction, verify(), a rebuild."""
         self._map_reads = 0
         now = _resident_file_bytes()
-        if now is None or self._map_base is None or now - self._map_base > MAP_BUDGET_BYTES:
+        if now is None or self._map_base is None or now - self._map_base > tuning.MAP_BUDGET_BYTES:
             self._release_maps()
         elif now < self._map_base:
             self._map_base = now        # (the kernel reclaimed pages meanwhile)
@@ -1358,7 +1087,7 @@ class ConversationStateRepository:
         self._map_base = _resident_file_bytes()
 
     def _cache(self, loc: int, hit: tuple[ConversationMessageRecord, int | None]) -> None:
-        if len(self._decoded) >= _DECODE_CACHE:
+        if len(self._decoded) >= tuning.DECODE_CACHE:
             self._trim_cache(1)
         self._decoded[loc] = hit
 
@@ -1482,8 +1211,8 @@ class ConversationStateRepository:
                 raise RuneError(f"index took {len(rep.added)} of the {len(fresh)} new messages "
                                 f"written at {tail.path}:{off}")
         # the decode cache keeps the batch's newest records (at most its size)
-        skip = max(0, len(fresh) - _DECODE_CACHE)
-        if len(self._decoded) + len(fresh) - skip > _DECODE_CACHE:
+        skip = max(0, len(fresh) - tuning.DECODE_CACHE)
+        if len(self._decoded) + len(fresh) - skip > tuning.DECODE_CACHE:
             self._trim_cache(len(fresh) - skip)
         decoded, interleaved, fold = self._decoded, self._interleaved, self._fold_order
         behind, cool_max = self._behind, self._cool_max
@@ -1919,10 +1648,10 @@ class ConversationStateRepository:
         return [hit if hit is not None else read[loc] for loc, hit in zip(locs, got)]
 
     def _cool_keep(self, items: list[tuple[int, tuple[ConversationMessageRecord, int]]]) -> None:
-        """Keep verified cool records (at most _DECODE_CACHE; the oldest quarter goes first)."""
-        items = items[-_DECODE_CACHE:]
+        """Keep verified cool records (at most DECODE_CACHE; the oldest quarter goes first)."""
+        items = items[-tuning.DECODE_CACHE:]
         cache = self._cool_decoded
-        if len(cache) + len(items) > _DECODE_CACHE:
+        if len(cache) + len(items) > tuning.DECODE_CACHE:
             cache.make_room(len(items))
         for loc, hit in items:
             cache[loc] = hit
@@ -2004,7 +1733,7 @@ class ConversationStateRepository:
                     keyed.append((_xkey(rec, o), rec, "cool"))
             read = [(self._cool_record(row), row) for row in rows]
             keyed += [(_xkey(rec, row.ord), rec, "cool") for rec, row in read if rec.msg_id not in deleted]
-            self._cool_keep([(self._cool.loc_of(row), (rec, row.ord)) for rec, row in read[-_DECODE_CACHE:]])
+            self._cool_keep([(self._cool.loc_of(row), (rec, row.ord)) for rec, row in read[-tuning.DECODE_CACHE:]])
             keyed.sort(key=lambda e: e[0])
             if limit is not None:
                 keyed = keyed[-limit:]
@@ -2397,7 +2126,7 @@ class ConversationStateRepository:
         if cool_erase or self._unlocated:
             self._find_cooled_lines(cool_erase + sorted(self._unlocated), stats)
         tail_live = stats.get(self._tail_seg, (0, 0))
-        roll = (self._tail_seg in self._dirty_segs or self._tail.size >= ROLL_BYTES
+        roll = (self._tail_seg in self._dirty_segs or self._tail.size >= tuning.ROLL_BYTES
                 or (self._tail.size > 0 and tail_live[0] == 0)
                 or self._sparse(self._tail.size, tail_live[1]))
         if roll:
@@ -2431,7 +2160,7 @@ class ConversationStateRepository:
             if seg in self._dirty_segs or self._sparse(size, live_bytes):
                 locs = self._index.seg_locs(seg)
                 first = self._line_seq(int(locs[0]))
-                if run and (run_bytes + live_bytes > ROLL_BYTES or run_seq is None
+                if run and (run_bytes + live_bytes > tuning.ROLL_BYTES or run_seq is None
                             or first is None or first <= run_seq):
                     end_run()
                 run.append((seg, locs))
@@ -2455,7 +2184,7 @@ class ConversationStateRepository:
         """Whether an automatic compaction has nothing to move but the fold."""
         assert self._tail is not None       # a writer always has its tail
         return (not self._pending_erase and not self._segs_unchecked
-                and self._tail.size < ROLL_BYTES and not self._cooling_due()
+                and self._tail.size < tuning.ROLL_BYTES and not self._cooling_due()
                 and not self._cool.plan_merge())
 
     def _cooling_due(self) -> bool:
@@ -2592,7 +2321,7 @@ class ConversationStateRepository:
                 old_cool.extend(change.removed)
                 rep.cool_files_written += len(change.added)
             groups = self._cool.plan_merge() if settle else []
-            if groups and not full and start_bg and self._merge_rows(groups) >= BG_COOL_MIN_ROWS:
+            if groups and not full and start_bg and self._merge_rows(groups) >= tuning.BG_COOL_MIN_ROWS:
                 # merged in the background; the next compaction adopts it
                 # (meanwhile automatic compactions cool nothing: a small
                 # merge runs here, so a small store's tiers never depend on
@@ -2616,7 +2345,7 @@ class ConversationStateRepository:
             # segments holding deleted lines or mostly dead; drop empty ones
             new_order: list[int] = list(self._seg_order)
             if (staged is not None or excess or self._pending_erase or self._segs_unchecked
-                    or self._tail.size >= ROLL_BYTES):
+                    or self._tail.size >= tuning.ROLL_BYTES):
                 new_order = self._compact_segments(rep, cool_erase, old_segs)
                 self._segs_unchecked = False
             if self._pending_erase:
@@ -2686,7 +2415,7 @@ class ConversationStateRepository:
         t0 = time.perf_counter()
         job = self._bg
         if job is not None and not job.done.is_set():
-            if job.kind == "merge" and not self._pending_erase and self._tail.size >= ROLL_BYTES:
+            if job.kind == "merge" and not self._pending_erase and self._tail.size >= tuning.ROLL_BYTES:
                 # a merge of cool files is being written: the tail still
                 # rolls (segments stay bounded); the excess waits and is
                 # cooled in one run when the merge is adopted
@@ -2705,7 +2434,7 @@ class ConversationStateRepository:
             # waits for the adoption, which runs it; cooling a large excess
             # inline there stalled an append 0.25 s at 1,000,000 messages)
             excess = self._excess(False)
-            if len(excess) >= BG_COOL_MIN_ROWS:
+            if len(excess) >= tuning.BG_COOL_MIN_ROWS:
                 self._bg = self._stage_cooling(excess)
                 if job is None:
                     self._fold(CompactionReport(), t0)
@@ -2747,7 +2476,7 @@ class ConversationStateRepository:
         durable = self.durability != "none"
 
         def work(job: _Staged) -> Any:
-            job.table = self._lines_table(locs, data, starts, _PARSE_PART)
+            job.table = self._lines_table(locs, data, starts, tuning.PARSE_PART)
             return self._cool.stage_table(job.table, durable=durable)
 
         return _Staged("cool", work, locs)
@@ -2836,7 +2565,7 @@ class ConversationStateRepository:
 
     @staticmethod
     def _sparse(size: int, live_bytes: int) -> bool:
-        return size > SPARSE_MIN_BYTES and live_bytes < SPARSE_FRACTION * size
+        return size > tuning.SPARSE_MIN_BYTES and live_bytes < tuning.SPARSE_FRACTION * size
 
     def _roll_tail(self) -> None:
         """Seal the tail as segment ``tail_seg`` and open an empty tail (lock held)."""
@@ -2949,7 +2678,7 @@ class ConversationStateRepository:
         written (or read at open) against the files as they are now, and at
         most SNAPSHOT_SLACK changes came after it (the next open reads those
         tail lines, as after a crash, and applies the tombstones as always)."""
-        return (self._snap_changes <= SNAPSHOT_SLACK and self._snap_files is not None
+        return (self._snap_changes <= tuning.SNAPSHOT_SLACK and self._snap_files is not None
                 and self._snap_files == self._snap_layout())
 
     # ------------------------------------------------------------------
@@ -3225,95 +2954,3 @@ class ConversationStateRepository:
 
     def __repr__(self) -> str:
         return f"ConversationStateRepository({self.state_dir!r}, durability={self.durability!r})"
-
-
-_TAIL_MARK = -1
-#: a snapshot key: the tail bytes the snapshot covers were synced before it was written
-_SYNCED_MARK = -(1 << 62)
-#: key of the snapshot's ``covered`` map whose value is the size of the event
-#: store when the snapshot was written: the envelopes after it are those of
-#: the tail lines after the snapshot (see ``_note_unheld``)
-_EVENTS_MARK = -(1 << 61)
-
-
-def _check_line_starts(starts: np.ndarray, offsets: np.ndarray, path: str) -> None:
-    """CorruptStateCheckpointError at the first of ``offsets`` (ascending)
-    that is none of the line starts ``starts`` (ascending) of a sound scan."""
-    if not len(offsets):
-        return
-    at = np.searchsorted(starts, offsets)
-    bad = (at >= len(starts)) | (starts[np.minimum(at, len(starts) - 1)] != offsets)
-    if bad.any():
-        raise CorruptStateCheckpointError("an indexed message's line does not start at this offset "
-                                          "(lines moved)", path=path, offset=int(offsets[bad][0]))
-
-
-@contextlib.contextmanager
-def _noted(problems: list[Problem], path: str, what: str) -> Iterator[None]:
-    """verify()'s guard around one of its checks: a file it cannot read (gone,
-    cut, replaced by a folder) is a problem named in the report, never an
-    exception (SPEC: verify raises nothing)."""
-    try:
-        yield
-    except (OSError, RuneError) as exc:
-        offset = exc.offset if isinstance(exc, CorruptStateCheckpointError) else None
-        problems.append(Problem(getattr(exc, "path", None) or getattr(exc, "filename", None) or path,
-                                offset, f"{what} failed: {exc!r}"))
-
-
-def _cool_no(name: str) -> int:
-    """The number n of a cool file ``cool-<n>.parquet``."""
-    return int(name.split("-", 1)[1].split(".", 1)[0])
-
-
-def _resident_file_bytes() -> int | None:
-    """Resident file-backed (shared) bytes of this process, from
-    /proc/self/statm; None where it cannot be read (not Linux)."""
-    try:
-        with open(_STATM, "rb") as f:
-            return int(f.read().split()[2]) * mmap.PAGESIZE
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-#: errno values of a write the disk could not take: an open's recovery that
-#: meets one raises DurabilityError
-_WRITE_FAULTS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS})
-
-
-def _message_lines(buf: Any, path: str, lines: Iterable[tuple[int, int]]
-                   ) -> Iterator[tuple[int, ConversationMessageRecord]]:
-    """(offset, record) of each message line among ``lines`` ((offset,
-    length) of checked lines in ``buf``); task lines are passed over."""
-    with memoryview(buf) as view:        # (released: a map with a view cannot close)
-        for off, ln in lines:
-            line = view[off:off + ln]
-            if bytes(line[23:30]) == codec.MESSAGE_PREFIX[:7]:
-                yield off, codec.record_from_line(line, path=path, offset=off)[0]
-
-
-def _holds_bytes(path: str) -> bool:
-    """Whether the file at ``path`` exists and holds a byte other than zero
-    (zeros are preallocation: a tail that took no line)."""
-    try:
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 20):
-                if chunk.strip(b"\0"):
-                    return True
-    except FileNotFoundError:
-        pass
-    return False
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def _write_small_file(path: str, data: bytes) -> None:
-    tmp = path + ".tmp"
-    write_file(tmp, data)
-    os.replace(tmp, path)
-    fsync_dir(os.path.dirname(path))

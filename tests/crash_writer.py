@@ -503,8 +503,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="cooling runs of at least this many messages go to the background thread")
     args = p.parse_args(argv)
     if args.bg_min:
-        from rune_fast import conversation_state
-        conversation_state.BG_COOL_MIN_ROWS = args.bg_min
+        from rune_fast._conv import tuning
+        tuning.BG_COOL_MIN_ROWS = args.bg_min
     if not 0 <= args.gen <= 99 or not 1 <= args.threads <= 4:
         p.error("--gen must be 0..99 and --threads 1..4")
     if args.mode == "conv":

@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+from rune_fast._conv import tuning
 from rune_fast import conversation_state as cs
 from rune_fast.conversation_state import ConversationStateRepository, ReadStatus
 from rune_fast.cool import CoolArchive, table_from_lines
@@ -27,7 +28,7 @@ def msg(i: int) -> ConversationMessageRecord:
 @pytest.fixture
 def small_bg(monkeypatch):
     """Stage every automatic cooling run of 8 or more messages in the background."""
-    monkeypatch.setattr(cs, "BG_COOL_MIN_ROWS", 8)
+    monkeypatch.setattr(tuning, "BG_COOL_MIN_ROWS", 8)
 
 
 def open_repo(path, **kw):
@@ -239,7 +240,7 @@ def test_the_tail_rolls_while_a_merge_is_written(tmp_path, small_bg, monkeypatch
     # a long merge must not hold back the tail's roll: segments stay bounded
     # (before, every compaction only folded while a merge ran, and a bulk load
     # could leave a tail of hundreds of MiB); the excess waits for the merge
-    monkeypatch.setattr(cs, "ROLL_BYTES", 4096)
+    monkeypatch.setattr(tuning, "ROLL_BYTES", 4096)
     entered, release = _gate_stage(monkeypatch, "stage_merge")
     stored: dict = {}
     with open_repo(tmp_path) as repo:
@@ -276,7 +277,7 @@ def test_compact_after_adopting_a_staged_run_cools_a_late_message_behind_it(tmp_
     # the adoption had cached "hot and cool do not interleave" for the
     # channel; the cached verdict hid a late message that now sorts before a
     # cool one, and it stayed hot (found by a tier fuzzer)
-    monkeypatch.setattr(cs, "BG_COOL_MIN_ROWS", 2)
+    monkeypatch.setattr(tuning, "BG_COOL_MIN_ROWS", 2)
 
     def m(mid, ch, ms):
         return ConversationMessageRecord(msg_id=mid, content=mid, channel_id=ch, hlc=f"{ms:015d}-0000000000-dev")
@@ -327,7 +328,7 @@ def test_background_run_parses_its_lines_in_parts(tmp_path, small_bg, monkeypatc
     # a few at a time (here 3), lines the compiled reader does not take
     # (a float with an exponent, an integer past 64 bits in the tool calls)
     # read from the copied bytes: the archive holds exactly what was appended.
-    monkeypatch.setattr(cs, "_PARSE_PART", 3)
+    monkeypatch.setattr(tuning, "PARSE_PART", 3)
     parts: list[int] = []
     fallbacks: list[int] = []
 

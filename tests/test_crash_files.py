@@ -1123,9 +1123,9 @@ def test_sealed_segment_of_another_size_than_its_snapshot_records_is_loud(tmp_pa
     """A sealed segment never changes once sealed (a rewrite makes a new one):
     one cut at a line boundary, which a rescan would read as fewer lines and
     no damage, is refused at open, naming it."""
-    import rune_fast.conversation_state as cs
+    from rune_fast._conv import tuning
     from rune_fast.conversation_state import CorruptStateCheckpointError
-    monkeypatch.setattr(cs, "ROLL_BYTES", 2000)
+    monkeypatch.setattr(tuning, "ROLL_BYTES", 2000)
     state = str(tmp_path / "s")
     _build_sealed(state)
     segs = [p for p in hot_logs(state) if "seg-" in os.path.basename(p)]
@@ -1195,8 +1195,8 @@ def test_sealed_segment_that_lost_lines_is_loud_without_a_snapshot(tmp_path, mon
     one), the manifest still records where each sealed segment's lines end:
     a rebuild that finds fewer complete lines (cut at a line boundary, or its
     last lines zeroed, which would read as preallocation) refuses the store."""
-    import rune_fast.conversation_state as cs
-    monkeypatch.setattr(cs, "ROLL_BYTES", 2000)
+    from rune_fast._conv import tuning
+    monkeypatch.setattr(tuning, "ROLL_BYTES", 2000)
     state = str(tmp_path / "s")
     _build_sealed(state)
     os.unlink(os.path.join(state, "hot", "conversation_index.snap"))

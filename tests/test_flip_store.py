@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from rune_fast._conv import tuning
 from rune_fast.conversation_state import ConversationStateRepository, ReadStatus
 from rune_fast.errors import CorruptStateCheckpointError, RuneError
 from rune_fast.records import ConversationMessageRecord
@@ -43,9 +44,8 @@ def _build(d: str, killed: bool) -> None:
     """Cooled messages, sealed segments, a tail, a snapshot and two deletions;
     ``killed``: copied while the writer is open (lines past the snapshot, no
     clean close), as a SIGKILL would leave it."""
-    import rune_fast.conversation_state as cs
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cs, "ROLL_BYTES", 3000)      # sealed segments, not just a tail
+        mp.setattr(tuning, "ROLL_BYTES", 3000)      # sealed segments, not just a tail
         src = d + ".build"
         repo = ConversationStateRepository(src, hot_window=4, compact_every=1_000_000)
         for i in range(40):

@@ -14,6 +14,7 @@ import shutil
 
 import pytest
 
+from rune_fast._conv import tuning
 from rune_fast import ConversationMessageRecord, ConversationStateRepository
 from rune_fast.cool import CoolArchive, _decode_grams, _encode_grams, _grams_name
 from rune_fast.pages import GRAM_BYTES, PageReader
@@ -208,8 +209,7 @@ def test_repository_first_search_after_reopen_uses_kept_filters(tmp_path, monkey
 def _hot_store(tmp_path, monkeypatch):
     """A store of several sealed segments (small rolls) whose filters two
     whole-store searches built and kept; returns (dir, messages)."""
-    import rune_fast.conversation_state as cs
-    monkeypatch.setattr(cs, "ROLL_BYTES", 96 << 10)
+    monkeypatch.setattr(tuning, "ROLL_BYTES", 96 << 10)
     d = tmp_path / "h"
     msgs = [ConversationMessageRecord(role="user", channel_id=f"c{i % 4}",
                                       content=f"entry {i} " + ("Quarterly report " if i % 211 == 0 else "")

@@ -11,6 +11,7 @@ import warnings
 
 import pytest
 
+from rune_fast._conv import tuning
 from rune_fast.conversation_state import ConversationStateRepository, ReadStatus
 from rune_fast.errors import CorruptStateCheckpointError, RecoveryWarning
 from rune_fast.records import ConversationMessageRecord
@@ -480,8 +481,7 @@ def test_lines_moved_or_repeated_across_a_segment_boundary_are_refused(tmp_path,
     README's Limits.)"""
     import json as _json
 
-    from rune_fast import conversation_state as cs
-    monkeypatch.setattr(cs, "ROLL_BYTES", 1500)
+    monkeypatch.setattr(tuning, "ROLL_BYTES", 1500)
     with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=10_000) as repo:
         for i in range(40):
             repo.append(ConversationMessageRecord(msg_id=f"m{i:03d}", content=f"message number {i:03d}",

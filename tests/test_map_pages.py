@@ -16,7 +16,7 @@ import re
 
 import pytest
 
-import rune_fast.conversation_state as cs
+from rune_fast._conv import tuning
 from rune_fast._log import map_file
 from rune_fast.conversation_state import ConversationStateRepository, ReadStatus
 from rune_fast.records import ConversationMessageRecord
@@ -104,18 +104,18 @@ def test_exact_reads_keep_the_mapped_pages_within_the_budget(tmp_path, monkeypat
     loop re-faults nothing); every read is exact. (A read fault may map a
     whole 2 MiB folio: the store is several of them.)"""
     msgs = _store(tmp_path / "s", 16000)
-    monkeypatch.setattr(cs, "MAP_RELEASE_READS", 16)
+    monkeypatch.setattr(tuning, "MAP_RELEASE_READS", 16)
     released = []
 
     release = ConversationStateRepository._release_maps
 
     def counted(repo: ConversationStateRepository) -> None:
-        released.append(cs.MAP_BUDGET_BYTES)
+        released.append(tuning.MAP_BUDGET_BYTES)
         release(repo)
     monkeypatch.setattr(ConversationStateRepository, "_release_maps", counted)
 
     def read_all(budget: int) -> int:
-        monkeypatch.setattr(cs, "MAP_BUDGET_BYTES", budget)
+        monkeypatch.setattr(tuning, "MAP_BUDGET_BYTES", budget)
         with ConversationStateRepository(tmp_path / "s") as repo:
             for m in msgs:
                 got = repo.get_message(m.msg_id)
@@ -135,7 +135,7 @@ def test_whole_store_passes_release_what_they_mapped(tmp_path, monkeypatch):
     none) none leaves them mapped, and what they return is exact. Nor does a
     close, whatever the budget."""
     msgs = _store(tmp_path / "s", 3000)
-    monkeypatch.setattr(cs, "MAP_BUDGET_BYTES", 0)
+    monkeypatch.setattr(tuning, "MAP_BUDGET_BYTES", 0)
     with ConversationStateRepository(tmp_path / "s", compact_every=10**6, hot_window=100) as repo:
         hits = repo.search("message 12")
         assert sorted(h.record.msg_id for h in hits) == sorted(m.msg_id for m in msgs
@@ -148,7 +148,7 @@ def test_whole_store_passes_release_what_they_mapped(tmp_path, monkeypatch):
         assert segments_kib(tmp_path / "s") == 0
         assert repo.get_message(msgs[5].msg_id).record == msgs[5]
         assert [m.msg_id for m in repo.window("c3", 3)] == [m.msg_id for m in msgs if m.channel_id == "c3"][-3:]
-        monkeypatch.setattr(cs, "MAP_BUDGET_BYTES", 1 << 30)
+        monkeypatch.setattr(tuning, "MAP_BUDGET_BYTES", 1 << 30)
         for m in msgs[:500]:
             repo.get_message(m.msg_id)
         assert segments_kib(tmp_path / "s") > 0

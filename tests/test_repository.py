@@ -9,6 +9,7 @@ import threading
 import orjson
 import pytest
 
+from rune_fast._conv import tuning
 from rune_fast.conversation_state import ConversationStateRepository, ReadStatus
 from rune_fast.errors import (
     CorruptStateCheckpointError,
@@ -141,9 +142,8 @@ def test_a_search_asked_again_takes_its_cool_hits_from_the_record_cache(tmp_path
     channel is not the one the cool index says raises."""
     import dataclasses
 
-    import rune_fast.conversation_state as cs
     from rune_fast.pages import PageReader
-    monkeypatch.setattr(cs, "COOL_CACHE_BYTES", 1)
+    monkeypatch.setattr(tuning, "COOL_CACHE_BYTES", 1)
     ms = [msg(i, channel=f"c{i % 3}", content=f"note {i} about {'alpha' if i % 4 == 0 else 'beta'}")
           for i in range(3000)]
     with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=2) as repo:
@@ -256,7 +256,7 @@ def test_close_leaves_a_snapshot_that_still_serves(tmp_path, monkeypatch):
     """A close after a few appends keeps the index snapshot on disk (the next
     open reads the lines after it, checked); past SNAPSHOT_SLACK changes, or
     once the files it was written against changed, close writes a new one."""
-    monkeypatch.setattr("rune_fast.conversation_state.SNAPSHOT_SLACK", 5)
+    monkeypatch.setattr("rune_fast._conv.tuning.SNAPSHOT_SLACK", 5)
     snap = tmp_path / "hot" / "conversation_index.snap"
     with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=50) as repo:
         repo.append_many(msg(i) for i in range(40))
@@ -1188,13 +1188,12 @@ def test_automatic_compaction_cools_what_compact_would(tmp_path):
 
 
 def test_decode_cache_stays_bounded_by_a_large_batch(tmp_path):
-    from rune_fast import conversation_state as cs
     with ConversationStateRepository(tmp_path, durability="none", compact_every=10**6,
                                      hot_window=10**6) as repo:
         repo.append_many([msg(i) for i in range(100)])
-        repo.append_many([msg(i) for i in range(100, 100 + cs._DECODE_CACHE + 500)])
-        assert len(repo._decoded) <= cs._DECODE_CACHE
-        newest = f"msg_{100 + cs._DECODE_CACHE + 499:08d}"
+        repo.append_many([msg(i) for i in range(100, 100 + tuning.DECODE_CACHE + 500)])
+        assert len(repo._decoded) <= tuning.DECODE_CACHE
+        newest = f"msg_{100 + tuning.DECODE_CACHE + 499:08d}"
         assert any(rec.msg_id == newest for rec, _seq in repo._decoded.values())
         assert repo.get_message("msg_00000000").record == msg(0)
 
@@ -1301,9 +1300,8 @@ def test_search_keeps_its_whole_segment_pass_on_a_sound_store(tmp_path, monkeypa
     """Only a segment holding a damaged dead line, a cut line or zeroed live
     lines is searched line by line; a rolled tail's trailing zeros
     (preallocation) are not damage, so a sound store keeps the fast pass."""
-    import rune_fast.conversation_state as cs
     import rune_fast.segments as segments
-    monkeypatch.setattr(cs, "ROLL_BYTES", 1500)
+    monkeypatch.setattr(tuning, "ROLL_BYTES", 1500)
     monkeypatch.setattr(segments, "_MIN_CHUNK", 4096)   # small rolled tails keep their zeros
     with ConversationStateRepository(tmp_path, hot_window=50) as repo:
         for k in range(6):
@@ -1845,8 +1843,7 @@ def test_search_filters_cover_sealed_segments_and_follow_appends(tmp_path, monke
     skipped by their trigram filters (counted in index_bytes); the tail,
     still written, is always scanned: hits appended after the filters were
     built, and hits across tiers, come back exactly."""
-    import rune_fast.conversation_state as cs
-    monkeypatch.setattr(cs, "ROLL_BYTES", 64 << 10)     # compact() seals the tail
+    monkeypatch.setattr(tuning, "ROLL_BYTES", 64 << 10)     # compact() seals the tail
     words = ["alpha", "Beta", "gamma", "delta", "omega", "kappa", "zeta"]
     stored = []
     with ConversationStateRepository(tmp_path, compact_every=10**6, hot_window=10**6) as repo:
@@ -1892,14 +1889,13 @@ def _fill(root, rounds: int, monkeypatch, roll: int) -> tuple[int, tuple[int, in
     sealed segment of its own (ROLL_BYTES 1500) under a window that cools
     nothing; then, with ROLL_BYTES ``roll``, a compaction under a window of
     4 cools most of every segment at once. (messages, what it rewrote)."""
-    import rune_fast.conversation_state as cs
-    monkeypatch.setattr(cs, "ROLL_BYTES", 1500)
-    monkeypatch.setattr(cs, "SPARSE_MIN_BYTES", 0)
+    monkeypatch.setattr(tuning, "ROLL_BYTES", 1500)
+    monkeypatch.setattr(tuning, "SPARSE_MIN_BYTES", 0)
     with ConversationStateRepository(root, hot_window=1000, compact_every=10**6) as repo:
         for r in range(rounds):
             repo.append_many([msg(12 * r + k, channel="abc"[k] if k < 3 else "a") for k in range(12)])
             repo.compact()
-    monkeypatch.setattr(cs, "ROLL_BYTES", roll)
+    monkeypatch.setattr(tuning, "ROLL_BYTES", roll)
     with ConversationStateRepository(root, hot_window=4, compact_every=10**6) as repo:
         return 12 * rounds, _compact_counting(repo)
 

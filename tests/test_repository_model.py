@@ -14,7 +14,7 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from rune_fast import conversation_state as cs
+from rune_fast._conv import tuning
 from rune_fast.conversation_state import ConversationStateRepository, ReadStatus
 from rune_fast.records import ConversationMessageRecord
 
@@ -229,15 +229,15 @@ class BackgroundRepositoryModel(RepositoryModel):
     OPTS = dict(compact_every=3, hot_window=1)
 
     def __init__(self) -> None:
-        self._saved_min = cs.BG_COOL_MIN_ROWS
-        cs.BG_COOL_MIN_ROWS = 2
+        self._saved_min = tuning.BG_COOL_MIN_ROWS
+        tuning.BG_COOL_MIN_ROWS = 2
         super().__init__()
 
     def teardown(self) -> None:
         try:
             super().teardown()
         finally:
-            cs.BG_COOL_MIN_ROWS = self._saved_min
+            tuning.BG_COOL_MIN_ROWS = self._saved_min
 
 
 BackgroundRepositoryModel.TestCase.settings = settings(

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from _core_support import by_channels, key, line, word_lines
+from rune_fast._conv import tuning
 from rune_fast import _index
 from rune_fast.conversation_state import ConversationStateRepository
 from rune_fast.cool import SPECIAL_FOLD, CoolArchive
@@ -258,8 +259,7 @@ def test_long_lines_spanning_blocks(seed, picks):
 def test_repository_search_matches_model_across_tiers(tmp_path, monkeypatch, seed):
     """Sealed segments, the tail, the cool tier and a read-only viewer
     (refreshed): every search, repeated, equals the casefold model."""
-    import rune_fast.conversation_state as cs
-    monkeypatch.setattr(cs, "ROLL_BYTES", 48 << 10)
+    monkeypatch.setattr(tuning, "ROLL_BYTES", 48 << 10)
     rng = random.Random(seed)
     words = _CWORDS + ["Quarterly", "report", "gamma", "DELTA"]
     stored = {}

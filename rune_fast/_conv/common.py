@@ -1,0 +1,314 @@
+"""What the rooms of the conversation store share: file names, the result
+types of the public API, and pure helpers over records and line bytes. No
+state lives here."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import errno
+import mmap
+import operator
+import os
+import re
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator
+
+import numpy as np
+import xxhash
+
+from .. import codec
+from .. import sync as _sync
+from ..cool import SPECIAL_FOLD
+from ..errors import CorruptStateCheckpointError, RuneError
+from ..records import ConversationMessageRecord, _utf8_ok
+from ..segments import fsync_dir, write_file
+
+MANIFEST_NAME = "conversation_manifest.json"
+SNAPSHOT_NAME = "conversation_index.snap"
+TOMBSTONES_NAME = "conversation_tombstones.jsonl"
+LEGACY_NAME = "conversation_messages.json"
+DEVICE_NAME = "device_id"
+COOL_DIR = "conversation_cool"
+QUARANTINE_DIR = "quarantine"
+DURABILITY_MODES = ("fsync", "batch", "none")
+_OFF_MASK = (1 << 40) - 1
+_SEQ_END_RE = re.compile(rb'\},"s":(\d{1,18})\}\Z')
+_REPEATED = "a message line repeated (its id is on an earlier line)"
+_FORMAT = 1
+#: The non-ASCII characters whose casefold holds an ASCII character (Unicode
+#: 15, checked by a test against this Python's unicodedata): one table for
+#: the hot and cool tiers' searches.
+FOLDS_TO_ASCII = SPECIAL_FOLD
+#: The largest count a read passes to the index (an int64): more than any store holds.
+_MAX_N = 1 << 62
+_STATM = "/proc/self/statm"
+
+
+
+
+class ReadStatus(enum.Enum):
+    """Verdict of an exact read."""
+
+    FOUND_VERIFIED = "found_verified"
+    SOURCE_CORRUPT = "source_corrupt"
+    NOT_FOUND_CONFIRMED = "not_found_confirmed"
+
+
+@dataclasses.dataclass(frozen=True)
+class MessageRead:
+    """Result of ``get_message``: ``status``, ``record`` (or None), ``tier``."""
+
+    status: ReadStatus
+    record: ConversationMessageRecord | None = None
+    tier: str | None = None
+
+    @property
+    def found(self) -> bool:
+        return self.status is ReadStatus.FOUND_VERIFIED
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchHit:
+    """One ``search`` result: the record and the tier it was read from."""
+
+    record: ConversationMessageRecord
+    tier: str
+
+
+class _Report:
+    """Attribute and mapping access, for callers that expect either."""
+
+    if TYPE_CHECKING:
+        # every subclass is a dataclass (to_dict's dataclasses.asdict needs one)
+        __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    def __getitem__(self, name: str) -> Any:
+        return getattr(self, name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return getattr(self, name, default)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class CompactionReport(_Report):
+    """What one ``compact()`` did."""
+
+    folded: int = 0            # tail lines folded into the hot checkpoint
+    cooled: int = 0            # messages moved to a Parquet archive
+    erased: int = 0            # deleted messages whose bytes were erased
+    segments_rewritten: int = 0
+    segments_reclaimed: int = 0
+    cool_files_written: int = 0
+    cool_files_removed: int = 0
+    bytes_written: int = 0
+    snapshot_written: bool = False
+    seconds: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One problem ``verify()`` found: the file, the byte offset (or row), what."""
+
+    file: str
+    offset: int | None
+    message: str
+
+    def __str__(self) -> str:
+        where = self.file if self.offset is None else f"{self.file} @ {self.offset}"
+        return f"{where}: {self.message}"
+
+
+@dataclasses.dataclass
+class VerifyReport(_Report):
+    """Result of ``verify()``: ``ok`` and every ``problems`` entry."""
+
+    ok: bool
+    problems: list[Problem]
+    checked: dict[str, int]
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+def _unkey(k: bytes) -> str:
+    return codec.orjson.loads(b'"' + k + b'"')
+
+
+def _order_key(rec: ConversationMessageRecord, tier_rank: int, pos: Any) -> tuple:
+    """Sort key of SPEC's "oldest first": unstamped first, in append order
+    (cool before hot), then stamped by (hlc, msg_id)."""
+    if rec.hlc:
+        return (1, rec.hlc, rec.msg_id)
+    return (0, tier_rank, pos)
+
+
+def _sorts_before(rec: ConversationMessageRecord, stamp: tuple) -> bool:
+    """Whether ``rec`` sorts before the stamped message whose ``(hlc,
+    msg_id)`` is ``stamp`` (an unstamped message sorts before every stamped
+    one; no two messages share an id)."""
+    return not rec.hlc or (rec.hlc, rec.msg_id) < stamp
+
+
+def _xkey(rec: ConversationMessageRecord, seq: int | None) -> tuple:
+    """Sort key of "oldest first" across channels and tiers: unstamped
+    messages first by append sequence, then stamped by (hlc, msg_id)."""
+    if rec.hlc:
+        return (1, rec.hlc, rec.msg_id)
+    return (0, -1 if seq is None else seq, "")
+
+
+_first = operator.itemgetter(0)
+
+#: Reads hand out records from their caches: one that has tool calls is
+#: handed out with dicts of its own (see codec.own_calls), so a caller that
+#: edits them changes nothing another read returns.
+own_calls = codec.own_calls
+
+
+def _own(rec: ConversationMessageRecord) -> ConversationMessageRecord:
+    return own_calls([rec])[0] if rec.tool_calls else rec
+
+
+def _fold_key(rec: ConversationMessageRecord) -> tuple:
+    """A message's place in the fold order: (the stamp of its op, as
+    ``export_ops`` makes it; msg_id)."""
+    return (_sync.record_stamp(rec.hlc, rec.ts, rec.origin), rec.msg_id)
+
+
+_COOL_RANK = 0
+_HOT_RANK = 1
+
+
+#: how often a viewer's read retries after meeting a file its writer replaced
+_VIEWER_ATTEMPTS = 50
+
+
+def _str_arg(field: str, value: Any) -> None:
+    """TypeError unless ``value`` is a str, ValueError if it is not valid
+    UTF-8 (a lone surrogate: no id, channel or task can hold one); both name
+    ``field``."""
+    if not isinstance(value, str):
+        raise TypeError(f"{field}: expected str, got {type(value).__name__}")
+    if not value.isascii() and not _utf8_ok(value):
+        raise ValueError(f"{field}: {value!r} is not valid UTF-8 (a lone surrogate)")
+
+
+def _tag_matches(line: Any, key: bytes, path: str, offset: int) -> bool:
+    """Whether the id on the message line ``line`` hashes to the 32-bit tag
+    of ``key`` (the id table's slot tag), as every indexed line's own id does."""
+    rec, _seq = codec.record_from_line(line, path=path, offset=offset)
+    own = xxhash.xxh3_64_intdigest(codec.key(rec.msg_id))
+    return own >> 32 == xxhash.xxh3_64_intdigest(key) >> 32
+
+
+def _line_seq_ending(buf: Any, end: int) -> int:
+    """The append sequence of the line of ``buf`` that ends (its newline)
+    at ``end``; -1 if none ends there or it has none."""
+    if buf is None or end <= 0:
+        return -1
+    with memoryview(buf) as view:
+        if end > len(view) or view[end - 1] != 0x0A:
+            return -1
+        return _line_seq_of(view[:end - 1])
+
+
+def _line_seq_of(line: Any) -> int:
+    """The append sequence at the end of a message line (bytes-like, without
+    its newline); -1 if it has none."""
+    m = _SEQ_END_RE.search(bytes(line[max(0, len(line) - 48):]))
+    return int(m.group(1)) if m else -1
+
+
+_TAIL_MARK = -1
+#: a snapshot key: the tail bytes the snapshot covers were synced before it was written
+_SYNCED_MARK = -(1 << 62)
+#: key of the snapshot's ``covered`` map whose value is the size of the event
+#: store when the snapshot was written: the envelopes after it are those of
+#: the tail lines after the snapshot (see ``_note_unheld``)
+_EVENTS_MARK = -(1 << 61)
+
+
+def _check_line_starts(starts: np.ndarray, offsets: np.ndarray, path: str) -> None:
+    """CorruptStateCheckpointError at the first of ``offsets`` (ascending)
+    that is none of the line starts ``starts`` (ascending) of a sound scan."""
+    if not len(offsets):
+        return
+    at = np.searchsorted(starts, offsets)
+    bad = (at >= len(starts)) | (starts[np.minimum(at, len(starts) - 1)] != offsets)
+    if bad.any():
+        raise CorruptStateCheckpointError("an indexed message's line does not start at this offset "
+                                          "(lines moved)", path=path, offset=int(offsets[bad][0]))
+
+
+@contextlib.contextmanager
+def _noted(problems: list[Problem], path: str, what: str) -> Iterator[None]:
+    """verify()'s guard around one of its checks: a file it cannot read (gone,
+    cut, replaced by a folder) is a problem named in the report, never an
+    exception (SPEC: verify raises nothing)."""
+    try:
+        yield
+    except (OSError, RuneError) as exc:
+        offset = exc.offset if isinstance(exc, CorruptStateCheckpointError) else None
+        problems.append(Problem(getattr(exc, "path", None) or getattr(exc, "filename", None) or path,
+                                offset, f"{what} failed: {exc!r}"))
+
+
+def _cool_no(name: str) -> int:
+    """The number n of a cool file ``cool-<n>.parquet``."""
+    return int(name.split("-", 1)[1].split(".", 1)[0])
+
+
+def _resident_file_bytes() -> int | None:
+    """Resident file-backed (shared) bytes of this process, from
+    /proc/self/statm; None where it cannot be read (not Linux)."""
+    try:
+        with open(_STATM, "rb") as f:
+            return int(f.read().split()[2]) * mmap.PAGESIZE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+#: errno values of a write the disk could not take: an open's recovery that
+#: meets one raises DurabilityError
+_WRITE_FAULTS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS})
+
+
+def _message_lines(buf: Any, path: str, lines: Iterable[tuple[int, int]]
+                   ) -> Iterator[tuple[int, ConversationMessageRecord]]:
+    """(offset, record) of each message line among ``lines`` ((offset,
+    length) of checked lines in ``buf``); task lines are passed over."""
+    with memoryview(buf) as view:        # (released: a map with a view cannot close)
+        for off, ln in lines:
+            line = view[off:off + ln]
+            if bytes(line[23:30]) == codec.MESSAGE_PREFIX[:7]:
+                yield off, codec.record_from_line(line, path=path, offset=off)[0]
+
+
+def _holds_bytes(path: str) -> bool:
+    """Whether the file at ``path`` exists and holds a byte other than zero
+    (zeros are preallocation: a tail that took no line)."""
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                if chunk.strip(b"\0"):
+                    return True
+    except FileNotFoundError:
+        pass
+    return False
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _write_small_file(path: str, data: bytes) -> None:
+    tmp = path + ".tmp"
+    write_file(tmp, data)
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path))

@@ -1,0 +1,53 @@
+"""The tuning knobs of the conversation store, read at each use (tests lower them).
+
+Every module reads them as ``tuning.NAME`` at call time, never by ``from
+tuning import NAME``, so that one assignment here changes them all.
+"""
+from __future__ import annotations
+
+#: Roll the tail into a sealed segment past this size at a compaction.
+ROLL_BYTES = 8 << 20
+#: Rewrite a segment (the tail: roll, then rewrite) when less than this
+#: fraction of its bytes is live and it is larger than SPARSE_MIN_BYTES: cooled
+#: lines do not linger (dead bytes stay under 60% of the hot files), and each
+#: line is copied at most 1/(1 - 0.4) times on average. Measured on a bulk
+#: load of 100,000 messages: 0.25 left 110-134 MiB on disk at 2.5 bytes
+#: written per content byte; 0.4 leaves 94-104 MiB at 2.6-2.8.
+SPARSE_FRACTION = 0.4
+SPARSE_MIN_BYTES = 64 << 10
+#: An automatic cooling run of at least this many messages is written by a
+#: background thread (appends go on meanwhile); smaller runs, and every run of
+#: an explicit compact(), are written inline.
+BG_COOL_MIN_ROWS = 512
+#: lines a background cooling run parses per call (see _stage_cooling)
+PARSE_PART = 256
+#: close() leaves the index snapshot as it is when it still matches the files
+#: (the same sealed segments, tail and cool files) and at most this many
+#: changes (appended lines, deletions) came after it: the next open scans those
+#: tail lines (about 1 ms, then 3 us a line, measured at 100,000 messages)
+#: instead of this close rewriting the whole index (10 ms at 100,000 messages,
+#: 70-100 ms and 17 MB at 1,000,000).
+SNAPSHOT_SLACK = 256
+
+#: Decoded records kept by location (the newest appends and reads), so a
+#: window read decodes nothing; bytes are still checksummed on every read.
+#: 8,192 (about 10 MiB at most) holds the last 8 messages of 1,000 channels:
+#: measured on a 1,000,000-message store, window(ch, 8) over random channels
+#: takes 7.7 us with it and 52 us with 1,024.
+DECODE_CACHE = 8192
+#: Resident file pages (the segment and tail maps' share) that the hot reads
+#: may add before the pages they mapped are released (see ``_release_maps``),
+#: looked at every MAP_RELEASE_READS lines decoded from the maps. A read
+#: fault maps a whole page-cache folio (64 KiB to 2 MiB on a kernel with
+#: large folios; about 110 KiB a read measured on a 1,000,000-message store),
+#: so reads spread over 700 MB of segments left them all resident: ~290 of
+#: 470 bytes a message after touching every channel once. A release costs
+#: one madvise a map (0.15-0.35 ms for that store's 65 maps) and, after it,
+#: a fault for each page a read maps again: up to ~110 us for the first read
+#: of a cached task of 40 messages. The budget keeps a working set under it
+#: mapped (no release at all), and a larger one from growing without bound.
+MAP_BUDGET_BYTES = 128 << 20
+MAP_RELEASE_READS = 256
+#: Decoded Parquet row groups the cool tier keeps (bounded memory, see stats()):
+#: the whole cool tier of a 100,000-message store of the bench's workload.
+COOL_CACHE_BYTES = 48 << 20
