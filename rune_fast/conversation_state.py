@@ -46,7 +46,7 @@ from .events import EventStore, fdatasync_path
 from .locking import DirLock
 from .records import ConversationMessageRecord, message_from_stored, payload_hash
 from .records import TaskStateRecord  # noqa: F401  (the records beside the repositories, as a frontend imports them)
-from .segments import (MARK_NAME, TAIL_NAME, DurableMark, Segment, TailFile, decode_filters, encode_filters,
+from .segments import (MARK_NAME, TAIL_NAME, Segment, TailFile, decode_filters, encode_filters,
                        filters_name, fsync_dir, quarantine_bytes, read_kept, release_pages, seg_name,
                        write_file, write_kept)
 from .tasks import TaskStateRepository
@@ -60,6 +60,7 @@ from ._conv.common import (COOL_DIR, DEVICE_NAME, DURABILITY_MODES, FOLDS_TO_ASC
                            _resident_file_bytes, _sorts_before, _str_arg, _tag_matches, _unkey, _unlink,
                            _write_small_file, _xkey, own_calls)
 from ._conv.staging import _Staged
+from ._conv.write_thread import WriteThread
 
 __all__ = [
     "ConversationStateRepository",
@@ -160,7 +161,6 @@ class ConversationStateRepository:
         self.hot_window = hot_window
         self.read_only = bool(read_only)
         self._lock = threading.RLock()
-        self._sync_cond = threading.Condition(threading.Lock())
         self._closed = False
         self._map_reads = 0             # lines decoded from the maps since the last look
         self._map_release = True        # False once a release failed (logged)
@@ -191,10 +191,6 @@ class ConversationStateRepository:
         self._last_compaction: CompactionReport | None = None
         self._bg: _Staged | None = None
         self._special_cache: dict[int, dict[str, tuple[int, list[int]]]] = {}
-        # the tail location after the last write (what the next sync makes
-        # durable), and the one last published to viewers (see _publish)
-        self._wmark: int = -1
-        self._published: int = -1
         try:
             self._open(events)
         except OSError as exc:
@@ -228,8 +224,8 @@ class ConversationStateRepository:
                 self._own_events = True
         self._manifest_store = AtomicStore(os.path.join(self.hot_dir, MANIFEST_NAME))
         self._clock = _sync.HlcClock(self._device_id())
-        # where the durable tail lines end, for viewers (see DurableMark)
-        self._mark = DurableMark(os.path.join(self.hot_dir, MARK_NAME), writer=not self.read_only)
+        self._writes = WriteThread(os.path.join(self.hot_dir, MARK_NAME), writer=not self.read_only,
+                                   durability=self.durability, tail=lambda: self._tail)
         self._load_state()
         if not self.read_only:
             # the lines this writer found (a killed writer's unsynced ones
@@ -237,21 +233,10 @@ class ConversationStateRepository:
             assert self._tail is not None       # a writer always has its tail
             if self.durability != "none":
                 self._tail.sync()
-            self._wmark = (self._tail_seg << 40) | self._tail.size
-            self._publish(self._wmark, force=True)
+            self._writes.opened((self._tail_seg << 40) | self._tail.size)
             if not self._rederive_lost_envelopes():
                 self._rederive_envelopes()
             self._import_legacy()
-
-    def _publish(self, loc: int, *, force: bool = False) -> None:
-        """Tell viewers that the tail lines up to ``loc`` (a location) are
-        durable: what ``refresh()`` may show (SPEC: "what the writer has made
-        durable"). Never backwards but at open (which runs alone). Callers
-        hold ``_sync_cond`` (a sync), or the repository lock in "none" mode,
-        where nothing publishes without it."""
-        if loc > self._published or force:
-            self._mark.publish(loc)
-            self._published = loc
 
     def _device_id(self) -> str:
         path = os.path.join(self.hot_dir, DEVICE_NAME)
@@ -426,11 +411,7 @@ class ConversationStateRepository:
         self._next_seq = max(self._next_seq,
                              self._seq_floor(self._tail.size if self._tail is not None else 0) + 1)
         self._observe_stored_stamps()
-        # Group commit counts bytes appended in this session, across tail rolls.
-        self._wpos = 0
-        self._synced = 0
-        self._syncing = False
-        self._sync_error: BaseException | None = None
+        self._writes.reset()
         # Deletions whose erasure no compaction has finished yet: the cool rows
         # are hidden, and the next compaction looks for any hot line left.
         self._unlocated: set[str] = set()
@@ -675,7 +656,7 @@ class ConversationStateRepository:
         predates it) shows every complete line."""
         assert self._tail is not None
         end = self._tail.file_size
-        loc = self._mark.read() if self.read_only else None
+        loc = self._writes.published() if self.read_only else None
         if loc is None:
             return end
         seg = loc >> 40
@@ -1003,9 +984,10 @@ class ConversationStateRepository:
         self._check_open()
         if self.read_only:
             raise ReadOnlyStoreError(f"conversation repository {self.state_dir} is open read-only")
-        if self._sync_error is not None:
+        error = self._writes.error
+        if error is not None:
             raise DurabilityError(f"conversation repository {self.state_dir} refuses writes after a "
-                                  f"failed write or sync ({self._sync_error}); reopen it") from self._sync_error
+                                  f"failed write or sync ({error}); reopen it") from error
 
     def _path_of(self, seg: int) -> str:
         if seg == self._tail_seg and self._tail is not None:
@@ -1142,7 +1124,7 @@ class ConversationStateRepository:
             self._check_writable()
             target, added = self._write_messages(msgs, bodies, hashes, keys)
         if added:
-            self._wait_durable(target)
+            self._writes.wait_durable(target)
             if self._since_compact >= self.compact_every:
                 with self._lock:
                     if self._since_compact >= self.compact_every and not self._closed:
@@ -1190,17 +1172,12 @@ class ConversationStateRepository:
         try:
             off, remapped = tail.append(data)
         except DurabilityError as exc:
-            self._fail(exc)
+            self._writes.fail(exc)
             raise
         seg = self._tail_seg
-        # _wmark before _wpos: a syncer reads _wpos first, so one that sees
-        # these bytes counted also sees (and publishes) where they end
-        self._wmark = (seg << 40) | (off + len(data))
-        self._wpos += len(data)
+        target = self._writes.wrote((seg << 40) | (off + len(data)), len(data))
         if remapped:
             self._reattach_tail()
-        if self.durability == "none":
-            self._publish(self._wmark)      # (the OS has it: all this mode promises)
         if len(fresh) == 1:
             if not self._index.add((seg << 40) | off):   # cannot happen: checked above under the lock
                 raise RuneError(f"index refused new message {msgs[fresh[0]].msg_id!r} at "
@@ -1241,10 +1218,10 @@ class ConversationStateRepository:
             events.append_encoded(message_envelopes(keys, hashes, fresh, codec.dumps(time.time())), offset=False)
         except (OSError, DurabilityError) as exc:
             # (the lines are in the tail: "maybe stored", as after a failed sync)
-            self._fail(exc)
+            self._writes.fail(exc)
             raise DurabilityError(f"journal of {len(fresh)} message(s) in {events.path} failed: {exc}; "
                                   "the store refuses writes until reopened") from exc
-        return self._wpos, len(fresh)
+        return target, len(fresh)
 
     def _observe_stamps(self, recs: list[ConversationMessageRecord]) -> None:
         """Let the clock observe the stamps of stored records: each ``hlc``,
@@ -1308,77 +1285,13 @@ class ConversationStateRepository:
             self._interleaved[channel_id] = verdict
         return verdict
 
-    def _wait_durable(self, target: int) -> None:
-        """Return once the tail is synced up to ``target`` (group commit)."""
-        if self.durability == "none":
-            return
-        cond = self._sync_cond
-        with cond:
-            while True:
-                if self._sync_error is not None:
-                    raise DurabilityError(f"sync of {cast('TailFile', self._tail).path} failed: "
-                                          f"{self._sync_error}") from self._sync_error
-                if self._synced >= target:
-                    return
-                if not self._syncing:
-                    self._syncing = True
-                    break
-                cond.wait()
-        # the leader syncs at once: appenders that write meanwhile wait behind
-        # this sync, and the next leader syncs all they wrote (group commit).
-        # Measured: with 2-4 appending threads in "batch" mode, a leader that
-        # waited 0.5 ms for them first had 1.5-2x less throughput.
-        self._sync_as_syncer()
-
-    def _fail(self, exc: BaseException) -> None:
-        """Refuse every later write until the store is reopened: a write or
-        sync failed (SPEC: reported, never retried silently). Waiters of a
-        group commit are woken to see it."""
-        with self._sync_cond:
-            if self._sync_error is None:
-                self._sync_error = exc
-            self._sync_cond.notify_all()
-
-    def _sync_now(self) -> None:
-        """Sync the tail now (lock held); records a failure for every waiter."""
-        if self._tail is None:
-            return
-        with self._sync_cond:
-            while self._syncing:
-                self._sync_cond.wait()
-            if self._sync_error is not None:
-                raise DurabilityError(f"sync of {self._tail.path} failed: {self._sync_error}")
-            self._syncing = True
-        self._sync_as_syncer()
-
-    def _sync_as_syncer(self) -> None:
-        """The sync of the thread that set ``_syncing`` (group commit): sync
-        what was written so far, publish where it ends to viewers, wake the
-        waiters; a failure is recorded for every waiter (the store then
-        refuses writes) and raised."""
-        cond = self._sync_cond
-        try:
-            upto, mark = self._wpos, self._wmark    # (_wpos first: see _write_messages)
-            cast("TailFile", self._tail).sync()     # a writer always has its tail
-        except BaseException as exc:
-            with cond:
-                self._sync_error = exc
-                self._syncing = False
-                cond.notify_all()
-            raise
-        with cond:
-            self._synced = max(self._synced, upto)
-            self._publish(mark)
-            self._syncing = False
-            cond.notify_all()
-
     def flush(self) -> None:
         """Make everything written so far durable (whatever the mode)."""
         with self._lock:
             self._check_open()
             if self.read_only:
                 return
-            self._sync_now()
+            self._writes.sync_now()
             self._sync_tombstones()
             assert self._events is not None     # a writer always has its event store
             self._events.sync()
@@ -1452,7 +1365,7 @@ class ConversationStateRepository:
             if self.durability != "none":
                 os.fdatasync(fd)
         except OSError as exc:
-            self._fail(exc)
+            self._writes.fail(exc)
             raise DurabilityError(f"write of tombstones to {self._tomb_path} failed: {exc}; the store "
                                   "refuses writes until reopened") from exc
         finally:
@@ -1489,7 +1402,7 @@ class ConversationStateRepository:
             if self.durability != "none":
                 self._events.sync()
         except (OSError, DurabilityError) as exc:
-            self._fail(exc)
+            self._writes.fail(exc)
             raise DurabilityError(f"journal of {len(todo)} deletion(s) in {self._events.path} failed: {exc}; "
                                   "the store refuses writes until reopened") from exc
         return deleted
@@ -2262,10 +2175,10 @@ class ConversationStateRepository:
                 return self._compact_now(full=full, start_bg=start_bg, settle=settle,
                                          cool_excess=cool_excess)
             except DurabilityError as exc:
-                self._fail(exc)
+                self._writes.fail(exc)
                 raise
             except OSError as exc:
-                self._fail(exc)
+                self._writes.fail(exc)
                 raise DurabilityError(
                     f"compaction of {self.state_dir} failed writing {exc.filename or self.hot_dir}: "
                     f"{exc.strerror or exc}; every acknowledged message is on disk, and the store "
@@ -2288,7 +2201,7 @@ class ConversationStateRepository:
                 return self._fold(rep, t0)
             durable = self.durability != "none"
             if durable:
-                self._sync_now()
+                self._writes.sync_now()
             rep.folded = self._since_compact
             old_segs: list[int] = []
             old_cool: list[str] = []
@@ -2586,9 +2499,7 @@ class ConversationStateRepository:
         self._next_seg += 1
         self._tail = TailFile(os.path.join(self.hot_dir, TAIL_NAME), self._tail_seg)
         fsync_dir(self.hot_dir)
-        with self._sync_cond:       # (the sealed lines were synced above)
-            self._wmark = self._tail_seg << 40
-            self._publish(self._wmark)
+        self._writes.rolled(self._tail_seg)     # (the sealed lines were synced above)
         # the decode cache is keyed by location; locations in the sealed file are unchanged
 
     def _rewrite_segments(self, run: list[tuple[int, np.ndarray]]) -> int:
@@ -2651,7 +2562,7 @@ class ConversationStateRepository:
         synced first, so that it can vouch for them (see ``_snapshot_meta``)."""
         # always: tail bytes a killed "none" session left unsynced are not
         # counted in _wpos (an fdatasync with nothing to write is cheap)
-        self._sync_now()
+        self._writes.sync_now()
         assert self._tail is not None       # a writer always has its tail
         covered = {seg: self._segs[seg].file_size for seg in self._seg_order}
         covered[self._tail_seg] = self._tail.size
@@ -2890,10 +2801,10 @@ class ConversationStateRepository:
             if self._closed:
                 return
             try:
-                if self._bg is not None and self._sync_error is None:
+                if self._bg is not None and self._writes.error is None:
                     self._compact(full=False, start_bg=False)   # adopt the staged work
-                if not self.read_only and self._sync_error is None and self._tail is not None:
-                    self._sync_now()
+                if not self.read_only and self._writes.error is None and self._tail is not None:
+                    self._writes.sync_now()
                     assert self._events is not None     # a writer always has its event store
                     self._events.sync()
                     if self._manifest_dirty or (self._clock_text() != self._manifest.get("clock", "")
@@ -2930,9 +2841,9 @@ class ConversationStateRepository:
         tail = getattr(self, "_tail", None)
         if tail is not None:
             tail.close()
-        mark = getattr(self, "_mark", None)
-        if mark is not None:
-            mark.close()
+        writes = getattr(self, "_writes", None)
+        if writes is not None:
+            writes.close()
         for s in getattr(self, "_segs", {}).values():
             s.close()
         cool = getattr(self, "_cool", None)

@@ -1432,10 +1432,10 @@ def test_a_viewer_shows_a_line_only_once_the_writer_has_synced_it(tmp_path, dura
             assert v.get_message(msg(1).msg_id).record == msg(1)
             del tail.sync
             # a viewer opened now reads as far as the mark too
-            w._mark.publish(w._published - 1)      # (as if the last sync had not returned yet)
+            w._writes._mark.publish(w._writes._published - 1)      # (as if the last sync had not returned yet)
             with ConversationStateRepository(tmp_path, read_only=True) as v2:
                 assert len(v2) == 1
-            w._mark.publish(w._published)
+            w._writes._mark.publish(w._writes._published)
 
 
 @pytest.mark.parametrize("durability", ["fsync", "batch"])
@@ -1476,7 +1476,7 @@ def test_every_acknowledged_append_is_within_the_published_mark(tmp_path, durabi
             t.join()
         time.sleep(0.1)
         v.refresh()
-        assert len(v) == 3, (w._published & ((1 << 40) - 1), w._wmark & ((1 << 40) - 1))
+        assert len(v) == 3, (w._writes._published & ((1 << 40) - 1), w._writes._wmark & ((1 << 40) - 1))
 
 
 def test_a_new_mark_hides_nothing_before_the_writers_first_publication(tmp_path):
