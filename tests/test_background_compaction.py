@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from rune_fast._conv import tuning
+from rune_fast._conv import cooling, tuning
 from rune_fast import conversation_state as cs
 from rune_fast.conversation_state import ConversationStateRepository, ReadStatus
 from rune_fast.cool import CoolArchive, table_from_lines
@@ -336,7 +336,7 @@ def test_background_run_parses_its_lines_in_parts(tmp_path, small_bg, monkeypatc
         parts.append(len(starts))
         return table_from_lines(data, starts, lambda i: fallbacks.append(i) or fallback(i))
 
-    monkeypatch.setattr(cs, "table_from_lines", counted)
+    monkeypatch.setattr(cooling, "table_from_lines", counted)
     stored = {}
     with open_repo(tmp_path, durability="none") as repo:
         for i in range(60):

@@ -1,0 +1,347 @@
+"""Compaction: the fold of the tail, the roll and rewrite of segments, the
+erasure of deleted messages, the manifest checkpoint."""
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import numpy as np
+
+from .. import codec
+from .._index import HotIndex
+from ..errors import DurabilityError
+from ..segments import (TAIL_NAME, Segment, TailFile, filters_name, fsync_dir, seg_name, write_file)
+from . import tuning
+from .common import (_FORMAT, CompactionReport, _line_seq_of, _unlink)
+from .staging import _Staged
+from .host import Host
+
+log = logging.getLogger("rune_fast")
+
+
+class Compaction(Host):
+    """Running a compaction (a mixin of the repository); choosing what to cool is Cooling's."""
+
+    def _compact_segments(self, rep: CompactionReport, cool_erase: list[str],
+                          old_segs: list[int]) -> list[int]:
+        """Steps 3-4 of a compaction (lock held); returns the new segment order."""
+        assert self._tail is not None       # a writer always has its tail
+        # 3. segments: roll the tail if it holds deleted lines or grew large
+        stats = self._index.seg_stats()
+        if cool_erase or self._unlocated:
+            self._find_cooled_lines(cool_erase + sorted(self._unlocated), stats)
+        tail_live = stats.get(self._tail_seg, (0, 0))
+        roll = (self._tail_seg in self._dirty_segs or self._tail.size >= tuning.ROLL_BYTES
+                or (self._tail.size > 0 and tail_live[0] == 0)
+                or self._sparse(self._tail.size, tail_live[1]))
+        if roll:
+            self._roll_tail()
+            stats = self._index.seg_stats()
+        # 4. rewrite sealed segments holding deleted lines or mostly dead (a run
+        # of them in the segment order into one new segment, up to ROLL_BYTES
+        # of live lines); drop empty ones
+        new_order: list[int] = []
+        run: list[tuple[int, np.ndarray]] = []
+        run_bytes = 0
+        run_seq: int | None = None     # the append sequence of the run's last line
+
+        def end_run() -> None:
+            nonlocal run, run_bytes
+            if run:
+                new_seg = self._rewrite_segments(run)
+                rep.bytes_written += self._segs[new_seg].size
+                rep.segments_rewritten += len(run)
+                old_segs.extend(seg for seg, _locs in run)
+                new_order.append(new_seg)
+                run, run_bytes = [], 0
+
+        for seg in self._seg_order:
+            lines, live_bytes = stats.get(seg, (0, 0))
+            size = self._segs[seg].size
+            if lines == 0:
+                old_segs.append(seg)
+                rep.segments_reclaimed += 1
+                continue
+            if seg in self._dirty_segs or self._sparse(size, live_bytes):
+                locs = self._index.seg_locs(seg)
+                first = self._line_seq(int(locs[0]))
+                if run and (run_bytes + live_bytes > tuning.ROLL_BYTES or run_seq is None
+                            or first is None or first <= run_seq):
+                    end_run()
+                run.append((seg, locs))
+                run_bytes += live_bytes
+                run_seq = self._line_seq(int(locs[-1]))
+            else:
+                end_run()
+                new_order.append(seg)
+        end_run()
+        if rep.segments_rewritten:
+            fsync_dir(self.hot_dir)
+        return new_order
+
+    def _line_seq(self, loc: int) -> int | None:
+        """The append sequence of the (checked) message line at ``loc``; None
+        if it has none."""
+        seq = _line_seq_of(self._index.line(loc))
+        return seq if seq >= 0 else None
+
+    def _fold_only(self) -> bool:
+        """Whether an automatic compaction has nothing to move but the fold."""
+        assert self._tail is not None       # a writer always has its tail
+        return (not self._pending_erase and not self._segs_unchecked
+                and self._tail.size < tuning.ROLL_BYTES and not self._cooling_due()
+                and not self._cool.plan_merge())
+
+    def _compact(self, *, full: bool, start_bg: bool = True, settle: bool = True,
+                 cool_excess: bool = True) -> CompactionReport:
+        """A compaction (lock held; see _compact_now). A write, sync or
+        rename that fails in it (a full disk, an I/O error) makes the store
+        refuse writes until reopened, as a failed append does: its files may
+        be half moved (a rolled tail, a cooled run) where only the manifest,
+        which did not move, says what is stored, and the next open finishes
+        or undoes them. DurabilityError names the file."""
+        with self._lock:
+            try:
+                return self._compact_now(full=full, start_bg=start_bg, settle=settle,
+                                         cool_excess=cool_excess)
+            except DurabilityError as exc:
+                self._writes.fail(exc)
+                raise
+            except OSError as exc:
+                self._writes.fail(exc)
+                raise DurabilityError(
+                    f"compaction of {self.state_dir} failed writing {exc.filename or self.hot_dir}: "
+                    f"{exc.strerror or exc}; every acknowledged message is on disk, and the store "
+                    f"refuses writes until reopened") from exc
+
+    def _compact_now(self, *, full: bool, start_bg: bool = True, settle: bool = True,
+                     cool_excess: bool = True) -> CompactionReport:
+        """A compaction (lock held). ``settle=False``: leave a background
+        merge running (the caller checked that one runs and that nothing is
+        to be erased): nothing is cooled or merged then, only the tail and
+        the segments are seen to. ``cool_excess=False``: adopt what the
+        background staged, but leave the excess to the caller."""
+        with self._lock:
+            self._check_writable()
+            assert self._tail is not None and self._events is not None     # (a writer's)
+            t0 = time.perf_counter()
+            rep = CompactionReport()
+            staged = self._settle_bg() if settle else None
+            if staged is None and not full and self._fold_only():
+                return self._fold(rep, t0)
+            durable = self.durability != "none"
+            if durable:
+                self._writes.sync_now()
+            rep.folded = self._since_compact
+            old_segs: list[int] = []
+            old_cool: list[str] = []
+            manifest_cool = list(self._manifest["cool_files"])
+            # 1. cooling: first a run staged in the background, then the rest
+            if staged is not None and staged.kind == "cool":
+                manifest_cool = self._cool.adopt(staged.result)
+                self._cooled(staged.locs, staged.table, staged=True)
+                rep.cooled += staged.table.num_rows
+                rep.cool_files_written += 1
+            elif staged is not None:
+                # a merge, adopted before any erasure rewrites its sources
+                change = self._cool.adopt_merge(staged.result)
+                manifest_cool = list(change.files)
+                old_cool.extend(change.removed)
+                rep.cool_files_written += len(change.added)
+            excess = self._excess(full) if settle and cool_excess else []
+            if excess:
+                table = self._cool_table_at(excess)
+                run = self._cool.cool_table(table)
+                manifest_cool = list(run.files)
+                self._cooled(excess, table)
+                rep.cooled += table.num_rows
+                rep.cool_files_written += 1
+            # 2. erasure in the cool tier
+            cool_erase = [m for m in self._pending_erase if m in self._cool_deleted]
+            if cool_erase:
+                change = self._cool.erase(cool_erase)
+                manifest_cool = list(change.files)
+                old_cool.extend(change.removed)
+                rep.cool_files_written += len(change.added)
+            groups = self._cool.plan_merge() if settle else []
+            if groups and not full and start_bg and self._merge_rows(groups) >= tuning.BG_COOL_MIN_ROWS:
+                # merged in the background; the next compaction adopts it
+                # (meanwhile automatic compactions cool nothing: a small
+                # merge runs here, so a small store's tiers never depend on
+                # a thread's timing)
+                self._bg = _Staged("merge", lambda _job: self._cool.stage_merge(groups, durable=durable))
+                groups = []
+            merged = bool(groups)
+            while groups:
+                change = self._cool.merge(groups)
+                manifest_cool = list(change.files)
+                old_cool.extend(change.removed)
+                rep.cool_files_written += len(change.added)
+                # a merge can fill the next tier: an explicit compact() leaves
+                # nothing to merge (O(log n) rounds); an automatic one, one round
+                groups = self._cool.plan_merge() if full else []
+            if staged is not None or excess or cool_erase or merged:
+                self._interleaved.clear()
+            # 3-4. segments (only when live lines moved: cooling, deletion, a
+            # fresh open, or a tail past ROLL_BYTES): roll the tail if it holds
+            # deleted lines, grew large or is mostly dead; rewrite sealed
+            # segments holding deleted lines or mostly dead; drop empty ones
+            new_order: list[int] = list(self._seg_order)
+            if (staged is not None or excess or self._pending_erase or self._segs_unchecked
+                    or self._tail.size >= tuning.ROLL_BYTES):
+                new_order = self._compact_segments(rep, cool_erase, old_segs)
+                self._segs_unchecked = False
+            if self._pending_erase:
+                self._erase_quarantined(self._pending_erase)
+            rep.erased = len(self._pending_erase)
+            # 5. envelopes before the checkpoint that depends on them (the
+            # size taken first: another writer of a shared event store may
+            # append between the sync and a later look, unsynced)
+            events_size = self._events.line_end()
+            if durable:
+                self._events.sync()
+            self._seg_order = new_order
+            self._covered = self._tail.size
+            self._covered_events = events_size
+            self._tomb_erased = self._tomb_size     # every pending erasure is done by now
+            self._write_manifest(manifest_cool, durable=durable)
+            # 6. now the old files are unreferenced: remove them
+            for seg in old_segs:
+                s = self._segs.pop(seg, None)
+                self._index.detach(seg)
+                if s is not None:
+                    s.close()
+                    _unlink(s.path)
+                _unlink(os.path.join(self.hot_dir, filters_name(seg)))
+                self._filters_kept.pop(seg, None)
+            if old_cool:
+                self._cool.unlink_files(old_cool)
+                rep.cool_files_removed += len(old_cool)
+            if (old_segs or old_cool) and durable:
+                fsync_dir(self.hot_dir)
+            self._dirty_segs.clear()
+            self._pending_erase.clear()
+            self._unlocated.clear()
+            self._cool_deleted.clear()
+            self._interleaved.clear()
+            self._since_compact = 0
+            if self._snapshot_due():
+                self._write_snapshot()
+                rep.snapshot_written = True
+            self._bound_maps()          # the lines cooled or rewritten were read through the maps
+            rep.seconds = time.perf_counter() - t0
+            self._compactions += 1
+            self._last_compaction = rep
+            return rep
+
+    def _fold(self, rep: CompactionReport, t0: float) -> CompactionReport:
+        """Fold the tail into the hot tier in memory (lock held). The manifest
+        records it at the next checkpoint that moves files (or at close); a
+        crash meanwhile only relabels those lines "tail"."""
+        assert self._tail is not None and self._events is not None     # (a writer's)
+        rep.folded = self._since_compact
+        self._covered = self._tail.size
+        self._covered_events = self._events.line_end()
+        self._since_compact = 0
+        self._manifest_dirty = True
+        self._compactions += 1
+        rep.seconds = time.perf_counter() - t0
+        self._last_compaction = rep
+        return rep
+
+    @staticmethod
+    def _sparse(size: int, live_bytes: int) -> bool:
+        return size > tuning.SPARSE_MIN_BYTES and live_bytes < tuning.SPARSE_FRACTION * size
+
+    def _roll_tail(self) -> None:
+        """Seal the tail as segment ``tail_seg`` and open an empty tail (lock held)."""
+        assert self._tail is not None       # a writer always has its tail
+        self._tail.sync()
+        old = self._tail
+        seg = self._tail_seg
+        self._seg_ends[seg] = old.size
+        old.release_reserved()
+        old.close()
+        sealed = os.path.join(self.hot_dir, seg_name(seg))
+        os.replace(old.path, sealed)
+        fsync_dir(self.hot_dir)
+        self._segs[seg] = Segment(sealed, seg)
+        self._seg_order.append(seg)
+        self._index.attach(seg, self._segs[seg].buf, sealed)
+        self._tail_seg = self._next_seg
+        self._next_seg += 1
+        self._tail = TailFile(os.path.join(self.hot_dir, TAIL_NAME), self._tail_seg)
+        fsync_dir(self.hot_dir)
+        self._writes.rolled(self._tail_seg)     # (the sealed lines were synced above)
+
+    def _rewrite_segments(self, run: list[tuple[int, np.ndarray]]) -> int:
+        """Copy the live lines of a run of sealed segments (each with its
+        sorted live locations; neighbours in the segment order, each one's
+        append sequences after the one before's) into one new segment, in
+        that order: the append sequence still rises line by line (lock held;
+        the caller fsyncs the folder)."""
+        locs = np.concatenate([seg_locs for _seg, seg_locs in run])
+        data, starts = self._index.gather_lines(locs)
+        new_seg = self._next_seg
+        self._next_seg += 1
+        path = os.path.join(self.hot_dir, seg_name(new_seg))
+        write_file(path, data)
+        self._seg_ends[new_seg] = len(data)
+        self._segs[new_seg] = Segment(path, new_seg)
+        self._index.attach(new_seg, self._segs[new_seg].buf, path)
+        new_locs = starts | (new_seg << 40)
+        self._index.relocate(locs, new_locs)
+        self._decoded.move_many(locs, new_locs)
+        return new_seg
+
+    def _find_cooled_lines(self, ids: list[str], stats: dict) -> None:
+        """Mark the segments that still hold the (dead) hot line of a message
+        that was cooled and then deleted, so erasure rewrites them too. Only
+        segments with dead bytes are scanned, each by a throwaway index."""
+        assert self._tail is not None       # a writer always has its tail
+        keys = [codec.key(m) for m in ids]
+        files = [(seg, self._segs[seg].buf, self._segs[seg].path, self._segs[seg].size)
+                 for seg in self._seg_order]
+        files.append((self._tail_seg, self._tail.buf, self._tail.path, self._tail.size))
+        for seg, buf, path, size in files:
+            if seg in self._dirty_segs or size == 0 or stats.get(seg, (0, 0))[1] >= size:
+                continue
+            probe = HotIndex()
+            probe.attach(seg, buf, path)
+            probe.ingest(seg, 0, size)
+            if (probe.find_many(keys) >= 0).any():
+                self._dirty_segs.add(seg)
+            probe.detach(seg)
+
+    def _write_manifest(self, cool_files: list[str], *, durable: bool = True) -> None:
+        self._sync_tombstones()      # the manifest vouches for them
+        meta = self._cool.file_meta()
+        m = {"format": _FORMAT, "segments": list(self._seg_order), "tail_seg": self._tail_seg,
+             "segment_ends": {str(g): self._seg_ends[g] for g in self._seg_order if g in self._seg_ends},
+             "covered": self._covered, "cool_files": list(cool_files),
+             "cool_meta": {n: meta[n] for n in cool_files if n in meta},
+             "events_offset": self._covered_events, "next_seg": self._next_seg,
+             "next_seq": self._next_seq,
+             "clock": self._clock_text(),
+             "tombstones_erased": self._tomb_erased,
+             "tombstones_synced": [self._tomb_size, self._tomb_last],
+             "cool_max": {ch: list(k) for ch, k in self._cool_max.items()}}
+        self._manifest_store.write(m, durable=durable)
+        self._manifest = m
+        self._manifest_dirty = False
+        self._clock_unheld = False
+        self._clock_nows = self._clock.nows
+
+    def _clock_held(self) -> bool:
+        """Whether the manifest's clock, with the stamps the next open reads
+        (the tail's lines after the last compaction, the tombstones), puts
+        that session's clock past every stamp this one returned or observed:
+        true unless ``clock.now()`` returned a stamp or ``merge_ops`` observed
+        one since the manifest was written (a stamp a caller may hold, or one
+        no file keeps)."""
+        return not self._clock_unheld and self._clock.nows == self._clock_nows
+
+    def _clock_text(self) -> str:
+        """The clock's last stamp as the manifest records it ("" before any)."""
+        return str(self._clock.last) if self._clock.last is not None else ""

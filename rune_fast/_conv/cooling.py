@@ -1,0 +1,226 @@
+"""Cooling: choosing which hot messages move to the cool tier (each channel's
+excess over its window), the automatic compaction's schedule, and the
+background runs it stages."""
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .. import codec
+from ..cool import table_from_lines
+from . import tuning
+from .common import (_COOL_RANK, _HOT_RANK, CompactionReport, _first, _order_key, _sorts_before)
+from .staging import _Staged
+from .host import Host
+
+log = logging.getLogger("rune_fast")
+
+
+class Cooling(Host):
+    """Choosing and staging what cools (a mixin of the repository)."""
+
+    def _cooling_due(self) -> bool:
+        """Whether some channel's excess over ``hot_window`` reaches a quarter
+        window (any excess for a window under 64 messages, whose runs are
+        small anyway): the automatic compaction's reason to cool."""
+        due = 1 if self.hot_window < 64 else self.hot_window // 4
+        return self._index.max_channel_len() - self.hot_window >= due
+
+    def _merge_rows(self, groups: list[list[str]]) -> int:
+        rows = self._cool.file_rows()
+        return sum(rows.get(name, 0) for g in groups for name in g)
+
+    def _excess(self, full: bool) -> list[int]:
+        """Locations to cool: every channel's messages beyond its newest
+        ``hot_window``. The automatic compaction (``full=False``) cools only
+        once some channel's excess reaches a quarter window (windows of 64
+        messages or more; smaller ones: any excess), and then cools
+        every channel's excess: one larger Parquet run now and then instead
+        of a small run (and its merges) every few ``compact_every``."""
+        if not full and not self._cooling_due():
+            return []
+        excess = self._index.excess(self.hot_window).tolist()
+        cands = list(self._cool_max) if self._behind is None else list(self._behind)
+        behind: set[str] = set()
+        if cands:
+            counted = set(excess)
+            for ch in cands:
+                extra, still = self._excess_behind_cool(ch, counted)
+                excess.extend(extra)
+                if still:
+                    behind.add(ch)
+        self._behind = behind
+        return excess
+
+    def _excess_behind_cool(self, channel_id: str, counted: set[int]) -> tuple[list[int], bool]:
+        """(hot locations beyond the channel's newest ``hot_window`` once its
+        cool rows are counted too, whether a hot message sorts before its
+        newest stamped cool row). Such a message arrived late (or unstamped)
+        after newer ones were cooled; once a newer hot one is deleted it can
+        lie beyond the window although ``HotIndex.excess``, which counts the
+        hot ones only, keeps it. ``counted``: what that excess already cools."""
+        last = self._cool_max.get(channel_id)
+        locs = self._index.channel_locs(codec.key(channel_id), -1).tolist()
+        if last is None or not locs:
+            return [], False
+        first = self._read_loc(locs[0])
+        if not _sorts_before(first, last):
+            return [], False            # every hot message sorts after every cool row
+        kept = [loc for loc in locs if loc not in counted]
+        if not kept:
+            return [], True
+        oldest = self._read_loc(kept[0])
+        n = self.hot_window
+        if not _sorts_before(oldest, last) or n == 0:
+            return [], True             # only messages cooled anyway sort before a cool row
+        rows = self._cool.channel_tail(channel_id, n + len(self._cool_deleted))
+        cool = self._cool_rows(rows)[-n:]
+        keyed = [(_order_key(r, _COOL_RANK, i), None) for i, r in enumerate(cool)]
+        keyed += [(_order_key(self._read_loc(loc), _HOT_RANK, i), loc) for i, loc in enumerate(kept)]
+        keyed.sort(key=_first)
+        keep = {loc for _k, loc in keyed[len(keyed) - n:]}
+        return [loc for loc in kept if loc not in keep], True
+
+    def _auto_compact(self) -> None:
+        """The compaction that runs every ``compact_every`` messages (lock
+        held). A large cooling run is staged in a background thread (Parquet
+        encoding and its syncs run while appenders go on); the compaction after
+        it finishes adopts it. Everything else runs here, as ``compact()``."""
+        assert self._tail is not None       # a writer always has its tail
+        t0 = time.perf_counter()
+        job = self._bg
+        if job is not None and not job.done.is_set():
+            if job.kind == "merge" and not self._pending_erase and self._tail.size >= tuning.ROLL_BYTES:
+                # a merge of cool files is being written: the tail still
+                # rolls (segments stay bounded); the excess waits and is
+                # cooled in one run when the merge is adopted
+                self._compact(full=False, start_bg=False, settle=False)
+            else:
+                self._fold(CompactionReport(), t0)    # a cooling job's rows stay put meanwhile
+            return
+        if job is not None:
+            # adopt the finished job; the excess grown meanwhile is staged
+            # below when it is large enough, not cooled here (on the caller's time)
+            self._compact(full=False, cool_excess=False)
+            if self._bg is not None:            # it started a merge
+                return
+        if not self._pending_erase:
+            # (also the first compaction of an open: its look at every segment
+            # waits for the adoption, which runs it; cooling a large excess
+            # inline there stalled an append 0.25 s at 1,000,000 messages)
+            excess = self._excess(False)
+            if len(excess) >= tuning.BG_COOL_MIN_ROWS:
+                self._bg = self._stage_cooling(excess)
+                if job is None:
+                    self._fold(CompactionReport(), t0)
+                return
+        if job is None:
+            self._compact(full=False)
+
+    def _settle_bg(self) -> "_Staged | None":
+        """Wait for the background job, if any (lock held; the job never takes
+        the repository lock). Returns it if it can be adopted: a cooling run
+        whose messages are all still indexed where they were read (a deletion
+        since then discards it, and the compaction cools inline), or a merge."""
+        job = self._bg
+        if job is None:
+            return None
+        job.thread.join()
+        self._bg = None
+        if job.error is not None:
+            log.warning("background %s failed, done inline instead: %s", job.kind, job.error)
+            return None
+        if job.result is None:
+            return None
+        if job.kind == "cool":
+            ids = job.table.column("msg_id").to_pylist()
+            found = self._index.find_many([codec.key(m) for m in ids])
+            if not self._tombstones.keys().isdisjoint(ids) \
+                    or not np.array_equal(found, np.asarray(job.locs, dtype=np.int64)):
+                job.discard(self._cool)
+                return None
+        return job
+
+    def _stage_cooling(self, locs: list[int]) -> _Staged:
+        """Start the background cooling run of the hot lines at ``locs``
+        (lock held). Only their copy is made here (each line checked); the
+        thread makes their table, a few hundred lines at a time (the parser
+        holds the GIL: an appender waits for a part, not the whole, which
+        took 10 ms of an append at 1,000,000 messages), and writes it."""
+        data, starts = self._gather(locs)
+        durable = self.durability != "none"
+
+        def work(job: _Staged) -> Any:
+            job.table = self._lines_table(locs, data, starts, tuning.PARSE_PART)
+            return self._cool.stage_table(job.table, durable=durable)
+
+        return _Staged("cool", work, locs)
+
+    def _cool_table_at(self, locs: Sequence[int]) -> pa.Table:
+        """The cool-schema table of the hot lines at ``locs`` (each checked
+        against its checksum), row i from ``locs[i]``."""
+        data, starts = self._gather(locs)
+        return self._lines_table(locs, data, starts)
+
+    def _gather(self, locs: Sequence[int]) -> tuple[bytes, np.ndarray]:
+        """A copy of the hot lines at ``locs``, each checked (lock held):
+        ``HotIndex.gather_lines``."""
+        self._map_reads += len(locs)
+        return self._index.gather_lines(locs)
+
+    def _lines_table(self, locs: Sequence[int], data: bytes, starts: np.ndarray,
+                     part: int | None = None) -> pa.Table:
+        """The cool-schema table of the lines :meth:`_gather` copied from
+        ``locs``, row i from line i, parsed ``part`` lines a call (all at
+        once: None). A line the compiled reader does not take is decoded
+        from the copied bytes; nothing here reads the index or its maps, so
+        a background run may call it without the lock."""
+        n = len(starts)
+
+        def fallback(i: int, first: int = 0) -> tuple[dict, int | None]:
+            # row i of the part that starts at line ``first``
+            i += first
+            end = int(starts[i + 1]) if i + 1 < n else len(data)
+            loc = locs[i]
+            d = codec.decode_body(memoryview(data)[int(starts[i]):end - 1],
+                                  path=self._path_of(loc >> 40), offset=loc & ((1 << 40) - 1))
+            return d["r"], d.get("s")
+
+        if part is None or n <= part:
+            return table_from_lines(data, starts, fallback)
+        parts = []
+        for a in range(0, n, part):
+            b = min(n, a + part)
+            lo, hi = int(starts[a]), int(starts[b]) if b < n else len(data)
+            parts.append(table_from_lines(data[lo:hi], starts[a:b] - lo, functools.partial(fallback, first=a)))
+        return pa.concat_tables(parts).combine_chunks()
+
+    def _cooled(self, locs: Sequence[int], table: pa.Table, *, staged: bool = False) -> None:
+        """Drop messages now served by the cool tier from the hot index.
+        ``staged``: a run written in the background, which appends may have
+        overtaken (a late one can sort before its rows; an inline run cools
+        the oldest messages and those already behind a cool row)."""
+        ids = table.column("msg_id").to_pylist()
+        cool_max = self._cool_max
+        behind = self._behind if staged else None
+        stamped = table.filter(pc.not_equal(table.column("hlc"), ""))    # (order kept)
+        if stamped.num_rows:
+            for hlc, mid, ch in zip(stamped.column("hlc").to_pylist(), stamped.column("msg_id").to_pylist(),
+                                    stamped.column("channel_id").to_pylist()):
+                k = (hlc, mid)
+                if k > cool_max.get(ch, ("", "")):
+                    cool_max[ch] = k
+                    if behind is not None:
+                        behind.add(ch)      # a late append may sort before the new maximum
+        self._index.remove_many([codec.key(m) for m in ids])
+        pop = self._decoded.pop
+        for loc in locs:
+            pop(loc, None)
+        self._snap_changes += len(ids)
+        self._interleaved.clear()       # the verdicts read the cool rows' maxima just moved

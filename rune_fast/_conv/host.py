@@ -1,0 +1,126 @@
+"""The repository's attributes, declared once by the room that writes them.
+
+The rooms of :mod:`rune_fast._conv` that are still mixins of
+``ConversationStateRepository`` (every one but :class:`WriteThread`) read
+and write the attributes below. Declaring them here, grouped by the room
+that owns (writes) them, gives the type checker their types and gives a
+reader the map of who may change what; a room reads another's state but
+changes it only through that room's methods. ``Host`` is what each mixin
+subclasses: these declarations for the type checker (plus ``Any`` for the
+methods the other rooms define), a plain ``object`` at run time.
+"""
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+from .._index import HotIndex, LocCache
+from ..atomic import AtomicStore
+from ..cool import CoolArchive
+from ..events import EventStore
+from ..locking import DirLock
+from ..segments import Segment, TailFile
+from .. import sync as _sync
+from .common import CompactionReport
+from .staging import _Staged
+from .write_thread import WriteThread
+
+
+class RepoState:
+    """Annotations only: no value, no behaviour."""
+
+    # the facade (conversation_state.py): options, the lock, lifecycle
+    state_dir: str
+    hot_dir: str
+    durability: str
+    compact_every: int
+    hot_window: int
+    read_only: bool
+    _lock: threading.RLock
+    _closed: bool
+    _lockfile: DirLock | None
+    _own_events: bool
+    _events: EventStore | None
+    _events_private: bool
+
+    # recovery.py: the live file set as the manifest names it, and what the open found
+    _manifest_store: AtomicStore
+    _manifest: dict
+    _clock: _sync.HlcClock
+    _writes: WriteThread
+    _reloads: int
+    _covered: int
+    _covered_events: int
+    _tail_seg: int
+    _next_seg: int
+    _next_seq: int
+    _segs: dict[int, Segment]
+    _seg_order: list[int]
+    _seg_ends: dict[int, int]
+    _tail: TailFile | None
+    _cool: CoolArchive
+    _cool_max: dict[str, tuple]
+    _quarantined: list[dict]
+    _lost: list[dict]
+    _uncovered: tuple[int, int, list[str]] | None
+    _rejournaled: int
+    _vouched: dict[int, int]
+
+    # snapshot.py: the hot index and its snapshot on disk
+    _index: HotIndex
+    _snap_events: int
+    _snap_files: tuple | None
+    _snap_changes: int
+    _tail_read: int
+
+    # tombstones.py: deletions and what waits for erasure
+    _tombstones: dict[str, str]
+    _tomb_path: str
+    _tomb_size: int
+    _tomb_last: int
+    _tomb_erased: int
+    _tomb_unsynced: bool
+    _tomb_dir_unsynced: bool
+    _unerased: list[str]
+    _tomb_hlcs: list[str]
+    _pending_erase: set[str]
+    _dirty_segs: set[int]
+    _cool_deleted: set[str]
+    _unlocated: set[str]
+
+    # reads.py: decode caches, mapped pages, order verdicts
+    _decoded: LocCache
+    _cool_decoded: LocCache
+    _map_reads: int
+    _map_release: bool
+    _map_base: int | None
+    _interleaved: dict[str, bool]
+
+    # search.py: what search has checked and kept
+    _lines_checked: set[int]
+    _tail_checked: tuple[int, int]
+    _filters_read: bool
+    _filters_kept: dict[int, int]
+    _ragged: set[int]
+    _special_cache: dict[int, dict[str, tuple[int, list[int]]]]
+
+    # compaction.py and cooling.py: the schedule, the manifest checkpoint, staged work
+    _since_compact: int
+    _segs_unchecked: bool
+    _manifest_dirty: bool
+    _compactions: int
+    _last_compaction: CompactionReport | None
+    _bg: _Staged | None
+    _behind: set[str] | None
+    _clock_nows: int
+    _clock_unheld: bool
+
+    # exchange.py: fold-order verdicts of resume_messages
+    _fold_order: dict[str, list]
+
+
+if TYPE_CHECKING:
+    class Host(RepoState, Any):  # type: ignore[misc]
+        """The declarations, and Any for the methods of the other rooms."""
+else:
+    Host = object

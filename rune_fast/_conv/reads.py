@@ -1,0 +1,334 @@
+"""Reads: a location to verified record (the decode caches, the mapped pages'
+budget), channel windows and tasks across the hot and cool tiers, exact reads."""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+
+from .. import codec
+from ..errors import CorruptStateCheckpointError
+from ..records import ConversationMessageRecord, message_from_stored
+from ..segments import (release_pages, seg_name)
+from . import tuning
+from .common import (_COOL_RANK, _HOT_RANK, _MAX_N, _OFF_MASK, MessageRead, ReadStatus,
+                     _first, _order_key, _own, _resident_file_bytes, _sorts_before, _tag_matches, _unkey, _xkey,
+                     own_calls)
+
+from .host import Host
+
+log = logging.getLogger("rune_fast")
+
+
+class HotReads(Host):
+    """Hot and cool reads with their decode caches (a mixin of the repository)."""
+
+    def _path_of(self, seg: int) -> str:
+        if seg == self._tail_seg and self._tail is not None:
+            return self._tail.path
+        s = self._segs.get(seg)
+        return s.path if s is not None else os.path.join(self.hot_dir, seg_name(seg))
+
+    def _tier_of(self, loc: int) -> str:
+        seg, off = loc >> 40, loc & ((1 << 40) - 1)
+        return "tail" if seg == self._tail_seg and off >= self._covered else "hot"
+
+    def _read_loc(self, loc: int) -> ConversationMessageRecord:
+        """The verified record at ``loc``; CorruptStateCheckpointError if damaged."""
+        return self._read_loc_seq(loc)[0]
+
+    def _read_loc_seq(self, loc: int) -> tuple[ConversationMessageRecord, int | None]:
+        """The verified record at ``loc`` and its append sequence."""
+        hit = self._decoded.get(loc)
+        if hit is None:
+            hit = self._decode_loc(loc)
+            self._cache(loc, hit)
+        else:
+            self._index.line(loc)        # verifies the checksum, names seg and offset
+        return hit
+
+    def _exact_hit(self, loc: int) -> tuple[ConversationMessageRecord, int | None] | None:
+        """The decode cache's entry for ``loc`` if it is what was appended:
+        not one with tool calls, whose dicts a reader may have edited in
+        place. For the reads whose result leaves the store (export: _all_records)."""
+        hit = self._decoded.get(loc)
+        return hit if hit is not None and not hit[0].tool_calls else None
+
+    def _decode_loc(self, loc: int) -> tuple[ConversationMessageRecord, int | None]:
+        """The record at ``loc`` and its append sequence, decoded from its
+        checked bytes (never from the decode cache)."""
+        self._map_reads += 1
+        if self._map_reads >= tuning.MAP_RELEASE_READS:
+            self._bound_maps()
+        return codec.record_from_line(self._index.line(loc), path=self._path_of(loc >> 40),
+                                      offset=loc & ((1 << 40) - 1))
+
+    def _bound_maps(self) -> None:
+        """Release the mapped pages (lock held) if the resident file pages
+        grew past MAP_BUDGET_BYTES since the last release (Linux:
+        /proc/self/statm, whose third field counts them; elsewhere, at every
+        call). Called every MAP_RELEASE_READS decoded lines and after the
+        passes that read lines by the thousand: a search (the first after an
+        open checks every hot line), a compaction, verify(), a rebuild."""
+        self._map_reads = 0
+        now = _resident_file_bytes()
+        if now is None or self._map_base is None or now - self._map_base > tuning.MAP_BUDGET_BYTES:
+            self._release_maps()
+        elif now < self._map_base:
+            self._map_base = now        # (the kernel reclaimed pages meanwhile)
+
+    def _release_maps(self) -> None:
+        """Drop the pages reads mapped in the segment and tail maps from this
+        process's page tables (``segments.release_pages``; lock held): they
+        stay in the page cache, and a read of one maps it again. Called when
+        reads mapped more than MAP_BUDGET_BYTES (:meth:`_bound_maps`) and at
+        close, so resident memory follows the lines read lately, not every
+        line read since the open. Record-cache hits check their lines through
+        the maps too: the pages of a working set under the budget stay
+        mapped."""
+        if not self._map_release:
+            return
+        self._map_base = None
+        bufs = [seg.buf for seg in self._segs.values()]
+        if self._tail is not None:
+            bufs.append(self._tail.buf)
+        try:
+            for buf in bufs:
+                release_pages(buf)
+        except (OSError, ValueError) as exc:     # (ValueError: a map closed meanwhile)
+            self._map_release = False
+            log.warning("%s: mapped segment pages cannot be released (%s); they stay resident",
+                        self.hot_dir, exc)
+            return
+        self._map_base = _resident_file_bytes()
+
+    def _cache(self, loc: int, hit: tuple[ConversationMessageRecord, int | None]) -> None:
+        if len(self._decoded) >= tuning.DECODE_CACHE:
+            self._trim_cache(1)
+        self._decoded[loc] = hit
+
+    def _trim_cache(self, room: int) -> None:
+        self._decoded.make_room(room)
+
+    @staticmethod
+    def _cool_record(row) -> ConversationMessageRecord:
+        d = row.record if hasattr(row, "record") else row
+        try:
+            return message_from_stored(d, fresh_json=getattr(row, "plain", False))
+        except (TypeError, ValueError, KeyError) as exc:
+            raise CorruptStateCheckpointError(f"archived record does not validate: {exc}",
+                                              path=getattr(row, "file", None),
+                                              offset=getattr(row, "row", None)) from None
+
+    def _cool_has_channel(self, channel_id: str) -> bool:
+        return self._cool.channel_len(channel_id) > 0
+
+    def _cool_max_order(self, channel_id: str) -> tuple | None:
+        """(hlc, msg_id) of the channel's newest stamped cool row, or None."""
+        return self._cool_max.get(channel_id)
+
+    def _note_order(self, m: ConversationMessageRecord) -> None:
+        """Keep the interleave verdict of the channel true after an append."""
+        if self._interleaved.get(m.channel_id) is False:
+            last = self._cool_max_order(m.channel_id)
+            if last is not None and _sorts_before(m, last):
+                self._interleaved[m.channel_id] = True
+
+    def _is_interleaved(self, channel_id: str) -> bool:
+        """Whether some hot message of the channel sorts before one of its cool
+        rows (a late merge or an unstamped message after stamped ones were
+        cooled): reads then merge the tiers in full. The hot array is sorted,
+        so its first message decides."""
+        verdict = self._interleaved.get(channel_id)
+        if verdict is None:
+            verdict = False
+            last = self._cool_max_order(channel_id)
+            if last is not None:
+                locs = self._index.channel_locs(codec.key(channel_id), -1)
+                if len(locs):
+                    first = self._read_loc(int(locs[0]))
+                    # (the cool tier asked last: a first read of a channel
+                    # whose hot messages are newer never opens its index)
+                    verdict = (_sorts_before(first, last)
+                               and self._cool_has_channel(channel_id))
+            self._interleaved[channel_id] = verdict
+        return verdict
+
+    def _get_message(self, msg_id: str) -> MessageRead:
+        if msg_id in self._tombstones:
+            return MessageRead(ReadStatus.NOT_FOUND_CONFIRMED)
+        k = codec.key(msg_id)
+        loc = self._index.find(k)
+        rec: ConversationMessageRecord | None
+        if loc >= 0:
+            tier = self._tier_of(loc)
+            try:
+                rec = self._read_loc(loc)
+            except CorruptStateCheckpointError as exc:
+                self._read_damage("exact read of %s: %s", msg_id, exc)
+                return MessageRead(ReadStatus.SOURCE_CORRUPT, None, tier)
+            if rec.msg_id != msg_id:
+                return MessageRead(ReadStatus.SOURCE_CORRUPT, None, tier)
+            return MessageRead(ReadStatus.FOUND_VERIFIED, _own(rec), tier)
+        try:
+            # the rows whose id hashes like msg_id (usually one): kept records, or read now
+            rec = next((r for r, _o in self._cool_records(self._cool.id_locs(msg_id))
+                        if r.msg_id == msg_id), None)
+        except CorruptStateCheckpointError as exc:
+            self._read_damage("exact read of %s: %s", msg_id, exc)
+            return MessageRead(ReadStatus.SOURCE_CORRUPT, None, "cool")
+        if rec is None:
+            # A hot line indexed under this id's hash whose bytes fail their
+            # checksum may be this message with a damaged id: not "not found".
+            for cand in self._index.candidates(k).tolist():
+                try:
+                    line = self._index.line(cand)
+                    moved = not _tag_matches(line, k, self._path_of(cand >> 40), cand & _OFF_MASK)
+                except CorruptStateCheckpointError as exc:
+                    self._read_damage("exact read of %s: %s", msg_id, exc)
+                    return MessageRead(ReadStatus.SOURCE_CORRUPT, None, self._tier_of(cand))
+                if moved:
+                    # a sound line, but not of the id whose hash put it in
+                    # this slot: a line moved there (another id sharing the
+                    # tag would match it)
+                    self._read_damage("exact read of %s: the line at %s:%d is another message's",
+                              msg_id, self._path_of(cand >> 40), cand & _OFF_MASK)
+                    return MessageRead(ReadStatus.SOURCE_CORRUPT, None, self._tier_of(cand))
+            return MessageRead(ReadStatus.NOT_FOUND_CONFIRMED)
+        return MessageRead(ReadStatus.FOUND_VERIFIED, _own(rec), "cool")
+
+    def _read_damage(self, fmt: str, *args: Any) -> None:
+        """Log what made an exact read SOURCE_CORRUPT: an error in a writer;
+        in a viewer a debug record, as the read may have met a file its
+        writer's compaction just replaced (``_viewer_retry`` reloads and
+        reads again, and logs the error if the read stays SOURCE_CORRUPT)."""
+        (log.debug if self.read_only else log.error)(fmt, *args)
+
+    def _hot_channel(self, channel_id: str, n: int = -1) -> list[tuple[ConversationMessageRecord, str]]:
+        locs = self._index.channel_locs(codec.key(channel_id), n)
+        return [(self._read_loc(loc), self._tier_of(loc)) for loc in locs.tolist()]
+
+    def _cool_rows(self, rows) -> list[ConversationMessageRecord]:
+        if self._cool_deleted:
+            rows = [r for r in rows if r.record["msg_id"] not in self._cool_deleted]
+        return [self._cool_record(r) for r in rows]
+
+    def _channel_all(self, channel_id: str) -> list[tuple[ConversationMessageRecord, str]]:
+        """Every live message of a channel, all tiers, oldest first."""
+        hot = self._hot_channel(channel_id)
+        if not self._cool_has_channel(channel_id):
+            return hot
+        cool = self._cool_rows(self._cool.channel_rows(channel_id))
+        return self._merge(cool, hot)
+
+    @staticmethod
+    def _merge(cool: list[ConversationMessageRecord], hot: list[tuple[ConversationMessageRecord, str]],
+               ) -> list[tuple[ConversationMessageRecord, str]]:
+        keyed = [(_order_key(r, _COOL_RANK, i), r, "cool") for i, r in enumerate(cool)]
+        keyed += [(_order_key(r, _HOT_RANK, i), r, t) for i, (r, t) in enumerate(hot)]
+        keyed.sort(key=lambda e: e[0])
+        return [(r, t) for _k, r, t in keyed]
+
+    def _last_n(self, channel_id: str, n: int) -> list[ConversationMessageRecord]:
+        if n <= 0:
+            return []
+        n = min(n, _MAX_N)      # (a larger n asks for every message the channel can hold)
+        if not self._is_interleaved(channel_id):
+            # the last n messages, every line's checksum checked, every read
+            locs, recs, misses = self._index.window_hits(codec.key(channel_id), n, self._decoded)
+            if len(locs) >= n or not self._cool_has_channel(channel_id):
+                if misses:
+                    recs = [r if r is not None else self._read_loc(loc) for loc, r in zip(locs, recs)]
+                return own_calls(recs)
+        return own_calls([r for r, _t in self._window(channel_id, n)])
+
+    def _window(self, channel_id: str, n: int) -> list[tuple[ConversationMessageRecord, str]]:
+        if self._is_interleaved(channel_id):
+            return self._channel_all(channel_id)[-n:]
+        hot = self._hot_channel(channel_id, n)
+        if len(hot) >= n or not self._cool_has_channel(channel_id):
+            return hot
+        need = n - len(hot)
+        rows = self._cool.channel_tail(channel_id, need + len(self._cool_deleted))
+        cool = self._cool_rows(rows)[-need:]
+        return self._merge(cool, hot)[-n:]
+
+    def _messages_for_task(self, task_id: str) -> list[ConversationMessageRecord]:
+        if task_id == "":
+            return []
+        locs, hot, misses = self._index.task_hits(codec.key(task_id), self._decoded)
+        if misses:
+            hot = [h if h is not None else self._read_loc_seq(loc) for loc, h in zip(locs, hot)]
+        cool_locs = self._cool.task_locs(task_id)
+        if not cool_locs:
+            return own_calls([r for r, _seq in hot])       # the index keeps them in order
+        cool = self._cool_records(cool_locs)
+        if {rec.task_id for rec, _o in cool} != {task_id}:
+            rec = next(rec for rec, _o in cool if rec.task_id != task_id)
+            raise CorruptStateCheckpointError(
+                f"cool index says {rec.msg_id!r} is a message of task {task_id!r}, "
+                f"the file says {rec.task_id!r}", path=self._cool.cool_dir)
+        deleted = self._cool_deleted
+        keyed = [(_xkey(r, seq), r) for r, seq in hot]
+        keyed += [(_xkey(rec, o), rec) for rec, o in cool if rec.msg_id not in deleted]
+        keyed.sort(key=_first)
+        return own_calls([r for _k, r in keyed])
+
+    def _cool_records(self, locs: list[int]) -> list[tuple[ConversationMessageRecord, int]]:
+        """(record, ord) of the cool rows at ``locs`` (cool_loc): from the
+        cache of rows verified before, the others read (and verified) now
+        and kept."""
+        got, misses = self._cool_decoded.get_many(locs)
+        if not misses:
+            return got
+        miss = [loc for loc, hit in zip(locs, got) if hit is None]
+        read = {loc: (self._cool_record(row), row.ord) for loc, row in zip(miss, self._cool.rows_at(miss))}
+        self._cool_keep(list(read.items()))
+        return [hit if hit is not None else read[loc] for loc, hit in zip(locs, got)]
+
+    def _cool_keep(self, items: list[tuple[int, tuple[ConversationMessageRecord, int]]]) -> None:
+        """Keep verified cool records (at most DECODE_CACHE; the oldest quarter goes first)."""
+        items = items[-tuning.DECODE_CACHE:]
+        cache = self._cool_decoded
+        if len(cache) + len(items) > tuning.DECODE_CACHE:
+            cache.make_room(len(items))
+        for loc, hit in items:
+            cache[loc] = hit
+
+    def _latest_task(self, channel_id: str) -> str | None:
+        if not self._is_interleaved(channel_id):
+            k = self._index.latest_task(codec.key(channel_id))
+            if k is not None:
+                return _unkey(k)
+            if not self._cool_has_channel(channel_id):
+                return None
+        for rec, _t in reversed(self._channel_all(channel_id)):
+            if rec.task_id:
+                return rec.task_id
+        return None
+
+    def _channels(self) -> list[str]:
+        out = {_unkey(k) for k in self._index.channels() if self._index.channel_len(k) > 0}
+        for ch in self._cool.channels():
+            if ch in out:
+                continue
+            if not self._cool_deleted or self._cool_rows(self._cool.channel_rows(ch)):
+                out.add(ch)
+        return sorted(out)
+
+    def _all_records(self) -> list[tuple[ConversationMessageRecord, str]]:
+        """Every live record, for an export: those with tool calls decoded
+        from their bytes (a reader may have edited a cached record's dicts in
+        place; another store must get what was appended)."""
+        out = []
+        for k in self._index.channels():
+            for loc in self._index.channel_locs(k, -1).tolist():
+                hit = self._exact_hit(loc)
+                if hit is not None:
+                    self._index.line(loc)       # checks the line
+                rec = (hit or self._decode_loc(loc))[0]
+                out.append((rec, self._tier_of(loc)))
+        for ch in self._cool.channels():
+            out.extend((r, "cool") for r in self._cool_rows(self._cool.channel_rows(ch)))
+        return out

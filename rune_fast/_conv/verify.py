@@ -1,0 +1,130 @@
+"""verify(): a full check of every tier that raises nothing and reports every
+problem with its file and offset."""
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+
+from .._index import HotIndex
+from .._log import scan_frames
+from ..errors import CorruptStateCheckpointError, RuneError
+from ..records import payload_hash
+from .common import (SNAPSHOT_NAME, _OFF_MASK, _REPEATED, _VIEWER_ATTEMPTS, Problem, VerifyReport,
+                     _noted)
+
+from .host import Host
+
+log = logging.getLogger("rune_fast")
+
+
+class Verify(Host):
+    """The integrity check (a mixin of the repository)."""
+
+    def _verify(self) -> VerifyReport:
+        report = self._verify_once()
+        attempt = 0
+        while self.read_only and not report.ok and attempt < _VIEWER_ATTEMPTS - 1:
+            with self._lock:
+                if self._closed or not self._stale_view():
+                    break
+                try:
+                    self._load_state()
+                except CorruptStateCheckpointError as exc:     # the new state is damaged
+                    return VerifyReport(ok=False, problems=[Problem(exc.path or self.hot_dir, exc.offset,
+                                                                    str(exc))], checked=report.checked)
+            time.sleep(0.001 * min(attempt, 10))
+            attempt += 1
+            report = self._verify_once()
+        with self._lock:
+            if not self._closed:
+                self._bound_maps()      # the check read every line through the maps
+        return report
+
+    def _verify_once(self) -> VerifyReport:
+        problems: list[Problem] = []
+        checked: dict[str, int] = {"lines": 0, "cool_rows": 0, "envelopes": 0, "records": 0}
+        with self._lock:
+            self._check_open()
+            files = [(seg, self._segs[seg].path, self._segs[seg].buf, self._segs[seg].size)
+                     for seg in self._seg_order]
+            if self._tail is not None:
+                files.append((self._tail_seg, self._tail.path, self._tail.buf, self._tail.size))
+            fresh = HotIndex()
+            for seg, path, buf, size in files:
+                scan = scan_frames(buf if buf is not None else b"", 0, size)
+                checked["lines"] += len(scan.offsets)
+                if scan.damaged_offset >= 0:
+                    problems.append(Problem(path, scan.damaged_offset, f"damaged line: {scan.damage}"))
+                if scan.torn_offset >= 0:
+                    problems.append(Problem(path, scan.torn_offset, "final line cut short"))
+            try:
+                for seg, path, buf, size in files:
+                    fresh.attach(seg, buf)
+                seq = -1
+                for seg, path, buf, size in files:
+                    rep = fresh.ingest(seg, 0, size, seq)
+                    seq = rep.last_seq
+                    if rep.damaged_offset >= 0 and rep.damage.startswith("append sequence"):
+                        problems.append(Problem(path, rep.damaged_offset, f"damaged line: {rep.damage}"))
+                    for loc in rep.dup_locs.tolist():
+                        problems.append(Problem(path, loc & _OFF_MASK, _REPEATED))
+            except RuneError as exc:
+                problems.append(Problem(self.hot_dir, None, f"index rebuild failed: {exc}"))
+            hashes: dict[str | None, str] = {}     # msg_id (as a record's .get gives it) -> payload hash
+            gone = self._cool_deleted
+
+            def sound(rec: dict) -> None:     # a cool record, for the envelope check below
+                mid = rec.get("msg_id")
+                if mid not in gone:
+                    hashes[mid] = payload_hash(rec)
+            with _noted(problems, self._cool.cool_dir, "cool archive check"):
+                for p in self._cool.verify(checked, sound):
+                    problems.append(Problem(self._cool.path_of(p.file), p.row, p.problem))
+            # index snapshot against the tail
+            snap_path = os.path.join(self.hot_dir, SNAPSHOT_NAME)
+            if os.path.exists(snap_path):
+                with _noted(problems, snap_path, "index snapshot check"):
+                    try:
+                        HotIndex.load_snapshot(snap_path, lazy_tasks=False)
+                    except CorruptStateCheckpointError as exc:
+                        problems.append(Problem(snap_path, getattr(exc, "offset", None), str(exc)))
+            # live index against the files: every indexed line verifies and
+            # decodes (from its bytes: not the decode cache's record)
+            with _noted(problems, self.hot_dir, "index check"):
+                for ch in list(self._index.channels()):
+                    for loc in self._index.channel_locs(ch, -1).tolist():
+                        try:
+                            rec, _seq = self._decode_loc(loc)
+                            hashes[rec.msg_id] = payload_hash(rec)
+                        except CorruptStateCheckpointError as exc:
+                            problems.append(Problem(self._path_of(loc >> 40), loc & ((1 << 40) - 1), str(exc)))
+            checked["records"] = len(hashes)
+            # envelopes against records
+            if self._events is not None:
+                try:
+                    for ep in self._events.verify():
+                        problems.append(Problem(ep["path"], ep["offset"], ep["problem"]))
+                    journaled = set()
+                    for env in self._events.iter_envelopes(0):
+                        checked["envelopes"] += 1
+                        if env.get("type") != "conversation.message":
+                            continue
+                        mid = env.get("id")
+                        journaled.add(mid)
+                        if mid in hashes and env.get("payload_hash") != hashes[mid]:
+                            problems.append(Problem(self._events.path, env.get("offset"),
+                                                    f"envelope of {mid} does not match its record"))
+                    unjournaled = [mid for mid in hashes if mid not in journaled]
+                    if unjournaled:
+                        problems.append(Problem(
+                            self._events.path, self._events.size,
+                            f"{len(unjournaled)} stored message(s) have no envelope, e.g. "
+                            f"{', '.join(map(repr, unjournaled[:3]))}"))
+                except CorruptStateCheckpointError as exc:
+                    if not any(p.file == self._events.path and p.offset == exc.offset for p in problems):
+                        problems.append(Problem(self._events.path, exc.offset, str(exc)))
+                except (OSError, RuneError) as exc:     # (a file gone or replaced by another kind)
+                    problems.append(Problem(self._events.path, None, f"event store check failed: {exc!r}"))
+        return VerifyReport(ok=not problems, problems=problems, checked=checked)

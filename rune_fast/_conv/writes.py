@@ -1,0 +1,153 @@
+"""The write path: which messages of a batch are new, their lines written to the
+tail and indexed, their envelopes journaled, the clock moved past their stamps."""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any, cast
+
+
+from .. import codec
+from .._encode import frame_messages, message_envelopes
+from ..errors import DurabilityError, RuneError
+from ..events import EventStore
+from ..records import ConversationMessageRecord
+from ..segments import TailFile
+from . import tuning
+from .common import (_own, _sorts_before)
+
+from .host import Host
+
+log = logging.getLogger("rune_fast")
+
+
+class WritePath(Host):
+    """Appends (a mixin of the repository); group commit is WriteThread's."""
+
+    def _fresh(self, msgs: list[ConversationMessageRecord], keys: list[bytes]) -> list[int]:
+        """Indexes of the messages of a batch to write: the first of each id
+        that no tier holds and no tombstone names (lock held)."""
+        tombs = self._tombstones
+        if len(msgs) == 1:
+            fresh = [] if msgs[0].msg_id in tombs or self._index.find(keys[0]) >= 0 else [0]
+        else:
+            found = self._index.find_many(keys)
+            if not tombs and not (found >= 0).any() and len(set(keys)) == len(keys):
+                fresh = list(range(len(msgs)))      # the common batch: every id new, none twice
+            else:
+                seen: set[str] = set()
+                fresh = []
+                for i, (m, f) in enumerate(zip(msgs, found.tolist())):
+                    mid = m.msg_id
+                    if f >= 0 or mid in seen or mid in tombs:
+                        continue
+                    seen.add(mid)
+                    fresh.append(i)
+        if fresh and self._cool.has_files():
+            if len(fresh) == 1:
+                fresh = [] if self._cool.contains(msgs[fresh[0]].msg_id) else fresh
+            else:
+                archived = self._cool.contains_many([msgs[i].msg_id for i in fresh]).tolist()
+                fresh = [i for i, hit in zip(fresh, archived) if not hit]
+        return fresh
+
+    def _write_messages(self, msgs: list[ConversationMessageRecord], bodies: list[bytes],
+                        hashes: list[str], keys: list[bytes]) -> tuple[int, int]:
+        """Write the new ones among ``msgs`` to the tail and index them (lock held)."""
+        fresh = self._fresh(msgs, keys)
+        if not fresh:
+            return 0, 0
+        seq0 = self._next_seq
+        data, lengths = frame_messages(bodies, fresh, seq0)
+        self._next_seq += len(fresh)
+        # a writer always has its tail and event store (None only in a viewer)
+        tail = cast("TailFile", self._tail)
+        try:
+            off, remapped = tail.append(data)
+        except DurabilityError as exc:
+            self._writes.fail(exc)
+            raise
+        seg = self._tail_seg
+        target = self._writes.wrote((seg << 40) | (off + len(data)), len(data))
+        if remapped:
+            self._reattach_tail()
+        if len(fresh) == 1:
+            if not self._index.add((seg << 40) | off):   # cannot happen: checked above under the lock
+                raise RuneError(f"index refused new message {msgs[fresh[0]].msg_id!r} at "
+                                f"{tail.path}:{off}")
+        else:
+            rep = self._index.ingest(seg, off, off + len(data))
+            if rep.good_end != off + len(data) or len(rep.added) != len(fresh):
+                raise RuneError(f"index took {len(rep.added)} of the {len(fresh)} new messages "
+                                f"written at {tail.path}:{off}")
+        # the decode cache keeps the batch's newest records (at most its size)
+        skip = max(0, len(fresh) - tuning.DECODE_CACHE)
+        if len(self._decoded) + len(fresh) - skip > tuning.DECODE_CACHE:
+            self._trim_cache(len(fresh) - skip)
+        decoded, interleaved, fold = self._decoded, self._interleaved, self._fold_order
+        behind, cool_max = self._behind, self._cool_max
+        pos = (seg << 40) | off
+        for j, i in enumerate(fresh):
+            m = msgs[i]
+            if j >= skip:
+                # (a caller's later edit of its record's tool calls is not the stored value)
+                decoded[pos] = (_own(m), seq0 + j)
+            pos += lengths[j]
+            ch = m.channel_id
+            if ch in interleaved:
+                self._note_order(m)
+            if behind is not None and ch in cool_max and ch not in behind \
+                    and _sorts_before(m, cool_max[ch]):
+                behind.add(ch)          # it sorts before a cool row (see _excess_behind_cool)
+            if ch in fold:
+                self._note_fold_order(m)
+        self._observe_stamps(msgs if len(fresh) == len(msgs) else [msgs[i] for i in fresh])
+        self._since_compact += len(fresh)
+        self._snap_changes += len(fresh)
+        # journaled with one write; durable by the next checkpoint, re-derived
+        # from the tail by recovery if a crash loses it first
+        events = cast("EventStore", self._events)
+        try:
+            events.append_encoded(message_envelopes(keys, hashes, fresh, codec.dumps(time.time())), offset=False)
+        except (OSError, DurabilityError) as exc:
+            # (the lines are in the tail: "maybe stored", as after a failed sync)
+            self._writes.fail(exc)
+            raise DurabilityError(f"journal of {len(fresh)} message(s) in {events.path} failed: {exc}; "
+                                  "the store refuses writes until reopened") from exc
+        return target, len(fresh)
+
+    def _observe_stamps(self, recs: list[ConversationMessageRecord]) -> None:
+        """Let the clock observe the stamps of stored records: each ``hlc``,
+        and for the unstamped ones the latest ``ts`` once (its section 7
+        stamp passes the others')."""
+        newest = -math.inf
+        for m in recs:
+            if m.hlc:
+                self._observe(m.hlc)
+            elif m.ts > newest:
+                newest = m.ts
+        if newest * 1000 > self._clock.last_wall:
+            self._observe_derived(newest)
+
+    def _observe(self, hlc: Any) -> None:
+        """Let the clock observe a stored stamp. A stamp that is not in the
+        section 7 form, or one at the clock's very end, is stored as given but
+        cannot move the clock."""
+        try:
+            self._clock.observe(hlc)
+        except ValueError as exc:
+            log.debug("clock does not observe %r: %s", hlc, exc)
+
+    def _observe_derived(self, ts: float) -> None:
+        """Let the clock pass the stamp section 7 gives an unstamped message
+        of time ``ts``, ``Hlc(round(ts*1000), 0, origin)``: a later stamp of
+        this store (a deletion's tombstone, a caller's ``clock.now()``) then
+        sorts after it, as one from a store that merged it would. Appends call
+        it once a batch, for the latest such ts, when it is past the clock's
+        wall time; a ts outside the Hlc's range makes no stamp and moves
+        nothing."""
+        try:
+            self._clock.pass_wall(round(ts * 1000))
+        except (ValueError, OverflowError):
+            pass
