@@ -45,6 +45,7 @@ from ._conv.staging import _Staged
 from ._conv.compaction import Compaction
 from ._conv.cooling import Cooling
 from ._conv.exchange import Exchange
+from ._conv.maps import MapBudget
 from ._conv.reads import HotReads
 from ._conv.recovery import Recovery
 from ._conv.search import Search
@@ -113,9 +114,7 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
         self.read_only = bool(read_only)
         self._lock = threading.RLock()
         self._closed = False
-        self._map_reads = 0             # lines decoded from the maps since the last look
-        self._map_release = True        # False once a release failed (logged)
-        self._map_base: int | None = None   # resident file pages after the last release
+        self._maps = MapBudget(self.hot_dir)
         self._lockfile: DirLock | None = None
         self._own_events = False
         self._events: EventStore | None = None

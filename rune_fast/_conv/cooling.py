@@ -171,7 +171,7 @@ class Cooling(Host):
     def _gather(self, locs: Sequence[int]) -> tuple[bytes, np.ndarray]:
         """A copy of the hot lines at ``locs``, each checked (lock held):
         ``HotIndex.gather_lines``."""
-        self._map_reads += len(locs)
+        self._maps.read(len(locs))
         return self._index.gather_lines(locs)
 
     def _lines_table(self, locs: Sequence[int], data: bytes, starts: np.ndarray,

@@ -23,6 +23,7 @@ from ..segments import Segment, TailFile
 from .. import sync as _sync
 from .common import CompactionReport
 from .staging import _Staged
+from .maps import MapBudget
 from .write_thread import WriteThread
 
 
@@ -91,9 +92,7 @@ class RepoState:
     # reads.py: decode caches, mapped pages, order verdicts
     _decoded: LocCache
     _cool_decoded: LocCache
-    _map_reads: int
-    _map_release: bool
-    _map_base: int | None
+    _maps: MapBudget
     _interleaved: dict[str, bool]
 
     # search.py: what search has checked and kept

@@ -10,11 +10,10 @@ from typing import Any
 from .. import codec
 from ..errors import CorruptStateCheckpointError
 from ..records import ConversationMessageRecord, message_from_stored
-from ..segments import (release_pages, seg_name)
+from ..segments import seg_name
 from . import tuning
 from .common import (_COOL_RANK, _HOT_RANK, _MAX_N, _OFF_MASK, MessageRead, ReadStatus,
-                     _first, _order_key, _own, _resident_file_bytes, _sorts_before, _tag_matches, _unkey, _xkey,
-                     own_calls)
+                     _first, _order_key, _own, _sorts_before, _tag_matches, _unkey, _xkey, own_calls)
 
 from .host import Host
 
@@ -58,50 +57,33 @@ class HotReads(Host):
     def _decode_loc(self, loc: int) -> tuple[ConversationMessageRecord, int | None]:
         """The record at ``loc`` and its append sequence, decoded from its
         checked bytes (never from the decode cache)."""
-        self._map_reads += 1
-        if self._map_reads >= tuning.MAP_RELEASE_READS:
+        if self._maps.read():
             self._bound_maps()
         return codec.record_from_line(self._index.line(loc), path=self._path_of(loc >> 40),
                                       offset=loc & ((1 << 40) - 1))
 
     def _bound_maps(self) -> None:
         """Release the mapped pages (lock held) if the resident file pages
-        grew past MAP_BUDGET_BYTES since the last release (Linux:
-        /proc/self/statm, whose third field counts them; elsewhere, at every
-        call). Called every MAP_RELEASE_READS decoded lines and after the
-        passes that read lines by the thousand: a search (the first after an
-        open checks every hot line), a compaction, verify(), a rebuild."""
-        self._map_reads = 0
-        now = _resident_file_bytes()
-        if now is None or self._map_base is None or now - self._map_base > tuning.MAP_BUDGET_BYTES:
+        grew past MAP_BUDGET_BYTES since the last release (see
+        :class:`MapBudget`). Called every MAP_RELEASE_READS decoded lines and
+        after the passes that read lines by the thousand: a search (the first
+        after an open checks every hot line), a compaction, verify(), a
+        rebuild."""
+        if self._maps.over():
             self._release_maps()
-        elif now < self._map_base:
-            self._map_base = now        # (the kernel reclaimed pages meanwhile)
 
     def _release_maps(self) -> None:
         """Drop the pages reads mapped in the segment and tail maps from this
-        process's page tables (``segments.release_pages``; lock held): they
-        stay in the page cache, and a read of one maps it again. Called when
-        reads mapped more than MAP_BUDGET_BYTES (:meth:`_bound_maps`) and at
-        close, so resident memory follows the lines read lately, not every
-        line read since the open. Record-cache hits check their lines through
-        the maps too: the pages of a working set under the budget stay
-        mapped."""
-        if not self._map_release:
-            return
-        self._map_base = None
+        process's page tables (lock held): they stay in the page cache, and a
+        read of one maps it again. Called when reads mapped more than
+        MAP_BUDGET_BYTES (:meth:`_bound_maps`) and at close, so resident
+        memory follows the lines read lately, not every line read since the
+        open. Record-cache hits check their lines through the maps too: the
+        pages of a working set under the budget stay mapped."""
         bufs = [seg.buf for seg in self._segs.values()]
         if self._tail is not None:
             bufs.append(self._tail.buf)
-        try:
-            for buf in bufs:
-                release_pages(buf)
-        except (OSError, ValueError) as exc:     # (ValueError: a map closed meanwhile)
-            self._map_release = False
-            log.warning("%s: mapped segment pages cannot be released (%s); they stay resident",
-                        self.hot_dir, exc)
-            return
-        self._map_base = _resident_file_bytes()
+        self._maps.release(bufs)
 
     def _cache(self, loc: int, hit: tuple[ConversationMessageRecord, int | None]) -> None:
         if len(self._decoded) >= tuning.DECODE_CACHE:
