@@ -344,7 +344,7 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
             self._check_open()
             records = self._all_records()
             tombs = dict(self._tombstones)
-            tomb_hlc = self._tombstone_hlcs()
+            tomb_hlc = self._tombfile.hlcs_by_id()
         ops = [_sync.op_from_record_dict(r.to_dict(), lenient=True) for r, _t in records]
         for mid, ch in tombs.items():
             ops.append(_sync.tombstone_op(mid, tomb_hlc.get(mid) or str(self._clock.now()), ch))

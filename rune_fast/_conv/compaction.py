@@ -204,7 +204,7 @@ class Compaction(Host):
             self._seg_order = new_order
             self._covered = self._tail.size
             self._covered_events = events_size
-            self._tomb_erased = self._tomb_size     # every pending erasure is done by now
+            self._tombfile.erased_all()     # every pending erasure is done by now
             self._write_manifest(manifest_cool, durable=durable)
             # 6. now the old files are unreferenced: remove them
             for seg in old_segs:
@@ -324,8 +324,7 @@ class Compaction(Host):
              "events_offset": self._covered_events, "next_seg": self._next_seg,
              "next_seq": self._next_seq,
              "clock": self._clock_text(),
-             "tombstones_erased": self._tomb_erased,
-             "tombstones_synced": [self._tomb_size, self._tomb_last],
+             **self._tombfile.manifest_fields(),
              "cool_max": {ch: list(k) for ch, k in self._cool_max.items()}}
         self._manifest_store.write(m, durable=durable)
         self._manifest = m

@@ -11,20 +11,22 @@ methods the other rooms define), a plain ``object`` at run time.
 """
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING, Any
 
-from .._index import HotIndex, LocCache
-from ..atomic import AtomicStore
-from ..cool import CoolArchive
-from ..events import EventStore
-from ..locking import DirLock
-from ..segments import Segment, TailFile
-from .. import sync as _sync
-from .common import CompactionReport
-from .staging import _Staged
-from .maps import MapBudget
-from .write_thread import WriteThread
+if TYPE_CHECKING:
+    import threading
+    from .._index import HotIndex, LocCache
+    from ..atomic import AtomicStore
+    from ..cool import CoolArchive
+    from ..events import EventStore
+    from ..locking import DirLock
+    from ..segments import Segment, TailFile
+    from .. import sync as _sync
+    from .common import CompactionReport
+    from .staging import _Staged
+    from .tombstones import TombstoneFile
+    from .maps import MapBudget
+    from .write_thread import WriteThread
 
 
 class RepoState:
@@ -76,14 +78,7 @@ class RepoState:
 
     # tombstones.py: deletions and what waits for erasure
     _tombstones: dict[str, str]
-    _tomb_path: str
-    _tomb_size: int
-    _tomb_last: int
-    _tomb_erased: int
-    _tomb_unsynced: bool
-    _tomb_dir_unsynced: bool
-    _unerased: list[str]
-    _tomb_hlcs: list[str]
+    _tombfile: TombstoneFile
     _pending_erase: set[str]
     _dirty_segs: set[int]
     _cool_deleted: set[str]

@@ -240,7 +240,7 @@ class Recovery(Host):
         # Deletions whose erasure no compaction has finished yet: the cool rows
         # are hidden, and the next compaction looks for any hot line left.
         self._unlocated: set[str] = set()
-        for mid in self._unerased:
+        for mid in self._tombfile.unerased:
             self._pending_erase.add(mid)
             if self._cool.contains(mid):
                 self._cool_deleted.add(mid)
@@ -263,7 +263,7 @@ class Recovery(Host):
             ids = [rec.msg_id for _off, rec in found]
             self._since_compact += len(ids)
             self._uncovered = (self._covered, self._tail.size, ids)
-        for hlc in self._tomb_hlcs:
+        for hlc in self._tombfile.hlcs:
             self._observe(hlc)
 
     def _uncovered_records(self) -> Iterator[tuple[int, ConversationMessageRecord]]:

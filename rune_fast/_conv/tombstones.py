@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Sequence, cast
+from typing import Callable, Sequence, cast
 
 
 from .. import codec
@@ -20,20 +20,32 @@ from .host import Host
 log = logging.getLogger("rune_fast")
 
 
-class Tombstones(Host):
-    """Tombstones and erasure bookkeeping (a mixin of the repository)."""
+class TombstoneFile:
+    """The tombstone file ``conversation_tombstones.jsonl``: its size, the
+    start of its last line, how far a compaction erased (all the manifest
+    records of it), whether it awaits a sync, and what the open read
+    (``unerased`` ids, every ``hlcs`` stamp). A new one is made at each
+    (re)load of the state; only its methods change it."""
 
-    def _load_tombstones(self) -> dict[str, str]:
-        path = os.path.join(self.hot_dir, TOMBSTONES_NAME)
-        self._tomb_path = path
+    def __init__(self, hot_dir: str, *, writer: bool, durability: str) -> None:
+        self._hot_dir = hot_dir
+        self._writer = writer
+        self._durability = durability
+        self.path = os.path.join(hot_dir, TOMBSTONES_NAME)
+        self.size = self.last = 0
+        self.erased = 0                 # tombstones before this offset: erased by a compaction
+        self._unsynced = self._dir_unsynced = False
+        self.unerased: list[str] = []   # deleted ids a compaction has not erased yet
+        self.hlcs: list[str] = []
+
+    def load(self, manifest: dict, *, report_lost: Callable[..., None], quarantined: list[dict]) -> dict[str, str]:
+        """Read the file (a writer cuts a torn final line, quarantined and
+        noted in ``quarantined``, or zero padding): msg_id -> channel_id of
+        every deletion. What the manifest vouches for must be there."""
+        path = self.path
         out: dict[str, str] = {}
-        self._tomb_size = self._tomb_last = 0
-        self._tomb_erased = 0           # tombstones before this offset: erased by a compaction
-        self._tomb_unsynced = self._tomb_dir_unsynced = False
-        self._unerased: list[str] = []
-        self._tomb_hlcs: list[str] = []
         # (size, start of its last line) the manifest vouches for: synced before it was written
-        vouched = self._manifest.get("tombstones_synced") or [0, 0]
+        vouched = manifest.get("tombstones_synced") or [0, 0]
         if not os.path.exists(path):
             if vouched[0] > 0:
                 raise CorruptStateCheckpointError(
@@ -42,7 +54,7 @@ class Tombstones(Host):
             return out
         with open(path, "rb") as f:
             data = f.read()
-        self._tomb_size = len(data)
+        self.size = len(data)
         scan = scan_frames(data)
         if scan.damaged_offset >= 0:
             raise CorruptStateCheckpointError(f"damaged tombstone line: {scan.damage}", path=path,
@@ -55,51 +67,120 @@ class Tombstones(Host):
                 f"the tombstone file lost deletions the manifest vouches for: its complete lines "
                 f"end at {scan.good_end}, the manifest's reach past {vouched[1]}", path=path,
                 offset=scan.good_end)
-        if scan.good_end < vouched[0] and scan.torn_offset < 0 and not self.read_only:
+        if scan.good_end < vouched[0] and scan.torn_offset < 0 and self._writer:
             # (a part left of it is quarantined and reported below)
-            self._report_lost(path, vouched[0], "the final deletion the manifest vouches for is "
+            report_lost(path, vouched[0], "the final deletion the manifest vouches for is "
                               "gone (the message it deleted reads again)")
-        if scan.torn_offset >= 0 and not self.read_only:
+        if scan.torn_offset >= 0 and self._writer:
             torn = data[scan.torn_offset:].rstrip(b"\0")
-            qpath = quarantine_bytes(os.path.join(self.hot_dir, QUARANTINE_DIR), path,
+            qpath = quarantine_bytes(os.path.join(self._hot_dir, QUARANTINE_DIR), path,
                                      scan.torn_offset, torn)
-            self._quarantined.append({"path": path, "offset": scan.torn_offset,
+            quarantined.append({"path": path, "offset": scan.torn_offset,
                                       "length": len(torn), "quarantine": qpath})
             with open(path, "r+b") as f:
                 f.truncate(scan.torn_offset)
                 os.fsync(f.fileno())
-        elif scan.good_end < len(data) and not self.read_only:
+        elif scan.good_end < len(data) and self._writer:
             # zero padding: cut it so the next tombstone follows the last line
             with open(path, "r+b") as f:
                 f.truncate(scan.good_end)
                 os.fsync(f.fileno())
-        erased_upto = int(self._manifest.get("tombstones_erased", 0))
-        self._tomb_erased = erased_upto
+        erased_upto = int(manifest.get("tombstones_erased", 0))
+        self.erased = erased_upto
         # a killed "none" session may have left deletions (or the file's
         # folder entry) unsynced: synced before a manifest vouches for them
-        self._tomb_unsynced = self._tomb_dir_unsynced = not self.read_only
+        self._unsynced = self._dir_unsynced = self._writer
         offsets = scan.offsets.tolist()
-        self._tomb_size = scan.good_end if not self.read_only else len(data)
-        self._tomb_last = offsets[-1] if offsets else 0
+        self.size = scan.good_end if self._writer else len(data)
+        self.last = offsets[-1] if offsets else 0
         for off, ln in zip(offsets, scan.lengths.tolist()):
             body = codec.decode_body(data[off + len(codec.TOMBSTONE_PREFIX) + 23: off + ln - 1],
                                      path=path, offset=off)
             out[body["msg_id"]] = body["channel_id"]
-            self._tomb_hlcs.append(body["hlc"])
+            self.hlcs.append(body["hlc"])
             if off >= erased_upto:
-                self._unerased.append(body["msg_id"])
+                self.unerased.append(body["msg_id"])
         return out
 
-    def _sync_tombstones(self) -> None:
-        """fdatasync the tombstones file (and fsync the folder that names it)
-        if deletions since the last sync, or a session before this open that
+    def sync(self) -> None:
+        """fdatasync the file (and fsync the folder that names it) if
+        deletions since the last sync, or a session before this open that
         ``durability="none"`` let off, may not be on disk; lock held."""
-        if (self._tomb_unsynced or self._tomb_dir_unsynced) and os.path.exists(self._tomb_path):
-            if self._tomb_unsynced:
-                fdatasync_path(self._tomb_path)
-            if self._tomb_dir_unsynced:
-                fsync_dir(self.hot_dir)
-        self._tomb_unsynced = self._tomb_dir_unsynced = False
+        if (self._unsynced or self._dir_unsynced) and os.path.exists(self.path):
+            if self._unsynced:
+                fdatasync_path(self.path)
+            if self._dir_unsynced:
+                fsync_dir(self._hot_dir)
+        self._unsynced = self._dir_unsynced = False
+
+    def write(self, data: bytes) -> bool:
+        """Append framed tombstone lines (synced unless in "none" mode);
+        True if the file was new. An OSError leaves the counts as they were."""
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            new_file = os.fstat(fd).st_size == 0
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if self._durability != "none":
+                os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        return new_file
+
+    def wrote(self, data: bytes, new_file: bool) -> None:
+        """Count the lines :meth:`write` appended; a new file's folder entry
+        is synced (or left for the next sync in "none" mode)."""
+        self.last = self.size + data.rfind(b"\n", 0, len(data) - 1) + 1
+        self.size += len(data)
+        self._unsynced = self._durability == "none"
+        if new_file:
+            if self._durability != "none":
+                fsync_dir(self._hot_dir)
+            else:
+                self._dir_unsynced = True
+
+    def erased_all(self) -> None:
+        """A compaction erased every deletion so far."""
+        self.erased = self.size
+
+    def manifest_fields(self) -> dict:
+        """What the manifest records of the file (a sync comes first: it vouches for them)."""
+        return {"tombstones_erased": self.erased, "tombstones_synced": [self.size, self.last]}
+
+    def grown(self) -> bool:
+        """Whether the file on disk is not the size read (a viewer's writer deleted more)."""
+        try:
+            return os.path.getsize(self.path) != self.size
+        except FileNotFoundError:
+            return False
+
+    def hlcs_by_id(self) -> dict[str, str]:
+        """msg_id -> hlc of every tombstone in the file (read now)."""
+        out: dict[str, str] = {}
+        if not os.path.exists(self.path):
+            return out
+        with open(self.path, "rb") as f:
+            data = f.read()
+        scan = scan_frames(data)
+        for off, ln in zip(scan.offsets.tolist(), scan.lengths.tolist()):
+            body = codec.decode_body(data[off + len(codec.TOMBSTONE_PREFIX) + 23: off + ln - 1],
+                                     path=self.path, offset=off)
+            out[body["msg_id"]] = body["hlc"]
+        return out
+
+
+class Tombstones(Host):
+    """Tombstones and erasure bookkeeping (a mixin of the repository)."""
+
+    def _load_tombstones(self) -> dict[str, str]:
+        """Read the tombstone file anew (a new TombstoneFile): msg_id -> channel_id."""
+        tf = TombstoneFile(self.hot_dir, writer=not self.read_only, durability=self.durability)
+        self._tombfile = tf
+        return tf.load(self._manifest, report_lost=self._report_lost, quarantined=self._quarantined)
+
+    def _sync_tombstones(self) -> None:
+        self._tombfile.sync()
 
     def _delete_ids(self, ids: Sequence[str], *, record_unknown: bool,
                     hlcs: dict[str, str] | None = None, channels: dict[str, str] | None = None) -> int:
@@ -131,29 +212,15 @@ class Tombstones(Host):
         if not todo:
             return 0
         data = frame_many(lines)
-        fd = os.open(self._tomb_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        tf = self._tombfile
         try:
-            new_file = os.fstat(fd).st_size == 0
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            if self.durability != "none":
-                os.fdatasync(fd)
+            new_file = tf.write(data)
         except OSError as exc:
             self._writes.fail(exc)
-            raise DurabilityError(f"write of tombstones to {self._tomb_path} failed: {exc}; the store "
+            raise DurabilityError(f"write of tombstones to {tf.path} failed: {exc}; the store "
                                   "refuses writes until reopened") from exc
-        finally:
-            os.close(fd)
-        self._tomb_last = self._tomb_size + data.rfind(b"\n", 0, len(data) - 1) + 1
-        self._tomb_size += len(data)
-        self._tomb_unsynced = self.durability == "none"
         self._manifest_dirty = True     # its close records the tombstones it can vouch for
-        if new_file:
-            if self.durability != "none":
-                fsync_dir(self.hot_dir)
-            else:
-                self._tomb_dir_unsynced = True
+        tf.wrote(data, new_file)
         deleted = 0
         for mid, channel, loc, in_cool in todo:
             self._tombstones[mid] = channel
@@ -182,26 +249,9 @@ class Tombstones(Host):
                                   "the store refuses writes until reopened") from exc
         return deleted
 
-    def _tombstone_hlcs(self) -> dict[str, str]:
-        out: dict[str, str] = {}
-        if not os.path.exists(self._tomb_path):
-            return out
-        with open(self._tomb_path, "rb") as f:
-            data = f.read()
-        scan = scan_frames(data)
-        for off, ln in zip(scan.offsets.tolist(), scan.lengths.tolist()):
-            body = codec.decode_body(data[off + len(codec.TOMBSTONE_PREFIX) + 23: off + ln - 1],
-                                     path=self._tomb_path, offset=off)
-            out[body["msg_id"]] = body["hlc"]
-        return out
-
     def _refresh_tombstones(self) -> None:
         """Apply deletions the writer made since the tombstones were read."""
-        try:
-            size = os.path.getsize(self._tomb_path)
-        except FileNotFoundError:
-            return
-        if size == self._tomb_size:
+        if not self._tombfile.grown():
             return
         for mid, ch in self._load_tombstones().items():
             if mid in self._tombstones:
