@@ -52,7 +52,7 @@ from ._conv.search import Search
 from ._conv.snapshot import IndexSnapshot
 from ._conv.tombstones import Tombstones
 from ._conv.verify import Verify
-from ._conv.viewer import Viewer, _viewer_retry
+from ._conv.viewer import ReadOnlyViewer, viewer_of
 from ._conv.writes import WritePath
 
 __all__ = [
@@ -80,7 +80,7 @@ for _t in (ReadStatus, MessageRead, SearchHit, CompactionReport, Problem, Verify
     _t.__module__ = __name__
 
 class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads, WritePath, Search, Compaction,
-                                  Cooling, Exchange, Viewer, Verify):
+                                  Cooling, Exchange, Verify):
     """Durable, verified message history for one state directory.
 
     ``durability``: ``"fsync"`` (each write call durable on return),
@@ -103,6 +103,9 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
         if not isinstance(read_only, bool):
             # ("false" would open a viewer: bool() of any non-empty str is True)
             raise TypeError(f"read_only: expected bool, got {type(read_only).__name__}")
+        if read_only and not isinstance(self, ReadOnlyViewer):
+            # a viewer is an instance of the viewer type of this class (_conv/viewer.py)
+            self.__class__ = viewer_of(type(self))
         check_path("state_dir", state_dir)
         if events is not None and not isinstance(events, EventStore):
             check_path("events", events)
@@ -169,8 +172,6 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
 
     def _check_writable(self) -> None:
         self._check_open()
-        if self.read_only:
-            raise ReadOnlyStoreError(f"conversation repository {self.state_dir} is open read-only")
         error = self._writes.error
         if error is not None:
             raise DurabilityError(f"conversation repository {self.state_dir} refuses writes after a "
@@ -206,8 +207,6 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
         """Make everything written so far durable (whatever the mode)."""
         with self._lock:
             self._check_open()
-            if self.read_only:
-                return
             self._writes.sync_now()
             self._sync_tombstones()
             assert self._events is not None     # a writer always has its event store
@@ -235,7 +234,6 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
     # ------------------------------------------------------------------
     # reads
     # ------------------------------------------------------------------
-    @_viewer_retry
     def get_message(self, msg_id: str) -> MessageRead:
         """Exact read across tiers, verified against the stored checksum or digest."""
         _str_arg("msg_id", msg_id)
@@ -243,7 +241,6 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
             self._check_open()
             return self._get_message(msg_id)
 
-    @_viewer_retry
     def window(self, channel_id: str, n: int = 8) -> list[ConversationMessageRecord]:
         """The last ``n`` messages of the channel, oldest first ([] for n <= 0
         or an unknown channel)."""
@@ -254,7 +251,6 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
             self._check_open()
             return self._last_n(channel_id, n)
 
-    @_viewer_retry
     def messages_for_task(self, task_id: str) -> list[ConversationMessageRecord]:
         """Every message of the task, all tiers, oldest first."""
         _str_arg("task_id", task_id)
@@ -262,7 +258,6 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
             self._check_open()
             return self._messages_for_task(task_id)
 
-    @_viewer_retry
     def search(self, text: str, channel_id: str | None = None, *, limit: int | None = None,
                case_sensitive: bool = False) -> list[SearchHit]:
         """Every message whose content contains ``text`` (hot and cool tiers),
@@ -281,7 +276,6 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
             self._check_open()
             return self._search(text, channel_id, limit=limit, case_sensitive=case_sensitive)
 
-    @_viewer_retry
     def latest_task(self, channel_id: str) -> str | None:
         """task_id of the newest message on the channel that has one, or None."""
         _str_arg("channel_id", channel_id)
@@ -289,7 +283,6 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
             self._check_open()
             return self._latest_task(channel_id)
 
-    @_viewer_retry
     def channels(self) -> list[str]:
         """Every channel that holds at least one message, sorted."""
         with self._lock:
@@ -314,7 +307,6 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
         """The store's hybrid logical clock (device id persisted in the state dir)."""
         return self._clock
 
-    @_viewer_retry
     def resume_messages(self, channel_id: str, n: int | None = None) -> list[dict]:
         """The channel's transcript as a provider-valid message list: fold of its
         ops, then ``LastN(n)``, then ``repair`` (system messages left out)."""
@@ -332,7 +324,6 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
             turns = _sync.LastN(n).apply(turns)
         return _sync.repair(turns)
 
-    @_viewer_retry
     def export_ops(self, since: "_sync.Hlc | str | None" = None) -> list:
         """Every stored message (all tiers) and every tombstone as ops, by
         ``(hlc, op_id)``; with ``since`` (exclusive) only those stamped after it."""
@@ -381,7 +372,7 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
         deleted more than it appended meanwhile; 0 on a writer)."""
         with self._lock:
             self._check_open()
-            return self._refresh()
+            return 0        # (a viewer's type does it: _conv/viewer.py)
 
     # ------------------------------------------------------------------
     # integrity

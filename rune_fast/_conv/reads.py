@@ -181,11 +181,8 @@ class HotReads(Host):
         return MessageRead(ReadStatus.FOUND_VERIFIED, _own(rec), "cool")
 
     def _read_damage(self, fmt: str, *args: Any) -> None:
-        """Log what made an exact read SOURCE_CORRUPT: an error in a writer;
-        in a viewer a debug record, as the read may have met a file its
-        writer's compaction just replaced (``_viewer_retry`` reloads and
-        reads again, and logs the error if the read stays SOURCE_CORRUPT)."""
-        (log.debug if self.read_only else log.error)(fmt, *args)
+        """Log what made an exact read SOURCE_CORRUPT (a viewer logs it otherwise)."""
+        log.error(fmt, *args)
 
     def _hot_channel(self, channel_id: str, n: int = -1) -> list[tuple[ConversationMessageRecord, str]]:
         locs = self._index.channel_locs(codec.key(channel_id), n)

@@ -420,12 +420,7 @@ class Recovery(Host):
         at its start, or zeroed: SPEC reads zeros past the last complete line
         as no damage, and a crash may cut the final line): read as a crash
         leaves it, and noted -- a log record and ``stats()["lost"]``."""
-        msg = f"rune_fast: {path}: {what} ({where} {offset})"
-        if self.read_only:
-            # a viewer may meet the writer mid-roll: the writer's own open judges
-            log.info(msg)
-            return
-        log.warning(msg)
+        log.warning(f"rune_fast: {path}: {what} ({where} {offset})")
         self._lost.append({"path": path, "offset": offset, "what": what})
 
     def _check_ingest(self, rep, path: str, *, sealed: bool) -> None:
