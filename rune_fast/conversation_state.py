@@ -159,11 +159,6 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
             raise
 
     # ------------------------------------------------------------------
-    # open and recovery
-    # ------------------------------------------------------------------
-        # zero padding (preallocation) needs nothing: appends overwrite it
-
-    # ------------------------------------------------------------------
     # helpers
     # ------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -359,8 +354,6 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
         beyond its newest ``hot_window`` into a Parquet archive, and erase the
         bytes of deleted messages. Work is proportional to what moves."""
         return self._compact(full=True)
-
-        # the decode cache is keyed by location; locations in the sealed file are unchanged
 
     # ------------------------------------------------------------------
     # read-only viewers

@@ -274,6 +274,7 @@ class Compaction(Host):
         self._tail = TailFile(os.path.join(self.hot_dir, TAIL_NAME), self._tail_seg)
         fsync_dir(self.hot_dir)
         self._writes.rolled(self._tail_seg)     # (the sealed lines were synced above)
+        # the decode cache is keyed by location; locations in the sealed file are unchanged
 
     def _rewrite_segments(self, run: list[tuple[int, np.ndarray]]) -> int:
         """Copy the live lines of a run of sealed segments (each with its

@@ -444,6 +444,7 @@ class Recovery(Host):
             self._quarantined.append({"path": path, "offset": rep.torn_offset,
                                       "length": len(data.strip(b"\0")), "quarantine": qpath})
             self._tail.discard_from(rep.torn_offset)
+        # zero padding (preallocation) needs nothing: appends overwrite it
 
     def _rederive_lost_envelopes(self) -> bool:
         """An event store shorter than the manifest's ``events_offset`` lost
