@@ -36,6 +36,7 @@ import xxhash
 
 from . import codec
 from . import sync as _sync
+from ._casefold import anchor_forms
 from ._encode import frame_messages, message_envelopes
 from ._index import SEARCH_FILTER_LAYOUT, HotIndex, LocCache
 from ._log import frame_many, scan_frames
@@ -1982,7 +1983,7 @@ class ConversationStateRepository:
                     # ragged segments: every line holding a non-ASCII byte joins
                     locs = hot(codec.key(folded), True, True)
                 else:
-                    locs = hot(b"", True, True)
+                    locs = self._anchored(hot, folded)
             if not self.read_only:
                 self._keep_seg_filters()
             keyed = []
@@ -2011,6 +2012,20 @@ class ConversationStateRepository:
             recs = own_calls([r for _k, r, _t in keyed])
             self._bound_maps()          # the pass mapped every block its filters passed
             return [SearchHit(r, t) for r, (_k, _r, t) in zip(recs, keyed)]
+
+    @staticmethod
+    def _anchored(hot: Callable[[bytes, bool, bool], list[int]], folded: str) -> list[int]:
+        """Candidate hot lines of a casefolded needle that is not ASCII: those
+        holding one of its anchors' stored forms (byte searches of the
+        compiled scan; _casefold.anchor_forms: no match is missed), each
+        checked by the caller's fold. Without an anchor, every line holding
+        a non-ASCII byte."""
+        forms = anchor_forms(folded)
+        if forms is None:
+            return hot(b"", True, True)
+        if len(forms) == 1:
+            return hot(codec.key(forms[0]), False, False)
+        return sorted(set().union(*(hot(codec.key(f), False, False) for f in forms)))
 
     def _check_hot_lines(self) -> None:
         """Check the checksum of every hot line once (lock held): a search
