@@ -199,7 +199,9 @@ def publish(source: ConversationStateRepository | str | os.PathLike[str], uri: s
         raise ValueError(f"buckets: the dataset at {uri} has {manifest.get('buckets')} buckets a day, "
                          f"not {buckets}")
     own = not isinstance(source, ConversationStateRepository)
-    repo = ConversationStateRepository(source, read_only=True) if own else source
+    repo: ConversationStateRepository = (
+        source if isinstance(source, ConversationStateRepository)
+        else ConversationStateRepository(source, read_only=True))
     try:
         parts: dict[str, list[tuple[ConversationMessageRecord, int, str]]] = {}
         total = len(repo)
