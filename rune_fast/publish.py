@@ -54,6 +54,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import xxhash
 
+from . import codec
 from .conversation_state import ConversationStateRepository
 from .errors import RuneError
 from .records import ConversationMessageRecord, payload_hash
@@ -179,6 +180,16 @@ def _table(rows: list[tuple[ConversationMessageRecord, int, str, str]]) -> pa.Ta
     return pa.table(cols, schema=PUBLISH_SCHEMA)
 
 
+def _tiers(repo: ConversationStateRepository, ids: list[str]) -> list[str]:
+    """Where the store holds each of ``ids`` now: "tail" or "hot" where the
+    hot index places it, else "cool" (the ids are live messages). Read from
+    the repository's index under its lock (a friend of the class: an exact
+    read of each would read every cool row a second time)."""
+    with repo._lock:
+        locs = repo._index.find_many([codec.key(m) for m in ids]).tolist()
+        return [repo._tier_of(loc) if loc >= 0 else "cool" for loc in locs]
+
+
 def publish(source: ConversationStateRepository | str | os.PathLike[str], uri: str, *,
             buckets: int = 8, filesystem: pafs.FileSystem | None = None) -> PublishReport:
     """Publish the live messages of ``source`` (an open repository, or a
@@ -224,7 +235,7 @@ def publish(source: ConversationStateRepository | str | os.PathLike[str], uri: s
                 new_parts[key] = prev
                 continue
             rows = parts[key]
-            tiers = [repo.get_message(r.msg_id).tier or "" for r, _p, _d in rows]
+            tiers = _tiers(repo, [r.msg_id for r, _p, _d in rows])
             table = _table([(r, p, t, d) for (r, p, d), t in zip(rows, tiers)])
             sink = pa.BufferOutputStream()
             pq.write_table(table, sink, compression="zstd")
