@@ -859,7 +859,6 @@ def test_golden_fixture_still_reads(tmp_path):
 def test_failure_half_way_keeps_old_set(cdir, monkeypatch, op, fail_at):
     """A change that dies at any write leaves the old set serving, readable
     after reopen, and gc leaves exactly the old files."""
-    import rune_fast.cool as cool_mod
     a = CoolArchive(cdir)
     for k in range(3):
         a.cool([rec(k * 10 + j, f"c{j % 2}") for j in range(10)], list(range(10)))
@@ -874,13 +873,13 @@ def test_failure_half_way_keeps_old_set(cdir, monkeypatch, op, fail_at):
             raise OSError(28, "No space left on device (injected)")
         return real(src, dst)
 
-    monkeypatch.setattr(cool_mod.os, "replace", flaky)
+    monkeypatch.setattr(os, "replace", flaky)
     with pytest.raises(OSError, match="injected"):
         if op == "erase":
             a.erase(["msg_00000001", "msg_00000011", "msg_00000021"])
         else:
             a.merge([old])
-    monkeypatch.setattr(cool_mod.os, "replace", real)
+    monkeypatch.setattr(os, "replace", real)
     assert a.files() == old
     assert sorted(r.record["msg_id"] for r in a.iter_rows()) == before
     b = CoolArchive.open(cdir, old)

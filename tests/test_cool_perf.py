@@ -149,7 +149,7 @@ def _count_fsyncs(monkeypatch) -> list:
     def counting(fd):
         calls.append(fd)
         return real(fd)
-    monkeypatch.setattr(coolmod.os, "fsync", counting)
+    monkeypatch.setattr(os, "fsync", counting)
     return calls
 
 
@@ -180,7 +180,7 @@ def test_nondurable_write_is_still_atomic(cdir, monkeypatch):
 
     def boom(*args, **kwargs):
         raise OSError("disk full")
-    monkeypatch.setattr(coolmod.os, "replace", boom)
+    monkeypatch.setattr(os, "replace", boom)
     with pytest.raises(OSError):
         a.cool([rec(i) for i in range(10, 20)], list(range(10, 20)))
     assert sorted(os.listdir(cdir)) == before      # no temp file left behind

@@ -497,7 +497,6 @@ def test_archive_page_damage_is_loud(archive):
 def test_old_layout_still_reads_past_the_cache(tmp_path, monkeypatch):
     """Files written with dictionary pages (earlier releases): the page
     reader declines them and the direct read goes through pyarrow."""
-    import rune_fast.cool as cool
 
     real = pq.write_table
 
@@ -507,12 +506,12 @@ def test_old_layout_still_reads_past_the_cache(tmp_path, monkeypatch):
         kw.pop("write_batch_size", None)
         return real(table, where, **kw)
 
-    monkeypatch.setattr(cool.pq, "write_table", old_layout)
+    monkeypatch.setattr(pq, "write_table", old_layout)
     d = str(tmp_path / "cool")
     a = CoolArchive(d, row_group_rows=128, cache_bytes=1)
     rows = _records(400)
     a.cool(rows, list(range(len(rows))))
-    monkeypatch.setattr(cool.pq, "write_table", real)
+    monkeypatch.setattr(pq, "write_table", real)
     b = CoolArchive(d, a.files(), row_group_rows=128, cache_bytes=1)
     for r in rows[::37]:
         assert b.get_row(r["msg_id"]).record == r
