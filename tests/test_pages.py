@@ -18,7 +18,7 @@ from rune_fast.cool import COOL_SCHEMA, CoolArchive, _file_no
 from rune_fast.errors import CorruptStateCheckpointError
 from rune_fast.pages import PageError, PageReader, Unsupported
 
-from test_cool import rec
+from test_cool import cool_rows, rec, task_records
 
 
 def _records(n: int, seed: int = 0) -> list[dict]:
@@ -42,7 +42,7 @@ def archive(tmp_path):
     d = str(tmp_path / "cool")
     a = CoolArchive(d, row_group_rows=256, cache_bytes=1)
     rows = _records(1500)
-    a.cool(rows, list(range(len(rows))))
+    cool_rows(a, rows, list(range(len(rows))))
     return a, rows
 
 
@@ -292,7 +292,7 @@ def chunk_file(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("chunks") / "cool")
     a = CoolArchive(d, cache_bytes=1)
     rows = _records(2500, seed=3)
-    a.cool(rows, list(range(len(rows))))
+    cool_rows(a, rows, list(range(len(rows))))
     path = _parquet_path(a)
     md = pq.ParquetFile(path).metadata
     chunks = [(cc.data_page_offset, cc.total_compressed_size, md.row_group(g).num_rows,
@@ -471,7 +471,7 @@ def test_archive_reads_past_its_cache_page_by_page(archive):
         assert got.record == r
     assert any(reader is not None for reader in a._readers.values())
     want = [r for r in rows if r["task_id"] == "t5"]
-    assert sorted(x.record["msg_id"] for x in a.task_rows("t5")) == sorted(r["msg_id"] for r in want)
+    assert sorted(x.record["msg_id"] for x in task_records(a, "t5")) == sorted(r["msg_id"] for r in want)
     cached = CoolArchive(a.cool_dir, a.files(), row_group_rows=256, cache_bytes=64 << 20, read_only=True)
     assert [x.record for x in a.channel_tail("ch3", 8)] == [x.record for x in cached.channel_rows("ch3")][-8:]
     assert len(a._cache) <= 1
@@ -510,7 +510,7 @@ def test_old_layout_still_reads_past_the_cache(tmp_path, monkeypatch):
     d = str(tmp_path / "cool")
     a = CoolArchive(d, row_group_rows=128, cache_bytes=1)
     rows = _records(400)
-    a.cool(rows, list(range(len(rows))))
+    cool_rows(a, rows, list(range(len(rows))))
     monkeypatch.setattr(pq, "write_table", real)
     b = CoolArchive(d, a.files(), row_group_rows=128, cache_bytes=1)
     for r in rows[::37]:
@@ -532,7 +532,7 @@ def test_a_flipped_bit_anywhere_is_never_served(tmp_path_factory, frac, bit, cac
     d = str(tmp_path_factory.mktemp("flip") / "cool")
     a = CoolArchive(d, row_group_rows=128, cache_bytes=cache)
     rows = _records(400, seed=7)
-    a.cool(rows, list(range(len(rows))))
+    cool_rows(a, rows, list(range(len(rows))))
     path = _parquet_path(a)
     size = os.path.getsize(path)
     _flip(path, int(frac * size), 1 << bit)
@@ -559,7 +559,7 @@ def test_a_flipped_bit_anywhere_is_never_served(tmp_path_factory, frac, bit, cac
             assert all(x.record == by_id[x.record["msg_id"]] for x in got)
     for t in ("t1", "t2"):
         try:
-            got = b2.task_rows(t)
+            got = task_records(b2, t)
         except CorruptStateCheckpointError:
             continue
         assert sorted(x.record["msg_id"] for x in got) == sorted(r["msg_id"] for r in rows if r["task_id"] == t)

@@ -9,9 +9,9 @@ without reading every file. The Parquet file is the truth: a missing or
 damaged sidecar is rebuilt from it.
 
 Which files are live is the caller's business (the repository's manifest):
-the archive opens from a list of names, and every change (``cool``, ``erase``,
-``merge``) writes new files under new names and returns the new list. The
-caller moves its manifest, then calls :meth:`CoolArchive.unlink_files` on the
+the archive opens from a list of names, and every change (``cool_table``,
+``erase``, ``merge``) writes new files under new names and returns the new
+list. The caller moves its manifest, then calls :meth:`CoolArchive.unlink_files` on the
 files it no longer references. A crash at any point leaves the old set or the
 new set referenced and intact; files nobody references are strays that
 :meth:`CoolArchive.gc` removes.
@@ -43,15 +43,16 @@ cache) -> ``reads`` (queries) -> ``search`` (scans, filters, the scan pool)
 """
 from __future__ import annotations
 
-from .schema import (
-    COOL_SCHEMA, CoolChange, CoolProblem, CoolRow, CoolRun, ROW_GROUP_ROWS, StagedMerge,
-    cool_loc, index_dir_for, record_digest,
-)
-from .rows import SPECIAL_FOLD
-from .tables import table_from_lines
-from .files import plan_merge
-from .search import ascii_fold_matcher, relevant_specials
 from .archive import CoolArchive
+from .files import plan_merge
+from .rows import SPECIAL_FOLD
+from .schema import (
+    COOL_SCHEMA, CoolChange, CoolProblem, CoolRow, CoolRun, ROW_GROUP_ROWS, StagedMerge, cool_loc,
+    index_dir_for, record_digest,
+)
+from .search import ascii_fold_matcher, relevant_specials
+from .tables import table_from_lines
+
 
 # Private names other modules and the tests reach through the package
 # (re-exported so that ``from rune_fast.cool import ...`` keeps working).

@@ -39,15 +39,15 @@ class CoolArchive(_Writer):
     ``durable=False`` skips every fsync (files are still written to a temp
     name and renamed, so a process crash leaves the old or the new file, never
     a torn one; a power loss may lose the latest changes): for a repository
-    opened with ``durability="none"``. ``cool``, ``erase`` and ``merge`` also
-    take ``durable=`` per call.
+    opened with ``durability="none"``. ``cool_table``, ``erase`` and
+    ``merge`` also take ``durable=`` per call.
 
     ``cache_bytes`` bounds the decoded row groups kept in memory (Arrow
     buffers plus per-column overhead, counted honestly).
 
-    Reads are safe from many threads. Writes (``cool``, ``erase``, ``merge``,
-    ``unlink_files``, ``gc``) expect the caller's lock, but take the archive's
-    own lock too.
+    Reads are safe from many threads. Writes (``cool_table``, ``erase``,
+    ``merge``, ``unlink_files``, ``gc``) expect the caller's lock, but take
+    the archive's own lock too.
     """
 
     @classmethod

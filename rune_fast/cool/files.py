@@ -640,15 +640,11 @@ class _FileSet:
                 fsync_dir(self._idx_dir)    # (an erased file's sidecar names its channels and tasks)
             return done
 
-    def strays(self, keep: Iterable[str] | None = None) -> list[str]:
-        """Archive-owned files in the folder that ``keep`` (default: the live
-        files) does not reference: leftovers of a crash."""
-        return sorted(n for _d, n in self._stray_files(keep))
-
     def _stray_files(self, keep: Iterable[str] | None = None) -> list[tuple[str, str]]:
-        """(folder, name) of each file :meth:`strays` names; a sidecar left
-        in the archive folder (a store written before the index folder) is
-        one too."""
+        """(folder, name) of each archive-owned file in the folders that
+        ``keep`` (default: the live files) does not reference: leftovers of a
+        crash. A sidecar left in the archive folder (a store written before
+        the index folder) is one too."""
         with self._lock:
             keep_nos = {_file_no(n) for n in (self.files() if keep is None else keep)}
             out = []
@@ -661,7 +657,7 @@ class _FileSet:
             return out
 
     def gc(self, keep: Iterable[str] | None = None) -> list[str]:
-        """Remove stray archive files (see :meth:`strays`); returns their names.
+        """Remove stray archive files (see :meth:`_stray_files`); returns their names.
         Call after open, with the manifest's list, to finish any interrupted
         cool, erase or merge. Files the archive does not own are left alone."""
         self._writable()

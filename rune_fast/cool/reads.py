@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import bisect
-from typing import Iterator, Sequence, cast
+from typing import Sequence, cast
 
 import numpy as np
 
@@ -32,10 +32,6 @@ class _Reads(_RowCache):
         with self._lock:
             return sum(self._files[no].channels[channel_id][1] - self._files[no].channels[channel_id][0]
                        for no in self._channels.get(channel_id, ()))
-
-    def channel_counts(self) -> dict[str, int]:
-        with self._lock:
-            return {ch: self.channel_len(ch) for ch in sorted(self._channels)}
 
     def task_len(self, task_id: str) -> int:
         with self._lock:
@@ -213,17 +209,6 @@ class _Reads(_RowCache):
         merged = _merge(parts)
         return merged[-n:]
 
-    def task_rows(self, task_id: str) -> list[CoolRow]:
-        """Every archived message of the task, oldest first by the order key."""
-        with self._lock:
-            out = []
-            for no in self._task_map().get(task_id, ()):
-                rows = self._rows(no, 0, 0, self._files[no].tasks[task_id])
-                self._check_field(rows, "task_id", task_id)
-                out.extend(rows)
-        out.sort(key=_row_key)
-        return out
-
     @staticmethod
     def loc_of(row: CoolRow) -> int:
         """The location (:func:`cool_loc`) of a row, as :meth:`task_locs` names it."""
@@ -290,15 +275,3 @@ class _Reads(_RowCache):
         """task_id of the newest archived message of the channel that has one."""
         r = self.latest_task_row(channel_id)
         return None if r is None else r.record["task_id"]
-
-    def iter_rows(self) -> Iterator[CoolRow]:
-        """Every archived row, file by file in stored order (verified)."""
-        for name in self.files():
-            no = _file_no(name)
-            with self._lock:
-                if no not in self._files:
-                    continue
-                fi = self._files[no]
-                for rg in range(len(fi.rg_starts) - 1):
-                    rows = self._rows(no, int(fi.rg_starts[rg]), int(fi.rg_starts[rg + 1]))
-                    yield from rows

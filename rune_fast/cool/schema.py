@@ -81,7 +81,6 @@ _OURS_RE = re.compile(r"^\.?cool-(\d{8,})\.(parquet|idx|grams)(\.tmp)?$")
 _IDX_MAGIC = b"RFCIDX01"
 _IDX_VERSION = 2          # 1: task names in the header (still read)
 _INT64 = (-(1 << 63), (1 << 63) - 1)
-_INT32 = (-(1 << 31), (1 << 31) - 1)
 _PARQUET_ERRORS = (OSError, pa.ArrowException, ValueError, KeyError, IndexError)
 
 
@@ -246,41 +245,6 @@ def _check_utf8(s: str, where: str) -> None:
         s.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise ValueError(f"{where} is not valid UTF-8 (lone surrogate at {exc.start})") from None
-
-
-def _validate(d: Any, i: int) -> None:
-    if not isinstance(d, dict):
-        raise TypeError(f"row {i}: expected a record dict, got {type(d).__name__}")
-    if not d.keys() >= _FIELD_SET:
-        missing = [k for k in RECORD_FIELDS if k not in d]
-        raise ValueError(f"row {i}: record dict lacks field(s) {', '.join(missing)}")
-    for k in _STR_FIELDS:
-        v = d[k]
-        if type(v) is not str and not isinstance(v, str):
-            raise TypeError(f"row {i}: field {k} must be str, got {type(v).__name__}")
-    if d["msg_id"] == "":
-        raise ValueError(f"row {i}: field msg_id is empty")
-    if d["channel_id"] == "":
-        raise ValueError(f"row {i}: field channel_id is empty")
-    if type(d["ts"]) is not float:
-        raise TypeError(f"row {i}: field ts must be float, got {type(d['ts']).__name__}")
-    for k, (lo, hi) in (("token_estimate", _INT64), ("schema_version", _INT32)):
-        v = d[k]
-        if type(v) is not int:
-            raise TypeError(f"row {i}: field {k} must be int, got {type(v).__name__}")
-        if not lo <= v <= hi:
-            raise ValueError(f"row {i}: field {k} = {v} is out of range")
-    tc = d["tool_calls"]
-    if not isinstance(tc, (list, tuple)):
-        raise TypeError(f"row {i}: field tool_calls must be a list, got {type(tc).__name__}")
-    if tc:
-        _check_json(tc, f"row {i}: field tool_calls")
-    if len(d) != len(RECORD_FIELDS):
-        for k in d:
-            if k not in _FIELD_SET:
-                if not isinstance(k, str):
-                    raise TypeError(f"row {i}: record key {k!r} is not a str")
-                _check_json(d[k], f"row {i}: field {k}")
 
 
 def _digest_checked(d: dict, i: int) -> str:

@@ -18,9 +18,9 @@ log = logging.getLogger("rune_fast.cool")
 
 
 from .search import _Search
-from .schema import COOL_SCHEMA, CoolChange, CoolRun, StagedMerge, _INT64, _digest_checked, _file_no, _id_range, _idx_name, _parquet_name, _validate
+from .schema import COOL_SCHEMA, CoolChange, CoolRun, StagedMerge, _file_no, _id_range, _idx_name, _parquet_name
 from .sidecar import _FileIndex, _build_index, _close, _file_digest, _footer_hash, _open_checked, _read_all, _release_arrow, _unlink_quiet
-from .tables import _by_channel, _merge_order, _table_from_records
+from .tables import _by_channel, _merge_order
 
 
 class _Writer(_Search):
@@ -66,70 +66,34 @@ class _Writer(_Search):
             fsync_dir(self._dir)
         return fi
 
-    def cool(self, rows: Sequence[dict], ords: Sequence[int], *, durable: bool | None = None,
-             trusted: bool = False) -> CoolRun:
-        """Archive ``rows`` (record dicts) with their append ordinals ``ords``
-        as ONE new Parquet file; durable when this returns.
-
-        Rows are grouped by channel (stable: within a channel the given order,
-        which must be the order key, is kept). ``durable=False`` skips the
-        fsyncs (default: the archive's ``durable``). Raises TypeError/ValueError
-        naming the row and field for a malformed dict, a msg_id given twice or
-        already archived; nothing is written then. ``trusted``: the rows were
-        decoded from the caller's own checksummed records (the repository's
-        hot lines), so the field-by-field check of each dict is skipped (a
-        malformed one still fails the Arrow conversion, before anything is
-        written). Returns the new file's name (None for no rows): the caller
-        records it in its manifest."""
-        with self._lock:
-            return self._serve(self.stage(rows, ords, durable=durable, trusted=trusted))
-
     def cool_table(self, table: pa.Table, *, durable: bool | None = None) -> CoolRun:
-        """:meth:`cool` of rows already in a table (see :meth:`stage_table`)."""
+        """Archive the rows of ``table`` (see :meth:`stage_table`) as ONE new
+        Parquet file and serve it; durable when this returns (``durable=False``
+        skips the fsyncs; default: the archive's ``durable``). Rows are grouped
+        by channel (stable: within a channel the given order, which must be
+        the order key, is kept). Returns the new file's name (None for no
+        rows): the caller records it in its manifest."""
         with self._lock:
             return self._serve(self.stage_table(table, durable=durable))
 
     def _serve(self, fi: "_FileIndex | None") -> CoolRun:
-        """Adopt a file just staged (lock held); the run :meth:`cool` returns."""
+        """Adopt a file just staged (lock held); the run :meth:`cool_table` returns."""
         if fi is None:
             return CoolRun(None, 0, 0, self.files())
         self.adopt(fi)
         return CoolRun(fi.name, fi.rows, fi.size, self.files())
 
-    def stage(self, rows: Sequence[dict], ords: Sequence[int], *,
-              durable: bool | None = None, trusted: bool = False) -> "_FileIndex | None":
-        """Write ``rows`` as :meth:`cool` does, but do not serve the file yet:
-        :meth:`adopt` serves it, :meth:`discard` removes it. Until then it is
-        a stray (removed by :meth:`gc`, or by the repository's open after a
-        crash). Meant to run in a background thread while the archive serves
-        reads: only the file number and the duplicate check take the lock."""
-        self._writable()
-        rows = list(rows)
-        ords = [int(o) for o in ords]
-        if len(ords) != len(rows):
-            raise ValueError(f"cool: {len(rows)} rows but {len(ords)} ordinals")
-        if not rows:
-            return None
-        seen = set()
-        digests = []
-        for i, d in enumerate(rows):
-            if not trusted:
-                _validate(d, i)
-            digests.append(_digest_checked(d, i))
-            if d["msg_id"] in seen:
-                raise ValueError(f"row {i}: msg_id {d['msg_id']!r} given twice")
-            seen.add(d["msg_id"])
-            if not _INT64[0] <= ords[i] <= _INT64[1]:
-                raise ValueError(f"row {i}: ord {ords[i]} is out of range")
-        return self._stage(_table_from_records(rows, ords, digests), [d["msg_id"] for d in rows],
-                           durable)
-
     def stage_table(self, table: pa.Table, *, durable: bool | None = None) -> "_FileIndex | None":
-        """:meth:`stage` of rows already in a table of the cool schema, with
-        their ``ord`` and ``digest`` (what :func:`table_from_lines` makes of
-        the repository's hot lines, which are checksummed: the values are not
-        checked again). ValueError for a msg_id given twice or already
-        archived; nothing is written then."""
+        """Write the rows of ``table`` (of the cool schema, with their ``ord``
+        and ``digest``: what :func:`table_from_lines` makes of the repository's
+        hot lines, which are checksummed, so the values are not checked again)
+        as :meth:`cool_table` does, but do not serve the file yet: :meth:`adopt`
+        serves it, :meth:`discard` removes it. Until then it is a stray
+        (removed by :meth:`gc`, or by the repository's open after a crash).
+        Meant to run in a background thread while the archive serves reads:
+        only the file number and the duplicate check take the lock.
+        ValueError for a msg_id given twice or already archived; nothing is
+        written then."""
         self._writable()
         if table.schema != COOL_SCHEMA:
             raise ValueError(f"stage_table: the table's schema is not the cool schema: {table.schema}")
@@ -156,7 +120,7 @@ class _Writer(_Search):
         return fi
 
     def adopt(self, fi: "_FileIndex") -> list[str]:
-        """Serve a file written by :meth:`stage`; returns the live files."""
+        """Serve a file written by :meth:`stage_table`; returns the live files."""
         self._writable()
         with self._lock:
             if fi.no in self._files:
@@ -165,7 +129,7 @@ class _Writer(_Search):
             return self.files()
 
     def discard(self, fi: "_FileIndex") -> None:
-        """Remove a file written by :meth:`stage` that will not be adopted."""
+        """Remove a file written by :meth:`stage_table` that will not be adopted."""
         with self._lock:
             if fi.no in self._files:
                 raise ValueError(f"discard: {fi.name} is live")
