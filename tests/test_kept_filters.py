@@ -81,13 +81,13 @@ def test_a_later_process_reads_only_the_pages_that_may_match(kept, monkeypatch):
     d, rows = kept
     seen = _pages_read(monkeypatch)
     cold = _open(d, read_only=True)
-    cold._grams_read.update(cold._files)            # as a build without kept filters
+    cold._filters.read.update(cold._files)            # as a build without kept filters
     assert _hits(cold, "zebracorn") == _want(rows, "zebracorn")
     full = len(seen)
     seen.clear()
     warm = _open(d, read_only=True)
     assert _hits(warm, "ZebraCorn") == _want(rows, "zebracorn")
-    assert warm._grams and 0 < len(seen) < full / 3, (len(seen), full)
+    assert warm._filters.by_group and 0 < len(seen) < full / 3, (len(seen), full)
     for needle in ("alpha", "STRASSE", "nothing here at all"):
         assert _hits(warm, needle) == _want(rows, needle)
 
@@ -98,7 +98,7 @@ def test_filters_answer_like_a_full_scan(kept):
     d, rows = kept
     warm = _open(d, read_only=True)
     cold = _open(d, read_only=True)
-    cold._grams_read.update(cold._files)
+    cold._filters.read.update(cold._files)
     for needle in ("alpha", "ALPHA", "straße", "ss", "e", "x" * 5, "日本", "nothing"):
         for cs in (False, True):
             for ch in (None, "ch3"):

@@ -421,7 +421,7 @@ def test_search_past_the_cache_scans_the_pages(archive, monkeypatch, needle):
     assert calls and len(a._cache) <= 1 and len(cached._cache) == groups
     assert calls_before == 0    # (the cached archive searched its cache: no page scans)
     # the first scan of a group keeps its page filters; the searches after it use them
-    assert {g for _rg, g in calls} == {False, True} and a._grams
+    assert {g for _rg, g in calls} == {False, True} and a._filters.by_group
 
 
 @pytest.mark.parametrize("needle, ch, cs", [("alpha", None, False), ("STRASSE", "ch3", False),
@@ -604,9 +604,9 @@ def test_search_with_filters_that_do_not_fit_reads_the_group(archive):
     a, rows = archive
     want = sorted(r["msg_id"] for r in rows if "alpha" in r["content"].casefold())
     assert sorted(h.record["msg_id"] for h in a.search("alpha")) == want
-    assert a._grams
-    for key in list(a._grams):
-        a._grams[key] = a._grams[key][:-1]
+    assert a._filters.by_group
+    for key in list(a._filters.by_group):
+        a._filters.by_group[key] = a._filters.by_group[key][:-1]
     assert sorted(h.record["msg_id"] for h in a.search("ALPHA")) == want
 
 
@@ -622,11 +622,11 @@ def test_search_reads_pages_of_the_groups_the_cache_does_not_hold(archive):
         b = CoolArchive(a.cool_dir, a.files(), row_group_rows=256, cache_bytes=cache, read_only=True)
         for _ in range(2):
             assert sorted(h.record["msg_id"] for h in b.search("STRASSE")) == want
-        assert not b._cache and b._grams, cache
+        assert not b._cache and b._filters.by_group, cache
     no = _file_no(a.files()[0])
     b = CoolArchive(a.cool_dir, a.files(), row_group_rows=256, cache_bytes=64 << 20, read_only=True)
     for _miss in range(2):
         b.get_row(rows[0]["msg_id"])           # caches group 0
     assert list(b._cache) == [(no, 0)]
     assert sorted(h.record["msg_id"] for h in b.search("STRASSE")) == want
-    assert set(b._grams) == {(no, rg) for rg in range(1, len(b._files[no].rg_list) - 1)}
+    assert set(b._filters.by_group) == {(no, rg) for rg in range(1, len(b._files[no].rg_list) - 1)}

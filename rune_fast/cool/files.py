@@ -28,8 +28,8 @@ from .schema import (
     _idx_name, _parquet_name, index_dir_for,
 )
 from .sidecar import (
-    _FileIndex, _build_index, _close, _footer_hash, _footer_start, _map_file, _open_checked,
-    _read_all, _release_arrow, _sidecar_names, _unlink_quiet,
+    _FileIndex, _PageFilters, _build_index, _close, _footer_hash, _footer_start, _map_file,
+    _open_checked, _read_all, _release_arrow, _sidecar_names, _unlink_quiet,
 )
 from .tables import _widened
 
@@ -87,10 +87,7 @@ class _FileSet:
         self._full = False   # a group was just dropped for want of room: read misses page by page
         # (file, row group) -> trigram filters of its content pages, made by a
         # search's scan (PageReader.find): 640 B a page, at most _GRAMS_BUDGET
-        self._grams: dict[tuple[int, int], bytes] = {}
-        self._grams_bytes = 0
-        self._grams_read: set[int] = set()     # files whose filters file was looked for
-        self._grams_new: set[int] = set()      # files with filters built here, not yet kept on disk
+        self._filters = _PageFilters()
         self._channels_d: dict[str, list[int]] = {}
         self._tasks_d: dict[str, list[int]] | None = None   # built at the first task query
         self._task_locs_d: dict[str, list[int]] = {}         # task_locs' answers (see _TASK_LOCS_KEPT)
@@ -192,10 +189,7 @@ class _FileSet:
             self._cache.clear()
             self._cached_bytes = 0
             self._full = False
-            self._grams.clear()
-            self._grams_bytes = 0
-            self._grams_read.clear()
-            self._grams_new.clear()
+            self._filters.clear()
 
     @property
     def cool_dir(self) -> str:
@@ -536,10 +530,7 @@ class _FileSet:
         self._full = False
         for key in [k for k in self._cache if k[0] == no]:
             self._cached_bytes -= self._cache.pop(key).nbytes
-        for key in [k for k in self._grams if k[0] == no]:
-            self._grams_bytes -= len(self._grams.pop(key))
-        self._grams_read.discard(no)
-        self._grams_new.discard(no)
+        self._filters.forget(no)
         pf = self._handles.pop(no, None)
         if pf is not None:
             _close(pf)

@@ -27,9 +27,6 @@ ROW_GROUP_ROWS = 1024
 #: than pyarrow's default 1 MiB pages
 _PAGE_BYTES = 4 << 10
 _PAGE_BATCH_ROWS = 32
-#: memory for the search filters of content pages (640 B a page of 32 rows
-#: or fewer: about 20 MiB a million cooled messages)
-_GRAMS_BUDGET = 64 << 20
 #: A file's content-page filters, kept beside its sidecar once a search built
 #: them (``cool-NNNNNNNN.grams``): a cache bound to the file's size and footer
 #: hash and checked whole (xxh3_64) when read, so the first search of a later

@@ -22,7 +22,7 @@ log = logging.getLogger("rune_fast.cool")
 
 from .reads import _Reads
 from .rows import SPECIAL_FOLD, _Group, _SPECIAL_UTF8, _assemble_columns
-from .schema import CoolRow, _CONTENT_COL, _GRAMS_BUDGET, _grams_name, _row_key, cool_loc
+from .schema import CoolRow, _CONTENT_COL, _grams_name, _row_key, cool_loc
 from .sidecar import _FileIndex, _decode_grams, _encode_grams
 
 
@@ -253,7 +253,7 @@ class _Search(_Reads):
                     if channel_id is not None:
                         self._check_field(rows, "channel_id", channel_id)
                     hits.extend(rows)
-            if self._grams_new and not self._read_only:
+            if self._filters.new and not self._read_only:
                 self._keep_grams()
         hits.sort(key=_row_key)
         return hits, known_hits
@@ -275,14 +275,14 @@ class _Search(_Reads):
         reader = self._reader(no) if rgs else None
         if reader is None:
             return {}
-        if no not in self._grams_read:
+        if no not in self._filters.read:
             self._read_grams(no)
         probes = [(nb.lower(), True) if mode == "ci" else (nb, False)] + [(a, False) for a, _b in fold_repl]
         starts = self._files[no].rg_list
 
         def scan(rg: int) -> tuple[list[int], list, bytes | None, list[int]]:
             lo, hi, base = s - starts[rg], e - starts[rg], cool_loc(no, starts[rg])
-            res, built = reader.find(rg, _CONTENT_COL, probes, self._grams.get((no, rg)))
+            res, built = reader.find(rg, _CONTENT_COL, probes, self._filters.get(no, rg))
             hits = {i: v for i, v in res[0] if lo <= i < hi}
             for part in res[1:]:
                 for i, v in part:
@@ -300,7 +300,7 @@ class _Search(_Reads):
         # a group whose page filters are known reads a few pages: scanned when
         # its turn comes, on this thread (two threads would fight for the GIL)
         pool = _scan_pool()
-        return {rg: _Deferred(scan, rg) if (no, rg) in self._grams else pool.submit(scan, rg)
+        return {rg: _Deferred(scan, rg) if self._filters.has(no, rg) else pool.submit(scan, rg)
                 for rg in rgs}
 
     def _read_grams(self, no: int) -> None:
@@ -311,15 +311,13 @@ class _Search(_Reads):
         next scan of each group builds its filters again. Only the scans use
         them, and a filter that names fewer pages than the group holds makes
         PageReader.find refuse it (the group is read instead)."""
-        self._grams_read.add(no)
+        self._filters.read.add(no)
         fi = self._files[no]
         got = read_kept(self._ipath(_grams_name(no)),
                         lambda raw: _decode_grams(raw, fi.size, fi.footer, len(fi.rg_list) - 1),
                         remove_bad=not self._read_only)
         for rg, grams in (got or {}).items():
-            if (no, rg) not in self._grams and self._grams_bytes + len(grams) <= _GRAMS_BUDGET:
-                self._grams[(no, rg)] = grams
-                self._grams_bytes += len(grams)
+            self._filters.add_read(no, rg, grams)
 
     def _keep_grams(self) -> None:
         """Write the filters files of the files whose filters a search built
@@ -328,15 +326,15 @@ class _Search(_Reads):
         one the rename did not make whole fails its checksum when read. A
         failed write is logged and skipped (the search that built them has
         its answer)."""
-        for no in sorted(self._grams_new):
+        for no in sorted(self._filters.new):
             fi = self._files.get(no)
             if fi is None:
                 continue
-            entries = sorted((rg, g) for (n, rg), g in self._grams.items() if n == no)
+            entries = self._filters.of_file(no)
             name = _grams_name(no)
             write_kept(self._ipath(name), _encode_grams(fi.size, fi.footer, entries),
                        tmp=self._ipath("." + name + ".tmp"), sync=self._durable)
-        self._grams_new.clear()
+        self._filters.new.clear()
 
     def _scan_result(self, no: int, rg: int, fut: Any) -> tuple[list[int], list, list[int]] | None:
         """What a scan of :meth:`_start_scans` found (rows read, their values,
@@ -350,11 +348,9 @@ class _Search(_Reads):
         except Unsupported:
             self._readers[no] = None    # (closed when the other scans drop it)
             return None
-        if built is not None and no in self._files and self._grams_bytes + len(built) <= _GRAMS_BUDGET:
+        if built is not None and no in self._files:
             # the pages' trigram filters: later scans of the group read only pages that may match
-            self._grams[(no, rg)] = built
-            self._grams_bytes += len(built)
-            self._grams_new.add(no)
+            self._filters.add_built(no, rg, built)
         if any(got is None for got in many):
             return None
         return local, many, named

@@ -33,6 +33,63 @@ from .schema import (
 log = logging.getLogger("rune_fast.cool")
 
 
+#: memory for the search filters of content pages (640 B a page of 32 rows
+#: or fewer: about 20 MiB a million cooled messages)
+_GRAMS_BUDGET = 64 << 20
+
+
+class _PageFilters:
+    """The trigram filters of content pages that searches built or read
+    from ``.grams`` files: ``(file, row group) -> filters``, within
+    _GRAMS_BUDGET bytes, with the files whose ``.grams`` was looked for
+    (``read``) and those whose filters were built here and are not kept on
+    disk yet (``new``). The archive's search fills it and keeps what it
+    built; the file set forgets a file that goes. The archive's lock guards
+    it (a scan thread only reads an entry)."""
+
+    def __init__(self) -> None:
+        self.by_group: dict[tuple[int, int], bytes] = {}
+        self.nbytes = 0
+        self.read: set[int] = set()
+        self.new: set[int] = set()
+
+    def get(self, no: int, rg: int) -> bytes | None:
+        return self.by_group.get((no, rg))
+
+    def has(self, no: int, rg: int) -> bool:
+        return (no, rg) in self.by_group
+
+    def add_read(self, no: int, rg: int, grams: bytes) -> None:
+        """Filters read from file ``no``'s ``.grams``: taken unless the group
+        has some already or they pass the budget."""
+        if (no, rg) not in self.by_group and self.nbytes + len(grams) <= _GRAMS_BUDGET:
+            self.by_group[(no, rg)] = grams
+            self.nbytes += len(grams)
+
+    def add_built(self, no: int, rg: int, grams: bytes) -> None:
+        """Filters a scan built: taken within the budget, to be kept on disk."""
+        if self.nbytes + len(grams) <= _GRAMS_BUDGET:
+            self.by_group[(no, rg)] = grams
+            self.nbytes += len(grams)
+            self.new.add(no)
+
+    def of_file(self, no: int) -> list[tuple[int, bytes]]:
+        """(row group, filters) of file ``no``, by row group."""
+        return sorted((rg, g) for (n, rg), g in self.by_group.items() if n == no)
+
+    def forget(self, no: int) -> None:
+        for key in [k for k in self.by_group if k[0] == no]:
+            self.nbytes -= len(self.by_group.pop(key))
+        self.read.discard(no)
+        self.new.discard(no)
+
+    def clear(self) -> None:
+        self.by_group.clear()
+        self.nbytes = 0
+        self.read.clear()
+        self.new.clear()
+
+
 def _encode_grams(size: int, footer: str, entries: list[tuple[int, bytes]]) -> bytes:
     """The bytes of a filters file (see _GRAMS_MAGIC) for the file of ``size``
     bytes and footer hash ``footer``: ``entries`` are (row group, filters)."""
