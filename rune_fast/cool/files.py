@@ -262,7 +262,7 @@ class _FileSet:
 
     @property
     def index_dir(self) -> str:
-        """The folder of the sidecars."""
+        """The folder of the sidecars. Public API: the repository does not call it."""
         return self._idx_dir
 
     def path_of(self, name: str) -> str:

@@ -34,6 +34,7 @@ class _Reads(_RowCache):
                        for no in self._channels.get(channel_id, ()))
 
     def task_len(self, task_id: str) -> int:
+        """Archived messages of the task. Public API: the repository does not call it."""
         with self._lock:
             return sum(len(self._files[no].tasks[task_id]) for no in self._task_map().get(task_id, ()))
 
@@ -74,7 +75,8 @@ class _Reads(_RowCache):
         """The archived message ``msg_id`` with its ordinal and place, or None.
 
         Raises CorruptStateCheckpointError (file and row) when the stored row
-        fails its digest or its id does not match."""
+        fails its digest or its id does not match. Public API (the repository
+        reads by :meth:`get` and :meth:`contains`, which use it)."""
         with self._lock:
             for loc in self._id_locs(msg_id):
                 no, row = loc >> 32, loc & 0xFFFFFFFF
@@ -255,7 +257,8 @@ class _Reads(_RowCache):
             return [got[loc] for loc in locs]
 
     def latest_task_row(self, channel_id: str) -> CoolRow | None:
-        """The newest archived message of the channel that has a task, or None."""
+        """The newest archived message of the channel that has a task, or
+        None. Public API: the repository does not call it."""
         with self._lock:
             best: CoolRow | None = None
             for no in self._channels.get(channel_id, ()):
@@ -272,6 +275,7 @@ class _Reads(_RowCache):
             return best
 
     def latest_task(self, channel_id: str) -> str | None:
-        """task_id of the newest archived message of the channel that has one."""
+        """task_id of the newest archived message of the channel that has
+        one. Public API: the repository does not call it."""
         r = self.latest_task_row(channel_id)
         return None if r is None else r.record["task_id"]

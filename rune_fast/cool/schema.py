@@ -179,7 +179,8 @@ def _canonical(d: dict) -> bytes:
 
 def record_digest(d: dict) -> str:
     """xxh3_128 hex digest of the canonical JSON of a record dict (the value of
-    the ``digest`` column)."""
+    the ``digest`` column). Public API, for readers of the files that check
+    rows themselves."""
     return xxhash.xxh3_128_hexdigest(_canonical(d))
 
 

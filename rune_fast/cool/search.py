@@ -104,7 +104,8 @@ def ascii_fold_matcher(needle: str) -> "Any | None":
     match are folded (``bytes.replace``); ASCII letters are lowered with
     ``bytes.lower``. A row whose bytes match the needle ASCII-case-blind is a
     hit; one that does not can only be a hit if it holds one of
-    ``relevant_specials(folded)``."""
+    ``relevant_specials(folded)``. Public API: nothing in rune_fast calls it
+    (the repository's hot search uses :func:`relevant_specials`)."""
     folded = needle.casefold()
     if not folded.isascii():
         return None
@@ -138,7 +139,8 @@ class _Search(_Reads):
                case_sensitive: bool = False) -> list[CoolRow]:
         """Archived messages whose content contains ``text`` (case-insensitive:
         ``text.casefold() in content.casefold()``), oldest first by the order
-        key. Every hit is verified against its digest."""
+        key. Every hit is verified against its digest. Public API: the
+        repository calls :meth:`search_known`."""
         return self.search_known(text, channel_id, case_sensitive=case_sensitive)[0]
 
     def search_known(self, text: str, channel_id: str | None = None, *, case_sensitive: bool = False,
