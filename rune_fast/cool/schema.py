@@ -101,7 +101,7 @@ class CoolRow(NamedTuple):
 
 @dataclass(frozen=True)
 class CoolRun:
-    """Result of :meth:`CoolArchive.cool`: the new file (add it to the
+    """Result of :meth:`CoolArchive.cool_table`: the new file (add it to the
     manifest), its row count and size, and the archive's new file list."""
 
     file: str | None
