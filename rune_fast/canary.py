@@ -594,7 +594,7 @@ class Canary:
         return f"warning: {str(caught[0].message)[:80]}"
 
     def flip(self) -> str:
-        from .cli import verify_state
+        from .verify import verify_state
 
         d = self.path("flip")
         target = b"flip target 5e2a"

@@ -12,8 +12,8 @@ in about a minute.
    and a deletion that compaction erases from disk.
 3. Prints what was stored: stats, a window, a search across tiers, the resumed
    transcript rendered as an Anthropic request, and a full verify.
-4. Runs the side-by-side comparison against SQLite (WAL, same durability) from
-   ``bench/compare.py`` in quick mode, prints its table and writes
+4. Runs the side-by-side comparison against SQLite (WAL, same durability) of
+   :mod:`rune_fast.bench` in quick mode, prints its table and writes
    ``bench-results.png`` (matplotlib, from ``pip install 'rune_fast[demo]'``;
    the demo says so when it cannot plot).
 """
@@ -221,29 +221,30 @@ def run_workload(state: str, *, history_per_channel: int = 600, live_tasks: int 
 
 def _show_store(state: str) -> None:
     from . import sync
-    from .cli import _kv_table, _print_records, verify_state
+    from ._fmt import kv_table, print_records
     from .conversation_state import ConversationStateRepository
     from .tasks import TaskStateRepository
+    from .verify import verify_state
 
     with ConversationStateRepository(state, read_only=True) as conv:
         st = conv.stats()
         _section("What is stored (rune-fast stats)")
         keys = ("messages", "channels", "hot_and_tail", "cool", "cool_files", "segments", "tail_bytes",
                 "hot_bytes", "cool_bytes", "tombstones", "compactions", "durability")
-        _say(_kv_table([(k, st[k]) for k in keys if k in st] or list(st.items())))
+        _say(kv_table([(k, st[k]) for k in keys if k in st] or list(st.items())))
         with TaskStateRepository(state) as tasks:
             ts = tasks.stats()
             active = tasks.get_active("ops")
-        _say(_kv_table([("tasks", ts.get("tasks")), ("open tasks", ts.get("open")),
+        _say(kv_table([("tasks", ts.get("tasks")), ("open tasks", ts.get("open")),
                         ("active task on ops", f"{active.task_id} ({active.status}): {active.title}"
                          if active else "none")]))
 
         _section("The last 6 messages of #ops (rune-fast window --channel ops -n 6)")
-        _print_records(conv.window("ops", 6))
+        print_records(conv.window("ops", 6))
 
         _section("Search across hot and cool tiers (rune-fast search timeout --limit 6)")
         hits = conv.search("timeout", limit=6)
-        _print_records([h.record for h in hits], show_channel=True, tiers=[h.tier for h in hits])
+        print_records([h.record for h in hits], show_channel=True, tiers=[h.tier for h in hits])
         tiers: dict[str, int] = {}
         for h in conv.search("timeout"):
             tiers[h.tier] = tiers.get(h.tier, 0) + 1
@@ -290,21 +291,15 @@ def _erased(state: str, needle: bytes) -> list[str]:
 
 
 def _bench(n: int | None, plot_path: str, repeats: int | None) -> None:
-    from .cli import Progress, load_bench
-    from .errors import RuneError
+    from ._fmt import Progress
+    from .bench import compare as bc
 
-    try:
-        bc = load_bench()
-    except RuneError as exc:
-        _section("Side by side with SQLite")
-        _say(f"skipped: {exc}")
-        return
     cfg = bc.Config.quick()
     if n is not None:
         cfg.n = n
     if repeats is not None:
         cfg.repeats = repeats
-    _section(f"Side by side with SQLite (WAL, same durability): bench.compare --quick, {cfg.n:,} messages")
+    _section(f"Side by side with SQLite (WAL, same durability): rune_fast.bench --quick, {cfg.n:,} messages")
     t0 = time.perf_counter()
     with Progress("bench") as bar:
         def log(line: str) -> None:
@@ -378,16 +373,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks", type=int, default=64, help="live tasks through the operator (default 64)")
     # Quick mode, scaled so that `make demo` on a fresh clone (venv, build,
     # demo) stays under two minutes on a 2-core machine; `rune-fast bench
-    # --quick` or `python -m bench.compare` give the fuller run.
+    # --quick` or `python -m rune_fast.bench` give the fuller run.
     p.add_argument("--bench-n", type=int, default=10_000,
-                   help="messages in the SQLite comparison (default 10,000; bench.compare --quick uses 20,000)")
+                   help="messages in the SQLite comparison (default 10,000; rune_fast.bench --quick uses 20,000)")
     p.add_argument("--bench-repeats", type=int, default=3,
                    help="repeats per timed line, median reported (default 3)")
     p.add_argument("--no-bench", action="store_true", help="skip the SQLite comparison")
     p.add_argument("--plot", default="bench-results.png", help="where to write the plot (default bench-results.png)")
     args = p.parse_args(argv)
 
-    from .cli import Progress
+    from ._fmt import Progress
 
     t0 = time.perf_counter()
     state = prepare_state_dir(args.state_dir or args.state)

@@ -2,13 +2,17 @@
 
 Run::
 
-    python -m bench.compare                 # default size (100,000 messages), ~1-2 minutes
-    python -m bench.compare --quick         # 20,000 messages, well under a minute
-    python -m bench.compare --n 1000000     # the issue's full size (slow: minutes)
-    python -m bench.compare --json out.json --plot out.png --dir /some/tmp
-    python -m bench.compare --explain       # what each line measures, at which durability
+    python -m rune_fast.bench                 # default size (100,000 messages), ~1-2 minutes
+    python -m rune_fast.bench --quick         # 20,000 messages, well under a minute
+    python -m rune_fast.bench --smoke         # a few hundred messages: the harness runs (numbers mean nothing)
+    python -m rune_fast.bench --n 1000000     # the issue's full size (slow: minutes)
+    python -m rune_fast.bench --json out.json --plot out.png --dir /some/tmp
+    python -m rune_fast.bench --explain       # what each line measures, at which durability
 
-Both stores get the same seeded workload (:mod:`bench.workload`) in the same
+(``rune-fast bench`` takes the same sizes.) It ships inside the package, so it
+runs from any folder of an installed ``rune_fast``.
+
+Both stores get the same seeded workload (:mod:`rune_fast.bench.workload`) in the same
 process, and their measurements are interleaved (rune, sqlite, rune, sqlite,
 ...) so that the noise of a shared machine hits both alike. Every timed line is
 the **median of >= 5 repeats** (``--repeats``), each repeat timing a loop of
@@ -50,12 +54,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 from . import workload as wl
-from .sqlite_store import SQLiteStore
 
 __all__ = ["Config", "Row", "Report", "StoreSpec", "run_comparison", "main", "OPERATIONS", "DESCRIPTIONS",
            "format_table", "plot", "machine_info"]
 
-BENCH_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The folder holding the rune_fast package (a checkout's root, or site-packages):
+# probe subprocesses import this same rune_fast from there.
+PKG_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FACTORY_REF = "rune_fast.bench.workload:default_message_factory"
+SQLITE_REF = "rune_fast.bench.sqlite_store:SQLiteStore"
 RUNE_REF = "rune_fast.conversation_state:ConversationStateRepository"
 
 #: What each line measures, and at which durability (``--explain`` prints this).
@@ -174,7 +181,7 @@ class Config:
     io_n: int = 50_000            # messages of the bytes-written bulk load
     io_appends: int = 500         # durable appends of the bytes-written measure
     seed: int = 0
-    channels: int | None = None   # None: scaled with n (see bench.workload.generate)
+    channels: int | None = None   # None: scaled with n (see rune_fast.bench.workload.generate)
     tasks: int | None = None
     workdir: str | None = None
     compact_every: int = 64
@@ -183,14 +190,14 @@ class Config:
 
     @classmethod
     def quick(cls, **kw: Any) -> "Config":
-        base = dict(n=20_000, queries=500, task_queries=100, appends=100, io_n=20_000, io_appends=300)
+        base: dict[str, Any] = dict(n=20_000, queries=500, task_queries=100, appends=100, io_n=20_000, io_appends=300)
         base.update(kw)
         return cls(**base)
 
     @classmethod
     def tiny(cls, **kw: Any) -> "Config":
         """For the harness test: a few hundred messages, one repeat."""
-        base = dict(n=200, repeats=1, slices=1, queries=20, task_queries=5, appends=5, batch=20, small=50,
+        base: dict[str, Any] = dict(n=200, repeats=1, slices=1, queries=20, task_queries=5, appends=5, batch=20, small=50,
                     io_n=200, io_appends=10, many_batches=1)
         base.update(kw)
         return cls(**base)
@@ -289,7 +296,7 @@ class StoreSpec:
     ref: str
     path: str | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
-    factory_ref: str = "bench.workload:default_message_factory"
+    factory_ref: str = FACTORY_REF
     factory_path: str | None = None
 
     def cls(self) -> Any:
@@ -405,6 +412,7 @@ def machine_info(path: str) -> dict[str, Any]:
                     fs = f"{fstype} on {mnt} ({dev}; {opts})"
     except OSError:
         pass
+    affinity: int | None
     try:
         affinity = len(os.sched_getaffinity(0))
     except AttributeError:
@@ -467,9 +475,11 @@ def _io_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
 def _probe(job: dict[str, Any], timeout: float) -> dict[str, Any]:
     """Run one probe job in a fresh interpreter; returns its JSON result."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (BENCH_ROOT, env.get("PYTHONPATH", "")) if p)
-    cmd = [sys.executable, "-c", "from bench.compare import _probe_main; _probe_main()", json.dumps(job)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=BENCH_ROOT, timeout=timeout)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (PKG_PARENT, env.get("PYTHONPATH", "")) if p)
+    cmd = [sys.executable, "-c", "from rune_fast.bench.compare import _probe_main; _probe_main()", json.dumps(job)]
+    # cwd: the folder of this rune_fast, so that no other one in the caller's
+    # folder shadows it (``-c`` puts the cwd first on sys.path).
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=PKG_PARENT, timeout=timeout)
     if job["job"] == "kill_writer":
         if proc.returncode != -signal.SIGKILL:
             raise RuntimeError(f"killed-writer probe ended with {proc.returncode}: {proc.stderr[-2000:]}")
@@ -492,9 +502,16 @@ def _probes(jobs: dict[Any, dict[str, Any]], timeout: float, workers: int = 2) -
 def _probe_job(job: dict[str, Any]) -> dict[str, Any]:
     """Do one probe job in this (fresh) process and return its counters."""
     kind = job["job"]
-    spec = StoreSpec(**job["spec"]) if job.get("spec") else None
-    factory = spec.message_factory() if spec else wl.default_message_factory
+    given = StoreSpec(**job["spec"]) if job.get("spec") else None
+    factory = given.message_factory() if given else wl.default_message_factory
+
+    def need_spec() -> StoreSpec:
+        if given is None:
+            raise ValueError(f"probe job {kind!r} names no store (its field 'spec' is empty)")
+        return given
+
     if kind == "mem":
+        spec = need_spec()
         with open(job["queries"]) as f:
             q = json.load(f)
         cls = spec.cls()  # import the store's modules before the baseline
@@ -534,7 +551,7 @@ def _probe_job(job: dict[str, Any]) -> dict[str, Any]:
             after = _proc_io()
             os.close(fd)
             return {"io": _io_delta(before, after), "content": wl.content_bytes(fresh), "ns": t1 - t0}
-        store = spec.open(state_dir, "fsync", rt)
+        store = need_spec().open(state_dir, "fsync", rt)
         batch = job["batch"]
         if kind == "io_bulk":
             before = _proc_io()
@@ -564,7 +581,7 @@ def _probe_job(job: dict[str, Any]) -> dict[str, Any]:
         # On a channel of their own, so the killed writer's messages disturb no measured read.
         fresh = [factory(dict(m, channel_id="killed-writer", task_id=""))
                  for m in w.fresh(job["appends"], seed=job["seed"])]
-        store = spec.open(job["dir"], "fsync", _record_type(fresh[0]))
+        store = need_spec().open(job["dir"], "fsync", _record_type(fresh[0]))
         for m in fresh:
             store.append(m)
         sys.stdout.flush()
@@ -633,7 +650,7 @@ def run_comparison(config: Config | None = None, *, rune_store: Any = None,
     ``rune_fast.conversation_state.ConversationStateRepository``), opened as
     ``rune_store(state_dir, durability=..., compact_every=..., hot_window=...)``.
     ``message_factory``: dict -> message for that store (default: the real
-    record when importable, else the dict). Both must be importable by name so
+    record). Both must be importable by name so
     that subprocess probes can open the store too.
     """
     cfg = (config or Config()).fixed()
@@ -645,7 +662,7 @@ def run_comparison(config: Config | None = None, *, rune_store: Any = None,
     fref, fpath = _ref_of(factory)
     rune = StoreSpec("rune", ref, path, {"compact_every": cfg.compact_every, "hot_window": cfg.hot_window},
                      fref, fpath)
-    sql = StoreSpec("sqlite", "bench.sqlite_store:SQLiteStore", BENCH_ROOT, {}, fref, fpath)
+    sql = StoreSpec("sqlite", SQLITE_REF, PKG_PARENT, {}, fref, fpath)
 
     if cfg.workdir:
         os.makedirs(cfg.workdir, exist_ok=True)
@@ -1101,13 +1118,14 @@ def plot(report: Report, path: str) -> bool:
     except ImportError:
         return False
     rows = [r for r in report.rows if r.ratio is not None and r.ratio > 0]
+    ratios = [r.ratio for r in rows if r.ratio is not None]
     fig, ax = plt.subplots(figsize=(10, 0.45 * len(rows) + 1.5))
     ys = range(len(rows))
     colors = ["tab:green" if r.met else ("tab:red" if r.met is False else "tab:gray") for r in rows]
-    ax.barh(list(ys), [r.ratio for r in rows], color=colors)
-    for y, r in zip(ys, rows):
-        label = f"{r.ratio:.0f}" if r.ratio >= 100 else f"{r.ratio:.1f}" if r.ratio >= 10 else f"{r.ratio:.2g}"
-        ax.annotate(f" {label}x", (r.ratio, y), va="center", fontsize=7)
+    ax.barh(list(ys), ratios, color=colors)
+    for y, r, ratio in zip(ys, rows, ratios):
+        label = f"{ratio:.0f}" if ratio >= 100 else f"{ratio:.1f}" if ratio >= 10 else f"{ratio:.2g}"
+        ax.annotate(f" {label}x", (ratio, y), va="center", fontsize=7)
         if r.goal is not None:
             ax.plot([r.goal], [y], marker="|", color="black", markersize=14, markeredgewidth=2)
     ax.set_yticks(list(ys))
@@ -1128,8 +1146,11 @@ def plot(report: Report, path: str) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="20,000 messages and shorter loops (well under a minute)")
+    p = argparse.ArgumentParser(prog="python -m rune_fast.bench", description=__doc__.split("\n\n")[0])
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="20,000 messages and shorter loops (well under a minute)")
+    size.add_argument("--smoke", action="store_true",
+                      help="a few hundred messages, one repeat: checks that the harness runs (numbers mean nothing)")
     p.add_argument("--n", type=int, help="messages in the main stores (default 100,000; the issue's size is 1000000)")
     p.add_argument("--repeats", type=int, help="repeats per timed line, median reported (default 5)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
@@ -1141,17 +1162,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--explain", action="store_true", help="say what each line measures, then exit")
     p.add_argument("--store", default=RUNE_REF, metavar="MODULE:CLASS",
                    help="the store on the rune_fast side (default: %(default)s)")
-    p.add_argument("--factory", default="bench.workload:default_message_factory", metavar="MODULE:FUNC",
+    p.add_argument("--factory", default=FACTORY_REF, metavar="MODULE:FUNC",
                    help="dict -> message for that store (default: %(default)s)")
     args = p.parse_args(argv)
     if args.explain:
         for key in OPERATIONS:
             print(f"{key}:\n    {DESCRIPTIONS[key]}")
         return 0
-    cfg = Config.quick() if args.quick else Config()
+    cfg = Config.tiny() if args.smoke else Config.quick() if args.quick else Config()
     if args.n is not None:
         cfg.n = args.n
-        if not args.quick:
+        if not (args.quick or args.smoke):
             cfg.io_n = min(max(cfg.io_n, args.n // 10), args.n)
     if args.repeats is not None:
         cfg.repeats = args.repeats
