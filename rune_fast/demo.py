@@ -327,44 +327,6 @@ def _bench(n: int | None, plot_path: str, repeats: int | None) -> None:
         _say("plot: not written (matplotlib unavailable)")
 
 
-def _ledger_only(state_dir: str) -> int:
-    """The task ledger alone, end to end (for a build without the conversation
-    store): one task through its life, a refused transition, a reopen, the
-    event journal checked."""
-    from .composition import build_conversation_state
-    from .errors import IllegalTaskTransitionError
-    from .events import EventStore
-    from .tasks import TaskStateRepository
-
-    def step(name: str, detail: str = "") -> None:
-        _say(f"  {name:<34} {detail}")
-
-    channel = "demo-channel"
-    _say(f"rune_fast demo (task ledger only): state directory {state_dir}")
-    with build_conversation_state({"state": state_dir}) as root:
-        tasks = root.get("task_state")
-        task = tasks.create("summarise the incident report", channel, model="demo-model")
-        step("create", f"{task.task_id} status={task.status}")
-        task = tasks.transition(task.task_id, "running")
-        step("transition -> running", task.status)
-        task = tasks.amend(task.task_id, "summarise the incident report, with a timeline")
-        step("amend (same task_id)", f"title={task.title!r}")
-        task = tasks.transition(task.task_id, "completed", outcome_ref="evidence/summary.md")
-        step("transition -> completed", f"outcome_ref={task.outcome_ref}")
-        try:
-            tasks.transition(task.task_id, "running")
-        except IllegalTaskTransitionError as exc:
-            step("transition completed -> running", f"refused: {exc}")
-    with TaskStateRepository(state_dir) as reopened:
-        again = reopened.get(task.task_id)
-        step("reopen", f"{task.task_id} is {again.status if again else 'MISSING'}")
-    with EventStore(os.path.join(state_dir, "events.jsonl"), read_only=True) as events:
-        problems = events.verify()
-        count = sum(1 for _ in events.iter_envelopes())
-    _say(f"event journal: {count} envelope(s), {len(problems)} problem(s)")
-    return 0 if not problems and again == task else 1
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m rune_fast.demo", description=__doc__.split("\n\n")[0])
     p.add_argument("state_dir", nargs="?", help="same as --state")
@@ -386,12 +348,6 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     state = prepare_state_dir(args.state_dir or args.state)
-    try:
-        import rune_fast.conversation_state  # noqa: F401
-    except ImportError as exc:
-        print(f"demo: the conversation store is not part of this build ({exc}); "
-              f"showing the task ledger only", file=sys.stderr)
-        return _ledger_only(state)
     _section("rune_fast demo: the storage core of an LLM agent frontend")
     _say(f"state directory: {state}")
     _say(f"workload: {len(CHANNELS)} channels x {args.history} messages of earlier history, then {args.tasks} "
