@@ -42,7 +42,7 @@ test: setup-test build
 
 bench: setup-test build
 	$(PY) -m pytest bench -q --benchmark-columns=min,median,mean,ops --benchmark-sort=name
-	$(PY) -m bench.compare
+	$(PY) -m rune_fast.bench
 
 clean:
 	rm -rf build $(VENV) rune_fast/*.so csrc/*.c rune-state .benchmarks
