@@ -14,8 +14,14 @@ $(VENV)/.installed: pyproject.toml setup.py
 	$(PY) -m pip install -q --no-build-isolation -e '.[demo]'
 	touch $@
 
-# The test tools come on top, only for the targets that need them.
+# The test tools come on top, only for the targets that need them; the
+# Spark test needs a Java runtime and the sync test redis-server (Debian's,
+# installed where apt-get may; otherwise those tests are skipped and say so).
 $(VENV)/.installed-test: $(VENV)/.installed
+	{ command -v java && command -v redis-server; } >/dev/null 2>&1 || \
+		{ [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq default-jre-headless redis-server >/dev/null; } || \
+		echo "no Java runtime or redis-server: the Spark or Redis tests will be skipped"
 	$(PY) -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['test']))" \
 		| xargs $(PY) -m pip install -q
 	touch $@
@@ -36,7 +42,7 @@ test: setup-test build
 
 bench: setup-test build
 	$(PY) -m pytest bench -q --benchmark-columns=min,median,mean,ops --benchmark-sort=name
-	$(PY) -m bench.compare
+	$(PY) -m rune_fast.bench
 
 clean:
 	rm -rf build $(VENV) rune_fast/*.so csrc/*.c rune-state .benchmarks

@@ -1,7 +1,6 @@
-"""Benchmarks of rune_fast against SQLite at the same durability.
+"""pytest-benchmark suites of rune_fast, run only by ``pytest bench/`` (``make bench``).
 
-- :mod:`bench.workload`: a seeded, realistic agent-conversation workload.
-- :mod:`bench.sqlite_store`: the stdlib SQLite baseline holding the same records.
-- :mod:`bench.compare`: ``python -m bench.compare``, the side-by-side table of ratios.
-- ``bench/test_*.py``: pytest-benchmark suites, run only by ``pytest bench/``.
+The side-by-side comparison with SQLite (its workload, its SQLite store and
+the table) ships inside the package: :mod:`rune_fast.bench`, run by
+``python -m rune_fast.bench`` or ``rune-fast bench``.
 """

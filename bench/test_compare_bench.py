@@ -9,7 +9,7 @@ workload). Each group holds the same operation on ``rune_fast`` (skipped until
 ``rune_fast.conversation_state`` is importable) and on ``sqlite`` at the same
 durability; the append groups also hold the raw ``write`` + ``fdatasync`` loop.
 pytest-benchmark reports times only: the ratios, and the memory and
-bytes-written lines, are printed by ``python -m bench.compare``.
+bytes-written lines, are printed by ``python -m rune_fast.bench``.
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from bench import workload as wl
-from bench.sqlite_store import SQLiteStore
+from rune_fast.bench import workload as wl
+from rune_fast.bench.sqlite_store import SQLiteStore
 
 N = int(os.environ.get("RUNE_BENCH_N", "20000"))
 BATCH = 1_000

@@ -567,13 +567,8 @@ class Canary:
         return f"{len(acked)} acknowledged, {n} stored"
 
     def _tail_file(self, d: str) -> str:
-        hot = os.path.join(d, "hot")
-        name = "conversation_tail.jsonl"
-        try:
-            from .segments import TAIL_NAME as name  # type: ignore[no-redef]
-        except ImportError:
-            pass
-        return os.path.join(hot, name)
+        # The open tail's documented name (docs/FORMAT.md).
+        return os.path.join(d, "hot", "conversation_tail.jsonl")
 
     def torn(self) -> str:
         with self.conv("torn") as r:
@@ -594,7 +589,7 @@ class Canary:
         return f"warning: {str(caught[0].message)[:80]}"
 
     def flip(self) -> str:
-        from .cli import verify_state
+        from .verify import verify_state
 
         d = self.path("flip")
         target = b"flip target 5e2a"
@@ -676,11 +671,7 @@ def main(argv: list[str] | None = None) -> int:
     # that, and its PASS/FAIL lines say what happened.
     logging.getLogger("rune_fast").addHandler(logging.NullHandler())
     t0 = time.perf_counter()
-    try:
-        canary = Canary(root, say=say)
-    except ImportError as exc:
-        print(f"canary: rune_fast is not importable ({exc}); build it first: make build", file=sys.stderr)
-        return 2
+    canary = Canary(root, say=say)
     ok = canary.run()
     secs = time.perf_counter() - t0
     passed = sum(r["ok"] for r in canary.results)

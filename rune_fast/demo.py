@@ -12,8 +12,8 @@ in about a minute.
    and a deletion that compaction erases from disk.
 3. Prints what was stored: stats, a window, a search across tiers, the resumed
    transcript rendered as an Anthropic request, and a full verify.
-4. Runs the side-by-side comparison against SQLite (WAL, same durability) from
-   ``bench/compare.py`` in quick mode, prints its table and writes
+4. Runs the side-by-side comparison against SQLite (WAL, same durability) of
+   :mod:`rune_fast.bench` in quick mode, prints its table and writes
    ``bench-results.png`` (matplotlib, from ``pip install 'rune_fast[demo]'``;
    the demo says so when it cannot plot).
 """
@@ -221,29 +221,30 @@ def run_workload(state: str, *, history_per_channel: int = 600, live_tasks: int 
 
 def _show_store(state: str) -> None:
     from . import sync
-    from .cli import _kv_table, _print_records, verify_state
+    from ._fmt import kv_table, print_records
     from .conversation_state import ConversationStateRepository
     from .tasks import TaskStateRepository
+    from .verify import verify_state
 
     with ConversationStateRepository(state, read_only=True) as conv:
         st = conv.stats()
         _section("What is stored (rune-fast stats)")
         keys = ("messages", "channels", "hot_and_tail", "cool", "cool_files", "segments", "tail_bytes",
                 "hot_bytes", "cool_bytes", "tombstones", "compactions", "durability")
-        _say(_kv_table([(k, st[k]) for k in keys if k in st] or list(st.items())))
+        _say(kv_table([(k, st[k]) for k in keys if k in st] or list(st.items())))
         with TaskStateRepository(state) as tasks:
             ts = tasks.stats()
             active = tasks.get_active("ops")
-        _say(_kv_table([("tasks", ts.get("tasks")), ("open tasks", ts.get("open")),
+        _say(kv_table([("tasks", ts.get("tasks")), ("open tasks", ts.get("open")),
                         ("active task on ops", f"{active.task_id} ({active.status}): {active.title}"
                          if active else "none")]))
 
         _section("The last 6 messages of #ops (rune-fast window --channel ops -n 6)")
-        _print_records(conv.window("ops", 6))
+        print_records(conv.window("ops", 6))
 
         _section("Search across hot and cool tiers (rune-fast search timeout --limit 6)")
         hits = conv.search("timeout", limit=6)
-        _print_records([h.record for h in hits], show_channel=True, tiers=[h.tier for h in hits])
+        print_records([h.record for h in hits], show_channel=True, tiers=[h.tier for h in hits])
         tiers: dict[str, int] = {}
         for h in conv.search("timeout"):
             tiers[h.tier] = tiers.get(h.tier, 0) + 1
@@ -290,21 +291,15 @@ def _erased(state: str, needle: bytes) -> list[str]:
 
 
 def _bench(n: int | None, plot_path: str, repeats: int | None) -> None:
-    from .cli import Progress, load_bench
-    from .errors import RuneError
+    from ._fmt import Progress
+    from .bench import compare as bc
 
-    try:
-        bc = load_bench()
-    except RuneError as exc:
-        _section("Side by side with SQLite")
-        _say(f"skipped: {exc}")
-        return
     cfg = bc.Config.quick()
     if n is not None:
         cfg.n = n
     if repeats is not None:
         cfg.repeats = repeats
-    _section(f"Side by side with SQLite (WAL, same durability): bench.compare --quick, {cfg.n:,} messages")
+    _section(f"Side by side with SQLite (WAL, same durability): rune_fast.bench --quick, {cfg.n:,} messages")
     t0 = time.perf_counter()
     with Progress("bench") as bar:
         def log(line: str) -> None:
@@ -332,44 +327,6 @@ def _bench(n: int | None, plot_path: str, repeats: int | None) -> None:
         _say("plot: not written (matplotlib unavailable)")
 
 
-def _ledger_only(state_dir: str) -> int:
-    """The task ledger alone, end to end (for a build without the conversation
-    store): one task through its life, a refused transition, a reopen, the
-    event journal checked."""
-    from .composition import build_conversation_state
-    from .errors import IllegalTaskTransitionError
-    from .events import EventStore
-    from .tasks import TaskStateRepository
-
-    def step(name: str, detail: str = "") -> None:
-        _say(f"  {name:<34} {detail}")
-
-    channel = "demo-channel"
-    _say(f"rune_fast demo (task ledger only): state directory {state_dir}")
-    with build_conversation_state({"state": state_dir}) as root:
-        tasks = root.get("task_state")
-        task = tasks.create("summarise the incident report", channel, model="demo-model")
-        step("create", f"{task.task_id} status={task.status}")
-        task = tasks.transition(task.task_id, "running")
-        step("transition -> running", task.status)
-        task = tasks.amend(task.task_id, "summarise the incident report, with a timeline")
-        step("amend (same task_id)", f"title={task.title!r}")
-        task = tasks.transition(task.task_id, "completed", outcome_ref="evidence/summary.md")
-        step("transition -> completed", f"outcome_ref={task.outcome_ref}")
-        try:
-            tasks.transition(task.task_id, "running")
-        except IllegalTaskTransitionError as exc:
-            step("transition completed -> running", f"refused: {exc}")
-    with TaskStateRepository(state_dir) as reopened:
-        again = reopened.get(task.task_id)
-        step("reopen", f"{task.task_id} is {again.status if again else 'MISSING'}")
-    with EventStore(os.path.join(state_dir, "events.jsonl"), read_only=True) as events:
-        problems = events.verify()
-        count = sum(1 for _ in events.iter_envelopes())
-    _say(f"event journal: {count} envelope(s), {len(problems)} problem(s)")
-    return 0 if not problems and again == task else 1
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m rune_fast.demo", description=__doc__.split("\n\n")[0])
     p.add_argument("state_dir", nargs="?", help="same as --state")
@@ -378,25 +335,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks", type=int, default=64, help="live tasks through the operator (default 64)")
     # Quick mode, scaled so that `make demo` on a fresh clone (venv, build,
     # demo) stays under two minutes on a 2-core machine; `rune-fast bench
-    # --quick` or `python -m bench.compare` give the fuller run.
+    # --quick` or `python -m rune_fast.bench` give the fuller run.
     p.add_argument("--bench-n", type=int, default=10_000,
-                   help="messages in the SQLite comparison (default 10,000; bench.compare --quick uses 20,000)")
+                   help="messages in the SQLite comparison (default 10,000; rune_fast.bench --quick uses 20,000)")
     p.add_argument("--bench-repeats", type=int, default=3,
                    help="repeats per timed line, median reported (default 3)")
     p.add_argument("--no-bench", action="store_true", help="skip the SQLite comparison")
     p.add_argument("--plot", default="bench-results.png", help="where to write the plot (default bench-results.png)")
     args = p.parse_args(argv)
 
-    from .cli import Progress
+    from ._fmt import Progress
 
     t0 = time.perf_counter()
     state = prepare_state_dir(args.state_dir or args.state)
-    try:
-        import rune_fast.conversation_state  # noqa: F401
-    except ImportError as exc:
-        print(f"demo: the conversation store is not part of this build ({exc}); "
-              f"showing the task ledger only", file=sys.stderr)
-        return _ledger_only(state)
     _section("rune_fast demo: the storage core of an LLM agent frontend")
     _say(f"state directory: {state}")
     _say(f"workload: {len(CHANNELS)} channels x {args.history} messages of earlier history, then {args.tasks} "

@@ -1,4 +1,4 @@
-"""The benchmark harness (bench/) runs end to end at tiny scale.
+"""The benchmark harness (rune_fast.bench) runs end to end at tiny scale.
 
 These tests check that every line of the comparison table is produced and
 that its ratios are finite numbers; they never assert on wall time. The
@@ -10,24 +10,24 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+from rune_fast.bench import compare, workload
+from rune_fast.bench.sqlite_store import SQLiteStore
 
-from bench import compare, workload  # noqa: E402
-from bench.sqlite_store import SQLiteStore  # noqa: E402
+
+def as_dict(d: dict[str, Any]) -> dict[str, Any]:
+    """Message factory that keeps the plain dict (for the fake store)."""
+    return d
 
 
 class FakeRepository:
     """A dict-backed stand-in honouring the repository API the harness calls.
 
-    Messages are plain dicts (``bench.workload.as_dict``), kept in memory and in
+    Messages are plain dicts (:func:`as_dict`), kept in memory and in
     one JSON-lines file (synced per append with ``durability="fsync"``) so the
     harness can reopen it, also from a subprocess.
     """
@@ -184,13 +184,33 @@ def test_sqlite_store_round_trip(tmp_path) -> None:
 
 def test_harness_runs_with_fake_store(tmp_path) -> None:
     cfg = compare.Config.tiny(workdir=str(tmp_path))
-    report = compare.run_comparison(cfg, rune_store=FakeRepository, message_factory=workload.as_dict, log=None)
+    report = compare.run_comparison(cfg, rune_store=FakeRepository, message_factory=as_dict, log=None)
     _check_report(report)
     assert report.rune_store.endswith("FakeRepository")
 
 
-def test_harness_runs_with_real_repository(tmp_path) -> None:
-    mod = pytest.importorskip("rune_fast.conversation_state")
-    cfg = compare.Config.tiny(workdir=str(tmp_path))
-    report = compare.run_comparison(cfg, rune_store=mod.ConversationStateRepository, log=None)
+def test_python_m_rune_fast_bench_runs_from_any_folder(tmp_path, monkeypatch, capsys) -> None:
+    # The comparison with the real repository ships inside the package:
+    # `python -m rune_fast.bench --smoke` from a folder that is not the
+    # checkout (run in-process through runpy, as -m runs it; its probe
+    # subprocesses find this same rune_fast).
+    import runpy
+    import sys
+
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    out = tmp_path / "report.json"
+    monkeypatch.chdir(work)
+    monkeypatch.setattr(sys, "argv", ["python -m rune_fast.bench", "--smoke", "--dir", str(tmp_path),
+                                      "--json", str(out)])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_module("rune_fast.bench", run_name="__main__", alter_sys=True)
+    assert exit_.value.code == 0
+    printed = capsys.readouterr().out
+    j = json.loads(out.read_text())
+    report = compare.Report(config=j["config"], machine=j["machine"], rows=[compare.Row(**r) for r in j["rows"]],
+                            notes=j["notes"], rune_store=j["rune_store"])
     _check_report(report)
+    assert report.rune_store == compare.RUNE_REF
+    assert compare.format_table(report) in printed
+    assert os.listdir(work) == []                                       # nothing left in the caller's folder

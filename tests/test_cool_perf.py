@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from rune_fast import cool as coolmod
 from rune_fast.cool import COOL_SCHEMA, SPECIAL_FOLD, CoolArchive, _relevant_specials
 from rune_fast.errors import CorruptStateCheckpointError
+from test_cool import cool_rows, task_records
 
 
 def rec(i: int, ch: str = "ch", *, content: str | None = None, task: str = "") -> dict:
@@ -65,7 +66,7 @@ def test_search_matches_casefold_exactly(tmp_path_factory, texts, needle, cs, ca
     d = str(tmp_path_factory.mktemp("s") / "cool")
     a = CoolArchive(d, row_group_rows=7, cache_bytes=cache, durable=False)
     rows = [rec(i, content=t) for i, t in enumerate(texts)]
-    a.cool(rows, list(range(len(rows))))
+    cool_rows(a, rows, list(range(len(rows))))
     if cs:
         want = [r["msg_id"] for r in rows if needle in r["content"]]
     else:
@@ -81,7 +82,7 @@ def test_search_special_fold_cases(cdir):
     a = CoolArchive(cdir, durable=False)
     texts = ["Stra\u00dfe", "STRASSE", "\ufb01le", "FILE", "\u212aelvin", "kelvin", "plain text",
              "\u0130stanbul", "\u00dcberweisung", "UEBER"]
-    a.cool([rec(i, content=t) for i, t in enumerate(texts)], list(range(len(texts))))
+    cool_rows(a, [rec(i, content=t) for i, t in enumerate(texts)], list(range(len(texts))))
     hit = lambda n: [r.record["content"] for r in a.search(n)]  # noqa: E731
     assert hit("strasse") == ["Stra\u00dfe", "STRASSE"]
     assert hit("fil") == ["\ufb01le", "FILE"]
@@ -94,7 +95,7 @@ def test_search_special_fold_cases(cdir):
 def test_contains_index_and_memory(cdir):
     a = CoolArchive(cdir, durable=False)
     for k in range(5):
-        a.cool([rec(i) for i in range(k * 1000, (k + 1) * 1000)], list(range(k * 1000, (k + 1) * 1000)))
+        cool_rows(a, [rec(i) for i in range(k * 1000, (k + 1) * 1000)], list(range(k * 1000, (k + 1) * 1000)))
     assert all(a.contains(f"msg_{i:08d}") for i in range(0, 5000, 37))
     assert not any(a.contains(f"msg_{i:08d}") for i in range(5000, 5100))
     assert a.stats()["index_bytes"] <= 40 * 5000
@@ -110,7 +111,7 @@ def test_contains_index_and_memory(cdir):
 
 def test_contains_hit_reads_only_the_id_column(cdir, monkeypatch):
     a = CoolArchive(cdir, durable=False)
-    a.cool([rec(i) for i in range(100)], list(range(100)))
+    cool_rows(a, [rec(i) for i in range(100)], list(range(100)))
     b = CoolArchive.open(cdir, a.files())
     assert b.contains("msg_00000042")
     (g,) = b._cache.values()
@@ -126,13 +127,13 @@ def test_cache_budget_is_kept_and_reads_stay_exact(cdir):
             for i in range(3000)]
     rows.sort(key=lambda r: r["channel_id"])
     a = CoolArchive(cdir, row_group_rows=256, cache_bytes=200_000, durable=False)
-    a.cool(rows, [int(r["msg_id"][4:]) for r in rows])
+    cool_rows(a, rows, [int(r["msg_id"][4:]) for r in rows])
     by_id = {r["msg_id"]: r for r in rows}
     for i in rnd.sample(range(3000), 300):
         assert a.get(f"msg_{i:08d}") == by_id[f"msg_{i:08d}"]
         assert a.stats()["cached_bytes"] <= 200_000 + 150_000   # one group may exceed alone
     for t in ("t3", "t11"):
-        assert [r.record["msg_id"] for r in a.task_rows(t)] == \
+        assert [r.record["msg_id"] for r in task_records(a, t)] == \
             sorted((r["msg_id"] for r in rows if r["task_id"] == t), key=lambda m: int(m[4:]))
     got = [r.record["msg_id"] for r in a.search("GR\u00dcSS")]
     assert sorted(got) == sorted(r["msg_id"] for r in rows if "gr\u00fcss" in r["content"].casefold())
@@ -149,21 +150,21 @@ def _count_fsyncs(monkeypatch) -> list:
     def counting(fd):
         calls.append(fd)
         return real(fd)
-    monkeypatch.setattr(coolmod.os, "fsync", counting)
+    monkeypatch.setattr(os, "fsync", counting)
     return calls
 
 
 def test_cooling_fsync_budget(cdir, monkeypatch):
     a = CoolArchive(cdir)
     calls = _count_fsyncs(monkeypatch)
-    a.cool([rec(i) for i in range(10)], list(range(10)))
+    cool_rows(a, [rec(i) for i in range(10)], list(range(10)))
     assert len(calls) == 3          # parquet + sidecar + one folder fsync
     calls.clear()
-    a.cool([rec(i) for i in range(10, 20)], list(range(10, 20)), durable=False)
+    cool_rows(a, [rec(i) for i in range(10, 20)], list(range(10, 20)), durable=False)
     assert calls == []
     b = CoolArchive(cdir + "2", durable=False)
-    b.cool([rec(i) for i in range(10)], list(range(10)))
-    b.cool([rec(i) for i in range(10, 20)], list(range(10, 20)))
+    cool_rows(b, [rec(i) for i in range(10)], list(range(10)))
+    cool_rows(b, [rec(i) for i in range(10, 20)], list(range(10, 20)))
     ch = b.merge([b.files()])
     b.unlink_files(ch.removed)
     ch = b.erase(["msg_00000003"])
@@ -175,21 +176,21 @@ def test_cooling_fsync_budget(cdir, monkeypatch):
 
 def test_nondurable_write_is_still_atomic(cdir, monkeypatch):
     a = CoolArchive(cdir, durable=False)
-    a.cool([rec(i) for i in range(10)], list(range(10)))
+    cool_rows(a, [rec(i) for i in range(10)], list(range(10)))
     before = sorted(os.listdir(cdir))
 
     def boom(*args, **kwargs):
         raise OSError("disk full")
-    monkeypatch.setattr(coolmod.os, "replace", boom)
+    monkeypatch.setattr(os, "replace", boom)
     with pytest.raises(OSError):
-        a.cool([rec(i) for i in range(10, 20)], list(range(10, 20)))
+        cool_rows(a, [rec(i) for i in range(10, 20)], list(range(10, 20)))
     assert sorted(os.listdir(cdir)) == before      # no temp file left behind
     assert a.files() == ["cool-00000001.parquet"]
 
 
 def test_malformed_row_is_loud_through_the_fast_path(cdir):
     a = CoolArchive(cdir, durable=False)
-    a.cool([rec(i) for i in range(10)], list(range(10)))
+    cool_rows(a, [rec(i) for i in range(10)], list(range(10)))
     with pytest.raises(CorruptStateCheckpointError):
         a._rows(1, 0, 11)
 
@@ -204,7 +205,7 @@ def test_search_every_special_fold(tmp_path_factory, texts, needle):
     d = str(tmp_path_factory.mktemp("f") / "cool")
     a = CoolArchive(d, row_group_rows=5, durable=False)
     rows = [rec(i, content=t) for i, t in enumerate(texts)]
-    a.cool(rows, list(range(len(rows))))
+    cool_rows(a, rows, list(range(len(rows))))
     f = needle.casefold()
     want = [r["msg_id"] for r in rows if f in r["content"].casefold()]
     assert [r.record["msg_id"] for r in a.search(needle)] == want
@@ -229,7 +230,7 @@ def test_id_index_is_built_lazily_and_answers_alike(cdir):
     a = CoolArchive(cdir, durable=False)
     for f in range(4):
         rows = [rec(f * 100 + i, ch=f"c{i % 3}") for i in range(100)]
-        a.cool(rows, list(range(f * 100, f * 100 + 100)))
+        cool_rows(a, rows, list(range(f * 100, f * 100 + 100)))
     files = a.files()
     b = CoolArchive(cdir, files, durable=False)
     assert b._pending and len(b._ids) == 0
@@ -259,7 +260,7 @@ def test_batch_lookups_build_the_id_index_too(cdir):
     batch; the answers are the same before and after."""
     a = CoolArchive(cdir, durable=False)
     for f in range(3):
-        a.cool([rec(f * 50 + i) for i in range(50)], list(range(f * 50, f * 50 + 50)))
+        cool_rows(a, [rec(f * 50 + i) for i in range(50)], list(range(f * 50, f * 50 + 50)))
     b = CoolArchive(cdir, a.files(), durable=False)
     fresh = [f"new_{i:08d}" for i in range(coolmod._LAZY_LOOKUPS // 2)]
     assert not b.contains_many(fresh).any()
@@ -276,7 +277,7 @@ def test_malformed_row_is_loud_on_a_first_exact_read(cdir):
     first exact read (the direct page path, no group cached) raised a bare
     TypeError before its malformed-row check; it must name the file and row."""
     a = CoolArchive(cdir, durable=False)
-    a.cool([rec(i) for i in range(3)], list(range(3)))
+    cool_rows(a, [rec(i) for i in range(3)], list(range(3)))
     table = pq.read_table(os.path.join(cdir, a.files()[0]))
     extra = table.column("extra").to_pylist()
     extra[1] = "[1]"

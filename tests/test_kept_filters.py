@@ -18,6 +18,7 @@ from rune_fast._conv import tuning
 from rune_fast import ConversationMessageRecord, ConversationStateRepository
 from rune_fast.cool import CoolArchive, _decode_grams, _encode_grams, _grams_name
 from rune_fast.pages import GRAM_BYTES, PageReader
+from test_cool import cool_rows
 
 from test_pages import _records
 
@@ -56,8 +57,8 @@ def kept(tmp_path):
     rows = _records(1500)
     for r in rows[::150]:
         r["content"] += " zebracorn"         # a rare word: most pages cannot hold it
-    a.cool(rows[:900], list(range(900)))
-    a.cool(rows[900:], list(range(900, 1500)))
+    cool_rows(a, rows[:900], list(range(900)))
+    cool_rows(a, rows[900:], list(range(900, 1500)))
     assert _grams_files(a) == []
     assert _hits(a, "alpha") == _want(rows, "alpha")
     assert len(_grams_files(a)) == 2
@@ -81,13 +82,13 @@ def test_a_later_process_reads_only_the_pages_that_may_match(kept, monkeypatch):
     d, rows = kept
     seen = _pages_read(monkeypatch)
     cold = _open(d, read_only=True)
-    cold._grams_read.update(cold._files)            # as a build without kept filters
+    cold._filters.read.update(cold._files)            # as a build without kept filters
     assert _hits(cold, "zebracorn") == _want(rows, "zebracorn")
     full = len(seen)
     seen.clear()
     warm = _open(d, read_only=True)
     assert _hits(warm, "ZebraCorn") == _want(rows, "zebracorn")
-    assert warm._grams and 0 < len(seen) < full / 3, (len(seen), full)
+    assert warm._filters.by_group and 0 < len(seen) < full / 3, (len(seen), full)
     for needle in ("alpha", "STRASSE", "nothing here at all"):
         assert _hits(warm, needle) == _want(rows, needle)
 
@@ -98,7 +99,7 @@ def test_filters_answer_like_a_full_scan(kept):
     d, rows = kept
     warm = _open(d, read_only=True)
     cold = _open(d, read_only=True)
-    cold._grams_read.update(cold._files)
+    cold._filters.read.update(cold._files)
     for needle in ("alpha", "ALPHA", "straße", "ss", "e", "x" * 5, "日本", "nothing"):
         for cs in (False, True):
             for ch in (None, "ch3"):
@@ -174,8 +175,7 @@ def test_filters_go_with_their_file(kept):
     assert set(_grams_files(a)) == live
     stray = os.path.join(a.index_dir, _grams_name(77))
     shutil.copy(os.path.join(a.index_dir, sorted(live)[0]), stray)
-    assert _grams_name(77) in a.strays()
-    a.gc()
+    assert _grams_name(77) in a.gc()
     assert not os.path.exists(stray) and set(_grams_files(a)) == live
     assert old != a.files()
 

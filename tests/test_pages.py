@@ -18,7 +18,7 @@ from rune_fast.cool import COOL_SCHEMA, CoolArchive, _file_no
 from rune_fast.errors import CorruptStateCheckpointError
 from rune_fast.pages import PageError, PageReader, Unsupported
 
-from test_cool import rec
+from test_cool import cool_rows, rec, task_records
 
 
 def _records(n: int, seed: int = 0) -> list[dict]:
@@ -42,7 +42,7 @@ def archive(tmp_path):
     d = str(tmp_path / "cool")
     a = CoolArchive(d, row_group_rows=256, cache_bytes=1)
     rows = _records(1500)
-    a.cool(rows, list(range(len(rows))))
+    cool_rows(a, rows, list(range(len(rows))))
     return a, rows
 
 
@@ -292,7 +292,7 @@ def chunk_file(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("chunks") / "cool")
     a = CoolArchive(d, cache_bytes=1)
     rows = _records(2500, seed=3)
-    a.cool(rows, list(range(len(rows))))
+    cool_rows(a, rows, list(range(len(rows))))
     path = _parquet_path(a)
     md = pq.ParquetFile(path).metadata
     chunks = [(cc.data_page_offset, cc.total_compressed_size, md.row_group(g).num_rows,
@@ -421,7 +421,7 @@ def test_search_past_the_cache_scans_the_pages(archive, monkeypatch, needle):
     assert calls and len(a._cache) <= 1 and len(cached._cache) == groups
     assert calls_before == 0    # (the cached archive searched its cache: no page scans)
     # the first scan of a group keeps its page filters; the searches after it use them
-    assert {g for _rg, g in calls} == {False, True} and a._grams
+    assert {g for _rg, g in calls} == {False, True} and a._filters.by_group
 
 
 @pytest.mark.parametrize("needle, ch, cs", [("alpha", None, False), ("STRASSE", "ch3", False),
@@ -471,7 +471,7 @@ def test_archive_reads_past_its_cache_page_by_page(archive):
         assert got.record == r
     assert any(reader is not None for reader in a._readers.values())
     want = [r for r in rows if r["task_id"] == "t5"]
-    assert sorted(x.record["msg_id"] for x in a.task_rows("t5")) == sorted(r["msg_id"] for r in want)
+    assert sorted(x.record["msg_id"] for x in task_records(a, "t5")) == sorted(r["msg_id"] for r in want)
     cached = CoolArchive(a.cool_dir, a.files(), row_group_rows=256, cache_bytes=64 << 20, read_only=True)
     assert [x.record for x in a.channel_tail("ch3", 8)] == [x.record for x in cached.channel_rows("ch3")][-8:]
     assert len(a._cache) <= 1
@@ -497,7 +497,6 @@ def test_archive_page_damage_is_loud(archive):
 def test_old_layout_still_reads_past_the_cache(tmp_path, monkeypatch):
     """Files written with dictionary pages (earlier releases): the page
     reader declines them and the direct read goes through pyarrow."""
-    import rune_fast.cool as cool
 
     real = pq.write_table
 
@@ -507,12 +506,12 @@ def test_old_layout_still_reads_past_the_cache(tmp_path, monkeypatch):
         kw.pop("write_batch_size", None)
         return real(table, where, **kw)
 
-    monkeypatch.setattr(cool.pq, "write_table", old_layout)
+    monkeypatch.setattr(pq, "write_table", old_layout)
     d = str(tmp_path / "cool")
     a = CoolArchive(d, row_group_rows=128, cache_bytes=1)
     rows = _records(400)
-    a.cool(rows, list(range(len(rows))))
-    monkeypatch.setattr(cool.pq, "write_table", real)
+    cool_rows(a, rows, list(range(len(rows))))
+    monkeypatch.setattr(pq, "write_table", real)
     b = CoolArchive(d, a.files(), row_group_rows=128, cache_bytes=1)
     for r in rows[::37]:
         assert b.get_row(r["msg_id"]).record == r
@@ -533,7 +532,7 @@ def test_a_flipped_bit_anywhere_is_never_served(tmp_path_factory, frac, bit, cac
     d = str(tmp_path_factory.mktemp("flip") / "cool")
     a = CoolArchive(d, row_group_rows=128, cache_bytes=cache)
     rows = _records(400, seed=7)
-    a.cool(rows, list(range(len(rows))))
+    cool_rows(a, rows, list(range(len(rows))))
     path = _parquet_path(a)
     size = os.path.getsize(path)
     _flip(path, int(frac * size), 1 << bit)
@@ -560,7 +559,7 @@ def test_a_flipped_bit_anywhere_is_never_served(tmp_path_factory, frac, bit, cac
             assert all(x.record == by_id[x.record["msg_id"]] for x in got)
     for t in ("t1", "t2"):
         try:
-            got = b2.task_rows(t)
+            got = task_records(b2, t)
         except CorruptStateCheckpointError:
             continue
         assert sorted(x.record["msg_id"] for x in got) == sorted(r["msg_id"] for r in rows if r["task_id"] == t)
@@ -605,9 +604,9 @@ def test_search_with_filters_that_do_not_fit_reads_the_group(archive):
     a, rows = archive
     want = sorted(r["msg_id"] for r in rows if "alpha" in r["content"].casefold())
     assert sorted(h.record["msg_id"] for h in a.search("alpha")) == want
-    assert a._grams
-    for key in list(a._grams):
-        a._grams[key] = a._grams[key][:-1]
+    assert a._filters.by_group
+    for key in list(a._filters.by_group):
+        a._filters.by_group[key] = a._filters.by_group[key][:-1]
     assert sorted(h.record["msg_id"] for h in a.search("ALPHA")) == want
 
 
@@ -623,11 +622,11 @@ def test_search_reads_pages_of_the_groups_the_cache_does_not_hold(archive):
         b = CoolArchive(a.cool_dir, a.files(), row_group_rows=256, cache_bytes=cache, read_only=True)
         for _ in range(2):
             assert sorted(h.record["msg_id"] for h in b.search("STRASSE")) == want
-        assert not b._cache and b._grams, cache
+        assert not b._cache and b._filters.by_group, cache
     no = _file_no(a.files()[0])
     b = CoolArchive(a.cool_dir, a.files(), row_group_rows=256, cache_bytes=64 << 20, read_only=True)
     for _miss in range(2):
         b.get_row(rows[0]["msg_id"])           # caches group 0
     assert list(b._cache) == [(no, 0)]
     assert sorted(h.record["msg_id"] for h in b.search("STRASSE")) == want
-    assert set(b._grams) == {(no, rg) for rg in range(1, len(b._files[no].rg_list) - 1)}
+    assert set(b._filters.by_group) == {(no, rg) for rg in range(1, len(b._files[no].rg_list) - 1)}

@@ -15,7 +15,7 @@ from rune_fast._conv import tuning
 from rune_fast import _index
 from rune_fast.conversation_state import ConversationStateRepository
 from rune_fast.cool import SPECIAL_FOLD, CoolArchive
-from test_cool import rec
+from test_cool import cool_rows as cool_dicts, rec
 from test_repository import msg
 
 _ALPH = ["alpha", "Beta", "gamma", "DELTA", "stra\u00dfe", "\u6771\u4eac", "x", "q", "\n", "\"", "\\",
@@ -84,7 +84,7 @@ def cool_rows(tmp_path_factory, request):
         content = " ".join(rng.choice(_CWORDS) for _ in range(rng.randrange(0, 30)))
         rows.append(rec(i, f"ch{i % 5}", content=content))
     a = CoolArchive(d, row_group_rows=256, cache_bytes=request.param)
-    a.cool(rows, list(range(len(rows))))
+    cool_dicts(a, rows, list(range(len(rows))))
     return a, rows
 
 

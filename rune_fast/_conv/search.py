@@ -9,6 +9,7 @@ from typing import Any, Callable, Sequence, cast
 import numpy as np
 
 from .. import codec
+from .._casefold import anchor_forms
 from .._index import SEARCH_FILTER_LAYOUT
 from .._log import scan_frames
 from ..cool import relevant_specials
@@ -65,7 +66,7 @@ class Search(Host):
                 # ragged segments: every line holding a non-ASCII byte joins
                 locs = hot(codec.key(folded), True, True)
             else:
-                locs = hot(b"", True, True)
+                locs = self._anchored(hot, folded)
         if not self.read_only:
             self._keep_seg_filters()
         keyed = []
@@ -94,6 +95,20 @@ class Search(Host):
         recs = own_calls([r for _k, r, _t in keyed])
         self._bound_maps()          # the pass mapped every block its filters passed
         return [SearchHit(r, t) for r, (_k, _r, t) in zip(recs, keyed)]
+
+    @staticmethod
+    def _anchored(hot: Callable[[bytes, bool, bool], list[int]], folded: str) -> list[int]:
+        """Candidate hot lines of a casefolded needle that is not ASCII: those
+        holding one of its anchors' stored forms (byte searches of the
+        compiled scan; _casefold.anchor_forms: no match is missed), each
+        checked by the caller's fold. Without an anchor, every line holding
+        a non-ASCII byte."""
+        forms = anchor_forms(folded)
+        if forms is None:
+            return hot(b"", True, True)
+        if len(forms) == 1:
+            return hot(codec.key(forms[0]), False, False)
+        return sorted(set().union(*(hot(codec.key(f), False, False) for f in forms)))
 
     def _check_hot_lines(self) -> None:
         """Check the checksum of every hot line once (lock held): a search

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import cast
 
 
 from .. import codec
@@ -42,11 +43,11 @@ class IndexSnapshot(Host):
                 # cool files written after the snapshot: their rows left the hot tier
                 known = set(snap_cool)
                 cooled_since = [f for f in self._manifest["cool_files"] if f not in known]
-                index = self._finish_index(index, start, cooled_since)
+                index = self._finish_index(cast("HotIndex", index), start, cooled_since)
                 # the tail lines after the snapshot count as changes since it
                 self._snap_changes = self._tail_read
                 segs = set(self._seg_order) | {self._tail_seg}
-                if not any(s >= 0 and s not in segs for s in covered):
+                if not any(s >= 0 and s not in segs for s in cast("dict", covered)):
                     if not cooled_since:
                         self._snap_files = self._snap_layout()
                     return index

@@ -9,7 +9,7 @@ Each message is a plain dict with the constructor fields of
 ``content``, ``channel_id``, ``task_id``, ``tool_calls``, ``tool_call_id``,
 ``origin``, ``hlc``). A store under test turns them into its own message type
 through a *message factory* (:func:`default_message_factory` builds the real
-record when ``rune_fast.records`` is importable, else leaves the dict).
+record).
 
 What makes it realistic:
 
@@ -37,6 +37,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
+from ..records import ConversationMessageRecord
+
 __all__ = [
     "NEEDLE_ASCII",
     "NEEDLE_UNICODE",
@@ -48,7 +50,6 @@ __all__ = [
     "content_bytes",
     "expected_hits",
     "default_message_factory",
-    "as_dict",
 ]
 
 #: Needle of the case-insensitive search timings: ASCII, so SQLite's ``lower()``
@@ -376,27 +377,6 @@ def expected_hits(messages: Iterable[Any], needle: str) -> int:
     return n
 
 
-def as_dict(d: dict[str, Any]) -> dict[str, Any]:
-    """Message factory that keeps the plain dict (for fake or dict-based stores)."""
-    return d
-
-
 def default_message_factory(d: dict[str, Any]) -> Any:
-    """Message factory for the real store: ``ConversationMessageRecord(**d)``.
-
-    Falls back to the plain dict when ``rune_fast.records`` is not importable.
-    """
-    global _RECORD_CLASS
-    if _RECORD_CLASS is None:
-        try:
-            from rune_fast.records import ConversationMessageRecord
-        except ImportError:
-            _RECORD_CLASS = False
-        else:
-            _RECORD_CLASS = ConversationMessageRecord
-    if _RECORD_CLASS is False:
-        return d
-    return _RECORD_CLASS(**d)
-
-
-_RECORD_CLASS: Any = None
+    """Message factory for the real store: ``ConversationMessageRecord(**d)``."""
+    return ConversationMessageRecord(**d)

@@ -177,17 +177,8 @@ class SQLiteStore:
         """The nearest SQLite analogue of compaction: a WAL checkpoint (TRUNCATE)."""
         self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
-    def __len__(self) -> int:
-        return self.conn.execute("SELECT count(*) FROM messages").fetchone()[0]
-
     def close(self) -> None:
         """Close the connection (the last connection checkpoints and removes the WAL)."""
         if self.conn is not None:
             self.conn.close()
             self.conn = None  # type: ignore[assignment]
-
-    def __enter__(self) -> "SQLiteStore":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()

@@ -2,13 +2,17 @@
 
 Run::
 
-    python -m bench.compare                 # default size (100,000 messages), ~1-2 minutes
-    python -m bench.compare --quick         # 20,000 messages, well under a minute
-    python -m bench.compare --n 1000000     # the issue's full size (slow: minutes)
-    python -m bench.compare --json out.json --plot out.png --dir /some/tmp
-    python -m bench.compare --explain       # what each line measures, at which durability
+    python -m rune_fast.bench                 # default size (100,000 messages), ~1-2 minutes
+    python -m rune_fast.bench --quick         # 20,000 messages, well under a minute
+    python -m rune_fast.bench --smoke         # a few hundred messages: the harness runs (numbers mean nothing)
+    python -m rune_fast.bench --n 1000000     # the issue's full size (slow: minutes)
+    python -m rune_fast.bench --json out.json --plot out.png --dir /some/tmp
+    python -m rune_fast.bench --explain       # what each line measures, at which durability
 
-Both stores get the same seeded workload (:mod:`bench.workload`) in the same
+(``rune-fast bench`` takes the same sizes.) It ships inside the package, so it
+runs from any folder of an installed ``rune_fast``.
+
+Both stores get the same seeded workload (:mod:`rune_fast.bench.workload`) in the same
 process, and their measurements are interleaved (rune, sqlite, rune, sqlite,
 ...) so that the noise of a shared machine hits both alike. Every timed line is
 the **median of >= 5 repeats** (``--repeats``), each repeat timing a loop of
@@ -25,289 +29,36 @@ durability. No line asserts anything about wall time: the targets (from issue
 The rune_fast side is ``rune_fast.conversation_state.ConversationStateRepository``
 unless another store class is passed to :func:`run_comparison` (the harness
 test injects a dict-backed fake; its numbers then mean nothing).
+
+This module times the run; :mod:`.report` holds what is reported (the lines,
+the sizes, the table, the chart) and :mod:`.probes` the subprocess probes and
+the machine facts.
 """
 from __future__ import annotations
 
 import argparse
 import gc
-import importlib
 import json
 import math
 import os
-import platform
 import random
 import shutil
-import signal
-import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any, Callable, Sequence
 
 from . import workload as wl
-from .sqlite_store import SQLiteStore
+from .probes import (FACTORY_REF, PKG_PARENT, SQLITE_REF, StoreSpec, disk_usage, load_ref, machine_info, probe,
+                     probe_all, record_type_of, ref_of)
+from .report import DESCRIPTIONS, OPERATIONS, RUNE_REF, Config, Report, Row, fmt_value, format_table, plot
 
 __all__ = ["Config", "Row", "Report", "StoreSpec", "run_comparison", "main", "OPERATIONS", "DESCRIPTIONS",
-           "format_table", "plot", "machine_info"]
-
-BENCH_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUNE_REF = "rune_fast.conversation_state:ConversationStateRepository"
-
-#: What each line measures, and at which durability (``--explain`` prints this).
-DESCRIPTIONS = {
-    "append_fsync": "append(msg) of one new message with durability='fsync' (on stable storage when the "
-                    "call returns; includes the store's automatic compactions), per message, on the "
-                    "N-message store; vs SQLite WAL synchronous=FULL, one transaction per append.",
-    "append_fsync_vs_raw": "the same rune_fast appends vs the floor: os.write + os.fdatasync of each "
-                           "message's canonical JSON line to a plain file.",
-    "append_many": "append_many of a batch of 1,000 new messages (one sync at the end), per batch (the "
-                   "mean of 4 consecutive batches per repeat, so that each repeat pays its share of the "
-                   "automatic compactions); vs SQLite one transaction per batch at synchronous=FULL.",
-    "append_batch": "append(msg) with durability='batch' from one thread (group commit; each call still "
-                    "durable on return); vs SQLite synchronous=FULL (same promise).",
-    "append_batch_threads": "append(msg) with durability='batch' from 2 threads at once on one store "
-                            "(group commit: concurrent appends share a sync; each call durable on "
-                            "return), per message; vs SQLite synchronous=FULL, one connection per thread "
-                            "(writers serialise on the WAL lock, default busy handler).",
-    "append_none_off": "append(msg) with durability='none' (survives a process crash, not power loss); "
-                       "vs SQLite WAL synchronous=OFF (no syncs: the same promise).",
-    "append_none_normal": "the same rune_fast appends vs SQLite WAL synchronous=NORMAL (no sync per "
-                          "commit, sync at WAL checkpoints: consistent after power loss, may lose the "
-                          "latest commits).",
-    "window": "window(ch, 8): the last 8 messages of a random channel, decoded into records; vs SQLite "
-              "ORDER BY seq DESC LIMIT 8 on the (channel_id, seq) index.",
-    "get_message": "get_message(id) of a random stored id (digest verified); vs SQLite lookup on the "
-                   "unique msg_id index.",
-    "messages_for_task": "messages_for_task(task) of a random task (about 40 messages), all tiers; vs "
-                         "SQLite on the (task_id, seq) index.",
-    "get_message_cold": "get_message(id), each id read once (ids outside the set the get_message line "
-                        "cycles through): no record cache helps rune_fast, SQLite's page cache is as warm "
-                        "as the OS keeps it.",
-    "messages_for_task_cold": "messages_for_task(task), each task read once, likewise.",
-    "search_ci": "search(text) case-insensitive over every message (hot and cool), an ASCII needle "
-                 "planted in ~0.3% of messages; vs SQLite's instr(lower(content), lower(?)) full scan "
-                 "(ASCII-only folding: see the hit-count notes).",
-    "search_first": "the same search, the first after opening the store (close not timed): rune_fast "
-                    "builds its search filters then (see the README), SQLite has no such step.",
-    "open_first_window": "open the N-message store and read its first window(ch, 8) (page cache warm; "
-                         "close not timed); vs SQLite connect + pragmas + the same query.",
-    "open_after_kill": "the same, right after a writer process appended 3 messages and was killed with "
-                       "SIGKILL (recovery included); SQLite replays its WAL likewise.",
-    "open_append_close": "a short session, as a command-line agent runs one: open the N-message store, "
-                         "append one message (durability='fsync'), close; vs SQLite connect + pragmas, "
-                         "one insert (synchronous=FULL), close (the last connection checkpoints its WAL).",
-    "rss_per_msg": "resident memory (VmRSS) added by opening the N-message store and touching it "
-                   "(window on every channel, 50 tasks, 1,000 get_message), divided by N; fresh "
-                   "subprocess, baseline taken after the imports.",
-    "write_amp_bulk": "bytes written to disk (/proc/self/io write_bytes - cancelled_write_bytes) per "
-                      "byte of message content, for a bulk load in batches of 1,000 (durability='fsync') "
-                      "plus compact() (with cooling beyond hot_window); vs SQLite, one txn per batch.",
-    "write_amp_durable": "the same ratio for single durable appends (fsync per append) into a store; "
-                         "vs SQLite synchronous=FULL.",
-    "write_amp_durable_vs_raw": "the same rune_fast number vs the raw write+fdatasync loop of the "
-                                "messages' JSON lines (the floor: every sync re-dirties a 4 KiB page).",
-    "disk_size": "allocated bytes of every file of the N-message store after close; vs the SQLite "
-                 "database after close (WAL checkpointed away).",
-    "append_at_small": "durable append (fsync) cost on a store of the small size (10,000 by default).",
-    "append_at_n": "durable append (fsync) cost on the N-message store (same samples as append_fsync).",
-    "append_flatness": "growth of the durable append cost from the small store to N (t_N / t_small); "
-                       "flat means about 1.",
-    "bulk_load": "building the N-message store (append_many batches of 1,000, durability='fsync', then "
-                 "compact()), per message, one run only; vs SQLite one transaction per batch.",
-}
-
-#: Keys of the rows every run produces, in table order.
-OPERATIONS = (
-    "append_fsync",
-    "append_fsync_vs_raw",
-    "append_many",
-    "append_batch",
-    "append_batch_threads",
-    "append_none_off",
-    "append_none_normal",
-    "window",
-    "get_message",
-    "messages_for_task",
-    "get_message_cold",
-    "messages_for_task_cold",
-    "search_ci",
-    "search_first",
-    "open_first_window",
-    "open_after_kill",
-    "open_append_close",
-    "rss_per_msg",
-    "write_amp_bulk",
-    "write_amp_durable",
-    "write_amp_durable_vs_raw",
-    "disk_size",
-    "append_at_small",
-    "append_at_n",
-    "append_flatness",
-    "bulk_load",
-)
-
-
-# ---------------------------------------------------------------------------
-# configuration and results
-
-
-@dataclass
-class Config:
-    """Sizes of one run. ``n`` messages in the main stores; the rest scale the loops."""
-
-    n: int = 100_000
-    repeats: int = 5
-    queries: int = 2_000          # window / get_message calls per repeat
-    task_queries: int = 200       # messages_for_task calls per repeat
-    search_queries: int = 1       # full searches per repeat
-    slices: int = 10              # each repeat of a loop is cut in this many turns, interleaved
-    appends: int = 200            # single appends per repeat (each durability mode)
-    batch: int = 1_000            # append_many batch size (also the bulk-load batch)
-    many_batches: int = 4         # append_many batches per repeat (timed: their mean), so that
-                                  # each repeat pays its share of the automatic compactions
-    small: int = 10_000           # store size of the flatness baseline
-    io_n: int = 50_000            # messages of the bytes-written bulk load
-    io_appends: int = 500         # durable appends of the bytes-written measure
-    seed: int = 0
-    channels: int | None = None   # None: scaled with n (see bench.workload.generate)
-    tasks: int | None = None
-    workdir: str | None = None
-    compact_every: int = 64
-    hot_window: int = 512
-    subprocess_timeout: float = 600.0
-
-    @classmethod
-    def quick(cls, **kw: Any) -> "Config":
-        base = dict(n=20_000, queries=500, task_queries=100, appends=100, io_n=20_000, io_appends=300)
-        base.update(kw)
-        return cls(**base)
-
-    @classmethod
-    def tiny(cls, **kw: Any) -> "Config":
-        """For the harness test: a few hundred messages, one repeat."""
-        base = dict(n=200, repeats=1, slices=1, queries=20, task_queries=5, appends=5, batch=20, small=50,
-                    io_n=200, io_appends=10, many_batches=1)
-        base.update(kw)
-        return cls(**base)
-
-    def fixed(self) -> "Config":
-        """Sizes made consistent with ``n``."""
-        self.small = max(1, min(self.small, self.n // 2 if self.n >= 4 else self.n))
-        self.io_n = max(1, min(self.io_n, self.n))
-        self.repeats = max(1, self.repeats)
-        self.slices = max(1, min(self.slices, self.appends, self.queries, self.task_queries))
-        return self
-
-
-@dataclass
-class Row:
-    """One line of the table.
-
-    ``rune`` and ``other`` are in ``unit`` (``ns`` per operation, ``B/msg``,
-    ``B/B`` (bytes written per content byte), ``B``, ``x``). ``ratio`` is
-    ``other / rune`` (> 1: rune_fast faster or smaller). ``met`` is None when
-    the line has no target or a side is missing.
-    """
-
-    key: str
-    operation: str
-    rune: float | None
-    other: float | None
-    unit: str
-    vs: str
-    target: str = ""
-    met: bool | None = None
-    ratio: float | None = None
-    goal: float | None = None     # the target as a minimum ratio, where it is one
-    samples_rune: list[float] = field(default_factory=list)
-    samples_other: list[float] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if self.ratio is None and self.rune and self.other is not None and self.rune > 0:
-            self.ratio = self.other / self.rune
-
-
-@dataclass
-class Report:
-    config: dict[str, Any]
-    machine: dict[str, Any]
-    rows: list[Row]
-    notes: list[str]
-    rune_store: str
-
-    def row(self, key: str) -> Row:
-        for r in self.rows:
-            if r.key == key:
-                return r
-        raise KeyError(key)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"config": self.config, "machine": self.machine, "rune_store": self.rune_store,
-                "rows": [asdict(r) for r in self.rows], "notes": self.notes}
-
-
-# ---------------------------------------------------------------------------
-# stores by reference (so subprocesses can open them too)
-
-
-def _ref_of(obj: Any) -> tuple[str, str | None]:
-    """``("module:qualname", sys.path entry or None)`` naming a class or function."""
-    module = obj.__module__
-    ref = f"{module}:{obj.__qualname__}"
-    mod = sys.modules.get(module)
-    path = None
-    file = getattr(mod, "__file__", None)
-    if file:
-        path = os.path.dirname(os.path.abspath(file))
-        for _ in range(module.count(".")):
-            path = os.path.dirname(path)
-        if module == "__main__":
-            raise ValueError("a store defined in __main__ cannot be opened by a subprocess")
-    return ref, path
-
-
-def _load_ref(ref: str, path: str | None = None) -> Any:
-    if path and path not in sys.path:
-        sys.path.insert(0, path)
-    module, _, qual = ref.partition(":")
-    obj: Any = importlib.import_module(module)
-    for part in qual.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-@dataclass
-class StoreSpec:
-    """How to open one side: ``kind`` is ``"rune"`` or ``"sqlite"``; ``ref`` its class."""
-
-    kind: str
-    ref: str
-    path: str | None = None
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    factory_ref: str = "bench.workload:default_message_factory"
-    factory_path: str | None = None
-
-    def cls(self) -> Any:
-        return _load_ref(self.ref, self.path)
-
-    def message_factory(self) -> Callable[[dict], Any]:
-        return _load_ref(self.factory_ref, self.factory_path)
-
-    def open(self, state_dir: str, durability: str, record_type: Any = None) -> Any:
-        cls = self.cls()
-        if self.kind == "sqlite":
-            return cls(state_dir, durability=durability, record_type=record_type)
-        return cls(state_dir, durability=durability, **self.kwargs)
-
-
-def _record_type(msg: Any) -> Any:
-    t = type(msg)
-    return t if hasattr(t, "from_dict") else None
+           "RUNE_REF", "format_table", "plot", "machine_info"]
 
 
 def _content(rec: Any) -> str:
@@ -371,257 +122,7 @@ def _median(xs: Sequence[float]) -> float | None:
 
 
 # ---------------------------------------------------------------------------
-# machine and disk helpers
-
-
-def machine_info(path: str) -> dict[str, Any]:
-    """CPU model, cores, memory, kernel, Python, SQLite, and the filesystem of ``path``."""
-    cpu = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    mem_gib = None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    mem_gib = round(int(line.split()[1]) / 1024 / 1024, 1)
-    except OSError:
-        pass
-    fs = "unknown"
-    try:
-        best = ""
-        real = os.path.realpath(path)
-        with open("/proc/mounts") as f:
-            for line in f:
-                dev, mnt, fstype, opts = line.split()[:4]
-                if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
-                    best = mnt
-                    fs = f"{fstype} on {mnt} ({dev}; {opts})"
-    except OSError:
-        pass
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except AttributeError:
-        affinity = os.cpu_count()
-    return {
-        "cpu": cpu, "cores": os.cpu_count(), "cores_usable": affinity, "memory_gib": mem_gib,
-        "kernel": platform.release(), "python": platform.python_version(),
-        "sqlite": sqlite3.sqlite_version, "filesystem": fs, "workdir": path,
-    }
-
-
-def disk_usage(path: str) -> tuple[int, int]:
-    """``(allocated bytes, apparent bytes)`` of every file under ``path``."""
-    alloc = apparent = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            try:
-                st = os.lstat(os.path.join(root, name))
-            except FileNotFoundError:
-                continue
-            alloc += st.st_blocks * 512
-            apparent += st.st_size
-    return alloc, apparent
-
-
-def _proc_io() -> dict[str, int]:
-    out: dict[str, int] = {}
-    try:
-        with open("/proc/self/io") as f:
-            for line in f:
-                k, _, v = line.partition(":")
-                out[k.strip()] = int(v)
-    except OSError:
-        pass
-    return out
-
-
-def _proc_status() -> dict[str, int]:
-    out: dict[str, int] = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(("VmRSS:", "RssAnon:", "RssFile:", "RssShmem:")):
-                k, _, v = line.partition(":")
-                out[k] = int(v.split()[0]) * 1024
-    return out
-
-
-def _io_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-    # Bytes that reached (or will reach) the block layer: pages dirtied minus
-    # dirty pages dropped by truncation before writeback.
-    d["disk_bytes"] = d.get("write_bytes", 0) - d.get("cancelled_write_bytes", 0)
-    return d
-
-
-# ---------------------------------------------------------------------------
-# subprocess probes: memory, bytes written, killed writer
-
-
-def _probe(job: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Run one probe job in a fresh interpreter; returns its JSON result."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (BENCH_ROOT, env.get("PYTHONPATH", "")) if p)
-    cmd = [sys.executable, "-c", "from bench.compare import _probe_main; _probe_main()", json.dumps(job)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=BENCH_ROOT, timeout=timeout)
-    if job["job"] == "kill_writer":
-        if proc.returncode != -signal.SIGKILL:
-            raise RuntimeError(f"killed-writer probe ended with {proc.returncode}: {proc.stderr[-2000:]}")
-        return {}
-    if proc.returncode != 0:
-        raise RuntimeError(f"probe {job['job']} failed ({proc.returncode}): {proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def _probes(jobs: dict[Any, dict[str, Any]], timeout: float, workers: int = 2) -> dict[Any, dict[str, Any]]:
-    """Run probe jobs two at a time (they report per-process counters only: RSS and
-    /proc/self/io are not disturbed by a neighbour, and no probe's time is reported)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {key: pool.submit(_probe, job, timeout) for key, job in jobs.items()}
-        return {key: f.result() for key, f in futures.items()}
-
-
-def _probe_job(job: dict[str, Any]) -> dict[str, Any]:
-    """Do one probe job in this (fresh) process and return its counters."""
-    kind = job["job"]
-    spec = StoreSpec(**job["spec"]) if job.get("spec") else None
-    factory = spec.message_factory() if spec else wl.default_message_factory
-    if kind == "mem":
-        with open(job["queries"]) as f:
-            q = json.load(f)
-        cls = spec.cls()  # import the store's modules before the baseline
-        probe_msg = factory(wl.generate(1, seed=99).messages[0])
-        rt = _record_type(probe_msg)
-        del cls, probe_msg
-        gc.collect()
-        base = _proc_status()
-        store = spec.open(job["dir"], "fsync", rt)
-        getter = store.get_message
-        for ch in q["channels"]:
-            store.window(ch, 8)
-        for t in q["tasks"]:
-            store.messages_for_task(t)
-        for i in q["ids"]:
-            getter(i)
-        gc.collect()
-        after = _proc_status()
-        store.close()
-        return {"before": base, "after": after}
-    if kind in ("io_bulk", "io_durable"):
-        w = wl.generate(job["n"], seed=job["seed"])
-        msgs = [factory(m) for m in w.messages]
-        fresh = [factory(m) for m in w.fresh(job.get("appends", 0), seed=777)]
-        rt = _record_type(msgs[0]) if msgs else None
-        state_dir = job["dir"]
-        if job.get("raw"):
-            lines = [wl.json_line(m) for m in fresh]
-            os.makedirs(state_dir, exist_ok=True)
-            fd = os.open(os.path.join(state_dir, "raw.jsonl"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            before = _proc_io()
-            t0 = time.perf_counter_ns()
-            for line in lines:
-                os.write(fd, line)
-                os.fdatasync(fd)
-            t1 = time.perf_counter_ns()
-            after = _proc_io()
-            os.close(fd)
-            return {"io": _io_delta(before, after), "content": wl.content_bytes(fresh), "ns": t1 - t0}
-        store = spec.open(state_dir, "fsync", rt)
-        batch = job["batch"]
-        if kind == "io_bulk":
-            before = _proc_io()
-            t0 = time.perf_counter_ns()
-            for i in range(0, len(msgs), batch):
-                store.append_many(msgs[i:i + batch])
-            store.compact()
-            store.close()
-            t1 = time.perf_counter_ns()
-            after = _proc_io()
-            content = wl.content_bytes(msgs)
-        else:
-            for i in range(0, len(msgs), batch):
-                store.append_many(msgs[i:i + batch])
-            store.compact()
-            before = _proc_io()
-            t0 = time.perf_counter_ns()
-            for m in fresh:
-                store.append(m)
-            t1 = time.perf_counter_ns()
-            after = _proc_io()
-            store.close()
-            content = wl.content_bytes(fresh)
-        return {"io": _io_delta(before, after), "content": content, "ns": t1 - t0}
-    if kind == "kill_writer":
-        w = wl.generate(2, seed=job["seed"])
-        # On a channel of their own, so the killed writer's messages disturb no measured read.
-        fresh = [factory(dict(m, channel_id="killed-writer", task_id=""))
-                 for m in w.fresh(job["appends"], seed=job["seed"])]
-        store = spec.open(job["dir"], "fsync", _record_type(fresh[0]))
-        for m in fresh:
-            store.append(m)
-        sys.stdout.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
-    raise SystemExit(f"unknown probe job {kind!r}")
-
-
-def _probe_main() -> None:
-    """Entry of a probe subprocess: one job, or ``{"job": "multi", "jobs": [...]}`` run in order."""
-    job = json.loads(sys.argv[1])
-    if job["job"] == "multi":
-        print(json.dumps([_probe_job(j) for j in job["jobs"]]))
-    else:
-        print(json.dumps(_probe_job(job)))
-
-
-# ---------------------------------------------------------------------------
 # the run
-
-
-def _fmt_value(v: float | None, unit: str) -> str:
-    if v is None:
-        return "-"
-    if unit == "ns":
-        if v >= 1e9:
-            return f"{v / 1e9:.2f} s"
-        if v >= 1e6:
-            return f"{v / 1e6:.2f} ms"
-        if v >= 1e3:
-            return f"{v / 1e3:.1f} us"
-        return f"{v:.0f} ns"
-    if unit == "B":
-        if v >= 1 << 20:
-            return f"{v / (1 << 20):.1f} MiB"
-        return f"{v / 1024:.1f} KiB"
-    if unit == "x":
-        return f"{v:.2f}x"
-    return f"{v:.1f} {unit}"
-
-
-def format_table(report: Report) -> str:
-    """The table as text: operation, rune_fast, sqlite (or baseline), ratio, target, vs."""
-    head = ("operation", "rune_fast", "sqlite|base", "ratio", "target", "vs (durability)")
-    lines = [head]
-    for r in report.rows:
-        mark = "" if r.met is None else (" ok" if r.met else " MISS")
-        ratio = "-" if r.ratio is None else f"{r.ratio:.2f}x"
-        lines.append((r.operation, _fmt_value(r.rune, r.unit), _fmt_value(r.other, r.unit), ratio,
-                      (r.target + mark) if r.target else "-", r.vs))
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    out = []
-    for j, line in enumerate(lines):
-        out.append("  ".join(cell.ljust(widths[i]) if i in (0, 4, 5) else cell.rjust(widths[i])
-                             for i, cell in enumerate(line)).rstrip())
-        if j == 0:
-            out.append("  ".join("-" * w for w in widths))
-    return "\n".join(out)
 
 
 def run_comparison(config: Config | None = None, *, rune_store: Any = None,
@@ -633,19 +134,19 @@ def run_comparison(config: Config | None = None, *, rune_store: Any = None,
     ``rune_fast.conversation_state.ConversationStateRepository``), opened as
     ``rune_store(state_dir, durability=..., compact_every=..., hot_window=...)``.
     ``message_factory``: dict -> message for that store (default: the real
-    record when importable, else the dict). Both must be importable by name so
+    record). Both must be importable by name so
     that subprocess probes can open the store too.
     """
     cfg = (config or Config()).fixed()
     say = log or (lambda s: None)
     if rune_store is None:
-        rune_store = _load_ref(RUNE_REF)
+        rune_store = load_ref(RUNE_REF)
     factory = message_factory or wl.default_message_factory
-    ref, path = _ref_of(rune_store)
-    fref, fpath = _ref_of(factory)
+    ref, path = ref_of(rune_store)
+    fref, fpath = ref_of(factory)
     rune = StoreSpec("rune", ref, path, {"compact_every": cfg.compact_every, "hot_window": cfg.hot_window},
                      fref, fpath)
-    sql = StoreSpec("sqlite", "bench.sqlite_store:SQLiteStore", BENCH_ROOT, {}, fref, fpath)
+    sql = StoreSpec("sqlite", SQLITE_REF, PKG_PARENT, {}, fref, fpath)
 
     if cfg.workdir:
         os.makedirs(cfg.workdir, exist_ok=True)
@@ -681,7 +182,7 @@ def _run(cfg: Config, rune: StoreSpec, sql: StoreSpec, factory: Callable[[dict],
     say(f"generating workload: {cfg.n:,} messages (seed {cfg.seed}) ...")
     w = wl.generate(cfg.n, channels=cfg.channels, tasks=cfg.tasks, seed=cfg.seed)
     msgs = [factory(m) for m in w.messages]
-    rt = _record_type(msgs[0])
+    rt = record_type_of(msgs[0])
     need_fresh = (2 * reps + 2) * cfg.appends * 4 + (reps + 1) * cfg.batch * 2 * cfg.many_batches + 64
     fresh = [factory(m) for m in w.fresh(need_fresh, seed=1)]
     fresh_pos = 0
@@ -766,15 +267,15 @@ def _run(cfg: Config, rune: StoreSpec, sql: StoreSpec, factory: Callable[[dict],
                                  "SQLite instr(lower(content), lower(?)) scan", "(none)", None)
     if res["rune"] and res["sql"]:
         notes.append(f"first search after open: the first of the {len(res['rune'])} opens found no search "
-                     f"filters kept on disk ({_fmt_value(res['rune'][0], 'ns')}, SQLite's first "
-                     f"{_fmt_value(res['sql'][0], 'ns')}); the later ones read the cool pages' filters that "
+                     f"filters kept on disk ({fmt_value(res['rune'][0], 'ns')}, SQLite's first "
+                     f"{fmt_value(res['sql'][0], 'ns')}); the later ones read the cool pages' filters that "
                      "search kept (one search an open never builds the hot segments' filters: the second does)")
 
     def killed_open_job(spec: StoreSpec, d: str) -> Callable[[int], float]:
         inner = open_job(spec, d)
 
         def job(i: int) -> float:
-            _probe({"job": "kill_writer", "spec": asdict(spec), "dir": d, "appends": 3,
+            probe({"job": "kill_writer", "spec": asdict(spec), "dir": d, "appends": 3,
                     "seed": 5000 + i}, cfg.subprocess_timeout)
             return inner(i)
         return job
@@ -823,8 +324,8 @@ def _run(cfg: Config, rune: StoreSpec, sql: StoreSpec, factory: Callable[[dict],
     plan = {kind: [("mem", {"job": "mem", "spec": asdict(spec), "dir": d, "queries": qfile})]
             + [(key, job) for key, job in io_jobs.items() if key[1] == kind or (kind == "sqlite" and key[1] == "raw")]
             for kind, spec, d in (("rune", rune, d_rune), ("sqlite", sql, d_sql))}
-    results = _probes({kind: {"job": "multi", "jobs": [job for _, job in steps]} for kind, steps in plan.items()},
-                      cfg.subprocess_timeout)
+    results = probe_all({kind: {"job": "multi", "jobs": [job for _, job in steps]} for kind, steps in plan.items()},
+                        cfg.subprocess_timeout)
     mem: dict[str, Any] = {}
     io: dict[Any, Any] = {}
     for kind, steps in plan.items():
@@ -1089,47 +590,15 @@ def _sanity(w: wl.Workload, s_rune: Any, s_sql: Any, notes: list[str]) -> None:
 
 
 # ---------------------------------------------------------------------------
-# plot and CLI
-
-
-def plot(report: Report, path: str) -> bool:
-    """Bar chart of the ratios (log scale) with target marks; False if matplotlib is missing."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    rows = [r for r in report.rows if r.ratio is not None and r.ratio > 0]
-    fig, ax = plt.subplots(figsize=(10, 0.45 * len(rows) + 1.5))
-    ys = range(len(rows))
-    colors = ["tab:green" if r.met else ("tab:red" if r.met is False else "tab:gray") for r in rows]
-    ax.barh(list(ys), [r.ratio for r in rows], color=colors)
-    for y, r in zip(ys, rows):
-        label = f"{r.ratio:.0f}" if r.ratio >= 100 else f"{r.ratio:.1f}" if r.ratio >= 10 else f"{r.ratio:.2g}"
-        ax.annotate(f" {label}x", (r.ratio, y), va="center", fontsize=7)
-        if r.goal is not None:
-            ax.plot([r.goal], [y], marker="|", color="black", markersize=14, markeredgewidth=2)
-    ax.set_yticks(list(ys))
-    ax.set_yticklabels([r.operation for r in rows], fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xscale("log")
-    ax.axvline(1.0, color="black", linewidth=0.8)
-    ax.set_xlabel("ratio other / rune_fast (> 1: rune_fast faster or smaller)\n"
-                  "| = target; green met, red missed, grey no target", fontsize=9)
-    title = f"rune_fast vs SQLite, {report.config['n']:,} messages, {report.machine['cpu']}"
-    if report.rune_store != RUNE_REF:
-        title += f"\n(rune side: {report.rune_store} -- not the real repository)"
-    ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+# command line
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="20,000 messages and shorter loops (well under a minute)")
+    p = argparse.ArgumentParser(prog="python -m rune_fast.bench", description=__doc__.split("\n\n")[0])
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="20,000 messages and shorter loops (well under a minute)")
+    size.add_argument("--smoke", action="store_true",
+                      help="a few hundred messages, one repeat: checks that the harness runs (numbers mean nothing)")
     p.add_argument("--n", type=int, help="messages in the main stores (default 100,000; the issue's size is 1000000)")
     p.add_argument("--repeats", type=int, help="repeats per timed line, median reported (default 5)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
@@ -1141,17 +610,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--explain", action="store_true", help="say what each line measures, then exit")
     p.add_argument("--store", default=RUNE_REF, metavar="MODULE:CLASS",
                    help="the store on the rune_fast side (default: %(default)s)")
-    p.add_argument("--factory", default="bench.workload:default_message_factory", metavar="MODULE:FUNC",
+    p.add_argument("--factory", default=FACTORY_REF, metavar="MODULE:FUNC",
                    help="dict -> message for that store (default: %(default)s)")
     args = p.parse_args(argv)
     if args.explain:
         for key in OPERATIONS:
             print(f"{key}:\n    {DESCRIPTIONS[key]}")
         return 0
-    cfg = Config.quick() if args.quick else Config()
+    cfg = Config.tiny() if args.smoke else Config.quick() if args.quick else Config()
     if args.n is not None:
         cfg.n = args.n
-        if not args.quick:
+        if not (args.quick or args.smoke):
             cfg.io_n = min(max(cfg.io_n, args.n // 10), args.n)
     if args.repeats is not None:
         cfg.repeats = args.repeats
@@ -1160,8 +629,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg.tasks = args.tasks
     cfg.workdir = args.dir
     try:
-        rune_store = _load_ref(args.store)
-        factory = _load_ref(args.factory)
+        rune_store = load_ref(args.store)
+        factory = load_ref(args.factory)
     except (ImportError, AttributeError, ValueError) as exc:
         print(f"cannot import {args.store}: {exc}\n(build rune_fast first: make build)", file=sys.stderr)
         return 2

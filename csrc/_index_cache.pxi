@@ -1,0 +1,281 @@
+# _index_cache.pxi: LocCache, the repository's bounded cache of records
+# decoded from checked lines, looked up in C by the batched reads.
+# (Included by _index.pyx: one extension module, rune_fast._index; its
+# cimports, constants and shared helpers are in scope here.)
+
+
+cdef class LocCache:
+    """A bounded map from a line's location (an int >= 0) to what was decoded
+    from it, that forgets its oldest insertions first as a dict kept in
+    insertion order would: an update keeps an entry's place, a pop and a
+    new insertion put it last, and at capacity an insertion drops the
+    oldest entry.
+
+    The reads that check a batch of lines (:meth:`HotIndex.window_hits`,
+    :meth:`HotIndex.task_hits`) look it up in C with the memory fetches of
+    the whole batch overlapped: a lookup is one slot here, where a dict's
+    is a chain of dependent fetches (index, entry, key object), each a
+    cache miss once the store is large."""
+
+    def __cinit__(self, Py_ssize_t capacity):
+        cdef uint64_t size = 16, i
+        if capacity < 1:
+            raise ValueError(f"LocCache: capacity must be >= 1, got {capacity}")
+        while size < 2 * <uint64_t>capacity:
+            size <<= 1
+        self._ring_n = 2 * <uint64_t>capacity
+        self._c_slots = <rf_cslot *>malloc(size * sizeof(rf_cslot))
+        self._c_serial = <uint64_t *>malloc(size * sizeof(uint64_t))
+        self._c_ring = <int64_t *>malloc(self._ring_n * sizeof(int64_t))
+        if self._c_slots == NULL or self._c_serial == NULL or self._c_ring == NULL:
+            free(self._c_slots)
+            free(self._c_serial)
+            free(self._c_ring)
+            self._c_slots = NULL          # (__dealloc__ then releases nothing)
+            self._c_serial = NULL
+            self._c_ring = NULL
+            raise MemoryError(f"LocCache: cannot allocate {size} slots")
+        for i in range(size):
+            self._c_slots[i].loc = -1
+            self._c_slots[i].val = NULL
+        self._mask = size - 1
+        self._cap = capacity
+
+    def __dealloc__(self):
+        cdef uint64_t i
+        if self._c_slots != NULL:
+            for i in range(self._mask + 1):
+                if self._c_slots[i].loc >= 0:
+                    Py_XDECREF(<PyObject *>self._c_slots[i].val)
+        free(self._c_slots)
+        free(self._c_serial)
+        free(self._c_ring)
+
+    # ---- internals -------------------------------------------------------
+
+    cdef int64_t _find(self, int64_t loc) noexcept nogil:
+        """Slot of `loc`, -1 if absent (load <= 1/2: a probe ends at an empty slot)."""
+        cdef uint64_t i = _mix(<uint64_t>loc) & self._mask
+        while self._c_slots[i].loc != -1:
+            if self._c_slots[i].loc == loc:
+                return <int64_t>i
+            i = (i + 1) & self._mask
+        return -1
+
+    cdef void _prefetch(self, int64_t loc) noexcept nogil:
+        rf_prefetch(&self._c_slots[_mix(<uint64_t>loc) & self._mask])
+
+    cdef object _take(self, uint64_t i):
+        """Remove slot i (the entries after it in its probe run shift back
+        into the hole) and return its value."""
+        cdef PyObject *v = <PyObject *>self._c_slots[i].val
+        cdef uint64_t j = i, k, m = self._mask
+        while True:
+            j = (j + 1) & m
+            if self._c_slots[j].loc == -1:
+                break
+            k = _mix(<uint64_t>self._c_slots[j].loc) & m
+            # the entry at j may fill the hole at i unless its home k lies
+            # cyclically in (i, j]
+            if (i <= j and (k <= i or k > j)) or (i > j and k <= i and k > j):
+                self._c_slots[i] = self._c_slots[j]
+                self._c_serial[i] = self._c_serial[j]
+                i = j
+        self._c_slots[i].loc = -1
+        self._c_slots[i].val = NULL
+        self._n -= 1
+        out = <object>v
+        Py_DECREF(out)         # the table's reference (out holds its own)
+        return out
+
+    cdef int _compact_ring(self) noexcept nogil:
+        """Renumber the held insertions from _head on, dropping the ring's
+        places of entries popped or replaced since (at least half of a full
+        ring: it has room for twice the capacity)."""
+        cdef uint64_t s, w = self._head, R = self._ring_n
+        cdef int64_t loc, i
+        for s in range(self._head, self._tail):
+            loc = self._c_ring[s % R]
+            i = self._find(loc)
+            if i >= 0 and self._c_serial[i] == s:
+                self._c_ring[w % R] = loc
+                self._c_serial[i] = w
+                w += 1
+        self._tail = w
+        return 0
+
+    cdef int _drop_oldest(self) except -1:
+        cdef uint64_t s
+        cdef int64_t i
+        while self._head < self._tail:
+            s = self._head
+            self._head += 1
+            i = self._find(self._c_ring[s % self._ring_n])
+            if i >= 0 and self._c_serial[i] == s:
+                self._take(<uint64_t>i)
+                return 1
+        return 0
+
+    cdef list _in_order(self, int what):
+        """Keys (0), values (1) or (key, value) pairs (2), oldest first."""
+        cdef uint64_t s
+        cdef int64_t i, loc
+        out = []
+        for s in range(self._head, self._tail):
+            loc = self._c_ring[s % self._ring_n]
+            i = self._find(loc)
+            if i >= 0 and self._c_serial[i] == s:
+                v = <object>self._c_slots[i].val
+                out.append(loc if what == 0 else v if what == 1 else (loc, v))
+        return out
+
+    cdef Py_ssize_t _values(self, const int64_t *locs, Py_ssize_t k, void **vals, bint first,
+                            list out) except -1:
+        """Append to `out` what the cache holds for each of `locs` (the first
+        item of a value if `first`), None where it holds nothing; return how
+        many Nones (`vals`: room for k pointers). Every value, then every
+        value's first item (a tuple's: the record), is asked for before the
+        first is used. The caller asked for the slots (:meth:`_prefetch`)
+        and made `out` before: from the lookups on nothing that can start a
+        garbage collection runs until each value is referenced."""
+        cdef Py_ssize_t i, misses = 0
+        cdef int64_t j
+        cdef PyObject *v
+        for i in range(k):
+            j = self._find(locs[i]) if locs[i] >= 0 else -1
+            vals[i] = NULL if j < 0 else self._c_slots[j].val
+            if vals[i] != NULL:
+                rf_prefetch(vals[i])
+        for i in range(k):
+            v = <PyObject *>vals[i]
+            if v != NULL and PyTuple_CheckExact(<object>v) and PyTuple_GET_SIZE(<object>v) > 0:
+                v = PyTuple_GET_ITEM(<object>v, 0)
+                rf_prefetch(v)
+                rf_prefetch(<char *>v + 64)
+        for i in range(k):
+            if vals[i] == NULL:
+                out.append(None)
+                misses += 1
+            elif first:
+                out.append((<object>vals[i])[0])
+            else:
+                out.append(<object>vals[i])
+        return misses
+
+    # ---- the dict-like interface -----------------------------------------
+
+    @property
+    def capacity(self) -> int:
+        return self._cap
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __contains__(self, int64_t loc) -> bool:
+        return loc >= 0 and self._find(loc) >= 0
+
+    def get(self, int64_t loc, default=None):
+        cdef int64_t i = self._find(loc) if loc >= 0 else -1
+        return default if i < 0 else <object>self._c_slots[i].val
+
+    def __getitem__(self, int64_t loc):
+        cdef int64_t i = self._find(loc) if loc >= 0 else -1
+        if i < 0:
+            raise KeyError(loc)
+        return <object>self._c_slots[i].val
+
+    def __setitem__(self, int64_t loc, object value):
+        self._set(loc, value)
+
+    cdef int _set(self, int64_t loc, object value) except -1:
+        cdef int64_t i
+        cdef uint64_t j
+        cdef PyObject *old
+        if loc < 0:
+            raise ValueError(f"LocCache: a location is >= 0, got {loc}")
+        i = self._find(loc)
+        if i >= 0:
+            old = <PyObject *>self._c_slots[i].val
+            Py_INCREF(value)
+            self._c_slots[i].val = <void *>value
+            Py_DECREF(<object>old)
+            return 0
+        if self._n >= self._cap:
+            self._drop_oldest()
+        if self._tail - self._head == self._ring_n:
+            self._compact_ring()
+        j = _mix(<uint64_t>loc) & self._mask
+        while self._c_slots[j].loc != -1:
+            j = (j + 1) & self._mask
+        Py_INCREF(value)
+        self._c_slots[j].loc = loc
+        self._c_slots[j].val = <void *>value
+        self._c_serial[j] = self._tail
+        self._c_ring[self._tail % self._ring_n] = loc
+        self._tail += 1
+        self._n += 1
+        return 0
+
+    def pop(self, int64_t loc, default=None):
+        cdef int64_t i = self._find(loc) if loc >= 0 else -1
+        return default if i < 0 else self._take(<uint64_t>i)
+
+    def move_many(self, old_locs, new_locs) -> None:
+        """What the cache holds at ``old_locs[i]`` held at ``new_locs[i]``
+        instead (int64s; the lines a segment rewrite moved), each as a pop
+        and an insertion: a moved entry counts as the newest."""
+        cdef const int64_t[::1] olds = np.ascontiguousarray(old_locs, dtype=np.int64)
+        cdef const int64_t[::1] news = np.ascontiguousarray(new_locs, dtype=np.int64)
+        cdef Py_ssize_t k
+        cdef int64_t i
+        if news.shape[0] != olds.shape[0]:
+            raise ValueError(f"LocCache.move_many: {olds.shape[0]} old locations but "
+                             f"{news.shape[0]} new ones")
+        for k in range(olds.shape[0]):
+            i = self._find(olds[k]) if olds[k] >= 0 else -1
+            if i >= 0:
+                self._set(news[k], self._take(<uint64_t>i))
+
+    def get_many(self, list locs):
+        """``(values, misses)``: what the cache holds for each of `locs` (ints)
+        in their order, None where it holds nothing (`misses` of them). The
+        slots of all, then all the values and the first item of each value
+        (a tuple's: the record), are asked for before the first is used."""
+        cdef Py_ssize_t k = len(locs), i, misses
+        cdef int64_t *at = <int64_t *>malloc(<size_t>k * (sizeof(int64_t) + sizeof(void *)) + 1)
+        if at == NULL:
+            raise MemoryError(f"LocCache: cannot look up {k} locations")
+        out = []
+        try:
+            for i in range(k):
+                at[i] = locs[i]
+                if at[i] >= 0:
+                    self._prefetch(at[i])
+            misses = self._values(at, k, <void **>(at + k), False, out)
+        finally:
+            free(at)
+        return out, misses
+
+    def make_room(self, Py_ssize_t room) -> None:
+        """Room for `room` insertions: drop the oldest quarter of the
+        capacity, or more if `room` needs it (at most every entry)."""
+        cdef Py_ssize_t drop = max(self._cap // 4, self._n + room - self._cap)
+        while drop > 0 and self._drop_oldest():
+            drop -= 1
+
+    def clear(self) -> None:
+        while self._drop_oldest():
+            pass
+        self._head = self._tail = 0
+
+    def keys(self) -> list:
+        return self._in_order(0)
+
+    def values(self) -> list:
+        return self._in_order(1)
+
+    def items(self) -> list:
+        return self._in_order(2)
+
+    def __iter__(self):
+        return iter(self._in_order(0))

@@ -1,0 +1,33 @@
+# Types of rune_fast._encode, compiled from csrc/_encode.pyx (kept by hand: a
+# change of a signature there changes it here). ``record_type`` is
+# rune_fast.records.ConversationMessageRecord; the callables are the Python
+# paths of rune_fast.codec that the compiled one hands a record to.
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import numpy.typing as npt
+from typing_extensions import Buffer
+
+_R = TypeVar("_R")
+_T = TypeVar("_T")
+
+#: Set by rune_fast.codec to its MAX_RECORD_BYTES.
+max_record_bytes: int
+
+def encode_messages(msgs: list[Any], record_type: type[_R],
+                    slow: Callable[[_R], tuple[bytes, str, bytes]],
+                    calls_json: Callable[[_R], tuple[bytes, bytes]],
+                    ) -> tuple[list[bytes], list[str], list[bytes]]: ...
+def frame_messages(bodies: list[bytes], order: list[int], seq0: int) -> tuple[bytes, list[int]]: ...
+def message_envelopes(keys: list[bytes], hashes: list[str], order: list[int],
+                      ts_json: bytes) -> bytes: ...
+def cool_columns(data: Buffer, starts: npt.ArrayLike,
+                 calls_texts: Callable[[bytes], tuple[bytes, bytes] | None],
+                 ) -> tuple[list[int], dict[str, tuple[bytes, bytes] | bytes]]: ...
+def record_from_line(line: Buffer, record_type: type[_R],
+                     calls_from_json: Callable[[bytes], tuple[Any, ...] | None],
+                     ) -> tuple[_R, int] | None: ...
+def json_safe(v: object) -> bool: ...
+def own_calls_setup(record_type: type[_R], fallback: Callable[[_R], _R],
+                    value: Callable[[Any], Any]) -> None: ...
+def own_calls(recs: list[_T]) -> list[_T]: ...

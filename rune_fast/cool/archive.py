@@ -1,0 +1,150 @@
+"""The cool archive: :class:`CoolArchive`, the facade over its layers
+(``files`` -> ``cache`` -> ``reads`` -> ``search`` -> ``writer``), and its
+full check (:meth:`CoolArchive.verify`).
+"""
+from __future__ import annotations
+
+import os
+import struct
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from ..errors import CorruptStateCheckpointError
+from .schema import CoolProblem, _COL_TYPES, _PARQUET_ERRORS, _idx_name
+from .sidecar import (
+    _FileIndex, _Skip, _build_index, _close, _file_digest, _footer_hash, _open_parquet,
+    _release_arrow, _same_index,
+)
+from .writer import _Writer
+
+
+class CoolArchive(_Writer):
+    """The cool tier: a set of Parquet files plus their id/channel/task index.
+
+    ``CoolArchive(cool_dir, files=(), *, read_only=False, cache_bytes=8 MiB, durable=True)``
+    opens the live files named in ``files`` (names such as
+    ``"cool-00000003.parquet"``, as returned by :meth:`files`). Files in the
+    folder that are not named are ignored (see :meth:`gc`). A missing or
+    damaged sidecar is rebuilt from its Parquet file (and rewritten unless
+    ``read_only``); a Parquet file that cannot be read, or whose rows fail
+    their digests while rebuilding, raises
+    :class:`~rune_fast.errors.CorruptStateCheckpointError` naming the file.
+    ``expect`` (``{name: [size, footer hash]}``, what :meth:`file_meta`
+    gave when the files were live) makes a file that is not the one
+    archived (rewritten with rows dropped, added or replaced: a valid Parquet
+    file whose rows check) raise the same at open. ``index_dir``: the
+    folder of the sidecars (default: ``<cool_dir>_index``).
+
+    ``durable=False`` skips every fsync (files are still written to a temp
+    name and renamed, so a process crash leaves the old or the new file, never
+    a torn one; a power loss may lose the latest changes): for a repository
+    opened with ``durability="none"``. ``cool_table``, ``erase`` and
+    ``merge`` also take ``durable=`` per call.
+
+    ``cache_bytes`` bounds the decoded row groups kept in memory (Arrow
+    buffers plus per-column overhead, counted honestly).
+
+    Reads are safe from many threads. Writes (``cool_table``, ``erase``,
+    ``merge``, ``unlink_files``, ``gc``) expect the caller's lock, but take
+    the archive's own lock too.
+    """
+
+    @classmethod
+    def open(cls, cool_dir: str | os.PathLike, files: Iterable[str], **kwargs: Any) -> "CoolArchive":
+        """Open the archive whose live files are ``files`` (see the class)."""
+        return cls(cool_dir, files, **kwargs)
+
+    def verify(self, checked: dict[str, int] | None = None,
+               sound: Callable[[dict], None] | None = None) -> list[CoolProblem]:
+        """Check every live file: readable, schema, every row's digest, the
+        sidecar on disk against the file, ids unique. Raises nothing; adds
+        the rows it checked to ``checked["cool_rows"]`` and hands each sound
+        row's record dict to ``sound``."""
+        problems: list[CoolProblem] = []
+        with self._lock:
+            files = sorted(self._files.items())
+        seen: dict[str, tuple[str, int]] = {}
+        for no, fi in files:
+            name = fi.name
+            path = self._path(name)
+            try:
+                size, footer = _footer_hash(path)
+            except (CorruptStateCheckpointError, OSError) as exc:
+                problems.append(CoolProblem(name, None, str(exc)))
+                continue
+            if (size, footer) != (fi.size, fi.footer):
+                problems.append(CoolProblem(name, None, "file changed since it was indexed"))
+            want = self._digests.get(no)
+            if want is not None:
+                try:
+                    got = _file_digest(path)
+                except OSError as exc:
+                    problems.append(CoolProblem(name, None, f"not readable: {exc}"))
+                    continue
+                if got != want:
+                    problems.append(CoolProblem(
+                        name, None, f"the file's bytes hash to {got}, not to the xxh3_64 {want} recorded "
+                                    "when it was written: a byte changed (where no page checksum looks, "
+                                    "if no row below is named)"))
+            try:
+                pf = _open_parquet(path)
+            except CorruptStateCheckpointError as exc:
+                problems.append(CoolProblem(name, None, str(exc)))
+                continue
+            try:
+                if [(f.name, f.type) for f in pf.schema_arrow] != _COL_TYPES:
+                    problems.append(CoolProblem(name, None, f"unexpected columns {pf.schema_arrow}"))
+                    continue
+                rg_counts = [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)]
+                mids, chs, tids = [], [], []
+                base = 0
+                for rg in range(pf.metadata.num_row_groups):
+                    try:
+                        t = pf.read_row_group(rg, use_threads=False)
+                    except _PARQUET_ERRORS as exc:
+                        problems.append(CoolProblem(name, base, f"row group {rg} unreadable: {exc}"))
+                        raise _Skip() from None
+                    for row, why in self._check_table(t, base, sound):
+                        problems.append(CoolProblem(name, row, why))
+                    if checked is not None:
+                        checked["cool_rows"] = checked.get("cool_rows", 0) + t.num_rows
+                    mids += t.column("msg_id").to_pylist()
+                    chs += t.column("channel_id").to_pylist()
+                    tids += t.column("task_id").to_pylist()
+                    base += t.num_rows
+            except _Skip:
+                continue
+            except _PARQUET_ERRORS as exc:
+                problems.append(CoolProblem(name, None, f"not readable Parquet: {exc}"))
+                continue
+            finally:
+                _close(pf)
+                _release_arrow()
+            try:
+                truth = _build_index(no, size, footer, mids, chs, tids, rg_counts, path)
+            except CorruptStateCheckpointError as exc:
+                problems.append(CoolProblem(name, exc.offset, str(exc)))
+                continue
+            with self._lock:
+                mine = self._file_entries(no)
+            if not (_same_index(truth, fi, ids=False) and np.array_equal(mine[0], truth.hashes)
+                    and np.array_equal(mine[1], truth.hrows)):
+                problems.append(CoolProblem(name, None, "index in memory disagrees with the file"))
+            ipath = self._sidecar_path(no)
+            try:
+                with open(ipath, "rb") as f:
+                    disk = _FileIndex.decode(f.read(), no, ipath)
+                if not _same_index(truth, disk):
+                    problems.append(CoolProblem(_idx_name(no), None, "sidecar disagrees with its file"))
+            except FileNotFoundError:
+                problems.append(CoolProblem(_idx_name(no), None, "sidecar missing"))
+            except (ValueError, KeyError, TypeError, IndexError, struct.error) as exc:
+                problems.append(CoolProblem(_idx_name(no), None, f"sidecar damaged: {exc}"))
+            for row, mid in enumerate(mids):
+                if mid in seen:
+                    problems.append(CoolProblem(name, row, f"msg_id {mid!r} also in {seen[mid][0]} "
+                                                           f"row {seen[mid][1]}"))
+                else:
+                    seen[mid] = (name, row)
+        return problems

@@ -1,0 +1,700 @@
+"""The live file set of a cool archive: opening the files a manifest names,
+their sidecars and the id/channel/task index over them, the atomic writes
+of new files, and the removal of files nobody references (``gc``), plus
+the merge policy (:func:`plan_merge`).
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import re
+import struct
+import threading
+from collections import OrderedDict
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, cast
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .._index import HashIndex
+from ..errors import CorruptStateCheckpointError
+from ..events import fsync_dir
+from ..pages import PageReader
+from .rows import _Group, _LAZY_LOOKUPS, _Located, _assemble_at, _row_digest, _table_group
+from .schema import (
+    ROW_GROUP_ROWS, _OURS_RE, _PAGE_BATCH_ROWS, _PAGE_BYTES, _file_no, _grams_name, _id_hash,
+    _idx_name, _parquet_name, index_dir_for,
+)
+from .sidecar import (
+    _FileIndex, _PageFilters, _build_index, _close, _footer_hash, _footer_start, _map_file,
+    _open_checked, _read_all, _release_arrow, _sidecar_names, _unlink_quiet,
+)
+from .tables import _widened
+
+
+log = logging.getLogger("rune_fast.cool")
+
+
+def _index_field(name: str, *, settable: bool = False, doc: str | None = None) -> property:
+    """A field of a CoolArchive's index, read after the sidecars still unread
+    are read (see ``CoolArchive.__init__``): every path to the index sees
+    every live file."""
+    def get(self: "_FileSet") -> Any:
+        if self._unloaded:
+            self._load_sidecars()
+        return getattr(self, name)
+
+    def put(self: "_FileSet", value: Any) -> None:
+        setattr(self, name, value)
+    return property(get, put if settable else None, doc=doc)
+
+
+class _FileSet:
+    """The archive's state and its live file set (the lowest layer of
+    :class:`~rune_fast.cool.CoolArchive`): ``__init__`` makes every field
+    the layers above read; only this layer adds or drops files.
+    """
+
+    rebuilt_sidecars = _index_field("_rebuilt", doc="Sidecars found damaged or stale and rebuilt from their files.")
+    _files = _index_field("_files_d")               # no -> _FileIndex
+    _channels = _index_field("_channels_d")         # channel -> file numbers
+    _tasks = _index_field("_tasks_d", settable=True)  # task -> file numbers (None: not built yet)
+    _ids = _index_field("_ids_d", settable=True)    # HashIndex of the files not pending
+    _pending = _index_field("_pending_d")           # files whose ids are not in _ids yet
+
+    def __init__(self, cool_dir: str | os.PathLike, files: Iterable[str] = (), *,
+                 read_only: bool = False, cache_bytes: int = 8 << 20,
+                 row_group_rows: int = ROW_GROUP_ROWS, durable: bool = True,
+                 index_dir: str | os.PathLike | None = None,
+                 expect: Mapping[str, Sequence[Any]] | None = None) -> None:
+        self._dir = os.fspath(cool_dir)
+        # the sidecars live beside the archive folder, not in it: the folder
+        # holds Parquet files only, so any reader takes it whole as a dataset
+        self._idx_dir = os.fspath(index_dir) if index_dir is not None else index_dir_for(self._dir)
+        self._read_only = read_only
+        self._durable = bool(durable)
+        self._cache_bytes = int(cache_bytes)
+        self._rg_rows = int(row_group_rows)
+        self._lock = threading.RLock()
+        self._files_d: dict[int, _FileIndex] = {}
+        self._cache: OrderedDict[tuple[int, int], _Group] = OrderedDict()
+        self._cached_bytes = 0
+        self._handles: OrderedDict[int, pq.ParquetFile] = OrderedDict()
+        self._readers: dict[int, PageReader | None] = {}   # None: not a layout PageReader reads
+        self._missed: set[tuple[int, int]] = set()        # groups read once without caching them
+        self._full = False   # a group was just dropped for want of room: read misses page by page
+        # (file, row group) -> trigram filters of its content pages, made by a
+        # search's scan (PageReader.find): 640 B a page, at most _GRAMS_BUDGET
+        self._filters = _PageFilters()
+        self._channels_d: dict[str, list[int]] = {}
+        self._tasks_d: dict[str, list[int]] | None = None   # built at the first task query
+        self._task_locs_d: dict[str, list[int]] = {}         # task_locs' answers (see _TASK_LOCS_KEPT)
+        # id index: xxh3_64(msg_id) -> (file no << 32) | row, every live file
+        self._ids_d = HashIndex()
+        self._pending_d: list[int] = []     # live files whose ids are not in _ids yet
+        # (no, size, footer hash) of live files whose sidecars are not read yet
+        self._unloaded: list[tuple[int, int, str]] = []
+        # no -> (smallest, largest) msg_id of a live file: written with it,
+        # kept in the manifest's cool_meta, so that the append path's
+        # duplicate check of a new id reads no sidecar (see _id_span)
+        self._ranges: dict[int, tuple[str, str]] = {}
+        self._span: tuple[str, str] | None | bool = False    # _id_span's answer (False: not known yet)
+        # no -> xxh3_64 of the whole file as written (kept in cool_meta after
+        # the range): verify() finds a byte changed where no page checksum
+        # looks (the leading magic, page headers)
+        self._digests: dict[int, str] = {}
+        self._lookups = 0
+        self._ids_built = False     # the id index was built once: later files join it at once
+        self._rebuilt: list[str] = []
+        self._moved_legacy = False
+        made = False
+        if not read_only:
+            for d in (self._dir, self._idx_dir):
+                if not os.path.isdir(d):
+                    os.makedirs(d, mode=0o700, exist_ok=True)
+                    os.chmod(d, 0o700)
+                    made = True
+        self._next_no = 1 + max([0] + self._numbers_on_disk())
+        # Each file's footer is checked now, and that its sidecar names it;
+        # the sidecar itself (digest, arrays) is read at the first call that
+        # needs the archive's index (an open followed by hot-tier reads never
+        # pays for it). A sidecar that is missing or names another file (the
+        # file was replaced) is not used: the file is verified and its
+        # sidecar rebuilt now, as before any read. A read-only archive reads
+        # every sidecar now: the writer beside it may merge the files away,
+        # and a viewer's reload on a moved manifest only covers its open.
+        listed: set[int] = set()
+        for name in files:
+            no = _file_no(name)
+            if no in listed:
+                raise ValueError(f"cool archive file listed twice: {name}")
+            listed.add(no)
+            path = self._path(name)
+            try:
+                size, footer = _footer_hash(path)
+            except FileNotFoundError:
+                raise CorruptStateCheckpointError("cool archive named by the manifest is missing",
+                                                  path=path) from None
+            except OSError as exc:      # (a folder in its place, say)
+                raise CorruptStateCheckpointError(f"cool archive named by the manifest is not readable: "
+                                                  f"{exc.strerror or exc}", path=path) from None
+            want = (expect or {}).get(name)
+            if want is not None and (size, footer) != (want[0], want[1]):
+                # the file was rewritten after it was archived (rows dropped,
+                # added or replaced by a valid Parquet file), or its footer
+                # is damaged: not the archive
+                raise CorruptStateCheckpointError(
+                    f"cool archive is not the file the manifest names: {size} bytes, footer hash "
+                    f"{footer} (the manifest: {want[0]} bytes, {want[1]})", path=path,
+                    offset=_footer_start(path) if size == want[0] else None)
+            self._unloaded.append((no, size, footer))
+            self._span = False
+            if want is not None and len(want) >= 4 and type(want[2]) is str and type(want[3]) is str:
+                self._ranges[no] = (want[2], want[3])
+                if len(want) >= 5 and type(want[4]) is str:
+                    self._digests[no] = want[4]
+            if not read_only:
+                self._move_legacy_sidecar(no)
+            if read_only or not _sidecar_names(self._sidecar_path(no), no, size, footer):
+                self._load_sidecars()
+        if (made or self._moved_legacy) and self._durable:
+            # new folders, or sidecars moved into the index folder: synced
+            # once, so that a power loss does not cost every sidecar a
+            # rebuild from its file (a rename is atomic either way)
+            fsync_dir(self._idx_dir)
+            fsync_dir(self._dir)
+            fsync_dir(os.path.dirname(os.path.normpath(self._dir)) or ".")
+
+    def _load_sidecars(self) -> None:
+        with self._lock:
+            if not self._unloaded:
+                return
+            loaded = [self._load_index(no, size, footer) for no, size, footer in self._unloaded]
+            for fi in loaded:
+                self._add_file(fi)
+            self._unloaded = []      # last: until then, other threads wait on the lock
+
+    def close(self) -> None:
+        """Release open Parquet handles and cached row groups (reads reopen them)."""
+        with self._lock:
+            while self._handles:
+                _, pf = self._handles.popitem(last=False)
+                _close(pf)
+            while self._readers:
+                _, reader = self._readers.popitem()
+                if reader is not None:
+                    reader.close()
+            self._cache.clear()
+            self._cached_bytes = 0
+            self._full = False
+            self._filters.clear()
+
+    @property
+    def cool_dir(self) -> str:
+        return self._dir
+
+    def files(self) -> list[str]:
+        """Names of the live files, oldest first: what the manifest records."""
+        with self._lock:
+            return [_parquet_name(no) for no in sorted(self._live_nos())]
+
+    def file_meta(self) -> dict[str, list]:
+        """``{name: [size, footer hash]}`` of every live file: what the
+        manifest records of each, so that a file rewritten after it was
+        archived is found at the next open (see ``expect``)."""
+        with self._lock:
+            out = {fi.name: [fi.size, fi.footer] for fi in self._files_d.values()}
+            out.update({_parquet_name(no): [size, footer] for no, size, footer in self._unloaded})
+            for name, meta in out.items():
+                no = _file_no(name)
+                if no in self._ranges:
+                    meta.extend(self._ranges[no])
+                    if no in self._digests:
+                        meta.append(self._digests[no])
+            return out
+
+    def _id_span(self) -> tuple[str, str] | None:
+        """(smallest, largest) msg_id over every live file, from the ranges
+        each was written with (no sidecar is read): an id outside it is
+        archived in no file. None when some file's range is not known (a
+        manifest written before they were kept) or no file is live. Read
+        without the lock once known: a background cooling run may hold the
+        lock for a while (it checks its rows, and may build the id index),
+        and the live files change only under the writer's lock, so an
+        appender reads the span of the files as they are. A file added
+        widens it (_add_file); a file dropped leaves it as it is (a span
+        wider than the live files' still holds every archived id), so the
+        first append after a cooling run is adopted does not wait for the
+        lock to work it out again."""
+        span = self._span
+        if span is not False:
+            return cast("tuple[str, str] | None", span)
+        with self._lock:
+            lo = hi = None
+            self._span = None
+            for no in self._live_nos():
+                r = self._ranges.get(no)
+                if r is None:
+                    return None
+                if lo is None or r[0] < lo:
+                    lo = r[0]
+                if hi is None or r[1] > hi:
+                    hi = r[1]
+            self._span = None if lo is None or hi is None else (lo, hi)
+            return self._span
+
+    def _live_nos(self) -> set[int]:
+        """Numbers of the live files, without reading unread sidecars."""
+        return set(self._files_d) | {u[0] for u in self._unloaded}
+
+    def has_files(self) -> bool:
+        """True if the archive serves at least one file (cheaper than len();
+        no lock: a background write holds it for a while)."""
+        return bool(self._files_d) or bool(self._unloaded)
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self._dir, name)
+
+    def _ipath(self, name: str) -> str:
+        return os.path.join(self._idx_dir, name)
+
+    @property
+    def index_dir(self) -> str:
+        """The folder of the sidecars. Public API: the repository does not call it."""
+        return self._idx_dir
+
+    def path_of(self, name: str) -> str:
+        """The path of an archive file (``cool-<n>.parquet``) or of a
+        sidecar (``cool-<n>.idx``) named by :meth:`verify`."""
+        m = _OURS_RE.match(name)
+        if m and m.group(2) == "idx":
+            return self._sidecar_path(int(m.group(1)))
+        return self._path(name)
+
+    def _sidecar_path(self, no: int) -> str:
+        """Where file ``no``'s sidecar is: the index folder, or (a store
+        written before the sidecars moved, read by a viewer) the archive
+        folder."""
+        ipath = self._ipath(_idx_name(no))
+        if self._read_only and not os.path.exists(ipath):
+            legacy = self._path(_idx_name(no))
+            if os.path.exists(legacy):
+                return legacy
+        return ipath
+
+    def _move_legacy_sidecar(self, no: int) -> None:
+        """Move file ``no``'s sidecar out of the archive folder, where
+        stores written before the index folder kept it (a rename; the
+        folders are synced once the open has moved them all)."""
+        legacy = self._path(_idx_name(no))
+        if os.path.exists(legacy):
+            if os.path.exists(self._ipath(_idx_name(no))):
+                os.unlink(legacy)
+            else:
+                os.replace(legacy, self._ipath(_idx_name(no)))
+            self._moved_legacy = True
+
+    def _listing(self) -> list[tuple[str, str]]:
+        """(folder, name) of every archive-owned file of both folders."""
+        out = []
+        for d in (self._dir, self._idx_dir):
+            try:
+                names = os.listdir(d)
+            except FileNotFoundError:
+                continue
+            out += [(d, n) for n in names if _OURS_RE.match(n)]
+        return out
+
+    def _legacy_sidecar(self, folder: str, m: "re.Match[str]") -> bool:
+        """Whether the archive-owned name ``m`` in ``folder`` is a sidecar
+        left in the archive folder (a store written before the index folder)."""
+        return folder == self._dir and m.group(2) == "idx"
+
+    def _numbers_on_disk(self) -> list[int]:
+        out = []
+        for _d, n in self._listing():
+            m = _OURS_RE.match(n)
+            assert m is not None        # (_listing matched it)
+            out.append(int(m.group(1)))
+        return out
+
+    def _load_index(self, no: int, size: int, footer: str) -> _FileIndex:
+        """The index of file ``no`` (checked at open: ``size`` bytes, footer
+        hash ``footer``) from its sidecar, or rebuilt from the file."""
+        ipath = self._sidecar_path(no)
+        why = "missing"
+        for _attempt in range(2):
+            try:
+                fi = _FileIndex.decode(_map_file(ipath), no, ipath)
+                if fi.size == size and fi.footer == footer:
+                    return fi
+                why = "made for another version of the file"
+                break
+            except FileNotFoundError:
+                # (a viewer: a writer's open may just have moved it out of the archive folder)
+                if ipath == self._ipath(_idx_name(no)):
+                    break
+                ipath = self._ipath(_idx_name(no))
+            except (ValueError, KeyError, TypeError, IndexError, struct.error) as exc:
+                why = f"damaged ({exc})"
+                break  # damaged sidecar: the Parquet file is the truth, rebuild below
+        fi = self._index_from_parquet(no, size, footer, verify=True)
+        _release_arrow()
+        # (not silent: the file's rows were all checked against their digests)
+        log.warning("cool index %s is %s: rebuilt from %s, every row checked", ipath, why,
+                    self._path(_parquet_name(no)))
+        self._rebuilt.append(_idx_name(no))
+        if not self._read_only:
+            self._write_atomic(_idx_name(no), fi.encode(), folder=self._idx_dir)
+        return fi
+
+    def _parquet(self, no: int) -> pq.ParquetFile:
+        pf = self._handles.get(no)
+        if pf is not None:
+            self._handles.move_to_end(no)
+            return pf
+        pf = _open_checked(self._path(_parquet_name(no)))
+        self._handles[no] = pf
+        while len(self._handles) > 16:
+            _, old = self._handles.popitem(last=False)
+            _close(old)
+        return pf
+
+    def _read_table(self, no: int) -> pa.Table:
+        return _read_all(self._parquet(no), self._path(_parquet_name(no)))
+
+    def _index_from_parquet(self, no: int, size: int, footer: str, *, verify: bool) -> _FileIndex:
+        path = self._path(_parquet_name(no))
+        pf = self._parquet(no)
+        rg_counts = [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)]
+        table = self._read_table(no)
+        if table.num_rows != pf.metadata.num_rows:
+            raise CorruptStateCheckpointError(
+                f"cool archive holds {pf.metadata.num_rows} rows by its footer, {table.num_rows} read", path=path)
+        if verify:
+            for row, bad in self._check_table(table):
+                raise CorruptStateCheckpointError(f"cool row {row} fails its digest ({bad})",
+                                                  path=path, offset=row)
+        return _build_index(no, size, footer, table.column("msg_id"), table.column("channel_id"),
+                            table.column("task_id"), rg_counts, path)
+
+    @staticmethod
+    def _check_table(table: pa.Table, base: int = 0,
+                     sound: Callable[[dict], None] | None = None) -> Iterator[tuple[int, str]]:
+        """Yield (row, reason) for every row whose digest does not match;
+        ``sound(record dict)`` is called for every row whose digest does."""
+        try:
+            acc = _table_group(table).acc
+        except CorruptStateCheckpointError as exc:
+            yield base, str(exc)
+            return
+        assert acc is not None      # _table_group adds every column
+        for i in range(table.num_rows):
+            rec, _o, dig, plain = _assemble_at(acc, i)
+            if rec is None:
+                yield base + i, str(dig)
+            elif _row_digest(rec, plain) != dig:
+                yield base + i, "digest mismatch"
+            elif sound is not None:
+                sound(rec)
+
+    def _add_file(self, fi: _FileIndex) -> None:
+        # (the fields themselves: this runs while the sidecars are being read)
+        self._files_d[fi.no] = fi
+        self._task_locs_d.clear()
+        no = fi.no
+        if fi.id_range is not None:
+            self._ranges[no] = fi.id_range
+        if fi.digest is not None:
+            self._digests[no] = fi.digest
+        # (a file whose sidecar is read late was counted by its manifest range)
+        self._span = _widened(self._span, self._ranges.get(no))
+        pairs: list[tuple[dict[str, list[int]], Iterable[str]]] = [(self._channels_d, fi.channels)]
+        if self._tasks_d is not None:
+            pairs.append((self._tasks_d, fi.tasks))
+        for index, names in pairs:
+            for name in names:
+                nos = index.get(name)
+                if nos is None:
+                    index[name] = [no]
+                elif nos[-1] < no:
+                    nos.append(no)
+                else:
+                    bisect.insort(nos, no)
+        # The global id index takes the file's ids at the first lookups that
+        # need it: an open followed by hot-tier reads never builds it, and a
+        # few lookups before then search the files' sorted hashes instead.
+        # Once built, a new file (a cooling run, a merge) joins it at once:
+        # the append path's duplicate check then asks one hash table.
+        if self._ids_built:
+            self._index_ids(fi)
+        else:
+            self._pending_d.append(no)
+
+    def _index_ids(self, fi: "_FileIndex") -> None:
+        """Put a file's ids into the global index (its arrays then go)."""
+        self._ids_d.insert_many(fi.hashes, (np.int64(fi.no) << np.int64(32)) | fi.hrows.astype(np.int64))
+        fi.hashes = fi.hrows = None  # type: ignore[assignment]
+
+    def _build_ids(self) -> None:
+        """Move the pending files' ids into the global index (~17-35 bytes per
+        cooled message)."""
+        for no in self._pending:
+            self._index_ids(self._files[no])
+        self._pending.clear()
+        self._lookups = 0
+        self._ids_built = True
+
+    def _id_locs(self, msg_id: str) -> list[int]:
+        """``(file no << 32) | row`` of every archived row whose id hashes
+        like ``msg_id`` (lock held)."""
+        h = _id_hash(msg_id)
+        if self._pending:
+            self._lookups += 1
+            if self._lookups > _LAZY_LOOKUPS:
+                self._build_ids()
+            else:
+                out = self._ids.values(h)
+                key = np.uint64(h)
+                for no in self._pending:
+                    fi = self._files[no]
+                    i = int(np.searchsorted(fi.hashes, key))
+                    while i < len(fi.hashes) and fi.hashes[i] == key:
+                        out.append((no << 32) | int(fi.hrows[i]))
+                        i += 1
+                return out
+        return self._ids.values(h)
+
+    def _drop_files(self, nos: list[int]) -> None:
+        self._build_ids()
+        self._task_locs_d.clear()
+        drop = set(nos)
+        n_drop = 0
+        for no in nos:
+            fi = self._files.pop(no)
+            self._ranges.pop(no, None)
+            self._digests.pop(no, None)
+            if self._span is None:
+                self._span = False      # the file without a range may be the one going
+            n_drop += fi.rows
+            for ch in fi.channels:
+                lst = self._channels[ch]
+                lst.remove(no)
+                if not lst:
+                    del self._channels[ch]
+            for t in (fi.tasks if self._tasks is not None else ()):
+                lst = self._tasks[t]
+                lst.remove(no)
+                if not lst:
+                    del self._tasks[t]
+            self._forget_cache(no)
+        if not n_drop:
+            return
+        if n_drop * 8 < len(self._ids):
+            # few entries: remove them one by one, found through each file's sidecar
+            # (still on disk: the caller unlinks replaced files afterwards)
+            try:
+                pairs = [(no, self._sidecar_entries(no)) for no in nos]
+            except (OSError, ValueError, KeyError, TypeError, IndexError, struct.error):
+                pairs = None
+            if pairs is not None:
+                remove = self._ids.remove
+                for no, (hs, rows) in pairs:
+                    base = no << 32
+                    for h, r in zip(hs.tolist(), rows.tolist()):
+                        remove(h, base | r)
+                return
+        hs, locs = self._ids.to_arrays()
+        keep = ~np.isin(locs >> np.int64(32), np.asarray(sorted(drop), dtype=np.int64))
+        self._ids = HashIndex.from_arrays(hs[keep], locs[keep])
+
+    def _sidecar_entries(self, no: int) -> tuple[np.ndarray, np.ndarray]:
+        ipath = self._sidecar_path(no)
+        with open(ipath, "rb") as f:
+            fi = _FileIndex.decode(f.read(), no, ipath)
+        return fi.hashes, fi.hrows
+
+    def _file_entries(self, no: int) -> tuple[np.ndarray, np.ndarray]:
+        """(hashes, rows) of file ``no`` in the id index, by hash then row."""
+        self._build_ids()
+        h, loc = self._ids.to_arrays()
+        m = (loc >> np.int64(32)) == no
+        h = h[m]
+        r = (loc[m] & np.int64(0xFFFFFFFF)).astype(np.uint32)
+        order = np.lexsort((r, h))
+        return h[order], r[order]
+
+    def _forget_cache(self, no: int) -> None:
+        self._full = False
+        for key in [k for k in self._cache if k[0] == no]:
+            self._cached_bytes -= self._cache.pop(key).nbytes
+        self._filters.forget(no)
+        pf = self._handles.pop(no, None)
+        if pf is not None:
+            _close(pf)
+        reader = self._readers.pop(no, None)
+        if reader is not None:
+            reader.close()
+
+    def _locate(self, msg_id: str) -> list[_Located]:
+        return [_Located(loc >> 32, loc & 0xFFFFFFFF)
+                for loc in self._id_locs(msg_id)]
+
+    def _dur(self, durable: bool | None) -> bool:
+        return self._durable if durable is None else bool(durable)
+
+    def _write_tmp(self, name: str, data: bytes | None = None, table: pa.Table | None = None,
+                   *, durable: bool, folder: str | None = None) -> str:
+        """Write ``name``'s temp file (0600) in ``folder`` (default: the
+        archive folder), fsynced when ``durable``; returns its path."""
+        tmp = os.path.join(folder or self._dir, "." + name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            with os.fdopen(fd, "wb", closefd=True) as f:
+                if data is not None:
+                    f.write(data)
+                else:
+                    pq.write_table(
+                        table, f, row_group_size=self._rg_rows, compression="zstd",
+                        write_page_checksum=True, use_dictionary=False, data_page_version="1.0",
+                        data_page_size=_PAGE_BYTES, write_batch_size=_PAGE_BATCH_ROWS,
+                        write_statistics=["channel_id", "ts", "ord"],
+                    )
+                f.flush()
+                if durable:
+                    os.fsync(f.fileno())
+        except BaseException:
+            _unlink_quiet(tmp)
+            raise
+        return tmp
+
+    def _write_atomic(self, name: str, data: bytes, *, durable: bool | None = None,
+                      folder: str | None = None) -> None:
+        """Write ``name`` in ``folder`` (default: the archive folder)
+        atomically: temp file (0600), fsync, rename, fsync of the folder (no
+        fsyncs unless durable)."""
+        durable = self._dur(durable)
+        folder = folder or self._dir
+        tmp = self._write_tmp(name, data, durable=durable, folder=folder)
+        try:
+            os.replace(tmp, os.path.join(folder, name))
+        except BaseException:
+            _unlink_quiet(tmp)
+            raise
+        if durable:
+            fsync_dir(folder)
+
+    def _writable(self) -> None:
+        if self._read_only:
+            from ..errors import ReadOnlyStoreError
+            raise ReadOnlyStoreError(f"cool archive {self._dir} is open read-only")
+
+    def plan_merge(self, *, fanout: int = 4, max_files: int | None = None) -> list[list[str]]:
+        """Groups of live files to merge (size-tiered, so every row is rewritten
+        O(log n) times over the archive's life).
+
+        A file's tier is ``floor(log_fanout(rows))``; any tier holding
+        ``fanout`` or more files is merged into one (which lands in a higher
+        tier). With ``max_files``, the smallest files are then also merged
+        until at most that many remain."""
+        with self._lock:
+            sizes = {fi.name: fi.rows for fi in self._files.values()}
+        return plan_merge(sizes, fanout=fanout, max_files=max_files)
+
+    def unlink_files(self, names: Iterable[str]) -> list[str]:
+        """Delete files (and their sidecars) the manifest no longer references.
+        Live files are refused (ValueError). Returns the names removed."""
+        self._writable()
+        with self._lock:
+            done = []
+            names = list(names)
+            for name in names:
+                no = _file_no(name)
+                if no in self._files:
+                    raise ValueError(f"unlink_files: {name} is still live")
+            for name in names:
+                no = _file_no(name)
+                self._forget_cache(no)
+                iname, gname = _idx_name(no), _grams_name(no)
+                for path in (self._path(name), self._ipath(iname), self._path("." + name + ".tmp"),
+                             self._ipath("." + iname + ".tmp"), self._path(iname),
+                             self._ipath(gname), self._ipath("." + gname + ".tmp")):
+                    try:
+                        os.unlink(path)
+                        done.append(os.path.basename(path))
+                    except FileNotFoundError:
+                        pass
+            if done and self._durable:
+                fsync_dir(self._dir)
+                fsync_dir(self._idx_dir)    # (an erased file's sidecar names its channels and tasks)
+            return done
+
+    def _stray_files(self, keep: Iterable[str] | None = None) -> list[tuple[str, str]]:
+        """(folder, name) of each archive-owned file in the folders that
+        ``keep`` (default: the live files) does not reference: leftovers of a
+        crash. A sidecar left in the archive folder (a store written before
+        the index folder) is one too."""
+        with self._lock:
+            keep_nos = {_file_no(n) for n in (self.files() if keep is None else keep)}
+            out = []
+            for d, n in self._listing():
+                m = _OURS_RE.match(n)
+                assert m is not None        # (_listing matched it)
+                legacy = self._legacy_sidecar(d, m) and not self._read_only
+                if int(m.group(1)) not in keep_nos or n.startswith(".") or legacy:
+                    out.append((d, n))
+            return out
+
+    def gc(self, keep: Iterable[str] | None = None) -> list[str]:
+        """Remove stray archive files (see :meth:`_stray_files`); returns their names.
+        Call after open, with the manifest's list, to finish any interrupted
+        cool, erase or merge. Files the archive does not own are left alone."""
+        self._writable()
+        with self._lock:
+            keep = list(self.files() if keep is None else keep)
+            live = set(self.files())
+            if not set(keep) <= live:
+                raise ValueError(f"gc: keep names files that are not live: {sorted(set(keep) - live)}")
+            gone = set()
+            for d, n in self._stray_files(keep):
+                m = _OURS_RE.match(n)
+                if m and int(m.group(1)) in self._live_nos() and not n.startswith(".") \
+                        and not self._legacy_sidecar(d, m):
+                    continue
+                try:
+                    os.unlink(os.path.join(d, n))
+                    gone.add(n)
+                except FileNotFoundError:
+                    pass
+            if gone and self._durable:
+                fsync_dir(self._dir)
+            return sorted(gone)
+
+
+def plan_merge(sizes: dict[str, int], *, fanout: int = 4,
+               max_files: int | None = None) -> list[list[str]]:
+    """The merge policy of :meth:`CoolArchive.plan_merge` over ``{name: rows}``."""
+    if fanout < 2:
+        raise ValueError("fanout must be at least 2")
+    tiers: dict[int, list[str]] = {}
+    for name, rows in sizes.items():
+        t, r = 0, max(rows, 1)
+        while r >= fanout:
+            r //= fanout
+            t += 1
+        tiers.setdefault(t, []).append(name)
+    groups = [sorted(v) for _t, v in sorted(tiers.items()) if len(v) >= fanout]
+    if max_files is not None:
+        if max_files < 1:
+            raise ValueError("max_files must be at least 1")
+        count = len(sizes) - sum(len(g) - 1 for g in groups)
+        if count > max_files:
+            # fold the smallest remaining units (files or planned groups) into one group
+            grouped = {n for g in groups for n in g}
+            units = [[n] for n in sizes if n not in grouped] + groups
+            units.sort(key=lambda u: sum(sizes[n] for n in u))
+            take = units[:count - max_files + 1]
+            groups = [g for g in groups if g not in take] + [sorted(n for u in take for n in u)]
+    return [g for g in groups if len(g) > 1]

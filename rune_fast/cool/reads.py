@@ -1,0 +1,281 @@
+"""The queries of a cool archive: by id, channel and task, and its counts.
+"""
+from __future__ import annotations
+
+import bisect
+from typing import Sequence, cast
+
+import numpy as np
+
+from ..errors import CorruptStateCheckpointError
+from .cache import _RowCache
+from .rows import _LAZY_LOOKUPS, _TASK_LOCS_KEPT, _assemble_at, _row_digest
+from .schema import CoolRow, _COLS, _file_no, _row_key, cool_loc
+from .sidecar import _id_hashes
+from .tables import _merge
+
+
+class _Reads(_RowCache):
+    """Queries by id, channel and task (the layer above the row cache).
+    """
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(fi.rows for fi in self._files.values())
+
+    def channels(self) -> list[str]:
+        """Every channel with at least one cooled message, sorted."""
+        with self._lock:
+            return sorted(self._channels)
+
+    def channel_len(self, channel_id: str) -> int:
+        with self._lock:
+            return sum(self._files[no].channels[channel_id][1] - self._files[no].channels[channel_id][0]
+                       for no in self._channels.get(channel_id, ()))
+
+    def task_len(self, task_id: str) -> int:
+        """Archived messages of the task. Public API: the repository does not call it."""
+        with self._lock:
+            return sum(len(self._files[no].tasks[task_id]) for no in self._task_map().get(task_id, ()))
+
+    def _task_map(self) -> dict[str, list[int]]:
+        """task -> numbers of the live files holding it, built at the first
+        task query (an open does not parse 25,000 task names it may never use)."""
+        if self._tasks is None:
+            tasks: dict[str, list[int]] = {}
+            for no in sorted(self._files):
+                try:
+                    names = self._files[no].tasks
+                except (ValueError, TypeError) as exc:   # orjson.JSONDecodeError is a ValueError
+                    raise CorruptStateCheckpointError(
+                        f"cool sidecar task section unreadable: {exc}", path=self._sidecar_path(no)) from None
+                for t in names:
+                    tasks.setdefault(t, []).append(no)
+            self._tasks = tasks
+        return self._tasks
+
+    def file_rows(self) -> dict[str, int]:
+        """Rows per live file."""
+        with self._lock:
+            return {self._files[no].name: self._files[no].rows for no in sorted(self._files)}
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {
+                "files": len(self._files),
+                "rows": len(self),
+                "bytes": sum(fi.size for fi in self._files.values()),
+                "index_bytes": int(self._ids.nbytes) + sum(
+                    self._files[no].hashes.nbytes + self._files[no].hrows.nbytes for no in self._pending),
+                "cached_bytes": self._cached_bytes,
+                "rebuilt_sidecars": list(self.rebuilt_sidecars),
+            }
+
+    def get_row(self, msg_id: str) -> CoolRow | None:
+        """The archived message ``msg_id`` with its ordinal and place, or None.
+
+        Raises CorruptStateCheckpointError (file and row) when the stored row
+        fails its digest or its id does not match. Public API (the repository
+        reads by :meth:`get` and :meth:`contains`, which use it)."""
+        with self._lock:
+            for loc in self._id_locs(msg_id):
+                no, row = loc >> 32, loc & 0xFFFFFFFF
+                fi = self._files[no]
+                starts = fi.rg_list
+                rg = bisect.bisect_right(starts, row) - 1
+                if not 0 <= rg < len(starts) - 1:
+                    raise CorruptStateCheckpointError(f"cool index points past the file at row {row}",
+                                                      path=self._path(fi.name), offset=row)
+                i = row - starts[rg]
+                got = self._direct(no, rg, starts[rg + 1] - starts[rg], [i])
+                if got is not None:
+                    rec, o, dig, plain = got[0]
+                    if rec is not None and rec["msg_id"] != msg_id:
+                        continue  # another id with the same 64-bit hash (a malformed row: below)
+                else:
+                    g = self._group(no, rg, _COLS, True)
+                    if not 0 <= i < g.n:
+                        raise CorruptStateCheckpointError(f"cool index points past row group {rg}",
+                                                          path=self._path(fi.name), offset=row)
+                    acc = cast("list", g.acc)     # (every column read: the getters are set)
+                    try:
+                        mid = acc[0](i)
+                    except UnicodeDecodeError:
+                        mid = None
+                    if mid != msg_id:
+                        if mid is None:
+                            raise CorruptStateCheckpointError(f"cool row {row} has a malformed msg_id",
+                                                              path=self._path(fi.name), offset=row)
+                        continue  # another id with the same 64-bit hash
+                    rec, o, dig, plain = _assemble_at(acc, i)
+                if rec is None:
+                    raise CorruptStateCheckpointError(f"cool row {row} is malformed ({dig})",
+                                                      path=self._path(fi.name), offset=row)
+                if _row_digest(rec, plain) != dig:
+                    raise CorruptStateCheckpointError(f"cool row {row} fails its digest",
+                                                      path=self._path(fi.name), offset=row)
+                return CoolRow(rec, o, fi.name, row, plain)
+            return None
+
+    def get(self, msg_id: str) -> dict | None:
+        """The record dict of ``msg_id`` (verified against its digest), or None."""
+        r = self.get_row(msg_id)
+        return None if r is None else r.record
+
+    def contains(self, msg_id: str, *, verify: bool = False) -> bool:
+        """True if ``msg_id`` is archived.
+
+        A hit checks the stored id (its column only, covered by the Parquet
+        page checksums), not the whole row: that is the append path's
+        duplicate check. ``verify=True`` also checks the row's digest (raising
+        CorruptStateCheckpointError like :meth:`get_row`)."""
+        span = self._id_span()
+        if span is not None and not span[0] <= msg_id <= span[1]:
+            return False        # (a new id after every archived one: no sidecar read)
+        if verify:
+            return self.get_row(msg_id) is not None
+        with self._lock:
+            for loc in self._id_locs(msg_id):
+                if self._id_at(loc >> 32, loc & 0xFFFFFFFF) == msg_id:
+                    return True
+            return False
+
+    def contains_many(self, msg_ids: Sequence[str]) -> np.ndarray:
+        """Boolean array: which of ``msg_ids`` are archived. The ids' hashes
+        are looked up at once; only an id whose hash is archived has its
+        stored id read (as :meth:`contains` does)."""
+        msg_ids = list(msg_ids)
+        out = np.zeros(len(msg_ids), dtype=bool)
+        if not msg_ids:
+            return out
+        span = self._id_span()
+        if span is not None and not any(span[0] <= m <= span[1] for m in msg_ids):
+            return out
+        with self._lock:
+            if not self._files:
+                return out
+            hs = _id_hashes(msg_ids)
+            if self._pending:
+                # each id counts as a lookup (see _id_locs): a store fed by
+                # batches builds the id index as one fed one by one does,
+                # instead of searching every pending file's hashes per batch
+                self._lookups += len(msg_ids)
+                if self._lookups > _LAZY_LOOKUPS:
+                    self._build_ids()
+            cand = self._ids.has_many(hs)
+            for no in self._pending:
+                fh = self._files[no].hashes
+                if len(fh):
+                    at = np.minimum(np.searchsorted(fh, hs), len(fh) - 1)
+                    cand |= fh[at] == hs
+            for i in np.flatnonzero(cand):
+                out[i] = self.contains(msg_ids[i])
+        return out
+
+    def _channel_parts(self, channel_id: str) -> list[list[CoolRow]]:
+        parts = []
+        for no in self._channels.get(channel_id, ()):
+            s, e, _ = self._files[no].channels[channel_id]
+            rows = self._rows(no, s, e)
+            self._check_field(rows, "channel_id", channel_id)
+            parts.append(rows)
+        return parts
+
+    def _check_field(self, rows: list[CoolRow], fld: str, want: str) -> None:
+        for r in rows:
+            if r.record[fld] != want:
+                raise CorruptStateCheckpointError(
+                    f"cool index says row {r.row} has {fld} {want!r}, the file says {r.record[fld]!r}",
+                    path=self._path(r.file), offset=r.row)
+
+    def channel_rows(self, channel_id: str) -> list[CoolRow]:
+        """Every archived message of the channel, oldest first by the order key
+        (unstamped by ``ord``, then stamped by ``(hlc, msg_id)``). Each row is
+        verified; damage raises CorruptStateCheckpointError (file and row)."""
+        with self._lock:
+            parts = self._channel_parts(channel_id)
+        return _merge(parts)
+
+    def channel_tail(self, channel_id: str, n: int) -> list[CoolRow]:
+        """The newest ``n`` archived messages of the channel, oldest first."""
+        if n <= 0:
+            return []
+        with self._lock:
+            parts = []
+            for no in self._channels.get(channel_id, ()):
+                s, e, _ = self._files[no].channels[channel_id]
+                # each file's range is in key order: only its last n can qualify
+                rows = self._rows(no, max(s, e - n), e)
+                self._check_field(rows, "channel_id", channel_id)
+                parts.append(rows)
+        merged = _merge(parts)
+        return merged[-n:]
+
+    @staticmethod
+    def loc_of(row: CoolRow) -> int:
+        """The location (:func:`cool_loc`) of a row, as :meth:`task_locs` names it."""
+        return cool_loc(_file_no(row.file), row.row)
+
+    def task_locs(self, task_id: str) -> list[int]:
+        """The locations (:func:`cool_loc`) of every archived message of the
+        task (as the sidecars say; :meth:`rows_at` reads and verifies them)."""
+        with self._lock:
+            kept = self._task_locs_d.get(task_id) if not self._unloaded else None
+            if kept is not None:
+                return list(kept)
+            out: list[int] = []
+            for no in self._task_map().get(task_id, ()):
+                base = no << 32     # (a task's rows are few: Python ints beat numpy's calls)
+                out += [base | r for r in self._files[no].tasks[task_id].tolist()]
+            if len(self._task_locs_d) >= _TASK_LOCS_KEPT:
+                self._task_locs_d.clear()
+            self._task_locs_d[task_id] = out
+            return list(out)
+
+    def id_locs(self, msg_id: str) -> list[int]:
+        """The locations (:func:`cool_loc`) of the archived rows whose id
+        hashes like ``msg_id`` (usually none or one; :meth:`rows_at` reads them)."""
+        with self._lock:
+            return list(self._id_locs(msg_id))
+
+    def rows_at(self, locs: Sequence[int]) -> list[CoolRow]:
+        """The verified rows at ``locs`` (from :meth:`task_locs` or
+        :meth:`id_locs`), in their order. Damage raises
+        CorruptStateCheckpointError (file and row)."""
+        with self._lock:
+            by_file: dict[int, list[int]] = {}
+            for loc in locs:
+                no = loc >> 32
+                if no not in self._files:
+                    raise CorruptStateCheckpointError(f"cool file number {no} is not live", path=self._dir)
+                by_file.setdefault(no, []).append(loc & 0xFFFFFFFF)
+            got: dict[int, CoolRow] = {}
+            for no, rows in by_file.items():
+                rows = sorted(set(rows))
+                for r, row in zip(rows, self._rows(no, 0, 0, rows)):
+                    got[cool_loc(no, r)] = row
+            return [got[loc] for loc in locs]
+
+    def latest_task_row(self, channel_id: str) -> CoolRow | None:
+        """The newest archived message of the channel that has a task, or
+        None. Public API: the repository does not call it."""
+        with self._lock:
+            best: CoolRow | None = None
+            for no in self._channels.get(channel_id, ()):
+                s, e, lt = self._files[no].channels[channel_id]
+                if lt < 0:
+                    continue
+                r = self._row(no, lt)
+                if r.record["channel_id"] != channel_id or r.record["task_id"] == "":
+                    raise CorruptStateCheckpointError(
+                        f"cool index says row {lt} is a task message of channel {channel_id!r}",
+                        path=self._path(r.file), offset=lt)
+                if best is None or _row_key(r) > _row_key(best):
+                    best = r
+            return best
+
+    def latest_task(self, channel_id: str) -> str | None:
+        """task_id of the newest archived message of the channel that has
+        one. Public API: the repository does not call it."""
+        r = self.latest_task_row(channel_id)
+        return None if r is None else r.record["task_id"]

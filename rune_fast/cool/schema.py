@@ -1,0 +1,296 @@
+"""The cool file's schema and names: the record fields and their Parquet
+columns, the public value types, row digests and order keys, the
+validation of incoming record dicts, and the file and location names.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import xxhash
+
+from ..records import fast_canonical_json
+
+
+#: Rows per Parquet row group: the unit of the row-group cache and of bulk reads.
+ROW_GROUP_ROWS = 1024
+#: data pages of about this many bytes, checked every _PAGE_BATCH_ROWS rows:
+#: a point read decompresses one page per column (see rune_fast.pages), so
+#: pages stay small (content: 32 rows or fewer) at about 30% more file size
+#: than pyarrow's default 1 MiB pages
+_PAGE_BYTES = 4 << 10
+_PAGE_BATCH_ROWS = 32
+#: A file's content-page filters, kept beside its sidecar once a search built
+#: them (``cool-NNNNNNNN.grams``): a cache bound to the file's size and footer
+#: hash and checked whole (xxh3_64) when read, so the first search of a later
+#: process reads the pages that may match instead of every page. Layout:
+#: magic, version, filter bytes a page, file size, footer hash (16 hex
+#: digits), entry count; per entry its row group, byte count and filters;
+#: then the xxh3_64 of everything before it.
+_GRAMS_MAGIC = b"RFGRAMS1"
+_GRAMS_VERSION = 1
+_GRAMS_HEAD = struct.Struct("<8sIIQ16sI")
+_GRAMS_ENTRY = struct.Struct("<II")
+#: row groups remembered as missed once (see CoolArchive._direct)
+_MAX_MISSED = 1 << 16
+
+#: The record dict fields, in the column order of the file.
+RECORD_FIELDS = (
+    "msg_id", "channel_id", "task_id", "hlc", "content", "ts", "role",
+    "token_estimate", "tool_calls", "tool_call_id", "origin", "schema_version",
+)
+_STR_FIELDS = ("msg_id", "channel_id", "task_id", "hlc", "content", "role",
+               "tool_call_id", "origin")
+_FIELD_SET = frozenset(RECORD_FIELDS)
+
+#: The Parquet schema of every cool file: plain types only, so DuckDB, Polars
+#: or Spark read the files as they are.
+COOL_SCHEMA = pa.schema([
+    pa.field("msg_id", pa.string(), nullable=False),
+    pa.field("channel_id", pa.string(), nullable=False),
+    pa.field("task_id", pa.string(), nullable=False),
+    pa.field("hlc", pa.string(), nullable=False),
+    pa.field("content", pa.string(), nullable=False),
+    pa.field("ts", pa.float64(), nullable=False),
+    pa.field("role", pa.string(), nullable=False),
+    pa.field("token_estimate", pa.int64(), nullable=False),
+    pa.field("tool_calls", pa.string(), nullable=False),      # JSON text
+    pa.field("tool_call_id", pa.string(), nullable=False),
+    pa.field("origin", pa.string(), nullable=False),
+    pa.field("schema_version", pa.int32(), nullable=False),
+    pa.field("extra", pa.string(), nullable=False),           # JSON object of fields beyond these
+    pa.field("ord", pa.int64(), nullable=False),
+    pa.field("digest", pa.string(), nullable=False),
+], metadata={b"rune_fast.format": b"cool/1"})
+
+_COLS = COOL_SCHEMA.names
+_CONTENT_COL = _COLS.index("content")
+_COL_TYPES = [(f.name, f.type) for f in COOL_SCHEMA]
+_PARQUET_RE = re.compile(r"^cool-(\d{8,})\.parquet$")
+_OURS_RE = re.compile(r"^\.?cool-(\d{8,})\.(parquet|idx|grams)(\.tmp)?$")
+_IDX_MAGIC = b"RFCIDX01"
+_IDX_VERSION = 2          # 1: task names in the header (still read)
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+_PARQUET_ERRORS = (OSError, pa.ArrowException, ValueError, KeyError, IndexError)
+
+
+# --------------------------------------------------------------------------- #
+# Public value types
+# --------------------------------------------------------------------------- #
+
+class CoolRow(NamedTuple):
+    """One archived message: its record dict, the caller's append ordinal,
+    and where it lives (file name and row)."""
+
+    record: dict
+    ord: int
+    file: str
+    row: int
+    #: the row's digest was checked over orjson's spelling of the record
+    #: (no extra fields; tool calls that orjson writes as stored): its values
+    #: are plain JSON values, so a record can be built without walking them
+    plain: bool = False
+
+
+@dataclass(frozen=True)
+class CoolRun:
+    """Result of :meth:`CoolArchive.cool_table`: the new file (add it to the
+    manifest), its row count and size, and the archive's new file list."""
+
+    file: str | None
+    rows: int
+    bytes: int
+    files: list[str]
+
+
+@dataclass(frozen=True)
+class CoolChange:
+    """Result of :meth:`CoolArchive.erase` and :meth:`CoolArchive.merge`.
+
+    ``replaced`` maps each old file name to its replacement (``None`` when it
+    became empty; for a merge several old names map to one new one).
+    ``files`` is the new live list: record it in the manifest, then call
+    :meth:`CoolArchive.unlink_files` with ``removed``.
+    """
+
+    replaced: dict[str, str | None]
+    added: list[str]
+    removed: list[str]
+    files: list[str]
+    rows_removed: int = 0
+    rows_rewritten: int = 0
+    not_found: list[str] = field(default_factory=list)
+
+
+class StagedMerge(NamedTuple):
+    """Merged files written by :meth:`CoolArchive.stage_merge`, not yet served."""
+
+    jobs: list          # source file numbers, one list per new file
+    new: list           # the new files' indexes
+    replaced: dict      # source name -> new name
+
+
+@dataclass(frozen=True)
+class CoolProblem:
+    """One problem found by :meth:`CoolArchive.verify`."""
+
+    file: str
+    row: int | None
+    problem: str
+
+    def __str__(self) -> str:
+        where = self.file if self.row is None else f"{self.file} row {self.row}"
+        return f"{where}: {self.problem}"
+
+
+# --------------------------------------------------------------------------- #
+# Digests and keys
+# --------------------------------------------------------------------------- #
+
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
+def _canonical(d: dict) -> bytes:
+    """``json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=False)``
+    as UTF-8.
+
+    orjson (4x faster) gives the same bytes for plain JSON values: it escapes
+    every character exactly as json does and sorts keys the same way (UTF-8
+    byte order is code point order); the differences are float exponents
+    (``1e16`` vs ``1e+16``), non-finite floats, int keys and ints beyond 64
+    bits, so anything but :func:`_json_safe` values takes json."""
+    ts = d.get("ts")
+    if (type(ts) is float and (ts == 0.0 or 1e-4 <= abs(ts) < 1e16)
+            and len(d) == 12 and "tool_calls" in d and not d["tool_calls"]):
+        # a plain record: no need to walk its values first
+        try:
+            return orjson.dumps(d, option=orjson.OPT_SORT_KEYS)
+        except orjson.JSONEncodeError:
+            pass  # lone surrogates or big ints: the general path
+    return fast_canonical_json(d)
+
+
+def record_digest(d: dict) -> str:
+    """xxh3_128 hex digest of the canonical JSON of a record dict (the value of
+    the ``digest`` column). Public API, for readers of the files that check
+    rows themselves."""
+    return xxhash.xxh3_128_hexdigest(_canonical(d))
+
+
+def _id_range(ids: Any) -> tuple[str, str] | None:
+    """(smallest, largest) of a msg_id column, in code point order (Arrow
+    compares UTF-8 bytes, which orders as str does); None if it is empty."""
+    if len(ids) == 0:
+        return None
+    mm = pc.min_max(ids)
+    lo, hi = mm["min"].as_py(), mm["max"].as_py()
+    return None if lo is None or hi is None else (lo, hi)
+
+
+def _id_hash(msg_id: str) -> int:
+    return xxhash.xxh3_64_intdigest(msg_id.encode("utf-8"))
+
+
+def _order_key(record: dict, ord_: int) -> tuple:
+    """Order within a channel or task (DESIGN.md): unstamped messages first in
+    append order, then stamped ones by (hlc, msg_id)."""
+    hlc = record["hlc"]
+    if hlc == "":
+        return (0, ord_, "", "")
+    return (1, 0, hlc, record["msg_id"])
+
+
+def _row_key(row: CoolRow) -> tuple:
+    return _order_key(row.record, row.ord)
+
+
+# --------------------------------------------------------------------------- #
+# Validation of incoming rows
+# --------------------------------------------------------------------------- #
+
+def _check_json(value: Any, where: str) -> None:
+    if value is None or isinstance(value, (bool, str)):
+        if isinstance(value, str):
+            _check_utf8(value, where)
+        return
+    if isinstance(value, int):
+        return
+    if isinstance(value, float):
+        return
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_json(v, f"{where}[{i}]")
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TypeError(f"{where}: JSON object key {k!r} is not a str")
+            _check_utf8(k, where)
+            _check_json(v, f"{where}.{k}")
+        return
+    raise TypeError(f"{where}: {type(value).__name__} is not a JSON value")
+
+
+def _check_utf8(s: str, where: str) -> None:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{where} is not valid UTF-8 (lone surrogate at {exc.start})") from None
+
+
+def _digest_checked(d: dict, i: int) -> str:
+    """The digest of a validated dict; a lone surrogate anywhere is named."""
+    try:
+        return xxhash.xxh3_128_hexdigest(_canonical(d))
+    except UnicodeEncodeError:
+        for k in _STR_FIELDS:
+            _check_utf8(d[k], f"row {i}: field {k}")
+        _check_json(d, f"row {i}")
+        raise
+
+
+def _dumps(value: Any) -> str:
+    return _COMPACT.encode(value)
+
+
+# --------------------------------------------------------------------------- #
+# Files: atomic writes, Parquet footers
+# --------------------------------------------------------------------------- #
+
+def cool_loc(no: int, row: int) -> int:
+    """A cool row's location: ``(file number << 32) | row``, as the id index
+    keeps it (file numbers are never reused, so a location names one row for
+    good)."""
+    return (no << 32) | row
+
+
+def _file_no(name: str) -> int:
+    m = _PARQUET_RE.match(name)
+    if m is None:
+        raise ValueError(f"not a cool archive file name: {name!r}")
+    return int(m.group(1))
+
+
+def _parquet_name(no: int) -> str:
+    return f"cool-{no:08d}.parquet"
+
+
+def _idx_name(no: int) -> str:
+    return f"cool-{no:08d}.idx"
+
+
+def _grams_name(no: int) -> str:
+    return f"cool-{no:08d}.grams"
+
+
+def index_dir_for(cool_dir: str) -> str:
+    """The folder of the sidecars of the archive in ``cool_dir``: its
+    sibling ``<cool_dir>_index``."""
+    return os.path.normpath(cool_dir) + "_index"

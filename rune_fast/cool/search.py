@@ -1,0 +1,380 @@
+"""Search over a cool archive: trigram filters of content pages (kept
+beside the sidecars), scans of the row groups that may match, and exact
+casefolded matching.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+from typing import Any, Callable, Container, Sequence
+
+import numpy as np
+
+from .._search import find_spans
+from ..pages import PageError, Unsupported
+from ..segments import read_kept, write_kept
+
+
+log = logging.getLogger("rune_fast.cool")
+
+
+from .reads import _Reads
+from .rows import SPECIAL_FOLD, _Group, _SPECIAL_UTF8, _assemble_columns
+from .schema import CoolRow, _CONTENT_COL, _grams_name, _row_key, cool_loc
+from .sidecar import _FileIndex, _decode_grams, _encode_grams
+
+
+def _relevant_specials(needle: str) -> tuple[str, ...]:
+    """The SPECIAL_FOLD characters that can take part in a match of the
+    ASCII ``needle`` in a casefolded text: those whose fold F lies inside
+    the needle, or overlaps its start (the needle starts with a suffix of F)
+    or its end (it ends with a prefix of F), or holds the whole needle.
+    Every other character maps ASCII to the same ASCII letter, lowercased,
+    and non-ASCII to non-ASCII, so it cannot make a match that an
+    ASCII-case-blind byte search misses."""
+    out = []
+    for c in SPECIAL_FOLD:
+        f = c.casefold()
+        if (f in needle or needle in f
+                or any(needle.startswith(f[k:]) for k in range(1, len(f)))
+                or any(needle.endswith(f[:k]) for k in range(1, len(f)))):
+            out.append(c)
+    return tuple(out)
+
+
+_SCAN_POOL: Any = None
+_SCAN_POOL_LOCK = threading.Lock()
+
+
+class _Deferred:
+    """A call made when its result is asked for (a future's ``result()``)."""
+
+    __slots__ = ("_fn", "_arg")
+
+    def __init__(self, fn: Callable[[Any], Any], arg: Any) -> None:
+        self._fn = fn
+        self._arg = arg
+
+    def result(self) -> Any:
+        return self._fn(self._arg)
+
+
+def _scan_pool() -> Any:
+    """The threads that decompress and search cool pages for searches (two;
+    made at the first search that scans the files)."""
+    global _SCAN_POOL
+    with _SCAN_POOL_LOCK:
+        if _SCAN_POOL is None:
+            from concurrent.futures import ThreadPoolExecutor
+            _SCAN_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rune-fast-scan")
+        return _SCAN_POOL
+
+
+def _forget_scan_pool() -> None:
+    # A forked child has none of the parent's threads: a pool inherited from
+    # it would queue work that nothing runs. The child makes its own.
+    global _SCAN_POOL, _SCAN_POOL_LOCK
+    _SCAN_POOL = None
+    _SCAN_POOL_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_scan_pool)
+
+
+def _ascii_fold_has(raw: bytes, needle: bytes, repl: list[tuple[bytes, bytes]]) -> bool:
+    """``needle`` (ASCII, casefolded) in the casefold of the UTF-8 text
+    ``raw``, given the SPECIAL_FOLD characters that can take part in a match
+    (``repl``: their UTF-8 and their fold's). Others need no folding: ASCII
+    letters fold to themselves lowercased (``bytes.lower``), any other
+    character to non-ASCII bytes, where an ASCII needle cannot match."""
+    for a, b in repl:
+        if a in raw:
+            raw = raw.replace(a, b)
+    return needle in raw.lower()
+
+
+def ascii_fold_matcher(needle: str) -> "Any | None":
+    """For other tiers' searches: a function ``has(raw: bytes) -> bool`` that
+    answers ``needle.casefold() in raw.decode("utf-8").casefold()`` without
+    decoding or casefolding the text, when the folded needle is ASCII (None
+    otherwise). Only the SPECIAL_FOLD characters that can take part in a
+    match are folded (``bytes.replace``); ASCII letters are lowered with
+    ``bytes.lower``. A row whose bytes match the needle ASCII-case-blind is a
+    hit; one that does not can only be a hit if it holds one of
+    ``relevant_specials(folded)``. Public API: nothing in rune_fast calls it
+    (the repository's hot search uses :func:`relevant_specials`)."""
+    folded = needle.casefold()
+    if not folded.isascii():
+        return None
+    nb = folded.encode("ascii")
+    repl = [(c.encode("utf-8"), c.casefold().encode("utf-8")) for c in _relevant_specials(folded)]
+    return lambda raw: _ascii_fold_has(raw, nb, repl)
+
+
+relevant_specials = _relevant_specials
+
+
+def _folded_hits(get: Any, rows: list[int], lo: int, needle: str) -> list[int]:
+    """The rows (offset by ``lo``) whose casefolded content holds ``needle``;
+    a row that does not decode is kept (reading it whole reports it)."""
+    out = []
+    for i in rows:
+        try:
+            if needle not in get(i + lo).casefold():
+                continue
+        except UnicodeDecodeError:
+            pass
+        out.append(i)
+    return out
+
+
+class _Search(_Reads):
+    """Substring search (the layer above the queries).
+    """
+
+    def search(self, text: str, channel_id: str | None = None, *,
+               case_sensitive: bool = False) -> list[CoolRow]:
+        """Archived messages whose content contains ``text`` (case-insensitive:
+        ``text.casefold() in content.casefold()``), oldest first by the order
+        key. Every hit is verified against its digest. Public API: the
+        repository calls :meth:`search_known`."""
+        return self.search_known(text, channel_id, case_sensitive=case_sensitive)[0]
+
+    def search_known(self, text: str, channel_id: str | None = None, *, case_sensitive: bool = False,
+                     known: Container[int] = ()) -> tuple[list[CoolRow], list[int]]:
+        """:meth:`search`, except that a hit whose location (:func:`cool_loc`)
+        is in ``known`` (rows the caller holds verified records of; it must not
+        change during the call) may be reported by that location instead of
+        read: ``(rows, locs)``, the rows as :meth:`search` gives them, the
+        locations in no order. A location names a row whose content bytes
+        the search matched as it matches before reading a row; the caller
+        checks its own record (content, channel) as this method checks the
+        rows it reads. Reading a hit's other columns is most of a search of
+        the pages (a page of each column per hit): a search asked again
+        skips it for the rows its caller kept."""
+        if not isinstance(text, str):
+            raise TypeError(f"search text must be str, got {type(text).__name__}")
+        needle = text if case_sensitive else text.casefold()
+        nb = needle.encode("utf-8", "surrogatepass")
+        # case-insensitive: an ASCII needle matches a row iff its ASCII-case-blind
+        # bytes hold it, or the row holds a SPECIAL_FOLD character (checked in
+        # Python). A non-ASCII needle: rows whose bytes hold its longest ASCII
+        # run (case-blind), or with a SPECIAL_FOLD character, or, with no ASCII
+        # run, every non-ASCII row; all checked with str.casefold.
+        mode = "all" if needle == "" else "cs" if case_sensitive else "ci"
+        probe = nb
+        if mode == "ci" and not needle.isascii():
+            runs = re.findall(r"[\x00-\x7f]+", needle)
+            probe = max(runs, key=len).encode("ascii") if runs else b""
+            mode = "ci-run" if probe else "ci-nonascii"
+        specials = _relevant_specials(probe.decode("ascii")) if mode in ("ci", "ci-run") else ()
+        fold_repl = [(c.encode("utf-8"), c.casefold().encode("utf-8")) for c in specials]
+        hits: list[CoolRow] = []
+        known_hits: list[int] = []
+        with self._lock:
+            if channel_id is None:
+                targets = [(no, 0, fi.rows) for no, fi in sorted(self._files.items())]
+            else:
+                targets = [(no, *self._files[no].channels[channel_id][:2])
+                           for no in self._channels.get(channel_id, ())]
+            for no, s, e in targets:
+                fi = self._files[no]
+                rg_a = self._rg_of(fi, s) if e > s else 0
+                rg_b = self._rg_of(fi, e - 1) + 1 if e > s else 0
+                sel_rows = []
+                found: list[CoolRow] = []
+                # the groups the cache does not hold are searched in their
+                # pages (content pages only, those whose filters may match
+                # once a scan built them or an earlier process kept them),
+                # not poured through the cache: a group decodes whole there
+                scans: dict[int, Any] | None = None if mode in ("ci", "cs") else {}
+                for rg in range(rg_a, rg_b):
+                    if scans is None and (no, rg) not in self._cache:
+                        scans = self._start_scans(no, [r for r in range(rg, rg_b) if (no, r) not in self._cache],
+                                                  s, e, mode, nb, fold_repl, known)
+                    base = fi.rg_list[rg]
+                    n = fi.rg_list[rg + 1] - base
+                    lo, hi = max(s - base, 0), min(e - base, n)
+                    if mode == "all":
+                        sel_rows.append(np.arange(lo + base, hi + base, dtype=np.int64))
+                        continue
+                    pinned: dict = {}      # this group, even if the cache does not keep it
+                    if scans and rg in scans:
+                        got = self._scan_result(no, rg, scans.pop(rg))
+                        if got is not None:
+                            found.extend(self._verified(fi.name, [base + i for i in got[0]], got[1]))
+                            known_hits.extend(cool_loc(no, base + i) for i in got[2])
+                            continue
+                    g = self._group(no, rg, ("content",), True, pinned)
+                    content = g.cols["content"][2]
+                    if not content.grams and self._cache.get((no, rg)) is g:
+                        # the first search of a cached group builds its trigram filters
+                        before = content.nbytes()
+                        content.build_grams()
+                        g.nbytes += content.nbytes() - before
+                        if self._cache.get((no, rg)) is g:
+                            self._cached_bytes += content.nbytes() - before
+                    if mode == "cs":
+                        idx = content.find(nb, False, lo, hi) - lo
+                    else:
+                        if mode == "ci-nonascii":
+                            data, offs = g.spans()
+                            exact = np.zeros(0, np.int64)
+                            maybe: Any = find_spans(data, offs[lo:hi], offs[lo + 1:hi + 1],
+                                                    b"\xff", False, True)  # 0xff: never in UTF-8
+                        else:
+                            exact = content.find(probe.lower(), True, lo, hi) - lo
+                            maybe = self._special_rows(fi, rg, g, specials)
+                            if len(maybe):
+                                maybe = np.setdiff1d(maybe[(maybe >= lo) & (maybe < hi)] - lo, exact)
+                            if mode == "ci-run":     # the ASCII run is only a filter
+                                exact, maybe = np.zeros(0, np.int64), np.union1d(exact, maybe)
+                        if len(maybe):
+                            # check just the content of the candidates; whole rows only for hits
+                            content = g.cols["content"][2]
+                            if mode == "ci":
+                                maybe = [i for i in maybe.tolist()
+                                         if _ascii_fold_has(content.raw(i + lo), nb, fold_repl)]
+                            else:
+                                maybe = _folded_hits(content.get, maybe.tolist(), lo, needle)
+                            maybe = np.asarray(maybe, dtype=np.int64)
+                            idx = np.union1d(exact, maybe) if len(exact) else maybe
+                        else:
+                            idx = exact
+                    if len(idx):
+                        found.extend(self._rows(no, 0, 0, idx + (lo + base), pinned))
+                if sel_rows:
+                    found.extend(self._rows(no, 0, 0, np.concatenate(sel_rows)))
+                if found:
+                    rows = found
+                    if mode == "cs":
+                        rows = [r for r in rows if needle in r.record["content"]]
+                    if channel_id is not None:
+                        self._check_field(rows, "channel_id", channel_id)
+                    hits.extend(rows)
+            if self._filters.new and not self._read_only:
+                self._keep_grams()
+        hits.sort(key=_row_key)
+        return hits, known_hits
+
+    def _start_scans(self, no: int, rgs: list[int], s: int, e: int, mode: str, nb: bytes,
+                     fold_repl: list[tuple[bytes, bytes]], known: Container[int] = ()
+                     ) -> dict[int, Any]:
+        """Start the search of row groups ``rgs`` of file ``no`` (groups the
+        cache does not hold; rows ``[s, e)`` of the file) in the file's pages
+        as they are decompressed, without building or caching the groups:
+        rg -> future of (rows within the group, their assembled values; see
+        :meth:`_scan_result`; the hits in ``known`` are not read, only
+        named). ``mode`` "ci": ``nb`` (ASCII, casefolded)
+        matched ASCII-case-blind, the rows holding a SPECIAL_FOLD character
+        of ``fold_repl`` checked one by one; "cs": bytes as they are. The
+        hits' other columns are read by the same task; two run at a time
+        (decompression, I/O and the search leave the GIL). Empty if the file
+        is not in a layout the PageReader reads."""
+        reader = self._reader(no) if rgs else None
+        if reader is None:
+            return {}
+        if no not in self._filters.read:
+            self._read_grams(no)
+        probes = [(nb.lower(), True) if mode == "ci" else (nb, False)] + [(a, False) for a, _b in fold_repl]
+        starts = self._files[no].rg_list
+
+        def scan(rg: int) -> tuple[list[int], list, bytes | None, list[int]]:
+            lo, hi, base = s - starts[rg], e - starts[rg], cool_loc(no, starts[rg])
+            res, built = reader.find(rg, _CONTENT_COL, probes, self._filters.get(no, rg))
+            hits = {i: v for i, v in res[0] if lo <= i < hi}
+            for part in res[1:]:
+                for i, v in part:
+                    if lo <= i < hi and i not in hits and _ascii_fold_has(v, nb, fold_repl):
+                        hits[i] = v
+            local: list[int] = []
+            named: list[int] = []
+            for i in sorted(hits):
+                (named if base + i in known else local).append(i)
+            if not local:
+                return local, [], built, named
+            vals = reader.rows(rg, local, {_CONTENT_COL: [hits[i] for i in local]})
+            return local, _assemble_columns(list(zip(*vals))), built, named
+
+        # a group whose page filters are known reads a few pages: scanned when
+        # its turn comes, on this thread (two threads would fight for the GIL)
+        pool = _scan_pool()
+        return {rg: _Deferred(scan, rg) if self._filters.has(no, rg) else pool.submit(scan, rg)
+                for rg in rgs}
+
+    def _read_grams(self, no: int) -> None:
+        """Take file ``no``'s content-page filters from its filters file, if
+        a search of an earlier process kept one (lock held; within
+        _GRAMS_BUDGET). One that does not hold for the live file (damaged,
+        stale, another build's) is named in a log warning and removed: the
+        next scan of each group builds its filters again. Only the scans use
+        them, and a filter that names fewer pages than the group holds makes
+        PageReader.find refuse it (the group is read instead)."""
+        self._filters.read.add(no)
+        fi = self._files[no]
+        got = read_kept(self._ipath(_grams_name(no)),
+                        lambda raw: _decode_grams(raw, fi.size, fi.footer, len(fi.rg_list) - 1),
+                        remove_bad=not self._read_only)
+        for rg, grams in (got or {}).items():
+            self._filters.add_read(no, rg, grams)
+
+    def _keep_grams(self) -> None:
+        """Write the filters files of the files whose filters a search built
+        (lock held; a writer's): temp file (fsynced when durable), rename.
+        A cache: a crash that loses one costs the next process a full scan;
+        one the rename did not make whole fails its checksum when read. A
+        failed write is logged and skipped (the search that built them has
+        its answer)."""
+        for no in sorted(self._filters.new):
+            fi = self._files.get(no)
+            if fi is None:
+                continue
+            entries = self._filters.of_file(no)
+            name = _grams_name(no)
+            write_kept(self._ipath(name), _encode_grams(fi.size, fi.footer, entries),
+                       tmp=self._ipath("." + name + ".tmp"), sync=self._durable)
+        self._filters.new.clear()
+
+    def _scan_result(self, no: int, rg: int, fut: Any) -> tuple[list[int], list, list[int]] | None:
+        """What a scan of :meth:`_start_scans` found (rows read, their values,
+        rows only named), or None: the caller reads the group instead (a
+        layout the PageReader does not read, or damage, which that read
+        names)."""
+        try:
+            local, many, built, named = fut.result()
+        except PageError:
+            return None
+        except Unsupported:
+            self._readers[no] = None    # (closed when the other scans drop it)
+            return None
+        if built is not None and no in self._files:
+            # the pages' trigram filters: later scans of the group read only pages that may match
+            self._filters.add_built(no, rg, built)
+        if any(got is None for got in many):
+            return None
+        return local, many, named
+
+    def _special_rows(self, fi: "_FileIndex", rg: int, g: "_Group",
+                      chars: Sequence[str]) -> np.ndarray:
+        """Rows of a group (local, ascending) holding one of ``chars`` (from
+        SPECIAL_FOLD). Which rows hold a special character is computed once
+        per group and character, when a search first asks, and kept with the
+        file's index (small): a needle asks for one or two of the 17."""
+        if not chars:
+            return np.zeros(0, np.int64)
+        per = fi.special.setdefault(rg, {})
+        missing = [c for c in chars if c not in per]
+        if missing:
+            data, offs = g.spans()
+            na = per.get("")
+            if na is None:      # the rows holding any non-ASCII byte
+                na = per[""] = find_spans(data, offs[:-1], offs[1:], b"\xff", False, True)
+            for c in missing:
+                per[c] = na[find_spans(data, offs[na], offs[na + 1], _SPECIAL_UTF8[SPECIAL_FOLD.index(c)])]
+        found = [per[c] for c in chars if len(per[c])]
+        if not found:
+            return np.zeros(0, np.int64)
+        return found[0] if len(found) == 1 else np.unique(np.concatenate(found))

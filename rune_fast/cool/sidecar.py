@@ -1,0 +1,470 @@
+"""A cool file's sidecars and footer: the ``.idx`` index of one Parquet file
+(``_FileIndex``, built by ``_build_index``), the ``.grams`` search filters
+kept beside it, the footer hash that binds both to their file, and the
+helpers that open, map and read a Parquet file.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import mmap
+import os
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Sequence, cast
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import xxhash
+
+from .._log import utf8_hashes
+from ..errors import CorruptStateCheckpointError
+from ..pages import GRAM_BYTES
+from ..segments import seal, unseal
+from .schema import (
+    _COL_TYPES, _GRAMS_ENTRY, _GRAMS_HEAD, _GRAMS_MAGIC, _GRAMS_VERSION, _IDX_MAGIC, _IDX_VERSION,
+    _PARQUET_ERRORS, _parquet_name,
+)
+
+
+log = logging.getLogger("rune_fast.cool")
+
+
+#: memory for the search filters of content pages (640 B a page of 32 rows
+#: or fewer: about 20 MiB a million cooled messages)
+_GRAMS_BUDGET = 64 << 20
+
+
+class _PageFilters:
+    """The trigram filters of content pages that searches built or read
+    from ``.grams`` files: ``(file, row group) -> filters``, within
+    _GRAMS_BUDGET bytes, with the files whose ``.grams`` was looked for
+    (``read``) and those whose filters were built here and are not kept on
+    disk yet (``new``). The archive's search fills it and keeps what it
+    built; the file set forgets a file that goes. The archive's lock guards
+    it (a scan thread only reads an entry)."""
+
+    def __init__(self) -> None:
+        self.by_group: dict[tuple[int, int], bytes] = {}
+        self.nbytes = 0
+        self.read: set[int] = set()
+        self.new: set[int] = set()
+
+    def get(self, no: int, rg: int) -> bytes | None:
+        return self.by_group.get((no, rg))
+
+    def has(self, no: int, rg: int) -> bool:
+        return (no, rg) in self.by_group
+
+    def add_read(self, no: int, rg: int, grams: bytes) -> None:
+        """Filters read from file ``no``'s ``.grams``: taken unless the group
+        has some already or they pass the budget."""
+        if (no, rg) not in self.by_group and self.nbytes + len(grams) <= _GRAMS_BUDGET:
+            self.by_group[(no, rg)] = grams
+            self.nbytes += len(grams)
+
+    def add_built(self, no: int, rg: int, grams: bytes) -> None:
+        """Filters a scan built: taken within the budget, to be kept on disk."""
+        if self.nbytes + len(grams) <= _GRAMS_BUDGET:
+            self.by_group[(no, rg)] = grams
+            self.nbytes += len(grams)
+            self.new.add(no)
+
+    def of_file(self, no: int) -> list[tuple[int, bytes]]:
+        """(row group, filters) of file ``no``, by row group."""
+        return sorted((rg, g) for (n, rg), g in self.by_group.items() if n == no)
+
+    def forget(self, no: int) -> None:
+        for key in [k for k in self.by_group if k[0] == no]:
+            self.nbytes -= len(self.by_group.pop(key))
+        self.read.discard(no)
+        self.new.discard(no)
+
+    def clear(self) -> None:
+        self.by_group.clear()
+        self.nbytes = 0
+        self.read.clear()
+        self.new.clear()
+
+
+def _encode_grams(size: int, footer: str, entries: list[tuple[int, bytes]]) -> bytes:
+    """The bytes of a filters file (see _GRAMS_MAGIC) for the file of ``size``
+    bytes and footer hash ``footer``: ``entries`` are (row group, filters)."""
+    parts = [_GRAMS_HEAD.pack(_GRAMS_MAGIC, _GRAMS_VERSION, GRAM_BYTES, size, footer.encode("ascii"),
+                              len(entries))]
+    for rg, grams in entries:
+        parts.append(_GRAMS_ENTRY.pack(rg, len(grams)))
+        parts.append(grams)
+    return seal(b"".join(parts))
+
+
+def _decode_grams(data: bytes, size: int, footer: str, groups: int) -> dict[int, bytes]:
+    """Row group -> filters of a filters file made for the file of ``size``
+    bytes, footer hash ``footer`` and ``groups`` row groups; ValueError
+    saying what does not hold (damage, another file, another layout)."""
+    end = unseal(data, _GRAMS_HEAD.size)
+    magic, version, gram_bytes, fsize, fhash, count = _GRAMS_HEAD.unpack_from(data, 0)
+    if magic != _GRAMS_MAGIC or version != _GRAMS_VERSION or gram_bytes != GRAM_BYTES:
+        raise ValueError(f"format {magic!r} version {version}, {gram_bytes} bytes a page: not this build's")
+    if (fsize, fhash) != (size, footer.encode("ascii")):
+        raise ValueError("made for another file of that name")
+    out: dict[int, bytes] = {}
+    at = _GRAMS_HEAD.size
+    for _ in range(count):
+        if at + _GRAMS_ENTRY.size > end:
+            raise ValueError(f"entry at offset {at} runs past the end")
+        rg, n = _GRAMS_ENTRY.unpack_from(data, at)
+        at += _GRAMS_ENTRY.size
+        if rg >= groups or rg in out or n % GRAM_BYTES or at + n > end:
+            raise ValueError(f"entry at offset {at - _GRAMS_ENTRY.size} (row group {rg}, {n} bytes) "
+                             f"does not fit the file's {groups} row groups")
+        out[rg] = data[at:at + n]
+        at += n
+    if at != end:
+        raise ValueError(f"{end - at} bytes after the last entry")
+    return out
+
+
+def _footer_start(path: str) -> int | None:
+    """Offset of the Parquet footer of the file at ``path`` by its length
+    word (None if that cannot say)."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size < 12:
+                return None
+            f.seek(size - 8)
+            n = int.from_bytes(f.read(4), "little")
+    except OSError:
+        return None
+    return size - 8 - n if 0 < n <= size - 12 else None
+
+
+def _footer_hash(path: str) -> tuple[int, str]:
+    """(size, xxh3_64 hex of the Parquet footer): ties a sidecar to the exact
+    file it indexes without reading the whole file."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        if size < 12:
+            raise CorruptStateCheckpointError("cool archive too short to be Parquet", path=path, offset=0)
+        tail = os.pread(fd, 8, size - 8)
+        if tail[4:] != b"PAR1":
+            raise CorruptStateCheckpointError("cool archive lacks the Parquet footer magic", path=path,
+                                              offset=size - 4)
+        flen = struct.unpack("<I", tail[:4])[0]
+        if flen + 12 > size:
+            raise CorruptStateCheckpointError("cool archive footer length is out of range", path=path,
+                                              offset=size - 8)
+        h = xxhash.xxh3_64(os.pread(fd, flen, size - 8 - flen))
+    finally:
+        os.close(fd)
+    h.update(tail)
+    return size, h.hexdigest()
+
+
+def _file_digest(path: str) -> str:
+    """xxh3_64 hex of the whole file at ``path`` (read in 1 MiB pieces)."""
+    h = xxhash.xxh3_64()
+    with open(path, "rb") as f:
+        for piece in iter(lambda: f.read(1 << 20), b""):
+            h.update(piece)
+    return h.hexdigest()
+
+
+def _sidecar_names(ipath: str, no: int, size: int, footer: str) -> bool:
+    """Whether the sidecar at ``ipath`` starts as the one :meth:`_FileIndex.encode`
+    writes for file ``no`` of ``size`` bytes and footer hash ``footer``
+    (its digest is checked when it is read)."""
+    head = (b'{"format":"rune_fast.cool.idx","version":%d,"file":"%s","file_size":%d,'
+            b'"footer_xxh3_64":"%s",' % (_IDX_VERSION, _parquet_name(no).encode(), size, footer.encode()))
+    try:
+        fd = os.open(ipath, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        got = os.pread(fd, 28 + len(head), 0)
+    finally:
+        os.close(fd)
+    return got[:8] == _IDX_MAGIC and got[28:] == head
+
+
+# --------------------------------------------------------------------------- #
+# The sidecar index of one file
+# --------------------------------------------------------------------------- #
+
+@dataclass
+class _FileIndex:
+    """What the archive keeps in memory about one live file."""
+
+    no: int
+    name: str
+    rows: int
+    size: int
+    footer: str
+    rg_starts: np.ndarray                     # int64, first row of each row group, + [rows]
+    hashes: np.ndarray                        # uint64 sorted xxh3_64 of msg_id
+    hrows: np.ndarray                         # uint32 row of each hash
+    channels: dict[str, tuple[int, int, int]]  # ch -> (start, end, latest task row or -1)
+    _tasks: dict[str, np.ndarray] | None       # task -> uint32 rows (ascending); None: not parsed yet
+    rg_list: list[int] = field(default_factory=list)
+    special: dict = field(default_factory=dict)   # rg -> {char: rows holding it, "": non-ASCII rows} (search)
+    _task_src: tuple | None = None             # (task JSON bytes, all task rows) until parsed
+    id_range: tuple[str, str] | None = None    # (smallest, largest) msg_id, when known (see _id_span)
+    digest: str | None = None                  # xxh3_64 of the whole file, as written (see verify)
+
+    def __post_init__(self) -> None:
+        self.rg_list = [int(x) for x in self.rg_starts]
+
+    @property
+    def tasks(self) -> dict[str, np.ndarray]:
+        """task -> its rows in this file (ascending). A sidecar's task section
+        is parsed at the first task query, not at open."""
+        if self._tasks is None:
+            text, all_rows = cast("tuple", self._task_src)     # set whenever _tasks is None
+            tasks: dict[str, np.ndarray] = {}
+            for t, a, b in orjson.loads(text):
+                if not 0 <= a <= b <= len(all_rows):
+                    raise ValueError(f"task {t!r} rows [{a}, {b}) outside the sidecar's {len(all_rows)}")
+                tasks[t] = all_rows[a:b]
+            self._tasks, self._task_src = tasks, None
+        return self._tasks
+
+    def encode(self) -> bytes:
+        task_names = list(self.tasks)
+        task_rows = [self.tasks[t] for t in task_names]
+        offs = np.cumsum([0] + [len(r) for r in task_rows]).tolist()
+        tb = json.dumps([[t, offs[i], offs[i + 1]] for i, t in enumerate(task_names)],
+                        ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        header = {
+            "format": "rune_fast.cool.idx", "version": _IDX_VERSION,
+            "file": self.name, "file_size": self.size, "footer_xxh3_64": self.footer,
+            "rows": self.rows, "row_group_starts": [int(x) for x in self.rg_starts],
+            "channels": [[c, s, e, lt] for c, (s, e, lt) in self.channels.items()],
+            "task_rows": int(offs[-1]), "tasks_json_bytes": len(tb),
+        }
+        hb = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        hb += b" " * (-(len(hb) + 4) % 8)
+        tb += b" " * (-len(tb) % 8)
+        all_task_rows = (np.concatenate(task_rows) if task_rows else np.zeros(0, np.uint32)).astype("<u4")
+        body = b"".join([
+            struct.pack("<I", len(hb)), hb, tb,
+            self.hashes.astype("<u8").tobytes(),
+            self.hrows.astype("<u4").tobytes(),
+            b"\0" * (4 if self.rows % 2 else 0),
+            all_task_rows.tobytes(),
+        ])
+        return _IDX_MAGIC + xxhash.xxh3_128_digest(body) + body
+
+    @classmethod
+    def decode(cls, data: Any, no: int, path: str) -> "_FileIndex":
+        """Parse a sidecar (bytes or a read-only map of the file); ValueError
+        says why it is unusable. The arrays are views of ``data``, not copies,
+        and the task section is parsed at the first task query."""
+        if len(data) < 28 or data[:8] != _IDX_MAGIC:
+            raise ValueError("bad magic")
+        body = memoryview(data)[24:]
+        if xxhash.xxh3_128_digest(body) != data[8:24]:
+            raise ValueError("digest mismatch")
+        (hlen,) = struct.unpack_from("<I", body, 0)
+        header = orjson.loads(body[4:4 + hlen])
+        version = header.get("version")
+        if version not in (1, _IDX_VERSION) or header.get("file") != _parquet_name(no):
+            raise ValueError("wrong version or file name")
+        n = int(header["rows"])
+        pos = 4 + hlen
+        if version == 1:
+            tasks_h = header["tasks"]
+            text = orjson.dumps(tasks_h)
+            total = tasks_h[-1][2] if tasks_h else 0
+        else:
+            tlen = int(header["tasks_json_bytes"])
+            text = bytes(body[pos:pos + tlen])
+            pos += tlen + (-tlen % 8)
+            total = int(header["task_rows"])
+        hashes = np.frombuffer(body, dtype=np.uint64, count=n, offset=pos)
+        pos += 8 * n
+        hrows = np.frombuffer(body, dtype=np.uint32, count=n, offset=pos)
+        pos += 4 * n + (4 if n % 2 else 0)
+        all_rows = np.frombuffer(body, dtype=np.uint32, count=total, offset=pos)
+        if pos + 4 * total != len(body):
+            raise ValueError("length mismatch")
+        return cls(
+            no=no, name=_parquet_name(no), rows=n, size=int(header["file_size"]),
+            footer=str(header["footer_xxh3_64"]),
+            rg_starts=np.asarray(header["row_group_starts"], dtype=np.int64),
+            hashes=hashes, hrows=hrows,
+            channels={c: (int(s), int(e), int(lt)) for c, s, e, lt in header["channels"]},
+            _tasks=None, _task_src=(text, all_rows),
+        )
+
+
+def _id_hashes(msg_ids: Any) -> np.ndarray:
+    """uint64 xxh3_64 of the UTF-8 of each id (:func:`_id_hash` of each), for
+    a list of str or Arrow strings; computed in C."""
+    arr = _plain_strings(msg_ids)
+    _valid, offsets, data = arr.buffers()
+    return utf8_hashes(offsets, data if data is not None else b"", arr.offset, len(arr))
+
+
+def _plain_strings(values: Any) -> pa.Array:
+    """``values`` (a list of str, an Arrow string array or chunked array) as
+    one Arrow string array."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
+    if not isinstance(values, pa.Array):
+        values = pa.array(values, type=pa.string())
+    if values.type != pa.string():
+        values = values.cast(pa.string())
+    return values
+
+
+def _build_index(no: int, size: int, footer: str, msg_ids: Any, channel_ids: Any,
+                 task_ids: Any, rg_counts: Sequence[int], path: str) -> _FileIndex:
+    """The in-memory index of a file from its id, channel and task columns
+    (lists of str or Arrow strings): id hashes sorted, each channel's row
+    range (its rows must be contiguous) and newest row with a task, each
+    task's rows. Vectorized: no Python work per row."""
+    chs = _plain_strings(channel_ids)
+    tids = _plain_strings(task_ids)
+    n = len(chs)
+    hashes = _id_hashes(msg_ids)
+    if len(hashes) != n or len(tids) != n:
+        raise ValueError(f"_build_index: {len(hashes)} ids, {n} channels, {len(tids)} tasks")
+    # the row groups' counts place every row: a damaged footer may still
+    # read, with counts that do not add up (a negative one, say)
+    for i, c in enumerate(rg_counts):
+        if c < 0:
+            raise CorruptStateCheckpointError(f"cool archive row group {i} claims {c} rows", path=path)
+    if sum(rg_counts) != n:
+        raise CorruptStateCheckpointError(f"cool archive row groups hold {sum(rg_counts)} rows, "
+                                          f"its columns {n}", path=path)
+    order = np.argsort(hashes, kind="stable")
+    has_task = np.asarray(pc.not_equal(tids, "").to_numpy(zero_copy_only=False), dtype=bool)
+    # newest row with a task at or before each row (-1: none yet)
+    last_task = np.maximum.accumulate(np.where(has_task, np.arange(n), -1)) if n else has_task
+    channels: dict[str, tuple[int, int, int]] = {}
+    if n:
+        runs = pc.run_end_encode(chs)
+        start = 0
+        for ch, end in zip(runs.values.to_pylist(), runs.run_ends.to_numpy().tolist()):
+            if ch in channels:
+                raise CorruptStateCheckpointError(
+                    f"channel {ch!r} is not contiguous in the cool archive", path=path, offset=start)
+            latest = int(last_task[end - 1])
+            channels[ch] = (start, end, latest if latest >= start else -1)
+            start = end
+    tasks: dict[str, np.ndarray] = {}
+    rows = np.flatnonzero(has_task)
+    if len(rows):
+        enc = pc.dictionary_encode(tids.take(pa.array(rows)))
+        codes = enc.indices.to_numpy()
+        by_task = rows[np.argsort(codes, kind="stable")]
+        bounds = np.cumsum(np.bincount(codes, minlength=len(enc.dictionary)))[:-1]
+        tasks = {t: part.astype(np.uint32)
+                 for t, part in zip(enc.dictionary.to_pylist(), np.split(by_task, bounds))}
+    rg_starts = np.concatenate([[0], np.cumsum(np.asarray(rg_counts, dtype=np.int64))]).astype(np.int64)
+    return _FileIndex(
+        no=no, name=_parquet_name(no), rows=n, size=size, footer=footer, rg_starts=rg_starts,
+        hashes=hashes[order], hrows=order.astype(np.uint32), channels=channels, _tasks=tasks,
+    )
+
+
+class _Skip(Exception):
+    pass
+
+
+def _release_arrow() -> None:
+    """Hand the memory Arrow freed (decoded pages, tables we copied from)
+    back to the OS: mimalloc and jemalloc keep it otherwise, and it would
+    count against the store's resident memory (~0.1 ms)."""
+    pa.default_memory_pool().release_unused()
+
+
+def _unlink_quiet(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _map_file(path: str) -> Any:
+    """A read-only map of a whole file (bytes if it is empty)."""
+    with open(path, "rb") as f:
+        try:
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:      # an empty file cannot be mapped
+            return f.read()
+
+
+def _open_parquet(path: str) -> pq.ParquetFile:
+    """A ParquetFile that verifies page checksums on every read, over a file
+    handle we own (closed again if the footer cannot be parsed)."""
+    try:
+        src = pa.OSFile(path, "rb")
+    except _PARQUET_ERRORS as exc:
+        raise CorruptStateCheckpointError(f"cool archive cannot be opened: {exc}", path=path) from None
+    try:
+        pf = pq.ParquetFile(src, page_checksum_verification=True)
+    except _PARQUET_ERRORS as exc:
+        src.close()
+        raise CorruptStateCheckpointError(f"cool archive is not readable Parquet: {exc}",
+                                          path=path, offset=_footer_offset(path)) from None
+    pf._rune_src = src  # type: ignore[attr-defined]  # closed with the ParquetFile by _close
+    return pf
+
+
+def _footer_offset(path: str) -> int:
+    """Where a Parquet file's footer starts, as its last 8 bytes say (the
+    footer length and ``PAR1``); the offset of those 8 bytes if they do not
+    say; 0 for a file too short to hold them."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size < 12:
+                return 0
+            f.seek(size - 8)
+            tail = f.read(8)
+    except OSError:
+        return 0
+    n = int.from_bytes(tail[:4], "little")
+    if tail[4:] == b"PAR1" and 0 < n <= size - 12:
+        return size - 8 - n
+    return size - 8
+
+
+def _open_checked(path: str) -> pq.ParquetFile:
+    """:func:`_open_parquet`, then the columns checked against the schema."""
+    pf = _open_parquet(path)
+    got = [(f.name, f.type) for f in pf.schema_arrow]
+    if got != _COL_TYPES:
+        _close(pf)
+        raise CorruptStateCheckpointError(
+            f"cool archive has columns {got}, expected {_COL_TYPES}", path=path)
+    return pf
+
+
+def _read_all(pf: pq.ParquetFile, path: str) -> pa.Table:
+    try:
+        return pf.read(use_threads=False)
+    except _PARQUET_ERRORS as exc:
+        raise CorruptStateCheckpointError(f"cool archive cannot be read: {exc}", path=path) from None
+
+
+def _close(pf: pq.ParquetFile) -> None:
+    pf.close()
+    src = getattr(pf, "_rune_src", None)
+    if src is not None:
+        src.close()
+
+
+def _same_index(a: _FileIndex, b: _FileIndex, ids: bool = True) -> bool:
+    return (a.rows == b.rows and a.size == b.size and a.footer == b.footer
+            and np.array_equal(a.rg_starts, b.rg_starts)
+            and (not ids or (np.array_equal(a.hashes, b.hashes) and np.array_equal(a.hrows, b.hrows)))
+            and a.channels == b.channels
+            and a.tasks.keys() == b.tasks.keys()
+            and all(np.array_equal(a.tasks[t], b.tasks[t]) for t in a.tasks))

@@ -1,0 +1,150 @@
+"""Conversions between record dicts, hot lines and Arrow tables of the cool
+schema, and the orders rows are kept in.
+"""
+from __future__ import annotations
+
+import heapq
+from typing import Callable, cast
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .. import _encode
+from ..records import json_safe as _json_safe
+from .schema import (
+    COOL_SCHEMA, CoolRow, RECORD_FIELDS, _COLS, _COL_TYPES, _FIELD_SET, _INT64, _digest_checked,
+    _dumps, _row_key,
+)
+
+
+# --------------------------------------------------------------------------- #
+# Conversions between record dicts and Arrow
+# --------------------------------------------------------------------------- #
+
+def _table_from_records(rows: list[dict], ords: list[int], digests: list[str]) -> pa.Table:
+    """The cool-schema table of record dicts. A ``token_estimate`` past int64
+    (a record may hold any non-negative int) is kept in ``extra``, which
+    readers lay over the columns; its column holds -1 then."""
+    cols: dict[str, list] = {}
+    for k in ("msg_id", "channel_id", "task_id", "hlc", "content", "ts", "role",
+              "tool_call_id", "origin", "schema_version"):
+        cols[k] = [d[k] for d in rows]
+    cols["token_estimate"] = [d["token_estimate"] if d["token_estimate"] <= _INT64[1] else -1 for d in rows]
+    cols["tool_calls"] = [_dumps(list(d["tool_calls"])) if d["tool_calls"] else "[]" for d in rows]
+    n_fields = len(RECORD_FIELDS)
+    cols["extra"] = ["{}" if len(d) == n_fields and d["token_estimate"] <= _INT64[1] else
+                     _dumps({k: v for k, v in d.items()
+                             if k not in _FIELD_SET or (k == "token_estimate" and v > _INT64[1])})
+                     for d in rows]
+    cols["ord"] = list(ords)
+    cols["digest"] = list(digests)
+    return pa.Table.from_pydict({name: cols[name] for name in _COLS}, schema=COOL_SCHEMA)
+
+
+def _widened(span: tuple[str, str] | None | bool,
+             id_range: tuple[str, str] | None) -> tuple[str, str] | None | bool:
+    """CoolArchive._id_span's cached answer once a file with ``id_range``
+    is added: the known span widened by it, else not known (False: worked
+    out again at the next call)."""
+    if span is None or span is False or id_range is None:
+        return False
+    lo, hi = cast("tuple[str, str]", span)
+    return (min(lo, id_range[0]), max(hi, id_range[1]))
+
+
+def _by_channel(table: pa.Table) -> pa.Table:
+    """The rows grouped by channel, each channel's rows in their given order
+    (a stable sort: channel names compare as UTF-8 bytes, i.e. by code point,
+    as Python compares them)."""
+    n = table.num_rows
+    keys = pa.table({"c": table.column("channel_id"), "i": pa.array(np.arange(n, dtype=np.int64))})
+    order = pc.sort_indices(keys, sort_keys=[("c", "ascending"), ("i", "ascending")])
+    return table.take(order)
+
+
+def _calls_texts(raw: bytes) -> tuple[bytes, bytes] | None:
+    """The ``tool_calls`` column text and canonical JSON of a line's raw
+    tool-call list, for the compiled reader: what the dict path makes of it
+    when orjson reads and writes the value exactly as json does (no float
+    with an exponent); else None. The reader hands over no value holding a
+    run of 19 digits (a number that may pass 64 bits, which orjson reads as
+    a float)."""
+    try:
+        v = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if type(v) is not list or not _json_safe(v):
+        return None
+    try:
+        return orjson.dumps(v), orjson.dumps(v, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:      # nested deeper than orjson writes: the dict path
+        return None
+
+
+def table_from_lines(data: bytes, starts: np.ndarray,
+                     fallback: Callable[[int], tuple[dict, int | None]]) -> pa.Table:
+    """The cool-schema table of verified hot message lines, row i from line
+    i: ``data`` holds the lines one after the other, each followed by its
+    newline, line i starting at ``starts[i]`` (``HotIndex.gather_lines``).
+
+    The compiled reader (``csrc/_encode.pyx``: ``cool_columns``) takes every
+    line spelled as the encoder spells records, straight into Arrow buffers
+    with its digest (tool calls through :func:`_calls_texts`); ``fallback(i)`` gives the record dict
+    and append ordinal of every other line, which take the dict path
+    (:func:`_table_from_records`). The values' UTF-8 is checked by Arrow's
+    validation; a batch that fails it goes the dict path whole (which names
+    the line)."""
+    n_lines = len(starts)
+    taken, cols = _encode.cool_columns(data, starts, _calls_texts)
+    table = None
+    if taken:
+        n = len(taken)
+        arrays = []
+        for name, typ in _COL_TYPES:
+            v = cols[name]
+            bufs = [None, pa.py_buffer(v[0]), pa.py_buffer(v[1])] if type(v) is tuple \
+                else [None, pa.py_buffer(v)]
+            arrays.append(pa.Array.from_buffers(typ, n, bufs))
+        table = pa.Table.from_arrays(arrays, schema=COOL_SCHEMA)
+        try:
+            table.validate(full=True)
+        except pa.ArrowInvalid:
+            table, taken = None, []
+    if len(taken) == n_lines:
+        return table
+    got = set(taken)
+    rest = [i for i in range(n_lines) if i not in got]
+    rows, ords = [], []
+    for i in rest:
+        d, seq = fallback(i)
+        rows.append(d)
+        ords.append(seq if seq is not None else -1)
+    digests = [_digest_checked(d, i) for i, d in zip(rest, rows)]
+    slow = _table_from_records(rows, ords, digests)
+    if table is None:
+        return slow
+    # back into line order
+    where = np.argsort(np.array(taken + rest, dtype=np.int64), kind="stable")
+    return pa.concat_tables([table, slow]).take(pa.array(where))
+
+
+def _merge(parts: list[list[CoolRow]]) -> list[CoolRow]:
+    parts = [p for p in parts if p]
+    if not parts:
+        return []
+    if len(parts) == 1:
+        return parts[0]
+    return list(heapq.merge(*parts, key=_row_key))
+
+
+def _merge_order(table: pa.Table) -> pa.Array:
+    """Row order of a merged file: channel, then the order key (Arrow sorts
+    strings by their UTF-8 bytes: code point order, Python's str order)."""
+    stamped = pc.not_equal(table.column("hlc"), "")
+    ord_key = pc.if_else(stamped, 0, table.column("ord"))
+    t = pa.table({"c": table.column("channel_id"), "s": stamped, "o": ord_key,
+                  "h": table.column("hlc"), "m": table.column("msg_id")})
+    return pc.sort_indices(t, sort_keys=[("c", "ascending"), ("s", "ascending"), ("o", "ascending"),
+                                         ("h", "ascending"), ("m", "ascending")])

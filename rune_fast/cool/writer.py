@@ -1,0 +1,272 @@
+"""The writer of a cool archive: cooling a table into a new file, staging
+and adopting it, erasing rows, and merging files.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Iterable, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..events import fsync_dir
+
+
+log = logging.getLogger("rune_fast.cool")
+
+
+from .search import _Search
+from .schema import COOL_SCHEMA, CoolChange, CoolRun, StagedMerge, _file_no, _id_range, _idx_name, _parquet_name
+from .sidecar import _FileIndex, _build_index, _close, _file_digest, _footer_hash, _open_checked, _read_all, _release_arrow, _unlink_quiet
+from .tables import _by_channel, _merge_order
+
+
+class _Writer(_Search):
+    """Every change to the file set: cool, erase, merge (the layer above
+    search). Each writes new files under new names; the caller's manifest
+    decides when the old ones go.
+    """
+
+    def _take_no(self) -> int:
+        with self._lock:
+            no = self._next_no
+            self._next_no += 1
+            return no
+
+    def _write_file(self, table: pa.Table, *, durable: bool) -> _FileIndex:
+        """Write ``table`` as the next numbered file plus its sidecar: both
+        temp files written and fsynced, both renamed, one folder fsync (three
+        fsyncs in all; none unless ``durable``)."""
+        no = self._take_no()
+        name, iname = _parquet_name(no), _idx_name(no)
+        tmp = self._write_tmp(name, table=table, durable=durable)
+        itmp = None
+        try:
+            size, footer = _footer_hash(tmp)
+            md = pq.read_metadata(tmp)
+            rg_counts = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
+            fi = _build_index(no, size, footer, table.column("msg_id"), table.column("channel_id"),
+                              table.column("task_id"), rg_counts, self._path(name))
+            fi.id_range = _id_range(table.column("msg_id"))
+            fi.digest = _file_digest(tmp)
+            itmp = self._write_tmp(iname, fi.encode(), durable=durable, folder=self._idx_dir)
+            os.replace(itmp, self._ipath(iname))
+            os.replace(tmp, self._path(name))
+        except BaseException:
+            _unlink_quiet(tmp)
+            if itmp is not None:
+                _unlink_quiet(itmp)
+                _unlink_quiet(self._ipath(iname))
+            raise
+        if durable:
+            # (the sidecar's folder is not synced: a sidecar a power loss
+            # takes is rebuilt from its file, which this sync keeps)
+            fsync_dir(self._dir)
+        return fi
+
+    def cool_table(self, table: pa.Table, *, durable: bool | None = None) -> CoolRun:
+        """Archive the rows of ``table`` (see :meth:`stage_table`) as ONE new
+        Parquet file and serve it; durable when this returns (``durable=False``
+        skips the fsyncs; default: the archive's ``durable``). Rows are grouped
+        by channel (stable: within a channel the given order, which must be
+        the order key, is kept). Returns the new file's name (None for no
+        rows): the caller records it in its manifest."""
+        with self._lock:
+            return self._serve(self.stage_table(table, durable=durable))
+
+    def _serve(self, fi: "_FileIndex | None") -> CoolRun:
+        """Adopt a file just staged (lock held); the run :meth:`cool_table` returns."""
+        if fi is None:
+            return CoolRun(None, 0, 0, self.files())
+        self.adopt(fi)
+        return CoolRun(fi.name, fi.rows, fi.size, self.files())
+
+    def stage_table(self, table: pa.Table, *, durable: bool | None = None) -> "_FileIndex | None":
+        """Write the rows of ``table`` (of the cool schema, with their ``ord``
+        and ``digest``: what :func:`table_from_lines` makes of the repository's
+        hot lines, which are checksummed, so the values are not checked again)
+        as :meth:`cool_table` does, but do not serve the file yet: :meth:`adopt`
+        serves it, :meth:`discard` removes it. Until then it is a stray
+        (removed by :meth:`gc`, or by the repository's open after a crash).
+        Meant to run in a background thread while the archive serves reads:
+        only the file number and the duplicate check take the lock.
+        ValueError for a msg_id given twice or already archived; nothing is
+        written then."""
+        self._writable()
+        if table.schema != COOL_SCHEMA:
+            raise ValueError(f"stage_table: the table's schema is not the cool schema: {table.schema}")
+        if table.num_rows == 0:
+            return None
+        ids = table.column("msg_id").to_pylist()
+        if len(set(ids)) != len(ids):
+            seen: set[str] = set()
+            for i, mid in enumerate(ids):
+                if mid in seen:
+                    raise ValueError(f"row {i}: msg_id {mid!r} given twice")
+                seen.add(mid)
+        return self._stage(table, ids, durable)
+
+    def _stage(self, table: pa.Table, ids: list[str], durable: bool | None) -> "_FileIndex":
+        already = self.contains_many(ids)
+        if already.any():
+            i = int(np.flatnonzero(already)[0])
+            raise ValueError(f"row {i}: msg_id {ids[i]!r} is already archived")
+        table = _by_channel(table)
+        fi = self._write_file(table, durable=self._dur(durable))
+        del table
+        _release_arrow()
+        return fi
+
+    def adopt(self, fi: "_FileIndex") -> list[str]:
+        """Serve a file written by :meth:`stage_table`; returns the live files."""
+        self._writable()
+        with self._lock:
+            if fi.no in self._files:
+                raise ValueError(f"adopt: {fi.name} is already live")
+            self._add_file(fi)
+            return self.files()
+
+    def discard(self, fi: "_FileIndex") -> None:
+        """Remove a file written by :meth:`stage_table` that will not be adopted."""
+        with self._lock:
+            if fi.no in self._files:
+                raise ValueError(f"discard: {fi.name} is live")
+            self._abandon([fi])
+
+    def erase(self, msg_ids: Iterable[str], *, durable: bool | None = None) -> CoolChange:
+        """Rewrite every file holding one of ``msg_ids`` without those rows.
+
+        Each affected file is copied, minus the rows, to a NEW file (next
+        number; an emptied file gets none), durable before this returns; the
+        archive then serves the new set. The caller records ``files`` in its
+        manifest and then calls ``unlink_files(change.removed)``: only then is
+        no byte of the erased content left under the folder. Ids not archived
+        are listed in ``not_found``."""
+        self._writable()
+        with self._lock:
+            by_file: dict[int, set[int]] = {}
+            not_found = []
+            for mid in dict.fromkeys(msg_ids):
+                found = False
+                for loc in self._locate(mid):
+                    if self._id_at(loc.no, loc.row) == mid:
+                        by_file.setdefault(loc.no, set()).add(loc.row)
+                        found = True
+                if not found:
+                    not_found.append(mid)
+            replaced: dict[str, str | None] = {}
+            new: list[_FileIndex] = []
+            n_removed = n_rewritten = 0
+            try:
+                for no in sorted(by_file):
+                    table = self._read_table(no)
+                    keep = np.ones(table.num_rows, dtype=bool)
+                    keep[sorted(by_file[no])] = False
+                    n_removed += int((~keep).sum())
+                    new_name = None
+                    if keep.any():
+                        kept = table.filter(pa.array(keep))
+                        del table
+                        n_rewritten += kept.num_rows
+                        fi = self._write_file(kept, durable=self._dur(durable))
+                        new.append(fi)
+                        new_name = fi.name
+                    replaced[self._files[no].name] = new_name
+            except BaseException:
+                self._abandon(new)
+                raise
+            _release_arrow()
+            self._switch(sorted(by_file), new)
+            return CoolChange(replaced, [fi.name for fi in new], list(replaced), self.files(),
+                              n_removed, n_rewritten, not_found)
+
+    def _abandon(self, new: list[_FileIndex]) -> None:
+        """Remove files written by a change that failed half-way (the archive
+        still serves the old set, so they are strays)."""
+        for fi in new:
+            self._forget_cache(fi.no)
+            for path in (self._path(fi.name), self._ipath(_idx_name(fi.no))):
+                _unlink_quiet(path)
+
+    def _switch(self, old_nos: list[int], new: list[_FileIndex]) -> None:
+        """Serve ``new`` instead of ``old_nos`` (all new files are durable)."""
+        self._drop_files(list(old_nos))
+        for fi in new:
+            self._add_file(fi)
+
+    def merge(self, groups: Sequence[Sequence[str]] | None = None, *, fanout: int = 4,
+              max_files: int | None = None, durable: bool | None = None) -> CoolChange:
+        """Merge each group of live files (default: :meth:`plan_merge`) into
+        one new file, rows sorted by channel then order key. Same protocol as
+        :meth:`erase`: record ``files``, then ``unlink_files(removed)``."""
+        self._writable()
+        with self._lock:
+            if groups is None:
+                groups = self.plan_merge(fanout=fanout, max_files=max_files)
+            return self.adopt_merge(self.stage_merge(groups, durable=durable))
+
+    def stage_merge(self, groups: Sequence[Sequence[str]], *, durable: bool | None = None) -> "StagedMerge":
+        """Write the merged files of :meth:`merge` without serving them:
+        :meth:`adopt_merge` switches to them, :meth:`discard_merge` removes
+        them. Meant for a background thread while the archive serves reads:
+        the sources are read through handles of its own, and nothing else may
+        change the archive until the merge is adopted or discarded."""
+        self._writable()
+        with self._lock:
+            seen: set[int] = set()
+            jobs = []
+            for group in groups:
+                nos = [_file_no(name) for name in group]
+                for name, no in zip(group, nos):
+                    if no not in self._files:
+                        raise ValueError(f"merge: {name} is not a live cool file")
+                    if no in seen:
+                        raise ValueError(f"merge: {name} is in two groups")
+                    seen.add(no)
+                if len(nos) >= 2:
+                    jobs.append(nos)
+        replaced: dict[str, str | None] = {}
+        new: list[_FileIndex] = []
+        try:
+            for nos in jobs:
+                table = pa.concat_tables([self._read_table_fresh(no) for no in nos])
+                table = table.take(_merge_order(table))
+                fi = self._write_file(table, durable=self._dur(durable))
+                del table
+                new.append(fi)
+                for no in nos:
+                    replaced[_parquet_name(no)] = fi.name
+        except BaseException:
+            with self._lock:
+                self._abandon(new)
+            raise
+        _release_arrow()
+        return StagedMerge(jobs, new, replaced)
+
+    def adopt_merge(self, staged: "StagedMerge") -> CoolChange:
+        """Serve the files of :meth:`stage_merge` instead of their sources."""
+        self._writable()
+        with self._lock:
+            for nos in staged.jobs:
+                for no in nos:
+                    if no not in self._files:
+                        raise ValueError(f"adopt_merge: {_parquet_name(no)} is no longer live")
+            self._switch([no for nos in staged.jobs for no in nos], staged.new)
+            return CoolChange(staged.replaced, [fi.name for fi in staged.new], list(staged.replaced),
+                              self.files(), 0, sum(fi.rows for fi in staged.new), [])
+
+    def discard_merge(self, staged: "StagedMerge") -> None:
+        """Remove the files of a :meth:`stage_merge` that will not be adopted."""
+        with self._lock:
+            self._abandon(staged.new)
+
+    def _read_table_fresh(self, no: int) -> pa.Table:
+        """File ``no`` read through a handle of its own (not the shared ones)."""
+        path = self._path(_parquet_name(no))
+        pf = _open_checked(path)
+        try:
+            return _read_all(pf, path)
+        finally:
+            _close(pf)

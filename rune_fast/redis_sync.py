@@ -1,0 +1,190 @@
+"""Devices that sync through a Redis stream.
+
+Each store publishes its ops (``export_ops``: messages and tombstones) to
+one Redis stream and reads everyone's with a consumer group of its own
+(named after its device id). An entry is acknowledged (``XACK``) only after
+``merge_ops`` stored it (durable on return in the store's durability mode),
+so delivery is at least once and a crash re-reads what it had not merged;
+merging is idempotent, so duplicates and reordering change nothing. Local
+appends never wait for Redis: the exchange runs beside them.
+
+``RedisSync(repo, url).sync_once()`` publishes what is new and merges what
+arrived; ``run(stop)`` loops, retrying with backoff (logged) while Redis is
+unreachable. ``rune-fast sync --redis URL`` runs that loop. The ``redis``
+client is an optional extra (``pip install "rune_fast[redis]"``).
+
+What this store has published is kept in ``hot/redis-<digest>.published``
+(one op key a line, appended after the entries were added): a crash
+between the two publishes some ops again, which merging absorbs.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from typing import Any
+
+import xxhash
+
+from . import sync as _sync
+from .conversation_state import ConversationStateRepository
+from .errors import RuneError
+
+__all__ = ["RedisSync", "RedisSyncError"]
+
+log = logging.getLogger("rune_fast")
+
+
+class RedisSyncError(RuneError):
+    """Redis could not be reached or answered something unexpected."""
+
+
+def _op_key(op: _sync.OpRecord) -> str:
+    kind = "d" if op.payload.get("deleted") is True else "m"
+    return f"{kind}:{op.op_id}"
+
+
+class RedisSync:
+    """The op exchange of one store through the stream ``stream`` at ``url``
+    (``redis://127.0.0.1:6379/0``), as consumer group ``group`` (default:
+    the store's device id). Thread-safe: calls are serialized."""
+
+    def __init__(self, repo: ConversationStateRepository, url: str, *, stream: str = "rune:ops",
+                 group: str | None = None, client: Any = None, batch: int = 500) -> None:
+        if not isinstance(repo, ConversationStateRepository):
+            raise TypeError(f"repo: a ConversationStateRepository expected, got {type(repo).__name__}")
+        if repo.read_only:
+            raise ValueError(f"repo: {repo.state_dir} is open read-only; syncing merges into it")
+        for field, value in (("url", url), ("stream", stream)):
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"{field}: a non-empty str expected, got {value!r}")
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"batch: an int >= 1 expected, got {batch!r}")
+        if client is None:
+            try:
+                import redis
+            except ImportError:
+                raise ImportError("RedisSync needs the redis client: pip install 'rune_fast[redis]'") from None
+            client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
+        self.repo, self.url, self.stream, self.batch = repo, url, stream, batch
+        self.group = group or repo.clock.device_id
+        self._r = client
+        self._lock = threading.Lock()
+        digest = xxhash.xxh3_64_hexdigest(f"{url}\0{stream}\0{self.group}".encode())
+        self._path = os.path.join(repo.hot_dir, f"redis-{digest}.published")
+        self._published = self._load_published()
+        self._group_ready = False
+        self._pending_first = True      # after a start, entries delivered and never acknowledged first
+
+    def _load_published(self) -> set[str]:
+        try:
+            with open(self._path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return set()
+        lines = data.split(b"\n")
+        # (a cut-short last line, from a crash, is dropped: published again)
+        return {ln.decode("utf-8", "replace") for ln in lines[:-1] if ln}
+
+    def _note_published(self, keys: list[str]) -> None:
+        fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        try:
+            data = "".join(k + "\n" for k in keys).encode("utf-8", "surrogatepass")
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._published.update(keys)
+
+    def _ensure_group(self) -> None:
+        if self._group_ready:
+            return
+        try:
+            self._r.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+        except Exception as exc:       # redis.ResponseError BUSYGROUP: it exists
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self._group_ready = True
+
+    def push(self) -> int:
+        """Publish the ops this store holds that it has not published; returns how many."""
+        with self._lock:
+            self._ensure_group()
+            ops = [_sync.as_op(op) for op in self.repo.export_ops()]
+            new = [op for op in ops if _op_key(op) not in self._published]
+            for i in range(0, len(new), self.batch):
+                part = new[i:i + self.batch]
+                pipe = self._r.pipeline(transaction=False)
+                for op in part:
+                    pipe.xadd(self.stream, {"op": json.dumps(op.to_dict(), ensure_ascii=False,
+                                                             separators=(",", ":"))})
+                pipe.execute()
+                self._note_published([_op_key(op) for op in part])
+            return len(new)
+
+    def pull(self, *, block_ms: int | None = None) -> int:
+        """Merge what arrived for this store's group; returns how many
+        messages were new to the store. Entries are acknowledged after the
+        merge; one that is not an op is acknowledged and logged (a warning
+        naming its stream id), never merged."""
+        with self._lock:
+            self._ensure_group()
+            new = 0
+            while True:
+                start = "0" if self._pending_first else ">"
+                got = self._r.xreadgroup(self.group, self.group, {self.stream: start},
+                                         count=self.batch, block=block_ms if start == ">" else None)
+                entries = got[0][1] if got else []
+                if start == "0" and not entries:
+                    self._pending_first = False
+                    continue
+                if not entries:
+                    return new
+                ops, ids = [], []
+                for entry_id, fields in entries:
+                    ids.append(entry_id)
+                    raw = fields.get(b"op") if isinstance(fields, dict) else None
+                    try:
+                        ops.append(_sync.as_op(json.loads(raw if raw is not None else b"")))
+                    except (TypeError, ValueError) as exc:
+                        log.warning("redis stream %s entry %r is not an op (%s): acknowledged, not merged",
+                                    self.stream, entry_id, exc)
+                new += self.repo.merge_ops(ops)
+                self._r.xack(self.stream, self.group, *ids)
+                # (merged ops are the store's too: never published again)
+                self._note_published([k for k in dict.fromkeys(map(_op_key, ops)) if k not in self._published])
+                if start == ">" and len(entries) < self.batch:
+                    return new
+
+    def sync_once(self) -> tuple[int, int]:
+        """push(), then pull(): (ops published, messages new to the store)."""
+        return self.push(), self.pull()
+
+    def run(self, stop: threading.Event, *, interval: float = 0.5, max_backoff: float = 5.0) -> None:
+        """sync_once() every ``interval`` seconds until ``stop`` is set;
+        while Redis is unreachable, retry with doubling waits (a log warning
+        each time). A RuneError of the store (damage, a failed write) ends
+        the loop: it is raised."""
+        wait = interval
+        while not stop.is_set():
+            try:
+                self.sync_once()
+                wait = interval
+            except RuneError:
+                raise
+            except Exception as exc:        # redis.ConnectionError, TimeoutError, ...
+                self._group_ready = False
+                self._pending_first = True
+                wait = min(max(wait * 2, interval), max_backoff)
+                log.warning("redis sync with %s failed (%s: %s); retrying in %.1f s",
+                            self.url, type(exc).__name__, exc, wait)
+            stop.wait(wait)
+
+    def close(self) -> None:
+        """Close the Redis connection (the store stays open: it is the caller's)."""
+        close = getattr(self._r, "close", None)
+        if close is not None:
+            close()

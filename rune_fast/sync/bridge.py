@@ -1,0 +1,137 @@
+"""The repository bridge: ops to and from the record dicts of
+:class:`~rune_fast.conversation_state.ConversationMessageRecord`.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .clock import Hlc, _WALL_MAX
+from .fold import Turn, _conv_of, _turn_from, fold
+from .ops import OpRecord, Surface, as_op
+
+
+log = logging.getLogger("rune_fast.sync")
+
+
+# ------------------------------------------------------ repository bridge
+
+# Payload keys that are not fields of a ConversationMessageRecord.
+_PAYLOAD_ONLY = ("conversation_id", "tool_use_id", "timestamp")
+
+
+def _stamp_of(ts: Any, origin: Any) -> Hlc:
+    """``Hlc(round(ts*1000), 0, origin)`` for any record a store holds: the
+    wall time clamped into the Hlc's range (a ts before 1970, or one given in
+    milliseconds by mistake, or an infinite one), 0 for a ts that is no
+    number (or NaN), and no device for an origin that is no str."""
+    try:
+        w = float(ts) * 1000
+    except (TypeError, ValueError, OverflowError):
+        w = 0.0
+    wall = 0 if not w > 0 else _WALL_MAX if w >= _WALL_MAX else round(w)
+    return Hlc(wall, 0, origin if isinstance(origin, str) else "")
+
+
+def _record_hlc(hlc_s: str, ts: Any, origin: Any) -> Hlc:
+    """A stored message's op stamp by the letter of section 7: its ``hlc``, or
+    ``Hlc(round(ts*1000), 0, origin)`` when it has none. ``TypeError``,
+    ``ValueError`` or ``OverflowError`` when the values cannot make one."""
+    if hlc_s:
+        return Hlc.parse(hlc_s)
+    return Hlc(round(ts * 1000), 0, origin or "")
+
+
+def record_stamp(hlc_s: str, ts: Any, origin: Any) -> Hlc:
+    """The stamp :func:`op_from_record_dict` gives a stored message with
+    ``lenient=True`` (without its warning): a store's place for the message
+    in the fold order."""
+    try:
+        return _record_hlc(hlc_s, ts, origin)
+    except (TypeError, ValueError, OverflowError):
+        return _stamp_of(ts, origin)
+
+
+def op_from_record_dict(d: Any, *, lenient: bool = False) -> OpRecord:
+    """The op of a stored message (SPEC section 7): ``op_id = msg_id``,
+    ``hlc`` = the record's ``hlc`` or ``Hlc(round(ts*1000), 0, origin)`` when
+    it has none, payload = the record dict plus ``conversation_id``
+    (= ``channel_id``), ``role``, ``content``, ``tool_calls``,
+    ``tool_use_id`` (= ``tool_call_id``) and ``timestamp`` (= ``ts``).
+
+    ``d`` is ``record.to_dict()`` (or a record with ``to_dict()``); a missing
+    key raises ``ValueError`` naming it, a malformed ``hlc`` ``ValueError``
+    naming the message -- or, with ``lenient`` (a store exporting what it
+    holds: a record may carry any string as its ``hlc`` and any float as its
+    ``ts``), a warning naming the message, and the op stamped as if the
+    record had no ``hlc``, its wall time clamped into the Hlc's range."""
+    if not isinstance(d, Mapping):
+        to_dict = getattr(d, "to_dict", None)
+        if to_dict is None:
+            raise TypeError(f"expected a record dict or record, got {type(d).__name__}")
+        d = to_dict()
+    try:
+        msg_id = d["msg_id"]
+        channel_id = d["channel_id"]
+        ts = d["ts"]
+    except KeyError as e:
+        raise ValueError(f"record dict lacks {e.args[0]!r}") from None
+    try:
+        hlc = _record_hlc(d.get("hlc") or "", ts, d.get("origin"))
+    except (TypeError, ValueError, OverflowError) as e:
+        if not lenient:
+            raise ValueError(f"message {msg_id!r}: {e}") from None
+        hlc = _stamp_of(ts, d.get("origin"))
+        log.warning("message %r: %s; its op is stamped %s instead", msg_id, e, hlc)
+    payload = dict(d)
+    payload["conversation_id"] = channel_id
+    payload["role"] = d.get("role", "")
+    payload["content"] = d.get("content", "")
+    payload["tool_calls"] = [dict(c) for c in (d.get("tool_calls") or ())]
+    payload["tool_use_id"] = d.get("tool_call_id") or ""
+    payload["timestamp"] = ts
+    return OpRecord(msg_id, hlc, payload)
+
+
+def record_dict_from_op(op: Any) -> dict[str, Any] | None:
+    """The message record dict an op carries, for a store to write on merge;
+    ``None`` for a tombstone or an op of another surface.
+
+    An op made by :func:`op_from_record_dict` gives back exactly the record
+    dict it was made from. Any other conversation op (a legacy or foreign
+    payload) gives a record dict built from its payload: ``msg_id = op_id``,
+    ``channel_id = conversation_id``, ``ts = timestamp`` (else the hlc's wall
+    time), ``tool_call_id = tool_use_id``, ``hlc = str(op.hlc)``, ``origin``
+    its device id."""
+    op = as_op(op)
+    if op.surface is not Surface.CONVERSATION:
+        return None
+    p = op.payload
+    if p.get("deleted") is True:
+        return None
+    if "msg_id" in p:
+        return {k: v for k, v in p.items() if k not in _PAYLOAD_ONLY}
+    t = _turn_from(op.op_id, op.hlc, _conv_of(p), p)
+    role = str(t.role) if t is not None else "system"
+    ts = t.timestamp if t is not None else p.get("timestamp", p.get("ts"))
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)):
+        ts = op.hlc.wall_ms / 1000.0
+    content = t.content if t is not None else (p.get("content") or p.get("text") or "")
+    return {"msg_id": op.op_id, "ts": float(ts), "role": role, "content": content,
+            "channel_id": _conv_of(p),
+            "tool_calls": [dict(c) for c in t.tool_calls] if t is not None else [],
+            "tool_call_id": t.tool_use_id if t is not None else "",
+            "origin": op.hlc.device_id, "hlc": str(op.hlc)}
+
+
+def turns_from_records(record_dicts: Iterable[Any],
+                       conversation_id: str | None = None) -> list[Turn]:
+    """The folded transcript of stored messages (records or their dicts).
+    ``conversation_id`` defaults to the channel of the first record."""
+    ops = [op_from_record_dict(d) for d in record_dicts]
+    if conversation_id is None:
+        if not ops:
+            return []
+        conversation_id = _conv_of(ops[0].payload)
+    return fold(ops, conversation_id)
