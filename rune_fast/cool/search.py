@@ -229,13 +229,13 @@ class _Search(_Reads):
                     else:
                         if mode == "ci-anchor":
                             exact = np.zeros(0, np.int64)
-                            maybe = np.unique(np.concatenate(
+                            maybe: Any = np.unique(np.concatenate(
                                 [content.find(a, False, lo, hi) - lo for a in anchors]))
                         elif mode == "ci-nonascii":
                             data, offs = g.spans()
                             exact = np.zeros(0, np.int64)
-                            maybe: Any = find_spans(data, offs[lo:hi], offs[lo + 1:hi + 1],
-                                                    b"\xff", False, True)  # 0xff: never in UTF-8
+                            maybe = find_spans(data, offs[lo:hi], offs[lo + 1:hi + 1],
+                                               b"\xff", False, True)  # 0xff: never in UTF-8
                         else:
                             exact = content.find(probe.lower(), True, lo, hi) - lo
                             maybe = self._special_rows(fi, rg, g, specials)
