@@ -19,7 +19,10 @@ import warnings
 from dataclasses import dataclass, field
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
+if ROOT not in sys.path:        # (run by path: the checkout's rune_fast, as under pytest)
+    sys.path.insert(1, ROOT)
 
 import model  # noqa: E402
 from workload import fields  # noqa: E402
@@ -54,6 +57,14 @@ def record(shim: str, work: str, durability: str, seed: int, pythonpath: str,
     if last != "DONE":
         raise RuntimeError(f"recording {log}: the workload's last ack is {last!r}, not DONE")
     return rec
+
+
+def scratch_dir(fallback: str) -> str:
+    """A folder for the crash states: in memory (/dev/shm) when there is
+    one, so that the opens' syncs cost no disk flushes."""
+    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+        return tempfile.mkdtemp(prefix="rune_pl_states_", dir="/dev/shm")
+    return tempfile.mkdtemp(prefix="rune_pl_states_", dir=fallback)
 
 
 @dataclass
@@ -163,9 +174,9 @@ def main() -> None:
     shim_dir = tempfile.mkdtemp(prefix="rune_pl_")
     shim = build_shim(shim_dir)
     assert shim, "no C compiler"
-    rec = record(shim, shim_dir, durability, 1, os.getcwd())
+    rec = record(shim, shim_dir, durability, 1, ROOT)
     print(f"recording: {rec.n} events, {len(rec.acks)} ack lines")
-    t = run_states(rec, n, 7, durability != "none", os.path.join(shim_dir, "states"))
+    t = run_states(rec, n, 7, durability != "none", scratch_dir(shim_dir))
     for f in t.failures:
         print(f)
     print(f"{t.states} states, {t.held} held; kept in {shim_dir}")
