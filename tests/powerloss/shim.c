@@ -1,6 +1,6 @@
 /* The power-loss recorder: an LD_PRELOAD shim that logs every call a process
  * makes that changes a file or a folder under RUNE_PL_DIR, in the order they
- * happened, to RUNE_PL_LOG (see recording.py, which reads the log).
+ * happened, to RUNE_PL_LOG (powerloss_model.py reads the log).
  *
  * Built by the tests themselves: cc -shared -fPIC -O1 -o shim.so shim.c -ldl -lpthread
  *

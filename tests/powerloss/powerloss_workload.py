@@ -1,6 +1,6 @@
 """The writer the power-loss suite records (run under the shim, see shim.c).
 
-``python workload.py ROOT DURABILITY SEED`` makes ``ROOT/state`` (a new
+``python powerloss_workload.py ROOT DURABILITY SEED`` makes ``ROOT/state`` (a new
 store) and changes it; every acknowledgement is one ``write(2)`` to
 ``ROOT/acks`` (outside the state folder, inside the recorded one), so the
 recording places each acknowledgement among the file-system calls:

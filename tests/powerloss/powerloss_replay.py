@@ -2,7 +2,7 @@
 
 Used by tests/test_power_loss.py; also runnable by hand::
 
-    python tests/powerloss/replay.py fsync 300      # durability, states
+    python tests/powerloss/powerloss_replay.py fsync 300      # durability, states
 
 which prints one line per failing state and the totals.
 """
@@ -24,8 +24,8 @@ sys.path.insert(0, HERE)
 if ROOT not in sys.path:        # (run by path: the checkout's rune_fast, as under pytest)
     sys.path.insert(1, ROOT)
 
-import model  # noqa: E402
-from workload import fields  # noqa: E402
+import powerloss_model as model  # noqa: E402
+from powerloss_workload import fields  # noqa: E402
 
 
 def build_shim(dest_dir: str) -> str | None:
@@ -48,7 +48,7 @@ def record(shim: str, work: str, durability: str, seed: int, pythonpath: str,
     env = dict(os.environ, RUNE_PL_DIR=root, RUNE_PL_LOG=log, LD_PRELOAD=shim, PYTHONPATH=pythonpath)
     if steps is not None:
         env["RUNE_POWERLOSS_STEPS"] = str(steps)
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "workload.py"), root, durability, str(seed)],
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "powerloss_workload.py"), root, durability, str(seed)],
                           env=env, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         raise RuntimeError(f"workload ({durability}, seed {seed}) failed under the shim:\n{proc.stderr}")
@@ -80,6 +80,7 @@ def check(state: str, orc: model.Oracle, strict: bool) -> Verdict:
     every acknowledged message and task change is there and no acknowledged
     deletion came back."""
     from rune_fast.conversation_state import ConversationStateRepository, ReadStatus
+    from rune_fast.errors import CorruptStateCheckpointError
     from rune_fast.records import ConversationMessageRecord
     from rune_fast.tasks import TaskStateRepository
     problems: list[str] = []
@@ -113,6 +114,8 @@ def check(state: str, orc: model.Oracle, strict: bool) -> Verdict:
                 for mid in sorted(orc.deleted):
                     if mid in seen or repo.get_message(mid).status is not ReadStatus.NOT_FOUND_CONFIRMED:
                         problems.append(f"deleted {mid} came back")
+        except CorruptStateCheckpointError as exc:     # a bulk read found damage: loud, named
+            return Verdict(False, True, f"read: {type(exc).__name__}: {exc}")
         finally:
             repo.close()
         try:
