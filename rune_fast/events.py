@@ -225,8 +225,11 @@ class FramedLog:
     back, and a :class:`RecoveryWarning` plus a log record report it (also kept
     in :attr:`quarantined`). Zero bytes after the last complete line
     (preallocation) are cut away. A complete final line that fails its check is
-    damage: :class:`CorruptStateCheckpointError` naming the file and offset.
-    Damage further back is found by :meth:`iter_lines` and :meth:`verify`.
+    damage: :class:`CorruptStateCheckpointError` naming the file and offset --
+    unless it holds a zero byte: a page of an unsynced append that a power
+    loss lost, quarantined as a torn final line. Damage further back is found
+    by :meth:`iter_lines` and :meth:`verify` (with ``zeroed_lost``, the event
+    store's, a line there that holds a zero byte is skipped as torn).
 
     ``read_only=True`` changes nothing on disk (no recovery, appends raise
     :class:`ReadOnlyStoreError`); an incomplete final line is then read as an
@@ -288,8 +291,7 @@ class FramedLog:
                     reason = check_line(last)
                     if reason and b"\0" in last:
                         # a page a power loss did not write: a torn final line
-                        f.seek(start)
-                        end_of_lines, tail = start, f.read(size - start).strip(b"\0")
+                        end_of_lines, tail = start, (last + b"\n" + tail).strip(b"\0")
                     elif reason:
                         raise CorruptStateCheckpointError(
                             f"damaged final line: {reason}", path=self.path, offset=start)
