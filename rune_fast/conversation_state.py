@@ -51,7 +51,7 @@ from .errors import (
     StateLockedError,
     StoreClosedError,
 )
-from .events import EventStore, fdatasync_path
+from .events import EventStore, ensure_private_dir, fdatasync_path
 from .locking import DirLock
 from .records import ConversationMessageRecord, _utf8_ok, message_from_stored, payload_hash
 from .records import TaskStateRecord  # noqa: F401  (the records beside the repositories, as a frontend imports them)
@@ -488,7 +488,9 @@ class ConversationStateRepository:
         if not self.read_only:
             for d in (self.state_dir, self.hot_dir):
                 if not os.path.isdir(d):
-                    os.makedirs(d, mode=0o700, exist_ok=True)
+                    # each new folder's entry synced in its parent: a power
+                    # loss must not take a new store with its acknowledged lines
+                    ensure_private_dir(d)
                     os.chmod(d, 0o700)
             self._lockfile = DirLock(self.state_dir, "conversation")
         if isinstance(events, EventStore):
@@ -924,7 +926,7 @@ class ConversationStateRepository:
         if self._tail is not None:
             rep = index.ingest(self._tail_seg, start, max(start, self._visible_end()),
                                self._seq_floor(start) if min_seq is None else min_seq)
-            self._check_ingest(rep, self._tail.path, sealed=False)
+            self._check_ingest(rep, self._tail.path, sealed=False, durable_end=self._tail_durable_end(start))
             self._tail.size = rep.good_end
             self._tail_read = len(rep.added)
         cooled = self._cool_ids_in(cooled_files)
@@ -1036,27 +1038,48 @@ class ConversationStateRepository:
         log.warning(msg)
         self._lost.append({"path": path, "offset": offset, "what": what})
 
-    def _check_ingest(self, rep, path: str, *, sealed: bool) -> None:
+    def _tail_durable_end(self, start: int) -> int | None:
+        """Where the tail's bytes the store knows to be durable end, for a
+        writer's open (None for a viewer): the most of the snapshot's start
+        (``start``: its tail lines were synced before it), the manifest's
+        ``covered`` and the durable mark (published after each sync)."""
+        if self.read_only:
+            return None
+        end = max(start, self._covered)
+        loc = self._mark.stored()
+        if loc is not None and loc >> 40 == self._tail_seg:
+            end = max(end, loc & _OFF_MASK)
+        return end
+
+    def _check_ingest(self, rep, path: str, *, sealed: bool, durable_end: int | None = None) -> None:
+        torn_at = rep.torn_offset
         if rep.damaged_offset >= 0:
-            raise CorruptStateCheckpointError(f"damaged line: {rep.damage}", path=path,
-                                              offset=rep.damaged_offset)
+            if durable_end is None or rep.damaged_offset < durable_end:
+                raise CorruptStateCheckpointError(f"damaged line: {rep.damage}", path=path,
+                                                  offset=rep.damaged_offset)
+            # SPEC: bytes after the last point the store knows to be durable
+            # may come back torn anywhere after a power loss (a page lost
+            # before a later page kept): no later line was synced either
+            # (a sync covers every earlier byte), so none was acknowledged;
+            # all of them are quarantined as a torn final line is
+            torn_at = rep.damaged_offset
         if len(rep.dup_locs):
             # no writer stores an id twice: a line repeated (each copy sound)
             raise CorruptStateCheckpointError(f"damaged line: {_REPEATED}", path=path,
                                               offset=int(rep.dup_locs[0]) & _OFF_MASK)
-        if rep.torn_offset >= 0:
+        if torn_at >= 0:
             if sealed:
                 raise CorruptStateCheckpointError("sealed segment ends in a cut-short line",
-                                                  path=path, offset=rep.torn_offset)
+                                                  path=path, offset=torn_at)
             if self.read_only:
                 return  # the writer's append in flight: skipped, not quarantined
             assert self._tail is not None      # a writer always has its tail
-            data = bytes(self._tail.buf[rep.torn_offset:self._tail.file_size])
+            data = bytes(self._tail.buf[torn_at:self._tail.file_size])
             qpath = quarantine_bytes(os.path.join(self.hot_dir, QUARANTINE_DIR), path,
-                                     rep.torn_offset, data.strip(b"\0"))
-            self._quarantined.append({"path": path, "offset": rep.torn_offset,
+                                     torn_at, data.strip(b"\0"))
+            self._quarantined.append({"path": path, "offset": torn_at,
                                       "length": len(data.strip(b"\0")), "quarantine": qpath})
-            self._tail.discard_from(rep.torn_offset)
+            self._tail.discard_from(torn_at)
         # zero padding (preallocation) needs nothing: appends overwrite it
 
     def _load_tombstones(self) -> dict[str, str]:
@@ -1080,9 +1103,17 @@ class ConversationStateRepository:
             data = f.read()
         self._tomb_size = len(data)
         scan = scan_frames(data)
+        torn_at = scan.torn_offset
         if scan.damaged_offset >= 0:
-            raise CorruptStateCheckpointError(f"damaged tombstone line: {scan.damage}", path=path,
-                                              offset=scan.damaged_offset)
+            bad = data[scan.damaged_offset:data.find(b"\n", scan.damaged_offset)]
+            if scan.damaged_offset < vouched[0] or b"\0" not in bad:
+                raise CorruptStateCheckpointError(f"damaged tombstone line: {scan.damage}", path=path,
+                                                  offset=scan.damaged_offset)
+            # past what the manifest vouches for, a line holding zeros is a
+            # deletion a power loss tore (a page lost before a later one
+            # kept): never acknowledged (each deletion is synced before it
+            # returns, and a sync covers every earlier byte), nor any after it
+            torn_at = scan.damaged_offset
         if scan.good_end < vouched[1]:
             # deletions before the last one the manifest vouches for are gone
             # (cut off or zeroed): they would come back; only the final line
@@ -1091,18 +1122,17 @@ class ConversationStateRepository:
                 f"the tombstone file lost deletions the manifest vouches for: its complete lines "
                 f"end at {scan.good_end}, the manifest's reach past {vouched[1]}", path=path,
                 offset=scan.good_end)
-        if scan.good_end < vouched[0] and scan.torn_offset < 0 and not self.read_only:
+        if scan.good_end < vouched[0] and torn_at < 0 and not self.read_only:
             # (a part left of it is quarantined and reported below)
             self._report_lost(path, vouched[0], "the final deletion the manifest vouches for is "
                               "gone (the message it deleted reads again)")
-        if scan.torn_offset >= 0 and not self.read_only:
-            torn = data[scan.torn_offset:].rstrip(b"\0")
-            qpath = quarantine_bytes(os.path.join(self.hot_dir, QUARANTINE_DIR), path,
-                                     scan.torn_offset, torn)
-            self._quarantined.append({"path": path, "offset": scan.torn_offset,
+        if torn_at >= 0 and not self.read_only:
+            torn = data[torn_at:].rstrip(b"\0")
+            qpath = quarantine_bytes(os.path.join(self.hot_dir, QUARANTINE_DIR), path, torn_at, torn)
+            self._quarantined.append({"path": path, "offset": torn_at,
                                       "length": len(torn), "quarantine": qpath})
             with open(path, "r+b") as f:
-                f.truncate(scan.torn_offset)
+                f.truncate(torn_at)
                 os.fsync(f.fileno())
         elif scan.good_end < len(data) and not self.read_only:
             # zero padding: cut it so the next tombstone follows the last line
