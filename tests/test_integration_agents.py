@@ -668,3 +668,21 @@ def test_runner_honours_the_session_limit(tmp_path):
 def test_public_names():
     assert set(rfa.__all__) == {"CHANNEL_PREFIX", "ORIGIN", "RuneSession", "item_role"}
     assert "integrations" not in rune_fast.__all__
+
+
+def test_bad_settings_take_no_store(tmp_path):
+    with pytest.raises(ValueError):
+        RuneSession("s", tmp_path, session_settings={"limit": "many"})
+    with pytest.raises(TypeError):
+        RuneSession("s", tmp_path, session_settings={"bogus": 1})
+    ConversationStateRepository(tmp_path).close()       # the store was never taken
+
+
+def test_another_process_is_locked_out(tmp_path):
+    code = ("import sys\nfrom rune_fast.integrations.agents import RuneSession\n"
+            "try:\n    RuneSession('s', sys.argv[1])\nexcept Exception as exc:\n"
+            "    print(type(exc).__name__)\n")
+    with RuneSession("s", tmp_path):
+        out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, capture_output=True,
+                             text=True, check=True, env=dict(os.environ, PYTHONPATH=ROOT)).stdout
+    assert out.strip() == "StateLockedError"

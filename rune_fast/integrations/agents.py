@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 try:
     from agents.memory import SessionSettings
+    from agents.memory.session_settings import coerce_session_settings
 except ImportError as exc:      # pragma: no cover - the extra is not installed
     raise ImportError('rune_fast.integrations.agents needs the OpenAI Agents SDK: '
                       'pip install "rune_fast[agents]"') from exc
@@ -109,20 +110,16 @@ class RuneSession:
                  durability: str = "fsync", compact_every: int | None = None,
                  hot_window: int | None = None) -> None:
         channel = channel_for("RuneSession", CHANNEL_PREFIX, session_id)
-        self._setup(session_id, channel, session_settings,
+        settings = SessionSettings() if session_settings is None else coerce_session_settings(session_settings)
+        # (everything checked before the store is taken)
+        self._setup(session_id, channel, settings,
                     StoreRef("RuneSession", state_dir, repository, durability=durability,
                              compact_every=compact_every, hot_window=hot_window))
 
-    def _setup(self, session_id: str, channel: str, settings: SessionSettings | dict[str, Any] | None,
-               ref: StoreRef) -> None:
+    def _setup(self, session_id: str, channel: str, settings: SessionSettings | None, ref: StoreRef) -> None:
         self.session_id = session_id
         self._channel = channel
-        if settings is None:
-            self.session_settings = SessionSettings()
-        elif isinstance(settings, dict):
-            self.session_settings = SessionSettings(**settings)
-        else:
-            self.session_settings = settings
+        self.session_settings = settings
         self._closed = False
         self._ref = ref
 
