@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 
 import pytest
 
@@ -686,3 +687,34 @@ def test_another_process_is_locked_out(tmp_path):
         out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, capture_output=True,
                              text=True, check=True, env=dict(os.environ, PYTHONPATH=ROOT)).stdout
     assert out.strip() == "StateLockedError"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_does_not_share_its_parents_store(tmp_path):
+    with RuneSession("s", tmp_path) as s:
+        run(s.add_items(ITEMS[:1]))
+        read_end, write_end = os.pipe()
+        with warnings.catch_warnings():     # (3.12+ warns of forking with threads alive)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:            # the child: report, never return into pytest
+            code = 1
+            try:
+                try:
+                    RuneSession("s", tmp_path)
+                    answer = b"shared"
+                except StateLockedError:
+                    answer = b"locked"
+                s.close()       # releasing the inherited reference closes nothing
+                os.write(write_end, answer)
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as f:
+            answer = f.read()
+        _pid, status = os.waitpid(pid, 0)
+        assert os.WEXITSTATUS(status) == 0 and answer == b"locked"
+        assert not s.closed
+        run(s.add_items(ITEMS[1:2]))        # the parent's store is still open and writable
+        assert run(s.get_items()) == ITEMS[:2]

@@ -33,12 +33,13 @@ __all__ = ["StoreRef", "channel_for", "decode_item", "encode_item"]
 
 
 class _Entry:
-    __slots__ = ("key", "repo", "refs")
+    __slots__ = ("key", "repo", "refs", "inherited")
 
     def __init__(self, key: str, repo: ConversationStateRepository) -> None:
         self.key = key
         self.repo = repo
         self.refs = 1
+        self.inherited = False      # True in a forked child: the parent's, never closed here
 
 
 _GUARD = threading.Lock()
@@ -49,7 +50,7 @@ _PENDING: collections.deque[_Entry] = collections.deque()
 
 def _release_locked(entry: _Entry) -> None:
     entry.refs -= 1
-    if entry.refs > 0:
+    if entry.refs > 0 or entry.inherited:
         return
     if _OPEN.get(entry.key) is entry:
         del _OPEN[entry.key]
@@ -73,6 +74,22 @@ def _collected(entry: _Entry) -> None:
             _GUARD.release()
     else:
         _PENDING.append(entry)
+
+
+def _forget_after_fork() -> None:
+    # A forked child does not own its parent's writers (as locking.DirLock):
+    # its sessions open stores of their own, and releasing an inherited
+    # reference never closes (writes to) the parent's store.
+    global _GUARD
+    _GUARD = threading.Lock()
+    for entry in list(_OPEN.values()) + list(_PENDING):
+        entry.inherited = True
+    _OPEN.clear()
+    _PENDING.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def _acquire(state_dir: str | os.PathLike[str], options: dict[str, Any]) -> _Entry:
