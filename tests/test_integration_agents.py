@@ -152,19 +152,24 @@ def test_insertion_order_holds_when_the_clock_stands_still(tmp_path, monkeypatch
     monkeypatch.setattr(time, "time", lambda: frozen_s)
     monkeypatch.setattr(time, "time_ns", lambda: frozen_ns)
     expected = [{"role": "user", "content": f"item {i}"} for i in range(300)]
-    with RuneSession("tick", tmp_path) as s:
+    # hot_window=0: a compaction moves every message to the cool tier
+    with RuneSession("tick", tmp_path, hot_window=0) as s:
         for i in range(0, 200):
             run(s.add_items([expected[i]]))
-        run(s.add_items(expected[200:]))
+        run(s.add_items(expected[200:250]))
         recs = s.repository.window(s.channel_id, 1000)
         assert {r.ts for r in recs} == {frozen_s}
-        assert run(s.get_items()) == expected
+        assert run(s.get_items()) == expected[:250]
         s.repository.compact()
+        assert s.repository.stats()["cool"] == 250
+        run(s.add_items(expected[250:]))           # cool and hot together
         assert run(s.get_items()) == expected
-        assert run(s.get_items(7)) == expected[-7:]
-    with RuneSession("tick", tmp_path) as s:
+        assert run(s.get_items(70)) == expected[-70:]
+    with RuneSession("tick", tmp_path, hot_window=0) as s:
         assert run(s.get_items()) == expected
         assert run(s.pop_item()) == expected[-1]
+        s.repository.compact()
+        assert run(s.get_items()) == expected[:-1]
 
 
 def test_tuples_are_arrays(tmp_path):
