@@ -723,3 +723,11 @@ def test_a_forked_child_does_not_share_its_parents_store(tmp_path):
         assert not s.closed
         run(s.add_items(ITEMS[1:2]))        # the parent's store is still open and writable
         assert run(s.get_items()) == ITEMS[:2]
+
+
+@pytest.mark.parametrize("state_dir, exc", [("", ValueError), (42, TypeError), (b"bytes", TypeError)])
+def test_bad_state_dir_is_refused(tmp_path, monkeypatch, state_dir, exc):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(exc, match="state_dir"):
+        RuneSession("s", state_dir)
+    assert os.listdir(tmp_path) == []

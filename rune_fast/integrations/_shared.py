@@ -18,6 +18,7 @@ import threading
 import weakref
 from typing import Any
 
+from ..atomic import check_path
 from ..conversation_state import ConversationStateRepository
 from ..errors import CorruptStateCheckpointError, StoreClosedError
 from ..records import ConversationMessageRecord
@@ -45,7 +46,6 @@ class _Entry:
 _GUARD = threading.Lock()
 _OPEN: dict[str, _Entry] = {}
 _PENDING: collections.deque[_Entry] = collections.deque()
-
 
 
 def _release_locked(entry: _Entry) -> None:
@@ -93,6 +93,7 @@ if hasattr(os, "register_at_fork"):
 
 
 def _acquire(state_dir: str | os.PathLike[str], options: dict[str, Any]) -> _Entry:
+    check_path("state_dir", state_dir)      # ("" would be the current folder)
     key = os.path.realpath(os.path.abspath(os.fspath(state_dir)))
     with _GUARD:
         _drain_locked()
