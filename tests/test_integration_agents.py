@@ -148,7 +148,10 @@ def test_identical_items_are_two_items(tmp_path):
 
 
 def test_insertion_order_holds_when_the_clock_stands_still(tmp_path, monkeypatch):
-    frozen_s, frozen_ns = 1_800_000_000.0, 1_800_000_000_000_000_000
+    # frozen at the present: the process-wide id generator keeps its last
+    # millisecond, so a clock frozen in the future would leak into later tests
+    frozen_ns = time.time_ns()
+    frozen_s = frozen_ns / 1e9
     monkeypatch.setattr(time, "time", lambda: frozen_s)
     monkeypatch.setattr(time, "time_ns", lambda: frozen_ns)
     expected = [{"role": "user", "content": f"item {i}"} for i in range(300)]
