@@ -1,0 +1,1 @@
+"""Integrations of rune_fast with agent frameworks (each needs its extra)."""
