@@ -102,6 +102,20 @@ class _Write:
         self.off, self.ln, self.path, self.frame = off, ln, path, frame
 
 
+class _Cached:
+    """A channel's newest stored value, kept to store the next one as a
+    delta: its bytes (``head`` + the pieces of ``body``) and the object."""
+    __slots__ = ("blob", "head", "body", "value", "size")
+
+    def __init__(self, blob: _Blob | None, head: bytes, body: list[bytes], value: Any, size: int) -> None:
+        self.blob, self.head, self.body, self.value, self.size = blob, head, body, value, size
+
+    def full(self) -> bytes:
+        if len(self.body) != 1:
+            self.body = [b"".join(self.body)]
+        return self.head + self.body[0]
+
+
 class _Thread:
     """Everything stored for one thread id."""
     __slots__ = ("ckpts", "order", "writes", "blobs", "last")
@@ -195,7 +209,7 @@ class RuneCheckpointSaver(BaseCheckpointSaver[str]):
 
     def _open(self) -> None:
         self._threads: dict[str, _Thread] = {}
-        self._cache: OrderedDict[tuple[str, str, str], tuple[_Blob, bytes, Any]] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str, str], _Cached] = OrderedDict()
         self._cache_bytes = 0
         self._dead = 0
         # blobs by frame offset: a delta names its base by where it is, so a
@@ -443,60 +457,63 @@ class RuneCheckpointSaver(BaseCheckpointSaver[str]):
         pieces.reverse()
         return data[:blob.h] + b"".join(pieces)
 
-    def _cache_put(self, key: tuple[str, str, str], blob: _Blob, full: bytes, value: Any) -> None:
+    def _cache_put(self, key: tuple[str, str, str], entry: "_Cached") -> None:
         self._cache_drop(key)
-        self._cache[key] = (blob, full, value)
-        self._cache_bytes += len(full)
+        self._cache[key] = entry
+        self._cache_bytes += entry.size
         while self._cache_bytes > _CACHE_BYTES and len(self._cache) > 1:
-            old = next(iter(self._cache))
-            self._cache_drop(old)
+            self._cache_drop(next(iter(self._cache)))
 
     def _cache_drop(self, key: tuple[str, str, str]) -> None:
         hit = self._cache.pop(key, None)
         if hit is not None:
-            self._cache_bytes -= len(hit[1])
+            self._cache_bytes -= hit.size
 
     def _blob_frame(self, tid: str, ns: str, channel: str, version: str, value: Any,
-                    has_value: bool, frame_at: int) -> tuple[list[bytes], tuple[str, str, str], bytes, Any]:
+                    has_value: bool) -> tuple[list[bytes], "_Cached | None"]:
         """The frame storing ``value`` as (channel, version): whole, or as the
-        items it added to the channel's previous version."""
+        items it added to the channel's previous version; and what to cache
+        of it once appended."""
         th = self._threads.get(tid)
         prev = th.last.get((ns, channel)) if th is not None else None
-        ckey = (tid, ns, channel)
         meta: dict[str, Any] = {"t": tid, "n": ns, "c": channel, "v": version}
         if not has_value:
             meta["y"] = "empty"
-            return self._frame(_BLOB, meta), ckey, b"", None
-        hit = self._cache.get(ckey)
-        if hit is not None and hit[0] is not prev:
+            return self._frame(_BLOB, meta), None
+        hit = self._cache.get((tid, ns, channel))
+        if hit is not None and hit.blob is not prev:
             hit = None
-        full: bytes | None = None
-        type_ = ""
-        if (self.incremental and hit is not None and prev is not None and prev.type == "msgpack"
-                and isinstance(value, list) and isinstance(hit[2], list)
+        if (self.incremental and hit is not None and prev is not None and hit.head and prev.type == "msgpack"
+                and isinstance(value, list) and isinstance(hit.value, list)
+                and (prev.base is None or prev.h == len(hit.head))
                 and isinstance(self.serde, JsonPlusSerializer)):
-            old = hit[2]
+            old = hit.value
             n = len(old)
             if len(value) >= n and all(a is b for a, b in zip(value, old)):
+                # The same items and new ones after them: msgpack writes an
+                # array as its header and each item's bytes, so only the new
+                # items are serialized (tested against a whole dumps_typed).
                 t2, tail = self.serde.dumps_typed(value[n:])
-                hp = _msgpack_array_header(hit[1])
                 ht = _msgpack_array_header(tail)
-                if t2 == "msgpack" and hp and ht:
-                    type_ = "msgpack"
-                    full = _array_header(len(value)) + hit[1][hp:] + tail[ht:]
-        if full is None:
-            type_, full = self.serde.dumps_typed(value)
+                if t2 == "msgpack" and ht:
+                    head = _array_header(len(value))
+                    meta.update(y="msgpack", b=prev.frame, h=len(head), o=len(hit.head))
+                    body = tail[ht:]
+                    return (self._frame(_BLOB, meta, [head, body]),
+                            _Cached(None, head, [*hit.body, body], value, hit.size + len(body)))
+        type_, full = self.serde.dumps_typed(value)
         meta["y"] = type_
         data: list[bytes] = [full]
-        if prev is not None and prev.type == type_ == "msgpack" and prev.frame < frame_at:
-            pfull = hit[1] if hit is not None else self._full(prev)
-            hn, hp = _msgpack_array_header(full), _msgpack_array_header(pfull)
+        hn = _msgpack_array_header(full) if type_ == "msgpack" else 0
+        if prev is not None and hn and prev.type == "msgpack":
+            pfull = hit.full() if hit is not None else self._full(prev)
+            hp = _msgpack_array_header(pfull)
             body = len(pfull) - hp
-            if (hn and hp and (prev.base is None or prev.h == hp) and len(full) - hn >= body
-                    and full[hn:hn + body] == pfull[hp:]):
+            if (hp and (prev.base is None or prev.h == hp) and len(full) - hn >= body
+                    and memoryview(full)[hn:hn + body] == memoryview(pfull)[hp:]):
                 meta.update(b=prev.frame, h=hn, o=hp)
                 data = [full[:hn], full[hn + body:]]
-        return self._frame(_BLOB, meta, data), ckey, full, value
+        return self._frame(_BLOB, meta, data), _Cached(None, full[:hn], [full[hn:]], value, len(full))
 
     # ------------------------------------------------------------ reads
 
@@ -511,8 +528,8 @@ class RuneCheckpointSaver(BaseCheckpointSaver[str]):
             if blob is None or blob.type == "empty":
                 continue
             hit = self._cache.get((tid, ns, channel))
-            if hit is not None and hit[0] is blob:
-                full = hit[1]
+            if hit is not None and hit.blob is blob:
+                full = hit.full()
             else:
                 full = self._full(blob, memo)
             values.append((channel, blob.type, full))
@@ -628,23 +645,22 @@ class RuneCheckpointSaver(BaseCheckpointSaver[str]):
         with self._lock:
             self._check_open()
             frames: list[list[bytes]] = []
-            cached: list[tuple[tuple[str, str, str], bytes, Any]] = []
+            cached: list[tuple[str, _Cached | None]] = []
             for channel, version in new_versions.items():
                 ch = _text("channel", channel)
-                frame, ckey, full, value = self._blob_frame(
-                    tid, ns, ch, _vkey(version), values.get(channel), channel in values, self._end)
+                frame, entry = self._blob_frame(tid, ns, ch, _vkey(version), values.get(channel), channel in values)
                 frames.append(frame)
-                cached.append((ckey, full, value))
+                cached.append((ch, entry))
             frames.append(self._frame(_CKPT, {"t": tid, "n": ns, "id": cid, "p": parent, "y": type_,
                                               "my": mtype, "cl": len(cbytes)}, [cbytes, mbytes]))
             self._append(frames)
             th = self._threads[tid]
-            for ckey, full, value in cached:
-                blob = th.last.get((ckey[1], ckey[2]))
-                if blob is not None and blob.type != "empty":
-                    self._cache_put(ckey, blob, full, value)
+            for ch, entry in cached:
+                if entry is None:
+                    self._cache_drop((tid, ns, ch))
                 else:
-                    self._cache_drop(ckey)
+                    entry.blob = th.last[(ns, ch)]
+                    self._cache_put((tid, ns, ch), entry)
         return {"configurable": {"thread_id": conf["thread_id"], "checkpoint_ns": ns, "checkpoint_id": cid}}
 
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
