@@ -355,9 +355,9 @@ class RuneCheckpointSaver(BaseCheckpointSaver[str]):
         elif kind == _DEL_THREAD:
             self._drop_thread(meta["t"])
         else:  # _DEL_CKPTS
-            th = self._threads.get(meta["t"])
-            if th is not None:
-                self._drop_ckpts(th, meta["n"], meta["ids"])
+            owner = self._threads.get(meta["t"])
+            if owner is not None:
+                self._drop_ckpts(owner, meta["n"], meta["ids"])
 
     def _thread(self, tid: str) -> _Thread:
         th = self._threads.get(tid)
@@ -508,11 +508,11 @@ class RuneCheckpointSaver(BaseCheckpointSaver[str]):
         if prev is not None and hn and prev.type == "msgpack":
             pfull = hit.full() if hit is not None else self._full(prev)
             hp = _msgpack_array_header(pfull)
-            body = len(pfull) - hp
-            if (hp and (prev.base is None or prev.h == hp) and len(full) - hn >= body
-                    and memoryview(full)[hn:hn + body] == memoryview(pfull)[hp:]):
+            kept = len(pfull) - hp
+            if (hp and (prev.base is None or prev.h == hp) and len(full) - hn >= kept
+                    and memoryview(full)[hn:hn + kept] == memoryview(pfull)[hp:]):
                 meta.update(b=prev.frame, h=hn, o=hp)
-                data = [full[:hn], full[hn + body:]]
+                data = [full[:hn], full[hn + kept:]]
         return self._frame(_BLOB, meta, data), _Cached(None, full[:hn], [full[hn:]], value, len(full))
 
     # ------------------------------------------------------------ reads
@@ -689,7 +689,8 @@ class RuneCheckpointSaver(BaseCheckpointSaver[str]):
                 data.append(b)
             if not items:
                 return
-            meta = {"t": tid, "n": ns, "id": cid, "k": task, "p": _text("task_path", task_path), "w": items}
+            meta: dict[str, Any] = {"t": tid, "n": ns, "id": cid, "k": task, "p": _text("task_path", task_path),
+                                    "w": items}
             if replace:
                 meta["r"] = 1
             self._append([self._frame(_WRITES, meta, data)])
