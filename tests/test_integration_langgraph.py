@@ -340,12 +340,14 @@ def test_torn_tail_is_dropped_with_a_warning_and_damage_before_it_raises(tmp_pat
         size = saver.disk_bytes()
     with open(_log(tmp_path), "ab") as f:
         f.write(b"\x40\x00\x00\x00garbage")      # a frame header promising more than is there
-    with pytest.warns(RecoveryWarning, match="torn final append"):
+    with pytest.warns(RecoveryWarning, match=f"torn final append.*offset {size}.*kept in"):
         saver = RuneCheckpointSaver(tmp_path)
     with saver:
         assert saver.disk_bytes() == size
         assert _history(saver) == [[0], [1], [2]]
     assert os.path.getsize(_log(tmp_path)) == size
+    with open(f"{_log(tmp_path)}.torn-{size}", "rb") as f:
+        assert f.read() == b"\x40\x00\x00\x00garbage"
     # flip a byte inside the first frame: a complete frame fails its checksum
     with open(_log(tmp_path), "r+b") as f:
         f.seek(len(MAGIC) + 20)

@@ -142,6 +142,36 @@ def _msgpack_array_header(data: bytes | memoryview) -> int:
     return 0
 
 
+def _frame_problem(view: memoryview, pos: int, size: int) -> str:
+    """Why the frame at ``pos`` is not whole and intact ("" if it is)."""
+    if size - pos < _FRAME.size:
+        return "truncated frame header"
+    ln, digest = _FRAME.unpack_from(view, pos)
+    end = pos + _FRAME.size + ln
+    if end > size:
+        return f"frame of {ln} bytes runs past the end of the file"
+    if xxhash.xxh3_64_intdigest(view[pos + _FRAME.size:end]) != digest:
+        return "frame checksum mismatch"
+    return ""
+
+
+def _frames_follow(view: memoryview, pos: int, size: int) -> bool:
+    """True if intact frames run from the end of the (bad) frame at ``pos`` to
+    the end of the file: the damage is inside the log, not a torn last append."""
+    if size - pos < _FRAME.size:
+        return False
+    ln, _ = _FRAME.unpack_from(view, pos)
+    pos += _FRAME.size + ln
+    if pos >= size:
+        return False
+    while pos < size:
+        if _frame_problem(view, pos, size):
+            return False
+        ln, _ = _FRAME.unpack_from(view, pos)
+        pos += _FRAME.size + ln
+    return True
+
+
 def _array_header(n: int) -> bytes:
     if n < 16:
         return bytes((0x90 | n,))
@@ -268,30 +298,37 @@ class RuneCheckpointSaver(BaseCheckpointSaver[str]):
         view = memoryview(data)
         pos = len(MAGIC)
         while pos < size:
-            bad = ""
-            if size - pos < _FRAME.size:
-                bad = "truncated frame header"
-            else:
-                ln, digest = _FRAME.unpack_from(view, pos)
-                end = pos + _FRAME.size + ln
-                if end > size:
-                    bad = f"frame of {ln} bytes runs past the end of the file"
-                elif xxhash.xxh3_64_intdigest(view[pos + _FRAME.size:end]) != digest:
-                    bad = "frame checksum mismatch"
-                    if end < size:
-                        raise CorruptStateCheckpointError(f"checkpoint log damaged: {bad}",
-                                                          path=self.path, offset=pos)
+            bad = _frame_problem(view, pos, size)
             if bad:
-                with open(self.path, "r+b") as f:
-                    f.truncate(pos)
-                    os.fsync(f.fileno())
-                warnings.warn(RecoveryWarning(
-                    f"checkpoint log {self.path}: dropped {size - pos} bytes of a torn final append "
-                    f"at offset {pos} ({bad}); no acknowledged put is lost"), stacklevel=3)
+                if _frames_follow(view, pos, size):
+                    raise CorruptStateCheckpointError(f"checkpoint log damaged: {bad}", path=self.path, offset=pos)
+                self._quarantine(data, pos, bad)
                 return pos
+            ln, _ = _FRAME.unpack_from(view, pos)
+            end = pos + _FRAME.size + ln
             self._apply(view, pos, end, 0)
             pos = end
         return pos
+
+    def _quarantine(self, data: bytes, pos: int, bad: str) -> None:
+        """Keep the bytes of a torn final append in ``checkpoints.log.torn-<offset>``
+        (0600, durable), then cut them off the log."""
+        kept = f"{self.path}.torn-{pos}"
+        fd = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            view = memoryview(data)[pos:]
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        with open(self.path, "r+b") as f:
+            f.truncate(pos)
+            os.fsync(f.fileno())
+        fsync_dir(self.folder)
+        warnings.warn(RecoveryWarning(
+            f"checkpoint log {self.path}: a torn final append ({bad}) at offset {pos}: its "
+            f"{len(data) - pos} bytes were never acknowledged; kept in {kept} and cut off"), stacklevel=4)
 
     def _apply(self, view: memoryview, vframe: int, vend: int, shift: int) -> None:
         """Apply one frame, ``view[vframe:vend]``, found at file offset
@@ -366,8 +403,9 @@ class RuneCheckpointSaver(BaseCheckpointSaver[str]):
         return th
 
     def _drop_thread(self, tid: str) -> None:
-        if self._threads.pop(tid, None) is not None:
-            self._dead += 1
+        th = self._threads.pop(tid, None)
+        if th is not None:
+            self._dead += 1 + len(th.blobs) + sum(len(t) for t in th.ckpts.values())
         for key in [k for k in self._cache if k[0] == tid]:
             self._cache_drop(key)
 
@@ -434,14 +472,14 @@ class RuneCheckpointSaver(BaseCheckpointSaver[str]):
 
     # ------------------------------------------------------------ blobs
 
-    def _full(self, blob: _Blob, memo: dict[int, bytes] | None = None) -> bytes:
+    def _full(self, blob: _Blob, memo: dict[_Blob, bytes] | None = None) -> bytes:
         """The whole serialized value of ``blob`` (following its bases)."""
         def read(b: _Blob) -> bytes:
             if memo is None:
                 return self._read(b.off, b.ln)
-            data = memo.get(b.frame)
+            data = memo.get(b)   # keyed by the object: a compaction makes new ones
             if data is None:
-                data = memo[b.frame] = self._read(b.off, b.ln)
+                data = memo[b] = self._read(b.off, b.ln)
             return data
 
         data = read(blob)
@@ -518,7 +556,7 @@ class RuneCheckpointSaver(BaseCheckpointSaver[str]):
     # ------------------------------------------------------------ reads
 
     def _tuple(self, tid: str, ns: str, cid: str, ck: _Ckpt, th: _Thread, config: RunnableConfig | None,
-               memo: dict[int, bytes] | None = None) -> tuple[Any, ...]:
+               memo: dict[_Blob, bytes] | None = None) -> tuple[Any, ...]:
         """Raw parts of one tuple, read under the lock; decoded by _decode."""
         raw = self._read(ck.off, ck.cl + ck.ml)
         checkpoint: dict[str, Any] = self.serde.loads_typed((ck.type, raw[:ck.cl]))
@@ -615,7 +653,7 @@ class RuneCheckpointSaver(BaseCheckpointSaver[str]):
         found.sort(key=lambda x: x[0], reverse=True)
         if limit is not None:
             found = found[:limit]
-        memo: dict[int, bytes] = {}
+        memo: dict[_Blob, bytes] = {}
         for cid, t, n in found:
             with self._lock:
                 self._check_open()
@@ -819,67 +857,12 @@ class RuneCheckpointSaver(BaseCheckpointSaver[str]):
         with self._lock:
             self._check_open()
             old_size = self._end
-            frames: list[list[bytes]] = []
-            at = len(MAGIC)
-            for tid, th in self._threads.items():
-                memo: dict[int, bytes] = {}
-                keep: dict[tuple[str, str], dict[str, _Blob]] = {}
-                for ns, table in th.ckpts.items():
-                    for ck in table.values():
-                        cp = self.serde.loads_typed((ck.type, self._read(ck.off, ck.cl)))
-                        for channel, version in cp.get("channel_versions", {}).items():
-                            v = _vkey(version)
-                            blob = th.blobs.get((ns, channel, v))
-                            if blob is not None:
-                                keep.setdefault((ns, channel), {})[v] = blob
-                for (ns, channel), versions in keep.items():
-                    prev_full: bytes | None = None
-                    prev_at = -1
-                    for v, blob in sorted(versions.items(), key=lambda kv: kv[1].frame):
-                        meta: dict[str, Any] = {"t": tid, "n": ns, "c": channel, "v": v, "y": blob.type}
-                        if blob.type == "empty":
-                            fr = self._frame(_BLOB, meta)
-                            prev_full = None
-                        else:
-                            full = self._full(blob, memo)
-                            data: list[bytes] = [full]
-                            hn = _msgpack_array_header(full) if blob.type == "msgpack" else 0
-                            if prev_full is not None and hn:
-                                hp = _msgpack_array_header(prev_full)
-                                body = len(prev_full) - hp
-                                if hp and len(full) - hn >= body and full[hn:hn + body] == prev_full[hp:]:
-                                    meta.update(b=prev_at, h=hn, o=hp)
-                                    data = [full[:hn], full[hn + body:]]
-                            fr = self._frame(_BLOB, meta, data)
-                            prev_full = full if blob.type == "msgpack" else None
-                        if blob.type == "msgpack":
-                            prev_at = at
-                        frames.append(fr)
-                        at += sum(len(p) for p in fr)
-                for ns, ids in th.order.items():
-                    for cid in ids:
-                        ck = th.ckpts[ns][cid]
-                        fr = self._frame(_CKPT, {"t": tid, "n": ns, "id": cid, "p": ck.parent, "y": ck.type,
-                                                 "my": ck.mtype, "cl": ck.cl}, self._read(ck.off, ck.cl + ck.ml))
-                        frames.append(fr)
-                        at += sum(len(p) for p in fr)
-                for (ns, cid), slot in th.writes.items():
-                    if cid not in th.ckpts.get(ns, {}):
-                        continue  # writes of a deleted checkpoint
-                    for w in sorted(slot.values(), key=lambda w: (w.task, w.idx)):
-                        fr = self._frame(_WRITES, {"t": tid, "n": ns, "id": cid, "k": w.task, "p": w.path,
-                                                   "w": [[w.idx, w.channel, w.type, w.ln]], "r": 1},
-                                         self._read(w.off, w.ln))
-                        frames.append(fr)
-                        at += sum(len(p) for p in fr)
             fd, tmp = tempfile.mkstemp(prefix="." + LOG_NAME + ".", suffix=".tmp", dir=self.folder)
             try:
                 try:
                     with os.fdopen(fd, "wb") as f:
                         f.write(MAGIC)
-                        for fr in frames:
-                            for p in fr:
-                                f.write(p)
+                        self._write_live(f)
                         f.flush()
                         os.fsync(f.fileno())
                     os.replace(tmp, self.path)
@@ -896,6 +879,59 @@ class RuneCheckpointSaver(BaseCheckpointSaver[str]):
             self._fd = -1
             self._open()
             return old_size - self._end
+
+    def _write_live(self, f: Any) -> None:
+        """Write every live record to ``f`` (positioned after the magic)."""
+        at = len(MAGIC)
+
+        def emit(fr: list[bytes]) -> None:
+            nonlocal at
+            for p in fr:
+                f.write(p)
+                at += len(p)
+
+        for tid, th in self._threads.items():
+            memo: dict[_Blob, bytes] = {}
+            keep: dict[tuple[str, str], dict[str, _Blob]] = {}
+            for ns, table in th.ckpts.items():
+                for ck in table.values():
+                    cp = self.serde.loads_typed((ck.type, self._read(ck.off, ck.cl)))
+                    for channel, version in cp.get("channel_versions", {}).items():
+                        v = _vkey(version)
+                        blob = th.blobs.get((ns, channel, v))
+                        if blob is not None:
+                            keep.setdefault((ns, channel), {})[v] = blob
+            for (ns, channel), versions in keep.items():
+                prev_full: bytes | None = None
+                prev_at = -1
+                for v, blob in sorted(versions.items(), key=lambda kv: kv[1].frame):
+                    meta: dict[str, Any] = {"t": tid, "n": ns, "c": channel, "v": v, "y": blob.type}
+                    if blob.type == "empty":
+                        emit(self._frame(_BLOB, meta))
+                        prev_full = None
+                        continue
+                    full = self._full(blob, memo)
+                    data: list[bytes] = [full]
+                    hn = _msgpack_array_header(full) if blob.type == "msgpack" else 0
+                    if prev_full is not None and hn:
+                        hp = _msgpack_array_header(prev_full)
+                        kept = len(prev_full) - hp
+                        if (hp and len(full) - hn >= kept
+                                and memoryview(full)[hn:hn + kept] == memoryview(prev_full)[hp:]):
+                            meta.update(b=prev_at, h=hn, o=hp)
+                            data = [full[:hn], full[hn + kept:]]
+                    prev_full, prev_at = (full, at) if hn else (None, -1)
+                    emit(self._frame(_BLOB, meta, data))
+            for ns, ids in th.order.items():
+                for cid in ids:
+                    ck = th.ckpts[ns][cid]
+                    emit(self._frame(_CKPT, {"t": tid, "n": ns, "id": cid, "p": ck.parent, "y": ck.type,
+                                             "my": ck.mtype, "cl": ck.cl}, self._read(ck.off, ck.cl + ck.ml)))
+            for (ns, cid), slot in th.writes.items():
+                for w in sorted(slot.values(), key=lambda w: (w.task, w.idx)):
+                    emit(self._frame(_WRITES, {"t": tid, "n": ns, "id": cid, "k": w.task, "p": w.path,
+                                               "w": [[w.idx, w.channel, w.type, w.ln]], "r": 1},
+                                     self._read(w.off, w.ln)))
 
     # ------------------------------------------------------------ misc
 
