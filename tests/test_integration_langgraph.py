@@ -163,6 +163,24 @@ def test_replaced_and_removed_items_are_stored_whole_and_read_back(tmp_path):
         assert _history(again) == run.values
 
 
+def test_a_list_appended_to_or_edited_in_place_is_stored_as_it_is_at_each_put(tmp_path):
+    # a reducer that mutates the channel's list instead of building a new one
+    with RuneCheckpointSaver(tmp_path) as saver:
+        run = _Run(saver)
+        items: list[Any] = [{"n": 0}]
+        want = []
+        for step in range(1, 5):
+            items.append({"n": step})           # same list object, one more item
+            run.put(step, items)
+            want.append([{"n": k} for k in range(step + 1)])
+        items[0] = {"n": "replaced"}            # same list object, a slot replaced
+        run.put(5, items)
+        want.append([{"n": "replaced"}] + [{"n": k} for k in range(1, 5)])
+        assert _history(saver) == want
+    with RuneCheckpointSaver(tmp_path) as again:
+        assert _history(again) == want
+
+
 def test_an_item_changed_in_place_is_stored_whole_when_not_incremental(tmp_path):
     with RuneCheckpointSaver(tmp_path, incremental=False) as saver:
         run = _Run(saver)

@@ -104,11 +104,14 @@ class _Write:
 
 class _Cached:
     """A channel's newest stored value, kept to store the next one as a
-    delta: its bytes (``head`` + the pieces of ``body``) and the object."""
-    __slots__ = ("blob", "head", "body", "value", "size")
+    delta: its bytes (``head`` + the pieces of ``body``) and, for a list, the
+    items it held when stored (a tuple: a list changed in place afterwards,
+    appended to or an item replaced, is still compared with what was stored)."""
+    __slots__ = ("blob", "head", "body", "items", "size")
 
     def __init__(self, blob: _Blob | None, head: bytes, body: list[bytes], value: Any, size: int) -> None:
-        self.blob, self.head, self.body, self.value, self.size = blob, head, body, value, size
+        self.blob, self.head, self.body, self.size = blob, head, body, size
+        self.items: tuple[Any, ...] | None = tuple(value) if isinstance(value, list) else None
 
     def full(self) -> bytes:
         if len(self.body) != 1:
@@ -522,10 +525,10 @@ class RuneCheckpointSaver(BaseCheckpointSaver[str]):
         if hit is not None and hit.blob is not prev:
             hit = None
         if (self.incremental and hit is not None and prev is not None and hit.head and prev.type == "msgpack"
-                and isinstance(value, list) and isinstance(hit.value, list)
+                and isinstance(value, list) and hit.items is not None
                 and (prev.base is None or prev.h == len(hit.head))
                 and isinstance(self.serde, JsonPlusSerializer)):
-            old = hit.value
+            old = hit.items
             n = len(old)
             if len(value) >= n and all(a is b for a, b in zip(value, old)):
                 # The same items and new ones after them: msgpack writes an
