@@ -380,6 +380,25 @@ def test_torn_tail_is_dropped_with_a_warning_and_damage_before_it_raises(tmp_pat
         RuneCheckpointSaver(tmp_path)
 
 
+def test_a_with_allowlist_clone_shares_the_log_with_its_original(tmp_path):
+    # LangGraph's compile() may hand the graph saver.with_allowlist(...): a
+    # copy.copy with another serde. Both must append to one log, one index.
+    strict = JsonPlusSerializer(allowed_msgpack_modules=None)    # as under LANGGRAPH_STRICT_MSGPACK
+    with RuneCheckpointSaver(tmp_path, serde=strict) as saver:
+        clone = saver.with_allowlist([("my_module", "MyType")])
+        assert clone is not saver and clone.serde is not saver.serde
+        run = _Run(saver)
+        for step in range(6):
+            run.saver = clone if step % 2 else saver      # puts alternate between the two
+            run.put(step, [step])
+        assert _history(saver) == _history(clone) == [[s] for s in range(6)]
+        clone.compact()
+        saver.put_writes(run.config, [("ch", 1)], "task")
+        assert clone.get_tuple(run.config).pending_writes == [("task", "ch", 1)]
+    with RuneCheckpointSaver(tmp_path) as again:
+        assert _history(again) == [[s] for s in range(6)]
+
+
 def test_one_writer_per_state_dir(tmp_path):
     saver = RuneCheckpointSaver(tmp_path)
     with pytest.raises(StateLockedError, match="langgraph"):

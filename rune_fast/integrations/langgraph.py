@@ -204,6 +204,32 @@ def _text(field: str, value: Any) -> str:
     return text
 
 
+class _Shared:
+    """The state behind a saver and the clones ``with_allowlist`` makes of it
+    (``copy.copy`` + another serde, as LangGraph does when it compiles a
+    graph): one log, one index, one end offset for all of them."""
+    __slots__ = ("fd", "end", "failed", "threads", "cache", "cache_bytes", "dead", "frames")
+
+    def __init__(self) -> None:
+        self.fd = -1
+        self.end = 0
+        self.failed: str | None = None
+        self.threads: dict[str, _Thread] = {}
+        self.cache: OrderedDict[tuple[str, str, str], _Cached] = OrderedDict()
+        self.cache_bytes = 0
+        self.dead = 0
+        self.frames: dict[int, _Blob] = {}
+
+
+def _shared(name: str) -> Any:
+    def get(self: "RuneCheckpointSaver") -> Any:
+        return getattr(self._state, name)
+
+    def set_(self: "RuneCheckpointSaver", value: Any) -> None:
+        setattr(self._state, name, value)
+    return property(get, set_)
+
+
 class RuneCheckpointSaver(BaseCheckpointSaver[str]):
     """LangGraph checkpoint saver storing in ``<state_dir>/langgraph/``.
 
@@ -227,11 +253,10 @@ class RuneCheckpointSaver(BaseCheckpointSaver[str]):
         self.folder = os.path.join(self.state_dir, "langgraph")
         self.path = os.path.join(self.folder, LOG_NAME)
         self.incremental = bool(incremental)
+        self._state = _Shared()
         self._lock = threading.RLock()
         ensure_private_dir(self.folder)
         self._dirlock = DirLock(self.folder, "langgraph")
-        self._fd = -1
-        self._failed: str | None = None
         try:
             self._open()
         except BaseException:
@@ -240,14 +265,23 @@ class RuneCheckpointSaver(BaseCheckpointSaver[str]):
 
     # ------------------------------------------------------------ lifecycle
 
+    _fd: int = _shared("fd")
+    _end: int = _shared("end")
+    _failed: str | None = _shared("failed")
+    _threads: dict[str, _Thread] = _shared("threads")
+    _cache: "OrderedDict[tuple[str, str, str], _Cached]" = _shared("cache")
+    _cache_bytes: int = _shared("cache_bytes")
+    _dead: int = _shared("dead")
+    # blobs by frame offset: a delta names its base by where it is, so a
+    # later blob under the same key never changes what a delta reads.
+    _frames: dict[int, _Blob] = _shared("frames")
+
     def _open(self) -> None:
-        self._threads: dict[str, _Thread] = {}
-        self._cache: OrderedDict[tuple[str, str, str], _Cached] = OrderedDict()
+        self._threads = {}
+        self._cache = OrderedDict()
         self._cache_bytes = 0
         self._dead = 0
-        # blobs by frame offset: a delta names its base by where it is, so a
-        # later blob under the same key never changes what a delta reads.
-        self._frames: dict[int, _Blob] = {}
+        self._frames = {}
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         try:
             size = os.fstat(fd).st_size
