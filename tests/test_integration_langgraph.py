@@ -399,6 +399,30 @@ def test_a_with_allowlist_clone_shares_the_log_with_its_original(tmp_path):
         assert _history(again) == [[s] for s in range(6)]
 
 
+def test_a_compaction_cut_short_leaves_the_old_log_and_its_temp_file_is_removed(tmp_path, monkeypatch):
+    with RuneCheckpointSaver(tmp_path) as saver:
+        run = _Run(saver)
+        for step in range(5):
+            run.put(step, list(range(step + 1)))
+        saver.delete_for_runs(["r"])
+        run.put(5, [5])
+
+        def crash(src: str, dst: str) -> None:
+            raise KeyboardInterrupt("killed before the rename")
+        monkeypatch.setattr(os, "replace", crash)
+        with pytest.raises(KeyboardInterrupt):
+            saver.compact()
+        monkeypatch.undo()
+        assert _history(saver) == [[5]]
+    # a crash (not an exception) would leave the temp file behind
+    stale = tmp_path / "langgraph" / f".{LOG_NAME}.abc123.tmp"
+    stale.write_bytes(b"half a compaction")
+    with RuneCheckpointSaver(tmp_path) as again:
+        assert _history(again) == [[5]]
+        assert not stale.exists()
+    assert sorted(os.listdir(tmp_path / "langgraph")) == [".lock-langgraph", LOG_NAME]
+
+
 def test_one_writer_per_state_dir(tmp_path):
     saver = RuneCheckpointSaver(tmp_path)
     with pytest.raises(StateLockedError, match="langgraph"):

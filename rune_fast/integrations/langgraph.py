@@ -258,10 +258,19 @@ class RuneCheckpointSaver(BaseCheckpointSaver[str]):
         ensure_private_dir(self.folder)
         self._dirlock = DirLock(self.folder, "langgraph")
         try:
+            self._remove_stale_temps()
             self._open()
         except BaseException:
             self._dirlock.release()
             raise
+
+    def _remove_stale_temps(self) -> None:
+        """Remove what a compaction a crash interrupted left (its temp file is
+        never read: the rename is the commit). Only under the lock."""
+        prefix = "." + LOG_NAME + "."
+        for name in os.listdir(self.folder):
+            if name.startswith(prefix) and name.endswith(".tmp"):
+                os.unlink(os.path.join(self.folder, name))
 
     # ------------------------------------------------------------ lifecycle
 
