@@ -108,6 +108,17 @@ def test_import_rune_fast_does_not_import_langgraph():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_public_names_and_versions(tmp_path):
+    import rune_fast.integrations.langgraph as mod
+    assert sorted(mod.__all__) == ["LOG_NAME", "MAGIC", "RuneCheckpointSaver"]
+    with RuneCheckpointSaver(tmp_path) as saver:
+        v1 = saver.get_next_version(None, None)
+        v2 = saver.get_next_version(v1, None)
+        assert v1 < v2 and v1.split(".")[0] == "0" * 31 + "1" and v2.split(".")[0].endswith("2")
+        assert saver.get_next_version(7, None).startswith("0" * 31 + "8.")
+        assert repr(saver) == f"RuneCheckpointSaver({str(tmp_path)!r})"
+
+
 # ---------------------------------------------------------------- size and round trip
 
 
