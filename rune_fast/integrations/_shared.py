@@ -181,6 +181,37 @@ class StoreRef:
 # ----------------------------------------------------------- sessions, items
 
 
+class SessionHandle:
+    """What a framework's session object holds (a mixin): its session id,
+    the channel of its items, its share of a store (``_ref``) and whether it
+    was closed. ``_OWNER`` names the class in errors."""
+
+    _OWNER = "session"
+    session_id: str
+    _channel: str
+    _closed: bool
+    _ref: StoreRef
+
+    @property
+    def channel_id(self) -> str:
+        """The repository channel that holds this session's items."""
+        return self._channel
+
+    @property
+    def repository(self) -> ConversationStateRepository:
+        """The repository the items are stored in (shared: do not close it)."""
+        self._check_open()
+        return self._ref.repo
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise closed_error(self._OWNER, self.session_id)
+
+
 def channel_for(owner: str, prefix: str, session_id: Any) -> str:
     """The channel id of a session: ``prefix + session_id``. ``TypeError``
     unless ``session_id`` is a str; ``ValueError`` if it is empty or not

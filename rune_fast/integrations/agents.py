@@ -30,7 +30,7 @@ except ImportError as exc:      # pragma: no cover - the extra is not installed
 from ..conversation_state import ConversationStateRepository
 from ..errors import CorruptStateCheckpointError
 from ..records import ROLES, ConversationMessageRecord, new_id
-from ._shared import StoreRef, channel_for, closed_error, decode_item, encode_item
+from ._shared import SessionHandle, StoreRef, channel_for, decode_item, encode_item
 
 __all__ = ["CHANNEL_PREFIX", "ORIGIN", "RuneSession", "item_role"]
 
@@ -84,7 +84,7 @@ async def _finish(awaitable: Awaitable[_T]) -> _T:
     return result
 
 
-class RuneSession:
+class RuneSession(SessionHandle):
     """Conversation history of one Agents SDK session, stored durably.
 
     ``session_id``: any non-empty str (never a path). ``state_dir``: the
@@ -101,6 +101,8 @@ class RuneSession:
     so any event loop in any thread may call them, as many objects as wanted
     at once. After :meth:`close` each raises ``StoreClosedError``.
     """
+
+    _OWNER = "RuneSession"
 
     session_settings: SessionSettings | None
 
@@ -122,26 +124,6 @@ class RuneSession:
         self.session_settings = settings
         self._closed = False
         self._ref = ref
-
-    # ---------------------------------------------------------- properties
-    @property
-    def channel_id(self) -> str:
-        """The repository channel that holds this session's items."""
-        return self._channel
-
-    @property
-    def repository(self) -> ConversationStateRepository:
-        """The repository the items are stored in (shared: do not close it)."""
-        self._check_open()
-        return self._ref.repo
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise closed_error("RuneSession", self.session_id)
 
     def _where(self) -> str:
         return f"agents session {self.session_id!r}"

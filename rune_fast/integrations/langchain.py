@@ -32,7 +32,7 @@ except ImportError as exc:      # pragma: no cover - the extra is not installed
 from ..conversation_state import ConversationStateRepository
 from ..errors import CorruptStateCheckpointError
 from ..records import ROLES, ConversationMessageRecord, new_id
-from ._shared import StoreRef, channel_for, closed_error, decode_item, encode_item
+from ._shared import SessionHandle, StoreRef, channel_for, decode_item, encode_item
 
 __all__ = ["CHANNEL_PREFIX", "ORIGIN", "RuneChatMessageHistory", "message_role"]
 
@@ -60,7 +60,7 @@ def message_role(message: BaseMessage) -> str:
     return own if isinstance(own, str) and own in _ROLE_SET else "assistant"
 
 
-class RuneChatMessageHistory(BaseChatMessageHistory):
+class RuneChatMessageHistory(SessionHandle, BaseChatMessageHistory):
     """Chat history of one session, stored durably; safe to share between
     threads.
 
@@ -77,6 +77,8 @@ class RuneChatMessageHistory(BaseChatMessageHistory):
     After ``close()`` every method raises ``StoreClosedError``.
     """
 
+    _OWNER = "RuneChatMessageHistory"
+
     def __init__(self, session_id: str, state_dir: str | os.PathLike[str] | None = None, *,
                  repository: ConversationStateRepository | None = None, durability: str = "fsync",
                  compact_every: int | None = None, hot_window: int | None = None) -> None:
@@ -86,25 +88,6 @@ class RuneChatMessageHistory(BaseChatMessageHistory):
         self._closed = False
         self._ref = StoreRef("RuneChatMessageHistory", state_dir, repository, durability=durability,
                              compact_every=compact_every, hot_window=hot_window)
-
-    @property
-    def channel_id(self) -> str:
-        """The repository channel that holds this session's messages."""
-        return self._channel
-
-    @property
-    def repository(self) -> ConversationStateRepository:
-        """The repository the messages are stored in (shared: do not close it)."""
-        self._check_open()
-        return self._ref.repo
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise closed_error("RuneChatMessageHistory", self.session_id)
 
     def _where(self) -> str:
         return f"langchain session {self.session_id!r}"
