@@ -14,8 +14,12 @@ unreachable. ``rune-fast sync --redis URL`` runs that loop. The ``redis``
 client is an optional extra (``pip install "rune_fast[redis]"``).
 
 What this store has published is kept in ``hot/redis-<digest>.published``
-(one op key a line, appended after the entries were added): a crash
-between the two publishes some ops again, which merging absorbs.
+(the stream's epoch on the first line, then one op key a line, appended
+after the entries were added): a crash between the two publishes some ops
+again, which merging absorbs. The epoch is a random value kept beside the
+stream (key ``<stream>:epoch``): a Redis that lost the stream (restarted
+without persistence, flushed) lost it too, and the store then publishes
+everything again.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ import json
 import logging
 import os
 import threading
+import uuid
 from typing import Any
 
 import xxhash
@@ -73,6 +78,7 @@ class RedisSync:
         self._lock = threading.Lock()
         digest = xxhash.xxh3_64_hexdigest(f"{url}\0{stream}\0{self.group}".encode())
         self._path = os.path.join(repo.hot_dir, f"redis-{digest}.published")
+        self._file_epoch = ""
         self._published = self._load_published()
         self._group_ready = False
         self._pending_first = True      # after a start, entries delivered and never acknowledged first
@@ -85,7 +91,29 @@ class RedisSync:
             return set()
         lines = data.split(b"\n")
         # (a cut-short last line, from a crash, is dropped: published again)
-        return {ln.decode("utf-8", "replace") for ln in lines[:-1] if ln}
+        keys = [ln.decode("utf-8", "replace") for ln in lines[:-1] if ln]
+        if not keys or not keys[0].startswith("epoch "):
+            return set()
+        self._file_epoch = keys[0][6:]
+        return set(keys[1:])
+
+    def _check_epoch(self) -> None:
+        """Start the published list again when the stream is not the one it
+        names (see the module doc)."""
+        key = f"{self.stream}:epoch"
+        self._r.set(key, uuid.uuid4().hex, nx=True)
+        raw = self._r.get(key)
+        epoch = raw.decode() if isinstance(raw, bytes) else str(raw)
+        if epoch != self._file_epoch:
+            if self._file_epoch:
+                log.warning("redis stream %s at %s is not the one this store published to: "
+                            "publishing everything again", self.stream, self.url)
+            with open(self._path, "wb") as f:
+                f.write(f"epoch {epoch}\n".encode())
+                f.flush()
+                os.fsync(f.fileno())
+            self._file_epoch = epoch
+            self._published = set()
 
     def _note_published(self, keys: list[str]) -> None:
         fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
@@ -102,6 +130,7 @@ class RedisSync:
     def _ensure_group(self) -> None:
         if self._group_ready:
             return
+        self._check_epoch()
         try:
             self._r.xgroup_create(self.stream, self.group, id="0", mkstream=True)
         except Exception as exc:       # redis.ResponseError BUSYGROUP: it exists

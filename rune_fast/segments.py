@@ -413,6 +413,18 @@ class DurableMark:
         self._bad = (loc, check)
         return None
 
+    def stored(self) -> int | None:
+        """(writer) The location a writer published before this one opened
+        the mark, as the file holds it; None when it holds none (a new mark,
+        or one that fails its check). Stores are not synced: after a power
+        loss it may lag the tail's durable end, never pass it (it is
+        published after the sync) -- except in "none" mode, which publishes
+        without one."""
+        if self._map is None or not self._magic:
+            return None
+        loc, check = _WORDS.unpack_from(self._map, 8)
+        return loc if check == loc ^ self._ONES else None
+
     def publish(self, loc: int) -> None:
         """Store ``loc`` (writer; the caller keeps it from moving backwards)."""
         assert self._map is not None

@@ -61,8 +61,15 @@ def test_search_matches_the_model_in_every_tier(tmp_path_factory, contents, need
         repo.append_many(msgs[:half])
         repo.compact()                  # the first half: cooled beyond 3 a channel, the rest sealed
         repo.append_many(msgs[half:])   # the tail
-        for needle in needles + [m.content[1:4] for m in msgs[:3] if len(m.content) > 3]:
+        queries = needles + [m.content[1:4] for m in msgs[:3] if len(m.content) > 3]
+        for needle in queries:
             folded = needle.casefold()
             want = [m.msg_id for m in msgs if folded in m.content.casefold()]
             got = [h.record.msg_id for h in repo.search(needle)]
             assert sorted(got) == sorted(want), (needle, got, want)
+    # a fresh open: the archive's groups are searched in their pages, not a cache
+    with ConversationStateRepository(root, read_only=True) as viewer:
+        for needle in queries:
+            folded = needle.casefold()
+            want = [m.msg_id for m in msgs if folded in m.content.casefold()]
+            assert sorted(h.record.msg_id for h in viewer.search(needle)) == sorted(want), needle

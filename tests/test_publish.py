@@ -230,3 +230,14 @@ def test_spark_reads_the_dataset_as_the_store_does(store, tmp_path):
     finally:
         spark.stop()
     assert pyspark.__version__
+
+
+def test_the_publish_command(store, tmp_path, capsys):
+    import json as _json
+
+    from rune_fast.cli import main
+    assert main(["--state", str(store), "--json", "publish", str(tmp_path / "ds")]) == 0
+    rep = _json.loads(capsys.readouterr().out)
+    assert rep["messages"] == 339 and rep["files_written"] == rep["partitions"]
+    assert main(["--state", str(store), "publish", str(tmp_path / "ds"), "--buckets", "3"]) == 2
+    assert "buckets" in capsys.readouterr().err

@@ -186,3 +186,22 @@ def test_an_unreachable_server_is_retried_and_appends_never_wait(tmp_path, caplo
         assert any("redis sync" in r.getMessage() and "retrying" in r.getMessage() for r in caplog.records)
         with pytest.raises(redis.ConnectionError):
             s.push()
+
+
+def test_the_sync_command_and_a_server_that_lost_the_stream(server, tmp_path):
+    from rune_fast.cli import main
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    with ConversationStateRepository(a) as repo:
+        repo.append(ConversationMessageRecord(msg_id="x1", channel_id="c", content="hi"))
+    assert main(["--state", a, "sync", "--redis", server.url, "--once"]) == 0
+    # the server restarts without its data: the store publishes everything again
+    server.stop()
+    for name in os.listdir(server.folder):
+        shutil.rmtree(os.path.join(server.folder, name), ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(server.folder, name))
+    server.start()
+    assert main(["--state", a, "sync", "--redis", server.url, "--once"]) == 0
+    assert main(["--state", b, "sync", "--redis", server.url, "--once"]) == 0     # a new device
+    with ConversationStateRepository(b) as repo:
+        assert repo.get_message("x1").found

@@ -17,7 +17,7 @@ from .._index import HotIndex, LocCache
 from .._log import scan_frames
 from ..cool import CoolArchive
 from ..errors import CorruptStateCheckpointError
-from ..events import EventStore
+from ..events import EventStore, ensure_private_dir
 from ..records import ConversationMessageRecord, payload_hash
 from ..segments import (MARK_NAME, TAIL_NAME, Segment, TailFile, filters_name, fsync_dir, quarantine_bytes, seg_name)
 from . import tuning
@@ -37,7 +37,9 @@ class Recovery(Host):
         if not self.read_only:
             for d in (self.state_dir, self.hot_dir):
                 if not os.path.isdir(d):
-                    os.makedirs(d, mode=0o700, exist_ok=True)
+                    # each new folder's entry synced in its parent: a power
+                    # loss must not take a new store with its acknowledged lines
+                    ensure_private_dir(d)
                     os.chmod(d, 0o700)
             self._lockfile = DirLock(self.state_dir, "conversation")
         if isinstance(events, EventStore):
@@ -423,27 +425,48 @@ class Recovery(Host):
         log.warning(f"rune_fast: {path}: {what} ({where} {offset})")
         self._lost.append({"path": path, "offset": offset, "what": what})
 
-    def _check_ingest(self, rep, path: str, *, sealed: bool) -> None:
+    def _tail_durable_end(self, start: int) -> int | None:
+        """Where the tail's bytes the store knows to be durable end, for a
+        writer's open (None for a viewer): the most of the snapshot's start
+        (``start``: its tail lines were synced before it), the manifest's
+        ``covered`` and the durable mark (published after each sync)."""
+        if self.read_only:
+            return None
+        end = max(start, self._covered)
+        loc = self._writes.stored()
+        if loc is not None and loc >> 40 == self._tail_seg:
+            end = max(end, loc & _OFF_MASK)
+        return end
+
+    def _check_ingest(self, rep, path: str, *, sealed: bool, durable_end: int | None = None) -> None:
+        torn_at = rep.torn_offset
         if rep.damaged_offset >= 0:
-            raise CorruptStateCheckpointError(f"damaged line: {rep.damage}", path=path,
-                                              offset=rep.damaged_offset)
+            if durable_end is None or rep.damaged_offset < durable_end:
+                raise CorruptStateCheckpointError(f"damaged line: {rep.damage}", path=path,
+                                                  offset=rep.damaged_offset)
+            # SPEC: bytes after the last point the store knows to be durable
+            # may come back torn anywhere after a power loss (a page lost
+            # before a later page kept): no later line was synced either
+            # (a sync covers every earlier byte), so none was acknowledged;
+            # all of them are quarantined as a torn final line is
+            torn_at = rep.damaged_offset
         if len(rep.dup_locs):
             # no writer stores an id twice: a line repeated (each copy sound)
             raise CorruptStateCheckpointError(f"damaged line: {_REPEATED}", path=path,
                                               offset=int(rep.dup_locs[0]) & _OFF_MASK)
-        if rep.torn_offset >= 0:
+        if torn_at >= 0:
             if sealed:
                 raise CorruptStateCheckpointError("sealed segment ends in a cut-short line",
-                                                  path=path, offset=rep.torn_offset)
+                                                  path=path, offset=torn_at)
             if self.read_only:
                 return  # the writer's append in flight: skipped, not quarantined
             assert self._tail is not None      # a writer always has its tail
-            data = bytes(self._tail.buf[rep.torn_offset:self._tail.file_size])
+            data = bytes(self._tail.buf[torn_at:self._tail.file_size])
             qpath = quarantine_bytes(os.path.join(self.hot_dir, QUARANTINE_DIR), path,
-                                     rep.torn_offset, data.strip(b"\0"))
-            self._quarantined.append({"path": path, "offset": rep.torn_offset,
+                                     torn_at, data.strip(b"\0"))
+            self._quarantined.append({"path": path, "offset": torn_at,
                                       "length": len(data.strip(b"\0")), "quarantine": qpath})
-            self._tail.discard_from(rep.torn_offset)
+            self._tail.discard_from(torn_at)
         # zero padding (preallocation) needs nothing: appends overwrite it
 
     def _rederive_lost_envelopes(self) -> bool:

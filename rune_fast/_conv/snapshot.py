@@ -82,7 +82,7 @@ class IndexSnapshot(Host):
         if self._tail is not None:
             rep = index.ingest(self._tail_seg, start, max(start, self._visible_end()),
                                self._seq_floor(start) if min_seq is None else min_seq)
-            self._check_ingest(rep, self._tail.path, sealed=False)
+            self._check_ingest(rep, self._tail.path, sealed=False, durable_end=self._tail_durable_end(start))
             self._tail.size = rep.good_end
             self._tail_read = len(rep.added)
         cooled = self._cool_ids_in(cooled_files)

@@ -56,9 +56,17 @@ class TombstoneFile:
             data = f.read()
         self.size = len(data)
         scan = scan_frames(data)
+        torn_at = scan.torn_offset
         if scan.damaged_offset >= 0:
-            raise CorruptStateCheckpointError(f"damaged tombstone line: {scan.damage}", path=path,
-                                              offset=scan.damaged_offset)
+            bad = data[scan.damaged_offset:data.find(b"\n", scan.damaged_offset)]
+            if scan.damaged_offset < vouched[0] or b"\0" not in bad:
+                raise CorruptStateCheckpointError(f"damaged tombstone line: {scan.damage}", path=path,
+                                                  offset=scan.damaged_offset)
+            # past what the manifest vouches for, a line holding zeros is a
+            # deletion a power loss tore (a page lost before a later one
+            # kept): never acknowledged (each deletion is synced before it
+            # returns, and a sync covers every earlier byte), nor any after it
+            torn_at = scan.damaged_offset
         if scan.good_end < vouched[1]:
             # deletions before the last one the manifest vouches for are gone
             # (cut off or zeroed): they would come back; only the final line
@@ -67,18 +75,17 @@ class TombstoneFile:
                 f"the tombstone file lost deletions the manifest vouches for: its complete lines "
                 f"end at {scan.good_end}, the manifest's reach past {vouched[1]}", path=path,
                 offset=scan.good_end)
-        if scan.good_end < vouched[0] and scan.torn_offset < 0 and self._writer:
+        if scan.good_end < vouched[0] and torn_at < 0 and self._writer:
             # (a part left of it is quarantined and reported below)
             report_lost(path, vouched[0], "the final deletion the manifest vouches for is "
                               "gone (the message it deleted reads again)")
-        if scan.torn_offset >= 0 and self._writer:
-            torn = data[scan.torn_offset:].rstrip(b"\0")
-            qpath = quarantine_bytes(os.path.join(self._hot_dir, QUARANTINE_DIR), path,
-                                     scan.torn_offset, torn)
-            quarantined.append({"path": path, "offset": scan.torn_offset,
-                                      "length": len(torn), "quarantine": qpath})
+        if torn_at >= 0 and self._writer:
+            torn = data[torn_at:].rstrip(b"\0")
+            qpath = quarantine_bytes(os.path.join(self._hot_dir, QUARANTINE_DIR), path, torn_at, torn)
+            quarantined.append({"path": path, "offset": torn_at,
+                                "length": len(torn), "quarantine": qpath})
             with open(path, "r+b") as f:
-                f.truncate(scan.torn_offset)
+                f.truncate(torn_at)
                 os.fsync(f.fileno())
         elif scan.good_end < len(data) and self._writer:
             # zero padding: cut it so the next tombstone follows the last line

@@ -55,6 +55,11 @@ class WriteThread:
         view of the tail ends there); None if no writer ever published one."""
         return self._mark.read()
 
+    def stored(self) -> int | None:
+        """(writer) The location the mark held when this writer opened it
+        (``DurableMark.stored``): how far an earlier writer knew its tail durable."""
+        return self._mark.stored()
+
     def opened(self, loc: int) -> None:
         """A writer's open: the tail lines up to ``loc`` (all it found, a
         killed writer's unsynced ones too) are durable from here on."""

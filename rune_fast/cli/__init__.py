@@ -14,8 +14,9 @@ ledger itself (it has no read-only mode) when it is free, and beside a running
 frontend read a snapshot of its files instead (:class:`TaskLedgerView`).
 
 One module per group of subcommands: :mod:`.read`, :mod:`.write` (with
-import and export), :mod:`.tools` (bench, canary); :mod:`._common` holds the
-state directory and the stores opened on it.
+import and export), :mod:`.share` (publish, sync), :mod:`.tools` (bench,
+canary); :mod:`._common` holds the state directory and the stores opened on
+it.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from typing import Any, Callable, Sequence
 from .._fmt import Progress, format_table
 from ..errors import RuneError
 from ..verify import DuringVerifyFilter
-from . import read, tools, write
+from . import read, share, tools, write
 from ._common import DEFAULT_STATE, InputError, TaskLedgerView
 from .write import detect_import_kind
 
@@ -73,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     write.register(add)
     read.register(add)
+    share.register(add)
     tools.register(add)
     return p
 

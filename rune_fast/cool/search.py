@@ -12,6 +12,7 @@ from typing import Any, Callable, Container, Sequence
 
 import numpy as np
 
+from .._casefold import anchor_forms
 from .._search import find_spans
 from ..pages import PageError, Unsupported
 from ..segments import read_kept, write_kept
@@ -164,12 +165,18 @@ class _Search(_Reads):
         # Python). A non-ASCII needle: rows whose bytes hold its longest ASCII
         # run (case-blind), or with a SPECIAL_FOLD character, or, with no ASCII
         # run, every non-ASCII row; all checked with str.casefold.
+        # A non-ASCII needle with anchors (rune_fast._casefold): rows whose
+        # bytes hold one spelling of its most selective anchor, each checked.
         mode = "all" if needle == "" else "cs" if case_sensitive else "ci"
         probe = nb
-        if mode == "ci" and not needle.isascii():
+        forms = anchor_forms(needle) if mode == "ci" and not needle.isascii() else None
+        if forms is not None:
+            mode = "ci-anchor"
+        elif mode == "ci" and not needle.isascii():
             runs = re.findall(r"[\x00-\x7f]+", needle)
             probe = max(runs, key=len).encode("ascii") if runs else b""
             mode = "ci-run" if probe else "ci-nonascii"
+        anchors = [f.encode("utf-8") for f in forms or ()]
         specials = _relevant_specials(probe.decode("ascii")) if mode in ("ci", "ci-run") else ()
         fold_repl = [(c.encode("utf-8"), c.casefold().encode("utf-8")) for c in specials]
         hits: list[CoolRow] = []
@@ -190,11 +197,11 @@ class _Search(_Reads):
                 # pages (content pages only, those whose filters may match
                 # once a scan built them or an earlier process kept them),
                 # not poured through the cache: a group decodes whole there
-                scans: dict[int, Any] | None = None if mode in ("ci", "cs") else {}
+                scans: dict[int, Any] | None = None if mode in ("ci", "cs", "ci-anchor") else {}
                 for rg in range(rg_a, rg_b):
                     if scans is None and (no, rg) not in self._cache:
                         scans = self._start_scans(no, [r for r in range(rg, rg_b) if (no, r) not in self._cache],
-                                                  s, e, mode, nb, fold_repl, known)
+                                                  s, e, mode, nb, fold_repl, known, anchors)
                     base = fi.rg_list[rg]
                     n = fi.rg_list[rg + 1] - base
                     lo, hi = max(s - base, 0), min(e - base, n)
@@ -220,11 +227,15 @@ class _Search(_Reads):
                     if mode == "cs":
                         idx = content.find(nb, False, lo, hi) - lo
                     else:
-                        if mode == "ci-nonascii":
+                        if mode == "ci-anchor":
+                            exact = np.zeros(0, np.int64)
+                            maybe: Any = np.unique(np.concatenate(
+                                [content.find(a, False, lo, hi) - lo for a in anchors]))
+                        elif mode == "ci-nonascii":
                             data, offs = g.spans()
                             exact = np.zeros(0, np.int64)
-                            maybe: Any = find_spans(data, offs[lo:hi], offs[lo + 1:hi + 1],
-                                                    b"\xff", False, True)  # 0xff: never in UTF-8
+                            maybe = find_spans(data, offs[lo:hi], offs[lo + 1:hi + 1],
+                                               b"\xff", False, True)  # 0xff: never in UTF-8
                         else:
                             exact = content.find(probe.lower(), True, lo, hi) - lo
                             maybe = self._special_rows(fi, rg, g, specials)
@@ -261,8 +272,8 @@ class _Search(_Reads):
         return hits, known_hits
 
     def _start_scans(self, no: int, rgs: list[int], s: int, e: int, mode: str, nb: bytes,
-                     fold_repl: list[tuple[bytes, bytes]], known: Container[int] = ()
-                     ) -> dict[int, Any]:
+                     fold_repl: list[tuple[bytes, bytes]], known: Container[int] = (),
+                     anchors: Sequence[bytes] = ()) -> dict[int, Any]:
         """Start the search of row groups ``rgs`` of file ``no`` (groups the
         cache does not hold; rows ``[s, e)`` of the file) in the file's pages
         as they are decompressed, without building or caching the groups:
@@ -270,7 +281,9 @@ class _Search(_Reads):
         :meth:`_scan_result`; the hits in ``known`` are not read, only
         named). ``mode`` "ci": ``nb`` (ASCII, casefolded)
         matched ASCII-case-blind, the rows holding a SPECIAL_FOLD character
-        of ``fold_repl`` checked one by one; "cs": bytes as they are. The
+        of ``fold_repl`` checked one by one; "cs": bytes as they are;
+        "ci-anchor": the rows holding one of ``anchors``, each checked by its
+        casefold (``nb`` the casefolded needle). The
         hits' other columns are read by the same task; two run at a time
         (decompression, I/O and the search leave the GIL). Empty if the file
         is not in a layout the PageReader reads."""
@@ -279,14 +292,22 @@ class _Search(_Reads):
             return {}
         if no not in self._filters.read:
             self._read_grams(no)
-        probes = [(nb.lower(), True) if mode == "ci" else (nb, False)] + [(a, False) for a, _b in fold_repl]
+        if mode == "ci-anchor":
+            probes = [(a, False) for a in anchors]
+        else:
+            probes = [(nb.lower(), True) if mode == "ci" else (nb, False)] + [(a, False) for a, _b in fold_repl]
         starts = self._files[no].rg_list
+        folded = nb.decode("utf-8", "surrogatepass")
 
         def scan(rg: int) -> tuple[list[int], list, bytes | None, list[int]]:
             lo, hi, base = s - starts[rg], e - starts[rg], cool_loc(no, starts[rg])
             res, built = reader.find(rg, _CONTENT_COL, probes, self._filters.get(no, rg))
-            hits = {i: v for i, v in res[0] if lo <= i < hi}
-            for part in res[1:]:
+            if mode == "ci-anchor":
+                hits = {i: v for part in res for i, v in part
+                        if lo <= i < hi and folded in bytes(v).decode("utf-8", "surrogatepass").casefold()}
+            else:
+                hits = {i: v for i, v in res[0] if lo <= i < hi}
+            for part in res[1:] if mode != "ci-anchor" else ():
                 for i, v in part:
                     if lo <= i < hi and i not in hits and _ascii_fold_has(v, nb, fold_repl):
                         hits[i] = v
