@@ -32,6 +32,7 @@ import orjson
 import xxhash
 
 from ._log import locked_write
+from .fsutil import _close_fd, ensure_private_dir, fdatasync_path, fsync_dir  # noqa: F401 (re-exported)
 from .errors import (
     RecoveryWarning,
     CorruptStateCheckpointError,
@@ -146,63 +147,6 @@ def parse_checked(line: bytes, *, path: str = "", offset: int = 0) -> dict[str, 
         raise CorruptStateCheckpointError("damaged line: not a JSON object", path=path, offset=offset)
     del obj["x"]
     return obj
-
-
-# ------------------------------------------------------------------ files
-
-
-def ensure_private_dir(path: str | os.PathLike[str]) -> None:
-    """Create ``path`` (and missing parents) as owner-only (0700) folders,
-    each new entry made durable by an fsync of its parent. Existing folders
-    are left as they are."""
-    path = target = os.path.abspath(os.fspath(path))
-    if os.path.isdir(path):
-        return
-    missing = []
-    while not os.path.exists(path):
-        missing.append(path)
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    for folder in reversed(missing):
-        try:
-            os.mkdir(folder, 0o700)
-        except FileExistsError:  # made concurrently by another writer
-            continue
-        fsync_dir(os.path.dirname(folder))
-    if not os.path.isdir(target):
-        raise NotADirectoryError(errno.ENOTDIR, "not a folder", target)
-
-
-def fsync_dir(path: str) -> None:
-    """fsync a folder so a create/rename/unlink in it is durable;
-    :class:`DurabilityError` naming the folder on failure."""
-    _sync_path(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, "fsync", "fsync of folder")
-
-
-def fdatasync_path(path: str) -> None:
-    """fdatasync the file at ``path`` (opened for reading: Linux syncs its
-    pages whatever the descriptor); :class:`DurabilityError` naming it."""
-    _sync_path(path, os.O_RDONLY | os.O_CLOEXEC, "fdatasync", "fdatasync of")
-
-
-def _sync_path(path: str, flags: int, call: str, what: str) -> None:
-    fd = os.open(path, flags)
-    try:
-        getattr(os, call)(fd)      # looked up now: tests that count syncs patch os
-    except OSError as exc:
-        raise DurabilityError(f"{what} {path} failed: {exc}") from exc
-    finally:
-        os.close(fd)
-
-
-def _close_fd(fd: int) -> None:
-    try:
-        os.close(fd)
-    except OSError as exc:  # already closed: nothing left to release
-        if exc.errno != errno.EBADF:
-            raise
 
 
 @contextmanager

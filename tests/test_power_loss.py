@@ -341,15 +341,15 @@ def test_a_new_store_syncs_its_folder_entries(tmp_path, monkeypatch):
     """A new state folder (and hot/) is made durable in its parent before
     the first acknowledged append: a power loss must not take the store
     whole (the suite's first finding)."""
-    import rune_fast.events as events_mod
+    import rune_fast.fsutil as fsutil
     from rune_fast.conversation_state import ConversationStateRepository
     synced: list[str] = []
-    real = events_mod.fsync_dir
+    real = fsutil.fsync_dir
 
     def spy(path):
         synced.append(os.path.normpath(path))
         real(path)
-    monkeypatch.setattr(events_mod, "fsync_dir", spy)
+    monkeypatch.setattr(fsutil, "fsync_dir", spy)
     state = tmp_path / "new" / "state"
     with ConversationStateRepository(state) as repo:
         repo.append(_msg(1))
