@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 import time
 from typing import Any, Iterator, Sequence, cast
 
@@ -14,6 +15,7 @@ from ..atomic import AtomicStore
 from ..locking import DirLock
 from .. import sync as _sync
 from .._index import HotIndex, LocCache
+from .._encode import frame_messages
 from .._log import scan_frames
 from ..cool import CoolArchive
 from ..errors import CorruptStateCheckpointError
@@ -138,6 +140,7 @@ class Recovery(Host):
 
     def _load_state_once(self) -> None:
         m = self._manifest_store.read()
+        fresh = m is None
         if m is None:
             m = {"format": _FORMAT, "segments": [], "tail_seg": 1, "covered": 0,
                  "cool_files": [], "events_offset": 0, "next_seg": 2, "next_seq": 0}
@@ -178,7 +181,10 @@ class Recovery(Host):
         sealed_tail = os.path.join(self.hot_dir, seg_name(self._tail_seg))
         if self.read_only and self._tail_seg not in self._segs and os.path.exists(sealed_tail):
             tail_path = sealed_tail     # the writer is rolling the tail right now
-        if self.read_only and not os.path.exists(tail_path):
+        legacy = os.path.join(self.hot_dir, LEGACY_NAME)
+        if self.read_only and fresh and os.path.exists(legacy):
+            self._tail = self._legacy_tail(legacy)
+        elif self.read_only and not os.path.exists(tail_path):
             self._tail = None
         else:
             self._tail = TailFile(tail_path, self._tail_seg, read_only=self.read_only)
@@ -585,27 +591,31 @@ class Recovery(Host):
         path = os.path.join(self.hot_dir, LEGACY_NAME)
         if not os.path.exists(path):
             return
-        try:
-            with open(path, "rb") as f:
-                data = codec.loads_exact(f.read())
-        except (ValueError, OSError) as exc:
-            raise CorruptStateCheckpointError(f"legacy checkpoint is not readable JSON: {exc}",
-                                              path=path) from None
-        items = data.get("messages") if isinstance(data, dict) else data
-        if not isinstance(items, list):
-            raise CorruptStateCheckpointError(
-                "legacy checkpoint holds neither a list of messages nor {\"messages\": [...]}", path=path)
-        records = []
-        for i, d in enumerate(items):
-            try:
-                records.append(ConversationMessageRecord.from_dict(d))
-            except (TypeError, ValueError, KeyError, AttributeError) as exc:
-                raise CorruptStateCheckpointError(f"legacy message {i} does not validate: {exc}",
-                                                  path=path, offset=i) from None
+        records = _legacy_records(path)
         self.append_many(records)
         os.unlink(path)
         fsync_dir(self.hot_dir)
         log.info("imported %d messages from legacy checkpoint %s", len(records), path)
+
+    def _legacy_tail(self, path: str) -> TailFile:
+        """A viewer's tail for a store that holds only a legacy checkpoint:
+        its messages (the first of each id, in order) framed as the tail
+        lines an import would write, in an unlinked temporary file mapped
+        read-only. Nothing in the state directory is written or imported;
+        a writer's open imports the checkpoint (SPEC section 5)."""
+        records = _legacy_records(path)
+        first: dict[str, int] = {}
+        for i, r in enumerate(records):
+            first.setdefault(r.msg_id, i)
+        order = sorted(first.values())
+        bodies, _hashes, _keys = codec.encode_batch(records)
+        data, _lengths = frame_messages(bodies, order, 0)
+        with tempfile.NamedTemporaryFile(prefix="rune-legacy-", suffix=".jsonl") as f:
+            f.write(data)
+            f.flush()
+            tail = TailFile(f.name, self._tail_seg, read_only=True)
+        tail.path = path            # (what errors and reports name)
+        return tail
 
     def _cool_ids_in(self, files: Sequence[str]) -> list[str]:
         import pyarrow.parquet as pq
@@ -618,3 +628,27 @@ class Recovery(Host):
                 raise CorruptStateCheckpointError(f"cool archive is not readable: {exc}",
                                                   path=path) from None
         return out
+
+
+def _legacy_records(path: str) -> list[ConversationMessageRecord]:
+    """The messages of the legacy checkpoint at ``path`` (a JSON list of
+    message dicts, or ``{"messages": [...]}``), each validated;
+    CorruptStateCheckpointError naming the file (and the item) otherwise."""
+    try:
+        with open(path, "rb") as f:
+            data = codec.loads_exact(f.read())
+    except (ValueError, OSError) as exc:
+        raise CorruptStateCheckpointError(f"legacy checkpoint is not readable JSON: {exc}",
+                                          path=path) from None
+    items = data.get("messages") if isinstance(data, dict) else data
+    if not isinstance(items, list):
+        raise CorruptStateCheckpointError(
+            "legacy checkpoint holds neither a list of messages nor {\"messages\": [...]}", path=path)
+    records = []
+    for i, d in enumerate(items):
+        try:
+            records.append(ConversationMessageRecord.from_dict(d))
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise CorruptStateCheckpointError(f"legacy message {i} does not validate: {exc}",
+                                              path=path, offset=i) from None
+    return records
