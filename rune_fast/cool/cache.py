@@ -136,7 +136,8 @@ class _RowCache(_FileSet):
     def _with_reader(self, no: int, read: Any) -> Any:
         """``read(reader)`` with file ``no``'s PageReader, or None if the file
         is not in a layout it reads (then it is not asked again). PageError
-        (damage) passes to the caller."""
+        (damage) passes to the caller; a read the disk failed (EIO) is
+        CorruptStateCheckpointError naming the file."""
         reader = self._reader(no)
         if reader is None:
             return None
@@ -146,6 +147,11 @@ class _RowCache(_FileSet):
             self._readers[no] = None
             reader.close()
             return None
+        except OSError as exc:
+            fi = self._files.get(no)
+            path = os.path.join(self.cool_dir, fi.name) if fi is not None else self.cool_dir
+            raise CorruptStateCheckpointError(f"cool archive cannot be read: {exc.strerror or exc}",
+                                              path=path) from exc
 
     def _page_columns(self, no: int, rg: int, names: list[str]) -> pa.Table | None:
         """Columns ``names`` of row group ``rg`` through the file's

@@ -19,6 +19,11 @@
  * A sync makes durable what was recorded before its SB, and counts once its
  * SE is recorded. Stores through a shared map (the tail's 24-byte durable
  * mark) are not seen: nothing a power loss could lose depends on them.
+ *
+ * Fault injection (tests/test_io_errors.py): RUNE_PL_FAIL="OP:PART:N" makes
+ * the N-th call of OP (write, sync or read) on a file whose path holds PART
+ * fail with EIO, touching nothing; the calls after it succeed again (as a
+ * kernel that reported a failed writeback once does).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -119,6 +124,31 @@ static void rec(const char *fmt, ...) {
     int n = vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
     raw_write(line, (size_t)n);
+}
+
+static char fail_op[16], fail_part[PATH_MAX];
+static long fail_at = -1, fail_seen;
+
+static void fail_init(void) {
+    static int done;
+    if (done) return;
+    done = 1;
+    const char *f = getenv("RUNE_PL_FAIL");
+    if (!f) return;
+    const char *c1 = strchr(f, ':'), *c2 = c1 ? strrchr(f, ':') : NULL;
+    if (!c1 || c2 == c1 || (size_t)(c1 - f) >= sizeof fail_op || (size_t)(c2 - c1 - 1) >= sizeof fail_part) return;
+    memcpy(fail_op, f, (size_t)(c1 - f));
+    memcpy(fail_part, c1 + 1, (size_t)(c2 - c1 - 1));
+    fail_at = atol(c2 + 1);
+}
+
+/* whether this call (OP on fd) is the one to fail; caller holds mu or not, it is atomic enough */
+static int should_fail(const char *op, int fd) {
+    fail_init();
+    if (fail_at < 0 || strcmp(op, fail_op) || fd < 0 || fd >= MAXFD || !fdpath[fd]
+            || !strstr(fdpath[fd], fail_part))
+        return 0;
+    return __atomic_add_fetch(&fail_seen, 1, __ATOMIC_SEQ_CST) == fail_at;
 }
 
 static const char *tracked(int fd) {
@@ -256,6 +286,7 @@ static void rec_write(int fd, off_t off, const void *buf, ssize_t n) {
 ssize_t write(int fd, const void *buf, size_t n) {
     REAL(write, ssize_t, int, const void *, size_t);
     if (!init() || !tracked(fd)) return real_write(fd, buf, n);
+    if (should_fail("write", fd)) { errno = EIO; return -1; }
     pthread_mutex_lock(&mu);
     ssize_t w = real_write(fd, buf, n);
     int e = errno;
@@ -288,6 +319,7 @@ ssize_t writev(int fd, const struct iovec *iov, int cnt) {
 
 static ssize_t do_pwrite(ssize_t (*real)(int, const void *, size_t, off_t), int fd, const void *buf, size_t n, off_t off) {
     if (!init() || !tracked(fd)) return real(fd, buf, n, off);
+    if (should_fail("write", fd)) { errno = EIO; return -1; }
     pthread_mutex_lock(&mu);
     ssize_t w = real(fd, buf, n, off);
     int e = errno;
@@ -352,6 +384,7 @@ int posix_fallocate64(int fd, off_t off, off_t len) { return do_falloc(posix64_s
 
 static int do_sync(int (*real)(int), int fd) {
     if (!init() || !tracked(fd)) return real(fd);
+    if (should_fail("sync", fd)) { errno = EIO; return -1; }
     pthread_mutex_lock(&mu);
     long id = ++sync_ids;
     char path[PATH_MAX];
@@ -364,6 +397,25 @@ static int do_sync(int (*real)(int), int fd) {
     pthread_mutex_unlock(&mu);
     errno = e;
     return r;
+}
+
+/* reads are not recorded: only failed, when RUNE_PL_FAIL says so */
+ssize_t read(int fd, void *buf, size_t n) {
+    REAL(read, ssize_t, int, void *, size_t);
+    if (init() && tracked(fd) && should_fail("read", fd)) { errno = EIO; return -1; }
+    return real_read(fd, buf, n);
+}
+
+ssize_t pread(int fd, void *buf, size_t n, off_t off) {
+    REAL(pread, ssize_t, int, void *, size_t, off_t);
+    if (init() && tracked(fd) && should_fail("read", fd)) { errno = EIO; return -1; }
+    return real_pread(fd, buf, n, off);
+}
+
+ssize_t pread64(int fd, void *buf, size_t n, off_t off) {
+    REAL(pread64, ssize_t, int, void *, size_t, off_t);
+    if (init() && tracked(fd) && should_fail("read", fd)) { errno = EIO; return -1; }
+    return real_pread64(fd, buf, n, off);
 }
 
 int fsync(int fd) { REAL(fsync, int, int); return do_sync(real_fsync, fd); }
