@@ -297,3 +297,41 @@ def test_a_hole_in_the_tail_on_a_full_tmpfs_is_no_sigbus(tmp_path):
         assert out.stdout.split()[0] == "40"
     finally:
         subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def test_a_full_disk_during_task_changes(small_fs):
+    """Task changes (each synced before it returns) until the disk is full:
+    the change that meets it fails naming a file, and after space is back
+    every acknowledged change is there."""
+    from rune_fast.tasks import TaskStateRepository
+    d = small_fs / "s"
+    acked: dict[str, str] = {}          # task_id -> its last acknowledged status
+    maybe: dict[str, str] = {}          # the change that failed: stored or not
+    tasks = TaskStateRepository(d, checkpoint_every=50)
+    try:
+        for i in range(200_000):
+            t = None
+            try:
+                t = tasks.create(f"task {i} " + BODY, "ch0")
+                acked[t.task_id] = "created"
+                tasks.transition(t.task_id, "running")
+                acked[t.task_id] = "running"
+            except RuneError as exc:
+                assert str(small_fs) in str(exc), exc
+                if t is not None:
+                    maybe[t.task_id] = "running"
+                break
+        else:
+            raise AssertionError("the disk never filled")
+    finally:
+        try:
+            tasks.close()
+        except RuneError:
+            pass
+    os.unlink(small_fs / "ballast")
+    with _recovering(), TaskStateRepository(d) as again:
+        for tid, status in acked.items():
+            got = again.get(tid)
+            assert got is not None and got.status in {status, maybe.get(tid)}, (tid, status, got)
+        t = again.create("after the disk had room again", "ch0")        # writes resume
+        assert again.get(t.task_id) is not None
