@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator
 import numpy as np
 import xxhash
 
+from .._order import order_key, sorts_before
 from .. import codec
 from .. import sync as _sync
 from ..cool import SPECIAL_FOLD
@@ -138,26 +139,20 @@ def _unkey(k: bytes) -> str:
 
 
 def _order_key(rec: ConversationMessageRecord, tier_rank: int, pos: Any) -> tuple:
-    """Sort key of SPEC's "oldest first": unstamped first, in append order
-    (cool before hot), then stamped by (hlc, msg_id)."""
-    if rec.hlc:
-        return (1, rec.hlc, rec.msg_id)
-    return (0, tier_rank, pos)
+    """The ordering rule (rune_fast._order) within a channel read: append
+    order of the unstamped is cool before hot, then position in its tier."""
+    return order_key(rec.hlc, rec.msg_id, (tier_rank, pos))
 
 
 def _sorts_before(rec: ConversationMessageRecord, stamp: tuple) -> bool:
-    """Whether ``rec`` sorts before the stamped message whose ``(hlc,
-    msg_id)`` is ``stamp`` (an unstamped message sorts before every stamped
-    one; no two messages share an id)."""
-    return not rec.hlc or (rec.hlc, rec.msg_id) < stamp
+    """Whether ``rec`` sorts before the stamped message ``stamp`` ((hlc, msg_id))."""
+    return sorts_before(rec.hlc, rec.msg_id, stamp)
 
 
 def _xkey(rec: ConversationMessageRecord, seq: int | None) -> tuple:
-    """Sort key of "oldest first" across channels and tiers: unstamped
-    messages first by append sequence, then stamped by (hlc, msg_id)."""
-    if rec.hlc:
-        return (1, rec.hlc, rec.msg_id)
-    return (0, -1 if seq is None else seq, "")
+    """The ordering rule (rune_fast._order) across channels and tiers: the
+    unstamped by append sequence."""
+    return order_key(rec.hlc, rec.msg_id, -1 if seq is None else seq)
 
 
 _first = operator.itemgetter(0)

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
+from .._order import order_key
 from ..records import fast_canonical_json
 
 
@@ -199,12 +200,9 @@ def _id_hash(msg_id: str) -> int:
 
 
 def _order_key(record: dict, ord_: int) -> tuple:
-    """Order within a channel or task (DESIGN.md): unstamped messages first in
-    append order, then stamped ones by (hlc, msg_id)."""
-    hlc = record["hlc"]
-    if hlc == "":
-        return (0, ord_, "", "")
-    return (1, 0, hlc, record["msg_id"])
+    """The ordering rule (rune_fast._order) of an archived row, ``ord_`` its
+    append sequence."""
+    return order_key(record["hlc"], record["msg_id"], ord_)
 
 
 def _row_key(row: CoolRow) -> tuple:
