@@ -5,6 +5,7 @@ has a deadline and a slow data generator is not an error: a property fails
 only on a wrong answer. Examples stay random from run to run (each CI run
 explores new ones); a failure prints the blob that reproduces it.
 """
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -12,3 +13,21 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile("rune")
+
+
+# What the fault suites counted (crash states checked and held), printed at
+# the end of every run, CI's included: a passing test's output is captured.
+_SUMMARY: list[str] = []
+
+
+@pytest.fixture
+def summary_line():
+    """Call with a line to print in the run's closing summary."""
+    return _SUMMARY.append
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _SUMMARY:
+        terminalreporter.section("fault suites")
+        for line in _SUMMARY:
+            terminalreporter.write_line(line)

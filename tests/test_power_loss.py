@@ -79,7 +79,7 @@ def _summary(durability: str, t: replay.Tally) -> str:
 
 
 @pytest.mark.parametrize("durability", ["fsync", "batch"])
-def test_power_loss_keeps_every_acknowledged_change(shim, tmp_path, quiet_recovery, durability):
+def test_power_loss_keeps_every_acknowledged_change(shim, tmp_path, quiet_recovery, durability, summary_line):
     """fsync and batch: every state opens and holds every acknowledged
     message (exactly once, as appended) and task change; a deletion
     acknowledged stays deleted; no message is invented."""
@@ -87,11 +87,12 @@ def test_power_loss_keeps_every_acknowledged_change(shim, tmp_path, quiet_recove
     t = _run_mode(shim, tmp_path, durability, states, 11 if durability == "fsync" else 23)
     summary = _summary(durability, t)
     print(summary)
+    summary_line(summary.splitlines()[0])
     assert t.states == states
     assert t.held == t.states, summary
 
 
-def test_power_loss_without_syncs_invents_nothing(shim, tmp_path, quiet_recovery):
+def test_power_loss_without_syncs_invents_nothing(shim, tmp_path, quiet_recovery, summary_line):
     """none ("survives a process crash, not a power loss"): nothing is
     synced, not even a checkpoint's rename, so a store may be refused after
     a power loss (at open, or at the first read that meets a torn archive);
@@ -102,6 +103,7 @@ def test_power_loss_without_syncs_invents_nothing(shim, tmp_path, quiet_recovery
     refused = [f for f in t.failures if re.search(r"\): (open|task open|read): ", f)]
     other = [f for f in t.failures if f not in refused]
     print(_summary("none", t) + f"\n  ({len(refused)} refused: at open, or at a read that met damage)")
+    summary_line(_summary("none", t).splitlines()[0] + f" ({len(refused)} refused, each naming its file)")
     assert t.states == states
     assert not other, "\n".join(other[:10])
     for f in refused:
@@ -124,7 +126,7 @@ def _faulty_copy(dest) -> str:
     return str(dest)
 
 
-def test_the_replayer_finds_a_missing_tail_sync(shim, tmp_path, quiet_recovery):
+def test_the_replayer_finds_a_missing_tail_sync(shim, tmp_path, quiet_recovery, summary_line):
     """The tool catches faults: the same workload, run against a copy of
     rune_fast whose tail is never synced, yields a crash state that loses
     an acknowledged message."""
@@ -143,6 +145,8 @@ def test_the_replayer_finds_a_missing_tail_sync(shim, tmp_path, quiet_recovery):
         shutil.rmtree(scratch, ignore_errors=True)
     lost = [f for f in tally.failures if "acknowledged" in f and " lost" in f]
     print(f"fault injected (no tail sync): {tally.states} states, {len(lost)} lost an acknowledged message")
+    summary_line(f"power loss, a copy without the tail's fdatasync: {tally.states} states, "
+                 f"{len(lost)} lost an acknowledged message (caught)")
     assert lost, f"no state of {tally.states} lost an acknowledged message without the tail's sync"
 
 
