@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ def save(files, ids, n):
         json.dump({"files": files, "ids": sorted(ids), "n": n}, f)
         f.flush(); os.fsync(f.fileno())
     os.replace(tmp, manifest)
+    print("saved", flush=True)      # (the parent times its kill from the first)
 if os.path.exists(manifest):
     with open(manifest) as f:
         m = json.load(f)
@@ -68,10 +70,17 @@ def test_sigkill_at_random_moments(tmp_path):
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     checked = 0
     for _ in range(5):
-        p = subprocess.Popen([sys.executable, "-c", CHILD, d, manifest], env=env)
-        time.sleep(rnd.uniform(0.5, 1.2))
+        p = subprocess.Popen([sys.executable, "-c", CHILD, d, manifest], env=env, stdout=subprocess.PIPE)
+        # killed at a random moment after its first change, however long a
+        # loaded machine takes to start it (a kill at a fixed time after the
+        # start could come before any change)
+        assert p.stdout is not None
+        ready, _w, _x = select.select([p.stdout], [], [], 120)
+        assert ready and p.stdout.readline() == b"saved\n", "the child made no change"
+        time.sleep(rnd.uniform(0.0, 0.7))
         p.send_signal(signal.SIGKILL)
         p.wait()
+        p.stdout.close()
         if not os.path.exists(manifest):
             continue
         with open(manifest) as f:
@@ -82,4 +91,4 @@ def test_sigkill_at_random_moments(tmp_path):
         a.gc()
         assert a.gc() == []
         checked += 1
-    assert checked >= 3
+    assert checked == 5
