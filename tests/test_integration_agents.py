@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -35,6 +34,7 @@ from rune_fast import ConversationMessageRecord, ConversationStateRepository  # 
 from rune_fast.errors import CorruptStateCheckpointError, StateLockedError, StoreClosedError  # noqa: E402
 from rune_fast.integrations import agents as rfa  # noqa: E402
 from rune_fast.integrations.agents import RuneSession  # noqa: E402
+from _kill_support import kill_after_acks  # noqa: E402
 
 set_tracing_disabled(True)
 
@@ -539,20 +539,7 @@ def expected_child_items(n):
 
 
 def test_acknowledged_items_survive_sigkill(tmp_path):
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    acked = -1
-    with subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path)], cwd=ROOT, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
-        try:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                acked = int(line)
-                if acked >= 40:
-                    break
-        finally:
-            proc.send_signal(signal.SIGKILL)
-            _out, err = proc.communicate()
-    assert acked >= 40, err
+    acked = kill_after_acks(CHILD, str(tmp_path))
     with RuneSession("crash/../\x00id", tmp_path) as s:
         items = run(s.get_items())
     n = acked + 1

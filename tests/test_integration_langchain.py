@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -36,6 +35,7 @@ from rune_fast import ConversationMessageRecord, ConversationStateRepository  # 
 from rune_fast.errors import CorruptStateCheckpointError, StateLockedError, StoreClosedError  # noqa: E402
 from rune_fast.integrations import langchain as rfl  # noqa: E402
 from rune_fast.integrations.langchain import RuneChatMessageHistory  # noqa: E402
+from _kill_support import kill_after_acks  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -316,20 +316,7 @@ while True:
 
 
 def test_acknowledged_messages_survive_sigkill(tmp_path):
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    acked = -1
-    with subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path)], cwd=ROOT, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
-        try:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                acked = int(line)
-                if acked >= 40:
-                    break
-        finally:
-            proc.send_signal(signal.SIGKILL)
-            _out, err = proc.communicate()
-    assert acked >= 40, err
+    acked = kill_after_acks(CHILD, str(tmp_path))
     with RuneChatMessageHistory("crash/..", tmp_path) as h:
         got = h.messages
     assert len(got) >= 2 * (acked + 1)
