@@ -8,8 +8,17 @@ cdef class LocCache:
     """A bounded map from a line's location (an int >= 0) to what was decoded
     from it, that forgets its oldest insertions first as a dict kept in
     insertion order would: an update keeps an entry's place, a pop and a
-    new insertion put it last, and at capacity an insertion drops the
-    oldest entry.
+    new insertion put it last, and past its bounds an insertion drops the
+    oldest entries.
+
+    Two bounds: ``capacity`` entries, and ``max_bytes`` (None: none) summed
+    over the sizes the values were put with (:meth:`put`; ``cache[loc] = v``
+    puts 0 bytes). A value larger than ``max_bytes`` on its own is not kept.
+    The caller knows what a value costs (a decoded record: about its line's
+    length plus the objects' overhead); the cache only adds it up. The
+    table and the ring of insertions grow with what is held, so a cache with
+    room for many entries costs memory for the entries it holds, not for
+    its capacity.
 
     The reads that check a batch of lines (:meth:`HotIndex.window_hits`,
     :meth:`HotIndex.task_hits`) look it up in C with the memory fetches of
@@ -17,22 +26,30 @@ cdef class LocCache:
     is a chain of dependent fetches (index, entry, key object), each a
     cache miss once the store is large."""
 
-    def __cinit__(self, Py_ssize_t capacity):
+    def __cinit__(self, Py_ssize_t capacity, max_bytes=None):
         cdef uint64_t size = 16, i
         if capacity < 1:
             raise ValueError(f"LocCache: capacity must be >= 1, got {capacity}")
-        while size < 2 * <uint64_t>capacity:
-            size <<= 1
-        self._ring_n = 2 * <uint64_t>capacity
+        if max_bytes is None:
+            self._max_bytes = -1
+        else:
+            self._max_bytes = max_bytes
+            if self._max_bytes < 0:
+                raise ValueError(f"LocCache: max_bytes must be >= 0 or None, got {max_bytes}")
+        self._ring_n = 32
         self._c_slots = <rf_cslot *>malloc(size * sizeof(rf_cslot))
         self._c_serial = <uint64_t *>malloc(size * sizeof(uint64_t))
+        self._c_size = <int64_t *>malloc(size * sizeof(int64_t))
         self._c_ring = <int64_t *>malloc(self._ring_n * sizeof(int64_t))
-        if self._c_slots == NULL or self._c_serial == NULL or self._c_ring == NULL:
+        if self._c_slots == NULL or self._c_serial == NULL or self._c_size == NULL \
+                or self._c_ring == NULL:
             free(self._c_slots)
             free(self._c_serial)
+            free(self._c_size)
             free(self._c_ring)
             self._c_slots = NULL          # (__dealloc__ then releases nothing)
             self._c_serial = NULL
+            self._c_size = NULL
             self._c_ring = NULL
             raise MemoryError(f"LocCache: cannot allocate {size} slots")
         for i in range(size):
@@ -49,9 +66,50 @@ cdef class LocCache:
                     Py_XDECREF(<PyObject *>self._c_slots[i].val)
         free(self._c_slots)
         free(self._c_serial)
+        free(self._c_size)
         free(self._c_ring)
 
     # ---- internals -------------------------------------------------------
+
+    cdef int _grow_table(self) except -1:
+        """Double the table (every held entry moves to its slot in the new one)."""
+        cdef uint64_t old_n = self._mask + 1, size = 2 * old_n, i, j, m = size - 1
+        cdef rf_cslot *slots = <rf_cslot *>malloc(size * sizeof(rf_cslot))
+        cdef uint64_t *serial = <uint64_t *>malloc(size * sizeof(uint64_t))
+        cdef int64_t *sizes = <int64_t *>malloc(size * sizeof(int64_t))
+        if slots == NULL or serial == NULL or sizes == NULL:
+            free(slots)
+            free(serial)
+            free(sizes)
+            raise MemoryError(f"LocCache: cannot allocate {size} slots")
+        for i in range(size):
+            slots[i].loc = -1
+            slots[i].val = NULL
+        for i in range(old_n):
+            if self._c_slots[i].loc >= 0:
+                j = _mix(<uint64_t>self._c_slots[i].loc) & m
+                while slots[j].loc != -1:
+                    j = (j + 1) & m
+                slots[j] = self._c_slots[i]
+                serial[j] = self._c_serial[i]
+                sizes[j] = self._c_size[i]
+        free(self._c_slots)
+        free(self._c_serial)
+        free(self._c_size)
+        self._c_slots, self._c_serial, self._c_size, self._mask = slots, serial, sizes, m
+        return 0
+
+    cdef int _grow_ring(self) except -1:
+        """Double the ring of insertions (each keeps its number)."""
+        cdef uint64_t R = 2 * self._ring_n, s
+        cdef int64_t *ring = <int64_t *>malloc(R * sizeof(int64_t))
+        if ring == NULL:
+            raise MemoryError(f"LocCache: cannot allocate a ring of {R}")
+        for s in range(self._head, self._tail):
+            ring[s % R] = self._c_ring[s % self._ring_n]
+        free(self._c_ring)
+        self._c_ring, self._ring_n = ring, R
+        return 0
 
     cdef int64_t _find(self, int64_t loc) noexcept nogil:
         """Slot of `loc`, -1 if absent (load <= 1/2: a probe ends at an empty slot)."""
@@ -70,6 +128,7 @@ cdef class LocCache:
         into the hole) and return its value."""
         cdef PyObject *v = <PyObject *>self._c_slots[i].val
         cdef uint64_t j = i, k, m = self._mask
+        self._bytes -= self._c_size[i]
         while True:
             j = (j + 1) & m
             if self._c_slots[j].loc == -1:
@@ -80,6 +139,7 @@ cdef class LocCache:
             if (i <= j and (k <= i or k > j)) or (i > j and k <= i and k > j):
                 self._c_slots[i] = self._c_slots[j]
                 self._c_serial[i] = self._c_serial[j]
+                self._c_size[i] = self._c_size[j]
                 i = j
         self._c_slots[i].loc = -1
         self._c_slots[i].val = NULL
@@ -168,6 +228,16 @@ cdef class LocCache:
     def capacity(self) -> int:
         return self._cap
 
+    @property
+    def max_bytes(self):
+        """The bound in bytes (None: none)."""
+        return None if self._max_bytes < 0 else self._max_bytes
+
+    @property
+    def nbytes(self) -> int:
+        """The sum of the sizes the held values were put with."""
+        return self._bytes
+
     def __len__(self) -> int:
         return self._n
 
@@ -185,36 +255,60 @@ cdef class LocCache:
         return <object>self._c_slots[i].val
 
     def __setitem__(self, int64_t loc, object value):
-        self._set(loc, value)
+        self._set(loc, value, 0)
 
-    cdef int _set(self, int64_t loc, object value) except -1:
+    def put(self, int64_t loc, object value, int64_t nbytes) -> bool:
+        """``cache[loc] = value``, counted as ``nbytes`` against ``max_bytes``:
+        then the oldest entries go until the rest fits. False (and nothing
+        held at ``loc`` any more) if ``value`` alone is larger than the bound."""
+        return self._set(loc, value, nbytes) == 1
+
+    cdef int _set(self, int64_t loc, object value, int64_t nbytes) except -1:
+        """1 if `value` is held at `loc` now, 0 if it is larger than the bound."""
         cdef int64_t i
         cdef uint64_t j
         cdef PyObject *old
         if loc < 0:
             raise ValueError(f"LocCache: a location is >= 0, got {loc}")
+        if nbytes < 0:
+            raise ValueError(f"LocCache: a size is >= 0, got {nbytes}")
         i = self._find(loc)
+        if self._max_bytes >= 0 and nbytes > self._max_bytes:
+            if i >= 0:
+                self._take(<uint64_t>i)       # (what it held is stale now)
+            return 0
         if i >= 0:
             old = <PyObject *>self._c_slots[i].val
             Py_INCREF(value)
             self._c_slots[i].val = <void *>value
+            self._bytes += nbytes - self._c_size[i]
+            self._c_size[i] = nbytes
             Py_DECREF(<object>old)
-            return 0
-        if self._n >= self._cap:
-            self._drop_oldest()
-        if self._tail - self._head == self._ring_n:
-            self._compact_ring()
-        j = _mix(<uint64_t>loc) & self._mask
-        while self._c_slots[j].loc != -1:
-            j = (j + 1) & self._mask
-        Py_INCREF(value)
-        self._c_slots[j].loc = loc
-        self._c_slots[j].val = <void *>value
-        self._c_serial[j] = self._tail
-        self._c_ring[self._tail % self._ring_n] = loc
-        self._tail += 1
-        self._n += 1
-        return 0
+        else:
+            if self._n >= self._cap:
+                self._drop_oldest()
+            if self._tail - self._head == self._ring_n:
+                self._compact_ring()
+                if 2 * (self._tail - self._head) > self._ring_n:
+                    self._grow_ring()
+            if 2 * <uint64_t>(self._n + 1) > self._mask + 1:
+                self._grow_table()
+            j = _mix(<uint64_t>loc) & self._mask
+            while self._c_slots[j].loc != -1:
+                j = (j + 1) & self._mask
+            Py_INCREF(value)
+            self._c_slots[j].loc = loc
+            self._c_slots[j].val = <void *>value
+            self._c_serial[j] = self._tail
+            self._c_size[j] = nbytes
+            self._c_ring[self._tail % self._ring_n] = loc
+            self._tail += 1
+            self._n += 1
+            self._bytes += nbytes
+        if self._max_bytes >= 0:
+            while self._bytes > self._max_bytes and self._drop_oldest():
+                pass
+        return 1 if self._find(loc) >= 0 else 0
 
     def pop(self, int64_t loc, default=None):
         cdef int64_t i = self._find(loc) if loc >= 0 else -1
@@ -227,14 +321,15 @@ cdef class LocCache:
         cdef const int64_t[::1] olds = np.ascontiguousarray(old_locs, dtype=np.int64)
         cdef const int64_t[::1] news = np.ascontiguousarray(new_locs, dtype=np.int64)
         cdef Py_ssize_t k
-        cdef int64_t i
+        cdef int64_t i, size
         if news.shape[0] != olds.shape[0]:
             raise ValueError(f"LocCache.move_many: {olds.shape[0]} old locations but "
                              f"{news.shape[0]} new ones")
         for k in range(olds.shape[0]):
             i = self._find(olds[k]) if olds[k] >= 0 else -1
             if i >= 0:
-                self._set(news[k], self._take(<uint64_t>i))
+                size = self._c_size[i]
+                self._set(news[k], self._take(<uint64_t>i), size)
 
     def get_many(self, list locs):
         """``(values, misses)``: what the cache holds for each of `locs` (ints)

@@ -170,6 +170,105 @@ TestLocCache = LocCacheMachine.TestCase
 TestLocCache.settings = settings(max_examples=150, stateful_step_count=80, deadline=None)
 
 
+class ByteBoundLocCacheMachine(RuleBasedStateMachine):
+    """LocCache bounded in bytes as well as in entries, against a plain
+    model: a dict kept in insertion order, each key with the size it was put
+    with. ``put(loc, v, size)`` of a value larger than the bound drops what
+    ``loc`` held and keeps nothing; otherwise as ``cache[loc] = v`` (an
+    update keeps its place), then the oldest keys go while the sizes sum to
+    more than the bound. Many more insertions than the initial table and
+    ring hold, so both grow while entries come and go."""
+
+    def __init__(self):
+        super().__init__()
+        self.cap = 40
+        self.max = 100
+        self.cache = _index.LocCache(self.cap, max_bytes=self.max)
+        self.model: dict[int, tuple[_Val, int]] = {}
+        self.n = 0
+
+    def _shed(self):
+        while sum(sz for _v, sz in self.model.values()) > self.max:
+            del self.model[next(iter(self.model))]
+
+    def _put(self, loc, v, size):
+        if size > self.max:
+            self.model.pop(loc, None)
+            return
+        if loc not in self.model and len(self.model) >= self.cap:
+            del self.model[next(iter(self.model))]
+        self.model[loc] = (v, size)
+        self._shed()
+
+    @rule(loc=st.integers(0, 60), size=st.integers(0, 8) | st.integers(0, 120))
+    def put(self, loc, size):
+        self.n += 1
+        v = _Val(self.n)
+        self._put(loc, v, size)
+        assert self.cache.put(loc, v, size) == (loc in self.model)
+
+    @rule(first=st.integers(0, 1000), count=st.integers(1, 80), size=st.integers(0, 5))
+    def fill(self, first, count, size):
+        for loc in range(first, first + count):
+            self.put(loc, size)
+
+    @rule(loc=st.integers(0, 60))
+    def setitem(self, loc):
+        self.n += 1
+        v = _Val(self.n)
+        self._put(loc, v, 0)
+        self.cache[loc] = v
+
+    @rule(loc=st.integers(0, 60))
+    def pop(self, loc):
+        got = self.model.pop(loc, None)
+        assert self.cache.pop(loc, "no") == ("no" if got is None else got[0])
+
+    @rule(moves=st.lists(st.tuples(st.integers(0, 60), st.integers(0, 60)), max_size=6))
+    def move_many(self, moves):
+        for old, new in moves:
+            if old in self.model:
+                self._put(new, *self.model.pop(old))
+        self.cache.move_many([o for o, _n in moves], [n for _o, n in moves])
+
+    @rule(room=st.integers(0, 50))
+    def make_room(self, room):
+        for k in list(self.model)[:max(self.cap // 4, len(self.model) + room - self.cap)]:
+            del self.model[k]
+        self.cache.make_room(room)
+
+    @rule()
+    def clear(self):
+        self.model.clear()
+        self.cache.clear()
+
+    @invariant()
+    def same(self):
+        assert self.cache.items() == [(k, v) for k, (v, _s) in self.model.items()]
+        assert self.cache.nbytes == sum(s for _v, s in self.model.values()) <= self.max
+        got, misses = self.cache.get_many(list(range(62)))
+        assert got == [self.model[k][0] if k in self.model else None for k in range(62)]
+
+
+TestByteBoundLocCache = ByteBoundLocCacheMachine.TestCase
+TestByteBoundLocCache.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
+
+
+def test_loc_cache_bounds_bytes_and_grows_with_what_it_holds():
+    c = _index.LocCache(1 << 20, max_bytes=1000)
+    assert c.max_bytes == 1000 and c.nbytes == 0 and _index.LocCache(3).max_bytes is None
+    for i in range(100_000):
+        assert c.put(i, i, 1) or i < 1000
+    assert len(c) == 1000 and c.nbytes == 1000 and c.keys() == list(range(99_000, 100_000))
+    assert not c.put(5, "big", 1001) and 5 not in c
+    c.put(99_999, "x", 1000)                  # an update larger than the rest: only it stays
+    assert c.items() == [(99_999, "x")] and c.nbytes == 1000
+    with pytest.raises(ValueError, match="max_bytes"):
+        _index.LocCache(4, max_bytes=-1)
+    with pytest.raises(ValueError, match="size"):
+        c.put(1, 1, -1)
+
+
 def test_loc_cache_refuses_bad_arguments_and_releases_its_values():
     with pytest.raises(ValueError, match="capacity"):
         _index.LocCache(0)

@@ -58,8 +58,9 @@ cdef struct rf_cslot:
 
 
 cdef class LocCache:
-    cdef rf_cslot *_c_slots        # open addressing, linear probing, load <= 1/2
+    cdef rf_cslot *_c_slots        # open addressing, linear probing, load <= 1/2 (grows)
     cdef uint64_t *_c_serial       # slot -> its insertion number (its place in the ring)
+    cdef int64_t *_c_size          # slot -> the bytes its value was put with
     cdef uint64_t _mask            # table size - 1
     cdef int64_t *_c_ring          # insertion order: the loc of insertion s at s % _ring_n
     cdef uint64_t _ring_n
@@ -67,11 +68,15 @@ cdef class LocCache:
     cdef uint64_t _tail
     cdef Py_ssize_t _n
     cdef Py_ssize_t _cap
+    cdef int64_t _bytes            # the sum of the held values' sizes
+    cdef int64_t _max_bytes        # -1: no bound in bytes
 
     cdef int64_t _find(self, int64_t loc) noexcept nogil
     cdef void _prefetch(self, int64_t loc) noexcept nogil
     cdef object _take(self, uint64_t i)
-    cdef int _set(self, int64_t loc, object value) except -1
+    cdef int _set(self, int64_t loc, object value, int64_t nbytes) except -1
+    cdef int _grow_table(self) except -1
+    cdef int _grow_ring(self) except -1
     cdef int _compact_ring(self) noexcept nogil
     cdef int _drop_oldest(self) except -1
     cdef list _in_order(self, int what)
