@@ -42,6 +42,7 @@ from ._conv.common import (COOL_DIR, DEVICE_NAME, DURABILITY_MODES, FOLDS_TO_ASC
                            MessageRead, Problem, ReadStatus, SearchHit, VerifyReport, _str_arg, _WRITE_FAULTS,
                            own_calls)
 from ._conv.staging import _Staged
+from ._conv import tuning
 from ._conv.compaction import Compaction
 from ._conv.cooling import Cooling
 from ._conv.exchange import Exchange
@@ -89,17 +90,23 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
     appends the same way), ``"none"`` (left to the OS:
     survives a process crash, not a power loss). ``read_only=True`` opens beside
     a running writer without its lock and without changing any file.
+    ``cache_bytes`` (48 MiB by default) bounds what the caches of decoded
+    data hold together -- decoded records of both tiers and the cool tier's
+    row groups -- so that resident memory after reads does not grow with the
+    store (see docs/API.md).
     """
 
     def __init__(self, state_dir: str | os.PathLike, *, events: EventStore | str | os.PathLike | None = None,
                  compact_every: int = 64, hot_window: int = 512, durability: str = "fsync",
-                 read_only: bool = False) -> None:
+                 read_only: bool = False, cache_bytes: int = tuning.CACHE_BYTES) -> None:
         if durability not in DURABILITY_MODES:
             raise ValueError(f"durability: {durability!r} is not one of {', '.join(DURABILITY_MODES)}")
         if isinstance(compact_every, bool) or not isinstance(compact_every, int) or compact_every < 1:
             raise ValueError(f"compact_every: must be a positive int, got {compact_every!r}")
         if isinstance(hot_window, bool) or not isinstance(hot_window, int) or hot_window < 0:
             raise ValueError(f"hot_window: must be a non-negative int, got {hot_window!r}")
+        if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
+            raise ValueError(f"cache_bytes: must be a non-negative int, got {cache_bytes!r}")
         if not isinstance(read_only, bool):
             # ("false" would open a viewer: bool() of any non-empty str is True)
             raise TypeError(f"read_only: expected bool, got {type(read_only).__name__}")
@@ -114,6 +121,7 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
         self.durability = durability
         self.compact_every = compact_every
         self.hot_window = hot_window
+        self.cache_bytes = cache_bytes
         self.read_only = bool(read_only)
         self._lock = threading.RLock()
         self._closed = False

@@ -1949,3 +1949,30 @@ def test_a_run_of_sparse_segments_breaks_where_the_sequence_does_not_rise(tmp_pa
     with ConversationStateRepository(tmp_path, hot_window=4, compact_every=10**6) as repo:
         assert {ch: [m.msg_id for m in repo.window(ch, 100)] for ch in "abc"} == expect
         assert len(repo) == n and repo.verify().ok
+
+
+def test_cache_bytes_bounds_the_decode_caches(tmp_path):
+    """The record caches hold at most their share of ``cache_bytes``
+    (counted with ``record_bytes``), whatever was appended or read, and
+    reads through a tiny budget return the same records."""
+    from rune_fast._conv.reads import cache_budgets, record_bytes
+    with pytest.raises(ValueError, match="cache_bytes"):
+        ConversationStateRepository(tmp_path / "x", cache_bytes=-1)
+    with pytest.raises(ValueError, match="cache_bytes"):
+        ConversationStateRepository(tmp_path / "x", cache_bytes=True)
+    ms = [msg(i, channel=f"c{i % 5}", content="é" * (i % 700)) for i in range(3000)]
+    budget = 64 << 10
+    hot, cool, _groups = cache_budgets(budget)
+    with ConversationStateRepository(tmp_path / "a", durability="none", compact_every=10**6,
+                                     hot_window=100, cache_bytes=budget) as repo:
+        repo.append_many(ms)
+        assert repo._decoded.max_bytes == hot and repo._decoded.nbytes <= hot
+        repo.compact()
+        assert [m.msg_id for m in repo.window("c3", 500)] == [m.msg_id for m in ms if m.channel_id == "c3"][-500:]
+        for m in ms[::7]:
+            assert repo.get_message(m.msg_id).record == m
+        for cache, bound in ((repo._decoded, hot), (repo._cool_decoded, cool)):
+            assert 0 < cache.nbytes <= bound
+            assert cache.nbytes == sum(record_bytes(v[0]) for v in cache.values())
+    with ConversationStateRepository(tmp_path / "a", read_only=True, cache_bytes=0) as view:
+        assert view.get_message(ms[5].msg_id).record == ms[5] and len(view._decoded) == 0

@@ -38,6 +38,7 @@ class RepoState:
     durability: str
     compact_every: int
     hot_window: int
+    cache_bytes: int
     read_only: bool
     _lock: threading.RLock
     _closed: bool

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import Any
 
 
@@ -18,6 +19,25 @@ from .common import (_COOL_RANK, _HOT_RANK, _MAX_N, _OFF_MASK, MessageRead, Read
 from .host import Host
 
 log = logging.getLogger("rune_fast")
+
+
+def cache_budgets(total: int) -> tuple[int, int, int]:
+    """``cache_bytes`` split between the decoded hot records, the decoded
+    cool records and the cool tier's row groups (see tuning.CACHE_BYTES):
+    the hot records serve window reads and the newest appends, the most
+    asked; a cool record read again is found in its row group if not in
+    its own cache."""
+    hot, cool = total // 2, total // 8
+    return hot, cool, min(total - hot - cool, tuning.COOL_CACHE_BYTES)
+
+
+def record_bytes(rec: ConversationMessageRecord) -> int:
+    """About what ``rec`` held in a decode cache costs (what the caches count
+    against their bytes): its content as Python holds it (1, 2 or 4 bytes a
+    character, see sys.getsizeof) and a fixed overhead per record and per
+    tool call (tuning.RECORD_OVERHEAD)."""
+    return (tuning.RECORD_OVERHEAD + sys.getsizeof(rec.content)
+            + tuning.TOOL_CALL_BYTES * len(rec.tool_calls))
 
 
 class HotReads(Host):
@@ -86,9 +106,9 @@ class HotReads(Host):
         self._maps.release(bufs)
 
     def _cache(self, loc: int, hit: tuple[ConversationMessageRecord, int | None]) -> None:
-        if len(self._decoded) >= tuning.DECODE_CACHE:
-            self._trim_cache(1)
-        self._decoded[loc] = hit
+        """Keep ``hit``; the cache drops its oldest entries past its bounds
+        (DECODE_CACHE entries, its share of ``cache_bytes``)."""
+        self._decoded.put(loc, hit, record_bytes(hit[0]))
 
     def _trim_cache(self, room: int) -> None:
         self._decoded.make_room(room)
@@ -267,13 +287,16 @@ class HotReads(Host):
         return [hit if hit is not None else read[loc] for loc, hit in zip(locs, got)]
 
     def _cool_keep(self, items: list[tuple[int, tuple[ConversationMessageRecord, int]]]) -> None:
-        """Keep verified cool records (at most DECODE_CACHE; the oldest quarter goes first)."""
+        """Keep verified cool records (at most DECODE_CACHE and the cache's
+        share of ``cache_bytes``; the oldest quarter goes first when a batch
+        needs room, then the oldest one by one)."""
         items = items[-tuning.DECODE_CACHE:]
         cache = self._cool_decoded
         if len(cache) + len(items) > tuning.DECODE_CACHE:
             cache.make_room(len(items))
+        put = cache.put
         for loc, hit in items:
-            cache[loc] = hit
+            put(loc, hit, record_bytes(hit[0]))
 
     def _latest_task(self, channel_id: str) -> str | None:
         if not self._is_interleaved(channel_id):

@@ -23,6 +23,7 @@ from ..events import EventStore, ensure_private_dir
 from ..records import ConversationMessageRecord, payload_hash
 from ..segments import (MARK_NAME, TAIL_NAME, Segment, TailFile, filters_name, fsync_dir, quarantine_bytes, seg_name)
 from . import tuning
+from .reads import cache_budgets
 from .write_thread import WriteThread
 from .common import (MANIFEST_NAME, COOL_DIR, DEVICE_NAME, LEGACY_NAME, QUARANTINE_DIR, _FORMAT, _OFF_MASK,
                      _REPEATED, _holds_bytes, _line_seq_ending, _message_lines, _unlink, _write_small_file)
@@ -192,7 +193,7 @@ class Recovery(Host):
                 fsync_dir(self.hot_dir)
         self._cool = CoolArchive.open(os.path.join(self.hot_dir, COOL_DIR), list(m["cool_files"]),
                                       read_only=self.read_only, durable=self.durability != "none",
-                                      cache_bytes=tuning.COOL_CACHE_BYTES, expect=m.get("cool_meta"))
+                                      cache_bytes=cache_budgets(self.cache_bytes)[2], expect=m.get("cool_meta"))
         if not self.read_only:
             # files a crash left unreferenced (written before the manifest moved,
             # or replaced by it before they were unlinked)
@@ -205,14 +206,14 @@ class Recovery(Host):
         self._dirty_segs: set[int] = set()        # segments holding lines of deleted messages
         self._cool_deleted: set[str] = set()      # deleted ids still present in a cool file
         # location -> (record, append sequence) of lines decoded, at most
-        # _DECODE_CACHE, the oldest dropped first (a dict-like table the
-        # compiled window and task reads look up)
-        self._decoded = LocCache(tuning.DECODE_CACHE)
+        # DECODE_CACHE and its share of cache_bytes, the oldest dropped first
+        # (a dict-like table the compiled window and task reads look up)
+        self._decoded = LocCache(tuning.DECODE_CACHE, cache_budgets(self.cache_bytes)[0])
         # cool_loc (file number << 32 | row) -> (record, ord): cool rows read
         # and verified once, so a task, an exact read or a search asked again
         # skips their assembly and digest (file numbers are never reused: a
         # merged or erased file's rows are simply never looked up again)
-        self._cool_decoded = LocCache(tuning.DECODE_CACHE)
+        self._cool_decoded = LocCache(tuning.DECODE_CACHE, cache_budgets(self.cache_bytes)[1])
         # channel -> [store order agrees with fold order, last fold key] (lazily)
         self._fold_order: dict[str, list] = {}
         # channel -> whether a hot message sorts before a cool one (computed lazily)

@@ -31,10 +31,27 @@ SNAPSHOT_SLACK = 256
 
 #: Decoded records kept by location (the newest appends and reads), so a
 #: window read decodes nothing; bytes are still checksummed on every read.
-#: 8,192 (about 10 MiB at most) holds the last 8 messages of 1,000 channels:
-#: measured on a 1,000,000-message store, window(ch, 8) over random channels
-#: takes 7.7 us with it and 52 us with 1,024.
+#: At most this many entries in each of the two record caches (hot lines,
+#: cool rows); what bounds them is their share of the repository's
+#: ``cache_bytes`` (see CACHE_BYTES). 8,192 holds the last 8 messages of
+#: 1,000 channels: measured on a 1,000,000-message store, window(ch, 8) over
+#: random channels takes 7.7 us with it and 52 us with 1,024.
 DECODE_CACHE = 8192
+#: The default of the repository's ``cache_bytes``: what the caches of
+#: decoded data may hold together, split by ``_conv.reads.cache_budgets``:
+#: 1/2 decoded hot records (24 MiB: about 8,000 records of the bench's
+#: workload, the window working set of 1,000 channels), 1/8 decoded cool
+#: records, 3/8 the cool tier's decoded row groups (at most
+#: COOL_CACHE_BYTES). Measured on the bench's workload at 1,000,000
+#: messages with the read mix of issue 33: see bench/memory_probe.py.
+CACHE_BYTES = 48 << 20
+#: What a decoded record held in a cache costs beyond ``sys.getsizeof`` of
+#: its content: the record object, its other strings, the (record, seq)
+#: tuple, the cache's slot (measured on the bench's workload: 580 bytes
+#: for records decoded from hot lines, about 1,000 for cool rows, whose
+#: records keep more of their row) -- and per tool call.
+RECORD_OVERHEAD = 768
+TOOL_CALL_BYTES = 512
 #: Resident file pages (the segment and tail maps' share) that the hot reads
 #: may add before the pages they mapped are released (see ``_release_maps``),
 #: looked at every MAP_RELEASE_READS lines decoded from the maps. A read
@@ -48,6 +65,7 @@ DECODE_CACHE = 8192
 #: mapped (no release at all), and a larger one from growing without bound.
 MAP_BUDGET_BYTES = 128 << 20
 MAP_RELEASE_READS = 256
-#: Decoded Parquet row groups the cool tier keeps (bounded memory, see stats()):
-#: the whole cool tier of a 100,000-message store of the bench's workload.
+#: At most this much of ``cache_bytes`` goes to the decoded Parquet row groups
+#: the cool tier keeps (bounded memory, see stats()); 48 MiB held the whole
+#: cool tier of a 100,000-message store of the bench's workload.
 COOL_CACHE_BYTES = 48 << 20

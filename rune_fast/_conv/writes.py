@@ -16,6 +16,7 @@ from ..records import ConversationMessageRecord
 from ..segments import TailFile
 from . import tuning
 from .common import (_own, _sorts_before)
+from .reads import record_bytes
 
 from .host import Host
 
@@ -92,7 +93,7 @@ class WritePath(Host):
             m = msgs[i]
             if j >= skip:
                 # (a caller's later edit of its record's tool calls is not the stored value)
-                decoded[pos] = (_own(m), seq0 + j)
+                decoded.put(pos, (_own(m), seq0 + j), record_bytes(m))
             pos += lengths[j]
             ch = m.channel_id
             if ch in interleaved:
