@@ -630,3 +630,14 @@ def test_search_reads_pages_of_the_groups_the_cache_does_not_hold(archive):
     assert list(b._cache) == [(no, 0)]
     assert sorted(h.record["msg_id"] for h in b.search("STRASSE")) == want
     assert set(b._filters.by_group) == {(no, rg) for rg in range(1, len(b._files[no].rg_list) - 1)}
+
+
+@given(st.lists(st.lists(st.tuples(*[st.integers(0, 2**62)] * 5, st.booleans(), st.integers(0, 2**31)),
+                         max_size=6), max_size=16))
+def test_packed_page_directory_is_the_directory(cols):
+    """A page directory is kept as int64 arrays (its tuples of Python ints
+    stayed resident for every row group read) and given back as it was."""
+    from rune_fast.pages import _pack_dir, _unpack_dir
+    d = [([p[0] for p in pages], pages) for pages in cols]
+    got = _unpack_dir(_pack_dir(d))
+    assert got == d and all(type(p[5]) is bool for _f, pages in got for p in pages)
