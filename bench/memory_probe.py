@@ -98,8 +98,10 @@ def _load(d: str, hot_window: int) -> dict[str, Any]:
     repo.close()
     done.set()
     t.join()
+    import pyarrow as pa
     return {"n": n, "seconds": time.perf_counter() - t0, "slowest_batch_ms": slowest * 1e3,
-            "peak_anon_per_msg": (peak[0] - base) / n, "end_anon_per_msg": (end - base) / n}
+            "peak_anon_per_msg": (peak[0] - base) / n, "end_anon_per_msg": (end - base) / n,
+            "arrow_peak_per_msg": pa.default_memory_pool().max_memory() / n}
 
 
 def _read(d: str, search: bool, trace: int) -> dict[str, Any]:
@@ -180,7 +182,8 @@ def main(argv: list[str] | None = None) -> None:
         load = _child("load", *common)
         print(f"bulk load of {load['n']:,}: {load['seconds']:.1f} s, slowest batch "
               f"{load['slowest_batch_ms']:.0f} ms, peak RssAnon growth "
-              f"{load['peak_anon_per_msg']:.0f} B/msg (at the end {load['end_anon_per_msg']:.0f})")
+              f"{load['peak_anon_per_msg']:.0f} B/msg (at the end {load['end_anon_per_msg']:.0f}; "
+              f"Arrow's pool at its peak {load['arrow_peak_per_msg']:.0f})")
     extra = (["--no-search"] if a.no_search else []) + ["--trace", str(a.trace)]
     got = _child("read", *common, *extra)
     print(f"read mix on {got['n']:,} messages (growth per stored message, bytes):")

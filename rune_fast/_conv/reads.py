@@ -27,7 +27,7 @@ def cache_budgets(total: int) -> tuple[int, int, int]:
     the hot records serve window reads and the newest appends, the most
     asked; a cool record read again is found in its row group if not in
     its own cache."""
-    hot, cool = total // 2, total // 8
+    hot, cool = total * 5 // 8, total // 8
     return hot, cool, min(total - hot - cool, tuning.COOL_CACHE_BYTES)
 
 

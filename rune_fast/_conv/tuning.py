@@ -39,18 +39,21 @@ SNAPSHOT_SLACK = 256
 DECODE_CACHE = 8192
 #: The default of the repository's ``cache_bytes``: what the caches of
 #: decoded data may hold together, split by ``_conv.reads.cache_budgets``:
-#: 1/2 decoded hot records (24 MiB: about 8,000 records of the bench's
+#: 5/8 decoded hot records (30 MiB: about 8,000 records of the bench's
 #: workload, the window working set of 1,000 channels), 1/8 decoded cool
-#: records, 3/8 the cool tier's decoded row groups (at most
-#: COOL_CACHE_BYTES). Measured on the bench's workload at 1,000,000
-#: messages with the read mix of issue 33: see bench/memory_probe.py.
+#: records, 1/4 the cool tier's decoded row groups (at most
+#: COOL_CACHE_BYTES). Measured with bench/memory_probe.py on the bench's
+#: workload at 1,000,000 messages and issue 33's read mix: the three held
+#: 23 + 5 + 17 MiB of a 48 MiB budget split 1/2, 1/8, 3/8 (and 8,000
+#: hot records counted at 27 MiB with the overhead below).
 CACHE_BYTES = 48 << 20
 #: What a decoded record held in a cache costs beyond ``sys.getsizeof`` of
 #: its content: the record object, its other strings, the (record, seq)
-#: tuple, the cache's slot (measured on the bench's workload: 580 bytes
-#: for records decoded from hot lines, about 1,000 for cool rows, whose
-#: records keep more of their row) -- and per tool call.
-RECORD_OVERHEAD = 768
+#: tuple, the allocators' share -- and per tool call. Measured on the
+#: bench's workload at 1,000,000 messages: tracemalloc sees about 580 bytes
+#: a record beyond its content (hot lines; 730 for cool rows), resident
+#: memory about 1,600 (window reads of 7,583 records: 31 MiB).
+RECORD_OVERHEAD = 1024
 TOOL_CALL_BYTES = 512
 #: Resident file pages (the segment and tail maps' share) that the hot reads
 #: may add before the pages they mapped are released (see ``_release_maps``),
