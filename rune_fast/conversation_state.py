@@ -22,6 +22,7 @@ from typing import Any, Iterable
 
 from . import codec
 from . import sync as _sync
+from ._names import HOT_DIR
 from .atomic import check_path
 from .errors import (
     CorruptStateCheckpointError,
@@ -110,7 +111,7 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
         if events is not None and not isinstance(events, EventStore):
             check_path("events", events)
         self.state_dir = os.path.abspath(os.fspath(state_dir))
-        self.hot_dir = os.path.join(self.state_dir, "hot")
+        self.hot_dir = os.path.join(self.state_dir, HOT_DIR)
         self.durability = durability
         self.compact_every = compact_every
         self.hot_window = hot_window

@@ -11,6 +11,7 @@ from typing import Any, Iterator, Sequence, cast
 
 
 from .. import codec
+from .._names import EVENTS_NAME, SEG_PREFIX
 from ..atomic import AtomicStore
 from ..locking import DirLock
 from .. import sync as _sync
@@ -47,7 +48,7 @@ class Recovery(Host):
         if isinstance(events, EventStore):
             self._events = events
         else:
-            path = os.fspath(events) if events is not None else os.path.join(self.state_dir, "events.jsonl")
+            path = os.fspath(events) if events is not None else os.path.join(self.state_dir, EVENTS_NAME)
             if not self.read_only:
                 self._events = EventStore(path)
                 self._own_events = True
@@ -306,7 +307,7 @@ class Recovery(Host):
         if not os.path.isdir(self.hot_dir):
             return      # (a viewer of a store not made yet)
         found = sorted(n for n in os.listdir(self.hot_dir)
-                       if n.startswith("conversation_seg-") and n.endswith(".jsonl"))
+                       if n.startswith(SEG_PREFIX) and n.endswith(".jsonl"))
         cool_dir = os.path.join(self.hot_dir, COOL_DIR)
         if os.path.isdir(cool_dir):
             found += [os.path.join(COOL_DIR, n) for n in sorted(os.listdir(cool_dir)) if n.endswith(".parquet")]
@@ -324,7 +325,7 @@ class Recovery(Host):
         keep |= {filters_name(s) for s in self._seg_order}
         removed = False
         for name in os.listdir(self.hot_dir):
-            if name.startswith("conversation_seg-") and name.endswith((".jsonl", ".grams", ".grams.tmp")) \
+            if name.startswith(SEG_PREFIX) and name.endswith((".jsonl", ".grams", ".grams.tmp")) \
                     and name not in keep:
                 _unlink(os.path.join(self.hot_dir, name))
                 removed = True
