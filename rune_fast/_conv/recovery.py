@@ -108,7 +108,7 @@ class Recovery(Host):
 
     # What a read-only viewer does otherwise in the open is in the methods
     # below that ReadOnlyViewer (_conv/viewer.py) overrides: _make_dirs,
-    # _settle_open, _keep_device_id, _load_attempts, _write_first_manifest,
+    # _settle_open, _keep_device_id, _load_attempts, _open_tail, _write_first_manifest,
     # _remove_stray_segments, _gc_cool, _undo_roll, _finish_roll_on_disk,
     # _visible_end, _tail_durable_end, _quarantine_torn.
 
@@ -230,19 +230,7 @@ class Recovery(Host):
                                                   path=path) from None
         self._recover_roll()
         self._remove_stray_segments()
-        tail_path = os.path.join(self.hot_dir, TAIL_NAME)
-        sealed_tail = os.path.join(self.hot_dir, seg_name(self._tail_seg))
-        if self.read_only and self._tail_seg not in self._segs and os.path.exists(sealed_tail):
-            tail_path = sealed_tail     # the writer is rolling the tail right now
-        legacy = os.path.join(self.hot_dir, LEGACY_NAME)
-        if self.read_only and fresh and os.path.exists(legacy):
-            self._tail = self._legacy_tail(legacy)
-        elif self.read_only and not os.path.exists(tail_path):
-            self._tail = None
-        else:
-            self._tail = TailFile(tail_path, self._tail_seg, read_only=self.read_only)
-            if not self.read_only and self._tail.file_size == 0:
-                fsync_dir(self.hot_dir)
+        self._tail = self._open_tail(fresh)
         self._cool = CoolArchive.open(os.path.join(self.hot_dir, COOL_DIR), list(m["cool_files"]),
                                       read_only=self.read_only, durable=self.durability != "none",
                                       cache_bytes=tuning.COOL_CACHE_BYTES, expect=m.get("cool_meta"))
@@ -331,6 +319,14 @@ class Recovery(Host):
                 f"the manifest is missing, but the store holds {', '.join(found[:3])}"
                 f"{' and more' if len(found) > 3 else ''}: its messages would be lost",
                 path=self._manifest_store.path)
+
+    def _open_tail(self, fresh: bool) -> TailFile | None:
+        """The tail a writer appends to (made if there is none); ``fresh``:
+        the store has no manifest yet."""
+        tail = TailFile(os.path.join(self.hot_dir, TAIL_NAME), self._tail_seg)
+        if tail.file_size == 0:
+            fsync_dir(self.hot_dir)
+        return tail
 
     def _write_first_manifest(self, m: dict) -> None:
         # a store's first file: from now on a missing manifest is damage

@@ -9,18 +9,22 @@ write raises ReadOnlyStoreError, ``flush()`` has nothing to do, and a read's
 damage or a vouched line found gone is only logged (the writer's own open
 judges). In the open it writes no file: the steps of recovery that write
 (folders, device id, first manifest, stray files, an interrupted roll, a
-torn line's quarantine, the envelopes) are methods of Recovery that it
-overrides; how it picks the files to read (no lock, the tail the writer is
-rolling, a legacy checkpoint) still reads ``read_only`` in recovery.
+torn line's quarantine, the envelopes) and its choice of the tail (the one
+the writer is rolling, a legacy checkpoint's) are methods of Recovery that
+it overrides; what remains of ``read_only`` in recovery are the flags it
+hands to WriteThread and CoolArchive.
 """
 from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 from typing import Any, Callable
 
+from .._names import LEGACY_NAME, TAIL_NAME, seg_name
 from ..errors import CorruptStateCheckpointError, ReadOnlyStoreError
+from ..segments import TailFile
 from .common import _VIEWER_ATTEMPTS, MessageRead, ReadStatus
 from .host import Host
 
@@ -160,6 +164,21 @@ class ReadOnlyViewer(Host):
 
     def _keep_device_id(self, path: str, dev: str) -> None:
         """A viewer's clock uses the new id without writing it."""
+
+    def _open_tail(self, fresh: bool) -> TailFile | None:
+        """The tail to read: the sealed file while the writer rolls it, a
+        legacy checkpoint's messages in a store that holds only that (see
+        Recovery._legacy_tail), None before the writer made one."""
+        tail_path = os.path.join(self.hot_dir, TAIL_NAME)
+        sealed_tail = os.path.join(self.hot_dir, seg_name(self._tail_seg))
+        if self._tail_seg not in self._segs and os.path.exists(sealed_tail):
+            tail_path = sealed_tail     # the writer is rolling the tail right now
+        legacy = os.path.join(self.hot_dir, LEGACY_NAME)
+        if fresh and os.path.exists(legacy):
+            return self._legacy_tail(legacy)
+        if not os.path.exists(tail_path):
+            return None
+        return TailFile(tail_path, self._tail_seg, read_only=True)
 
     def _write_first_manifest(self, m: dict) -> None:
         """The writer's first open writes it."""
