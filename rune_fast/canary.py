@@ -30,6 +30,8 @@ import traceback
 import warnings
 from typing import Any, Callable
 
+from ._names import COOL_DIR, HOT_DIR, TAIL_NAME
+
 __all__ = ["Canary", "main"]
 
 _PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -380,7 +382,7 @@ class Canary:
             hits = r.search("cool me 1")
             expect({h.tier for h in hits} >= {"cool"}, "search does not span the cool tier")
             expect(len(r) == 20, f"len {len(r)}")
-        cool_dir = os.path.join(self.path("c7"), "hot", "conversation_cool")
+        cool_dir = os.path.join(self.path("c7"), HOT_DIR, COOL_DIR)
         parquet = [p for p in _files(cool_dir) if p.endswith(".parquet")] if os.path.isdir(cool_dir) else []
         expect(parquet, "no Parquet archive under hot/conversation_cool/")
         import pyarrow.parquet as pq
@@ -568,7 +570,7 @@ class Canary:
 
     def _tail_file(self, d: str) -> str:
         # The open tail's documented name (docs/FORMAT.md).
-        return os.path.join(d, "hot", "conversation_tail.jsonl")
+        return os.path.join(d, HOT_DIR, TAIL_NAME)
 
     def torn(self) -> str:
         with self.conv("torn") as r:

@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from ._names import EVENTS_NAME
 from .events import EventStore, ensure_private_dir
 from .tasks import TaskStateRepository
 
@@ -188,7 +189,7 @@ def build_conversation_state(paths: Mapping[str, str | os.PathLike[str]], **opti
         raise ValueError(f"build_conversation_state: unknown paths keys {sorted(unknown)}")
     state_dir = os.path.abspath(os.fspath(paths["state"]))
     events_path = paths.get("events")
-    events_path = os.path.join(state_dir, "events.jsonl") if events_path is None else os.fspath(events_path)
+    events_path = os.path.join(state_dir, EVENTS_NAME) if events_path is None else os.fspath(events_path)
 
     ensure_private_dir(state_dir)
     store = EventStore(events_path)
@@ -240,7 +241,7 @@ def compose_conversation_state(root: Any, state_dir: str | os.PathLike[str], **o
     if isinstance(found, EventStore):
         store = found
     else:
-        path = os.path.join(state_dir, "events.jsonl") if found is None else os.fspath(found)
+        path = os.path.join(state_dir, EVENTS_NAME) if found is None else os.fspath(found)
         ensure_private_dir(state_dir)
         store = opened = EventStore(path)
     made: list[Any] = []

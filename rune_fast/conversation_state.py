@@ -22,6 +22,7 @@ from typing import Any, Iterable
 
 from . import codec
 from . import sync as _sync
+from ._names import EVENTS_NAME, HOT_DIR
 from .atomic import check_path
 from .errors import (
     CorruptStateCheckpointError,
@@ -41,12 +42,10 @@ from ._conv.common import (COOL_DIR, DEVICE_NAME, DURABILITY_MODES, FOLDS_TO_ASC
                            MANIFEST_NAME, QUARANTINE_DIR, SNAPSHOT_NAME, TOMBSTONES_NAME, CompactionReport,
                            MessageRead, Problem, ReadStatus, SearchHit, VerifyReport, _str_arg, _WRITE_FAULTS,
                            own_calls)
-from ._conv.staging import _Staged
 from ._conv import tuning
 from ._conv.compaction import Compaction
 from ._conv.cooling import Cooling
 from ._conv.exchange import Exchange
-from ._conv.maps import MapBudget
 from ._conv.reads import HotReads
 from ._conv.recovery import Recovery
 from ._conv.search import Search
@@ -117,7 +116,7 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
         if events is not None and not isinstance(events, EventStore):
             check_path("events", events)
         self.state_dir = os.path.abspath(os.fspath(state_dir))
-        self.hot_dir = os.path.join(self.state_dir, "hot")
+        self.hot_dir = os.path.join(self.state_dir, HOT_DIR)
         self.durability = durability
         self.compact_every = compact_every
         self.hot_window = hot_window
@@ -125,33 +124,18 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
         self.read_only = bool(read_only)
         self._lock = threading.RLock()
         self._closed = False
-        self._maps = MapBudget(self.hot_dir)
         self._lockfile: DirLock | None = None
         self._own_events = False
         self._events: EventStore | None = None
-        self._quarantined: list[dict] = []
-        self._lost: list[dict] = []     # vouched final lines found gone (see _report_lost)
-        self._snap_events = 0           # event store size the index snapshot in use recorded
-        self._snap_files: tuple | None = None    # the files the snapshot on disk matches (_snap_layout)
-        self._tail_read = 0             # tail lines the open's index read after its snapshot (or all)
-        # (see _clock_held) stamps clock.now() returned when the manifest was
-        # written, and whether merge_ops observed one since
-        self._clock_nows = 0
-        self._clock_unheld = False
-        # (covered, tail size, msg_ids) of the tail's message lines after the
-        # last compaction, as the open read them (_observe_stored_stamps)
-        self._uncovered: tuple[int, int, list[str]] | None = None
         # the event store is this store's own file (state_dir/events.jsonl):
         # only then is a message envelope in it one of this store's appends
         self._events_private = events is None
-        # channels where a hot message may sort before a cool row (None: not
-        # known yet, every channel with stamped cool rows is checked once)
-        self._behind: set[str] | None = None
-        self._rejournaled = 0           # envelopes written again (see _rederive_lost_envelopes)
-        self._compactions = 0
-        self._last_compaction: CompactionReport | None = None
-        self._bg: _Staged | None = None
-        self._special_cache: dict[int, dict[str, tuple[int, list[int]]]] = {}
+        # each room's first state, set by the room that owns it (_conv/host.py)
+        self._init_reads_state()
+        self._init_recovery_state()
+        self._init_snapshot_state()
+        self._init_schedule()
+        self._init_search_state()
         try:
             self._open(events)
         except OSError as exc:
@@ -447,12 +431,24 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
                 self._closed = True
                 self._release()
 
+    def _acquire(self, events: EventStore | str | os.PathLike | None) -> None:
+        """The lock of a writer and the event store (the open's first step)."""
+        if not self.read_only:
+            self._lockfile = DirLock(self.state_dir, "conversation")
+        if isinstance(events, EventStore):
+            self._events = events
+        else:
+            path = os.fspath(events) if events is not None else os.path.join(self.state_dir, EVENTS_NAME)
+            if not self.read_only:
+                self._events = EventStore(path)
+                self._own_events = True
+
     def _release(self) -> None:
         job = getattr(self, "_bg", None)
         if job is not None:
             # a staged run nobody adopted (close failed): its file is a stray
             job.thread.join()
-            self._bg = None
+            self._drop_staged()
             try:
                 job.discard(self._cool)
             except (OSError, ValueError) as exc:

@@ -12,6 +12,7 @@ import re
 import threading
 import weakref
 
+from ._names import lock_name
 from .errors import StateLockedError
 from .events import ensure_private_dir
 
@@ -67,7 +68,7 @@ class DirLock:
         self.state_dir = os.path.abspath(os.fspath(state_dir))
         ensure_private_dir(self.state_dir)
         self._key = (os.path.realpath(self.state_dir), kind)
-        self.path = os.path.join(self.state_dir, f".lock-{kind}")
+        self.path = os.path.join(self.state_dir, lock_name(kind))
         self._fd = -1
         with _HELD_LOCK:
             if _HELD.get(self._key) is not None:

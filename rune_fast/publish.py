@@ -55,13 +55,14 @@ import pyarrow.parquet as pq
 import xxhash
 
 from . import codec
+from ._names import PUBLISH_MANIFEST_NAME
 from .conversation_state import ConversationStateRepository
 from .errors import RuneError
 from .records import ConversationMessageRecord, payload_hash
 
 __all__ = ["publish", "PublishReport", "PUBLISH_SCHEMA", "MANIFEST_NAME"]
 
-MANIFEST_NAME = "_rune_publish.json"
+MANIFEST_NAME = PUBLISH_MANIFEST_NAME
 _FORMAT = 1
 
 #: The columns of a published file (the partition columns ``day`` and

@@ -33,6 +33,7 @@ from typing import Any
 import xxhash
 
 from . import sync as _sync
+from ._names import redis_published_name
 from .conversation_state import ConversationStateRepository
 from .errors import RuneError
 
@@ -77,7 +78,7 @@ class RedisSync:
         self._r = client
         self._lock = threading.Lock()
         digest = xxhash.xxh3_64_hexdigest(f"{url}\0{stream}\0{self.group}".encode())
-        self._path = os.path.join(repo.hot_dir, f"redis-{digest}.published")
+        self._path = os.path.join(repo.hot_dir, redis_published_name(digest))
         self._file_epoch = ""
         self._published = self._load_published()
         self._group_ready = False

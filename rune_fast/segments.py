@@ -25,6 +25,7 @@ from typing import Callable, TypeVar
 import xxhash
 
 from ._log import data_end, map_file, punch_hole, pwrite_all
+from ._names import MARK_NAME, TAIL_NAME, filters_name, seg_name
 from .errors import DurabilityError, FramingError, StoreClosedError, RecoveryWarning
 from .events import fsync_dir
 
@@ -35,20 +36,8 @@ __all__ = ["TAIL_NAME", "MARK_NAME", "seg_name", "filters_name", "segment_ident"
 log = logging.getLogger("rune_fast")
 T = TypeVar("T")
 
-TAIL_NAME = "conversation_tail.jsonl"
-MARK_NAME = "conversation_tail.durable"
 _MIN_CHUNK = 1 << 20
 _MAX_CHUNK = 64 << 20
-
-
-def seg_name(seg: int) -> str:
-    """File name of sealed segment ``seg``."""
-    return f"conversation_seg-{seg:08d}.jsonl"
-
-
-def filters_name(seg: int) -> str:
-    """File name of the search filters kept for sealed segment ``seg``."""
-    return f"conversation_seg-{seg:08d}.grams"
 
 
 #: A sealed segment's search filters (HotIndex.seg_filters), kept once a

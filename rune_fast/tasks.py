@@ -27,7 +27,6 @@ import hashlib
 import logging
 import math
 import os
-import re
 import threading
 import time
 from typing import Any
@@ -42,6 +41,7 @@ from .errors import (
     UnknownTaskError,
 )
 from .events import EventStore, FramedLog, ensure_private_dir, frame_object, fsync_dir, parse_checked
+from ._names import EVENTS_NAME, HOT_DIR, TASK_LOG_RE, TASK_STATE_NAME, task_log_name
 from .locking import DirLock
 from .records import (
     TASK_STATUSES,
@@ -56,7 +56,7 @@ __all__ = ["TaskStateRepository"]
 
 log = logging.getLogger("rune_fast.tasks")
 
-_LOG_RE = re.compile(r"task_log-(\d{8})\.jsonl")
+_LOG_RE = TASK_LOG_RE
 _OPS = ("created", "amended", "transition", "imported")
 _CHECKPOINT_FORMAT = 1
 
@@ -95,17 +95,17 @@ class TaskStateRepository:
         self._own_events = False
         self._log: FramedLog | None = None
         ensure_private_dir(self.state_dir)
-        self._hot = os.path.join(self.state_dir, "hot")
+        self._hot = os.path.join(self.state_dir, HOT_DIR)
         self._dirlock = DirLock(self.state_dir, "task")
         try:
             ensure_private_dir(self._hot)
             if isinstance(events, EventStore):
                 self._events = events
             else:
-                path = os.path.join(self.state_dir, "events.jsonl") if events is None else os.fspath(events)
+                path = os.path.join(self.state_dir, EVENTS_NAME) if events is None else os.fspath(events)
                 self._events = EventStore(path)
                 self._own_events = True
-            self._checkpoint = AtomicStore(os.path.join(self._hot, "task_state.json"))
+            self._checkpoint = AtomicStore(os.path.join(self._hot, TASK_STATE_NAME))
             self._tasks: dict[str, TaskStateRecord] = {}   # insertion = creation order
             self._touched: dict[str, int] = {}             # seq of last create/amend/import
             self._by_channel: dict[str, list[str]] = {}    # task ids, creation order
@@ -121,7 +121,7 @@ class TaskStateRepository:
     # ------------------------------------------------------------ loading
 
     def _log_path(self, gen: int) -> str:
-        return os.path.join(self._hot, f"task_log-{gen:08d}.jsonl")
+        return os.path.join(self._hot, task_log_name(gen))
 
     def _load(self) -> None:
         cp = self._checkpoint.read()

@@ -19,6 +19,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+from ._names import COOL_DIR, EVENTS_NAME, HOT_DIR, TASK_LOG_PREFIX, TASK_LOG_RE, TASK_STATE_NAME
 from .errors import CorruptStateCheckpointError
 
 if TYPE_CHECKING:
@@ -107,7 +108,7 @@ def _envelopes(state: str, add: Callable[..., None]) -> Iterator[dict[str, Any]]
     by the frame scan, so iteration just stops there."""
     from .events import EventStore
 
-    path = os.path.join(state, "events.jsonl")
+    path = os.path.join(state, EVENTS_NAME)
     if not os.path.exists(path):
         return
     with EventStore(path, read_only=True) as store:
@@ -124,7 +125,7 @@ def _verify_message_envelopes(state: str, repo: Any, add: Callable[..., None], c
     an append a crash cut short, or a deleted message: not damage)."""
     from .records import payload_hash
 
-    path = os.path.join(state, "events.jsonl")
+    path = os.path.join(state, EVENTS_NAME)
     size = max(1, os.path.getsize(path)) if os.path.exists(path) else 1
     n = 0
     for env in _envelopes(state, add):
@@ -154,7 +155,7 @@ def _verify_task_envelopes(state: str, tasks: dict[str, Any], add: Callable[...,
             seen.setdefault(env.get("id", ""), set()).add(env.get("payload_hash", ""))
     for tid, rec in tasks.items():
         if payload_hash(rec) not in seen.get(tid, ()):
-            add(os.path.join(state, "events.jsonl"), None,
+            add(os.path.join(state, EVENTS_NAME), None,
                 f"task {tid}: no envelope carries the payload_hash of its current record (a power loss "
                 f"can drop one; the ledger re-journals it when a writer next opens it)")
     checked["task_envelopes"] = len(tasks)
@@ -163,14 +164,12 @@ def _verify_task_envelopes(state: str, tasks: dict[str, Any], add: Callable[...,
 def _verify_tasks(state: str, add: Callable[..., None], checked: dict[str, Any]) -> dict[str, Any]:
     """Check the task checkpoint and log read-only; return the folded
     records (task_id -> record) of what parsed."""
-    import re
-
     from .atomic import AtomicStore
     from .events import FramedLog, parse_line
     from .records import TaskStateRecord
 
-    hot = os.path.join(state, "hot")
-    cp_path = os.path.join(hot, "task_state.json")
+    hot = os.path.join(state, HOT_DIR)
+    cp_path = os.path.join(hot, TASK_STATE_NAME)
     tasks: dict[str, Any] = {}
     try:
         cp = AtomicStore(cp_path).read()
@@ -187,7 +186,7 @@ def _verify_tasks(state: str, add: Callable[..., None], checked: dict[str, Any])
         return tasks
     n = 0
     for name in sorted(os.listdir(hot)):
-        if not re.fullmatch(r"task_log-\d{8}\.jsonl", name):
+        if not TASK_LOG_RE.fullmatch(name):
             continue
         path = os.path.join(hot, name)
         log = FramedLog(path, read_only=True)
@@ -227,13 +226,13 @@ def _scan_framed_files(state: str, add: Callable[..., None], checked: dict[str, 
     from .events import FramedLog
 
     paths = []
-    events = os.path.join(state, "events.jsonl")
+    events = os.path.join(state, EVENTS_NAME)
     if os.path.exists(events):
         paths.append(events)
-    hot = os.path.join(state, "hot")
+    hot = os.path.join(state, HOT_DIR)
     if conversation and os.path.isdir(hot):
         for name in sorted(os.listdir(hot)):
-            if name.endswith(".jsonl") and not name.startswith("task_log-"):
+            if name.endswith(".jsonl") and not name.startswith(TASK_LOG_PREFIX):
                 paths.append(os.path.join(hot, name))
     n = 0
     for path in paths:
@@ -253,7 +252,7 @@ def _scan_archives(state: str, add: Callable[..., None], checked: dict[str, Any]
     store cannot open and so cannot check their digests itself."""
     import pyarrow.parquet as pq
 
-    cool = os.path.join(state, "hot", "conversation_cool")
+    cool = os.path.join(state, HOT_DIR, COOL_DIR)
     if not os.path.isdir(cool):
         return
     n = 0

@@ -16,7 +16,8 @@ reopen every acknowledged message that was not deleted reads back
 verified, every deleted one is gone, and ``verify()`` is clean.
 
 Run: ``python tests/soak.py --seconds 600 --report docs/SOAK.md`` (the
-documented ten-minute run); tests/test_soak.py runs it for 60 seconds.
+documented ten-minute run); tests/test_soak.py runs it for 30 seconds
+(RUNE_SOAK_SECONDS for longer).
 Exit 0 when everything held; the report (JSON on stdout) says what ran.
 """
 from __future__ import annotations

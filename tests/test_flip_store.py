@@ -11,7 +11,10 @@ undone then, and only then. What no checkpoint vouches for -- tail lines
 past the index snapshot, deletions past what the manifest recorded, in a
 store whose writer died -- cannot be told from appends a crash cut off: in a
 store copied while its writer ran, zeroed or cut bytes there may lose those
-(from the damaged line on), and nothing else."""
+(from the damaged line on), and nothing else.
+
+100 examples of each kind in the default run; RUNE_FLIP_EXAMPLES=150 (the
+former default) or more for a longer one."""
 from __future__ import annotations
 
 import os
@@ -92,7 +95,7 @@ def _copy(template, kind: str, which: int, tmp_path_factory) -> tuple[str, str, 
     return d, name, path, min(os.path.getsize(path), ends[name])
 
 
-@settings(max_examples=int(os.environ.get("RUNE_FLIP_EXAMPLES", "150")), deadline=None,
+@settings(max_examples=int(os.environ.get("RUNE_FLIP_EXAMPLES", "100")), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(kind=st.sampled_from(["closed", "killed"]), which=st.integers(0, 10_000),
        frac=st.floats(0.0, 1.0, exclude_max=True), bit=st.integers(0, 7))
@@ -108,7 +111,7 @@ def test_a_flipped_bit_anywhere_in_a_store_is_never_served(template, tmp_path_fa
     _check_reads(d, name)
 
 
-@settings(max_examples=int(os.environ.get("RUNE_FLIP_EXAMPLES", "150")), deadline=None,
+@settings(max_examples=int(os.environ.get("RUNE_FLIP_EXAMPLES", "100")), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(which=st.integers(0, 10_000), frac=st.floats(0.0, 1.0, exclude_max=True),
        how=st.sampled_from(["zero", "truncate"]), length=st.integers(1, 5000))
@@ -127,7 +130,7 @@ def test_zeroed_or_cut_bytes_anywhere_in_a_closed_store_are_never_served(templat
     _check_reads(d, name)
 
 
-@settings(max_examples=int(os.environ.get("RUNE_FLIP_EXAMPLES", "150")), deadline=None,
+@settings(max_examples=int(os.environ.get("RUNE_FLIP_EXAMPLES", "100")), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(which=st.integers(0, 10_000), frac=st.floats(0.0, 1.0, exclude_max=True),
        how=st.sampled_from(["zero", "truncate"]), length=st.integers(1, 5000))

@@ -1,4 +1,5 @@
-"""What the rooms of the conversation store share: file names, the result
+"""What the rooms of the conversation store share: the file names (from
+rune_fast._names), the result
 types of the public API, and pure helpers over records and line bytes. No
 state lives here."""
 from __future__ import annotations
@@ -16,7 +17,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator
 import numpy as np
 import xxhash
 
-from .._order import order_key, sorts_before
+# (the ordering rule, rune_fast._order, under the names the rooms use)
+from .._order import channel_key as _order_key, record_key as _xkey  # noqa: F401
+from .._order import record_sorts_before as _sorts_before  # noqa: F401
 from .. import codec
 from .. import sync as _sync
 from ..cool import SPECIAL_FOLD
@@ -24,13 +27,9 @@ from ..errors import CorruptStateCheckpointError, RuneError
 from ..records import ConversationMessageRecord, _utf8_ok
 from ..segments import fsync_dir, write_file
 
-MANIFEST_NAME = "conversation_manifest.json"
-SNAPSHOT_NAME = "conversation_index.snap"
-TOMBSTONES_NAME = "conversation_tombstones.jsonl"
-LEGACY_NAME = "conversation_messages.json"
-DEVICE_NAME = "device_id"
-COOL_DIR = "conversation_cool"
-QUARANTINE_DIR = "quarantine"
+# (the file names, spelled in rune_fast._names, re-exported for the rooms)
+from .._names import (COOL_DIR, DEVICE_NAME, LEGACY_NAME, MANIFEST_NAME,  # noqa: F401
+                      QUARANTINE_DIR, SNAPSHOT_NAME, TOMBSTONES_NAME)
 DURABILITY_MODES = ("fsync", "batch", "none")
 _OFF_MASK = (1 << 40) - 1
 _SEQ_END_RE = re.compile(rb'\},"s":(\d{1,18})\}\Z')
@@ -136,23 +135,6 @@ class VerifyReport(_Report):
 
 def _unkey(k: bytes) -> str:
     return codec.orjson.loads(b'"' + k + b'"')
-
-
-def _order_key(rec: ConversationMessageRecord, tier_rank: int, pos: Any) -> tuple:
-    """The ordering rule (rune_fast._order) within a channel read: append
-    order of the unstamped is cool before hot, then position in its tier."""
-    return order_key(rec.hlc, rec.msg_id, (tier_rank, pos))
-
-
-def _sorts_before(rec: ConversationMessageRecord, stamp: tuple) -> bool:
-    """Whether ``rec`` sorts before the stamped message ``stamp`` ((hlc, msg_id))."""
-    return sorts_before(rec.hlc, rec.msg_id, stamp)
-
-
-def _xkey(rec: ConversationMessageRecord, seq: int | None) -> tuple:
-    """The ordering rule (rune_fast._order) across channels and tiers: the
-    unstamped by append sequence."""
-    return order_key(rec.hlc, rec.msg_id, -1 if seq is None else seq)
 
 
 _first = operator.itemgetter(0)

@@ -11,7 +11,7 @@ import numpy as np
 from .. import codec
 from .._index import HotIndex
 from ..errors import DurabilityError
-from ..segments import (TAIL_NAME, Segment, TailFile, filters_name, fsync_dir, seg_name, write_file)
+from ..segments import (filters_name, fsync_dir, seg_name, write_file)
 from . import tuning
 from .common import (_FORMAT, CompactionReport, _line_seq_of, _unlink)
 from .staging import _Staged
@@ -22,6 +22,46 @@ log = logging.getLogger("rune_fast")
 
 class Compaction(Host):
     """Running a compaction (a mixin of the repository); choosing what to cool is Cooling's."""
+
+    # ---- the state this room owns: written here only (tests/test_ownership.py)
+
+    def _init_schedule(self) -> None:
+        # (see _clock_held) stamps clock.now() returned when the manifest was
+        # written, and whether merge_ops observed one since
+        self._clock_nows = 0
+        self._clock_unheld = False
+        # channels where a hot message may sort before a cool row (None: not
+        # known yet, every channel with stamped cool rows is checked once)
+        self._behind = None
+        self._compactions = 0
+        self._last_compaction = None
+        self._bg = None
+
+    def _reset_schedule(self) -> None:
+        self._since_compact = 0
+        self._segs_unchecked = True     # the first full compaction (or adoption) looks at every segment
+        self._manifest_dirty = False    # an in-memory fold the manifest does not show yet
+
+    def _count_uncompacted(self, n: int) -> None:
+        """``n`` more messages stored since the last compaction."""
+        self._since_compact += n
+
+    def _mark_manifest_dirty(self) -> None:
+        """The manifest on disk lags what memory holds (the close writes it)."""
+        self._manifest_dirty = True
+
+    def _note_unheld_stamp(self) -> None:
+        """merge_ops observed a stamp that no file stores."""
+        self._clock_unheld = True
+
+    def _note_behind(self, channel_id: str) -> None:
+        """A message of ``channel_id`` sorts before a cool row."""
+        assert self._behind is not None
+        self._behind.add(channel_id)
+
+    def _drop_staged(self) -> None:
+        """The staged run is given up (the caller discards its files)."""
+        self._bg = None
 
     def _compact_segments(self, rep: CompactionReport, cool_erase: list[str],
                           old_segs: list[int]) -> list[int]:
@@ -182,7 +222,7 @@ class Compaction(Host):
                 # nothing to merge (O(log n) rounds); an automatic one, one round
                 groups = self._cool.plan_merge() if full else []
             if staged is not None or excess or cool_erase or merged:
-                self._interleaved.clear()
+                self._forget_interleaving()
             # 3-4. segments (only when live lines moved: cooling, deletion, a
             # fresh open, or a tail past ROLL_BYTES): roll the tail if it holds
             # deleted lines, grew large or is mostly dead; rewrite sealed
@@ -201,30 +241,26 @@ class Compaction(Host):
             events_size = self._events.line_end()
             if durable:
                 self._events.sync()
-            self._seg_order = new_order
-            self._covered = self._tail.size
-            self._covered_events = events_size
+            self._set_segment_order(new_order)
+            self._set_covered(self._tail.size, events_size)
             self._tombfile.erased_all()     # every pending erasure is done by now
             self._write_manifest(manifest_cool, durable=durable)
             # 6. now the old files are unreferenced: remove them
             for seg in old_segs:
-                s = self._segs.pop(seg, None)
-                self._index.detach(seg)
+                s = self._pop_segment(seg)
+                self._index_detach(seg)
                 if s is not None:
                     s.close()
                     _unlink(s.path)
                 _unlink(os.path.join(self.hot_dir, filters_name(seg)))
-                self._filters_kept.pop(seg, None)
+                self._forget_filters(seg)
             if old_cool:
                 self._cool.unlink_files(old_cool)
                 rep.cool_files_removed += len(old_cool)
             if (old_segs or old_cool) and durable:
                 fsync_dir(self.hot_dir)
-            self._dirty_segs.clear()
-            self._pending_erase.clear()
-            self._unlocated.clear()
-            self._cool_deleted.clear()
-            self._interleaved.clear()
+            self._erasures_done()
+            self._forget_interleaving()
             self._since_compact = 0
             if self._snapshot_due():
                 self._write_snapshot()
@@ -241,8 +277,7 @@ class Compaction(Host):
         crash meanwhile only relabels those lines "tail"."""
         assert self._tail is not None and self._events is not None     # (a writer's)
         rep.folded = self._since_compact
-        self._covered = self._tail.size
-        self._covered_events = self._events.line_end()
+        self._set_covered(self._tail.size, self._events.line_end())
         self._since_compact = 0
         self._manifest_dirty = True
         self._compactions += 1
@@ -260,18 +295,15 @@ class Compaction(Host):
         self._tail.sync()
         old = self._tail
         seg = self._tail_seg
-        self._seg_ends[seg] = old.size
+        end = old.size
         old.release_reserved()
         old.close()
         sealed = os.path.join(self.hot_dir, seg_name(seg))
         os.replace(old.path, sealed)
         fsync_dir(self.hot_dir)
-        self._segs[seg] = Segment(sealed, seg)
-        self._seg_order.append(seg)
-        self._index.attach(seg, self._segs[seg].buf, sealed)
-        self._tail_seg = self._next_seg
-        self._next_seg += 1
-        self._tail = TailFile(os.path.join(self.hot_dir, TAIL_NAME), self._tail_seg)
+        s = self._add_segment(seg, sealed, end, ordered=True)
+        self._index_attach(seg, s.buf, sealed)
+        self._open_next_tail()
         fsync_dir(self.hot_dir)
         self._writes.rolled(self._tail_seg)     # (the sealed lines were synced above)
         # the decode cache is keyed by location; locations in the sealed file are unchanged
@@ -284,16 +316,14 @@ class Compaction(Host):
         the caller fsyncs the folder)."""
         locs = np.concatenate([seg_locs for _seg, seg_locs in run])
         data, starts = self._index.gather_lines(locs)
-        new_seg = self._next_seg
-        self._next_seg += 1
+        new_seg = self._new_seg_no()
         path = os.path.join(self.hot_dir, seg_name(new_seg))
         write_file(path, data)
-        self._seg_ends[new_seg] = len(data)
-        self._segs[new_seg] = Segment(path, new_seg)
-        self._index.attach(new_seg, self._segs[new_seg].buf, path)
+        s = self._add_segment(new_seg, path, len(data))
+        self._index_attach(new_seg, s.buf, path)
         new_locs = starts | (new_seg << 40)
-        self._index.relocate(locs, new_locs)
-        self._decoded.move_many(locs, new_locs)
+        self._index_relocate(locs, new_locs)
+        self._move_decoded(locs, new_locs)
         return new_seg
 
     def _find_cooled_lines(self, ids: list[str], stats: dict) -> None:
@@ -312,7 +342,7 @@ class Compaction(Host):
             probe.attach(seg, buf, path)
             probe.ingest(seg, 0, size)
             if (probe.find_many(keys) >= 0).any():
-                self._dirty_segs.add(seg)
+                self._mark_dirty(seg)
             probe.detach(seg)
 
     def _write_manifest(self, cool_files: list[str], *, durable: bool = True) -> None:
@@ -327,8 +357,7 @@ class Compaction(Host):
              "clock": self._clock_text(),
              **self._tombfile.manifest_fields(),
              "cool_max": {ch: list(k) for ch, k in self._cool_max.items()}}
-        self._manifest_store.write(m, durable=durable)
-        self._manifest = m
+        self._record_manifest(m, durable=durable)
         self._manifest_dirty = False
         self._clock_unheld = False
         self._clock_nows = self._clock.nows

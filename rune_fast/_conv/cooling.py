@@ -207,20 +207,15 @@ class Cooling(Host):
         overtaken (a late one can sort before its rows; an inline run cools
         the oldest messages and those already behind a cool row)."""
         ids = table.column("msg_id").to_pylist()
-        cool_max = self._cool_max
         behind = self._behind if staged else None
         stamped = table.filter(pc.not_equal(table.column("hlc"), ""))    # (order kept)
         if stamped.num_rows:
             for hlc, mid, ch in zip(stamped.column("hlc").to_pylist(), stamped.column("msg_id").to_pylist(),
                                     stamped.column("channel_id").to_pylist()):
-                k = (hlc, mid)
-                if k > cool_max.get(ch, ("", "")):
-                    cool_max[ch] = k
+                if self._raise_cool_max(ch, (hlc, mid)):
                     if behind is not None:
                         behind.add(ch)      # a late append may sort before the new maximum
-        self._index.remove_many([codec.key(m) for m in ids])
-        pop = self._decoded.pop
-        for loc in locs:
-            pop(loc, None)
-        self._snap_changes += len(ids)
-        self._interleaved.clear()       # the verdicts read the cool rows' maxima just moved
+        self._unindex_many([codec.key(m) for m in ids])
+        self._forget_decoded_many(locs)
+        self._count_changes(len(ids))
+        self._forget_interleaving()     # the verdicts read the cool rows' maxima just moved

@@ -17,6 +17,12 @@ log = logging.getLogger("rune_fast")
 class Exchange(Host):
     """Transcripts and sync ops (a mixin of the repository)."""
 
+    # ---- the state this room owns: written here only (tests/test_ownership.py)
+
+    def _reset_fold_order(self) -> None:
+        # channel -> [store order agrees with fold order, last fold key] (lazily)
+        self._fold_order = {}
+
     def _resume_candidates(self, channel_id: str, n: int | None) -> list[ConversationMessageRecord]:
         """The channel's messages that ``LastN(n)`` can keep (lock held).
 
@@ -89,7 +95,7 @@ class Exchange(Host):
                 op = _sync.as_op(raw)
                 payload = op.payload
                 self._observe(op.hlc)
-                self._clock_unheld = True       # (an op refused or a duplicate: its stamp is stored nowhere)
+                self._note_unheld_stamp()       # (an op refused or a duplicate: its stamp is stored nowhere)
                 if payload.get("deleted") is True:     # (sync.is_tombstone: fold's rule, one test)
                     tomb_ids.append(op.op_id)
                     tomb_hlc[op.op_id] = str(op.hlc)

@@ -11,12 +11,14 @@ from typing import Any
 from .. import codec
 from ..errors import CorruptStateCheckpointError
 from ..records import ConversationMessageRecord, message_from_stored
+from .._index import LocCache
 from ..segments import seg_name
 from . import tuning
 from .common import (_COOL_RANK, _HOT_RANK, _MAX_N, _OFF_MASK, MessageRead, ReadStatus,
                      _first, _order_key, _own, _sorts_before, _tag_matches, _unkey, _xkey, own_calls)
 
 from .host import Host
+from .maps import MapBudget
 
 log = logging.getLogger("rune_fast")
 
@@ -42,6 +44,45 @@ def record_bytes(rec: ConversationMessageRecord) -> int:
 
 class HotReads(Host):
     """Hot and cool reads with their decode caches (a mixin of the repository)."""
+
+    # ---- the state this room owns: written here only (tests/test_ownership.py)
+
+    def _init_reads_state(self) -> None:
+        self._maps = MapBudget(self.hot_dir)
+
+    def _reset_read_caches(self) -> None:
+        # location -> (record, append sequence) of lines decoded, at most
+        # _DECODE_CACHE, the oldest dropped first (a dict-like table the
+        # compiled window and task reads look up)
+        self._decoded = LocCache(tuning.DECODE_CACHE, cache_budgets(self.cache_bytes)[0])
+        # cool_loc (file number << 32 | row) -> (record, ord): cool rows read
+        # and verified once, so a task, an exact read or a search asked again
+        # skips their assembly and digest (file numbers are never reused: a
+        # merged or erased file's rows are simply never looked up again)
+        self._cool_decoded = LocCache(tuning.DECODE_CACHE, cache_budgets(self.cache_bytes)[1])
+        # channel -> whether a hot message sorts before a cool one (computed lazily)
+        self._interleaved = {}
+
+    def _forget_interleaving(self) -> None:
+        """The order verdicts no longer hold (rows moved between tiers)."""
+        self._interleaved.clear()
+
+    def _forget_decoded(self, loc: int) -> None:
+        self._decoded.pop(loc, None)
+
+    def _forget_decoded_many(self, locs: Any) -> None:
+        pop = self._decoded.pop
+        for loc in locs:
+            pop(loc, None)
+
+    def _cache_decoded(self, loc: int, hit: tuple, nbytes: int = 0) -> None:
+        """Keep ``hit`` ((record, append sequence)) of the line at ``loc``,
+        counted as ``nbytes`` against the cache's byte bound."""
+        self._decoded.put(loc, hit, nbytes)
+
+    def _move_decoded(self, old_locs: Any, new_locs: Any) -> None:
+        """The lines at ``old_locs`` moved to ``new_locs`` (a segment rewrite)."""
+        self._decoded.move_many(old_locs, new_locs)
 
     def _path_of(self, seg: int) -> str:
         if seg == self._tail_seg and self._tail is not None:

@@ -6,20 +6,19 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-import time
 from typing import Any, Iterator, Sequence, cast
 
 
 from .. import codec
+from .._names import SEG_PREFIX
 from ..atomic import AtomicStore
-from ..locking import DirLock
 from .. import sync as _sync
-from .._index import HotIndex, LocCache
+from .._index import HotIndex
 from .._encode import frame_messages
 from .._log import scan_frames
 from ..cool import CoolArchive
 from ..errors import CorruptStateCheckpointError
-from ..events import EventStore, ensure_private_dir
+from ..events import ensure_private_dir
 from ..records import ConversationMessageRecord, payload_hash
 from ..segments import (MARK_NAME, TAIL_NAME, Segment, TailFile, filters_name, fsync_dir, quarantine_bytes, seg_name)
 from . import tuning
@@ -36,37 +35,113 @@ log = logging.getLogger("rune_fast")
 class Recovery(Host):
     """The open of a repository and what it recovers (a mixin of the repository)."""
 
+    # ---- the state this room owns: written here only (tests/test_ownership.py)
+
+    def _init_recovery_state(self) -> None:
+        self._quarantined = []
+        self._lost = []         # vouched final lines found gone (see _report_lost)
+        # (covered, tail size, msg_ids) of the tail's message lines after the
+        # last compaction, as the open read them (_observe_stored_stamps)
+        self._uncovered = None
+        self._rejournaled = 0   # envelopes written again (see _rederive_lost_envelopes)
+
+    def _set_covered(self, covered: int, covered_events: int) -> None:
+        """The tail is folded up to ``covered``, its envelopes up to ``covered_events``."""
+        self._covered = covered
+        self._covered_events = covered_events
+
+    def _set_segment_order(self, order: list[int]) -> None:
+        self._seg_order = order
+
+    def _new_seg_no(self) -> int:
+        """A segment number never used before (the manifest keeps the next)."""
+        seg = self._next_seg
+        self._next_seg += 1
+        return seg
+
+    def _add_segment(self, seg: int, path: str, end: int, *, ordered: bool = False) -> Segment:
+        """Map the sealed segment file ``path`` as ``seg`` (its data ends at
+        ``end``); ``ordered``: it goes last in the segment order (a sealed
+        tail), else the caller's new order places it."""
+        self._seg_ends[seg] = end
+        s = self._segs[seg] = Segment(path, seg)
+        if ordered:
+            self._seg_order.append(seg)
+        return s
+
+    def _pop_segment(self, seg: int) -> Segment | None:
+        """Forget sealed segment ``seg`` (the caller closes and unlinks it)."""
+        return self._segs.pop(seg, None)
+
+    def _open_next_tail(self) -> None:
+        """An empty tail under a new segment number (after a roll)."""
+        self._tail_seg = self._new_seg_no()
+        self._tail = TailFile(os.path.join(self.hot_dir, TAIL_NAME), self._tail_seg)
+
+    def _set_tail_size(self, end: int) -> None:
+        """The tail's lines end at ``end`` (what an ingest found sound)."""
+        assert self._tail is not None
+        self._tail.size = end
+
+    def _take_seqs(self, n: int) -> int:
+        """The first of ``n`` append sequences handed to new lines."""
+        seq0 = self._next_seq
+        self._next_seq += n
+        return seq0
+
+    def _unvouch(self, seg: int) -> int:
+        """Where the bytes the open found in ``seg`` end (0: none vouched),
+        handed out once: the first search checks their line starts."""
+        return self._vouched.pop(seg, 0)
+
+    def _raise_cool_max(self, channel_id: str, stamp: tuple) -> bool:
+        """Whether ``stamp`` ((hlc, msg_id) of a row just cooled) is the
+        newest of its channel's cool rows (it is kept as such then)."""
+        if stamp > self._cool_max.get(channel_id, ("", "")):
+            self._cool_max[channel_id] = stamp
+            return True
+        return False
+
+    def _record_manifest(self, m: dict, *, durable: bool) -> None:
+        """Write the manifest ``m``: the live file set from now on."""
+        self._manifest_store.write(m, durable=durable)
+        self._manifest = m
+
+    # What a read-only viewer does otherwise in the open is in the methods
+    # below that ReadOnlyViewer (_conv/viewer.py) overrides: _make_dirs,
+    # _settle_open, _keep_device_id, _load_attempts, _open_tail, _write_first_manifest,
+    # _remove_stray_segments, _gc_cool, _undo_roll, _finish_roll_on_disk,
+    # _visible_end, _tail_durable_end, _quarantine_torn.
+
     def _open(self, events: Any) -> None:
-        if not self.read_only:
-            for d in (self.state_dir, self.hot_dir):
-                if not os.path.isdir(d):
-                    # each new folder's entry synced in its parent: a power
-                    # loss must not take a new store with its acknowledged lines
-                    ensure_private_dir(d)
-                    os.chmod(d, 0o700)
-            self._lockfile = DirLock(self.state_dir, "conversation")
-        if isinstance(events, EventStore):
-            self._events = events
-        else:
-            path = os.fspath(events) if events is not None else os.path.join(self.state_dir, "events.jsonl")
-            if not self.read_only:
-                self._events = EventStore(path)
-                self._own_events = True
+        self._make_dirs()
+        self._acquire(events)
         self._manifest_store = AtomicStore(os.path.join(self.hot_dir, MANIFEST_NAME))
         self._clock = _sync.HlcClock(self._device_id())
         self._writes = WriteThread(os.path.join(self.hot_dir, MARK_NAME), writer=not self.read_only,
                                    durability=self.durability, tail=lambda: self._tail)
         self._load_state()
-        if not self.read_only:
-            # the lines this writer found (a killed writer's unsynced ones
-            # too) are durable from here on: viewers may show them
-            assert self._tail is not None       # a writer always has its tail
-            if self.durability != "none":
-                self._tail.sync()
-            self._writes.opened((self._tail_seg << 40) | self._tail.size)
-            if not self._rederive_lost_envelopes():
-                self._rederive_envelopes()
-            self._import_legacy()
+        self._settle_open()
+
+    def _make_dirs(self) -> None:
+        for d in (self.state_dir, self.hot_dir):
+            if not os.path.isdir(d):
+                # each new folder's entry synced in its parent: a power
+                # loss must not take a new store with its acknowledged lines
+                ensure_private_dir(d)
+                os.chmod(d, 0o700)
+
+    def _settle_open(self) -> None:
+        """A writer's last steps of the open, once the state is loaded."""
+        # the lines this writer found (a killed writer's unsynced ones
+        # too) are durable from here on: viewers may show them
+        assert self._tail is not None       # a writer always has its tail
+        if self.durability != "none":
+            self._tail.sync()
+        self._writes.opened((self._tail_seg << 40) | self._tail.size)
+        if not self._rederive_lost_envelopes():
+            self._rederive_envelopes()
+        self._import_legacy()
 
     def _device_id(self) -> str:
         path = os.path.join(self.hot_dir, DEVICE_NAME)
@@ -86,10 +161,11 @@ class Recovery(Host):
             return dev
         from ..records import new_id
         dev = new_id("dev")
-        if self.read_only:
-            return dev
-        _write_small_file(path, dev.encode())
+        self._keep_device_id(path, dev)
         return dev
+
+    def _keep_device_id(self, path: str, dev: str) -> None:
+        _write_small_file(path, dev.encode())
 
     def _load_state(self) -> None:
         """Read the manifest, map every segment, load or rebuild the index.
@@ -98,30 +174,10 @@ class Recovery(Host):
         it read named may be gone by the time it opens it): it reads again
         while the manifest keeps changing under it."""
         self._reloads = getattr(self, "_reloads", -1) + 1
-        if not self.read_only:
-            return self._load_state_once()
-        # a reload replaces the tail, segments and cool archive: the replaced
-        # ones (and those of attempts that failed) are closed once it is done,
-        # or a viewer refreshing beside a compacting writer leaks descriptors
-        replaced = self._state_files()
-        try:
-            for attempt in range(50):
-                seen = self._manifest_store.read()
-                try:
-                    return self._load_state_once()
-                except (CorruptStateCheckpointError, FileNotFoundError):
-                    replaced += self._state_files()
-                    if attempt >= 3 and self._manifest_store.read() == seen:
-                        raise
-                    time.sleep(0.002 * (attempt + 1))
-            return self._load_state_once()
-        finally:
-            current = {id(f) for f in self._state_files()}
-            closed: set[int] = set()
-            for f in replaced:
-                if id(f) not in current and id(f) not in closed:
-                    closed.add(id(f))
-                    f.close()
+        self._load_attempts()
+
+    def _load_attempts(self) -> None:
+        self._load_state_once()
 
     def _state_files(self) -> list[Any]:
         """The open tail, segments and cool archive of the loaded state."""
@@ -146,9 +202,7 @@ class Recovery(Host):
             m = {"format": _FORMAT, "segments": [], "tail_seg": 1, "covered": 0,
                  "cool_files": [], "events_offset": 0, "next_seg": 2, "next_seq": 0}
             self._check_new_store()
-            if not self.read_only:
-                # a store's first file: from now on a missing manifest is damage
-                self._manifest_store.write(m)
+            self._write_first_manifest(m)
         if m.get("format") != _FORMAT:
             raise CorruptStateCheckpointError(
                 f"manifest format {m.get('format')!r} is not one this build reads ({_FORMAT})",
@@ -176,64 +230,22 @@ class Recovery(Host):
                 raise CorruptStateCheckpointError(f"segment {seg} named by the manifest is missing",
                                                   path=path) from None
         self._recover_roll()
-        if not self.read_only:
-            self._remove_stray_segments()
-        tail_path = os.path.join(self.hot_dir, TAIL_NAME)
-        sealed_tail = os.path.join(self.hot_dir, seg_name(self._tail_seg))
-        if self.read_only and self._tail_seg not in self._segs and os.path.exists(sealed_tail):
-            tail_path = sealed_tail     # the writer is rolling the tail right now
-        legacy = os.path.join(self.hot_dir, LEGACY_NAME)
-        if self.read_only and fresh and os.path.exists(legacy):
-            self._tail = self._legacy_tail(legacy)
-        elif self.read_only and not os.path.exists(tail_path):
-            self._tail = None
-        else:
-            self._tail = TailFile(tail_path, self._tail_seg, read_only=self.read_only)
-            if not self.read_only and self._tail.file_size == 0:
-                fsync_dir(self.hot_dir)
+        self._remove_stray_segments()
+        self._tail = self._open_tail(fresh)
         self._cool = CoolArchive.open(os.path.join(self.hot_dir, COOL_DIR), list(m["cool_files"]),
                                       read_only=self.read_only, durable=self.durability != "none",
                                       cache_bytes=cache_budgets(self.cache_bytes)[2], expect=m.get("cool_meta"))
-        if not self.read_only:
-            # files a crash left unreferenced (written before the manifest moved,
-            # or replaced by it before they were unlinked)
-            self._cool.gc(list(m["cool_files"]))
+        self._gc_cool(list(m["cool_files"]))
         # channel -> (hlc, msg_id) of its newest stamped cool row (kept in the
         # manifest; an erasure may leave it higher than needed, never lower)
         self._cool_max: dict[str, tuple] = {ch: tuple(v) for ch, v in m.get("cool_max", {}).items()}
-        self._tombstones: dict[str, str] = self._load_tombstones()   # msg_id -> channel_id
-        self._pending_erase: set[str] = set()    # deleted ids whose bytes are still on disk
-        self._dirty_segs: set[int] = set()        # segments holding lines of deleted messages
-        self._cool_deleted: set[str] = set()      # deleted ids still present in a cool file
-        # location -> (record, append sequence) of lines decoded, at most
-        # DECODE_CACHE and its share of cache_bytes, the oldest dropped first
-        # (a dict-like table the compiled window and task reads look up)
-        self._decoded = LocCache(tuning.DECODE_CACHE, cache_budgets(self.cache_bytes)[0])
-        # cool_loc (file number << 32 | row) -> (record, ord): cool rows read
-        # and verified once, so a task, an exact read or a search asked again
-        # skips their assembly and digest (file numbers are never reused: a
-        # merged or erased file's rows are simply never looked up again)
-        self._cool_decoded = LocCache(tuning.DECODE_CACHE, cache_budgets(self.cache_bytes)[1])
-        # channel -> [store order agrees with fold order, last fold key] (lazily)
-        self._fold_order: dict[str, list] = {}
-        # channel -> whether a hot message sorts before a cool one (computed lazily)
-        self._interleaved: dict[str, bool] = {}
-        self._since_compact = 0
-        self._segs_unchecked = True     # the first full compaction (or adoption) looks at every segment
-        # what search has checked line by line: sealed segments, and the
-        # tail (its number, up to which offset); see _check_hot_lines
-        self._lines_checked: set[int] = set()
-        self._tail_checked = (-1, 0)
-        # sealed segments' search filters: read from their kept files at the
-        # first search; seg -> blocks kept on disk (see _keep_seg_filters)
-        self._filters_read = False
-        self._filters_kept: dict[int, int] = {}
-        # segments whose line check met a damaged dead line or zeros: their
-        # bytes do not parse as one line after another, which the search
-        # pass over whole segments needs (see search)
-        self._ragged: set[int] = set()
-        self._manifest_dirty = False    # an in-memory fold the manifest does not show yet
-        self._index = self._load_index()
+        # each room's state as of this load, set by the room that owns it
+        self._reset_tombstone_state(self._load_tombstones())
+        self._reset_read_caches()
+        self._reset_fold_order()
+        self._reset_schedule()
+        self._reset_search_state()
+        self._reload_index()
         # seg -> where the bytes that were there at this load end: the region
         # an index snapshot may vouch for, whose line starts the first search
         # checks once (lines this process appends, ingests or rewrites are
@@ -246,15 +258,7 @@ class Recovery(Host):
                              self._seq_floor(self._tail.size if self._tail is not None else 0) + 1)
         self._observe_stored_stamps()
         self._writes.reset()
-        # Deletions whose erasure no compaction has finished yet: the cool rows
-        # are hidden, and the next compaction looks for any hot line left.
-        self._unlocated: set[str] = set()
-        for mid in self._tombfile.unerased:
-            self._pending_erase.add(mid)
-            if self._cool.contains(mid):
-                self._cool_deleted.add(mid)
-            else:
-                self._unlocated.add(mid)
+        self._note_unerased()
 
     def _observe_stored_stamps(self) -> None:
         """Move the clock past every stamp stored: the manifest keeps the
@@ -270,7 +274,7 @@ class Recovery(Host):
             found = list(self._uncovered_records())
             self._observe_stamps([rec for _off, rec in found])
             ids = [rec.msg_id for _off, rec in found]
-            self._since_compact += len(ids)
+            self._count_uncompacted(len(ids))
             self._uncovered = (self._covered, self._tail.size, ids)
         for hlc in self._tombfile.hlcs:
             self._observe(hlc)
@@ -307,7 +311,7 @@ class Recovery(Host):
         if not os.path.isdir(self.hot_dir):
             return      # (a viewer of a store not made yet)
         found = sorted(n for n in os.listdir(self.hot_dir)
-                       if n.startswith("conversation_seg-") and n.endswith(".jsonl"))
+                       if n.startswith(SEG_PREFIX) and n.endswith(".jsonl"))
         cool_dir = os.path.join(self.hot_dir, COOL_DIR)
         if os.path.isdir(cool_dir):
             found += [os.path.join(COOL_DIR, n) for n in sorted(os.listdir(cool_dir)) if n.endswith(".parquet")]
@@ -317,6 +321,23 @@ class Recovery(Host):
                 f"{' and more' if len(found) > 3 else ''}: its messages would be lost",
                 path=self._manifest_store.path)
 
+    def _open_tail(self, fresh: bool) -> TailFile | None:
+        """The tail a writer appends to (made if there is none); ``fresh``:
+        the store has no manifest yet."""
+        tail = TailFile(os.path.join(self.hot_dir, TAIL_NAME), self._tail_seg)
+        if tail.file_size == 0:
+            fsync_dir(self.hot_dir)
+        return tail
+
+    def _write_first_manifest(self, m: dict) -> None:
+        # a store's first file: from now on a missing manifest is damage
+        self._manifest_store.write(m)
+
+    def _gc_cool(self, cool_files: list[str]) -> None:
+        # files a crash left unreferenced (written before the manifest moved,
+        # or replaced by it before they were unlinked)
+        self._cool.gc(cool_files)
+
     def _remove_stray_segments(self) -> None:
         """Unlink segment files the manifest does not name: a rewrite whose
         manifest never moved, or an old segment a crash kept from being
@@ -325,7 +346,7 @@ class Recovery(Host):
         keep |= {filters_name(s) for s in self._seg_order}
         removed = False
         for name in os.listdir(self.hot_dir):
-            if name.startswith("conversation_seg-") and name.endswith((".jsonl", ".grams", ".grams.tmp")) \
+            if name.startswith(SEG_PREFIX) and name.endswith((".jsonl", ".grams", ".grams.tmp")) \
                     and name not in keep:
                 _unlink(os.path.join(self.hot_dir, name))
                 removed = True
@@ -352,9 +373,10 @@ class Recovery(Host):
         if _holds_bytes(tail_path):
             self._finish_roll(sealed)
             return
-        if self.read_only:
-            # The writer is mid-roll; read the sealed file as the tail.
-            return
+        self._undo_roll(sealed, tail_path)
+
+    def _undo_roll(self, sealed: str, tail_path: str) -> None:
+        """The new tail holds nothing: the sealed file is the tail again."""
         os.replace(sealed, tail_path)
         fsync_dir(self.hot_dir)
 
@@ -375,8 +397,11 @@ class Recovery(Host):
         self._next_seg += 1
         log.warning("%s: a tail roll was interrupted (a crash or a failed compaction) after "
                     "appends to the new tail: finished as segment %d", sealed, seg)
-        if self.read_only:
-            return
+        self._finish_roll_on_disk(s, scan, covered)
+
+    def _finish_roll_on_disk(self, s: Segment, scan: Any, covered: int) -> None:
+        """A writer's part of _finish_roll: the envelopes and the manifest."""
+        sealed = s.path
         assert self._events is not None     # a writer always has its event store
         # envelopes of the sealed lines after the last compaction: written
         # after their lines, maybe lost with the compaction that failed
@@ -405,7 +430,7 @@ class Recovery(Host):
 
     def _reattach_tail(self) -> None:
         tail = cast("TailFile", self._tail)    # only called with a tail (a writer's, or refresh's)
-        self._index.attach(self._tail_seg, tail.buf, tail.path, growing=True)
+        self._index_attach(self._tail_seg, tail.buf, tail.path, growing=True)
 
     def _visible_end(self) -> int:
         """Where the tail lines to read end: the whole file for a writer; for
@@ -415,14 +440,7 @@ class Recovery(Host):
         sealed since are all durable; a store without a mark (its writer
         predates it) shows every complete line."""
         assert self._tail is not None
-        end = self._tail.file_size
-        loc = self._writes.published() if self.read_only else None
-        if loc is None:
-            return end
-        seg = loc >> 40
-        if seg == self._tail_seg:
-            return min(end, loc & ((1 << 40) - 1))
-        return end if seg > self._tail_seg else 0
+        return self._tail.file_size
 
     def _report_lost(self, path: str, offset: int, what: str, *, where: str = "it ended at offset") -> None:
         """Note a final line a checkpoint vouched for that is gone whole (cut
@@ -437,8 +455,6 @@ class Recovery(Host):
         writer's open (None for a viewer): the most of the snapshot's start
         (``start``: its tail lines were synced before it), the manifest's
         ``covered`` and the durable mark (published after each sync)."""
-        if self.read_only:
-            return None
         end = max(start, self._covered)
         loc = self._writes.stored()
         if loc is not None and loc >> 40 == self._tail_seg:
@@ -465,16 +481,18 @@ class Recovery(Host):
             if sealed:
                 raise CorruptStateCheckpointError("sealed segment ends in a cut-short line",
                                                   path=path, offset=torn_at)
-            if self.read_only:
-                return  # the writer's append in flight: skipped, not quarantined
-            assert self._tail is not None      # a writer always has its tail
-            data = bytes(self._tail.buf[torn_at:self._tail.file_size])
-            qpath = quarantine_bytes(os.path.join(self.hot_dir, QUARANTINE_DIR), path,
-                                     torn_at, data.strip(b"\0"))
-            self._quarantined.append({"path": path, "offset": torn_at,
-                                      "length": len(data.strip(b"\0")), "quarantine": qpath})
-            self._tail.discard_from(torn_at)
+            self._quarantine_torn(path, torn_at)
         # zero padding (preallocation) needs nothing: appends overwrite it
+
+    def _quarantine_torn(self, path: str, torn_at: int) -> None:
+        """Move the tail's torn final line (from ``torn_at``) to the quarantine folder."""
+        assert self._tail is not None      # a writer always has its tail
+        data = bytes(self._tail.buf[torn_at:self._tail.file_size])
+        qpath = quarantine_bytes(os.path.join(self.hot_dir, QUARANTINE_DIR), path,
+                                 torn_at, data.strip(b"\0"))
+        self._quarantined.append({"path": path, "offset": torn_at,
+                                  "length": len(data.strip(b"\0")), "quarantine": qpath})
+        self._tail.discard_from(torn_at)
 
     def _rederive_lost_envelopes(self) -> bool:
         """An event store shorter than the manifest's ``events_offset`` lost

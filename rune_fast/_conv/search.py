@@ -26,6 +26,29 @@ log = logging.getLogger("rune_fast")
 class Search(Host):
     """Full-text search (a mixin of the repository)."""
 
+    # ---- the state this room owns: written here only (tests/test_ownership.py)
+
+    def _init_search_state(self) -> None:
+        self._special_cache = {}
+
+    def _reset_search_state(self) -> None:
+        # what search has checked line by line: sealed segments, and the
+        # tail (its number, up to which offset); see _check_hot_lines
+        self._lines_checked = set()
+        self._tail_checked = (-1, 0)
+        # sealed segments' search filters: read from their kept files at the
+        # first search; seg -> blocks kept on disk (see _keep_seg_filters)
+        self._filters_read = False
+        self._filters_kept = {}
+        # segments whose line check met a damaged dead line or zeros: their
+        # bytes do not parse as one line after another, which the search
+        # pass over whole segments needs (see search)
+        self._ragged = set()
+
+    def _forget_filters(self, seg: int) -> None:
+        """Segment ``seg`` is gone, and its kept filters with it."""
+        self._filters_kept.pop(seg, None)
+
     def _search(self, text: str, channel_id: str | None = None, *, limit: int | None = None,
                 case_sensitive: bool = False) -> list[SearchHit]:
         if limit == 0:
@@ -131,7 +154,7 @@ class Search(Host):
         for seg in self._seg_order:
             if seg not in self._lines_checked:
                 s = self._segs[seg]
-                self._check_lines(seg, s.buf, 0, s.size, s.path, live, self._vouched.pop(seg, 0))
+                self._check_lines(seg, s.buf, 0, s.size, s.path, live, self._unvouch(seg))
                 self._lines_checked.add(seg)
         if self._tail is not None:
             seg, start = self._tail_checked
@@ -139,7 +162,7 @@ class Search(Host):
                 start = 0
             if self._tail.size > start:
                 self._check_lines(self._tail_seg, self._tail.buf, start, self._tail.size, self._tail.path, live,
-                                  self._vouched.pop(self._tail_seg, 0))
+                                  self._unvouch(self._tail_seg))
             self._tail_checked = (self._tail_seg, self._tail.size)
 
     def _read_seg_filters(self) -> None:
@@ -157,7 +180,7 @@ class Search(Host):
                 continue
             buf = s.buf
             kept = read_kept(os.path.join(self.hot_dir, filters_name(seg)),
-                             lambda raw: self._index.set_seg_filters(
+                             lambda raw: self._index_set_filters(
                                  seg, decode_filters(raw, SEARCH_FILTER_LAYOUT, buf)),
                              remove_bad=not self.read_only)
             if kept is not None:

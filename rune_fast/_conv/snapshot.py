@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import cast
+from typing import Any, cast
 
 
 from .. import codec
@@ -21,6 +21,52 @@ log = logging.getLogger("rune_fast")
 
 class IndexSnapshot(Host):
     """The index snapshot: load, check against the files, write (a mixin)."""
+
+    # ---- the state this room owns: written here only (tests/test_ownership.py)
+
+    def _init_snapshot_state(self) -> None:
+        self._snap_events = 0           # event store size the index snapshot in use recorded
+        self._snap_files = None         # the files the snapshot on disk matches (_snap_layout)
+        self._tail_read = 0             # tail lines the open's index read after its snapshot (or all)
+
+    def _reload_index(self) -> None:
+        """The hot index of the files as loaded (see _load_index)."""
+        self._index = self._load_index()
+
+    def _count_changes(self, n: int) -> None:
+        """``n`` more changes the snapshot on disk does not hold."""
+        self._snap_changes += n
+
+    def _index_attach(self, seg: int, buf: Any, path: str, *, growing: bool = False) -> None:
+        """Map segment ``seg`` (``buf``, the file ``path``) into the hot index."""
+        self._index.attach(seg, buf, path, growing=growing)
+
+    def _index_detach(self, seg: int) -> None:
+        self._index.detach(seg)
+
+    def _index_ingest(self, seg: int, start: int, end: int, min_seq: int = -1) -> Any:
+        """Index the lines of ``seg`` from ``start`` to ``end`` (an IngestReport)."""
+        return self._index.ingest(seg, start, end, min_seq)
+
+    def _index_relocate(self, old_locs: Any, new_locs: Any) -> int:
+        """The lines at ``old_locs`` moved to ``new_locs`` (a segment rewrite)."""
+        return self._index.relocate(old_locs, new_locs)
+
+    def _index_set_filters(self, seg: int, data: Any) -> int:
+        """Install the kept search filters of sealed segment ``seg``."""
+        return self._index.set_seg_filters(seg, data)
+
+    def _unindex_many(self, keys: list[bytes]) -> Any:
+        """Drop the ids ``keys`` (codec.key) from the hot index; their locations."""
+        return self._index.remove_many(keys)
+
+    def _index_one(self, loc: int) -> bool:
+        """Index the message line at ``loc``; False if its id is indexed already."""
+        return self._index.add(loc)
+
+    def _unindex(self, msg_id: str) -> int:
+        """Drop ``msg_id`` from the hot index; its location, or -1."""
+        return self._index.remove(codec.key(msg_id))
 
     def _load_index(self) -> HotIndex:
         """The hot index: the snapshot if it matches the manifest (then only
@@ -83,7 +129,7 @@ class IndexSnapshot(Host):
             rep = index.ingest(self._tail_seg, start, max(start, self._visible_end()),
                                self._seq_floor(start) if min_seq is None else min_seq)
             self._check_ingest(rep, self._tail.path, sealed=False, durable_end=self._tail_durable_end(start))
-            self._tail.size = rep.good_end
+            self._set_tail_size(rep.good_end)
             self._tail_read = len(rep.added)
         cooled = self._cool_ids_in(cooled_files)
         if cooled:
@@ -91,8 +137,7 @@ class IndexSnapshot(Host):
         for mid in self._tombstones:
             loc = index.remove(codec.key(mid))
             if loc >= 0:
-                self._pending_erase.add(mid)
-                self._dirty_segs.add(loc >> 40)
+                self._mark_erasable(mid, loc >> 40)
         self._snap_changes = 0
         return index
 

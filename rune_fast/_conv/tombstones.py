@@ -180,6 +180,43 @@ class TombstoneFile:
 class Tombstones(Host):
     """Tombstones and erasure bookkeeping (a mixin of the repository)."""
 
+    # ---- the state this room owns: written here only (tests/test_ownership.py)
+
+    def _reset_tombstone_state(self, tombstones: dict[str, str]) -> None:
+        """The deletions as loaded: ``tombstones`` (msg_id -> channel_id)."""
+        self._tombstones = tombstones
+        self._pending_erase = set()    # deleted ids whose bytes are still on disk
+        self._dirty_segs = set()       # segments holding lines of deleted messages
+        self._cool_deleted = set()     # deleted ids still present in a cool file
+        # deleted ids no tier was found to hold (see _note_unerased)
+        self._unlocated = set()
+
+    def _note_unerased(self) -> None:
+        """Deletions whose erasure no compaction has finished yet: the cool rows
+        are hidden, and the next compaction looks for any hot line left."""
+        for mid in self._tombfile.unerased:
+            self._pending_erase.add(mid)
+            if self._cool.contains(mid):
+                self._cool_deleted.add(mid)
+            else:
+                self._unlocated.add(mid)
+
+    def _mark_erasable(self, mid: str, seg: int) -> None:
+        """The deleted ``mid`` still has its line in segment ``seg``."""
+        self._pending_erase.add(mid)
+        self._dirty_segs.add(seg)
+
+    def _mark_dirty(self, seg: int) -> None:
+        """Segment ``seg`` holds the dead line of a deleted message."""
+        self._dirty_segs.add(seg)
+
+    def _erasures_done(self) -> None:
+        """A compaction erased every pending deletion."""
+        self._dirty_segs.clear()
+        self._pending_erase.clear()
+        self._unlocated.clear()
+        self._cool_deleted.clear()
+
     def _load_tombstones(self) -> dict[str, str]:
         """Read the tombstone file anew (a new TombstoneFile): msg_id -> channel_id."""
         tf = TombstoneFile(self.hot_dir, writer=not self.read_only, durability=self.durability)
@@ -226,14 +263,14 @@ class Tombstones(Host):
             self._writes.fail(exc)
             raise DurabilityError(f"write of tombstones to {tf.path} failed: {exc}; the store "
                                   "refuses writes until reopened") from exc
-        self._manifest_dirty = True     # its close records the tombstones it can vouch for
+        self._mark_manifest_dirty()     # its close records the tombstones it can vouch for
         tf.wrote(data, new_file)
         deleted = 0
         for mid, channel, loc, in_cool in todo:
             self._tombstones[mid] = channel
             if loc >= 0:
-                self._index.remove(codec.key(mid))
-                self._decoded.pop(loc, None)
+                self._unindex(mid)
+                self._forget_decoded(loc)
                 self._dirty_segs.add(loc >> 40)
                 self._pending_erase.add(mid)
                 deleted += 1
@@ -241,7 +278,7 @@ class Tombstones(Host):
                 self._cool_deleted.add(mid)
                 self._pending_erase.add(mid)
                 deleted += 1
-        self._snap_changes += len(todo)
+        self._count_changes(len(todo))
         # (after the reads see the deletions: the tombstones are durable, and
         # every read must agree with what the next open will read)
         try:
@@ -264,9 +301,9 @@ class Tombstones(Host):
             if mid in self._tombstones:
                 continue
             self._tombstones[mid] = ch
-            loc = self._index.remove(codec.key(mid))
+            loc = self._unindex(mid)
             if loc >= 0:
-                self._decoded.pop(loc, None)
+                self._forget_decoded(loc)
             elif self._cool.contains(mid):
                 self._cool_deleted.add(mid)
 

@@ -7,17 +7,24 @@ otherwise than a writer. Its reads retry when they met a file the writer's
 compaction replaced, ``refresh()`` picks up what the writer made durable, a
 write raises ReadOnlyStoreError, ``flush()`` has nothing to do, and a read's
 damage or a vouched line found gone is only logged (the writer's own open
-judges). What differs in the open (no lock, no file written) still reads
-``read_only``.
+judges). In the open it writes no file: the steps of recovery that write
+(folders, device id, first manifest, stray files, an interrupted roll, a
+torn line's quarantine, the envelopes) and its choice of the tail (the one
+the writer is rolling, a legacy checkpoint's) are methods of Recovery that
+it overrides; what remains of ``read_only`` in recovery are the flags it
+hands to WriteThread and CoolArchive.
 """
 from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 from typing import Any, Callable
 
+from .._names import LEGACY_NAME, TAIL_NAME, seg_name
 from ..errors import CorruptStateCheckpointError, ReadOnlyStoreError
+from ..segments import TailFile
 from .common import _VIEWER_ATTEMPTS, MessageRead, ReadStatus
 from .host import Host
 
@@ -130,12 +137,12 @@ class ReadOnlyViewer(Host):
                 start = self._tail.size
                 if self._tail.refresh_map():
                     self._reattach_tail()
-                rep = self._index.ingest(self._tail_seg, start, max(start, self._visible_end()),
+                rep = self._index_ingest(self._tail_seg, start, max(start, self._visible_end()),
                                          self._seq_floor(start))
                 self._check_ingest(rep, self._tail.path, sealed=False)
-                self._tail.size = rep.good_end
-                self._fold_order.clear()
-                self._interleaved.clear()
+                self._set_tail_size(rep.good_end)
+                self._reset_fold_order()
+                self._forget_interleaving()
                 self._refresh_tombstones()
             except CorruptStateCheckpointError:
                 # the writer moved the manifest meanwhile (a file read here
@@ -146,3 +153,91 @@ class ReadOnlyViewer(Host):
         else:
             self._load_state()
         return len(self) - before
+
+    # ---- the open: read what the writer made, write nothing (see Recovery)
+
+    def _make_dirs(self) -> None:
+        """A viewer of a store not made yet makes nothing."""
+
+    def _settle_open(self) -> None:
+        """Nothing to sync, journal or import: the writer's open does that."""
+
+    def _keep_device_id(self, path: str, dev: str) -> None:
+        """A viewer's clock uses the new id without writing it."""
+
+    def _open_tail(self, fresh: bool) -> TailFile | None:
+        """The tail to read: the sealed file while the writer rolls it, a
+        legacy checkpoint's messages in a store that holds only that (see
+        Recovery._legacy_tail), None before the writer made one."""
+        tail_path = os.path.join(self.hot_dir, TAIL_NAME)
+        sealed_tail = os.path.join(self.hot_dir, seg_name(self._tail_seg))
+        if self._tail_seg not in self._segs and os.path.exists(sealed_tail):
+            tail_path = sealed_tail     # the writer is rolling the tail right now
+        legacy = os.path.join(self.hot_dir, LEGACY_NAME)
+        if fresh and os.path.exists(legacy):
+            return self._legacy_tail(legacy)
+        if not os.path.exists(tail_path):
+            return None
+        return TailFile(tail_path, self._tail_seg, read_only=True)
+
+    def _write_first_manifest(self, m: dict) -> None:
+        """The writer's first open writes it."""
+
+    def _remove_stray_segments(self) -> None:
+        """Stray files are the writer's to remove (it may be writing them)."""
+
+    def _gc_cool(self, cool_files: list[str]) -> None:
+        """Unreferenced archives are the writer's to remove."""
+
+    def _undo_roll(self, sealed: str, tail_path: str) -> None:
+        """The writer is mid-roll; read the sealed file as the tail."""
+
+    def _finish_roll_on_disk(self, s: Any, scan: Any, covered: int) -> None:
+        """The roll is finished in memory only (the writer's open writes it)."""
+
+    def _quarantine_torn(self, path: str, torn_at: int) -> None:
+        """The writer's append in flight: skipped, not quarantined."""
+
+    def _tail_durable_end(self, start: int) -> int | None:
+        return None
+
+    def _visible_end(self) -> int:
+        """Where the writer's durable lines end in the tail (its DurableMark;
+        see Recovery._visible_end)."""
+        assert self._tail is not None
+        end = self._tail.file_size
+        loc = self._writes.published()
+        if loc is None:
+            return end
+        seg = loc >> 40
+        if seg == self._tail_seg:
+            return min(end, loc & ((1 << 40) - 1))
+        return end if seg > self._tail_seg else 0
+
+    def _load_attempts(self) -> None:
+        """A viewer races the writer's compactions (a file the manifest it
+        read named may be gone by the time it opens it): it reads again
+        while the manifest keeps changing under it."""
+        # a reload replaces the tail, segments and cool archive: the replaced
+        # ones (and those of attempts that failed) are closed once it is done,
+        # or a viewer refreshing beside a compacting writer leaks descriptors
+        replaced = self._state_files()
+        try:
+            for attempt in range(50):
+                seen = self._manifest_store.read()
+                try:
+                    return self._load_state_once()
+                except (CorruptStateCheckpointError, FileNotFoundError):
+                    replaced += self._state_files()
+                    if attempt >= 3 and self._manifest_store.read() == seen:
+                        raise
+                    time.sleep(0.002 * (attempt + 1))
+            return self._load_state_once()
+        finally:
+            current = {id(f) for f in self._state_files()}
+            closed: set[int] = set()
+            for f in replaced:
+                if id(f) not in current and id(f) not in closed:
+                    closed.add(id(f))
+                    f.close()
+

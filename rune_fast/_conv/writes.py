@@ -59,9 +59,8 @@ class WritePath(Host):
         fresh = self._fresh(msgs, keys)
         if not fresh:
             return 0, 0
-        seq0 = self._next_seq
+        seq0 = self._take_seqs(len(fresh))
         data, lengths = frame_messages(bodies, fresh, seq0)
-        self._next_seq += len(fresh)
         # a writer always has its tail and event store (None only in a viewer)
         tail = cast("TailFile", self._tail)
         try:
@@ -74,11 +73,11 @@ class WritePath(Host):
         if remapped:
             self._reattach_tail()
         if len(fresh) == 1:
-            if not self._index.add((seg << 40) | off):   # cannot happen: checked above under the lock
+            if not self._index_one((seg << 40) | off):   # cannot happen: checked above under the lock
                 raise RuneError(f"index refused new message {msgs[fresh[0]].msg_id!r} at "
                                 f"{tail.path}:{off}")
         else:
-            rep = self._index.ingest(seg, off, off + len(data))
+            rep = self._index_ingest(seg, off, off + len(data))
             if rep.good_end != off + len(data) or len(rep.added) != len(fresh):
                 raise RuneError(f"index took {len(rep.added)} of the {len(fresh)} new messages "
                                 f"written at {tail.path}:{off}")
@@ -86,26 +85,26 @@ class WritePath(Host):
         skip = max(0, len(fresh) - tuning.DECODE_CACHE)
         if len(self._decoded) + len(fresh) - skip > tuning.DECODE_CACHE:
             self._trim_cache(len(fresh) - skip)
-        decoded, interleaved, fold = self._decoded, self._interleaved, self._fold_order
+        cache, interleaved, fold = self._cache_decoded, self._interleaved, self._fold_order
         behind, cool_max = self._behind, self._cool_max
         pos = (seg << 40) | off
         for j, i in enumerate(fresh):
             m = msgs[i]
             if j >= skip:
                 # (a caller's later edit of its record's tool calls is not the stored value)
-                decoded.put(pos, (_own(m), seq0 + j), record_bytes(m))
+                cache(pos, (_own(m), seq0 + j), record_bytes(m))
             pos += lengths[j]
             ch = m.channel_id
             if ch in interleaved:
                 self._note_order(m)
             if behind is not None and ch in cool_max and ch not in behind \
                     and _sorts_before(m, cool_max[ch]):
-                behind.add(ch)          # it sorts before a cool row (see _excess_behind_cool)
+                self._note_behind(ch)   # it sorts before a cool row (see _excess_behind_cool)
             if ch in fold:
                 self._note_fold_order(m)
         self._observe_stamps(msgs if len(fresh) == len(msgs) else [msgs[i] for i in fresh])
-        self._since_compact += len(fresh)
-        self._snap_changes += len(fresh)
+        self._count_uncompacted(len(fresh))
+        self._count_changes(len(fresh))
         # journaled with one write; durable by the next checkpoint, re-derived
         # from the tail by recovery if a crash loses it first
         events = cast("EventStore", self._events)

@@ -7,6 +7,7 @@ import argparse
 import os
 from typing import Any
 
+from .._names import HOT_DIR, TASK_STATE_NAME, task_log_name
 from ..errors import CorruptStateCheckpointError, RuneError
 
 DEFAULT_STATE = "./rune-state"
@@ -61,11 +62,11 @@ class TaskLedgerView:
         from ..records import TERMINAL_STATUSES, TaskStateRecord
 
         self._terminal = TERMINAL_STATUSES
-        hot = os.path.join(state_dir, "hot")
+        hot = os.path.join(state_dir, HOT_DIR)
         for attempt in range(5):
             tasks: dict[str, Any] = {}
             touched: dict[str, int] = {}
-            cp = AtomicStore(os.path.join(hot, "task_state.json")).read()
+            cp = AtomicStore(os.path.join(hot, TASK_STATE_NAME)).read()
             gen = 0
             if cp is not None:
                 try:
@@ -76,8 +77,8 @@ class TaskLedgerView:
                         touched[rec.task_id] = int(item["t"])
                 except (KeyError, TypeError, ValueError) as exc:
                     raise CorruptStateCheckpointError(f"task checkpoint has a bad structure: {exc!r}",
-                                                      path=os.path.join(hot, "task_state.json")) from None
-            path = os.path.join(hot, f"task_log-{gen:08d}.jsonl")
+                                                      path=os.path.join(hot, TASK_STATE_NAME)) from None
+            path = os.path.join(hot, task_log_name(gen))
             try:
                 log = FramedLog(path, read_only=True)
             except FileNotFoundError:

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .._index import HashIndex
+from .._names import tmp_name
 from ..errors import CorruptStateCheckpointError
 from ..events import fsync_dir
 from ..pages import PageReader
@@ -549,7 +550,7 @@ class _FileSet:
                    *, durable: bool, folder: str | None = None) -> str:
         """Write ``name``'s temp file (0600) in ``folder`` (default: the
         archive folder), fsynced when ``durable``; returns its path."""
-        tmp = os.path.join(folder or self._dir, "." + name + ".tmp")
+        tmp = os.path.join(folder or self._dir, tmp_name(name))
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             with os.fdopen(fd, "wb", closefd=True) as f:
@@ -618,9 +619,9 @@ class _FileSet:
                 no = _file_no(name)
                 self._forget_cache(no)
                 iname, gname = _idx_name(no), _grams_name(no)
-                for path in (self._path(name), self._ipath(iname), self._path("." + name + ".tmp"),
-                             self._ipath("." + iname + ".tmp"), self._path(iname),
-                             self._ipath(gname), self._ipath("." + gname + ".tmp")):
+                for path in (self._path(name), self._ipath(iname), self._path(tmp_name(name)),
+                             self._ipath(tmp_name(iname)), self._path(iname),
+                             self._ipath(gname), self._ipath(tmp_name(gname))):
                     try:
                         os.unlink(path)
                         done.append(os.path.basename(path))

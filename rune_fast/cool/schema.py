@@ -5,8 +5,6 @@ validation of incoming record dicts, and the file and location names.
 from __future__ import annotations
 
 import json
-import os
-import re
 import struct
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -16,7 +14,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from .._order import order_key
+from .._names import (COOL_OURS_RE, COOL_PARQUET_RE, cool_grams_name, cool_idx_name,
+                       cool_index_dir, cool_parquet_name)
+from .._order import row_key as _row_key  # noqa: F401  (the ordering rule)
 from ..records import fast_canonical_json
 
 
@@ -74,8 +74,8 @@ COOL_SCHEMA = pa.schema([
 _COLS = COOL_SCHEMA.names
 _CONTENT_COL = _COLS.index("content")
 _COL_TYPES = [(f.name, f.type) for f in COOL_SCHEMA]
-_PARQUET_RE = re.compile(r"^cool-(\d{8,})\.parquet$")
-_OURS_RE = re.compile(r"^\.?cool-(\d{8,})\.(parquet|idx|grams)(\.tmp)?$")
+_PARQUET_RE = COOL_PARQUET_RE
+_OURS_RE = COOL_OURS_RE
 _IDX_MAGIC = b"RFCIDX01"
 _IDX_VERSION = 2          # 1: task names in the header (still read)
 _INT64 = (-(1 << 63), (1 << 63) - 1)
@@ -199,16 +199,6 @@ def _id_hash(msg_id: str) -> int:
     return xxhash.xxh3_64_intdigest(msg_id.encode("utf-8"))
 
 
-def _order_key(record: dict, ord_: int) -> tuple:
-    """The ordering rule (rune_fast._order) of an archived row, ``ord_`` its
-    append sequence."""
-    return order_key(record["hlc"], record["msg_id"], ord_)
-
-
-def _row_key(row: CoolRow) -> tuple:
-    return _order_key(row.record, row.ord)
-
-
 # --------------------------------------------------------------------------- #
 # Validation of incoming rows
 # --------------------------------------------------------------------------- #
@@ -276,19 +266,8 @@ def _file_no(name: str) -> int:
     return int(m.group(1))
 
 
-def _parquet_name(no: int) -> str:
-    return f"cool-{no:08d}.parquet"
-
-
-def _idx_name(no: int) -> str:
-    return f"cool-{no:08d}.idx"
-
-
-def _grams_name(no: int) -> str:
-    return f"cool-{no:08d}.grams"
-
-
-def index_dir_for(cool_dir: str) -> str:
-    """The folder of the sidecars of the archive in ``cool_dir``: its
-    sibling ``<cool_dir>_index``."""
-    return os.path.normpath(cool_dir) + "_index"
+# (the file names are spelled in rune_fast._names)
+_parquet_name = cool_parquet_name
+_idx_name = cool_idx_name
+_grams_name = cool_grams_name
+index_dir_for = cool_index_dir

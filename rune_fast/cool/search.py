@@ -13,6 +13,7 @@ from typing import Any, Callable, Container, Sequence
 import numpy as np
 
 from .._casefold import anchor_forms
+from .._names import tmp_name
 from .._search import find_spans
 from ..pages import PageError, Unsupported
 from ..segments import read_kept, write_kept
@@ -356,7 +357,7 @@ class _Search(_Reads):
             entries = self._filters.of_file(no)
             name = _grams_name(no)
             write_kept(self._ipath(name), _encode_grams(fi.size, fi.footer, entries),
-                       tmp=self._ipath("." + name + ".tmp"), sync=self._durable)
+                       tmp=self._ipath(tmp_name(name)), sync=self._durable)
         self._filters.new.clear()
 
     def _scan_result(self, no: int, rg: int, fut: Any) -> tuple[list[int], list, list[int]] | None:

@@ -17,10 +17,11 @@ from typing import Any
 import orjson
 import xxhash
 
+from .._names import CHECKPOINT_LOG_NAME
 from ..errors import CorruptStateCheckpointError, DurabilityError, RecoveryWarning, StoreClosedError
 from ..events import fsync_dir
 
-LOG_NAME = "checkpoints.log"
+LOG_NAME = CHECKPOINT_LOG_NAME
 MAGIC = b"RFLGCK01"
 _FRAME = struct.Struct("<IQ")          # payload length, xxh3_64 of the payload
 _META = struct.Struct("<BI")           # kind, length of the JSON meta
