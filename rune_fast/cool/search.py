@@ -20,6 +20,9 @@ from ..segments import read_kept, write_kept
 
 log = logging.getLogger("rune_fast.cool")
 
+#: the bound max_ord gives where a file has no statistics
+_UNKNOWN_ORD = 1 << 62
+
 
 from .reads import _Reads
 from .rows import SPECIAL_FOLD, _Group, _SPECIAL_UTF8, _assemble_columns
@@ -143,6 +146,47 @@ class _Search(_Reads):
         key. Every hit is verified against its digest. Public API: the
         repository calls :meth:`search_known`."""
         return self.search_known(text, channel_id, case_sensitive=case_sensitive)[0]
+
+    def max_ord(self, channel_id: str | None = None) -> int | None:
+        """An upper bound of the ``ord`` (append sequence) of the archived
+        rows of the channel (of every row, None): the largest of the files'
+        row-group statistics over the groups holding the channel's rows
+        (read once a file: files never change); None if there is no row.
+        A group without statistics makes the bound unknown: 2**62. For a
+        search with a limit, which reads the cool tier only when one of its
+        rows may sort after the hot hits it has."""
+        with self._lock:
+            if channel_id is None:
+                targets = [(no, 0, fi.rows) for no, fi in self._files.items()]
+            else:
+                targets = [(no, *self._files[no].channels[channel_id][:2])
+                           for no in self._channels.get(channel_id, ())]
+            kept = self.__dict__.setdefault("_ord_max_d", {})
+            for stale in [no for no in kept if no not in self._files]:
+                del kept[stale]
+            best: int | None = None
+            for no, s, e in targets:
+                if e <= s:
+                    continue
+                fi = self._files[no]
+                tops = kept.get(no)
+                if tops is None:
+                    tops = kept[no] = self._ord_tops(no)
+                for rg in range(self._rg_of(fi, s), self._rg_of(fi, e - 1) + 1):
+                    top = tops[rg] if rg < len(tops) else _UNKNOWN_ORD
+                    best = top if best is None or top > best else best
+            return best
+
+    def _ord_tops(self, no: int) -> list[int]:
+        """The largest ``ord`` of each row group of file ``no`` by its footer's
+        statistics (_UNKNOWN_ORD where it has none)."""
+        meta = self._parquet(no).metadata
+        col = meta.schema.names.index("ord")
+        tops = []
+        for rg in range(meta.num_row_groups):
+            st = meta.row_group(rg).column(col).statistics
+            tops.append(int(st.max) if st is not None and st.has_min_max else _UNKNOWN_ORD)
+        return tops
 
     def search_known(self, text: str, channel_id: str | None = None, *, case_sensitive: bool = False,
                      known: Container[int] = ()) -> tuple[list[CoolRow], list[int]]:
