@@ -23,9 +23,10 @@ from rune_fast.conversation_state import ConversationStateRepository
 from rune_fast.records import ConversationMessageRecord
 
 WORDS = ("error", "Error", "ERROR", "straße", "STRASSE", "strasse", "Zürich", "zürich", "ZÜRICH",
-         "東京", "the", "The", "\u212aelvin", "kelvin", "naïve", "café", "x", "a\"b", "tab\tstop")
+         "東京", "the", "The", "\u212aelvin", "kelvin", "naïve", "café", "x", "a\"b", "tab\tstop",
+         "Zürcher", "東西", "süß", "ﬁle", "ǅ")
 NEEDLES = ("error", "strasse", "straße", "zürich", "東京", "the", "kelvin", "K", "ss", "é", "a\"b", "",
-           "nothing-here", "\t")
+           "nothing-here", "\t", "SÜSS", "fi", "dž", "ΐ")
 
 
 def _hlc(wall: int, counter: int = 0) -> str:
@@ -197,3 +198,62 @@ def test_walk_and_order_sort_agree(tmp_path):
         short = NewestWalk(ix, b"hit", False, (), False, None, 3)
         locs, _exact, state = short.next(100)
         assert state == WALK_BUDGET and short.visited == 3
+
+
+def test_cool_hits_are_read_only_when_returned(tmp_path, monkeypatch):
+    """Hits the hot tier lacks come from the cool tier as row locations with
+    their order keys: only the rows returned are read and built."""
+    msgs = [ConversationMessageRecord(msg_id=f"m{i:05d}", channel_id=f"c{i % 4}",
+                                      content=("old hit " if i < 2000 else "new line ") + str(i))
+            for i in range(2400)]
+    with ConversationStateRepository(tmp_path, hot_window=100, compact_every=100_000,
+                                     durability="none") as repo:
+        repo.append_many(msgs)
+        repo.compact()                            # 2,000 cool: every hit
+        repo.delete("m01999")
+    with ConversationStateRepository(tmp_path, hot_window=100, compact_every=100_000,
+                                     durability="none") as repo:
+        full = repo.search("OLD HIT")
+        assert len(full) == 1999 and {h.tier for h in full} == {"cool"}
+    with ConversationStateRepository(tmp_path, hot_window=100, compact_every=100_000,
+                                     durability="none") as repo:
+        calls = _decodes(monkeypatch)
+        got = repo.search("OLD HIT", limit=15)
+        assert [(h.record, h.tier) for h in got] == [(h.record, h.tier) for h in full[-15:]]
+        assert calls["cool"] <= 15 and calls["hot"] == 0, calls
+        got = repo.search("old hit", "c2", limit=4)
+        assert [h.record.msg_id for h in got] == [h.record.msg_id for h in full if h.record.channel_id == "c2"][-4:]
+        got = repo.search("hit 19", case_sensitive=True, limit=3)
+        assert [h.record.msg_id for h in got] == ["m01996", "m01997", "m01998"]
+
+
+def test_walk_stops_where_append_sequences_are_out_of_order():
+    """Lines written before the append sequence existed have none (-1, the
+    oldest): a channel whose unstamped lines then are not in sequence order
+    cannot be walked; the walk says so, and order_sort orders them."""
+    from _core_support import rest
+    from rune_fast import _index, _log
+
+    def seq_line(mid, ch, seq, hlc=""):
+        r = rest(mid, ch, hlc=hlc, content="hit")
+        return _log.frame(r if seq is None else r[:-1] + b',"s":%d}' % seq)
+    data = b"".join([seq_line("a", "c0", 5), seq_line("b", "c1", None), seq_line("c", "c0", None),
+                     seq_line("d", "c1", 9), seq_line("e", "c0", None, hlc="h1")])
+    ix = _index.HotIndex()
+    ix.attach(0, data)
+    ix.ingest(0)
+    offs = [data.index(b'"msg_id":"' + m.encode() + b'"') for m in "abcde"]
+    loc = {m: data.rfind(b"\n", 0, o) + 1 for m, o in zip("abcde", offs)}
+    walk = NewestWalk(ix, b"hit", False, (), False, None, -1)
+    seen = []
+    while True:
+        locs, _exact, state = walk.next(1)
+        seen += locs.tolist()
+        if state != WALK_MORE:
+            break
+    assert state == _index.WALK_UNORDERED
+    assert seen[:2] == [loc["e"], loc["d"]]
+    by_loc = {v: k for k, v in loc.items()}
+    # (ties of -1: the search's list order, channel by channel)
+    assert [by_loc[x] for x in order_sort(ix, ix.search(b"hit", False, False)).tolist()] == \
+        ["c", "b", "a", "d", "e"]

@@ -92,12 +92,12 @@ class Search(Host):
         if not self.read_only:
             self._keep_seg_filters()
         keyed = newest[::-1]            # oldest first
-        if self._cool_may_hold(channel_id) and (
-                limit is None or len(keyed) < limit or self._cool_may_follow(keyed[0][0], channel_id)):
-            keyed += self._cool_hits(text, channel_id, case_sensitive, plan.check)
-            keyed.sort(key=_first)
-            if limit is not None:
-                keyed = keyed[-limit:]
+        if self._cool_may_hold(channel_id):
+            if limit is None:
+                keyed += self._cool_hits(text, channel_id, case_sensitive, plan.check)
+                keyed.sort(key=_first)
+            elif len(keyed) < limit or self._cool_may_follow(keyed[0][0], channel_id):
+                keyed = self._with_cool_newest(keyed, text, channel_id, case_sensitive, plan.check, limit)
         recs = own_calls([r for _k, r, _t in keyed])
         self._bound_maps()          # the pass mapped every block its filters passed
         return [SearchHit(r, t) for r, (_k, _r, t) in zip(recs, keyed)]
@@ -241,6 +241,35 @@ class Search(Host):
             return True
         top = self._cool.max_ord(channel_id)
         return top is not None and top >= key[1]
+
+    def _with_cool_newest(self, keyed: list[tuple], text: str, channel_id: str | None, case_sensitive: bool,
+                          check: Callable[[str], bool], limit: int) -> list[tuple]:
+        """The newest ``limit`` of the hot hits ``keyed`` (oldest first, as
+        (order key, record, tier)) and the cool hits: the cool hits found as
+        row locations with their order keys (CoolArchive.search_keys), and
+        only the rows kept read (from the cache of verified rows, or read
+        and verified now)."""
+        deleted = self._cool_deleted
+        cool = [(k, loc) for k, loc, mid in self._cool.search_keys(text, channel_id, case_sensitive=case_sensitive)
+                if mid not in deleted]
+        both = [(k, i, False) for i, (k, _r, _t) in enumerate(keyed)] + [(k, loc, True) for k, loc in cool]
+        both.sort(key=_first)           # (stable: on a tie, hot before cool, as the full search)
+        both = both[-limit:]
+        locs = [loc for _k, loc, is_cool in both if is_cool]
+        recs = iter(self._cool_records(locs)) if locs else iter(())
+        out = []
+        for k, at, is_cool in both:
+            if not is_cool:
+                out.append(keyed[at])
+                continue
+            rec, _o = next(recs)
+            if channel_id is not None and rec.channel_id != channel_id:
+                raise CorruptStateCheckpointError(
+                    f"cool index says {rec.msg_id!r} is a message of channel {channel_id!r}, "
+                    f"its row says {rec.channel_id!r}", path=self._cool.cool_dir)
+            if check(rec.content):
+                out.append((k, rec, "cool"))
+        return out
 
     def _cool_hits(self, text: str, channel_id: str | None, case_sensitive: bool,
                    check: Callable[[str], bool]) -> list[tuple]:

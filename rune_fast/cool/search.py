@@ -11,8 +11,11 @@ import threading
 from typing import Any, Callable, Container, Sequence
 
 import numpy as np
+import pyarrow as pa
 
 from .._casefold import anchor_forms
+from .._order import order_key
+from ..errors import CorruptStateCheckpointError
 from .._search import find_spans
 from ..pages import PageError, Unsupported
 from ..segments import read_kept, write_kept
@@ -24,9 +27,23 @@ log = logging.getLogger("rune_fast.cool")
 _UNKNOWN_ORD = 1 << 62
 
 
+class _Every:
+    """A container that holds every location (search_keys names every hit)."""
+
+    def __contains__(self, loc: object) -> bool:
+        return True
+
+    def __bool__(self) -> bool:
+        return True
+
+
+_EVERY = _Every()
+
+
 from .reads import _Reads
 from .rows import SPECIAL_FOLD, _Group, _SPECIAL_UTF8, _assemble_columns
-from .schema import CoolRow, _CONTENT_COL, _grams_name, _row_key, cool_loc
+from .schema import (_PARQUET_ERRORS, CoolRow, _CONTENT_COL, _file_no, _grams_name, _parquet_name, _row_key,
+                     cool_loc)
 from .sidecar import _FileIndex, _decode_grams, _encode_grams
 
 
@@ -300,9 +317,11 @@ class _Search(_Reads):
                         else:
                             idx = exact
                     if len(idx):
-                        found.extend(self._rows(no, 0, 0, idx + (lo + base), pinned))
+                        found.extend(self._rows(no, 0, 0, self._unknown(no, idx + (lo + base), known,
+                                                                        known_hits), pinned))
                 if sel_rows:
-                    found.extend(self._rows(no, 0, 0, np.concatenate(sel_rows)))
+                    found.extend(self._rows(no, 0, 0, self._unknown(no, np.concatenate(sel_rows), known,
+                                                                    known_hits)))
                 if found:
                     rows = found
                     if mode == "cs":
@@ -314,6 +333,67 @@ class _Search(_Reads):
                 self._keep_grams()
         hits.sort(key=_row_key)
         return hits, known_hits
+
+    @staticmethod
+    def _unknown(no: int, rows: np.ndarray, known: Container[int], named: list[int]) -> np.ndarray:
+        """The ``rows`` (of file ``no``) whose locations are not in ``known``;
+        those that are join ``named``."""
+        if not known or not len(rows):
+            return rows
+        locs = [cool_loc(no, r) for r in rows.tolist()]
+        hit = np.fromiter((loc in known for loc in locs), dtype=bool, count=len(locs))
+        if hit.any():
+            named.extend(loc for loc, h in zip(locs, hit.tolist()) if h)
+            return rows[~hit]
+        return rows
+
+    def search_keys(self, text: str, channel_id: str | None = None, *,
+                    case_sensitive: bool = False) -> list[tuple[tuple, int, str]]:
+        """``(order key, location, msg_id)`` of every archived hit (as
+        :meth:`search` finds them), oldest first, without reading the rows:
+        the content pages are searched, then only the ``msg_id``, ``hlc``
+        and ``ord`` columns of the groups holding hits are read (each page
+        CRC-checked). For a search with a limit, which reads (and verifies
+        against its digest) only the rows it returns (:meth:`rows_at`); the
+        caller checks their content and channel as :meth:`search_known`
+        says of the rows it names."""
+        rows, locs = self.search_known(text, channel_id, case_sensitive=case_sensitive, known=_EVERY)
+        out = [(_row_key(r), cool_loc(_file_no(r.file), r.row), r.record["msg_id"]) for r in rows]
+        by_group: dict[tuple[int, int], list[int]] = {}
+        with self._lock:
+            for loc in locs:
+                no, row = loc >> 32, loc & 0xFFFFFFFF
+                fi = self._files.get(no)
+                if fi is None:
+                    raise CorruptStateCheckpointError(f"cool file number {no} is not live", path=self._dir)
+                by_group.setdefault((no, self._rg_of(fi, row)), []).append(row)
+            for (no, rg), rws in sorted(by_group.items()):
+                table = self._key_columns(no, rg)
+                local = pa.array(np.asarray(rws, dtype=np.int64) - self._files[no].rg_list[rg])
+                ids = table.column("msg_id").take(local).to_pylist()
+                hlcs = table.column("hlc").take(local).to_pylist()
+                ords = table.column("ord").take(local).to_pylist()
+                out.extend((order_key(h, m, o), cool_loc(no, r), m) for r, m, h, o in zip(rws, ids, hlcs, ords))
+        out.sort(key=lambda e: e[0])
+        return out
+
+    def _key_columns(self, no: int, rg: int) -> Any:
+        """The ``msg_id``, ``hlc`` and ``ord`` columns of a row group (an
+        Arrow table): through the PageReader, else pyarrow (which names damage)."""
+        names = ["msg_id", "hlc", "ord"]
+        table = self._page_columns(no, rg, names)
+        if table is None:
+            try:
+                table = self._parquet(no).read_row_group(rg, columns=names, use_threads=False)
+            except _PARQUET_ERRORS as exc:
+                raise CorruptStateCheckpointError(f"cool archive row group {rg} cannot be read: {exc}",
+                                                  path=self._path(_parquet_name(no))) from None
+        fi = self._files[no]
+        if table.num_rows != fi.rg_list[rg + 1] - fi.rg_list[rg]:
+            raise CorruptStateCheckpointError(
+                f"cool archive row group {rg} holds {table.num_rows} rows, its index says "
+                f"{fi.rg_list[rg + 1] - fi.rg_list[rg]}", path=self._path(_parquet_name(no)))
+        return table
 
     def _start_scans(self, no: int, rgs: list[int], s: int, e: int, mode: str, nb: bytes,
                      fold_repl: list[tuple[bytes, bytes]], known: Container[int] = (),
