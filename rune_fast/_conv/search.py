@@ -88,7 +88,7 @@ class Search(Host):
         plan = _Plan(text, case_sensitive)
         newest = self._hot_newest(plan, ch_key, limit) if limit is not None else None
         if newest is None:
-            newest = self._hot_scanned(plan, ch_key, channel_id, limit)
+            newest = self._hot_scanned(plan, ch_key, limit)
         if not self.read_only:
             self._keep_seg_filters()
         keyed = newest[::-1]            # oldest first
@@ -128,8 +128,7 @@ class Search(Host):
             return None
         return out
 
-    def _hot_scanned(self, plan: _Plan, ch_key: bytes | None, channel_id: str | None,
-                     limit: int | None) -> list[tuple]:
+    def _hot_scanned(self, plan: _Plan, ch_key: bytes | None, limit: int | None) -> list[tuple]:
         """The hot hits (the newest ``limit``, or all), newest first, as
         (order key, record, tier): candidates found by a scan of the hot
         segments (or, where a segment is ragged, of each channel's lines),
