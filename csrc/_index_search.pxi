@@ -254,20 +254,28 @@ cdef extern from "<stdlib.h>" nogil:
 
 
 cdef int _okey_of(HotIndex ix, int64_t loc, rf_okey *k, const unsigned char **line,
-                  const unsigned char **nl, uint32_t *content_off) noexcept nogil:
+                  const unsigned char **nl, uint32_t *content_off, bint check) noexcept nogil:
     """Fill k with the order key of the message line at loc (and give the
     line, its newline and where its content starts); -1 if the line is not
-    readable (a detached segment: -2), not a parsed message line."""
+    a parsed message line, -2 if its segment is not attached, and with
+    `check` the verdict of its frame check (> 0) if it fails it."""
     cdef const unsigned char *p
     cdef const unsigned char *e
     cdef size_t avail
     cdef rf_msg m
+    cdef int v
     if ix._line_at(loc, &p, &avail) != 0:
         return -2
     if avail > RF_MAX_LINE:
         avail = RF_MAX_LINE
     e = <const unsigned char *>memchr(p, b'\n', avail)
-    if e == NULL or rf_parse_msg(p, <size_t>(e - p), &m, 0) != RF_OK:
+    if e == NULL:
+        return -1
+    if check:
+        v = rf_check_frame(p, <size_t>(e - p))
+        if v != RF_OK:
+            return v
+    if rf_parse_msg(p, <size_t>(e - p), &m, 0) != RF_OK:
         return -1
     k.hp = p + m.hlc_off
     k.hl = m.hlc_len
@@ -284,6 +292,9 @@ cdef int _okey_of(HotIndex ix, int64_t loc, rf_okey *k, const unsigned char **li
 cdef object _unreadable_loc(HotIndex ix, int64_t loc, int why):
     if why == -2:
         return RuneError(f"search: segment {loc >> 40} is not attached")
+    if why > 0:
+        return CorruptStateCheckpointError(f"line fails its check: {rf_reason(why).decode()}",
+                                           path=ix._where(loc >> 40), offset=loc & OFF_MASK)
     return CorruptStateCheckpointError("search: indexed line is not a readable message line",
                                        path=ix._where(loc >> 40), offset=loc & OFF_MASK)
 
@@ -313,7 +324,7 @@ def order_sort(HotIndex index not None, locs):
     try:
         with nogil:
             for i in range(n):
-                bad = _okey_of(index, ls[i], &ks[i], &p, &e, &co)
+                bad = _okey_of(index, ls[i], &ks[i], &p, &e, &co, False)
                 if bad != 0:
                     bad_loc = ls[i]
                     break
@@ -438,7 +449,11 @@ cdef class NewestWalk:
     line's content: a line holding `needle` (ASCII-case-blind with `ci`) is
     an exact candidate; one holding one of `probes` (exact bytes), or with
     `na` any byte >= 0x80, is a candidate the caller checks. ``next(want)``
-    gives the next `want` candidates. Valid while the index does not change:
+    gives the next `want` candidates. Every line the walk reaches is
+    checked (its frame's checksum) before its key is trusted: a line it
+    does not reach lies behind, in its channel's order, every line it
+    reached, so a limited search needs no check of the other lines. Valid
+    while the index does not change:
     the caller holds the repository's lock from the first call to the last.
     After `budget` lines visited it stops (WALK_BUDGET): a rare needle is
     found faster by a scan of the segments."""
@@ -525,7 +540,7 @@ cdef class NewestWalk:
         cdef rf_cur *u = &self._c_cur[c]
         cdef rf_list *L = &self._ix._c_chan[u.li]
         cdef int64_t loc = self._ix._c_locs[_at(L, <uint32_t>u.j)]
-        cdef int r = _okey_of(self._ix, loc, &u.k, &u.line, &u.nl, &u.content_off)
+        cdef int r = _okey_of(self._ix, loc, &u.k, &u.line, &u.nl, &u.content_off, True)
         if r != 0:
             self._bad = r
             self._bad_loc = loc

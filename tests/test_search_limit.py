@@ -257,3 +257,37 @@ def test_walk_stops_where_append_sequences_are_out_of_order():
     # (ties of -1: the search's list order, channel by channel)
     assert [by_loc[x] for x in order_sort(ix, ix.search(b"hit", False, False)).tolist()] == \
         ["c", "b", "a", "d", "e"]
+
+
+@pytest.mark.parametrize("which", ["newest", "oldest"])
+def test_walk_checks_every_line_it_reaches(tmp_path, which):
+    """A limited search checks each line it reaches: a damaged one among
+    them raises, naming the file and offset; one it never reaches (older
+    than every hit it returns) is left to the full search and verify()."""
+    from rune_fast.errors import CorruptStateCheckpointError
+    msgs = [ConversationMessageRecord(msg_id=f"m{i:04d}", channel_id=f"c{i % 2}", content=f"hit {i}")
+            for i in range(200)]
+    with ConversationStateRepository(tmp_path, compact_every=100_000, durability="none") as repo:
+        repo.append_many(msgs)
+        repo.compact()
+    victim = msgs[-1 if which == "newest" else 0].msg_id.encode()
+    for path in (tmp_path / "hot").glob("conversation_*.jsonl"):
+        data = bytearray(path.read_bytes())
+        at = data.find(b'"msg_id":"' + victim + b'"')
+        if at >= 0:
+            start = data.rfind(b"\n", 0, at) + 1
+            hit = data.index(b"hit ", at)
+            data[hit + 1] = ord("o")           # "hot": still parses, fails its checksum
+            path.write_bytes(bytes(data))
+            break
+    else:
+        raise AssertionError("victim line not found")
+    with ConversationStateRepository(tmp_path, compact_every=100_000, durability="none") as repo:
+        if which == "newest":
+            with pytest.raises(CorruptStateCheckpointError) as err:
+                repo.search("hit", limit=5)
+            assert err.value.offset == start and str(path.name) in str(err.value)
+        else:
+            assert [h.record.msg_id for h in repo.search("hit", limit=5)] == [m.msg_id for m in msgs[-5:]]
+            with pytest.raises(CorruptStateCheckpointError):
+                repo.search("hit")

@@ -75,16 +75,14 @@ class Search(Host):
     def _search(self, text: str, channel_id: str | None = None, *, limit: int | None = None,
                 case_sensitive: bool = False) -> list[SearchHit]:
         """Hits are found as locations and decoded only when returned: with
-        a limit the hot tier is walked from the newest message (or, for a
-        rare needle, scanned and its hits put in order from their lines'
-        bytes) until ``limit`` hits; the cool tier is searched only when one
-        of its rows may sort after the oldest of those (see _cool_may_follow)."""
+        a limit the hot tier is walked from the newest message, each line it
+        reaches checked (or, for a rare needle, scanned and its hits put in
+        order from their lines' bytes) until ``limit`` hits; the cool tier is
+        searched only when one of its rows may sort after the oldest of
+        those (see _cool_may_follow)."""
         if limit == 0:
             return []
         ch_key = codec.key(channel_id) if channel_id is not None else None
-        self._check_hot_lines()
-        if not self._filters_read:
-            self._read_seg_filters()
         plan = _Plan(text, case_sensitive)
         newest = self._hot_newest(plan, ch_key, limit) if limit is not None else None
         if newest is None:
@@ -133,7 +131,12 @@ class Search(Host):
         (order key, record, tier): candidates found by a scan of the hot
         segments (or, where a segment is ragged, of each channel's lines),
         put in order from their lines' bytes (order_sort), then checked
-        and decoded from the newest until ``limit``."""
+        and decoded from the newest until ``limit``. The first scan of an
+        open checks every hot line (see _check_hot_lines) and takes the
+        kept search filters."""
+        self._check_hot_lines()
+        if not self._filters_read:
+            self._read_seg_filters()
         # A pass over whole segments finds a hit's line by the newline
         # before it: a segment holding a damaged dead line or zeros (left
         # for verify() to report) is searched line by line from the index
