@@ -24,26 +24,37 @@ import functools
 import itertools
 import sys
 
+import numpy as np
+
 __all__ = ["fold_sources", "anchor_forms"]
 
 #: the most strings one anchor may take (each is a byte search)
 MAX_FORMS = 16
+#: code points a block of _expanding_sources
+_BLOCK = 256
 
 
 @functools.lru_cache(maxsize=1)
 def _expanding_sources() -> dict[str, tuple[str, ...]]:
     """folded character -> the characters other than itself whose fold
-    holds it (computed once, over every code point: about 0.2 s)."""
+    holds it (computed once, over every code point; the blocks of _BLOCK
+    code points that casefolding leaves alone, all but a few dozen, are
+    passed over whole: about 30 ms instead of 0.2 s for the first search
+    of a needle that is not ASCII)."""
     out: dict[str, list[str]] = {}
-    for cp in range(sys.maxunicode + 1):
-        if 0xD800 <= cp <= 0xDFFF:
+    cps = np.arange(sys.maxunicode + 1, dtype="<u4")
+    cps[0xD800:0xE000] = 0x20           # (no str holds a surrogate here; a space folds to itself)
+    every = cps.tobytes().decode("utf-32-le")
+    for base in range(0, len(every), _BLOCK):
+        block = every[base:base + _BLOCK]
+        if block.casefold() == block:
             continue
-        c = chr(cp)
-        f = c.casefold()
-        if f == c:
-            continue
-        for x in set(f):
-            out.setdefault(x, []).append(c)
+        for c in block:
+            f = c.casefold()
+            if f == c:
+                continue
+            for x in set(f):
+                out.setdefault(x, []).append(c)
     return {x: tuple(v) for x, v in out.items()}
 
 

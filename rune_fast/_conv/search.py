@@ -10,17 +10,63 @@ import numpy as np
 
 from .. import codec
 from .._casefold import anchor_forms
-from .._index import SEARCH_FILTER_LAYOUT
+from .._index import (SEARCH_FILTER_LAYOUT, WALK_BUDGET, WALK_MORE, WALK_UNORDERED, NewestWalk, contents,
+                      live_locs, order_sort)
 from .._log import scan_frames
 from ..cool import relevant_specials
 from ..errors import CorruptStateCheckpointError
 from ..segments import (TailFile, decode_filters, encode_filters, filters_name, read_kept, write_kept)
 from . import tuning
-from .common import (_OFF_MASK, SearchHit, _check_line_starts, _xkey, own_calls)
+from .common import (_MAX_N, _OFF_MASK, SearchHit, _check_line_starts, _first, _xkey, own_calls)
 
 from .host import Host
 
 log = logging.getLogger("rune_fast")
+
+
+class _Plan:
+    """How a search's needle is looked for in the hot lines' bytes: ``needle``
+    (escaped key bytes, ASCII-case-blind with ``ci``; None: none) marks a
+    line a hit candidate of its own; a line holding one of ``probes``
+    (exact bytes) or, with ``na``, any non-ASCII byte is a candidate that
+    ``check`` decides on its content. ``check(content)`` is the contract's
+    test (``text in content``, or ``folded in content.casefold()``)."""
+
+    __slots__ = ("needle", "ci", "probes", "na", "check", "specials", "folded", "fold_all")
+
+    def __init__(self, text: str, case_sensitive: bool) -> None:
+        self.probes: list[bytes] = []
+        self.na = False
+        self.specials: Sequence[str] = ()
+        self.fold_all = False            # every candidate needs its fold check
+        if case_sensitive:
+            self.folded = text
+            self.needle: bytes | None = codec.key(text)
+            self.ci = False
+            self.check: Callable[[str], bool] = (lambda c: text in c)
+            return
+        folded = self.folded = text.casefold()
+        self.check = (lambda c: folded in c.casefold())
+        self.ci = True
+        if folded.isascii():
+            # ASCII-case-insensitive candidates are exact, except where a
+            # non-ASCII character folds to ASCII letters of the needle
+            # ('ß' -> 'ss', Kelvin sign -> 'k'): lines holding one that can
+            # take part in a match are candidates too
+            self.needle = codec.key(folded)
+            self.specials = relevant_specials(folded)
+            self.probes = [codec.key(c) for c in self.specials]
+            return
+        # a needle that is not ASCII: lines holding one of its anchors'
+        # stored forms (_casefold.anchor_forms: no match is missed), or
+        # without an anchor every line holding a non-ASCII byte
+        self.needle = None
+        self.fold_all = True
+        forms = anchor_forms(folded)
+        if forms is None:
+            self.na = True
+        else:
+            self.probes = [codec.key(f) for f in forms]
 
 
 class Search(Host):
@@ -51,9 +97,66 @@ class Search(Host):
 
     def _search(self, text: str, channel_id: str | None = None, *, limit: int | None = None,
                 case_sensitive: bool = False) -> list[SearchHit]:
+        """Hits are found as locations and decoded only when returned: with
+        a limit the hot tier is walked from the newest message, each line it
+        reaches checked (or, for a rare needle, scanned and its hits put in
+        order from their lines' bytes) until ``limit`` hits; the cool tier is
+        searched only when one of its rows may sort after the oldest of
+        those (see _cool_may_follow)."""
         if limit == 0:
             return []
         ch_key = codec.key(channel_id) if channel_id is not None else None
+        plan = _Plan(text, case_sensitive)
+        newest = self._hot_newest(plan, ch_key, limit) if limit is not None else None
+        if newest is None:
+            newest = self._hot_scanned(plan, ch_key, limit)
+        if not self.read_only:
+            self._keep_seg_filters()
+        keyed = newest[::-1]            # oldest first
+        if self._cool_may_hold(channel_id):
+            if limit is None:
+                keyed += self._cool_hits(text, channel_id, case_sensitive, plan.check)
+                keyed.sort(key=_first)
+            elif len(keyed) < limit or self._cool_may_follow(keyed[0][0], channel_id):
+                keyed = self._with_cool_newest(keyed, text, channel_id, case_sensitive, plan.check, limit)
+        recs = own_calls([r for _k, r, _t in keyed])
+        self._bound_maps()          # the pass mapped every block its filters passed
+        return [SearchHit(r, t) for r, (_k, _r, t) in zip(recs, keyed)]
+
+    def _hot_newest(self, plan: _Plan, ch_key: bytes | None, limit: int) -> list[tuple] | None:
+        """The newest ``limit`` hot hits, newest first, as (order key,
+        record, tier), by a walk of the channels from their newest lines
+        (NewestWalk); None when the walk spent its budget of lines first or
+        met lines out of order: the caller scans instead."""
+        limit = min(limit, _MAX_N)
+        # a first look at a few lines: a needle none of them holds is
+        # likely rare, and a scan finds it faster
+        walk = NewestWalk(self._index, plan.needle, plan.ci, plan.probes, plan.na, ch_key,
+                          min(tuning.SEARCH_WALK_PROBE, tuning.SEARCH_WALK_LINES))
+        out: list[tuple] = []
+        while True:
+            need = limit - len(out)
+            locs, exact, state = walk.next(need if not plan.fold_all and not plan.probes else max(need, 32))
+            if state == WALK_UNORDERED:
+                return None
+            self._take(locs.tolist(), exact.tolist(), plan, need, out)
+            if state == WALK_BUDGET and out and walk.budget < tuning.SEARCH_WALK_LINES:
+                walk.budget = min(tuning.SEARCH_WALK_LINES + 64 * limit, _MAX_N)
+                state = WALK_MORE
+            if len(out) >= limit or state != WALK_MORE:
+                break
+        if len(out) < limit and state == WALK_BUDGET:
+            return None
+        return out
+
+    def _hot_scanned(self, plan: _Plan, ch_key: bytes | None, limit: int | None) -> list[tuple]:
+        """The hot hits (the newest ``limit``, or all), newest first, as
+        (order key, record, tier): candidates found by a scan of the hot
+        segments (or, where a segment is ragged, of each channel's lines),
+        put in order from their lines' bytes (order_sort), then checked
+        and decoded from the newest until ``limit``. The first scan of an
+        open checks every hot line (see _check_hot_lines) and takes the
+        kept search filters."""
         self._check_hot_lines()
         if not self._filters_read:
             self._read_seg_filters()
@@ -64,39 +167,139 @@ class Search(Host):
         ragged = bool(self._ragged & (set(self._seg_order) | {self._tail_seg}))
         chans = [ch_key] if ch_key is not None or not ragged else list(self._index.channels())
 
-        def hot(needle: bytes, ci: bool, na: bool) -> list[int]:
+        def hot(needle: bytes, ci: bool, na: bool) -> np.ndarray:
             if len(chans) == 1:
-                return self._index.search(needle, ci, na, chans[0]).tolist()
-            return [loc for ch in chans for loc in self._index.search(needle, ci, na, ch).tolist()]
-        if case_sensitive:
-            check = (lambda c: text in c)
-            locs = hot(codec.key(text), False, False)
+                return self._index.search(needle, ci, na, chans[0])
+            parts = [self._index.search(needle, ci, na, ch) for ch in chans]
+            return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        checked_all = plan.fold_all
+        extra: Any = ()
+        if plan.needle is not None and not plan.ci:
+            locs = hot(plan.needle, False, False)
+        elif plan.needle is not None and not (plan.specials and ragged):
+            locs = hot(plan.needle, True, False)
+            if plan.specials:
+                # the lines holding one (found once per segment and kept),
+                # those that are live messages of the search's channels
+                special = live_locs(self._index, self._special_lines(plan.specials), ch_key)
+                extra = special[~np.isin(special, locs)]
+                if len(extra):
+                    locs = np.concatenate([locs, extra])
+        elif plan.needle is not None:
+            # ragged segments: every line holding a non-ASCII byte joins
+            locs = hot(plan.needle, True, True)
+            checked_all = True
         else:
-            folded = text.casefold()
-            check = (lambda c: folded in c.casefold())
-            specials = relevant_specials(folded) if folded.isascii() else ()
-            if folded.isascii() and not (specials and ragged):
-                # ASCII-case-insensitive candidates are exact, except where a
-                # non-ASCII character folds to ASCII letters of the needle
-                # ('ß' -> 'ss', Kelvin sign -> 'k'): the lines holding one
-                # that can take part in a match join too (kept per segment).
-                locs = hot(codec.key(folded), True, False)
-                if specials:
-                    seen = set(locs)
-                    extra = [loc for loc in self._special_lines(specials) if loc not in seen]
-                    locs.extend(self._live_in(extra, channel_id))
-            elif folded.isascii():
-                # ragged segments: every line holding a non-ASCII byte joins
-                locs = hot(codec.key(folded), True, True)
-            else:
-                locs = self._anchored(hot, folded)
-        if not self.read_only:
-            self._keep_seg_filters()
-        keyed = []
-        for loc in locs:
+            locs = self._anchored(hot, plan)
+        if not len(locs):
+            return []
+        ordered = order_sort(self._index, locs)[::-1].tolist()
+        exact = [not checked_all] * len(ordered)
+        if len(extra) and not checked_all:
+            ex = set(extra.tolist())
+            exact = [loc not in ex for loc in ordered]
+        out: list[tuple] = []
+        need = len(ordered) if limit is None else limit
+        step = max(need, 256)
+        for a in range(0, len(ordered), step):
+            self._take(ordered[a:a + step], exact[a:a + step], plan, need - len(out), out)
+            if len(out) >= need:
+                break
+        return out
+
+    def _take(self, locs: list[int], exact: list[bool], plan: _Plan, need: int, out: list[tuple]) -> None:
+        """Check the candidate lines ``locs`` (newest first) in order until
+        ``need`` of them are hits, each appended to ``out`` as (order key,
+        record, tier): a candidate that is not ``exact`` is checked on its
+        content alone first (no record is built for a line that is not a
+        hit), every hit decoded (its checksum checked) and checked again."""
+        if need <= 0 or not locs:
+            return
+        raw_of: dict[int, bytes] = {}
+        unsure = [loc for loc, ex in zip(locs, exact) if not ex]
+        check = plan.check
+        got = 0
+        for loc, ex in zip(locs, exact):
+            if not ex:
+                if not raw_of:
+                    # the content bytes of the candidates to check, in one call
+                    raw_of = dict(zip(unsure, contents(self._index, unsure)))
+                if not check(self._content_of(loc, raw_of[loc])):
+                    continue
             rec, seq = self._read_loc_seq(loc)
+            if not check(rec.content):
+                continue
+            out.append((_xkey(rec, seq), rec, self._tier_of(loc)))
+            got += 1
+            if got >= need:
+                return
+
+    def _content_of(self, loc: int, raw: bytes) -> str:
+        """The content spelled by a line's escaped content bytes."""
+        try:
+            return cast(str, codec.orjson.loads(b'"' + raw + b'"'))
+        except codec.orjson.JSONDecodeError as exc:
+            raise CorruptStateCheckpointError(f"message content does not decode: {exc}",
+                                              path=self._path_of(loc >> 40), offset=loc & _OFF_MASK) from None
+
+    def _cool_may_hold(self, channel_id: str | None) -> bool:
+        """Whether the cool tier holds a row of the channel (of any, None)."""
+        if channel_id is None:
+            return len(self._cool) > 0
+        return self._cool.channel_len(channel_id) > 0
+
+    def _cool_may_follow(self, key: tuple, channel_id: str | None) -> bool:
+        """Whether a cool row of the channel (of any, None) may sort after
+        the message whose order key (_xkey) is ``key``: its newest stamped
+        row (the maxima kept as rows cool, never lowered) sorts after it, or
+        ``key`` is unstamped and some row is stamped, or has an append
+        sequence (``ord``, by the files' statistics) not below it. Cooling
+        takes each channel's oldest messages, so a search's newest hits are
+        usually hot; a late stamp (sync) can make it otherwise."""
+        maxima = self._cool_max
+        stamps = list(maxima.values()) if channel_id is None else \
+            [maxima[channel_id]] if channel_id in maxima else []
+        if key[0] == 1:
+            stamp = (key[1], key[2])
+            return any(tuple(s) > stamp for s in stamps)
+        if stamps:
+            return True
+        top = self._cool.max_ord(channel_id)
+        return top is not None and top >= key[1]
+
+    def _with_cool_newest(self, keyed: list[tuple], text: str, channel_id: str | None, case_sensitive: bool,
+                          check: Callable[[str], bool], limit: int) -> list[tuple]:
+        """The newest ``limit`` of the hot hits ``keyed`` (oldest first, as
+        (order key, record, tier)) and the cool hits: the cool hits found as
+        row locations with their order keys (CoolArchive.search_keys), and
+        only the rows kept read (from the cache of verified rows, or read
+        and verified now)."""
+        deleted = self._cool_deleted
+        cool = [(k, loc) for k, loc, mid in self._cool.search_keys(text, channel_id, case_sensitive=case_sensitive)
+                if mid not in deleted]
+        both = [(k, i, False) for i, (k, _r, _t) in enumerate(keyed)] + [(k, loc, True) for k, loc in cool]
+        both.sort(key=_first)           # (stable: on a tie, hot before cool, as the full search)
+        both = both[-limit:]
+        locs = [loc for _k, loc, is_cool in both if is_cool]
+        recs = iter(self._cool_records(locs)) if locs else iter(())
+        out = []
+        for k, at, is_cool in both:
+            if not is_cool:
+                out.append(keyed[at])
+                continue
+            rec, _o = next(recs)
+            if channel_id is not None and rec.channel_id != channel_id:
+                raise CorruptStateCheckpointError(
+                    f"cool index says {rec.msg_id!r} is a message of channel {channel_id!r}, "
+                    f"its row says {rec.channel_id!r}", path=self._cool.cool_dir)
             if check(rec.content):
-                keyed.append((_xkey(rec, seq), rec, self._tier_of(loc)))
+                out.append((k, rec, "cool"))
+        return out
+
+    def _cool_hits(self, text: str, channel_id: str | None, case_sensitive: bool,
+                   check: Callable[[str], bool]) -> list[tuple]:
+        """Every cool hit as (order key, record, "cool"), oldest first."""
+        keyed = []
         # cool hits whose verified records the cache holds are not read
         # again (a search asked twice); the rows read join the cache
         cached = self._cool_decoded
@@ -112,26 +315,22 @@ class Search(Host):
         read = [(self._cool_record(row), row) for row in rows]
         keyed += [(_xkey(rec, row.ord), rec, "cool") for rec, row in read if rec.msg_id not in deleted]
         self._cool_keep([(self._cool.loc_of(row), (rec, row.ord)) for rec, row in read[-tuning.DECODE_CACHE:]])
-        keyed.sort(key=lambda e: e[0])
-        if limit is not None:
-            keyed = keyed[-limit:]
-        recs = own_calls([r for _k, r, _t in keyed])
-        self._bound_maps()          # the pass mapped every block its filters passed
-        return [SearchHit(r, t) for r, (_k, _r, t) in zip(recs, keyed)]
+        keyed.sort(key=_first)
+        return keyed
 
-    @staticmethod
-    def _anchored(hot: Callable[[bytes, bool, bool], list[int]], folded: str) -> list[int]:
+    def _anchored(self, hot: Callable[[bytes, bool, bool], np.ndarray], plan: _Plan) -> np.ndarray:
         """Candidate hot lines of a casefolded needle that is not ASCII: those
         holding one of its anchors' stored forms (byte searches of the
         compiled scan; _casefold.anchor_forms: no match is missed), each
         checked by the caller's fold. Without an anchor, every line holding
         a non-ASCII byte."""
-        forms = anchor_forms(folded)
-        if forms is None:
-            return hot(b"", True, True)
-        if len(forms) == 1:
-            return hot(codec.key(forms[0]), False, False)
-        return sorted(set().union(*(hot(codec.key(f), False, False) for f in forms)))
+        if plan.na:
+            # (0xff is never in UTF-8: the lines holding a non-ASCII byte;
+            # a text of ASCII only folds to ASCII only)
+            return hot(b"\xff", False, True)
+        if len(plan.probes) == 1:
+            return hot(plan.probes[0], False, False)
+        return np.unique(np.concatenate([hot(f, False, False) for f in plan.probes]))
 
     def _check_hot_lines(self) -> None:
         """Check the checksum of every hot line once (lock held): a search
@@ -264,14 +463,4 @@ class Search(Host):
                     locs = locs + new.tolist()
                 per[c] = (end, locs)
                 out.extend(locs)
-        return out
-
-    def _live_in(self, locs: list[int], channel_id: str | None) -> list[int]:
-        """The ``locs`` that are indexed messages (of ``channel_id``, if given)."""
-        out = []
-        find = self._index.find
-        for loc in dict.fromkeys(locs):
-            rec = self._read_loc(loc)
-            if find(codec.key(rec.msg_id)) == loc and (channel_id is None or rec.channel_id == channel_id):
-                out.append(loc)
         return out

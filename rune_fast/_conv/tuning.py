@@ -72,3 +72,11 @@ MAP_RELEASE_READS = 256
 #: the cool tier keeps (bounded memory, see stats()); 48 MiB held the whole
 #: cool tier of a 100,000-message store of the bench's workload.
 COOL_CACHE_BYTES = 48 << 20
+#: A search with a limit walks every channel's messages from the newest
+#: (``_index.NewestWalk``) and stops at ``limit`` hits: a needle in most
+#: messages costs ``limit`` lines at any store size. After this many lines
+#: (plus 64 a hit asked for) without the hits it wants it scans the
+#: segments instead (a rare needle: the scan's filters skip most bytes);
+#: and after SEARCH_WALK_PROBE lines without any hit at once.
+SEARCH_WALK_LINES = 4096
+SEARCH_WALK_PROBE = 256

@@ -11,9 +11,12 @@ import threading
 from typing import Any, Callable, Container, Sequence
 
 import numpy as np
+import pyarrow as pa
 
 from .._casefold import anchor_forms
 from .._names import tmp_name
+from .._order import order_key
+from ..errors import CorruptStateCheckpointError
 from .._search import find_spans
 from ..pages import PageError, Unsupported
 from ..segments import read_kept, write_kept
@@ -21,10 +24,27 @@ from ..segments import read_kept, write_kept
 
 log = logging.getLogger("rune_fast.cool")
 
+#: the bound max_ord gives where a file has no statistics
+_UNKNOWN_ORD = 1 << 62
+
+
+class _Every:
+    """A container that holds every location (search_keys names every hit)."""
+
+    def __contains__(self, loc: object) -> bool:
+        return True
+
+    def __bool__(self) -> bool:
+        return True
+
+
+_EVERY = _Every()
+
 
 from .reads import _Reads
 from .rows import SPECIAL_FOLD, _Group, _SPECIAL_UTF8, _assemble_columns
-from .schema import CoolRow, _CONTENT_COL, _grams_name, _row_key, cool_loc
+from .schema import (_PARQUET_ERRORS, CoolRow, _CONTENT_COL, _file_no, _grams_name, _parquet_name, _row_key,
+                     cool_loc)
 from .sidecar import _FileIndex, _decode_grams, _encode_grams
 
 
@@ -145,6 +165,47 @@ class _Search(_Reads):
         repository calls :meth:`search_known`."""
         return self.search_known(text, channel_id, case_sensitive=case_sensitive)[0]
 
+    def max_ord(self, channel_id: str | None = None) -> int | None:
+        """An upper bound of the ``ord`` (append sequence) of the archived
+        rows of the channel (of every row, None): the largest of the files'
+        row-group statistics over the groups holding the channel's rows
+        (read once a file: files never change); None if there is no row.
+        A group without statistics makes the bound unknown: 2**62. For a
+        search with a limit, which reads the cool tier only when one of its
+        rows may sort after the hot hits it has."""
+        with self._lock:
+            if channel_id is None:
+                targets = [(no, 0, fi.rows) for no, fi in self._files.items()]
+            else:
+                targets = [(no, *self._files[no].channels[channel_id][:2])
+                           for no in self._channels.get(channel_id, ())]
+            kept = self.__dict__.setdefault("_ord_max_d", {})
+            for stale in [no for no in kept if no not in self._files]:
+                del kept[stale]
+            best: int | None = None
+            for no, s, e in targets:
+                if e <= s:
+                    continue
+                fi = self._files[no]
+                tops = kept.get(no)
+                if tops is None:
+                    tops = kept[no] = self._ord_tops(no)
+                for rg in range(self._rg_of(fi, s), self._rg_of(fi, e - 1) + 1):
+                    top = tops[rg] if rg < len(tops) else _UNKNOWN_ORD
+                    best = top if best is None or top > best else best
+            return best
+
+    def _ord_tops(self, no: int) -> list[int]:
+        """The largest ``ord`` of each row group of file ``no`` by its footer's
+        statistics (_UNKNOWN_ORD where it has none)."""
+        meta = self._parquet(no).metadata
+        col = meta.schema.names.index("ord")
+        tops = []
+        for rg in range(meta.num_row_groups):
+            st = meta.row_group(rg).column(col).statistics
+            tops.append(int(st.max) if st is not None and st.has_min_max else _UNKNOWN_ORD)
+        return tops
+
     def search_known(self, text: str, channel_id: str | None = None, *, case_sensitive: bool = False,
                      known: Container[int] = ()) -> tuple[list[CoolRow], list[int]]:
         """:meth:`search`, except that a hit whose location (:func:`cool_loc`)
@@ -257,9 +318,11 @@ class _Search(_Reads):
                         else:
                             idx = exact
                     if len(idx):
-                        found.extend(self._rows(no, 0, 0, idx + (lo + base), pinned))
+                        found.extend(self._rows(no, 0, 0, self._unknown(no, idx + (lo + base), known,
+                                                                        known_hits), pinned))
                 if sel_rows:
-                    found.extend(self._rows(no, 0, 0, np.concatenate(sel_rows)))
+                    found.extend(self._rows(no, 0, 0, self._unknown(no, np.concatenate(sel_rows), known,
+                                                                    known_hits)))
                 if found:
                     rows = found
                     if mode == "cs":
@@ -271,6 +334,67 @@ class _Search(_Reads):
                 self._keep_grams()
         hits.sort(key=_row_key)
         return hits, known_hits
+
+    @staticmethod
+    def _unknown(no: int, rows: np.ndarray, known: Container[int], named: list[int]) -> np.ndarray:
+        """The ``rows`` (of file ``no``) whose locations are not in ``known``;
+        those that are join ``named``."""
+        if not known or not len(rows):
+            return rows
+        locs = [cool_loc(no, r) for r in rows.tolist()]
+        hit = np.fromiter((loc in known for loc in locs), dtype=bool, count=len(locs))
+        if hit.any():
+            named.extend(loc for loc, h in zip(locs, hit.tolist()) if h)
+            return rows[~hit]
+        return rows
+
+    def search_keys(self, text: str, channel_id: str | None = None, *,
+                    case_sensitive: bool = False) -> list[tuple[tuple, int, str]]:
+        """``(order key, location, msg_id)`` of every archived hit (as
+        :meth:`search` finds them), oldest first, without reading the rows:
+        the content pages are searched, then only the ``msg_id``, ``hlc``
+        and ``ord`` columns of the groups holding hits are read (each page
+        CRC-checked). For a search with a limit, which reads (and verifies
+        against its digest) only the rows it returns (:meth:`rows_at`); the
+        caller checks their content and channel as :meth:`search_known`
+        says of the rows it names."""
+        rows, locs = self.search_known(text, channel_id, case_sensitive=case_sensitive, known=_EVERY)
+        out = [(_row_key(r), cool_loc(_file_no(r.file), r.row), r.record["msg_id"]) for r in rows]
+        by_group: dict[tuple[int, int], list[int]] = {}
+        with self._lock:
+            for loc in locs:
+                no, row = loc >> 32, loc & 0xFFFFFFFF
+                fi = self._files.get(no)
+                if fi is None:
+                    raise CorruptStateCheckpointError(f"cool file number {no} is not live", path=self._dir)
+                by_group.setdefault((no, self._rg_of(fi, row)), []).append(row)
+            for (no, rg), rws in sorted(by_group.items()):
+                table = self._key_columns(no, rg)
+                local = pa.array(np.asarray(rws, dtype=np.int64) - self._files[no].rg_list[rg])
+                ids = table.column("msg_id").take(local).to_pylist()
+                hlcs = table.column("hlc").take(local).to_pylist()
+                ords = table.column("ord").take(local).to_pylist()
+                out.extend((order_key(h, m, o), cool_loc(no, r), m) for r, m, h, o in zip(rws, ids, hlcs, ords))
+        out.sort(key=lambda e: e[0])
+        return out
+
+    def _key_columns(self, no: int, rg: int) -> Any:
+        """The ``msg_id``, ``hlc`` and ``ord`` columns of a row group (an
+        Arrow table): through the PageReader, else pyarrow (which names damage)."""
+        names = ["msg_id", "hlc", "ord"]
+        table = self._page_columns(no, rg, names)
+        if table is None:
+            try:
+                table = self._parquet(no).read_row_group(rg, columns=names, use_threads=False)
+            except _PARQUET_ERRORS as exc:
+                raise CorruptStateCheckpointError(f"cool archive row group {rg} cannot be read: {exc}",
+                                                  path=self._path(_parquet_name(no))) from None
+        fi = self._files[no]
+        if table.num_rows != fi.rg_list[rg + 1] - fi.rg_list[rg]:
+            raise CorruptStateCheckpointError(
+                f"cool archive row group {rg} holds {table.num_rows} rows, its index says "
+                f"{fi.rg_list[rg + 1] - fi.rg_list[rg]}", path=self._path(_parquet_name(no)))
+        return table
 
     def _start_scans(self, no: int, rgs: list[int], s: int, e: int, mode: str, nb: bytes,
                      fold_repl: list[tuple[bytes, bytes]], known: Container[int] = (),
