@@ -217,7 +217,7 @@ class Run:
     def memory_io_rows(self) -> tuple[list[Row], dict[Any, Any]]:
         cfg, w, rune, sql = self.cfg, self.w, self.rune, self.sql
         qfile = os.path.join(self.root, "queries.json")
-        searches = [(nd.query, None) for nd in wl.NEEDLES if nd.cls in ("rare_ascii", "rare_nonascii",
+        searches: list[tuple[str, int | None]] = [(nd.query, None) for nd in wl.NEEDLES if nd.cls in ("rare_ascii", "rare_nonascii",
                                                                        "expansion", "cjk")]
         searches.append((next(nd.query for nd in wl.NEEDLES if nd.cls == "common"), 20))
         with open(qfile, "w") as f:

@@ -37,19 +37,19 @@ def search_rows(messages: list[dict[str, Any]], buf: ContentBuffer, record_type:
         q = nd.query
         say(f"  search {q!r} ({nd.cls}) ...")
         jobs: dict[str, Callable[[int], float]] = {
-            "rune": lambda _i, q=q: _one(lambda: s_rune.search(q)),
-            "sql": lambda _i, q=q: _one(lambda: s_sql.search_ci(q)),
-            "rune_l": lambda _i, q=q: _one(lambda: s_rune.search(q, limit=LIMIT)),
-            "sql_l": lambda _i, q=q: _one(lambda: s_sql.search_ci(q, limit=LIMIT)),
+            "rune": _job(s_rune.search, q),
+            "sql": _job(s_sql.search_ci, q),
+            "rune_l": _job(s_rune.search, q, LIMIT),
+            "sql_l": _job(s_sql.search_ci, q, LIMIT),
         }
         base_vs = SCAN
         if nd.cls == "ten_pct":
             lines = hit_lines(messages, q)
             base_vs += f" + decoding its {len(lines):,} hits"
-            jobs["base"] = lambda _i, q=q, lines=lines: buf.scan_ns(q) + _one(lambda: [decode(x) for x in lines])
-            jobs["scan"] = lambda _i, q=q: buf.scan_ns(q)
+            jobs["base"] = _scan_decode_job(buf, q, lines, decode)
+            jobs["scan"] = _scan_job(buf, q)
         else:
-            jobs["base"] = lambda _i, q=q: buf.scan_ns(q)
+            jobs["base"] = _scan_job(buf, q)
         res = interleaved(jobs, repeats)
         vs = "SQLite instr(lower(content), lower(?)) scan"
         if nd.cls in RARE:
@@ -72,10 +72,10 @@ def limit_flatness_row(n: int, small: int, s_rune: Any, s_sql: Any, s_rune_s: An
     """search(common needle, limit=20): cost on the N store / cost on the small store, both sides."""
     q = next(nd.query for nd in wl.NEEDLES if nd.cls == "common")
     res = interleaved({
-        "rune": lambda _i: _one(lambda: s_rune.search(q, limit=LIMIT), 5),
-        "sql": lambda _i: _one(lambda: s_sql.search_ci(q, limit=LIMIT), 5),
-        "rune_s": lambda _i: _one(lambda: s_rune_s.search(q, limit=LIMIT), 5),
-        "sql_s": lambda _i: _one(lambda: s_sql_s.search_ci(q, limit=LIMIT), 5),
+        "rune": lambda _i: _one(lambda: s_rune.search(q, limit=LIMIT), 2),
+        "sql": lambda _i: _one(lambda: s_sql.search_ci(q, limit=LIMIT), 2),
+        "rune_s": lambda _i: _one(lambda: s_rune_s.search(q, limit=LIMIT), 2),
+        "sql_s": lambda _i: _one(lambda: s_sql_s.search_ci(q, limit=LIMIT), 2),
     }, repeats)
     big = time_row("x", "x", res, "", "", None)
     sm = time_row("x", "x", res, "", "", None, rune="rune_s", other="sql_s")
@@ -124,6 +124,21 @@ def check_answers(messages: list[dict[str, Any]], s_rune: Any, s_sql: Any, notes
             if got_ids[-LIMIT:] != want_l and len(got_ids) == t.count:
                 detail.append("the unlimited answer's order or last hits differ")
             notes.append(f"WRONG: rune_fast search({q!r}): " + "; ".join(detail))
+
+
+def _job(search: Callable[..., Any], q: str, limit: int | None = None) -> Callable[[int], float]:
+    if limit is None:
+        return lambda _i: _one(lambda: search(q))
+    return lambda _i: _one(lambda: search(q, limit=limit))
+
+
+def _scan_job(buf: ContentBuffer, q: str) -> Callable[[int], float]:
+    return lambda _i: buf.scan_ns(q)
+
+
+def _scan_decode_job(buf: ContentBuffer, q: str, lines: list[bytes],
+                     decode: Callable[[bytes], Any]) -> Callable[[int], float]:
+    return lambda _i: buf.scan_ns(q) + _one(lambda: [decode(x) for x in lines])
 
 
 def _one(fn: Callable[[], Any], count: int = 1) -> float:
