@@ -8,11 +8,13 @@ import gc
 import importlib
 import json
 import os
+import pickle
 import platform
 import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -165,7 +167,7 @@ def _proc_status() -> dict[str, int]:
     out: dict[str, int] = {}
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith(("VmRSS:", "RssAnon:", "RssFile:", "RssShmem:")):
+            if line.startswith(("VmRSS:", "VmHWM:", "RssAnon:", "RssFile:", "RssShmem:")):
                 k, _, v = line.partition(":")
                 out[k] = int(v.split()[0]) * 1024
     return out
@@ -232,17 +234,41 @@ def _probe_job(job: dict[str, Any]) -> dict[str, Any]:
         gc.collect()
         base = _proc_status()
         store = spec.open(job["dir"], "fsync", rt)
+        opened = _proc_status()
         getter = store.get_message
+        search = store.search_ci if spec.kind == "sqlite" else store.search
         for ch in q["channels"]:
             store.window(ch, 8)
         for t in q["tasks"]:
             store.messages_for_task(t)
         for i in q["ids"]:
             getter(i)
+        for text, limit in q.get("searches", ()):
+            search(text, limit=limit)
         gc.collect()
         after = _proc_status()
         store.close()
-        return {"before": base, "after": after}
+        return {"before": base, "opened": opened, "after": after}
+    if kind == "bulk":
+        return _bulk_job(job, factory, given)
+    if kind == "cold":
+        spec = need_spec()
+        rt = record_type_of(factory(wl.generate(1, seed=99).messages[0]))
+        with open(job["queries"]) as f:
+            q = json.load(f)
+        store = spec.open(job["dir"], "fsync", rt)
+        out: dict[str, Any] = {}
+        for name, fn, items in (("ids", store.get_message, q["ids"]),
+                                ("tasks", store.messages_for_task, q["tasks"])):
+            gc.disable()
+            t0 = time.perf_counter_ns()
+            for item in items:
+                fn(item)
+            t1 = time.perf_counter_ns()
+            gc.enable()
+            out[name] = (t1 - t0) / max(1, len(items))
+        store.close()
+        return out
     if kind in ("io_bulk", "io_durable"):
         w = wl.generate(job["n"], seed=job["seed"])
         msgs = [factory(m) for m in w.messages]
@@ -298,6 +324,92 @@ def _probe_job(job: dict[str, Any]) -> dict[str, Any]:
         sys.stdout.flush()
         os.kill(os.getpid(), signal.SIGKILL)
     raise SystemExit(f"unknown probe job {kind!r}")
+
+
+class _PeakSampler:
+    """A thread reading RssAnon every ``interval`` seconds; ``peak`` is the highest seen.
+
+    VmHWM (reset through ``/proc/self/clear_refs``) gives the exact peak of the
+    whole resident set, mapped pages included; this gives the anonymous part."""
+
+    def __init__(self, interval: float = 0.002) -> None:
+        self.interval = interval
+        self.peak = _proc_status().get("RssAnon", 0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.peak = max(self.peak, _proc_status().get("RssAnon", 0))
+
+    def __enter__(self) -> "_PeakSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _proc_status().get("RssAnon", 0))
+
+
+def _reset_hwm() -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0); False where that is refused."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _bulk_job(job: dict[str, Any], factory: Callable[[dict], Any], spec: StoreSpec | None) -> dict[str, Any]:
+    """Load the pickled workload in batches, timing each call; peak memory growth sampled.
+
+    The workload is in memory as plain dicts before the baseline; each batch's
+    records are built outside the timing and dropped after the call, so
+    whatever the store keeps shows as growth. ``raw``: the plain loop, one
+    ``os.write`` of the batch's JSON lines + ``os.fdatasync`` per batch.
+    """
+    with open(job["workload"], "rb") as f:
+        dicts = pickle.load(f)
+    batch = job["batch"]
+    rt = record_type_of(factory(dicts[0])) if dicts else None
+    calls: list[int] = []
+    os.makedirs(job["dir"], exist_ok=True)
+    if job.get("raw"):
+        fd = os.open(os.path.join(job["dir"], "raw.jsonl"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        for i in range(0, len(dicts), batch):
+            data = b"".join(wl.json_line(d) for d in dicts[i:i + batch])
+            t0 = time.perf_counter_ns()
+            os.write(fd, data)
+            os.fdatasync(fd)
+            calls.append(time.perf_counter_ns() - t0)
+        os.close(fd)
+        return {"calls": calls, "compact_ns": 0, "n": len(dicts)}
+    if spec is None:
+        raise ValueError("probe job 'bulk' names no store (its field 'spec' is empty)")
+    spec.cls()
+    gc.collect()
+    base = _proc_status()
+    hwm_reset = _reset_hwm()
+    hwm0 = _proc_status().get("VmHWM", 0)
+    with _PeakSampler() as sampler:
+        store = spec.open(job["dir"], "fsync", rt)
+        for i in range(0, len(dicts), batch):
+            recs = [factory(d) for d in dicts[i:i + batch]]
+            t0 = time.perf_counter_ns()
+            store.append_many(recs)
+            calls.append(time.perf_counter_ns() - t0)
+            del recs
+        t0 = time.perf_counter_ns()
+        store.compact()
+        compact_ns = time.perf_counter_ns() - t0
+        store.close()
+    after = _proc_status()
+    return {"calls": calls, "compact_ns": compact_ns, "n": len(dicts),
+            "peak_anon": sampler.peak - base.get("RssAnon", 0),
+            "peak_rss": (after.get("VmHWM", 0) - (hwm0 if hwm_reset else base.get("VmRSS", 0))),
+            "hwm_reset": hwm_reset, "before": base, "after": after}
 
 
 def probe_main() -> None:
