@@ -34,7 +34,8 @@ import zstandard
 import numpy as np
 import pyarrow as pa
 
-from ._pages import Unsupported, byte_array_at, chunk_pages, grams_pages, plain_find, plain_grams, plain_strings
+from ._pages import (Unsupported, byte_array_at, chunk_pages, grams_pages, plain_find, plain_gather, plain_grams,
+                     plain_strings)
 
 __all__ = ["PageError", "PageReader", "Unsupported"]
 
@@ -48,6 +49,7 @@ GRAM_BITS = 4096
 GRAM_BYTES = GRAM_BITS // 8 + GRAM_BITS // 32
 
 _FIXED = {"INT64": struct.Struct("<q"), "INT32": struct.Struct("<i"), "DOUBLE": struct.Struct("<d")}
+_DTYPE: dict[str, np.dtype] = {"q": np.dtype("<i8"), "i": np.dtype("<i4"), "d": np.dtype("<f8")}
 _ARROW = {"INT64": pa.int64(), "INT32": pa.int32(), "DOUBLE": pa.float64()}
 _DATA_PAGE = 0
 _PLAIN = 0
@@ -189,6 +191,77 @@ class PageReader:
                         out[n].append(kind.unpack_from(vals, kind.size * j)[0])
                 except (ValueError, IndexError, struct.error) as exc:   # UnicodeDecodeError is a ValueError
                     raise PageError(f"{self.path}: row {i} of row group {rg}, column {c}: {exc}") from None
+        return out
+
+    def take(self, rg: int, local: list[int]) -> list[Any]:
+        """The values of the rows ``local`` (ascending, within the row
+        group) of row group ``rg``, column by column: ``(data, int32
+        offsets)`` of just those values for a string column (the layout of
+        an Arrow string array), their little-endian bytes for a fixed-width
+        one. The pages holding them are read once each (a column's run of
+        pages in one ``pread``), CRC-32 checked and decompressed; values of
+        other rows are not decoded. A task or a window reads its rows of a
+        group this way, whatever their number."""
+        out: list[Any] = []
+        if not local:
+            return out
+        r0, r1 = local[0], local[-1]
+        few = len(local) <= 8
+        for c, (firsts, pages) in enumerate(self._dir(rg)):
+            k0 = bisect.bisect_right(firsts, r0) - 1
+            k1 = bisect.bisect_right(firsts, r1) - 1
+            if k0 < 0 or r0 < 0 or r1 >= pages[-1][0] + pages[-1][6]:
+                raise PageError(f"{self.path}: rows {r0}..{r1} are not all in row group {rg} "
+                                f"(column {c})")
+            if few and k1 - k0 + 1 > len(local):
+                # a few rows far apart: just their pages
+                page_of = [bisect.bisect_right(firsts, r) - 1 for r in local]
+                ks = sorted(set(page_of))
+                base, acc = {}, 0
+                for k in ks:
+                    base[k] = acc       # where page k's values start in the run of pages read
+                    acc += pages[k][6]
+                rel = [base[k] + r - firsts[k] for k, r in zip(page_of, local)]
+            else:
+                ks = list(range(k0, k1 + 1))
+                rel = [r - firsts[k0] for r in local]
+            raws = self._pages_at(pages, ks)
+            kind = self._kinds[c]
+            if kind is None:
+                try:
+                    out.append(plain_gather(raws, np.array([pages[k][6] for k in ks], dtype=np.int64),
+                                            np.array(rel, dtype=np.int64)))
+                except ValueError as exc:
+                    raise PageError(f"{self.path}: row group {rg}, column {c}: {exc}") from None
+                continue
+            for k, raw in zip(ks, raws):
+                if len(raw) != kind.size * pages[k][6]:
+                    raise PageError(f"{self.path}: page at offset {pages[k][1]} holds {len(raw)} bytes "
+                                    f"for {pages[k][6]} values of {kind.size}")
+            vals = np.frombuffer(raws[0] if len(raws) == 1 else b"".join(raws), dtype=_DTYPE[kind.format[-1]])
+            out.append(vals[rel].tobytes())
+        return out
+
+    def _pages_at(self, pages: list[tuple], ks: list[int]) -> list[bytes]:
+        """The values of pages ``ks`` (ascending) of a column chunk, checked
+        and decompressed; each run of adjacent pages read in one ``pread``."""
+        out: list[bytes] = []
+        dctx = self._dctx()
+        i = 0
+        while i < len(ks):
+            j = i
+            while j + 1 < len(ks) and ks[j + 1] == ks[j] + 1:
+                j += 1
+            first, last = pages[ks[i]], pages[ks[j]]
+            if i == j:
+                out.append(self._unpack(self._pread(first[2], first[1]), first, dctx))
+            else:
+                base = first[1]
+                buf = memoryview(self._pread(last[1] + last[2] - base, base))
+                for k in range(ks[i], ks[j] + 1):
+                    p = pages[k]
+                    out.append(self._unpack(buf[p[1] - base:p[1] - base + p[2]], p, dctx))
+            i = j + 1
         return out
 
     def column(self, rg: int, c: int) -> pa.Array:
