@@ -193,7 +193,7 @@ class PageReader:
                     raise PageError(f"{self.path}: row {i} of row group {rg}, column {c}: {exc}") from None
         return out
 
-    def take(self, rg: int, local: list[int]) -> list[Any]:
+    def take(self, rg: int, local: list[int], cols: list[int] | None = None) -> list[Any]:
         """The values of the rows ``local`` (ascending, within the row
         group) of row group ``rg``, column by column: ``(data, int32
         offsets)`` of just those values for a string column (the layout of
@@ -201,13 +201,16 @@ class PageReader:
         one. The pages holding them are read once each (a column's run of
         pages in one ``pread``), CRC-32 checked and decompressed; values of
         other rows are not decoded. A task or a window reads its rows of a
-        group this way, whatever their number."""
+        group this way, whatever their number. ``cols``: just these columns
+        (in this order; default all)."""
         out: list[Any] = []
         if not local:
             return out
         r0, r1 = local[0], local[-1]
         few = len(local) <= 8
-        for c, (firsts, pages) in enumerate(self._dir(rg)):
+        d = self._dir(rg)
+        for c in range(len(d)) if cols is None else cols:
+            firsts, pages = d[c]
             k0 = bisect.bisect_right(firsts, r0) - 1
             k1 = bisect.bisect_right(firsts, r1) - 1
             if k0 < 0 or r0 < 0 or r1 >= pages[-1][0] + pages[-1][6]:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import bisect
+import operator
 from typing import Any, Sequence, cast
 
 import numpy as np
 import orjson
 
+from .._order import order_key
 from .._pages import records_from_columns
 from ..errors import CorruptStateCheckpointError
 from ..pages import PageError
@@ -18,10 +20,14 @@ from .schema import CoolRow, _COLS, _file_no, _row_key, cool_loc
 from .sidecar import _id_hashes
 from .tables import _merge
 
+_first = operator.itemgetter(0)
+
 #: the columns records_from_columns takes: the string columns in schema
 #: order, then ts, token_estimate, schema_version, ord
 _STRING_COLS = [i for i, c in enumerate(_COLS) if c not in ("ts", "token_estimate", "schema_version", "ord")]
 _TS, _TOK, _SV, _ORD = (_COLS.index(c) for c in ("ts", "token_estimate", "schema_version", "ord"))
+#: the columns of the order key (rune_fast._order): hlc, msg_id, ord
+_KEY_COLS = [_COLS.index(c) for c in ("hlc", "msg_id", "ord")]
 
 
 def _calls_read(raw: bytes) -> tuple[tuple, bytes] | None:
@@ -340,19 +346,67 @@ class _Reads(_RowCache):
             return self._path(fi.name) if fi is not None else self._dir
 
     def channel_tail_locs(self, channel_id: str, n: int) -> list[int]:
-        """The locations (:func:`cool_loc`) of the rows that can be among the
-        channel's newest ``n`` archived messages: each file's last ``n`` of
-        the channel (a file's range is in key order). The caller orders them
-        by their records' keys and checks their channel."""
+        """The locations (:func:`cool_loc`) of the channel's newest ``n``
+        archived messages, oldest first. With the channel in several files,
+        only the order-key columns (hlc, msg_id, ord) of each file's last
+        ``n`` rows of it are read (a file's range is in key order) to choose
+        them: the caller reads the records of just these (and checks their
+        channel; the digest covers hlc and msg_id, the page checksums ord)."""
         if n <= 0:
             return []
         with self._lock:
-            out: list[int] = []
-            for no in self._channels.get(channel_id, ()):
+            nos = self._channels.get(channel_id, ())
+            ranges = []
+            for no in nos:
                 s, e, _ = self._files[no].channels[channel_id]
-                base = no << 32
-                out += [base | r for r in range(max(s, e - n), e)]
-            return out
+                ranges.append((no, max(s, e - n), e))
+            if len(ranges) == 1:
+                no, a, e = ranges[0]
+                return [(no << 32) | r for r in range(a, e)]
+            kept = self._tail_locs_d.get((channel_id, n)) if not self._unloaded else None
+            if kept is not None:
+                return list(kept)
+            keyed: list[tuple[tuple, int]] = []
+            for no, a, e in ranges:
+                keyed += self._keys_of(no, list(range(a, e)))
+            keyed.sort(key=_first)
+            out = [loc for _k, loc in keyed[-n:]]
+            if len(self._tail_locs_d) >= _TASK_LOCS_KEPT:
+                self._tail_locs_d.clear()
+            self._tail_locs_d[(channel_id, n)] = out
+            return list(out)
+
+    def _keys_of(self, no: int, rows: list[int]) -> list[tuple[tuple, int]]:
+        """(order key, location) of the rows (ascending) of file ``no``,
+        from their key columns' pages; the rows of a group the page reader
+        does not take are read whole (which names any damage)."""
+        fi = self._files[no]
+        starts = fi.rg_list
+        out: list[tuple[tuple, int]] = []
+        k, n = 0, len(rows)
+        while k < n:
+            rg = bisect.bisect_right(starts, rows[k]) - 1
+            end = starts[rg + 1] if rg + 1 < len(starts) else fi.rows
+            j = bisect.bisect_left(rows, end, k)
+            if rg < 0 or j == k:
+                raise CorruptStateCheckpointError(f"cool index points past the file at row {rows[k]}",
+                                                  path=self._path(fi.name), offset=rows[k])
+            sel, base = rows[k:j], starts[rg]
+            local = [r - base for r in sel]
+            try:
+                cols = self._with_reader(no, lambda reader: reader.take(rg, local, _KEY_COLS))
+                if cols is not None:
+                    (hd, ho), (md, mo), ords = cols
+                    hlcs = [hd[ho[i]:ho[i + 1]].decode("utf-8") for i in range(len(sel))]
+                    mids = [md[mo[i]:mo[i + 1]].decode("utf-8") for i in range(len(sel))]
+                    out += [(order_key(h, m, o), (no << 32) | r) for h, m, o, r in
+                            zip(hlcs, mids, np.frombuffer(ords, dtype=np.int64).tolist(), sel)]
+            except (PageError, UnicodeDecodeError):
+                cols = None     # damage: read below, which names it
+            if cols is None:
+                out += [(_row_key(row), (no << 32) | row.row) for row in self._rows(no, 0, 0, sel)]
+            k = j
+        return out
 
     def latest_task_row(self, channel_id: str) -> CoolRow | None:
         """The newest archived message of the channel that has a task, or
