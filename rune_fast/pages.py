@@ -208,6 +208,7 @@ class PageReader:
             return out
         r0, r1 = local[0], local[-1]
         few = len(local) <= 8
+        arr = np.array(local, dtype=np.int64)
         d = self._dir(rg)
         for c in range(len(d)) if cols is None else cols:
             firsts, pages = d[c]
@@ -224,16 +225,15 @@ class PageReader:
                 for k in ks:
                     base[k] = acc       # where page k's values start in the run of pages read
                     acc += pages[k][6]
-                rel = [base[k] + r - firsts[k] for k, r in zip(page_of, local)]
+                rel = np.array([base[k] + r - firsts[k] for k, r in zip(page_of, local)], dtype=np.int64)
             else:
                 ks = list(range(k0, k1 + 1))
-                rel = [r - firsts[k0] for r in local]
+                rel = arr - firsts[k0] if firsts[k0] else arr
             raws = self._pages_at(pages, ks)
             kind = self._kinds[c]
             if kind is None:
                 try:
-                    out.append(plain_gather(raws, np.array([pages[k][6] for k in ks], dtype=np.int64),
-                                            np.array(rel, dtype=np.int64)))
+                    out.append(plain_gather(raws, np.array([pages[k][6] for k in ks], dtype=np.int64), rel))
                 except ValueError as exc:
                     raise PageError(f"{self.path}: row group {rg}, column {c}: {exc}") from None
                 continue

@@ -298,9 +298,10 @@ class _Reads(_RowCache):
         compiled code (``_pages.records_from_columns``). None for a row that
         path declines (extra fields, an unusual spelling, damage, a file in
         another layout): the caller reads those with :meth:`rows_at`, which
-        names any damage. The row-group cache is neither used nor filled: a
-        task of hundreds of rows costs one pass over the pages of each file
-        holding them, not a group decoded per row."""
+        names any damage, and the rows of a group the row-group cache holds
+        whole (a search read it), which it reads from there. The cache is not
+        filled here: a task of hundreds of rows costs one pass over the
+        pages of each file holding them, not a group decoded per row."""
         with self._lock:
             by_file: dict[int, list[int]] = {}
             for loc in locs:
@@ -327,6 +328,10 @@ class _Reads(_RowCache):
                                                   path=self._path(fi.name), offset=rows[k])
             sel, base = rows[k:j], starts[rg]
             local = [r - base for r in sel]
+            g = self._cache.get((no, rg))
+            if g is not None and g.acc is not None:
+                k = j
+                continue        # a group cached whole (a search read it): rows_at reads it from there
             try:
                 cols = self._with_reader(no, lambda reader: reader.take(rg, local))
             except PageError:
