@@ -800,3 +800,48 @@ def records_from_columns(list strings, ts, tok, sv, ords, type record_type, obje
         PyObject_GenericSetAttr(rec, "tool_calls", calls)
         out[i] = (rec, PyLong_FromLongLong(od[i]))
     return out
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def chunk_pages_mem(const unsigned char[::1] mem, int64_t base, int64_t offset, int64_t total, int64_t rows,
+                    bint zstd):
+    """:func:`chunk_pages` of a column chunk whose bytes were read already:
+    ``mem`` holds the file's bytes from offset ``base`` on (a row group's
+    span, read in one ``pread``). Same answer, same errors; a chunk that
+    is not wholly in ``mem`` raises ValueError."""
+    cdef list firsts = [], pages = []
+    cdef int64_t end, pos = offset, first = 0
+    cdef int64_t h[7]
+    cdef Py_ssize_t n = mem.shape[0]
+    cdef const unsigned char *p = &mem[0] if n else NULL
+    if offset < 0 or total < 0 or rows < 0 or total > INT64_MAX - offset:
+        raise ValueError(f"column chunk at offset {offset}: {total} bytes, {rows} values")
+    end = offset + total
+    if offset < base or end > base + n:
+        raise ValueError(f"column chunk at offset {offset} ({total} bytes) is not in the {n} bytes "
+                         f"read at {base}")
+    while pos < end:
+        try:
+            _header(p, <Py_ssize_t>(end - base), <Py_ssize_t>(pos - base), h)
+        except ValueError as exc:
+            raise ValueError(f"page header at offset {pos}: {exc}") from None
+        if h[1] != DATA_PAGE or h[6] != PLAIN or h[4] < 0:
+            raise Unsupported(f"page at offset {pos} (type {h[1]}, encoding {h[6]}, "
+                              f"crc {h[4] >= 0})")
+        if h[5] <= 0 or (not zstd and h[2] != h[3]):
+            raise ValueError(f"page header at offset {pos} has {h[5]} values")
+        if h[5] > rows - first:
+            raise ValueError(f"page at offset {pos} holds {h[5]} values, {rows - first} "
+                             f"left of the chunk's {rows}")
+        if h[3] > end - pos - h[0]:
+            raise ValueError(f"page at offset {pos} ({h[0]} + {h[3]} bytes) runs past its "
+                             f"column chunk, which ends at {end}")
+        firsts.append(first)
+        pages.append((first, pos + h[0], h[3], h[2], h[4], zstd, h[5]))
+        first += h[5]
+        pos += h[0] + h[3]
+    if pos != end or first != rows:
+        raise ValueError(f"column chunk at offset {offset} holds {first} values "
+                         f"in {pos - offset} bytes, expected {rows} in {total}")
+    return firsts, pages
