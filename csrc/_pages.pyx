@@ -509,3 +509,339 @@ def chunk_pages(int fd, int64_t offset, int64_t total, int64_t rows, bint zstd):
         raise ValueError(f"column chunk at offset {offset} holds {first} values "
                          f"in {pos - offset} bytes, expected {rows} in {total}")
     return firsts, pages
+
+
+# ---------------------------------------------------------------- rows to records
+#
+# A cool read (a task, a window reaching into the archive, an exact read)
+# gathers the values of just the rows it returns from the pages holding them
+# (plain_gather), then turns each row into its record here: the canonical
+# JSON rebuilt from the stored bytes, hashed and compared with the row's
+# digest, the strings decoded, the record's slots set (the checks of
+# records.message_from_stored). A row this path does not take -- extra
+# fields, tool calls not spelled canonically, a digest that does not match,
+# anything unusual -- is None, and the caller's Python path reads it (and
+# names what is wrong): nothing is served here that the Python path would
+# refuse.
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.mem cimport PyMem_Free
+from libc.stdlib cimport realloc
+from libc.stdio cimport snprintf
+from libc.string cimport memcmp, strlen
+
+cimport _xxh
+
+cdef extern from "Python.h":
+    object PyUnicode_DecodeUTF8(const char *s, Py_ssize_t size, const char *errors)
+    int PyObject_GenericSetAttr(object o, object name, object value) except -1
+    object PyFloat_FromDouble(double v)
+    object PyLong_FromLongLong(long long v)
+    char *PyOS_double_to_string(double val, char format_code, int precision, int flags,
+                                int *ptype) except NULL
+    int Py_DTSF_ADD_DOT_0
+    const char *PyUnicode_AsUTF8(object o) except NULL
+
+cdef extern from "rf_json.h" nogil:
+    size_t rf_json_escape(const unsigned char *s, size_t n, unsigned char *out)
+
+cdef extern from "rf_core.h" nogil:
+    void rf_write_hex16(uint64_t v, unsigned char *out)
+
+cdef extern from "math.h" nogil:
+    bint isfinite(double x)
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def plain_gather(list pages, const int64_t[::1] counts, const int64_t[::1] rows):
+    """``(data, offsets)`` of the values ``rows`` (ascending) of the PLAIN
+    BYTE_ARRAY pages ``pages`` taken as one run of values (page i holding
+    ``counts[i]``): the values' bytes back to back and int32 offsets
+    (``len(rows) + 1``), the layout of an Arrow string array. ValueError if
+    a row is out of order or past the pages, or a page ends before a value
+    it is asked for."""
+    cdef Py_ssize_t m = rows.shape[0], j, p = -1, k = 0, pos = 0, n = 0, out = 0, total = 0
+    cdef int64_t first = 0, want, end = 0
+    cdef uint32_t ln
+    cdef const unsigned char *b = NULL
+    cdef bytes page
+    if counts.shape[0] != len(pages):
+        raise ValueError("plain_gather: a count for each page")
+    for page in pages:
+        total += PyBytes_GET_SIZE(page)
+    offs = np.empty(m + 1, dtype=np.int32)
+    cdef int32_t[::1] o = offs
+    data = bytearray(min(total, <Py_ssize_t>0x7FFFFFFF))
+    cdef unsigned char[::1] d = data
+    o[0] = 0
+    for j in range(m):
+        want = rows[j]
+        if want < first + k:
+            raise ValueError(f"plain_gather: value {want} asked out of order")
+        while want >= end:
+            p += 1
+            if p >= len(pages):
+                raise ValueError(f"plain_gather: value {want} is past the pages' {end}")
+            first = end
+            end += counts[p]
+            page = <bytes>pages[p]
+            b = <const unsigned char *>PyBytes_AS_STRING(page)
+            n = PyBytes_GET_SIZE(page)
+            k = 0
+            pos = 0
+        while True:
+            pos = _plain_value(b, n, pos, k, &ln)
+            if first + k == want:
+                break
+            pos += ln
+            k += 1
+        if <uint64_t>out + ln > <uint64_t>d.shape[0]:
+            raise ValueError(f"PLAIN value {k} runs past its page")
+        if ln:
+            memcpy(&d[out], b + pos, ln)
+        out += ln
+        pos += ln
+        k += 1
+        o[j + 1] = <int32_t>out
+    return bytes(d[:out]), offs
+
+
+cdef struct _Buf:
+    unsigned char *p
+    Py_ssize_t n
+    Py_ssize_t cap
+
+
+cdef int _grow(_Buf *b, Py_ssize_t more) except -1:
+    cdef Py_ssize_t cap
+    cdef unsigned char *q
+    if b.n + more <= b.cap:
+        return 0
+    cap = max(2 * b.cap, b.n + more + 256)
+    q = <unsigned char *>realloc(b.p, <size_t>cap)
+    if q == NULL:
+        raise MemoryError()
+    b.p, b.cap = q, cap
+    return 0
+
+
+cdef int _raw(_Buf *b, const char *s, Py_ssize_t n) except -1:
+    _grow(b, n)
+    memcpy(b.p + b.n, s, <size_t>n)
+    b.n += n
+    return 0
+
+
+cdef int _jstr(_Buf *b, const unsigned char *s, Py_ssize_t n) except -1:
+    """``"s"``, JSON-escaped as json.dumps(ensure_ascii=False) spells it."""
+    _grow(b, 6 * n + 2)
+    b.p[b.n] = c'"'
+    b.n += 1
+    b.n += <Py_ssize_t>rf_json_escape(s, <size_t>n, b.p + b.n)
+    b.p[b.n] = c'"'
+    b.n += 1
+    return 0
+
+
+cdef int _jint(_Buf *b, long long v) except -1:
+    _grow(b, 24)
+    b.n += snprintf(<char *>b.p + b.n, 24, "%lld", v)
+    return 0
+
+
+cdef class _Scratch:
+    """The canonical-JSON buffer of one records_from_columns call."""
+    cdef _Buf buf
+
+    def __dealloc__(self):
+        free(self.buf.p)
+
+
+# string columns of the cool schema (rune_fast.cool.schema.COOL_SCHEMA), in
+# the order records_from_columns takes them
+cdef enum:
+    S_MSG_ID, S_CHANNEL, S_TASK, S_HLC, S_CONTENT, S_ROLE, S_TOOL_CALLS, S_TOOL_CALL_ID,
+    S_ORIGIN, S_EXTRA, S_DIGEST, N_S
+
+cdef tuple _READ_ROLES = ("user", "assistant", "system", "tool")
+# the record's str slots set from a string column (the class is frozen)
+cdef tuple _STR_SLOTS = (("msg_id", S_MSG_ID), ("channel_id", S_CHANNEL), ("task_id", S_TASK),
+                         ("hlc", S_HLC), ("content", S_CONTENT), ("tool_call_id", S_TOOL_CALL_ID),
+                         ("origin", S_ORIGIN))
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def records_from_columns(list strings, ts, tok, sv, ords, type record_type, object calls_read):
+    """``(record, ord)`` of each row of cool columns already gathered for
+    just the rows a read returns, or None for a row left to the caller's
+    Python path (see the section comment).
+
+    ``strings``: the eleven string columns msg_id, channel_id, task_id, hlc,
+    content, role, tool_calls, tool_call_id, origin, extra, digest, each
+    ``(data, int32 offsets)``; ``ts`` float64, ``tok`` and ``ords`` int64,
+    ``sv`` int32 values (any buffers). ``calls_read(raw) -> (calls tuple,
+    canonical JSON bytes) | None`` reads a non-empty tool-call list."""
+    cdef const double[::1] t = np.ascontiguousarray(np.frombuffer(ts, dtype=np.float64))
+    cdef const int64_t[::1] tk = np.ascontiguousarray(np.frombuffer(tok, dtype=np.int64))
+    cdef const int32_t[::1] v = np.ascontiguousarray(np.frombuffer(sv, dtype=np.int32))
+    cdef const int64_t[::1] od = np.ascontiguousarray(np.frombuffer(ords, dtype=np.int64))
+    cdef Py_ssize_t m = t.shape[0], i, k, a, ln
+    cdef const unsigned char *sp[N_S]
+    cdef const int32_t *so[N_S]
+    cdef list keep = []
+    cdef list out
+    cdef object rec, role, calls, got, s
+    cdef bytes canon_calls
+    cdef _Scratch sc = _Scratch()
+    cdef _Buf *b = &sc.buf
+    cdef _xxh.XXH128_hash_t h
+    cdef unsigned char hexd[32]
+    cdef char *tsr
+    cdef int version = record_type.SCHEMA_VERSION
+    if len(strings) != N_S or tk.shape[0] != m or v.shape[0] != m or od.shape[0] != m:
+        raise ValueError("records_from_columns: columns of different lengths")
+    cdef const int32_t[::1] mv
+    cdef Py_ssize_t size[N_S]
+    for k in range(N_S):
+        data, offs = strings[k]
+        if not isinstance(data, bytes):
+            data = bytes(data)
+        mv = np.frombuffer(offs, dtype=np.int32)
+        if mv.shape[0] != m + 1:
+            raise ValueError(f"records_from_columns: string column {k} has {mv.shape[0]} offsets for {m} rows")
+        keep.append(data)
+        keep.append(mv)
+        sp[k] = <const unsigned char *>PyBytes_AS_STRING(data)
+        so[k] = &mv[0]
+        size[k] = PyBytes_GET_SIZE(data)
+    out = [None] * m
+    for i in range(m):
+        for k in range(N_S):
+            if so[k][i] < 0 or so[k][i] > so[k][i + 1] or so[k][i + 1] > size[k]:
+                raise ValueError(f"records_from_columns: string column {k} offsets of row {i} "
+                                 f"do not fit its data")
+        # extra fields, or a schema this build does not make: the Python path
+        if so[S_EXTRA][i + 1] - so[S_EXTRA][i] != 2 or memcmp(sp[S_EXTRA] + so[S_EXTRA][i], b"{}", 2) != 0:
+            continue
+        if v[i] != version or not isfinite(t[i]) or tk[i] < 0:
+            continue
+        if so[S_MSG_ID][i + 1] == so[S_MSG_ID][i] or so[S_CHANNEL][i + 1] == so[S_CHANNEL][i]:
+            continue
+        if so[S_DIGEST][i + 1] - so[S_DIGEST][i] != 32:
+            continue
+        role = None
+        a, ln = so[S_ROLE][i], so[S_ROLE][i + 1] - so[S_ROLE][i]
+        for s in _READ_ROLES:
+            if ln == len(<str>s) and memcmp(sp[S_ROLE] + a, PyUnicode_AsUTF8(s), <size_t>ln) == 0:
+                role = s
+                break
+        if role is None:
+            continue
+        calls = ()
+        canon_calls = None
+        a, ln = so[S_TOOL_CALLS][i], so[S_TOOL_CALLS][i + 1] - so[S_TOOL_CALLS][i]
+        if not (ln == 2 and memcmp(sp[S_TOOL_CALLS] + a, b"[]", 2) == 0):
+            got = calls_read(PyBytes_FromStringAndSize(<const char *>sp[S_TOOL_CALLS] + a, ln))
+            if got is None:
+                continue
+            calls, canon_calls = got
+        # the canonical JSON, keys sorted (the digest's input, schema.record_digest)
+        b.n = 0
+        _raw(b, '{"channel_id":', 14)
+        _jstr(b, sp[S_CHANNEL] + so[S_CHANNEL][i], so[S_CHANNEL][i + 1] - so[S_CHANNEL][i])
+        _raw(b, ',"content":', 11)
+        _jstr(b, sp[S_CONTENT] + so[S_CONTENT][i], so[S_CONTENT][i + 1] - so[S_CONTENT][i])
+        _raw(b, ',"hlc":', 7)
+        _jstr(b, sp[S_HLC] + so[S_HLC][i], so[S_HLC][i + 1] - so[S_HLC][i])
+        _raw(b, ',"msg_id":', 10)
+        _jstr(b, sp[S_MSG_ID] + so[S_MSG_ID][i], so[S_MSG_ID][i + 1] - so[S_MSG_ID][i])
+        _raw(b, ',"origin":', 10)
+        _jstr(b, sp[S_ORIGIN] + so[S_ORIGIN][i], so[S_ORIGIN][i + 1] - so[S_ORIGIN][i])
+        _raw(b, ',"role":', 8)
+        _jstr(b, sp[S_ROLE] + so[S_ROLE][i], so[S_ROLE][i + 1] - so[S_ROLE][i])
+        _raw(b, ',"schema_version":', 18)
+        _jint(b, v[i])
+        _raw(b, ',"task_id":', 11)
+        _jstr(b, sp[S_TASK] + so[S_TASK][i], so[S_TASK][i + 1] - so[S_TASK][i])
+        _raw(b, ',"token_estimate":', 18)
+        _jint(b, tk[i])
+        _raw(b, ',"tool_call_id":', 16)
+        _jstr(b, sp[S_TOOL_CALL_ID] + so[S_TOOL_CALL_ID][i],
+              so[S_TOOL_CALL_ID][i + 1] - so[S_TOOL_CALL_ID][i])
+        _raw(b, ',"tool_calls":', 14)
+        if canon_calls is None:
+            _raw(b, "[]", 2)
+        else:
+            _raw(b, PyBytes_AS_STRING(canon_calls), PyBytes_GET_SIZE(canon_calls))
+        _raw(b, ',"ts":', 6)
+        tsr = PyOS_double_to_string(t[i], c'r', 0, Py_DTSF_ADD_DOT_0, NULL)
+        try:
+            _raw(b, tsr, <Py_ssize_t>strlen(tsr))
+        finally:
+            PyMem_Free(tsr)
+        _raw(b, "}", 1)
+        h = _xxh.XXH3_128bits(b.p, <size_t>b.n)
+        rf_write_hex16(h.high64, hexd)
+        rf_write_hex16(h.low64, hexd + 16)
+        if memcmp(hexd, sp[S_DIGEST] + so[S_DIGEST][i], 32) != 0:
+            continue        # damage, or a spelling this path does not make: the caller decides
+        try:
+            rec = record_type.__new__(record_type)
+            for name, k in _STR_SLOTS:
+                PyObject_GenericSetAttr(rec, name, PyUnicode_DecodeUTF8(
+                    <const char *>sp[k] + so[k][i], so[k][i + 1] - so[k][i], NULL))
+        except UnicodeDecodeError:
+            continue
+        PyObject_GenericSetAttr(rec, "ts", PyFloat_FromDouble(t[i]))
+        PyObject_GenericSetAttr(rec, "role", role)
+        PyObject_GenericSetAttr(rec, "token_estimate", PyLong_FromLongLong(tk[i]))
+        PyObject_GenericSetAttr(rec, "tool_calls", calls)
+        out[i] = (rec, PyLong_FromLongLong(od[i]))
+    return out
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def chunk_pages_mem(const unsigned char[::1] mem, int64_t base, int64_t offset, int64_t total, int64_t rows,
+                    bint zstd):
+    """:func:`chunk_pages` of a column chunk whose bytes were read already:
+    ``mem`` holds the file's bytes from offset ``base`` on (a row group's
+    span, read in one ``pread``). Same answer, same errors; a chunk that
+    is not wholly in ``mem`` raises ValueError."""
+    cdef list firsts = [], pages = []
+    cdef int64_t end, pos = offset, first = 0
+    cdef int64_t h[7]
+    cdef Py_ssize_t n = mem.shape[0]
+    cdef const unsigned char *p = &mem[0] if n else NULL
+    if offset < 0 or total < 0 or rows < 0 or total > INT64_MAX - offset:
+        raise ValueError(f"column chunk at offset {offset}: {total} bytes, {rows} values")
+    end = offset + total
+    if offset < base or end > base + n:
+        raise ValueError(f"column chunk at offset {offset} ({total} bytes) is not in the {n} bytes "
+                         f"read at {base}")
+    while pos < end:
+        try:
+            _header(p, <Py_ssize_t>(end - base), <Py_ssize_t>(pos - base), h)
+        except ValueError as exc:
+            raise ValueError(f"page header at offset {pos}: {exc}") from None
+        if h[1] != DATA_PAGE or h[6] != PLAIN or h[4] < 0:
+            raise Unsupported(f"page at offset {pos} (type {h[1]}, encoding {h[6]}, "
+                              f"crc {h[4] >= 0})")
+        if h[5] <= 0 or (not zstd and h[2] != h[3]):
+            raise ValueError(f"page header at offset {pos} has {h[5]} values")
+        if h[5] > rows - first:
+            raise ValueError(f"page at offset {pos} holds {h[5]} values, {rows - first} "
+                             f"left of the chunk's {rows}")
+        if h[3] > end - pos - h[0]:
+            raise ValueError(f"page at offset {pos} ({h[0]} + {h[3]} bytes) runs past its "
+                             f"column chunk, which ends at {end}")
+        firsts.append(first)
+        pages.append((first, pos + h[0], h[3], h[2], h[4], zstd, h[5]))
+        first += h[5]
+        pos += h[0] + h[3]
+    if pos != end or first != rows:
+        raise ValueError(f"column chunk at offset {offset} holds {first} values "
+                         f"in {pos - offset} bytes, expected {rows} in {total}")
+    return firsts, pages

@@ -1,6 +1,8 @@
 # Types of rune_fast._pages, compiled from csrc/_pages.pyx (kept by hand: a
 # change of a signature there changes it here). A page or filter argument
 # takes any contiguous bytes-like object.
+from typing import Any, Callable
+
 import numpy as np
 import numpy.typing as npt
 from typing_extensions import Buffer
@@ -16,3 +18,10 @@ def plain_grams(page: Buffer, count: int, nbits: int = 4096) -> bytes: ...
 def grams_pages(grams: Buffer, nbits: int, needle: Buffer) -> npt.NDArray[np.int64]: ...
 def chunk_pages(fd: int, offset: int, total: int, rows: int, zstd: bool,
                 ) -> tuple[list[int], list[tuple[int, int, int, int, int, bool, int]]]: ...
+def plain_gather(pages: list[bytes], counts: npt.NDArray[np.int64], rows: npt.NDArray[np.int64],
+                 ) -> tuple[bytes, npt.NDArray[np.int32]]: ...
+def records_from_columns(strings: list[tuple[Buffer, Buffer]], ts: Buffer, tok: Buffer, sv: Buffer,
+                         ords: Buffer, record_type: type, calls_read: Callable[[bytes], tuple[tuple, bytes] | None],
+                         ) -> list[tuple[Any, int] | None]: ...
+def chunk_pages_mem(mem: Buffer, base: int, offset: int, total: int, rows: int, zstd: bool,
+                    ) -> tuple[list[int], list[tuple[int, int, int, int, int, bool, int]]]: ...

@@ -35,12 +35,19 @@ import zstandard
 import numpy as np
 import pyarrow as pa
 
-from ._pages import Unsupported, byte_array_at, chunk_pages, grams_pages, plain_find, plain_grams, plain_strings
+from ._pages import (Unsupported, byte_array_at, chunk_pages, chunk_pages_mem, grams_pages, plain_find,
+                     plain_gather, plain_grams, plain_strings)
 
 __all__ = ["PageError", "PageReader", "Unsupported"]
 
 #: row groups whose page directories a reader keeps
 _MAX_DIRS = 4096
+#: a row group's directory is parsed from its whole byte span read in one
+#: ``pread`` when the span is at most this large (else header by header):
+#: 15 column chunks of ~30 pages each cost ~180 small reads, 0.5 ms of a
+#: first read of a row at 1,000,000 messages; the span (~330 KB) then also
+#: serves that read's pages
+_SPAN_BYTES = 4 << 20
 #: bits of the trigram filter ``find`` returns per page (a page of content
 #: holds 32 values or fewer, about 2,700 distinct trigrams: about half the
 #: bits set, so a 13-trigram needle passes a page without it once in ~10^4),
@@ -49,6 +56,7 @@ GRAM_BITS = 4096
 GRAM_BYTES = GRAM_BITS // 8 + GRAM_BITS // 32
 
 _FIXED = {"INT64": struct.Struct("<q"), "INT32": struct.Struct("<i"), "DOUBLE": struct.Struct("<d")}
+_DTYPE: dict[str, np.dtype] = {"q": np.dtype("<i8"), "i": np.dtype("<i4"), "d": np.dtype("<f8")}
 _ARROW = {"INT64": pa.int64(), "INT32": pa.int32(), "DOUBLE": pa.float64()}
 _DATA_PAGE = 0
 _PLAIN = 0
@@ -157,23 +165,42 @@ class PageReader:
             raise PageError(f"{self.path}: {exc}") from None
 
     def _dir(self, rg: int) -> list[tuple[list[int], list[tuple]]]:
+        return self._dir_span(rg)[0]
+
+    def _dir_span(self, rg: int) -> tuple[list[tuple[list[int], list[tuple]]], tuple[int, bytes] | None]:
+        """(the page directory of row group ``rg``, (file offset, bytes) of
+        the group's span if it was just read to parse it, else None)."""
         packed = self._dirs.get(rg)
         if packed is not None:
-            return _unpack_dir(packed)
+            return _unpack_dir(packed), None
         meta = self._md.row_group(rg)
         rows = meta.num_rows
         d = []
-        for c in range(len(self._kinds)):
-            cc = meta.column(c)
+        ccs = [meta.column(c) for c in range(len(self._kinds))]
+        for c, cc in enumerate(ccs):
             if cc.has_dictionary_page or cc.compression not in ("ZSTD", "UNCOMPRESSED"):
                 raise Unsupported(f"row group {rg} column {c}: {cc.compression}, "
                                   f"dictionary {cc.has_dictionary_page}")
-            d.append(self._chunk_pages(cc.data_page_offset, cc.total_compressed_size, rows,
-                                       cc.compression == "ZSTD"))
+        lo = min(cc.data_page_offset for cc in ccs) if ccs else 0
+        hi = max(cc.data_page_offset + cc.total_compressed_size for cc in ccs) if ccs else 0
+        span = None
+        if 0 <= lo < hi and hi - lo <= _SPAN_BYTES:
+            span = self._pread(hi - lo, lo)
+        for cc in ccs:
+            if span is None:
+                d.append(self._chunk_pages(cc.data_page_offset, cc.total_compressed_size, rows,
+                                           cc.compression == "ZSTD"))
+                continue
+            try:
+                d.append(chunk_pages_mem(span, lo, cc.data_page_offset, cc.total_compressed_size, rows,
+                                         cc.compression == "ZSTD"))
+            except ValueError as exc:
+                raise PageError(f"{self.path}: {exc}") from None
+        kept = None if span is None else (lo, span)
         if len(self._dirs) >= _MAX_DIRS:
             self._dirs.clear()
         self._dirs[rg] = _pack_dir(d)
-        return d
+        return d, kept
 
     # ------------------------------------------------------------ rows
 
@@ -218,6 +245,90 @@ class PageReader:
                         out[n].append(kind.unpack_from(vals, kind.size * j)[0])
                 except (ValueError, IndexError, struct.error) as exc:   # UnicodeDecodeError is a ValueError
                     raise PageError(f"{self.path}: row {i} of row group {rg}, column {c}: {exc}") from None
+        return out
+
+    def take(self, rg: int, local: list[int], cols: list[int] | None = None) -> list[Any]:
+        """The values of the rows ``local`` (ascending, within the row
+        group) of row group ``rg``, column by column: ``(data, int32
+        offsets)`` of just those values for a string column (the layout of
+        an Arrow string array), their little-endian bytes for a fixed-width
+        one. The pages holding them are read once each (a column's run of
+        pages in one ``pread``), CRC-32 checked and decompressed; values of
+        other rows are not decoded. A task or a window reads its rows of a
+        group this way, whatever their number. ``cols``: just these columns
+        (in this order; default all)."""
+        out: list[Any] = []
+        if not local:
+            return out
+        r0, r1 = local[0], local[-1]
+        few = len(local) <= 8
+        arr = np.array(local, dtype=np.int64)
+        d, span = self._dir_span(rg)
+        for c in range(len(d)) if cols is None else cols:
+            firsts, pages = d[c]
+            k0 = bisect.bisect_right(firsts, r0) - 1
+            k1 = bisect.bisect_right(firsts, r1) - 1
+            if k0 < 0 or r0 < 0 or r1 >= pages[-1][0] + pages[-1][6]:
+                raise PageError(f"{self.path}: rows {r0}..{r1} are not all in row group {rg} "
+                                f"(column {c})")
+            if few and k1 - k0 + 1 > len(local):
+                # a few rows far apart: just their pages
+                page_of = [bisect.bisect_right(firsts, r) - 1 for r in local]
+                ks = sorted(set(page_of))
+                base, acc = {}, 0
+                for k in ks:
+                    base[k] = acc       # where page k's values start in the run of pages read
+                    acc += pages[k][6]
+                rel = np.array([base[k] + r - firsts[k] for k, r in zip(page_of, local)], dtype=np.int64)
+            else:
+                ks = list(range(k0, k1 + 1))
+                rel = arr - firsts[k0] if firsts[k0] else arr
+            raws = self._pages_at(pages, ks, span)
+            kind = self._kinds[c]
+            if kind is None:
+                try:
+                    out.append(plain_gather(raws, np.array([pages[k][6] for k in ks], dtype=np.int64), rel))
+                except ValueError as exc:
+                    raise PageError(f"{self.path}: row group {rg}, column {c}: {exc}") from None
+                continue
+            for k, raw in zip(ks, raws):
+                if len(raw) != kind.size * pages[k][6]:
+                    raise PageError(f"{self.path}: page at offset {pages[k][1]} holds {len(raw)} bytes "
+                                    f"for {pages[k][6]} values of {kind.size}")
+            vals = np.frombuffer(raws[0] if len(raws) == 1 else b"".join(raws), dtype=_DTYPE[kind.format[-1]])
+            out.append(vals[rel].tobytes())
+        return out
+
+    def _pages_at(self, pages: list[tuple], ks: list[int], span: tuple[int, bytes] | None = None) -> list[bytes]:
+        """The values of pages ``ks`` (ascending) of a column chunk, checked
+        and decompressed; each run of adjacent pages read in one ``pread``
+        (or sliced from ``span``, the group's bytes read at offset ``lo``:
+        ``(lo, bytes)``)."""
+        out: list[bytes] = []
+        dctx = self._dctx()
+        if span is not None and ks:
+            # the pages of a row group whose directory was just read: from its span
+            lo, buf = span
+            first, last = pages[ks[0]], pages[ks[-1]]
+            if lo <= first[1] and last[1] + last[2] <= lo + len(buf):
+                mv = memoryview(buf)
+                return [self._unpack(mv[pages[k][1] - lo:pages[k][1] - lo + pages[k][2]], pages[k], dctx)
+                        for k in ks]
+        i = 0
+        while i < len(ks):
+            j = i
+            while j + 1 < len(ks) and ks[j + 1] == ks[j] + 1:
+                j += 1
+            first, last = pages[ks[i]], pages[ks[j]]
+            if i == j:
+                out.append(self._unpack(self._pread(first[2], first[1]), first, dctx))
+            else:
+                base = first[1]
+                run = memoryview(self._pread(last[1] + last[2] - base, base))
+                for k in range(ks[i], ks[j] + 1):
+                    p = pages[k]
+                    out.append(self._unpack(run[p[1] - base:p[1] - base + p[2]], p, dctx))
+            i = j + 1
         return out
 
     def column(self, rg: int, c: int) -> pa.Array:

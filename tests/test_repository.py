@@ -192,8 +192,9 @@ def test_cool_records_read_again_come_from_the_cache(tmp_path, monkeypatch):
                             for i in range(40)) if m.task_id == "t1"]
         assert repo.messages_for_task("t1") == want
         calls = []
-        real = repo._cool.rows_at
-        monkeypatch.setattr(repo._cool, "rows_at", lambda locs: calls.append(len(locs)) or real(locs))
+        real = repo._cool.records_at
+        monkeypatch.setattr(repo._cool, "records_at",
+                            lambda locs, rt: calls.append(len(locs)) or real(locs, rt))
         assert repo.messages_for_task("t1") == want
         assert calls == []
         assert repo.get_message("msg_00000003").record == want[1] and repo.get_message("msg_00000003").tier == "cool"

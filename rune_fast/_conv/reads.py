@@ -12,6 +12,7 @@ from .. import codec
 from ..errors import CorruptStateCheckpointError
 from ..records import ConversationMessageRecord, message_from_stored
 from .._index import LocCache
+from .._order import order_key
 from ..segments import seg_name
 from . import tuning
 from .common import (_COOL_RANK, _HOT_RANK, _MAX_N, _OFF_MASK, MessageRead, ReadStatus,
@@ -290,9 +291,27 @@ class HotReads(Host):
         if len(hot) >= n or not self._cool_has_channel(channel_id):
             return hot
         need = n - len(hot)
-        rows = self._cool.channel_tail(channel_id, need + len(self._cool_deleted))
-        cool = self._cool_rows(rows)[-need:]
+        cool = self._cool_tail(channel_id, need)
         return self._merge(cool, hot)[-n:]
+
+    def _cool_tail(self, channel_id: str, n: int) -> list[ConversationMessageRecord]:
+        """The channel's newest ``n`` live cool messages, oldest first: the
+        rows that can be among them (each file's last ones) read by location
+        (:meth:`_cool_records`: kept records, or straight from their pages),
+        each checked to be of the channel, ordered by the order key."""
+        deleted = self._cool_deleted
+        locs = self._cool.channel_tail_locs(channel_id, n + len(deleted))
+        keyed = []
+        for loc, (rec, o) in zip(locs, self._cool_records(locs)):
+            if rec.channel_id != channel_id:
+                raise CorruptStateCheckpointError(
+                    f"cool index says {rec.msg_id!r} is a message of channel {channel_id!r}, "
+                    f"the file says {rec.channel_id!r}", path=self._cool.loc_path(loc),
+                    offset=loc & 0xFFFFFFFF)
+            if rec.msg_id not in deleted:
+                keyed.append((order_key(rec.hlc, rec.msg_id, o), rec))
+        keyed.sort(key=_first)
+        return [r for _k, r in keyed[len(keyed) - n:]] if n < len(keyed) else [r for _k, r in keyed]
 
     def _messages_for_task(self, task_id: str) -> list[ConversationMessageRecord]:
         if task_id == "":
@@ -323,7 +342,13 @@ class HotReads(Host):
         if not misses:
             return got
         miss = [loc for loc, hit in zip(locs, got) if hit is None]
-        read = {loc: (self._cool_record(row), row.ord) for loc, row in zip(miss, self._cool.rows_at(miss))}
+        # straight from the pages holding them (compiled; digests checked);
+        # the rows that path declines, through the rows' dicts (which name damage)
+        fast = self._cool.records_at(miss, ConversationMessageRecord)
+        read = {loc: hit for loc, hit in zip(miss, fast) if hit is not None}
+        slow = [loc for loc, hit in zip(miss, fast) if hit is None]
+        if slow:
+            read.update({loc: (self._cool_record(row), row.ord) for loc, row in zip(slow, self._cool.rows_at(slow))})
         self._cool_keep(list(read.items()))
         return [hit if hit is not None else read[loc] for loc, hit in zip(locs, got)]
 

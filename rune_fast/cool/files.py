@@ -92,6 +92,8 @@ class _FileSet:
         self._channels_d: dict[str, list[int]] = {}
         self._tasks_d: dict[str, list[int]] | None = None   # built at the first task query
         self._task_locs_d: dict[str, list[int]] = {}         # task_locs' answers (see _TASK_LOCS_KEPT)
+        # channel_tail_locs' answers by (channel, n): emptied with _task_locs_d
+        self._tail_locs_d: dict[tuple[str, int], list[int]] = {}
         # id index: xxh3_64(msg_id) -> (file no << 32) | row, every live file
         self._ids_d = HashIndex()
         self._pending_d: list[int] = []     # live files whose ids are not in _ids yet
@@ -405,6 +407,7 @@ class _FileSet:
         # (the fields themselves: this runs while the sidecars are being read)
         self._files_d[fi.no] = fi
         self._task_locs_d.clear()
+        self._tail_locs_d.clear()
         no = fi.no
         if fi.id_range is not None:
             self._ranges[no] = fi.id_range
@@ -471,6 +474,7 @@ class _FileSet:
     def _drop_files(self, nos: list[int]) -> None:
         self._build_ids()
         self._task_locs_d.clear()
+        self._tail_locs_d.clear()
         drop = set(nos)
         n_drop = 0
         for no in nos:

@@ -3,16 +3,49 @@
 from __future__ import annotations
 
 import bisect
-from typing import Sequence, cast
+import operator
+from typing import Any, Sequence, cast
 
 import numpy as np
+import orjson
 
+from .._order import order_key
+from .._pages import records_from_columns
 from ..errors import CorruptStateCheckpointError
+from ..pages import PageError
+from ..records import _stored_calls_ok
 from .cache import _RowCache
 from .rows import _LAZY_LOOKUPS, _TASK_LOCS_KEPT, _assemble_at, _row_digest
 from .schema import CoolRow, _COLS, _file_no, _row_key, cool_loc
 from .sidecar import _id_hashes
 from .tables import _merge
+
+_first = operator.itemgetter(0)
+
+#: the columns records_from_columns takes: the string columns in schema
+#: order, then ts, token_estimate, schema_version, ord
+_STRING_COLS = [i for i, c in enumerate(_COLS) if c not in ("ts", "token_estimate", "schema_version", "ord")]
+_TS, _TOK, _SV, _ORD = (_COLS.index(c) for c in ("ts", "token_estimate", "schema_version", "ord"))
+#: the columns of the order key (rune_fast._order): hlc, msg_id, ord
+_KEY_COLS = [_COLS.index(c) for c in ("hlc", "msg_id", "ord")]
+
+
+def _calls_read(raw: bytes) -> tuple[tuple, bytes] | None:
+    """A stored non-empty tool-call list as records_from_columns takes it:
+    (the calls, as message_from_stored keeps them from a fresh decode; their
+    canonical JSON for the digest), or None: the row takes the Python path.
+    A spelling orjson does not give back (a long integer, a float json
+    spells otherwise) fails the digest and takes that path too."""
+    try:
+        calls = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if type(calls) is list and calls and _stored_calls_ok(calls):
+        try:
+            return tuple(calls), orjson.dumps(calls, option=orjson.OPT_SORT_KEYS)
+        except (orjson.JSONEncodeError, TypeError):
+            return None
+    return None
 
 
 class _Reads(_RowCache):
@@ -255,6 +288,130 @@ class _Reads(_RowCache):
                 for r, row in zip(rows, self._rows(no, 0, 0, rows)):
                     got[cool_loc(no, r)] = row
             return [got[loc] for loc in locs]
+
+    def records_at(self, locs: Sequence[int], record_type: type) -> list[tuple[Any, int] | None]:
+        """``(record, ord)`` of the rows at ``locs`` (:func:`cool_loc`), in
+        their order, read straight from the pages holding them: for each row
+        group they touch, each page once (``PageReader.take``), only their
+        values decoded; each row's digest checked against its canonical JSON
+        rebuilt from the stored bytes, its record (``record_type``) built in
+        compiled code (``_pages.records_from_columns``). None for a row that
+        path declines (extra fields, an unusual spelling, damage, a file in
+        another layout): the caller reads those with :meth:`rows_at`, which
+        names any damage, and the rows of a group the row-group cache holds
+        whole (a search read it), which it reads from there. The cache is not
+        filled here: a task of hundreds of rows costs one pass over the
+        pages of each file holding them, not a group decoded per row."""
+        with self._lock:
+            by_file: dict[int, list[int]] = {}
+            for loc in locs:
+                no = loc >> 32
+                if no not in self._files:
+                    raise CorruptStateCheckpointError(f"cool file number {no} is not live", path=self._dir)
+                by_file.setdefault(no, []).append(loc & 0xFFFFFFFF)
+            got: dict[int, tuple[Any, int]] = {}
+            for no, rows in by_file.items():
+                self._records_of(no, sorted(set(rows)), record_type, got)
+            return [got.get(loc) for loc in locs]
+
+    def _records_of(self, no: int, rows: list[int], record_type: type, got: dict) -> None:
+        """:meth:`records_at` of the rows (ascending) of file ``no`` into ``got``."""
+        fi = self._files[no]
+        starts = fi.rg_list
+        k, n = 0, len(rows)
+        while k < n:
+            rg = bisect.bisect_right(starts, rows[k]) - 1
+            end = starts[rg + 1] if rg + 1 < len(starts) else fi.rows
+            j = bisect.bisect_left(rows, end, k)
+            if rg < 0 or j == k:
+                raise CorruptStateCheckpointError(f"cool index points past the file at row {rows[k]}",
+                                                  path=self._path(fi.name), offset=rows[k])
+            sel, base = rows[k:j], starts[rg]
+            local = [r - base for r in sel]
+            g = self._cache.get((no, rg))
+            if g is not None and g.acc is not None:
+                k = j
+                continue        # a group cached whole (a search read it): rows_at reads it from there
+            try:
+                cols = self._with_reader(no, lambda reader: reader.take(rg, local))
+            except PageError:
+                cols = None     # damage: rows_at reads the group through pyarrow and names it
+            if cols is not None:
+                recs = records_from_columns([cols[c] for c in _STRING_COLS], cols[_TS], cols[_TOK],
+                                            cols[_SV], cols[_ORD], record_type, _calls_read)
+                for r, hit in zip(sel, recs):
+                    if hit is not None:
+                        got[cool_loc(no, r)] = hit
+            k = j
+
+    def loc_path(self, loc: int) -> str:
+        """The path of the file holding location ``loc`` (for errors)."""
+        with self._lock:
+            fi = self._files.get(loc >> 32)
+            return self._path(fi.name) if fi is not None else self._dir
+
+    def channel_tail_locs(self, channel_id: str, n: int) -> list[int]:
+        """The locations (:func:`cool_loc`) of the channel's newest ``n``
+        archived messages, oldest first. With the channel in several files,
+        only the order-key columns (hlc, msg_id, ord) of each file's last
+        ``n`` rows of it are read (a file's range is in key order) to choose
+        them: the caller reads the records of just these (and checks their
+        channel; the digest covers hlc and msg_id, the page checksums ord)."""
+        if n <= 0:
+            return []
+        with self._lock:
+            nos = self._channels.get(channel_id, ())
+            ranges = []
+            for no in nos:
+                s, e, _ = self._files[no].channels[channel_id]
+                ranges.append((no, max(s, e - n), e))
+            if len(ranges) == 1:
+                no, a, e = ranges[0]
+                return [(no << 32) | r for r in range(a, e)]
+            kept = self._tail_locs_d.get((channel_id, n)) if not self._unloaded else None
+            if kept is not None:
+                return list(kept)
+            keyed: list[tuple[tuple, int]] = []
+            for no, a, e in ranges:
+                keyed += self._keys_of(no, list(range(a, e)))
+            keyed.sort(key=_first)
+            out = [loc for _k, loc in keyed[-n:]]
+            if len(self._tail_locs_d) >= _TASK_LOCS_KEPT:
+                self._tail_locs_d.clear()
+            self._tail_locs_d[(channel_id, n)] = out
+            return list(out)
+
+    def _keys_of(self, no: int, rows: list[int]) -> list[tuple[tuple, int]]:
+        """(order key, location) of the rows (ascending) of file ``no``,
+        from their key columns' pages; the rows of a group the page reader
+        does not take are read whole (which names any damage)."""
+        fi = self._files[no]
+        starts = fi.rg_list
+        out: list[tuple[tuple, int]] = []
+        k, n = 0, len(rows)
+        while k < n:
+            rg = bisect.bisect_right(starts, rows[k]) - 1
+            end = starts[rg + 1] if rg + 1 < len(starts) else fi.rows
+            j = bisect.bisect_left(rows, end, k)
+            if rg < 0 or j == k:
+                raise CorruptStateCheckpointError(f"cool index points past the file at row {rows[k]}",
+                                                  path=self._path(fi.name), offset=rows[k])
+            sel, base = rows[k:j], starts[rg]
+            local = [r - base for r in sel]
+            try:
+                cols = self._with_reader(no, lambda reader: reader.take(rg, local, _KEY_COLS))
+                if cols is not None:
+                    (hd, ho), (md, mo), ords = cols
+                    hlcs = [hd[ho[i]:ho[i + 1]].decode("utf-8") for i in range(len(sel))]
+                    mids = [md[mo[i]:mo[i + 1]].decode("utf-8") for i in range(len(sel))]
+                    out += [(order_key(h, m, o), (no << 32) | r) for h, m, o, r in
+                            zip(hlcs, mids, np.frombuffer(ords, dtype=np.int64).tolist(), sel)]
+            except (PageError, UnicodeDecodeError):
+                cols = None     # damage: read below, which names it
+            if cols is None:
+                out += [(_row_key(row), (no << 32) | row.row) for row in self._rows(no, 0, 0, sel)]
+            k = j
+        return out
 
     def latest_task_row(self, channel_id: str) -> CoolRow | None:
         """The newest archived message of the channel that has a task, or
