@@ -41,7 +41,7 @@ from ._conv.common import (COOL_DIR, DEVICE_NAME, DURABILITY_MODES, FOLDS_TO_ASC
                            MANIFEST_NAME, QUARANTINE_DIR, SNAPSHOT_NAME, TOMBSTONES_NAME, CompactionReport,
                            MessageRead, Problem, ReadStatus, SearchHit, VerifyReport, _str_arg, _WRITE_FAULTS,
                            own_calls)
-from ._conv.staging import _Staged
+from ._conv.staging import _Chore, _Staged
 from ._conv.compaction import Compaction
 from ._conv.cooling import Cooling
 from ._conv.exchange import Exchange
@@ -143,6 +143,7 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
         self._compactions = 0
         self._last_compaction: CompactionReport | None = None
         self._bg: _Staged | None = None
+        self._chore: _Chore | None = None     # file work a compaction left to a thread
         self._special_cache: dict[int, dict[str, tuple[int, list[int]]]] = {}
         try:
             self._open(events)
@@ -416,6 +417,7 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
             if self._closed:
                 return
             try:
+                self._join_chore()      # (file work of the last compaction: its snapshot first)
                 if self._bg is not None and self._writes.error is None:
                     self._compact(full=False, start_bg=False)   # adopt the staged work
                 if not self.read_only and self._writes.error is None and self._tail is not None:
@@ -440,6 +442,8 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
                 self._release()
 
     def _release(self) -> None:
+        if getattr(self, "_chore", None) is not None:
+            self._join_chore()
         job = getattr(self, "_bg", None)
         if job is not None:
             # a staged run nobody adopted (close failed): its file is a stray

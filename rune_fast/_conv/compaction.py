@@ -2,9 +2,11 @@
 erasure of deleted messages, the manifest checkpoint."""
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -14,7 +16,7 @@ from ..errors import DurabilityError
 from ..segments import (TAIL_NAME, Segment, TailFile, filters_name, fsync_dir, seg_name, write_file)
 from . import tuning
 from .common import (_FORMAT, CompactionReport, _line_seq_of, _unlink)
-from .staging import _Staged
+from .staging import _Chore, _Staged
 from .host import Host
 
 log = logging.getLogger("rune_fast")
@@ -126,6 +128,7 @@ class Compaction(Host):
             self._check_writable()
             assert self._tail is not None and self._events is not None     # (a writer's)
             t0 = time.perf_counter()
+            self._join_chore()
             rep = CompactionReport()
             staged = self._settle_bg() if settle else None
             if staged is None and not full and self._fold_only():
@@ -206,20 +209,25 @@ class Compaction(Host):
             self._covered_events = events_size
             self._tombfile.erased_all()     # every pending erasure is done by now
             self._write_manifest(manifest_cool, durable=durable)
-            # 6. now the old files are unreferenced: remove them
+            # 6. now the old files are unreferenced: remove them (an
+            # automatic compaction that erased nothing leaves the unlinks to
+            # a thread: tens of ms for a few large files, see _Chore)
+            paths: list[str] = []
             for seg in old_segs:
                 s = self._segs.pop(seg, None)
                 self._index.detach(seg)
                 if s is not None:
                     s.close()
-                    _unlink(s.path)
-                _unlink(os.path.join(self.hot_dir, filters_name(seg)))
+                    paths.append(s.path)
+                paths.append(os.path.join(self.hot_dir, filters_name(seg)))
                 self._filters_kept.pop(seg, None)
-            if old_cool:
-                self._cool.unlink_files(old_cool)
-                rep.cool_files_removed += len(old_cool)
-            if (old_segs or old_cool) and durable:
-                fsync_dir(self.hot_dir)
+            rep.cool_files_removed += len(old_cool)
+            # an explicit compaction, and one that erased, do it all here
+            # (erased bytes are gone when it returns)
+            inline = full or bool(rep.erased or cool_erase)
+            later: list[Callable[[], object]] = []
+            if paths or old_cool:
+                later.append(functools.partial(self._remove_files, paths, old_cool, durable))
             self._dirty_segs.clear()
             self._pending_erase.clear()
             self._unlocated.clear()
@@ -227,13 +235,35 @@ class Compaction(Host):
             self._interleaved.clear()
             self._since_compact = 0
             if self._snapshot_due():
-                self._write_snapshot()
+                self._write_snapshot(None if inline else later)
                 rep.snapshot_written = True
+            if later:
+                if inline:
+                    for work in later:
+                        work()
+                else:
+                    self._chore = _Chore("file work", lambda: [work() for work in later])
             self._bound_maps()          # the lines cooled or rewritten were read through the maps
             rep.seconds = time.perf_counter() - t0
             self._compactions += 1
             self._last_compaction = rep
             return rep
+
+    def _remove_files(self, paths: list[str], cool_names: list[str], durable: bool) -> None:
+        """Unlink retired hot files and cool files (no manifest names them)."""
+        for path in paths:
+            _unlink(path)
+        if cool_names:
+            self._cool.unlink_files(cool_names)
+        if durable:
+            fsync_dir(self.hot_dir)
+
+    def _join_chore(self) -> None:
+        """Wait for the file work a compaction left to a thread (lock held)."""
+        chore = self._chore
+        if chore is not None:
+            self._chore = None
+            chore.join()
 
     def _fold(self, rep: CompactionReport, t0: float) -> CompactionReport:
         """Fold the tail into the hot tier in memory (lock held). The manifest

@@ -105,11 +105,13 @@ class Cooling(Host):
                 self._fold(CompactionReport(), t0)    # a cooling job's rows stay put meanwhile
             return
         if job is not None:
-            # adopt the finished job; the excess grown meanwhile is staged
-            # below when it is large enough, not cooled here (on the caller's time)
+            # adopt the finished job (its rows leave the index, the segments
+            # they leave sparse are rewritten); the excess grown meanwhile is
+            # staged by the next compaction, not here: one append pays for
+            # one of the two (measured at 200,000 messages: 100-300 ms when
+            # one call paid for both)
             self._compact(full=False, cool_excess=False)
-            if self._bg is not None:            # it started a merge
-                return
+            return
         if not self._pending_erase:
             # (also the first compaction of an open: its look at every segment
             # waits for the adoption, which runs it; cooling a large excess

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from ..segments import Segment, TailFile
     from .. import sync as _sync
     from .common import CompactionReport
-    from .staging import _Staged
+    from .staging import _Chore, _Staged
     from .tombstones import TombstoneFile
     from .maps import MapBudget
     from .write_thread import WriteThread
@@ -105,6 +105,7 @@ class RepoState:
     _compactions: int
     _last_compaction: CompactionReport | None
     _bg: _Staged | None
+    _chore: _Chore | None
     _behind: set[str] | None
     _clock_nows: int
     _clock_unheld: bool
