@@ -26,8 +26,11 @@ class Compaction(Host):
     """Running a compaction (a mixin of the repository); choosing what to cool is Cooling's."""
 
     def _compact_segments(self, rep: CompactionReport, cool_erase: list[str],
-                          old_segs: list[int]) -> list[int]:
-        """Steps 3-4 of a compaction (lock held); returns the new segment order."""
+                          old_segs: list[int], max_runs: int | None = None) -> tuple[list[int], bool]:
+        """Steps 3-4 of a compaction (lock held); returns the new segment
+        order and whether segments to rewrite were left for the next one
+        (``max_runs``: rewrite at most that many runs; an automatic
+        compaction rewrites one, about 8 MiB, so no append waits for more)."""
         assert self._tail is not None       # a writer always has its tail
         # 3. segments: roll the tail if it holds deleted lines or grew large
         stats = self._index.seg_stats()
@@ -48,9 +51,13 @@ class Compaction(Host):
         run_bytes = 0
         run_seq: int | None = None     # the append sequence of the run's last line
 
+        runs = 0
+        more = False
+
         def end_run() -> None:
-            nonlocal run, run_bytes
+            nonlocal run, run_bytes, runs
             if run:
+                runs += 1
                 new_seg = self._rewrite_segments(run)
                 rep.bytes_written += self._segs[new_seg].size
                 rep.segments_rewritten += len(run)
@@ -66,6 +73,10 @@ class Compaction(Host):
                 rep.segments_reclaimed += 1
                 continue
             if seg in self._dirty_segs or self._sparse(size, live_bytes):
+                if max_runs is not None and runs >= max_runs:
+                    more = True             # (left for the next compaction)
+                    new_order.append(seg)
+                    continue
                 locs = self._index.seg_locs(seg)
                 first = self._line_seq(int(locs[0]))
                 if run and (run_bytes + live_bytes > tuning.ROLL_BYTES or run_seq is None
@@ -80,7 +91,7 @@ class Compaction(Host):
         end_run()
         if rep.segments_rewritten:
             fsync_dir(self.hot_dir)
-        return new_order
+        return new_order, more
 
     def _line_seq(self, loc: int) -> int | None:
         """The append sequence of the (checked) message line at ``loc``; None
@@ -96,7 +107,7 @@ class Compaction(Host):
                 and not self._cool.plan_merge())
 
     def _compact(self, *, full: bool, start_bg: bool = True, settle: bool = True,
-                 cool_excess: bool = True) -> CompactionReport:
+                 cool_excess: bool = True, segments: bool = True) -> CompactionReport:
         """A compaction (lock held; see _compact_now). A write, sync or
         rename that fails in it (a full disk, an I/O error) makes the store
         refuse writes until reopened, as a failed append does: its files may
@@ -106,7 +117,7 @@ class Compaction(Host):
         with self._lock:
             try:
                 return self._compact_now(full=full, start_bg=start_bg, settle=settle,
-                                         cool_excess=cool_excess)
+                                         cool_excess=cool_excess, segments=segments)
             except DurabilityError as exc:
                 self._writes.fail(exc)
                 raise
@@ -118,12 +129,16 @@ class Compaction(Host):
                     f"refuses writes until reopened") from exc
 
     def _compact_now(self, *, full: bool, start_bg: bool = True, settle: bool = True,
-                     cool_excess: bool = True) -> CompactionReport:
+                     cool_excess: bool = True, segments: bool = True) -> CompactionReport:
         """A compaction (lock held). ``settle=False``: leave a background
         merge running (the caller checked that one runs and that nothing is
         to be erased): nothing is cooled or merged then, only the tail and
         the segments are seen to. ``cool_excess=False``: adopt what the
-        background staged, but leave the excess to the caller."""
+        background staged, but leave the excess to the caller.
+        ``segments=False`` (nothing to erase): leave the segments (the
+        roll, the rewrite of those the cooled lines left sparse) to the next
+        compaction. That is safe at any point: a cooled message's hot line
+        may stay in a segment that is not sparse enough to rewrite anyway."""
         with self._lock:
             self._check_writable()
             assert self._tail is not None and self._events is not None     # (a writer's)
@@ -143,7 +158,7 @@ class Compaction(Host):
             # 1. cooling: first a run staged in the background, then the rest
             if staged is not None and staged.kind == "cool":
                 manifest_cool = self._cool.adopt(staged.result)
-                self._cooled(staged.locs, staged.table, staged=True)
+                self._cooled(staged.locs, staged.table, staged=staged)
                 rep.cooled += staged.table.num_rows
                 rep.cool_files_written += 1
             elif staged is not None:
@@ -191,10 +206,14 @@ class Compaction(Host):
             # deleted lines, grew large or is mostly dead; rewrite sealed
             # segments holding deleted lines or mostly dead; drop empty ones
             new_order: list[int] = list(self._seg_order)
-            if (staged is not None or excess or self._pending_erase or self._segs_unchecked
+            if not (segments or self._pending_erase or self._dirty_segs):
+                if staged is not None or excess:
+                    self._segs_unchecked = True
+            elif (staged is not None or excess or self._pending_erase or self._segs_unchecked
                     or self._tail.size >= tuning.ROLL_BYTES):
-                new_order = self._compact_segments(rep, cool_erase, old_segs)
-                self._segs_unchecked = False
+                bounded = not (full or self._pending_erase or self._dirty_segs)
+                new_order, self._segs_unchecked = self._compact_segments(
+                    rep, cool_erase, old_segs, max_runs=1 if bounded else None)
             if self._pending_erase:
                 self._erase_quarantined(self._pending_erase)
             rep.erased = len(self._pending_erase)

@@ -24,6 +24,10 @@ class _Staged:
         self.kind = kind
         self.locs = locs
         self.table: Any = None  # a cooling run's rows, in the order of locs (set by its thread)
+        # their msg_ids and index keys (set by its thread too: the adoption,
+        # under the lock, then need not make them)
+        self.ids: list[str] | None = None
+        self.keys: list[bytes] | None = None
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = threading.Event()
