@@ -144,6 +144,7 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
         self._last_compaction: CompactionReport | None = None
         self._bg: _Staged | None = None
         self._chore: _Chore | None = None     # file work a compaction left to a thread
+        self._rewrite_due = False       # (see Cooling._auto_compact)
         self._special_cache: dict[int, dict[str, tuple[int, list[int]]]] = {}
         try:
             self._open(events)

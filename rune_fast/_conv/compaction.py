@@ -208,12 +208,13 @@ class Compaction(Host):
             new_order: list[int] = list(self._seg_order)
             if not (segments or self._pending_erase or self._dirty_segs):
                 if staged is not None or excess:
-                    self._segs_unchecked = True
+                    self._segs_unchecked = self._rewrite_due = True
             elif (staged is not None or excess or self._pending_erase or self._segs_unchecked
                     or self._tail.size >= tuning.ROLL_BYTES):
                 bounded = not (full or self._pending_erase or self._dirty_segs)
-                new_order, self._segs_unchecked = self._compact_segments(
+                new_order, more = self._compact_segments(
                     rep, cool_erase, old_segs, max_runs=1 if bounded else None)
+                self._segs_unchecked = self._rewrite_due = more
             if self._pending_erase:
                 self._erase_quarantined(self._pending_erase)
             rep.erased = len(self._pending_erase)

@@ -113,6 +113,12 @@ class Cooling(Host):
             # when one call paid for all)
             self._compact(full=False, cool_excess=False, segments=False)
             return
+        if self._rewrite_due and not self._pending_erase:
+            # the segments the last adoption left sparse, one run a call,
+            # before the next run is staged (else they pile up: at 1,000,000
+            # messages the final compact() had tens of them to rewrite)
+            self._compact(full=False, cool_excess=False)
+            return
         if not self._pending_erase:
             # (also the first compaction of an open: its look at every segment
             # waits for the adoption, which runs it; cooling a large excess
@@ -122,7 +128,9 @@ class Cooling(Host):
             excess = self._excess(False)
             if len(excess) >= tuning.BG_COOL_MIN_ROWS:
                 if self._tail.size < tuning.ROLL_BYTES:
-                    self._bg = self._stage_cooling(excess)
+                    # at most BG_COOL_MAX_ROWS a run (each channel's oldest
+                    # first, channel by channel): its lines are copied here
+                    self._bg = self._stage_cooling(excess[:tuning.BG_COOL_MAX_ROWS])
                     self._fold(CompactionReport(), t0)
                 else:
                     self._compact(full=False, cool_excess=False)

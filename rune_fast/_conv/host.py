@@ -101,6 +101,7 @@ class RepoState:
     # compaction.py and cooling.py: the schedule, the manifest checkpoint, staged work
     _since_compact: int
     _segs_unchecked: bool
+    _rewrite_due: bool      # an adoption left the segment rewrite to the next compactions
     _manifest_dirty: bool
     _compactions: int
     _last_compaction: CompactionReport | None
