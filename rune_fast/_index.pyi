@@ -17,6 +17,10 @@ SNAPSHOT_VERSION: Final[int]
 #: (GR_BLOCK, GR_OVER, GR_LG, GR_WORDS) of the search filters
 SEARCH_FILTER_LAYOUT: Final[tuple[int, int, int, int]]
 
+def _write_atomic(path: str, buf: Buffer) -> None:
+    """Write ``buf`` to ``path`` atomically (temp file, fsync, rename, fsync of
+    the folder; mode 0600): the write ``HotIndex.save_snapshot`` does."""
+
 @disjoint_base
 class HashIndex:
     def insert(self, h: int, v: int) -> None: ...
