@@ -27,7 +27,7 @@ from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.mem cimport PyMem_Free
 from cpython.unicode cimport PyUnicode_AsUTF8String
-from libc.stdint cimport int32_t, int64_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, realloc
 from libc.string cimport memchr, memcmp, memcpy, memset, strlen
 
@@ -1052,3 +1052,239 @@ def own_calls(list recs):
         PyObject_GenericSetAttr(n, "tool_calls", tuple([_json_copy(c) for c in calls]))
         recs[i] = n
     return recs
+
+
+# ------------------------------------------------------- the record's constructor
+
+cdef extern from "Python.h":
+    int PyUnicode_KIND(object o)
+    void *PyUnicode_DATA(object o)
+    Py_ssize_t PyUnicode_GET_LENGTH(object o)
+    int PyUnicode_2BYTE_KIND
+    int PyUnicode_4BYTE_KIND
+    void Py_XDECREF(PyObject *o)
+
+cdef extern from "math.h" nogil:
+    bint isfinite(double x)
+
+
+class _Default:
+    """The default of ``msg_id`` and ``ts`` in the record's constructor: a
+    fresh id, the time now."""
+    __slots__ = ()
+
+    def __repr__(self):
+        return "<default>"
+
+
+#: What a record constructor's argument left out gets (``records._MISSING``).
+MISSING = _Default()
+
+# The message record's fields in the constructor's argument order.
+cdef tuple _INIT_FIELDS = ("msg_id", "ts", "role", "content", "channel_id", "task_id",
+                           "token_estimate", "tool_calls", "tool_call_id", "origin", "hlc")
+DEF N_INIT = 11
+
+# Set once by message_init_setup.
+cdef type _mi_type = None
+cdef object _mi_new_id = None       # () -> a fresh msg_id
+cdef object _mi_now = None          # () -> time.time()
+cdef object _mi_slow = None         # records._checked_message
+# where each field's pointer lies in an instance (bytes from its start; -1:
+# set through the slot's descriptor)
+cdef Py_ssize_t _mi_at[N_INIT]
+
+
+def message_init_setup(type record_type, object new_id, object now, object slow):
+    """Set what :func:`message_init` builds: instances of ``record_type`` (a
+    slotted class holding the message fields), ``new_id() -> str`` for a
+    missing ``msg_id``, ``now() -> float`` for a missing ``ts``, and
+    ``slow(*fields) -> fields`` that checks and normalises the fields of
+    anything but the plain case, or raises naming the bad one."""
+    global _mi_type, _mi_new_id, _mi_now, _mi_slow
+    cdef Py_ssize_t k, j, n = N_INIT
+    cdef PyObject **at
+    cdef tuple slots = getattr(record_type, "__slots__", ())
+    _mi_type, _mi_new_id, _mi_now, _mi_slow = record_type, new_id, now, slow
+    for k in range(N_INIT):
+        _mi_at[k] = -1
+    if (record_type.__dictoffset__ == 0 and record_type.__weakrefoffset__ == 0
+            and record_type.__itemsize__ == 0 and len(slots) == n
+            and set(slots) == set(_INIT_FIELDS)
+            and record_type.__basicsize__ == _HEAD + n * <Py_ssize_t>sizeof(void *)):
+        # CPython lays the slots out in its own order: find each field's
+        # pointer by the sentinel a probe's field holds
+        probe = record_type.__new__(record_type)
+        at = <PyObject **>(<char *><void *>probe + _HEAD)
+        for k in range(N_INIT):
+            sentinel = object()
+            PyObject_GenericSetAttr(probe, _INIT_FIELDS[k], sentinel)
+            for j in range(n):
+                if at[j] == <PyObject *>sentinel:
+                    _mi_at[k] = _HEAD + j * <Py_ssize_t>sizeof(void *)
+
+
+cdef bint _utf8_str(object s) noexcept:
+    """Whether a str encodes as UTF-8 (holds no lone surrogate). The scan
+    ORs a whole run of characters before it looks (a loop the compiler
+    vectorises): about 0.1 ns a character."""
+    cdef int kind
+    cdef Py_ssize_t i, j, n, end
+    cdef const uint16_t *p2
+    cdef const uint32_t *p4
+    cdef unsigned int bad = 0
+    if PyUnicode_IS_ASCII(s):
+        return True
+    kind = PyUnicode_KIND(s)
+    n = PyUnicode_GET_LENGTH(s)
+    if kind == PyUnicode_2BYTE_KIND:
+        p2 = <const uint16_t *>PyUnicode_DATA(s)
+        for i in range(0, n, 512):
+            end = min(n, i + 512)
+            for j in range(i, end):
+                bad |= (p2[j] >> 11) == 0x1B        # 0xD800-0xDFFF: a surrogate
+            if bad:
+                return False
+    elif kind == PyUnicode_4BYTE_KIND:
+        p4 = <const uint32_t *>PyUnicode_DATA(s)
+        for i in range(0, n, 512):
+            end = min(n, i + 512)
+            for j in range(i, end):
+                bad |= (p4[j] >> 11) == 0x1B
+            if bad:
+                return False
+    return True
+
+
+cdef inline bint _plain_str(object s) noexcept:
+    return type(s) is str and _utf8_str(s)
+
+
+cdef object _NOT_PLAIN = object()
+
+
+cdef object _plain_json(object v, int depth):
+    """A detached copy of a plain JSON value (dicts with str keys, lists, and
+    tuples as lists, of str, int, finite float, bool, None), what
+    records._json_value returns for it; None for anything else (a subclass,
+    a Mapping, a non-finite float, a lone surrogate, nesting past 256
+    levels) ``_NOT_PLAIN``: the Python path normalises or refuses it by
+    name."""
+    cdef object t = type(v)
+    cdef object c, x
+    cdef Py_ssize_t i, n
+    if v is None or t is bool or t is int:
+        return v
+    if t is str:
+        return v if _utf8_str(v) else _NOT_PLAIN
+    if t is float:
+        return v if isfinite(<double>v) else _NOT_PLAIN
+    if depth >= _JSON_SAFE_DEPTH:
+        return _NOT_PLAIN
+    if t is dict:
+        c = {}
+        for k, x in (<dict>v).items():
+            if not _plain_str(k):
+                return _NOT_PLAIN
+            x = _plain_json(x, depth + 1)
+            if x is _NOT_PLAIN:
+                return _NOT_PLAIN
+            c[k] = x
+        return c
+    if t is list or t is tuple:
+        n = len(v)
+        c = [None] * n
+        for i in range(n):
+            x = _plain_json(v[i], depth + 1)
+            if x is _NOT_PLAIN:
+                return _NOT_PLAIN
+            (<list>c)[i] = x
+        return c
+    return _NOT_PLAIN
+
+
+cdef object _plain_calls_copy(object calls):
+    """The tool calls as the constructor stores them (a tuple of detached
+    dict copies) when each is a plain dict with str ``id`` and ``name`` and
+    an ``arguments`` key, of plain JSON values; None otherwise."""
+    cdef Py_ssize_t i, n = len(calls)
+    cdef list out = [None] * n
+    cdef object call, c
+    for i in range(n):
+        call = calls[i]
+        if type(call) is not dict or "arguments" not in <dict>call:
+            return None
+        c = (<dict>call).get("id")
+        if type(c) is not str:
+            return None
+        c = (<dict>call).get("name")
+        if type(c) is not str:
+            return None
+        c = _plain_json(call, 1)
+        if c is _NOT_PLAIN:
+            return None
+        out[i] = c
+    return tuple(out)
+
+
+cdef inline int _mi_set(object self, Py_ssize_t k, object v) except -1:
+    cdef PyObject **slot
+    cdef PyObject *old
+    if _mi_at[k] < 0:
+        return PyObject_GenericSetAttr(self, _INIT_FIELDS[k], v)
+    slot = <PyObject **>(<char *><void *>self + _mi_at[k])
+    old = slot[0]
+    Py_XINCREF(<PyObject *>v)
+    slot[0] = <PyObject *>v
+    Py_XDECREF(old)
+    return 0
+
+
+def message_init(self, msg_id=MISSING, ts=MISSING, role="user", content="", channel_id="",
+                 task_id="", token_estimate=None, tool_calls=(), tool_call_id="", origin="",
+                 hlc=""):
+    """The message record's ``__init__`` (set up by
+    :func:`message_init_setup`): the plain case -- exact str fields that
+    encode as UTF-8, a finite float time, a known role, plain JSON tool
+    calls -- is checked here and stored; anything else is checked (and
+    normalised, or refused naming the field) by the Python path."""
+    cdef double d
+    cdef object calls
+    if _mi_type is None:
+        raise RuntimeError("message_init: message_init_setup was not called")
+    if not isinstance(self, _mi_type):
+        raise TypeError(f"message_init: expected a {_mi_type.__name__}, got {type(self).__name__}")
+    if msg_id is MISSING:
+        msg_id = _mi_new_id()
+    if ts is MISSING:
+        ts = _mi_now()
+    calls = ()
+    if (type(ts) is float and isfinite(<double>ts) and type(role) is str and role in _ROLE_SET
+            and type(msg_id) is str and PyUnicode_GET_LENGTH(msg_id) > 0
+            and type(channel_id) is str and PyUnicode_GET_LENGTH(channel_id) > 0
+            and _plain_str(msg_id) and _plain_str(channel_id) and _plain_str(task_id)
+            and _plain_str(content) and _plain_str(tool_call_id) and _plain_str(origin)
+            and _plain_str(hlc)
+            and (type(tool_calls) is tuple or type(tool_calls) is list)
+            and (token_estimate is None or (type(token_estimate) is int and token_estimate >= 0))):
+        if len(tool_calls):
+            calls = _plain_calls_copy(tool_calls)
+        if calls is not None:
+            if token_estimate is None:
+                token_estimate = (PyUnicode_GET_LENGTH(content) + 3) // 4
+            _mi_set(self, 0, msg_id)
+            _mi_set(self, 1, ts)
+            _mi_set(self, 2, role)
+            _mi_set(self, 3, content)
+            _mi_set(self, 4, channel_id)
+            _mi_set(self, 5, task_id)
+            _mi_set(self, 6, token_estimate)
+            _mi_set(self, 7, calls)
+            _mi_set(self, 8, tool_call_id)
+            _mi_set(self, 9, origin)
+            _mi_set(self, 10, hlc)
+            return
+    fields = _mi_slow(msg_id, ts, role, content, channel_id, task_id, token_estimate,
+                      tool_calls, tool_call_id, origin, hlc)
+    for k in range(N_INIT):
+        _mi_set(self, k, fields[k])

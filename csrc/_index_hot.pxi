@@ -1691,10 +1691,12 @@ cdef class HotIndex:
 
     # ---- snapshot --------------------------------------------------------
 
-    def save_snapshot(self, path, covered) -> None:
+    def save_snapshot(self, path, covered, write=None) -> None:
         """Write the index to `path` atomically (temp file, fsync, rename, fsync
         of the folder; mode 0600), recording `covered` (seg -> offset up to which
-        the segment's lines are in the index). See docs/FORMAT.md."""
+        the segment's lines are in the index). See docs/FORMAT.md. `write`:
+        called as ``write(path, data)`` with the finished bytes instead of the
+        atomic write (a caller that writes them later, off its lock)."""
         cdef uint32_t e, n_new = 0
         cdef uint32_t *remap = NULL
         cdef uint32_t room = <uint32_t>(self._n_live >> 4)
@@ -1723,11 +1725,12 @@ cdef class HotIndex:
                     remap[e] = 0xFFFFFFFFU
             if n_new != self._n_live:
                 raise RuneError(f"save_snapshot: {n_new} live entries, the index counts {self._n_live}")
-            self._write_snapshot(path, covered, remap, n_new, room)
+            self._write_snapshot(path, covered, remap, n_new, room, write)
         finally:
             free(remap)
 
-    cdef _write_snapshot(self, path, covered, const uint32_t *remap, uint32_t n_new, uint32_t spare):
+    cdef _write_snapshot(self, path, covered, const uint32_t *remap, uint32_t n_new, uint32_t spare,
+                         write):
         # `spare` free entries follow the live ones (location -1, length 0):
         # room for the appends after the next open while the entry and length
         # arrays lie in the snapshot's map. Without it the first entry added
@@ -1827,7 +1830,7 @@ cdef class HotIndex:
             raise RuneError(f"save_snapshot: internal size mismatch ({pos} != {total})")
         u64 = _xxh.XXH3_64bits(o + 24, total - 24)
         memcpy(o + 16, &u64, 8)
-        _write_atomic(os.fspath(path), buf)
+        (_write_atomic if write is None else write)(os.fspath(path), buf)
 
     @staticmethod
     def load_snapshot(path, bint lazy_tasks=True):

@@ -3,7 +3,7 @@
 # A location ("loc") is an int, ``(seg << SEG_SHIFT) | offset``. Keys (ids,
 # channels, tasks, search needles) are the escaped JSON bytes of the value
 # (``codec.key``), as bytes or any contiguous bytes-like object.
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Final
 
 import numpy as np
@@ -16,6 +16,10 @@ SNAPSHOT_MAGIC: Final[bytes]
 SNAPSHOT_VERSION: Final[int]
 #: (GR_BLOCK, GR_OVER, GR_LG, GR_WORDS) of the search filters
 SEARCH_FILTER_LAYOUT: Final[tuple[int, int, int, int]]
+
+def _write_atomic(path: str, buf: Buffer) -> None:
+    """Write ``buf`` to ``path`` atomically (temp file, fsync, rename, fsync of
+    the folder; mode 0600): the write ``HotIndex.save_snapshot`` does."""
 
 @disjoint_base
 class HashIndex:
@@ -125,7 +129,8 @@ class HotIndex:
     @property
     def nbytes(self) -> int: ...
     # ---- snapshot
-    def save_snapshot(self, path: StrPath, covered: Mapping[int, int]) -> None: ...
+    def save_snapshot(self, path: StrPath, covered: Mapping[int, int],
+                      write: Callable[[str, bytearray], object] | None = None) -> None: ...
     @staticmethod
     def load_snapshot(path: StrPath, lazy_tasks: bool = True) -> tuple[HotIndex, dict[int, int]]: ...
 

@@ -408,6 +408,7 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
             if self._closed:
                 return
             try:
+                self._join_chore()      # (file work of the last compaction: its snapshot first)
                 if self._bg is not None and self._writes.error is None:
                     self._compact(full=False, start_bg=False)   # adopt the staged work
                 if not self.read_only and self._writes.error is None and self._tail is not None:
@@ -444,6 +445,8 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
                 self._own_events = True
 
     def _release(self) -> None:
+        if getattr(self, "_chore", None) is not None:
+            self._join_chore()
         job = getattr(self, "_bg", None)
         if job is not None:
             # a staged run nobody adopted (close failed): its file is a stray

@@ -136,7 +136,8 @@ cdef class HotIndex:
     cdef int _ensure_tasks(self) except -1
     cdef int _defer_task(self, uint32_t e) except -1
     cdef int _replay_tasks(self) except -1
-    cdef _write_snapshot(self, path, covered, const uint32_t *remap, uint32_t n_new, uint32_t spare)
+    cdef _write_snapshot(self, path, covered, const uint32_t *remap, uint32_t n_new, uint32_t spare,
+                         write)
     cdef void _unmap_if_unused(self) noexcept nogil
     cdef object _where(self, int64_t seg)
     cdef int _line_at(self, int64_t loc, const unsigned char **p, size_t *avail) noexcept nogil

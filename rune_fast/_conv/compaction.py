@@ -2,9 +2,11 @@
 erasure of deleted messages, the manifest checkpoint."""
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -14,7 +16,7 @@ from ..errors import DurabilityError
 from ..segments import (filters_name, fsync_dir, seg_name, write_file)
 from . import tuning
 from .common import (_FORMAT, CompactionReport, _line_seq_of, _unlink)
-from .staging import _Staged
+from .staging import _Chore, _Staged
 from .host import Host
 
 log = logging.getLogger("rune_fast")
@@ -36,6 +38,8 @@ class Compaction(Host):
         self._compactions = 0
         self._last_compaction = None
         self._bg = None
+        self._chore = None              # file work a compaction left to a thread (see _Chore)
+        self._rewrite_due = False       # (see Cooling._auto_compact)
 
     def _reset_schedule(self) -> None:
         self._since_compact = 0
@@ -64,8 +68,11 @@ class Compaction(Host):
         self._bg = None
 
     def _compact_segments(self, rep: CompactionReport, cool_erase: list[str],
-                          old_segs: list[int]) -> list[int]:
-        """Steps 3-4 of a compaction (lock held); returns the new segment order."""
+                          old_segs: list[int], max_runs: int | None = None) -> tuple[list[int], bool]:
+        """Steps 3-4 of a compaction (lock held); returns the new segment
+        order and whether segments to rewrite were left for the next one
+        (``max_runs``: rewrite at most that many runs; an automatic
+        compaction rewrites one, about 8 MiB, so no append waits for more)."""
         assert self._tail is not None       # a writer always has its tail
         # 3. segments: roll the tail if it holds deleted lines or grew large
         stats = self._index.seg_stats()
@@ -86,9 +93,13 @@ class Compaction(Host):
         run_bytes = 0
         run_seq: int | None = None     # the append sequence of the run's last line
 
+        runs = 0
+        more = False
+
         def end_run() -> None:
-            nonlocal run, run_bytes
+            nonlocal run, run_bytes, runs
             if run:
+                runs += 1
                 new_seg = self._rewrite_segments(run)
                 rep.bytes_written += self._segs[new_seg].size
                 rep.segments_rewritten += len(run)
@@ -104,6 +115,10 @@ class Compaction(Host):
                 rep.segments_reclaimed += 1
                 continue
             if seg in self._dirty_segs or self._sparse(size, live_bytes):
+                if max_runs is not None and runs >= max_runs:
+                    more = True             # (left for the next compaction)
+                    new_order.append(seg)
+                    continue
                 locs = self._index.seg_locs(seg)
                 first = self._line_seq(int(locs[0]))
                 if run and (run_bytes + live_bytes > tuning.ROLL_BYTES or run_seq is None
@@ -118,7 +133,7 @@ class Compaction(Host):
         end_run()
         if rep.segments_rewritten:
             fsync_dir(self.hot_dir)
-        return new_order
+        return new_order, more
 
     def _line_seq(self, loc: int) -> int | None:
         """The append sequence of the (checked) message line at ``loc``; None
@@ -134,7 +149,7 @@ class Compaction(Host):
                 and not self._cool.plan_merge())
 
     def _compact(self, *, full: bool, start_bg: bool = True, settle: bool = True,
-                 cool_excess: bool = True) -> CompactionReport:
+                 cool_excess: bool = True, segments: bool = True) -> CompactionReport:
         """A compaction (lock held; see _compact_now). A write, sync or
         rename that fails in it (a full disk, an I/O error) makes the store
         refuse writes until reopened, as a failed append does: its files may
@@ -144,7 +159,7 @@ class Compaction(Host):
         with self._lock:
             try:
                 return self._compact_now(full=full, start_bg=start_bg, settle=settle,
-                                         cool_excess=cool_excess)
+                                         cool_excess=cool_excess, segments=segments)
             except DurabilityError as exc:
                 self._writes.fail(exc)
                 raise
@@ -156,16 +171,21 @@ class Compaction(Host):
                     f"refuses writes until reopened") from exc
 
     def _compact_now(self, *, full: bool, start_bg: bool = True, settle: bool = True,
-                     cool_excess: bool = True) -> CompactionReport:
+                     cool_excess: bool = True, segments: bool = True) -> CompactionReport:
         """A compaction (lock held). ``settle=False``: leave a background
         merge running (the caller checked that one runs and that nothing is
         to be erased): nothing is cooled or merged then, only the tail and
         the segments are seen to. ``cool_excess=False``: adopt what the
-        background staged, but leave the excess to the caller."""
+        background staged, but leave the excess to the caller.
+        ``segments=False`` (nothing to erase): leave the segments (the
+        roll, the rewrite of those the cooled lines left sparse) to the next
+        compaction. That is safe at any point: a cooled message's hot line
+        may stay in a segment that is not sparse enough to rewrite anyway."""
         with self._lock:
             self._check_writable()
             assert self._tail is not None and self._events is not None     # (a writer's)
             t0 = time.perf_counter()
+            self._join_chore()
             rep = CompactionReport()
             staged = self._settle_bg() if settle else None
             if staged is None and not full and self._fold_only():
@@ -180,7 +200,7 @@ class Compaction(Host):
             # 1. cooling: first a run staged in the background, then the rest
             if staged is not None and staged.kind == "cool":
                 manifest_cool = self._cool.adopt(staged.result)
-                self._cooled(staged.locs, staged.table, staged=True)
+                self._cooled(staged.locs, staged.table, staged=staged)
                 rep.cooled += staged.table.num_rows
                 rep.cool_files_written += 1
             elif staged is not None:
@@ -228,10 +248,15 @@ class Compaction(Host):
             # deleted lines, grew large or is mostly dead; rewrite sealed
             # segments holding deleted lines or mostly dead; drop empty ones
             new_order: list[int] = list(self._seg_order)
-            if (staged is not None or excess or self._pending_erase or self._segs_unchecked
+            if not (segments or self._pending_erase or self._dirty_segs):
+                if staged is not None or excess:
+                    self._segs_unchecked = self._rewrite_due = True
+            elif (staged is not None or excess or self._pending_erase or self._segs_unchecked
                     or self._tail.size >= tuning.ROLL_BYTES):
-                new_order = self._compact_segments(rep, cool_erase, old_segs)
-                self._segs_unchecked = False
+                bounded = not (full or self._pending_erase or self._dirty_segs)
+                new_order, more = self._compact_segments(
+                    rep, cool_erase, old_segs, max_runs=1 if bounded else None)
+                self._segs_unchecked = self._rewrite_due = more
             if self._pending_erase:
                 self._erase_quarantined(self._pending_erase)
             rep.erased = len(self._pending_erase)
@@ -245,31 +270,58 @@ class Compaction(Host):
             self._set_covered(self._tail.size, events_size)
             self._tombfile.erased_all()     # every pending erasure is done by now
             self._write_manifest(manifest_cool, durable=durable)
-            # 6. now the old files are unreferenced: remove them
+            # 6. now the old files are unreferenced: remove them (an
+            # automatic compaction that erased nothing leaves the unlinks to
+            # a thread: tens of ms for a few large files, see _Chore)
+            paths: list[str] = []
             for seg in old_segs:
                 s = self._pop_segment(seg)
                 self._index_detach(seg)
                 if s is not None:
                     s.close()
-                    _unlink(s.path)
-                _unlink(os.path.join(self.hot_dir, filters_name(seg)))
+                    paths.append(s.path)
+                paths.append(os.path.join(self.hot_dir, filters_name(seg)))
                 self._forget_filters(seg)
-            if old_cool:
-                self._cool.unlink_files(old_cool)
-                rep.cool_files_removed += len(old_cool)
-            if (old_segs or old_cool) and durable:
-                fsync_dir(self.hot_dir)
+            rep.cool_files_removed += len(old_cool)
+            # an explicit compaction, and one that erased, do it all here
+            # (erased bytes are gone when it returns)
+            inline = full or bool(rep.erased or cool_erase)
+            later: list[Callable[[], object]] = []
+            if paths or old_cool:
+                later.append(functools.partial(self._remove_files, paths, old_cool, durable))
             self._erasures_done()
             self._forget_interleaving()
             self._since_compact = 0
             if self._snapshot_due():
-                self._write_snapshot()
+                self._write_snapshot(None if inline else later)
                 rep.snapshot_written = True
+            if later:
+                if inline:
+                    for work in later:
+                        work()
+                else:
+                    self._chore = _Chore("file work", lambda: [work() for work in later])
             self._bound_maps()          # the lines cooled or rewritten were read through the maps
             rep.seconds = time.perf_counter() - t0
             self._compactions += 1
             self._last_compaction = rep
             return rep
+
+    def _remove_files(self, paths: list[str], cool_names: list[str], durable: bool) -> None:
+        """Unlink retired hot files and cool files (no manifest names them)."""
+        for path in paths:
+            _unlink(path)
+        if cool_names:
+            self._cool.unlink_files(cool_names)
+        if durable:
+            fsync_dir(self.hot_dir)
+
+    def _join_chore(self) -> None:
+        """Wait for the file work a compaction left to a thread (lock held)."""
+        chore = self._chore
+        if chore is not None:
+            self._chore = None
+            chore.join()
 
     def _fold(self, rep: CompactionReport, t0: float) -> CompactionReport:
         """Fold the tail into the hot tier in memory (lock held). The manifest

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from ..segments import Segment, TailFile
     from .. import sync as _sync
     from .common import CompactionReport
-    from .staging import _Staged
+    from .staging import _Chore, _Staged
     from .tombstones import TombstoneFile
     from .maps import MapBudget
     from .write_thread import WriteThread
@@ -102,10 +102,12 @@ class RepoState:
     # compaction.py and cooling.py: the schedule, the manifest checkpoint, staged work
     _since_compact: int
     _segs_unchecked: bool
+    _rewrite_due: bool      # an adoption left the segment rewrite to the next compactions
     _manifest_dirty: bool
     _compactions: int
     _last_compaction: CompactionReport | None
     _bg: _Staged | None
+    _chore: _Chore | None
     _behind: set[str] | None
     _clock_nows: int
     _clock_unheld: bool

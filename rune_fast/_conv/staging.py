@@ -2,10 +2,13 @@
 object a compaction starts and the next one adopts or discards."""
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any, Callable, Sequence
 
 from ..cool import CoolArchive
+
+log = logging.getLogger("rune_fast")
 
 
 class _Staged:
@@ -21,6 +24,10 @@ class _Staged:
         self.kind = kind
         self.locs = locs
         self.table: Any = None  # a cooling run's rows, in the order of locs (set by its thread)
+        # their msg_ids and index keys (set by its thread too: the adoption,
+        # under the lock, then need not make them)
+        self.ids: list[str] | None = None
+        self.keys: list[bytes] | None = None
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = threading.Event()
@@ -44,3 +51,34 @@ class _Staged:
                 cool.discard_merge(self.result)
 
 
+
+
+class _Chore:
+    """File work an automatic compaction leaves to a thread once nothing
+    depends on it (the unlinks of files the new manifest no longer names;
+    the write of an index snapshot already built in memory), so that no
+    append waits for it. A crash before it finishes leaves what a crash in
+    the compaction itself would: stray files the next open removes, or the
+    older snapshot (a cache the open checks against the files). One runs at
+    a time: the next compaction, an explicit ``compact()`` and ``close()``
+    wait for it first (:meth:`join`), so an explicit compaction still
+    returns with every file it retired gone. A failure is logged: what it
+    left is what the next open cleans up or rebuilds."""
+
+    def __init__(self, what: str, work: Callable[[], Any]) -> None:
+        self.what = what
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(work,), name=f"rune-fast-{what}",
+                                       daemon=True)
+        self.thread.start()
+
+    def _run(self, work: Callable[[], Any]) -> None:
+        try:
+            work()
+        except BaseException as exc:   # logged by join
+            self.error = exc
+
+    def join(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            log.warning("background %s failed (the next open finishes it): %s", self.what, self.error)

@@ -1,0 +1,137 @@
+"""The automatic compaction's schedule under a bulk load: each append pays
+for one piece of work (adopting a staged cooling run; one rewrite run of
+the segments it left sparse; staging the next run), the unlinks and the
+index snapshot of an automatic compaction run in a thread, and none of it
+changes what a crash keeps."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from rune_fast._conv import tuning
+from rune_fast.conversation_state import ConversationStateRepository, ReadStatus
+from rune_fast.records import ConversationMessageRecord
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def msg(i: int) -> ConversationMessageRecord:
+    return ConversationMessageRecord(msg_id=f"m{i:06d}", content=f"note {i} " + "x" * 200,
+                                     channel_id=f"c{i % 4}", task_id=f"t{i % 7}", ts=1_700_000_000.0 + i)
+
+
+@pytest.fixture
+def small(monkeypatch):
+    # stage cooling runs of 8 rows or more; roll and rewrite at 64 KiB
+    monkeypatch.setattr(tuning, "BG_COOL_MIN_ROWS", 8)
+    monkeypatch.setattr(tuning, "ROLL_BYTES", 64 << 10)
+    monkeypatch.setattr(tuning, "SPARSE_MIN_BYTES", 4 << 10)
+
+
+def check(repo, n: int) -> None:
+    assert len(repo) == n
+    for i in range(0, n, 7):
+        rd = repo.get_message(f"m{i:06d}")
+        assert rd.status is ReadStatus.FOUND_VERIFIED and rd.record == msg(i)
+    for ch in range(4):
+        assert repo.window(f"c{ch}", 5) == [msg(i) for i in range(n) if i % 4 == ch][-5:]
+
+
+@pytest.mark.parametrize("max_rows", [16384, 12])
+def test_adoption_leaves_the_segments_to_the_next_appends(tmp_path, small, monkeypatch, max_rows):
+    # (12: each staged run cools a part of the excess, channel by channel)
+    monkeypatch.setattr(tuning, "BG_COOL_MAX_ROWS", max_rows)
+    seen = {"adopt": 0, "adopt_and_rewrite": 0, "rewrite_runs": []}
+    with ConversationStateRepository(tmp_path, compact_every=16, hot_window=8, durability="none") as repo:
+        n = 0
+        for _ in range(120):
+            job = repo._bg
+            if job is not None:
+                job.done.wait()
+            before = repo._last_compaction
+            repo.append_many([msg(n + k) for k in range(16)])
+            n += 16
+            rep = repo._last_compaction
+            if job is not None and job.kind == "cool" and rep is not before and rep.cooled:
+                seen["adopt"] += 1
+                if rep.segments_rewritten:
+                    seen["adopt_and_rewrite"] += 1
+            if rep is not before and rep.segments_rewritten:
+                seen["rewrite_runs"].append(rep.segments_rewritten)
+        check(repo, n)
+        assert seen["adopt"] > 3 and seen["adopt_and_rewrite"] == 0
+        if max_rows > 100:
+            assert seen["rewrite_runs"]
+        repo.compact()
+        assert not repo._segs_unchecked and repo._chore is None
+        check(repo, n)
+        assert repo.verify().ok
+    with ConversationStateRepository(tmp_path, compact_every=16, hot_window=8) as repo:
+        check(repo, n)
+        assert repo.verify().ok
+
+
+def test_retired_files_are_gone_after_compact_and_close(tmp_path, small):
+    with ConversationStateRepository(tmp_path, compact_every=16, hot_window=8, durability="none") as repo:
+        for n in range(0, 1600, 16):
+            repo.append_many([msg(n + k) for k in range(16)])
+        repo.compact()
+        manifest = repo._manifest
+        hot = set(os.listdir(repo.hot_dir))
+        for seg in manifest["segments"]:
+            assert any(name.startswith("conversation_seg-") and str(seg) in name for name in hot)
+    with ConversationStateRepository(tmp_path, compact_every=16, hot_window=8) as repo:
+        check(repo, 1600)
+        assert repo.verify().ok
+
+
+CHILD = textwrap.dedent("""
+    import json, os, sys
+    sys.path.insert(0, {root!r})
+    from rune_fast._conv import tuning
+    tuning.BG_COOL_MIN_ROWS = 8
+    tuning.ROLL_BYTES = 64 << 10
+    tuning.SPARSE_MIN_BYTES = 4 << 10
+    from rune_fast.conversation_state import ConversationStateRepository
+    from rune_fast.records import ConversationMessageRecord
+    stop = int(sys.argv[2])
+    repo = ConversationStateRepository(sys.argv[1], compact_every=16, hot_window=8, durability="fsync")
+    n = 0
+    adopted = 0
+    while True:
+        job = repo._bg
+        if job is not None:
+            job.done.wait()
+        before = repo._last_compaction
+        repo.append_many([ConversationMessageRecord(msg_id=f"m{{i:06d}}", content=f"note {{i}} " + "x" * 200,
+                                                    channel_id=f"c{{i % 4}}", task_id=f"t{{i % 7}}",
+                                                    ts=1_700_000_000.0 + i) for i in range(n, n + 16)])
+        n += 16
+        rep = repo._last_compaction
+        if job is not None and rep is not before and rep.cooled:
+            adopted += 1
+            if adopted == stop:
+                print(json.dumps(n), flush=True)
+                os._exit(0)       # killed right after an adoption: the segments not rewritten yet
+""")
+
+
+@pytest.mark.parametrize("stop", [1, 3])
+def test_a_kill_after_an_adoption_keeps_every_message_once(tmp_path, stop):
+    state = str(tmp_path / "s")
+    proc = subprocess.run([sys.executable, "-c", CHILD.format(root=ROOT), state, str(stop)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    n = json.loads(proc.stdout)
+    with ConversationStateRepository(state, compact_every=16, hot_window=8) as repo:
+        check(repo, n)
+        ids = [r.msg_id for ch in range(4) for r in repo.window(f"c{ch}", 10_000)]
+        assert len(ids) == len(set(ids)) == n
+        assert repo.verify().ok
+        repo.compact()
+        check(repo, n)

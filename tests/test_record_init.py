@@ -1,0 +1,123 @@
+"""The message record's compiled constructor (``_encode.message_init``)
+against its Python reference: every argument it takes on its fast path must
+come out as ``_checked_message`` normalises it, and everything else must be
+refused with the reference's exception and message."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import pickle
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rune_fast import records
+from rune_fast.records import ConversationMessageRecord as R
+
+FIELDS = ("msg_id", "ts", "role", "content", "channel_id", "task_id", "token_estimate",
+          "tool_calls", "tool_call_id", "origin", "hlc")
+DEFAULTS = {"role": "user", "content": "", "channel_id": "", "task_id": "", "token_estimate": None,
+            "tool_calls": (), "tool_call_id": "", "origin": "", "hlc": ""}
+
+
+class StrSub(str):
+    pass
+
+
+class IntSub(int):
+    pass
+
+
+def reference(kw: dict):
+    """What the Python path makes of the arguments: the normalised field
+    tuple, or the (type, message) of the exception it raises."""
+    args = dict(DEFAULTS)
+    args.update(kw)
+    try:
+        return records._checked_message(*(args[f] for f in FIELDS))
+    except (TypeError, ValueError) as exc:
+        return type(exc), str(exc)
+
+
+def built(kw: dict):
+    try:
+        r = R(**kw)
+    except (TypeError, ValueError) as exc:
+        return type(exc), str(exc)
+    return tuple(getattr(r, f) for f in FIELDS)
+
+
+texts = st.one_of(st.text(max_size=12), st.sampled_from(["", "a", "é", "€", "😀", "\ud800", "a\udfff", "x\x00\"\\"]),
+                  st.builds(StrSub, st.text(max_size=4)))
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
+              texts, st.builds(IntSub, st.integers(-5, 5))),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.tuples(inner, inner),
+                            st.dictionaries(st.one_of(texts, st.integers(0, 3)), inner, max_size=3)),
+    max_leaves=8)
+calls = st.one_of(
+    st.lists(st.fixed_dictionaries({"id": texts, "name": texts, "arguments": json_values},
+                                   optional={"extra": json_values}), max_size=3),
+    st.lists(st.dictionaries(st.sampled_from(["id", "name", "arguments"]), texts), max_size=2),
+    st.tuples(st.fixed_dictionaries({"id": st.just("c1"), "name": st.just("n"), "arguments": json_values})),
+    st.sampled_from([(), [], "x", {"id": "a"}, None, ({"id": 1, "name": "n", "arguments": 1},)]),
+)
+fields = st.fixed_dictionaries({}, optional={
+    "msg_id": st.one_of(texts, st.integers()),
+    "ts": st.one_of(st.floats(allow_nan=True), st.integers(-2**70, 2**1100), st.booleans(), st.just("1")),
+    "role": st.one_of(st.sampled_from(["user", "assistant", "system", "tool", "bot", ""]), st.builds(StrSub, st.just("user"))),
+    "content": st.one_of(texts, st.binary(max_size=3)),
+    "channel_id": st.one_of(texts, st.none()),
+    "task_id": texts,
+    "token_estimate": st.one_of(st.none(), st.integers(-3, 2**70), st.booleans(), st.floats(0, 3), st.builds(IntSub, st.integers(0, 3))),
+    "tool_calls": calls,
+    "tool_call_id": texts, "origin": texts, "hlc": texts,
+})
+
+
+@settings(max_examples=600, deadline=None)
+@given(fields)
+def test_compiled_constructor_matches_the_python_path(kw):
+    kw.setdefault("msg_id", "msg_1")
+    kw.setdefault("ts", 1.5e9)
+    got, want = built(kw), reference(kw)
+    if isinstance(want, tuple) and len(want) == len(FIELDS):
+        assert got == want
+        assert [type(v) for v in got] == [type(v) for v in want]
+    else:
+        assert got == want
+
+
+def test_tool_calls_are_detached_copies():
+    args = {"k": [1, {"x": (2, 3)}]}
+    call = {"id": "c", "name": "n", "arguments": args}
+    r = R(msg_id="m", ts=1.0, channel_id="c", tool_calls=[call])
+    assert r.tool_calls == ({"id": "c", "name": "n", "arguments": {"k": [1, {"x": [2, 3]}]}},)
+    assert r.tool_calls[0] is not call and r.tool_calls[0]["arguments"] is not args
+    args["k"].append(9)
+    assert r.tool_calls[0]["arguments"]["k"] == [1, {"x": [2, 3]}]
+
+
+def test_defaults_and_dataclass_behaviour():
+    r = R(channel_id="c", content="hello")
+    assert r.msg_id.startswith("msg_") and type(r.ts) is float and r.token_estimate == 2
+    assert dataclasses.is_dataclass(r)
+    assert [f.name for f in dataclasses.fields(R)] == list(FIELDS)
+    r2 = dataclasses.replace(r, content="other")
+    assert r2.content == "other" and r2.msg_id == r.msg_id and r2.token_estimate == r.token_estimate
+    assert pickle.loads(pickle.dumps(r)) == r and copy.deepcopy(r) == r
+    assert hash(r) == hash(R(msg_id=r.msg_id, ts=r.ts, channel_id="c", content="hello"))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.content = "x"    # type: ignore[misc]
+    assert repr(r).startswith("ConversationMessageRecord(msg_id=")
+
+
+def test_subclass_and_positional_arguments():
+    class Sub(R):
+        __slots__ = ("extra",)
+
+    s = Sub("m1", 2.0, "assistant", "hi", "c")
+    assert (s.msg_id, s.ts, s.role, s.content, s.channel_id, s.token_estimate) == ("m1", 2.0, "assistant", "hi", "c", 1)
+    with pytest.raises(TypeError):
+        R("m1", 2.0, "user", "", "c", "", None, (), "", "", "", "one too many")   # type: ignore[call-arg]
