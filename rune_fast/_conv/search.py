@@ -141,8 +141,13 @@ class Search(Host):
                 return None
             self._take(locs.tolist(), exact.tolist(), plan, need, out)
             if state == WALK_BUDGET and out and walk.budget < tuning.SEARCH_WALK_LINES:
-                walk.budget = min(tuning.SEARCH_WALK_LINES + 64 * limit, _MAX_N)
-                state = WALK_MORE
+                # the probe's hits foretell the lines the rest would take: go
+                # on only when twice that fits the budget (a needle in one
+                # line of hundreds is found faster by the scan)
+                budget = min(tuning.SEARCH_WALK_LINES + 64 * limit, _MAX_N)
+                if 2 * (limit - len(out)) * walk.budget <= len(out) * (budget - walk.budget):
+                    walk.budget = budget
+                    state = WALK_MORE
             if len(out) >= limit or state != WALK_MORE:
                 break
         if len(out) < limit and state == WALK_BUDGET:
