@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 import operator
-from typing import Any, Sequence, cast
+from typing import Any, Iterator, Sequence, cast
 
 import numpy as np
 import orjson
@@ -316,21 +316,9 @@ class _Reads(_RowCache):
 
     def _records_of(self, no: int, rows: list[int], record_type: type, got: dict) -> None:
         """:meth:`records_at` of the rows (ascending) of file ``no`` into ``got``."""
-        fi = self._files[no]
-        starts = fi.rg_list
-        k, n = 0, len(rows)
-        while k < n:
-            rg = bisect.bisect_right(starts, rows[k]) - 1
-            end = starts[rg + 1] if rg + 1 < len(starts) else fi.rows
-            j = bisect.bisect_left(rows, end, k)
-            if rg < 0 or j == k:
-                raise CorruptStateCheckpointError(f"cool index points past the file at row {rows[k]}",
-                                                  path=self._path(fi.name), offset=rows[k])
-            sel, base = rows[k:j], starts[rg]
-            local = [r - base for r in sel]
+        for rg, sel, local in self._by_group(no, rows):
             g = self._cache.get((no, rg))
             if g is not None and g.acc is not None:
-                k = j
                 continue        # a group cached whole (a search read it): rows_at reads it from there
             try:
                 cols = self._with_reader(no, lambda reader: reader.take(rg, local))
@@ -342,6 +330,23 @@ class _Reads(_RowCache):
                 for r, hit in zip(sel, recs):
                     if hit is not None:
                         got[cool_loc(no, r)] = hit
+
+    def _by_group(self, no: int, rows: list[int]) -> Iterator[tuple[int, list[int], list[int]]]:
+        """The rows (ascending) of file ``no`` split by row group: (group,
+        the rows, their places in the group); a row past the file is
+        CorruptStateCheckpointError naming it."""
+        fi = self._files[no]
+        starts = fi.rg_list
+        k, n = 0, len(rows)
+        while k < n:
+            rg = bisect.bisect_right(starts, rows[k]) - 1
+            end = starts[rg + 1] if rg + 1 < len(starts) else fi.rows
+            j = bisect.bisect_left(rows, end, k)
+            if rg < 0 or j == k:
+                raise CorruptStateCheckpointError(f"cool index points past the file at row {rows[k]}",
+                                                  path=self._path(fi.name), offset=rows[k])
+            sel = rows[k:j]
+            yield rg, sel, [r - starts[rg] for r in sel]
             k = j
 
     def loc_path(self, loc: int) -> str:
@@ -385,19 +390,8 @@ class _Reads(_RowCache):
         """(order key, location) of the rows (ascending) of file ``no``,
         from their key columns' pages; the rows of a group the page reader
         does not take are read whole (which names any damage)."""
-        fi = self._files[no]
-        starts = fi.rg_list
         out: list[tuple[tuple, int]] = []
-        k, n = 0, len(rows)
-        while k < n:
-            rg = bisect.bisect_right(starts, rows[k]) - 1
-            end = starts[rg + 1] if rg + 1 < len(starts) else fi.rows
-            j = bisect.bisect_left(rows, end, k)
-            if rg < 0 or j == k:
-                raise CorruptStateCheckpointError(f"cool index points past the file at row {rows[k]}",
-                                                  path=self._path(fi.name), offset=rows[k])
-            sel, base = rows[k:j], starts[rg]
-            local = [r - base for r in sel]
+        for rg, sel, local in self._by_group(no, rows):
             try:
                 cols = self._with_reader(no, lambda reader: reader.take(rg, local, _KEY_COLS))
                 if cols is not None:
@@ -410,7 +404,6 @@ class _Reads(_RowCache):
                 cols = None     # damage: read below, which names it
             if cols is None:
                 out += [(_row_key(row), (no << 32) | row.row) for row in self._rows(no, 0, 0, sel)]
-            k = j
         return out
 
     def latest_task_row(self, channel_id: str) -> CoolRow | None:
