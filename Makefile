@@ -38,7 +38,7 @@ demo: build
 	$(PY) -m rune_fast.demo
 
 test: setup-test build
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --maxprocesses 4
 
 bench: setup-test build
 	$(PY) -m pytest bench -q --benchmark-columns=min,median,mean,ops --benchmark-sort=name

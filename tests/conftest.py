@@ -21,9 +21,16 @@ _SUMMARY: list[str] = []
 
 
 @pytest.fixture
-def summary_line():
-    """Call with a line to print in the run's closing summary."""
-    return _SUMMARY.append
+def summary_line(request):
+    """Call with a line to print in the run's closing summary (carried in
+    the test's report, so that it reaches the summary from pytest-xdist's
+    workers too)."""
+    return lambda line: request.node.user_properties.append(("fault suites", line))
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call":
+        _SUMMARY.extend(v for k, v in report.user_properties if k == "fault suites")
 
 
 def pytest_terminal_summary(terminalreporter):
