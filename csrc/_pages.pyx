@@ -439,6 +439,27 @@ cdef Py_ssize_t _read_at(int fd, unsigned char *buf, Py_ssize_t size, int64_t of
     return got
 
 
+cdef int _check_page(const int64_t *h, int64_t pos, int64_t end, int64_t rows, int64_t first,
+                     bint zstd) except -1:
+    """The checks of one page header ``h`` (at ``pos``, in a column chunk
+    ending at ``end`` of ``rows`` values, ``first`` of them before it) that
+    both walks of a chunk's headers make: a PLAIN data page with a CRC, a
+    count that fits what is left, bytes that stay in the chunk (checked
+    before they are added: no sum can overflow)."""
+    if h[1] != DATA_PAGE or h[6] != PLAIN or h[4] < 0:
+        raise Unsupported(f"page at offset {pos} (type {h[1]}, encoding {h[6]}, "
+                          f"crc {h[4] >= 0})")
+    if h[5] <= 0 or (not zstd and h[2] != h[3]):
+        raise ValueError(f"page header at offset {pos} has {h[5]} values")
+    if h[5] > rows - first:
+        raise ValueError(f"page at offset {pos} holds {h[5]} values, {rows - first} "
+                         f"left of the chunk's {rows}")
+    if h[3] > end - pos - h[0]:
+        raise ValueError(f"page at offset {pos} ({h[0]} + {h[3]} bytes) runs past its "
+                         f"column chunk, which ends at {end}")
+    return 0
+
+
 def chunk_pages(int fd, int64_t offset, int64_t total, int64_t rows, bint zstd):
     """The pages of one column chunk, from their headers: ``total`` bytes at
     ``offset`` of the file open as ``fd``, holding ``rows`` values. Returns
@@ -487,18 +508,7 @@ def chunk_pages(int fd, int64_t offset, int64_t total, int64_t rows, bint zstd):
                     _header(buf, have, 0, h)
                 except ValueError as exc:
                     raise ValueError(f"page header at offset {pos}: {exc}") from None
-            if h[1] != DATA_PAGE or h[6] != PLAIN or h[4] < 0:
-                raise Unsupported(f"page at offset {pos} (type {h[1]}, encoding {h[6]}, "
-                                          f"crc {h[4] >= 0})")
-            if h[5] <= 0 or (not zstd and h[2] != h[3]):
-                raise ValueError(f"page header at offset {pos} has {h[5]} values")
-            # (checked before they are added: no sum can overflow)
-            if h[5] > rows - first:
-                raise ValueError(f"page at offset {pos} holds {h[5]} values, {rows - first} "
-                                 f"left of the chunk's {rows}")
-            if h[3] > end - pos - h[0]:
-                raise ValueError(f"page at offset {pos} ({h[0]} + {h[3]} bytes) runs past its "
-                                 f"column chunk, which ends at {end}")
+            _check_page(h, pos, end, rows, first, zstd)
             firsts.append(first)
             pages.append((first, pos + h[0], h[3], h[2], h[4], zstd, h[5]))
             first += h[5]
@@ -826,17 +836,7 @@ def chunk_pages_mem(const unsigned char[::1] mem, int64_t base, int64_t offset, 
             _header(p, <Py_ssize_t>(end - base), <Py_ssize_t>(pos - base), h)
         except ValueError as exc:
             raise ValueError(f"page header at offset {pos}: {exc}") from None
-        if h[1] != DATA_PAGE or h[6] != PLAIN or h[4] < 0:
-            raise Unsupported(f"page at offset {pos} (type {h[1]}, encoding {h[6]}, "
-                              f"crc {h[4] >= 0})")
-        if h[5] <= 0 or (not zstd and h[2] != h[3]):
-            raise ValueError(f"page header at offset {pos} has {h[5]} values")
-        if h[5] > rows - first:
-            raise ValueError(f"page at offset {pos} holds {h[5]} values, {rows - first} "
-                             f"left of the chunk's {rows}")
-        if h[3] > end - pos - h[0]:
-            raise ValueError(f"page at offset {pos} ({h[0]} + {h[3]} bytes) runs past its "
-                             f"column chunk, which ends at {end}")
+        _check_page(h, pos, end, rows, first, zstd)
         firsts.append(first)
         pages.append((first, pos + h[0], h[3], h[2], h[4], zstd, h[5]))
         first += h[5]

@@ -271,17 +271,23 @@ class _Reads(_RowCache):
         with self._lock:
             return list(self._id_locs(msg_id))
 
+    def _by_file(self, locs: Sequence[int]) -> dict[int, list[int]]:
+        """The rows of ``locs`` (:func:`cool_loc`) by live file number (lock
+        held); a file that is not live is CorruptStateCheckpointError."""
+        by_file: dict[int, list[int]] = {}
+        for loc in locs:
+            no = loc >> 32
+            if no not in self._files:
+                raise CorruptStateCheckpointError(f"cool file number {no} is not live", path=self._dir)
+            by_file.setdefault(no, []).append(loc & 0xFFFFFFFF)
+        return by_file
+
     def rows_at(self, locs: Sequence[int]) -> list[CoolRow]:
         """The verified rows at ``locs`` (from :meth:`task_locs` or
         :meth:`id_locs`), in their order. Damage raises
         CorruptStateCheckpointError (file and row)."""
         with self._lock:
-            by_file: dict[int, list[int]] = {}
-            for loc in locs:
-                no = loc >> 32
-                if no not in self._files:
-                    raise CorruptStateCheckpointError(f"cool file number {no} is not live", path=self._dir)
-                by_file.setdefault(no, []).append(loc & 0xFFFFFFFF)
+            by_file = self._by_file(locs)
             got: dict[int, CoolRow] = {}
             for no, rows in by_file.items():
                 rows = sorted(set(rows))
@@ -303,12 +309,7 @@ class _Reads(_RowCache):
         filled here: a task of hundreds of rows costs one pass over the
         pages of each file holding them, not a group decoded per row."""
         with self._lock:
-            by_file: dict[int, list[int]] = {}
-            for loc in locs:
-                no = loc >> 32
-                if no not in self._files:
-                    raise CorruptStateCheckpointError(f"cool file number {no} is not live", path=self._dir)
-                by_file.setdefault(no, []).append(loc & 0xFFFFFFFF)
+            by_file = self._by_file(locs)
             got: dict[int, tuple[Any, int]] = {}
             for no, rows in by_file.items():
                 self._records_of(no, sorted(set(rows)), record_type, got)
