@@ -258,14 +258,28 @@ cdef class HotIndex:
                 i = 0
 
     cdef int _table_reserve(self, uint64_t need) except -1:
-        cdef uint64_t nc, i, j, s, old_n = self._n_slots
-        cdef uint64_t *old = self._c_slots
-        cdef uint64_t *slots
+        cdef uint64_t nc
         if self._c_slots != NULL and need * 4 <= self._n_slots * 3:
             return 0
-        nc = old_n + (old_n >> 1)
+        nc = self._n_slots + (self._n_slots >> 1)
         if nc < need * 10 // 7 + 1:
             nc = need * 10 // 7 + 1
+        return self._table_resize(nc)
+
+    cdef int _table_fit(self) except -1:
+        """Shrink the id table to half full once under a sixth of it is in use:
+        a hot tier that cooled most of what a bulk load put in it kept a
+        table sized for the peak (900,000 slots for 51,500 hot messages at
+        1,000,000 stored: 7 MB resident, and 87% of the index snapshot that
+        every open reads and hashes)."""
+        if self._n_slots <= 1024 or self._n_live * 6 >= self._n_slots:
+            return 0
+        return self._table_resize(self._n_live * 2 + 16)
+
+    cdef int _table_resize(self, uint64_t nc) except -1:
+        cdef uint64_t i, j, s, old_n = self._n_slots
+        cdef uint64_t *old = self._c_slots
+        cdef uint64_t *slots
         if nc < 16:
             nc = 16
         if nc > 0xFFFFFFFFULL:
@@ -605,7 +619,7 @@ cdef class HotIndex:
             self._c_free[self._n_free] = x
             self._n_free += 1
         self._pending_dead.clear()
-        return 0
+        return self._table_fit()
 
     cdef object _locs_of(self, rf_list *L, uint32_t start):
         arr = np.empty(_len(L) - start, dtype=np.int64)

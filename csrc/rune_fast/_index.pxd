@@ -146,6 +146,8 @@ cdef class HotIndex:
     cdef int _parse_entry(self, uint32_t e, const unsigned char **p, rf_msg *m) noexcept nogil
     cdef int64_t _find_slot(self, uint64_t h, const unsigned char *key, size_t klen) noexcept nogil
     cdef int _table_reserve(self, uint64_t need) except -1
+    cdef int _table_fit(self) except -1
+    cdef int _table_resize(self, uint64_t nc) except -1
     cdef void _table_put(self, uint64_t h, uint32_t e) noexcept nogil
     cdef void _table_del(self, uint64_t slot) noexcept nogil
     cdef int64_t _new_entry(self, int64_t loc) except -1
