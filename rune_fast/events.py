@@ -323,11 +323,15 @@ class FramedLog:
         refuses further writes (a failed sync may have lost pages). After a
         clean :meth:`close` (which synced) there is nothing left to sync: a
         repository sharing the log may still ask, whatever order a caller
-        closes them in."""
+        closes them in. Nor after a sync with no append since (a store
+        opened, read and closed syncs nothing: each fdatasync is a cache
+        flush of the device, 0.1-10 ms on a shared disk)."""
         with self._lock:
             if self._closed and self._failed is None and not self.read_only:
                 return
             self._check_writable()
+            if not self._unsynced:
+                return
             try:
                 os.fdatasync(self._fd)
             except OSError as exc:

@@ -211,6 +211,9 @@ class TailFile:
         self.buf = _map(self._fd, self.file_size)
         self.failed: BaseException | None = None
         self._io_lock = threading.Lock()
+        #: the folder's entry for this file is not known durable: the first
+        #: :meth:`sync` fsyncs the folder before it reports any line durable
+        self.entry_unsynced = False
 
     # -- reading -------------------------------------------------------
     def refresh_map(self) -> bool:
@@ -296,6 +299,13 @@ class TailFile:
         except OSError as exc:
             self.failed = exc
             raise DurabilityError(f"fdatasync of {self.path} failed: {exc}") from exc
+        if self.entry_unsynced:
+            try:
+                fsync_dir(os.path.dirname(self.path))
+            except DurabilityError as exc:
+                self.failed = exc
+                raise
+            self.entry_unsynced = False
 
     def release_reserved(self) -> None:
         """Give back the space reserved after the last line (a tail about to

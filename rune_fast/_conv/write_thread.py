@@ -125,7 +125,10 @@ class WriteThread:
             self._cond.notify_all()
 
     def sync_now(self) -> None:
-        """Sync the tail now (repository lock held); records a failure for every waiter."""
+        """Sync the tail now (repository lock held); records a failure for
+        every waiter. Nothing to do when every byte this session wrote is
+        synced already and the open synced what it found (not in "none"
+        mode: there it synced nothing)."""
         tail = self._tail()
         if tail is None:
             return
@@ -134,6 +137,8 @@ class WriteThread:
                 self._cond.wait()
             if self._error is not None:
                 raise DurabilityError(f"sync of {tail.path} failed: {self._error}")
+            if self._synced >= self._wpos and self._durability != "none":
+                return
             self._syncing = True
         self._sync_as_syncer()
 
