@@ -3,9 +3,11 @@ header (Thrift compact protocol), finding the j-th value of a PLAIN
 BYTE_ARRAY page, and turning such a page into an Arrow string layout.
 
 The Python layer (``rune_fast.pages``) asks where a column chunk's pages lie
-(:func:`chunk_pages` walks their headers in C), checks their CRC,
-decompresses them and decides what to do with anything these functions refuse:
-every malformed input raises ValueError, never reads out of bounds.
+(:func:`chunk_pages` walks their headers in C) and decides what to do with
+anything these functions refuse; a point read of rows (:func:`take_rows`)
+reads, checks and decompresses their pages here, through the CRC and zstd
+callables it is given. Every malformed input raises ValueError, never reads
+out of bounds.
 """
 from libc.errno cimport EINTR, errno
 from libc.stdint cimport INT64_MAX, int32_t, int64_t, uint32_t, uint64_t
