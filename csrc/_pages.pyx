@@ -537,6 +537,7 @@ def chunk_pages(int fd, int64_t offset, int64_t total, int64_t rows, bint zstd):
 # refuse.
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBuffer_Release, PyObject_GetBuffer
 from cpython.mem cimport PyMem_Free
 from libc.stdlib cimport realloc
 from libc.stdio cimport snprintf
@@ -670,6 +671,37 @@ cdef class _Scratch:
         free(self.buf.p)
 
 
+cdef class _Views:
+    """The buffers records_from_columns reads its fixed-width columns and
+    offsets from (any C-contiguous buffer: bytes, an ndarray), held for the
+    call and released with it. Taken through the buffer protocol: a numpy
+    view of each costs more than a single row's whole record."""
+    cdef Py_buffer views[16]
+    cdef Py_ssize_t n[16]
+    cdef int used
+
+    cdef const void *take(self, object obj, Py_ssize_t align) except NULL:
+        if self.used >= 16:
+            raise ValueError("records_from_columns: too many buffers")
+        cdef Py_buffer *b = &self.views[self.used]
+        PyObject_GetBuffer(obj, b, PyBUF_C_CONTIGUOUS)
+        if (<size_t>b.buf) % align:
+            # (a view at an odd offset: its values copied into aligned bytes)
+            PyBuffer_Release(b)
+            PyObject_GetBuffer(bytes(memoryview(obj)), b, PyBUF_C_CONTIGUOUS)
+        self.used += 1
+        self.n[self.used - 1] = b.len
+        if b.len % align or (<size_t>b.buf) % align:
+            raise ValueError(f"records_from_columns: a buffer of {b.len} bytes is not of "
+                             f"{align}-byte values")
+        return b.buf if b.buf != NULL else <const void *>&self.n[0]    # (no bytes: never read)
+
+    def __dealloc__(self):
+        cdef int i
+        for i in range(self.used):
+            PyBuffer_Release(&self.views[i])
+
+
 # string columns of the cool schema (rune_fast.cool.schema.COOL_SCHEMA), in
 # the order records_from_columns takes them
 cdef enum:
@@ -695,11 +727,12 @@ def records_from_columns(list strings, ts, tok, sv, ords, type record_type, obje
     ``(data, int32 offsets)``; ``ts`` float64, ``tok`` and ``ords`` int64,
     ``sv`` int32 values (any buffers). ``calls_read(raw) -> (calls tuple,
     canonical JSON bytes) | None`` reads a non-empty tool-call list."""
-    cdef const double[::1] t = np.ascontiguousarray(np.frombuffer(ts, dtype=np.float64))
-    cdef const int64_t[::1] tk = np.ascontiguousarray(np.frombuffer(tok, dtype=np.int64))
-    cdef const int32_t[::1] v = np.ascontiguousarray(np.frombuffer(sv, dtype=np.int32))
-    cdef const int64_t[::1] od = np.ascontiguousarray(np.frombuffer(ords, dtype=np.int64))
-    cdef Py_ssize_t m = t.shape[0], i, k, a, ln
+    cdef _Views views = _Views()
+    cdef const double *t = <const double *>views.take(ts, 8)
+    cdef Py_ssize_t m = views.n[0] // 8, i, k, a, ln
+    cdef const int64_t *tk = <const int64_t *>views.take(tok, 8)
+    cdef const int32_t *v = <const int32_t *>views.take(sv, 4)
+    cdef const int64_t *od = <const int64_t *>views.take(ords, 8)
     cdef const unsigned char *sp[N_S]
     cdef const int32_t *so[N_S]
     cdef list keep = []
@@ -712,21 +745,20 @@ def records_from_columns(list strings, ts, tok, sv, ords, type record_type, obje
     cdef unsigned char hexd[32]
     cdef char *tsr
     cdef int version = record_type.SCHEMA_VERSION
-    if len(strings) != N_S or tk.shape[0] != m or v.shape[0] != m or od.shape[0] != m:
+    if (len(strings) != N_S or views.n[1] != 8 * m or views.n[2] != 4 * m
+            or views.n[3] != 8 * m):
         raise ValueError("records_from_columns: columns of different lengths")
-    cdef const int32_t[::1] mv
     cdef Py_ssize_t size[N_S]
     for k in range(N_S):
         data, offs = strings[k]
         if not isinstance(data, bytes):
             data = bytes(data)
-        mv = np.frombuffer(offs, dtype=np.int32)
-        if mv.shape[0] != m + 1:
-            raise ValueError(f"records_from_columns: string column {k} has {mv.shape[0]} offsets for {m} rows")
         keep.append(data)
-        keep.append(mv)
+        so[k] = <const int32_t *>views.take(offs, 4)
+        if views.n[views.used - 1] != 4 * (m + 1):
+            raise ValueError(f"records_from_columns: string column {k} has "
+                             f"{views.n[views.used - 1] // 4} offsets for {m} rows")
         sp[k] = <const unsigned char *>PyBytes_AS_STRING(data)
-        so[k] = &mv[0]
         size[k] = PyBytes_GET_SIZE(data)
     out = [None] * m
     for i in range(m):
