@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from ._pages import (Unsupported, byte_array_at, chunk_pages, chunk_pages_mem, grams_pages, plain_find,
-                     plain_gather, plain_grams, plain_strings, take_rows)
+                     plain_grams, plain_strings, take_rows)
 
 __all__ = ["PageError", "PageReader", "Unsupported"]
 
@@ -288,39 +288,6 @@ class PageReader:
                              self._widths, zlib.crc32, self._dctx().decompress, buf, lo)
         except (ValueError, zstandard.ZstdError) as exc:
             raise PageError(f"{self.path}: row group {rg}: {exc}") from None
-
-    def _pages_at(self, pages: Any, ks: list[int], span: tuple[int, bytes] | None = None) -> list[bytes]:
-        """The values of pages ``ks`` (ascending) of a column chunk
-        (``pages[k]``: page k's tuple; a list or a dict of the ones asked), checked
-        and decompressed; each run of adjacent pages read in one ``pread``
-        (or sliced from ``span``, the group's bytes read at offset ``lo``:
-        ``(lo, bytes)``)."""
-        out: list[bytes] = []
-        dctx = self._dctx()
-        if span is not None and ks:
-            # the pages of a row group whose directory was just read: from its span
-            lo, buf = span
-            first, last = pages[ks[0]], pages[ks[-1]]
-            if lo <= first[1] and last[1] + last[2] <= lo + len(buf):
-                mv = memoryview(buf)
-                return [self._unpack(mv[pages[k][1] - lo:pages[k][1] - lo + pages[k][2]], pages[k], dctx)
-                        for k in ks]
-        i = 0
-        while i < len(ks):
-            j = i
-            while j + 1 < len(ks) and ks[j + 1] == ks[j] + 1:
-                j += 1
-            first, last = pages[ks[i]], pages[ks[j]]
-            if i == j:
-                out.append(self._unpack(self._pread(first[2], first[1]), first, dctx))
-            else:
-                base = first[1]
-                run = memoryview(self._pread(last[1] + last[2] - base, base))
-                for k in range(ks[i], ks[j] + 1):
-                    p = pages[k]
-                    out.append(self._unpack(run[p[1] - base:p[1] - base + p[2]], p, dctx))
-            i = j + 1
-        return out
 
     def column(self, rg: int, c: int) -> pa.Array:
         """Column ``c`` of row group ``rg`` as an Arrow array (every page read,
