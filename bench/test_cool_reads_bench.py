@@ -102,5 +102,58 @@ def test_dict_path_task_rows(benchmark, spread_store):
     benchmark(lambda: [message_from_stored(r.record, fresh_json=r.plain) for r in a.rows_at(locs)])
 
 
+def _cool_ids(repo, k: int) -> list[str]:
+    """``k`` ids of cooled messages spread over the archive (a fixed sample)."""
+    ids = [f"msg_{i:010d}" for i in random.Random(5).sample(range(N), 4 * k)]
+    return [m for m in ids if repo._cool.id_locs(m)][:k]
+
+
+def _drop_groups(a) -> None:
+    """Empty the archive's row-group cache (an earlier benchmark's dict path
+    filled it), so that a read takes the page path."""
+    with a._lock:
+        a._cache.clear()
+        a._cached_bytes = 0
+
+
+@pytest.mark.benchmark(group="cool-reads")
+def test_get_cooled_message_from_pages(benchmark, spread_store):
+    """get_message of a cooled id whose record is not kept: the row read
+    from its 15 pages (PageReader.take: _pages.take_rows), digest checked."""
+    repo = spread_store
+    ids = _cool_ids(repo, 200)
+    _drop_groups(repo._cool)
+    it = iter(range(1 << 62))
+
+    def one():
+        repo._cool_decoded.clear()
+        return repo.get_message(ids[next(it) % len(ids)])
+
+    assert one().record is not None
+    benchmark(one)
+
+
+@pytest.mark.benchmark(group="cool-reads")
+def test_take_one_row(benchmark, spread_store):
+    """PageReader.take of one row, every column: its pages read, checked,
+    decompressed and its values gathered in one compiled pass."""
+    a = spread_store._cool
+    locs = [a.id_locs(m)[0] for m in _cool_ids(spread_store, 200)]
+    picks = []
+    for loc in locs:
+        no, row = loc >> 32, loc & 0xFFFFFFFF
+        ((rg, _sel, local),) = list(a._by_group(no, [row]))
+        picks.append((a._reader(no), rg, local))
+    for r, rg, local in picks:
+        r.take(rg, local)          # the directories parsed once
+    it = iter(range(1 << 62))
+
+    def one():
+        r, rg, local = picks[next(it) % len(picks)]
+        return r.take(rg, local)
+
+    benchmark(one)
+
+
 if __name__ == "__main__":      # pragma: no cover
     raise SystemExit(pytest.main([os.path.abspath(__file__), "-q"]))

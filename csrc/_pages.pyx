@@ -3,9 +3,11 @@ header (Thrift compact protocol), finding the j-th value of a PLAIN
 BYTE_ARRAY page, and turning such a page into an Arrow string layout.
 
 The Python layer (``rune_fast.pages``) asks where a column chunk's pages lie
-(:func:`chunk_pages` walks their headers in C), checks their CRC,
-decompresses them and decides what to do with anything these functions refuse:
-every malformed input raises ValueError, never reads out of bounds.
+(:func:`chunk_pages` walks their headers in C) and decides what to do with
+anything these functions refuse; a point read of rows (:func:`take_rows`)
+reads, checks and decompresses their pages here, through the CRC and zstd
+callables it is given. Every malformed input raises ValueError, never reads
+out of bounds.
 """
 from libc.errno cimport EINTR, errno
 from libc.stdint cimport INT64_MAX, int32_t, int64_t, uint32_t, uint64_t
@@ -535,6 +537,7 @@ def chunk_pages(int fd, int64_t offset, int64_t total, int64_t rows, bint zstd):
 # refuse.
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBuffer_Release, PyObject_GetBuffer
 from cpython.mem cimport PyMem_Free
 from libc.stdlib cimport realloc
 from libc.stdio cimport snprintf
@@ -668,6 +671,37 @@ cdef class _Scratch:
         free(self.buf.p)
 
 
+cdef class _Views:
+    """The buffers records_from_columns reads its fixed-width columns and
+    offsets from (any C-contiguous buffer: bytes, an ndarray), held for the
+    call and released with it. Taken through the buffer protocol: a numpy
+    view of each costs more than a single row's whole record."""
+    cdef Py_buffer views[16]
+    cdef Py_ssize_t n[16]
+    cdef int used
+
+    cdef const void *take(self, object obj, Py_ssize_t align) except NULL:
+        if self.used >= 16:
+            raise ValueError("records_from_columns: too many buffers")
+        cdef Py_buffer *b = &self.views[self.used]
+        PyObject_GetBuffer(obj, b, PyBUF_C_CONTIGUOUS)
+        if (<size_t>b.buf) % align:
+            # (a view at an odd offset: its values copied into aligned bytes)
+            PyBuffer_Release(b)
+            PyObject_GetBuffer(bytes(memoryview(obj)), b, PyBUF_C_CONTIGUOUS)
+        self.used += 1
+        self.n[self.used - 1] = b.len
+        if b.len % align or (<size_t>b.buf) % align:
+            raise ValueError(f"records_from_columns: a buffer of {b.len} bytes is not of "
+                             f"{align}-byte values")
+        return b.buf if b.buf != NULL else <const void *>&self.n[0]    # (no bytes: never read)
+
+    def __dealloc__(self):
+        cdef int i
+        for i in range(self.used):
+            PyBuffer_Release(&self.views[i])
+
+
 # string columns of the cool schema (rune_fast.cool.schema.COOL_SCHEMA), in
 # the order records_from_columns takes them
 cdef enum:
@@ -693,11 +727,12 @@ def records_from_columns(list strings, ts, tok, sv, ords, type record_type, obje
     ``(data, int32 offsets)``; ``ts`` float64, ``tok`` and ``ords`` int64,
     ``sv`` int32 values (any buffers). ``calls_read(raw) -> (calls tuple,
     canonical JSON bytes) | None`` reads a non-empty tool-call list."""
-    cdef const double[::1] t = np.ascontiguousarray(np.frombuffer(ts, dtype=np.float64))
-    cdef const int64_t[::1] tk = np.ascontiguousarray(np.frombuffer(tok, dtype=np.int64))
-    cdef const int32_t[::1] v = np.ascontiguousarray(np.frombuffer(sv, dtype=np.int32))
-    cdef const int64_t[::1] od = np.ascontiguousarray(np.frombuffer(ords, dtype=np.int64))
-    cdef Py_ssize_t m = t.shape[0], i, k, a, ln
+    cdef _Views views = _Views()
+    cdef const double *t = <const double *>views.take(ts, 8)
+    cdef Py_ssize_t m = views.n[0] // 8, i, k, a, ln
+    cdef const int64_t *tk = <const int64_t *>views.take(tok, 8)
+    cdef const int32_t *v = <const int32_t *>views.take(sv, 4)
+    cdef const int64_t *od = <const int64_t *>views.take(ords, 8)
     cdef const unsigned char *sp[N_S]
     cdef const int32_t *so[N_S]
     cdef list keep = []
@@ -710,21 +745,20 @@ def records_from_columns(list strings, ts, tok, sv, ords, type record_type, obje
     cdef unsigned char hexd[32]
     cdef char *tsr
     cdef int version = record_type.SCHEMA_VERSION
-    if len(strings) != N_S or tk.shape[0] != m or v.shape[0] != m or od.shape[0] != m:
+    if (len(strings) != N_S or views.n[1] != 8 * m or views.n[2] != 4 * m
+            or views.n[3] != 8 * m):
         raise ValueError("records_from_columns: columns of different lengths")
-    cdef const int32_t[::1] mv
     cdef Py_ssize_t size[N_S]
     for k in range(N_S):
         data, offs = strings[k]
         if not isinstance(data, bytes):
             data = bytes(data)
-        mv = np.frombuffer(offs, dtype=np.int32)
-        if mv.shape[0] != m + 1:
-            raise ValueError(f"records_from_columns: string column {k} has {mv.shape[0]} offsets for {m} rows")
         keep.append(data)
-        keep.append(mv)
+        so[k] = <const int32_t *>views.take(offs, 4)
+        if views.n[views.used - 1] != 4 * (m + 1):
+            raise ValueError(f"records_from_columns: string column {k} has "
+                             f"{views.n[views.used - 1] // 4} offsets for {m} rows")
         sp[k] = <const unsigned char *>PyBytes_AS_STRING(data)
-        so[k] = &mv[0]
         size[k] = PyBytes_GET_SIZE(data)
     out = [None] * m
     for i in range(m):
@@ -845,3 +879,200 @@ def chunk_pages_mem(const unsigned char[::1] mem, int64_t base, int64_t offset, 
         raise ValueError(f"column chunk at offset {offset} holds {first} values "
                          f"in {pos - offset} bytes, expected {rows} in {total}")
     return firsts, pages
+
+
+# ---------------------------------------------------------------- rows of a row group
+#
+# PageReader.take's loop (a cool read's rows of one row group, column by
+# column) in one call: find the pages holding the rows in the group's packed
+# directory, read each run of adjacent pages once, check each page's CRC-32
+# and decompress it (the callables given: zlib's crc32 and a zstd context's
+# decompress, so no C library is linked for them), and gather just the rows'
+# values. Every failure is a ValueError naming the page's offset (the caller
+# turns it into PageError); nothing here is served without the row digest
+# check that follows (records_from_columns).
+
+cdef object _run_bytes(int fd, object span, int64_t span_lo, int64_t off, int64_t size):
+    """``size`` bytes at file offset ``off``: sliced from ``span`` (the
+    group's bytes read at ``span_lo``) when it holds them, else read."""
+    cdef bytes buf
+    cdef const unsigned char[::1] sp
+    if span is not None:
+        sp = span
+        if span_lo <= off and off - span_lo + size <= sp.shape[0]:
+            return PyBytes_FromStringAndSize(<const char *>&sp[0] + (off - span_lo), size)
+    buf = PyBytes_FromStringAndSize(NULL, size)
+    if size:
+        _read_at(fd, <unsigned char *>PyBytes_AS_STRING(buf), size, off)
+    return buf
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, const int64_t[::1] flat,
+              const int64_t[::1] firsts, object cols, const int64_t[::1] rows,
+              const int64_t[::1] widths, object crc32, object decompress,
+              object span=None, int64_t span_lo=0):
+    """The values of the rows ``rows`` (ascending, within the row group) of
+    one row group, column by column (``cols``: these columns in this order,
+    None for all): ``(data, int32 offsets)`` of a string column
+    (``widths[c] == 0``), the values' little-endian bytes of a fixed-width
+    one (``widths[c]`` bytes each) -- what ``PageReader.take`` returns.
+
+    The directory is ``rune_fast.pages._pack_dir``'s: ``counts[c]`` pages
+    of column c starting at page ``starts[c]``, page j's 7 fields at
+    ``flat[7 * j:]`` (first row, data offset, compressed size, uncompressed
+    size, crc, zstd, values) and its first row at ``firsts[j]``. Each page
+    read is checked with ``crc32(bytes)`` against its CRC and, when
+    compressed, decompressed with ``decompress(bytes, max_output_size=n)``.
+    ``span``: the group's bytes read at ``span_lo`` (pages inside it are
+    sliced from it). ValueError (naming the page's offset) for a row not
+    in the group, a CRC mismatch, a page that decompresses to another size
+    or whose values do not parse; OSError if a read fails."""
+    cdef Py_ssize_t m = rows.shape[0], ncols = counts.shape[0], npg = flat.shape[0] // 7
+    cdef Py_ssize_t i, j, q, u, lo, n, a, b, nk, w, total, hi, mid
+    cdef int64_t base, end, off, csize
+    cdef Py_ssize_t *page_of
+    cdef Py_ssize_t *ks
+    cdef Py_ssize_t *vpos
+    cdef uint32_t *vlen
+    cdef uint32_t ln
+    cdef Py_ssize_t k = 0, pos = 0, plen = 0
+    cdef int64_t pfirst = 0, nvals = 0
+    cdef const unsigned char *pb = NULL
+    cdef list out = [], raws
+    cdef bytes run, comp, raw, data
+    cdef unsigned char *dp
+    cdef int32_t[::1] ov
+    cdef Py_ssize_t c
+    if m == 0:
+        return out
+    if starts.shape[0] != ncols or widths.shape[0] != ncols or firsts.shape[0] != npg:
+        raise ValueError("take_rows: the directory's arrays do not agree")
+    for i in range(1, m):
+        if rows[i] <= rows[i - 1]:
+            raise ValueError(f"take_rows: rows not ascending at {rows[i]}")
+    page_of = <Py_ssize_t *>malloc(m * sizeof(Py_ssize_t))
+    ks = <Py_ssize_t *>malloc(m * sizeof(Py_ssize_t))
+    vpos = <Py_ssize_t *>malloc(m * sizeof(Py_ssize_t))
+    vlen = <uint32_t *>malloc(m * sizeof(uint32_t))
+    if page_of == NULL or ks == NULL or vpos == NULL or vlen == NULL:
+        free(page_of); free(ks); free(vpos); free(vlen)
+        raise MemoryError()
+    try:
+        for c in (range(ncols) if cols is None else cols):
+            if not 0 <= c < ncols:
+                raise ValueError(f"take_rows: no column {c}")
+            lo, n, w = starts[c], counts[c], widths[c]
+            if n <= 0 or lo < 0 or lo + n > npg:
+                raise ValueError(f"take_rows: column {c} has no pages")
+            end = flat[7 * (lo + n - 1)] + flat[7 * (lo + n - 1) + 6]
+            if rows[0] < firsts[lo] or rows[m - 1] >= end:
+                raise ValueError(f"rows {rows[0]}..{rows[m - 1]} are not all in the row group "
+                                 f"(column {c})")
+            # the page of each row: a binary search for the first, then forward
+            a, hi = 0, n - 1
+            while a < hi:
+                mid = (a + hi + 1) // 2
+                if firsts[lo + mid] <= rows[0]:
+                    a = mid
+                else:
+                    hi = mid - 1
+            nk = 0
+            for i in range(m):
+                while a + 1 < n and firsts[lo + a + 1] <= rows[i]:
+                    a += 1
+                if nk == 0 or ks[nk - 1] != a:
+                    ks[nk] = a
+                    nk += 1
+                page_of[i] = nk - 1
+            # read, check and decompress each page once (a run of adjacent ones in one read)
+            raws = []
+            q = 0
+            while q < nk:
+                u = q
+                while u + 1 < nk and ks[u + 1] == ks[u] + 1:
+                    u += 1
+                base = flat[7 * (lo + ks[q]) + 1]
+                off = flat[7 * (lo + ks[u]) + 1] + flat[7 * (lo + ks[u]) + 2]
+                if base < 0 or off < base:
+                    raise ValueError(f"take_rows: page at offset {base} is out of place")
+                run = _run_bytes(fd, span, span_lo, base, off - base)
+                for k in range(q, u + 1):
+                    j = 7 * (lo + ks[k])
+                    off, csize = flat[j + 1], flat[j + 2]
+                    if q == u:
+                        comp = run
+                    else:
+                        comp = PyBytes_FromStringAndSize(PyBytes_AS_STRING(run) + (off - base), csize)
+                    if crc32(comp) != flat[j + 4]:
+                        raise ValueError(f"page at offset {off} fails its CRC-32")
+                    if flat[j + 5]:
+                        raw = decompress(comp, max_output_size=flat[j + 3])
+                        if PyBytes_GET_SIZE(raw) != flat[j + 3]:
+                            raise ValueError(f"page at offset {off} decompresses to "
+                                             f"{PyBytes_GET_SIZE(raw)} bytes, its header says {flat[j + 3]}")
+                    else:
+                        raw = comp
+                    if w and PyBytes_GET_SIZE(raw) != w * flat[j + 6]:
+                        raise ValueError(f"page at offset {off} holds {PyBytes_GET_SIZE(raw)} bytes "
+                                         f"for {flat[j + 6]} values of {w}")
+                    raws.append(raw)
+                q = u + 1
+            if w:
+                data = PyBytes_FromStringAndSize(NULL, m * w)
+                dp = <unsigned char *>PyBytes_AS_STRING(data)
+                for i in range(m):
+                    raw = <bytes>raws[page_of[i]]
+                    pfirst = flat[7 * (lo + ks[page_of[i]])]
+                    memcpy(dp + i * w, PyBytes_AS_STRING(raw) + (rows[i] - pfirst) * w, w)
+                out.append(data)
+                continue
+            # strings: walk each page's values up to the rows asked (rows ascending)
+            total = 0
+            b = -1
+            for i in range(m):
+                if page_of[i] != b:
+                    b = page_of[i]
+                    raw = <bytes>raws[b]
+                    pb = <const unsigned char *>PyBytes_AS_STRING(raw)
+                    plen = PyBytes_GET_SIZE(raw)
+                    pfirst = flat[7 * (lo + ks[b])]
+                    nvals = flat[7 * (lo + ks[b]) + 6]
+                    k, pos = 0, 0
+                if rows[i] - pfirst >= nvals:
+                    raise ValueError(f"row {rows[i]} is past the page at offset {flat[7 * (lo + ks[b]) + 1]}")
+                while True:
+                    try:
+                        pos = _plain_value(pb, plen, pos, k, &ln)
+                    except ValueError as exc:
+                        raise ValueError(f"page at offset {flat[7 * (lo + ks[b]) + 1]}: {exc}") from None
+                    if pfirst + k == rows[i]:
+                        break
+                    pos += ln
+                    k += 1
+                vpos[i], vlen[i] = pos, ln
+                total += ln
+                pos += ln
+                k += 1
+            if total >= 0x7FFFFFFF:
+                raise ValueError(f"take_rows: column {c} values hold 2 GiB or more")
+            data = PyBytes_FromStringAndSize(NULL, total)
+            dp = <unsigned char *>PyBytes_AS_STRING(data)
+            offs = np.empty(m + 1, dtype=np.int32)
+            ov = offs
+            total = 0
+            ov[0] = 0
+            for i in range(m):
+                raw = <bytes>raws[page_of[i]]
+                if vlen[i]:
+                    memcpy(dp + total, PyBytes_AS_STRING(raw) + vpos[i], vlen[i])
+                total += vlen[i]
+                ov[i + 1] = total
+            out.append((data, offs))
+    finally:
+        free(page_of)
+        free(ks)
+        free(vpos)
+        free(vlen)
+    return out

@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from ._pages import (Unsupported, byte_array_at, chunk_pages, chunk_pages_mem, grams_pages, plain_find,
-                     plain_gather, plain_grams, plain_strings)
+                     plain_grams, plain_strings, take_rows)
 
 __all__ = ["PageError", "PageReader", "Unsupported"]
 
@@ -66,9 +66,11 @@ class PageError(ValueError):
     """A page failed its checksum or did not parse (use pyarrow, which names it)."""
 
 
-def _pack_dir(d: list[tuple[list[int], list[tuple]]]) -> tuple[array, array]:
-    """A row group's page directory (``PageReader._dir``'s form) as two int64
-    arrays: the pages of each column, and their 7 fields one after another.
+def _pack_dir(d: list[tuple[list[int], list[tuple]]]) -> tuple[array, array, array, array]:
+    """A row group's page directory (``PageReader._dir``'s form) as four
+    int64 arrays: the pages of each column, their 7 fields one after
+    another, the first row of each page (bisected by ``take``) and where
+    each column's pages start among them.
     Kept this way, a directory costs 8 bytes a field where its tuples of
     Python ints cost about 40: the directories of every row group a read
     touched stay resident, so they add up with the size of the archive
@@ -77,13 +79,17 @@ def _pack_dir(d: list[tuple[list[int], list[tuple]]]) -> tuple[array, array]:
     for _firsts, pages in d:
         for p in pages:
             flat.extend(p)
-    return array("q", [len(pages) for _f, pages in d]), flat
+    counts = array("q", [len(pages) for _f, pages in d])
+    starts = array("q", [0] * len(counts))
+    for c in range(1, len(counts)):
+        starts[c] = starts[c - 1] + counts[c - 1]
+    return counts, flat, array("q", flat[0::7]), starts
 
 
-def _unpack_dir(packed: tuple[array, array]) -> list[tuple[list[int], list[tuple]]]:
+def _unpack_dir(packed: tuple[array, array, array, array]) -> list[tuple[list[int], list[tuple]]]:
     """:func:`_pack_dir`'s arrays as the directory again (a page's first
     field is its first row; its sixth, whether it is zstd-compressed)."""
-    counts, flat = packed
+    counts, flat = packed[0], packed[1]
     out, at = [], 0
     for n in counts:
         f = flat[at:at + 7 * n].tolist()
@@ -106,7 +112,7 @@ class PageReader:
     each thread has its own zstd context); ``close`` must not race them.
     """
 
-    __slots__ = ("path", "_fd", "_md", "_kinds", "_types", "_dirs", "_local")
+    __slots__ = ("path", "_fd", "_md", "_kinds", "_types", "_widths", "_dirs", "_local")
 
     def __init__(self, path: str, metadata: Any, fd: int | None = None) -> None:
         self._fd = -1
@@ -131,7 +137,9 @@ class PageReader:
         self._md = metadata
         self._kinds = kinds
         self._types = types
-        self._dirs: dict[int, tuple[array, array]] = {}     # row group -> _pack_dir's form
+        # bytes a value of each column (0: a string column), as take_rows takes them
+        self._widths = np.array([0 if k is None else k.size for k in kinds], dtype=np.int64)
+        self._dirs: dict[int, tuple[array, array, array, array]] = {}     # row group -> _pack_dir's form
         self._local = threading.local()     # a zstd context per thread (one must not be shared)
         if fd is None:
             self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -166,6 +174,15 @@ class PageReader:
 
     def _dir(self, rg: int) -> list[tuple[list[int], list[tuple]]]:
         return self._dir_span(rg)[0]
+
+    def _packed(self, rg: int) -> tuple[tuple[array, array, array, array], tuple[int, bytes] | None]:
+        """(row group ``rg``'s directory as :func:`_pack_dir` keeps it, the
+        group's span if it was just read to parse it, else None)."""
+        packed = self._dirs.get(rg)
+        if packed is not None:
+            return packed, None
+        _d, span = self._dir_span(rg)
+        return self._dirs[rg], span
 
     def _dir_span(self, rg: int) -> tuple[list[tuple[list[int], list[tuple]]], tuple[int, bytes] | None]:
         """(the page directory of row group ``rg``, (file offset, bytes) of
@@ -256,80 +273,21 @@ class PageReader:
         pages in one ``pread``), CRC-32 checked and decompressed; values of
         other rows are not decoded. A task or a window reads its rows of a
         group this way, whatever their number. ``cols``: just these columns
-        (in this order; default all)."""
-        out: list[Any] = []
-        if not local:
-            return out
-        r0, r1 = local[0], local[-1]
-        few = len(local) <= 8
-        arr = np.array(local, dtype=np.int64)
-        d, span = self._dir_span(rg)
-        for c in range(len(d)) if cols is None else cols:
-            firsts, pages = d[c]
-            k0 = bisect.bisect_right(firsts, r0) - 1
-            k1 = bisect.bisect_right(firsts, r1) - 1
-            if k0 < 0 or r0 < 0 or r1 >= pages[-1][0] + pages[-1][6]:
-                raise PageError(f"{self.path}: rows {r0}..{r1} are not all in row group {rg} "
-                                f"(column {c})")
-            if few and k1 - k0 + 1 > len(local):
-                # a few rows far apart: just their pages
-                page_of = [bisect.bisect_right(firsts, r) - 1 for r in local]
-                ks = sorted(set(page_of))
-                base, acc = {}, 0
-                for k in ks:
-                    base[k] = acc       # where page k's values start in the run of pages read
-                    acc += pages[k][6]
-                rel = np.array([base[k] + r - firsts[k] for k, r in zip(page_of, local)], dtype=np.int64)
-            else:
-                ks = list(range(k0, k1 + 1))
-                rel = arr - firsts[k0] if firsts[k0] else arr
-            raws = self._pages_at(pages, ks, span)
-            kind = self._kinds[c]
-            if kind is None:
-                try:
-                    out.append(plain_gather(raws, np.array([pages[k][6] for k in ks], dtype=np.int64), rel))
-                except ValueError as exc:
-                    raise PageError(f"{self.path}: row group {rg}, column {c}: {exc}") from None
-                continue
-            for k, raw in zip(ks, raws):
-                if len(raw) != kind.size * pages[k][6]:
-                    raise PageError(f"{self.path}: page at offset {pages[k][1]} holds {len(raw)} bytes "
-                                    f"for {pages[k][6]} values of {kind.size}")
-            vals = np.frombuffer(raws[0] if len(raws) == 1 else b"".join(raws), dtype=_DTYPE[kind.format[-1]])
-            out.append(vals[rel].tobytes())
-        return out
+        (in this order; default all).
 
-    def _pages_at(self, pages: list[tuple], ks: list[int], span: tuple[int, bytes] | None = None) -> list[bytes]:
-        """The values of pages ``ks`` (ascending) of a column chunk, checked
-        and decompressed; each run of adjacent pages read in one ``pread``
-        (or sliced from ``span``, the group's bytes read at offset ``lo``:
-        ``(lo, bytes)``)."""
-        out: list[bytes] = []
-        dctx = self._dctx()
-        if span is not None and ks:
-            # the pages of a row group whose directory was just read: from its span
-            lo, buf = span
-            first, last = pages[ks[0]], pages[ks[-1]]
-            if lo <= first[1] and last[1] + last[2] <= lo + len(buf):
-                mv = memoryview(buf)
-                return [self._unpack(mv[pages[k][1] - lo:pages[k][1] - lo + pages[k][2]], pages[k], dctx)
-                        for k in ks]
-        i = 0
-        while i < len(ks):
-            j = i
-            while j + 1 < len(ks) and ks[j + 1] == ks[j] + 1:
-                j += 1
-            first, last = pages[ks[i]], pages[ks[j]]
-            if i == j:
-                out.append(self._unpack(self._pread(first[2], first[1]), first, dctx))
-            else:
-                base = first[1]
-                run = memoryview(self._pread(last[1] + last[2] - base, base))
-                for k in range(ks[i], ks[j] + 1):
-                    p = pages[k]
-                    out.append(self._unpack(run[p[1] - base:p[1] - base + p[2]], p, dctx))
-            i = j + 1
-        return out
+        The loop is compiled (``_pages.take_rows``) and reads the kept
+        directory as it is packed (:func:`_pack_dir`): an exact read of one
+        row touches 15 of a group's few hundred pages, and its cost is their
+        reads and decompression, not Python steps around them."""
+        if not local:
+            return []
+        (counts, flat, firsts, starts), span = self._packed(rg)
+        lo, buf = span if span is not None else (0, None)
+        try:
+            return take_rows(self._fd, counts, starts, flat, firsts, cols, np.array(local, dtype=np.int64),
+                             self._widths, zlib.crc32, self._dctx().decompress, buf, lo)
+        except (ValueError, zstandard.ZstdError) as exc:
+            raise PageError(f"{self.path}: row group {rg}: {exc}") from None
 
     def column(self, rg: int, c: int) -> pa.Array:
         """Column ``c`` of row group ``rg`` as an Arrow array (every page read,

@@ -87,6 +87,39 @@ def test_records_at_is_the_dict_path(tmp_path_factory, rows, data):
         assert type(hit[0].ts) is float and type(hit[0].tool_calls) is tuple
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(records, min_size=1, max_size=10, unique_by=lambda d: d["msg_id"]),
+       shift=st.integers(0, 7))
+def test_records_from_columns_takes_any_buffer(tmp_path_factory, rows, shift):
+    """records_from_columns reads its columns through the buffer protocol:
+    bytes, ndarrays and views at any offset (copied when not aligned) give
+    the same records; columns of other lengths are refused."""
+    from rune_fast.cool.reads import _ORD, _SV, _STRING_COLS, _TOK, _TS, _calls_read
+    d = str(tmp_path_factory.mktemp("c") / "cool")
+    a = CoolArchive(d, row_group_rows=64)
+    cool_rows(a, rows, list(range(len(rows))))
+    (name,) = a.files()
+    reader = a._reader(int(name[5:13]))
+    cols = reader.take(0, list(range(len(rows))))
+
+    def run(fixed, offs):
+        return _pages.records_from_columns([(cols[c][0], offs(cols[c][1])) for c in _STRING_COLS],
+                                           *[fixed(cols[c]) for c in (_TS, _TOK, _SV, _ORD)], R, _calls_read)
+
+    def shifted(buf):
+        raw = bytes(memoryview(buf).cast("B"))
+        return memoryview(bytearray(b"\0" * shift) + raw)[shift:]
+
+    want = run(bytes, lambda o: o)
+    assert run(lambda b: np.frombuffer(b, dtype=np.uint8).copy(), bytes) == want
+    assert run(shifted, shifted) == want
+    with pytest.raises(ValueError, match="different lengths"):
+        run(lambda b: bytes(b)[:-4] if b is cols[_SV] else b, lambda o: o)
+    with pytest.raises(ValueError, match="offsets"):
+        _pages.records_from_columns([(cols[c][0], bytes(cols[c][1])[4:]) for c in _STRING_COLS],
+                                    cols[_TS], cols[_TOK], cols[_SV], cols[_ORD], R, _calls_read)
+
+
 def test_records_at_order_and_repeats(tmp_path):
     a = CoolArchive(str(tmp_path / "cool"), row_group_rows=16)
     for run in range(3):
