@@ -181,7 +181,9 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
         bodies, hashes, keys = codec.encode_batch(msgs)
         with self._lock:
             self._check_writable()
-            target, added = self._write_messages(msgs, bodies, hashes, keys)
+            target, added, sync = self._write_messages(msgs, bodies, hashes, keys)
+        if sync is not None:
+            self._writes.sync_end(sync)     # started after the write (see _write_messages)
         if added:
             self._writes.wait_durable(target)
             if self._since_compact >= self.compact_every:

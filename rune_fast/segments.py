@@ -24,7 +24,7 @@ from typing import Callable, TypeVar
 
 import xxhash
 
-from ._log import data_end, map_file, punch_hole, pwrite_all
+from ._log import BackgroundSync, data_end, map_file, punch_hole, pwrite_all
 from ._names import MARK_NAME, TAIL_NAME, filters_name, seg_name
 from .errors import DurabilityError, FramingError, StoreClosedError, RecoveryWarning
 from .events import fsync_dir
@@ -293,6 +293,26 @@ class TailFile:
                                   f"({self.failed}); reopen the store") from self.failed
         try:
             os.fdatasync(self._fd)
+        except OSError as exc:
+            self.failed = exc
+            raise DurabilityError(f"fdatasync of {self.path} failed: {exc}") from exc
+
+    def sync_begin(self) -> BackgroundSync:
+        """Start an fdatasync of the tail in a thread of its own (see
+        BackgroundSync: the caller's work overlaps it); :meth:`sync_end`
+        waits for it. DurabilityError if the tail refuses (an earlier
+        failure); OSError if the thread cannot be had (the caller syncs
+        with :meth:`sync` instead)."""
+        if self.failed is not None:
+            raise DurabilityError(f"tail {self.path}: an earlier write or sync failed "
+                                  f"({self.failed}); reopen the store") from self.failed
+        return BackgroundSync(self._fd)
+
+    def sync_end(self, job: BackgroundSync) -> None:
+        """Wait for the sync :meth:`sync_begin` started; on failure the tail
+        refuses every later write, as after a failed :meth:`sync`."""
+        try:
+            job.wait()
         except OSError as exc:
             self.failed = exc
             raise DurabilityError(f"fdatasync of {self.path} failed: {exc}") from exc
