@@ -178,7 +178,7 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
                 self._check_writable()      # a viewer or a closed store refuses even an empty batch
             return 0
         # encoded outside the lock (compiled: csrc/_encode.pyx)
-        bodies, hashes, keys = codec.encode_batch(msgs)
+        bodies, hashes, keys = codec.encode_batch(msgs, defer_hash=True)
         with self._lock:
             self._check_writable()
             target, added, sync = self._write_messages(msgs, bodies, hashes, keys)
