@@ -186,9 +186,12 @@ cdef class _Scratch:
         free(self.out.p)
 
 
-def encode_messages(list msgs, type record_type, object slow, object calls_json):
+def encode_messages(list msgs, type record_type, object slow, object calls_json, bint defer_hash=False):
     """(bodies, hashes, keys) of the records in ``msgs``: lists of bytes, str
-    and bytes, one entry per record.
+    and bytes, one entry per record. ``defer_hash``: a record this path
+    spells gets its canonical JSON (bytes) in ``hashes`` instead of its
+    sha256, which :func:`hash_canonical` computes later (the append path
+    hashes while the tail's sync runs).
 
     ``record_type`` is ConversationMessageRecord (a subclass's instances take
     the Python path); anything else in ``msgs`` raises TypeError naming its
@@ -291,9 +294,23 @@ def encode_messages(list msgs, type record_type, object slow, object calls_json)
         _assemble(&sc.out, _CANON_KEYS, sc.esc.p, rs, rl, cc)
         canon = PyBytes_FromStringAndSize(sc.out.p, sc.out.n)
         bodies[i] = body
-        hashes[i] = _sha256(canon).hexdigest()
+        hashes[i] = canon if defer_hash else _sha256(canon).hexdigest()
         keys[i] = PyBytes_FromStringAndSize(sc.esc.p + rs[R_MSG_ID] + 1, rl[R_MSG_ID] - 2)
     return bodies, hashes, keys
+
+
+def hash_canonical(list hashes) -> list:
+    """Replace, in place, each canonical JSON (bytes) that
+    ``encode_messages(..., defer_hash=True)`` left in ``hashes`` by its
+    ``payload_hash`` (sha256, hex); the str entries are hashes already.
+    Returns the list."""
+    cdef Py_ssize_t i
+    cdef object v
+    for i in range(len(hashes)):
+        v = hashes[i]
+        if type(v) is bytes:
+            hashes[i] = _sha256(v).hexdigest()
+    return hashes
 
 
 cdef int _raw(Buf *b, int f, const char *s, Py_ssize_t n, Py_ssize_t *rs, Py_ssize_t *rl) except -1:

@@ -337,6 +337,79 @@ def pwrite_all(int fd, data, int64_t offset) -> None:
         PyBuffer_Release(&view)
 
 
+cdef extern from "<pthread.h>" nogil:
+    ctypedef unsigned long pthread_t
+    int pthread_create(pthread_t *th, const void *attr, void *(*run)(void *) noexcept nogil, void *arg)
+    int pthread_join(pthread_t th, void **ret)
+
+
+cdef extern from "<unistd.h>" nogil:
+    int dup(int fd)
+
+
+cdef struct _SyncJob:
+    int fd
+    int err
+
+
+cdef void *_sync_run(void *arg) noexcept nogil:
+    cdef _SyncJob *job = <_SyncJob *>arg
+    cdef int rc
+    while True:
+        rc = fdatasync(job.fd)
+        if rc == 0 or errno != EINTR:
+            break
+    job.err = errno if rc != 0 else 0
+    return NULL
+
+
+cdef class BackgroundSync:
+    """One ``fdatasync`` of ``fd`` run in a C thread of its own, without the
+    GIL, so that the caller's CPU work overlaps the disk's (append_many: the
+    index, the decode cache and the journal after the tail write). The file
+    is synced through a ``dup`` of ``fd``, so a close of ``fd`` meanwhile (a
+    tail roll, which syncs it first) neither fails nor misdirects it.
+    :meth:`wait` joins it: OSError with the errno if the sync failed. The
+    thread is joined, whatever happens, before the object goes away."""
+    cdef pthread_t _th
+    cdef _SyncJob _job
+    cdef bint _running
+
+    def __cinit__(self, int fd):
+        cdef int rc
+        self._running = False
+        self._job.err = 0
+        self._job.fd = dup(fd)
+        if self._job.fd < 0:
+            rc = errno
+            raise OSError(rc, f"{os.strerror(rc)} (dup of fd {fd} for a background sync)")
+        rc = pthread_create(&self._th, NULL, _sync_run, &self._job)
+        if rc != 0:
+            c_close(self._job.fd)
+            self._job.fd = -1
+            raise OSError(rc, f"{os.strerror(rc)} (thread of a background sync)")
+        self._running = True
+
+    cdef void _join(self) noexcept:
+        if self._running:
+            with nogil:
+                pthread_join(self._th, NULL)
+            self._running = False
+        if self._job.fd >= 0:
+            c_close(self._job.fd)
+            self._job.fd = -1
+
+    def wait(self) -> None:
+        """Return once the sync is done; OSError if it failed (each call after
+        the first reports the same)."""
+        self._join()
+        if self._job.err:
+            raise OSError(self._job.err, os.strerror(self._job.err))
+
+    def __dealloc__(self):
+        self._join()
+
+
 def locked_write(int fd, data) -> int:
     """One write(2) of ``data`` to ``fd`` under a shared flock(2) of ``fd``,
     taken and released in the same call, with one release of the GIL: the

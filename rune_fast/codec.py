@@ -40,6 +40,7 @@ __all__ = [
     "message_body",
     "message_body_and_hash",
     "encode_batch",
+    "hash_canonical",
     "own_calls",
     "rest_from_body",
     "tombstone_rest",
@@ -123,13 +124,21 @@ def _stored_dict(record: ConversationMessageRecord) -> dict:
     return d
 
 
-def encode_batch(msgs: list) -> tuple[list[bytes], list[str], list[bytes]]:
+def encode_batch(msgs: list, *, defer_hash: bool = False) -> tuple[list[bytes], list, list[bytes]]:
     """``(bodies, hashes, keys)`` of a batch of records, what
     :func:`message_body_and_hash` and :func:`key` give for each, from the
     compiled encoder (``csrc/_encode.pyx``; about 6x faster). Anything but a
     ConversationMessageRecord (or a subclass's instance) raises TypeError
-    naming its index."""
-    return _encode.encode_messages(msgs, ConversationMessageRecord, _encode_slow, _calls_json)
+    naming its index. ``defer_hash``: ``hashes`` may hold a record's
+    canonical JSON (bytes) in place of its hash, for :func:`hash_canonical`
+    to turn into it later (the append path hashes while the tail syncs)."""
+    return _encode.encode_messages(msgs, ConversationMessageRecord, _encode_slow, _calls_json, defer_hash)
+
+
+#: ``hash_canonical(hashes) -> hashes``: the ``payload_hash`` of each
+#: canonical JSON that ``encode_batch(..., defer_hash=True)`` left in
+#: ``hashes``, in place (compiled: csrc/_encode.pyx).
+hash_canonical: Callable[[list], list] = _encode.hash_canonical
 
 
 def _copy_record(record: ConversationMessageRecord) -> ConversationMessageRecord:

@@ -178,10 +178,12 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
                 self._check_writable()      # a viewer or a closed store refuses even an empty batch
             return 0
         # encoded outside the lock (compiled: csrc/_encode.pyx)
-        bodies, hashes, keys = codec.encode_batch(msgs)
+        bodies, hashes, keys = codec.encode_batch(msgs, defer_hash=True)
         with self._lock:
             self._check_writable()
-            target, added = self._write_messages(msgs, bodies, hashes, keys)
+            target, added, sync = self._write_messages(msgs, bodies, hashes, keys)
+        if sync is not None:
+            self._writes.sync_end(sync)     # started after the write (see _write_messages)
         if added:
             self._writes.wait_durable(target)
             if self._since_compact >= self.compact_every:

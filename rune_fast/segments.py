@@ -24,7 +24,7 @@ from typing import Callable, TypeVar
 
 import xxhash
 
-from ._log import data_end, map_file, punch_hole, pwrite_all
+from ._log import BackgroundSync, data_end, map_file, punch_hole, pwrite_all
 from ._names import MARK_NAME, TAIL_NAME, filters_name, seg_name
 from .errors import DurabilityError, FramingError, StoreClosedError, RecoveryWarning
 from .events import fsync_dir
@@ -306,6 +306,26 @@ class TailFile:
                 self.failed = exc
                 raise
             self.entry_unsynced = False
+
+    def sync_begin(self) -> BackgroundSync:
+        """Start an fdatasync of the tail in a thread of its own (see
+        BackgroundSync: the caller's work overlaps it); :meth:`sync_end`
+        waits for it. DurabilityError if the tail refuses (an earlier
+        failure); OSError if the thread cannot be had (the caller syncs
+        with :meth:`sync` instead)."""
+        if self.failed is not None:
+            raise DurabilityError(f"tail {self.path}: an earlier write or sync failed "
+                                  f"({self.failed}); reopen the store") from self.failed
+        return BackgroundSync(self._fd)
+
+    def sync_end(self, job: BackgroundSync) -> None:
+        """Wait for the sync :meth:`sync_begin` started; on failure the tail
+        refuses every later write, as after a failed :meth:`sync`."""
+        try:
+            job.wait()
+        except OSError as exc:
+            self.failed = exc
+            raise DurabilityError(f"fdatasync of {self.path} failed: {exc}") from exc
 
     def release_reserved(self) -> None:
         """Give back the space reserved after the last line (a tail about to

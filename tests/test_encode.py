@@ -9,6 +9,8 @@ arbitrary JSON arguments (ints past 64 bits, exponent floats).
 """
 from __future__ import annotations
 
+import hashlib
+
 import os
 
 import pytest
@@ -62,6 +64,12 @@ def _python(m: ConversationMessageRecord) -> tuple[bytes, str, bytes]:
 def test_encode_batch_is_the_python_encoding(msgs):
     bodies, hashes, keys = codec.encode_batch(msgs)
     assert [(b, h, k) for b, h, k in zip(bodies, hashes, keys)] == [_python(m) for m in msgs]
+    # the append path's form: the canonical JSON now, its hash later
+    b2, deferred, k2 = codec.encode_batch(msgs, defer_hash=True)
+    assert (b2, k2) == (bodies, keys)
+    assert all(type(h) is bytes and hashlib.sha256(h).hexdigest() == want or h == want
+               for h, want in zip(deferred, hashes))
+    assert codec.hash_canonical(deferred) is deferred and deferred == hashes
 
 
 @settings(max_examples=EXAMPLES, suppress_health_check=[HealthCheck.too_slow])
@@ -101,6 +109,7 @@ def test_records_it_does_not_spell_go_through_python():
                                      tool_calls=({"id": "1", "name": "f", "arguments": {"n": 2**80, "x": 1e20}},))]
     bodies, hashes, keys = codec.encode_batch(odd)
     assert list(zip(bodies, hashes, keys)) == [_python(m) for m in odd]
+    assert codec.hash_canonical(codec.encode_batch(odd, defer_hash=True)[1]) == hashes
 
 
 def test_token_estimate_past_int64_takes_the_python_path():

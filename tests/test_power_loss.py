@@ -92,6 +92,23 @@ def test_power_loss_keeps_every_acknowledged_change(shim, tmp_path, quiet_recove
     assert t.held == t.states, summary
 
 
+@pytest.mark.parametrize("durability", ["fsync", "batch"])
+def test_power_loss_with_the_batch_sync_in_its_own_thread(shim, tmp_path, quiet_recovery, durability,
+                                                          summary_line, monkeypatch):
+    """The same, with every append_many of 2 or more messages syncing the
+    tail in a thread of its own while the batch is indexed and journaled
+    (tuning.SYNC_OVERLAP_MIN = 2; the default is 64): nothing is
+    acknowledged before that sync returned."""
+    monkeypatch.setenv("RUNE_POWERLOSS_SYNC_OVERLAP_MIN", "2")
+    states = max(1, round(STATES * SHARES[durability] / 3))
+    t = _run_mode(shim, tmp_path, durability, states, 31 if durability == "fsync" else 37)
+    summary = _summary(durability, t).replace("power loss,", "power loss (batch sync in its own thread),", 1)
+    print(summary)
+    summary_line(summary.splitlines()[0])
+    assert t.states == states
+    assert t.held == t.states, summary
+
+
 def test_power_loss_without_syncs_invents_nothing(shim, tmp_path, quiet_recovery, summary_line):
     """none ("survives a process crash, not a power loss"): nothing is
     synced, not even a checkpoint's rename, so a store may be refused after

@@ -87,3 +87,10 @@ COOL_CACHE_BYTES = 48 << 20
 #: and after SEARCH_WALK_PROBE lines without any hit at once.
 SEARCH_WALK_LINES = 4096
 SEARCH_WALK_PROBE = 256
+
+#: append_many: a batch of at least this many new messages starts the tail's
+#: fdatasync in a thread of its own right after its write, and indexes, caches
+#: and journals the batch meanwhile (WritePath._write_messages). Smaller
+#: batches and single appends sync in the appending thread as before: for
+#: them the thread's start costs more than the overlap gains.
+SYNC_OVERLAP_MIN = 64

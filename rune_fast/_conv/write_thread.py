@@ -115,6 +115,55 @@ class WriteThread:
         # waited 0.5 ms for them first had 1.5-2x less throughput.
         self._sync_as_syncer()
 
+    def sync_begin(self) -> tuple | None:
+        """Start, as the group commit's syncer, a sync of what was written so
+        far in a thread of its own (TailFile.sync_begin), so that the caller's
+        work after its write (a large batch's indexing, caching and journal)
+        overlaps the disk's; the caller passes the token to :meth:`sync_end`,
+        whatever happens, then waits as usual (:meth:`wait_durable`). None if
+        there is nothing to start: mode "none", a sync in flight (it or the
+        next one covers the write), a failure recorded, or no thread to be had
+        (wait_durable then syncs as before)."""
+        if self._durability == "none":
+            return None
+        cond = self._cond
+        with cond:
+            if self._syncing or self._error is not None:
+                return None
+            self._syncing = True
+            upto, mark = self._wpos, self._wmark    # (_wpos first: see wrote)
+        tail = self._tail()
+        try:
+            assert tail is not None                 # a writer always has its tail
+            job = tail.sync_begin()
+        except BaseException:
+            with cond:
+                self._syncing = False
+                cond.notify_all()
+            return None
+        return job, upto, mark, tail
+
+    def sync_end(self, token: tuple) -> None:
+        """Finish the sync :meth:`sync_begin` started: count what it made
+        durable, publish it to viewers, wake the waiters; a failure is
+        recorded for every waiter (the store then refuses writes) and raised."""
+        job, upto, mark, tail = token
+        cond = self._cond
+        try:
+            tail.sync_end(job)
+        except BaseException as exc:
+            with cond:
+                if self._error is None:
+                    self._error = exc
+                self._syncing = False
+                cond.notify_all()
+            raise
+        with cond:
+            self._synced = max(self._synced, upto)
+            self.publish(mark)
+            self._syncing = False
+            cond.notify_all()
+
     def fail(self, exc: BaseException) -> None:
         """Refuse every later write until the store is reopened: a write or
         sync failed (SPEC: reported, never retried silently). Waiters of a

@@ -16,7 +16,6 @@ from ..records import ConversationMessageRecord
 from ..segments import TailFile
 from . import tuning
 from .common import (_own, _sorts_before)
-from .reads import record_bytes
 
 from .host import Host
 
@@ -54,11 +53,18 @@ class WritePath(Host):
         return fresh
 
     def _write_messages(self, msgs: list[ConversationMessageRecord], bodies: list[bytes],
-                        hashes: list[str], keys: list[bytes]) -> tuple[int, int]:
-        """Write the new ones among ``msgs`` to the tail and index them (lock held)."""
+                        hashes: list, keys: list[bytes]) -> tuple[int, int, tuple | None]:
+        """Write the new ones among ``msgs`` to the tail and index them (lock
+        held). Returns (the count to wait durable for, how many were new, the
+        token of a sync started in the background or None). For a batch of
+        at least ``tuning.SYNC_OVERLAP_MIN`` new messages the tail's sync
+        starts right after the write (WriteThread.sync_begin), so the
+        indexing, caching and journaling here overlap it; the caller passes
+        the token to ``self._writes.sync_end`` (outside the lock), then waits
+        as usual: nothing is acknowledged before it is durable."""
         fresh = self._fresh(msgs, keys)
         if not fresh:
-            return 0, 0
+            return 0, 0, None
         seq0 = self._take_seqs(len(fresh))
         data, lengths = frame_messages(bodies, fresh, seq0)
         # a writer always has its tail and event store (None only in a viewer)
@@ -70,6 +76,26 @@ class WritePath(Host):
             raise
         seg = self._tail_seg
         target = self._writes.wrote((seg << 40) | (off + len(data)), len(data))
+        token = self._writes.sync_begin() if len(fresh) >= tuning.SYNC_OVERLAP_MIN else None
+        try:
+            self._index_written(msgs, fresh, keys, hashes, seq0, lengths, seg, off, len(data), remapped)
+        except BaseException:
+            if token is not None:
+                try:
+                    self._writes.sync_end(token)
+                except (OSError, DurabilityError):
+                    pass                # (recorded for every waiter; the first error is raised)
+            raise
+        return target, len(fresh), token
+
+    def _index_written(self, msgs: list[ConversationMessageRecord], fresh: list[int], keys: list[bytes],
+                       hashes: list, seq0: int, lengths: list[int], seg: int, off: int, n: int,
+                       remapped: bool) -> None:
+        """The rest of _write_messages once the lines ``fresh`` of ``msgs``
+        are written at ``off`` of the tail (``n`` bytes): index and cache
+        them, move the clock past their stamps, journal their envelopes."""
+        tail = cast("TailFile", self._tail)
+        data_end = off + n
         if remapped:
             self._reattach_tail()
         if len(fresh) == 1:
@@ -77,23 +103,22 @@ class WritePath(Host):
                 raise RuneError(f"index refused new message {msgs[fresh[0]].msg_id!r} at "
                                 f"{tail.path}:{off}")
         else:
-            rep = self._index_ingest(seg, off, off + len(data))
-            if rep.good_end != off + len(data) or len(rep.added) != len(fresh):
+            rep = self._index_ingest(seg, off, data_end)
+            if rep.good_end != data_end or len(rep.added) != len(fresh):
                 raise RuneError(f"index took {len(rep.added)} of the {len(fresh)} new messages "
                                 f"written at {tail.path}:{off}")
         # the decode cache keeps the batch's newest records (at most its size)
         skip = max(0, len(fresh) - tuning.DECODE_CACHE)
         if len(self._decoded) + len(fresh) - skip > tuning.DECODE_CACHE:
             self._trim_cache(len(fresh) - skip)
-        cache, interleaved, fold = self._cache_decoded, self._interleaved, self._fold_order
+        # (a caller's later edit of its record's tool calls is not the stored
+        # value: _own; each counted as record_bytes does; compiled)
+        self._decoded.put_appended(msgs, fresh, lengths, (seg << 40) | off, seq0, skip,
+                                   tuning.RECORD_OVERHEAD, tuning.TOOL_CALL_BYTES, _own)
+        interleaved, fold = self._interleaved, self._fold_order
         behind, cool_max = self._behind, self._cool_max
-        pos = (seg << 40) | off
-        for j, i in enumerate(fresh):
+        for i in fresh:
             m = msgs[i]
-            if j >= skip:
-                # (a caller's later edit of its record's tool calls is not the stored value)
-                cache(pos, (_own(m), seq0 + j), record_bytes(m))
-            pos += lengths[j]
             ch = m.channel_id
             if ch in interleaved:
                 self._note_order(m)
@@ -109,13 +134,15 @@ class WritePath(Host):
         # from the tail by recovery if a crash loses it first
         events = cast("EventStore", self._events)
         try:
-            events.append_encoded(message_envelopes(keys, hashes, fresh, codec.dumps(time.time())), offset=False)
+            # (the payload hashes are computed here, overlapping a batch's sync:
+            # encode_batch(defer_hash=True) left the canonical JSON in their place)
+            envelopes = message_envelopes(keys, codec.hash_canonical(hashes), fresh, codec.dumps(time.time()))
+            events.append_encoded(envelopes, offset=False)
         except (OSError, DurabilityError) as exc:
             # (the lines are in the tail: "maybe stored", as after a failed sync)
             self._writes.fail(exc)
             raise DurabilityError(f"journal of {len(fresh)} message(s) in {events.path} failed: {exc}; "
                                   "the store refuses writes until reopened") from exc
-        return target, len(fresh)
 
     def _observe_stamps(self, recs: list[ConversationMessageRecord]) -> None:
         """Let the clock observe the stamps of stored records: each ``hlc``,

@@ -93,6 +93,10 @@ def main() -> None:
     steps = int(os.environ.get("RUNE_POWERLOSS_STEPS", "40"))
     from rune_fast.conversation_state import ConversationStateRepository
     from rune_fast.tasks import TaskStateRepository
+    if os.environ.get("RUNE_POWERLOSS_SYNC_OVERLAP_MIN"):
+        # batches this large sync in a thread of their own (BackgroundSync)
+        from rune_fast._conv import tuning
+        tuning.SYNC_OVERLAP_MIN = int(os.environ["RUNE_POWERLOSS_SYNC_OVERLAP_MIN"])
     state = os.path.join(root, "state")
     ack = Acks(os.path.join(root, "acks"))
     repo = ConversationStateRepository(state, compact_every=12, hot_window=6, durability=durability)
