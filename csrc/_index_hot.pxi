@@ -70,6 +70,7 @@ cdef class HotIndex:
 
     def __cinit__(self):
         self._chan_ids = {}
+        self._chan_names = {}
         self._chan_keys = []
         self._task_ids = {}
         self._task_keys = []
@@ -1027,6 +1028,25 @@ cdef class HotIndex:
             return -1
         return self._c_locs[(self._c_slots[slot] & 0xFFFFFFFFULL) - 1]
 
+    def find_id(self, str msg_id) -> int:
+        """:meth:`find` of the id as a str (what an exact read is given):
+        -2 if its key is not its UTF-8 bytes (it needs JSON escapes: ask
+        :meth:`find` with ``codec.key``), so the common id skips building
+        its escaped key in Python."""
+        cdef bytes k = msg_id.encode("utf-8")
+        cdef const unsigned char *kp = <const unsigned char *>PyBytes_AS_STRING(k)
+        cdef size_t kl = <size_t>PyBytes_GET_SIZE(k), i
+        cdef int64_t slot
+        for i in range(kl):
+            if kp[i] < 0x20 or kp[i] == c'"' or kp[i] == c'\\':
+                return -2
+        slot = self._find_slot(_xxh.XXH3_64bits(kp, kl), kp, kl)
+        if slot == -2:
+            raise RuneError(f"find({k!r}): a candidate line is in a detached segment")
+        if slot < 0:
+            return -1
+        return self._c_locs[(self._c_slots[slot] & 0xFFFFFFFFULL) - 1]
+
     def candidates(self, id_key):
         """int64 array of the locations of every entry whose id hash has the
         same 32-bit tag as `id_key`, whatever the id bytes of its line say.
@@ -1173,6 +1193,113 @@ cdef class HotIndex:
         if n < _len(L):
             start = _len(L) - <uint32_t>n
         return self._hits(L, start, cache, True)
+
+    cdef object _read_records(self, const int64_t *locs, Py_ssize_t k, LocCache cache, object decode,
+                              object cost, Py_ssize_t *decoded):
+        """The records of the lines at `locs`, in order: every line checked
+        first as :meth:`line` checks it (a cached record is served only over
+        sound bytes), then each record the first item of what `cache` holds
+        for its location or, where it holds none, of ``decode(line)``
+        ((record, seq) from the line's bytes, kept in `cache` counted as
+        ``cost(record)`` bytes; `decoded` counts them). None if `decode`
+        declines a line (returns None): the caller's own path reads it and
+        names what is wrong. The fetches of all the lines and slots are
+        asked for before the first is used."""
+        cdef Py_ssize_t i, nd = 0
+        cdef int64_t j
+        cdef const unsigned char *p
+        cdef size_t ln
+        cdef const unsigned char **ps = <const unsigned char **>malloc(<size_t>k * (sizeof(void *) + sizeof(size_t)) + 1)
+        cdef size_t *ns = <size_t *>(ps + k)
+        cdef list out
+        cdef object hit
+        if ps == NULL:
+            raise MemoryError(f"HotIndex: cannot read {k} lines")
+        try:
+            for i in range(k):
+                self._prefetch_line(locs[i])
+                cache._prefetch(locs[i])
+            for i in range(k):
+                self._checked_line(locs[i], &p, &ln)
+                ps[i] = p
+                ns[i] = ln
+            out = []
+            for i in range(k):
+                # (each value is referenced by `out` as soon as it is found:
+                # a decode below may put, and so drop, cache entries)
+                j = cache._find(locs[i])
+                if j >= 0:
+                    hit = <object>cache._c_slots[j].val
+                else:
+                    hit = decode(PyBytes_FromStringAndSize(<const char *>ps[i], <Py_ssize_t>ns[i]))
+                    if hit is None:
+                        return None
+                    cache._set(locs[i], hit, cost((<tuple>hit)[0]))
+                    nd += 1
+                out.append((<tuple>hit)[0])
+        finally:
+            free(ps)
+        decoded[0] = nd
+        return out
+
+    def window_read(self, str channel_id, Py_ssize_t n, LocCache cache not None, object decode,
+                    object cost):
+        """A window read of the hot tier in one call: ``(records, decoded)``,
+        the records of the last n messages of the channel ``channel_id``
+        (its id as a str), oldest first, each line checked as :meth:`line`
+        checks it (raising the same errors, with the file and offset), each
+        record from `cache` or decoded now by ``decode(line) -> (record,
+        seq)`` and kept there counted as ``cost(record)`` bytes (`decoded`
+        of them). ``([], 0)`` for an unknown channel or n <= 0. None if a
+        line is not one `decode` reads, or if the id needs JSON escapes
+        (its key is then not its UTF-8 bytes): the caller's general path
+        (:meth:`window_hits`) reads the window then. A channel's list index
+        never changes, so the str id finds it without building its key
+        once it was found."""
+        cdef bytes k
+        cdef const char *kp
+        cdef Py_ssize_t kl, i, got
+        cdef uint32_t start = 0, m
+        cdef rf_list *L
+        cdef int64_t *locs
+        cdef Py_ssize_t nd = 0
+        idx = self._chan_names.get(channel_id)
+        if idx is None:
+            k = channel_id.encode("utf-8")
+            kp = PyBytes_AS_STRING(k)
+            kl = PyBytes_GET_SIZE(k)
+            for i in range(kl):
+                if <unsigned char>kp[i] < 0x20 or kp[i] == c'"' or kp[i] == c'\\':
+                    return None
+            idx = self._chan_ids.get(k)
+            if idx is None:
+                return [], 0
+            self._chan_names[channel_id] = idx
+        if n <= 0:
+            return [], 0
+        L = &self._c_chan[<int64_t>idx]
+        m = _len(L)
+        if <Py_ssize_t>m > n:
+            start = m - <uint32_t>n
+        got = m - start
+        locs = <int64_t *>malloc(<size_t>got * sizeof(int64_t) + 1)
+        if locs == NULL:
+            raise MemoryError(f"HotIndex: cannot read {got} lines")
+        try:
+            for i in range(got):
+                locs[i] = self._c_locs[_at(L, start + <uint32_t>i)]
+            out = self._read_records(locs, got, cache, decode, cost, &nd)
+        finally:
+            free(locs)
+        return None if out is None else (out, nd)
+
+    def read_record(self, int64_t loc, LocCache cache not None, object decode, object cost):
+        """``(record, decoded)`` of the line at `loc` as :meth:`window_read`
+        reads each of its lines (checked, from `cache` or decoded and kept;
+        `decoded` 1 or 0); None if `decode` declines the line."""
+        cdef Py_ssize_t nd = 0
+        out = self._read_records(&loc, 1, cache, decode, cost, &nd)
+        return None if out is None else ((<list>out)[0], nd)
 
     def task_hits(self, task_key, LocCache cache not None):
         """``(locs, hits, misses)`` of every message of the task, oldest

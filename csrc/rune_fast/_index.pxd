@@ -106,6 +106,7 @@ cdef class HotIndex:
     cdef int64_t _n_scans          # whole-store searches a trigram filter could serve
     cdef int _c_busy               # a nogil pass is running
     cdef dict _chan_ids
+    cdef dict _chan_names          # channel id (str) -> list index, filled by window_read
     cdef list _chan_keys
     cdef dict _task_ids
     cdef list _task_keys
@@ -157,6 +158,8 @@ cdef class HotIndex:
     cdef int _sweep(self) except -1
     cdef object _locs_of(self, rf_list *L, uint32_t start)
     cdef tuple _hits(self, rf_list *L, uint32_t start, LocCache cache, bint record)
+    cdef object _read_records(self, const int64_t *locs, Py_ssize_t k, LocCache cache, object decode,
+                              object cost, Py_ssize_t *decoded)
     cdef int _grow_entries(self, uint64_t nc) except -1
     cdef int _cmp_entry(self, uint32_t x, const unsigned char *hp, size_t hl,
                         const unsigned char *ip, size_t il, int *out) noexcept nogil
