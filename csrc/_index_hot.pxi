@@ -640,7 +640,7 @@ cdef class HotIndex:
                 self._prefetch_line(locs[i], self._c_lens[e])
                 cache._prefetch(locs[i])
             for i in range(k):
-                self._checked_line(locs[i], &p, &ln)
+                self._checked_line(locs[i], &p, &ln, self._c_lens[_at(L, start + i)])
                 out_locs.append(locs[i])
             misses = cache._values(locs, k, <void **>(locs + k), record, out_hits)
         finally:
@@ -1194,8 +1194,8 @@ cdef class HotIndex:
             start = _len(L) - <uint32_t>n
         return self._hits(L, start, cache, True)
 
-    cdef object _read_records(self, const int64_t *locs, Py_ssize_t k, LocCache cache, object decode,
-                              object cost, Py_ssize_t *decoded):
+    cdef object _read_records(self, const int64_t *locs, const uint32_t *lens, Py_ssize_t k,
+                              LocCache cache, object decode, object cost, Py_ssize_t *decoded):
         """The records of the lines at `locs`, in order: every line checked
         first as :meth:`line` checks it (a cached record is served only over
         sound bytes), then each record the first item of what `cache` holds
@@ -1217,10 +1217,10 @@ cdef class HotIndex:
             raise MemoryError(f"HotIndex: cannot read {k} lines")
         try:
             for i in range(k):
-                self._prefetch_line(locs[i])
+                self._prefetch_line(locs[i], 0 if lens == NULL else lens[i])
                 cache._prefetch(locs[i])
             for i in range(k):
-                self._checked_line(locs[i], &p, &ln)
+                self._checked_line(locs[i], &p, &ln, 0 if lens == NULL else lens[i])
                 ps[i] = p
                 ns[i] = ln
             out = []
@@ -1262,6 +1262,8 @@ cdef class HotIndex:
         cdef uint32_t start = 0, m
         cdef rf_list *L
         cdef int64_t *locs
+        cdef uint32_t *lens
+        cdef uint32_t e
         cdef Py_ssize_t nd = 0
         idx = self._chan_names.get(channel_id)
         if idx is None:
@@ -1282,13 +1284,16 @@ cdef class HotIndex:
         if <Py_ssize_t>m > n:
             start = m - <uint32_t>n
         got = m - start
-        locs = <int64_t *>malloc(<size_t>got * sizeof(int64_t) + 1)
+        locs = <int64_t *>malloc(<size_t>got * (sizeof(int64_t) + sizeof(uint32_t)) + 1)
         if locs == NULL:
             raise MemoryError(f"HotIndex: cannot read {got} lines")
+        lens = <uint32_t *>(locs + got)
         try:
             for i in range(got):
-                locs[i] = self._c_locs[_at(L, start + <uint32_t>i)]
-            out = self._read_records(locs, got, cache, decode, cost, &nd)
+                e = _at(L, start + <uint32_t>i)
+                locs[i] = self._c_locs[e]
+                lens[i] = self._c_lens[e]
+            out = self._read_records(locs, lens, got, cache, decode, cost, &nd)
         finally:
             free(locs)
         return None if out is None else (out, nd)
@@ -1298,7 +1303,7 @@ cdef class HotIndex:
         reads each of its lines (checked, from `cache` or decoded and kept;
         `decoded` 1 or 0); None if `decode` declines the line."""
         cdef Py_ssize_t nd = 0
-        out = self._read_records(&loc, 1, cache, decode, cost, &nd)
+        out = self._read_records(&loc, NULL, 1, cache, decode, cost, &nd)
         return None if out is None else ((<list>out)[0], nd)
 
     def task_hits(self, task_key, LocCache cache not None):
@@ -1469,9 +1474,14 @@ cdef class HotIndex:
                 moved += 1
         return moved
 
-    cdef int _checked_line(self, int64_t loc, const unsigned char **p, size_t *n) except -1:
+    cdef int _checked_line(self, int64_t loc, const unsigned char **p, size_t *n,
+                           uint32_t length=0) except -1:
         """Point `p` at the line at `loc` and set `n` to its length (without
-        the newline), after checking its checksum; raises like :meth:`line`."""
+        the newline), after checking its checksum; raises like :meth:`line`.
+        `length`: the line's length with its newline as the index measured
+        it (0: not known). Its last byte a newline, the search for the first
+        newline is skipped: the checksum covers every byte before it, so a
+        newline flipped into the line fails the check as it would end it."""
         cdef const unsigned char *nl
         cdef size_t avail
         cdef int v
@@ -1485,7 +1495,10 @@ cdef class HotIndex:
                                               path=self._where(seg), offset=off)
         if avail > RF_MAX_LINE:
             avail = RF_MAX_LINE
-        nl = <const unsigned char *>memchr(p[0], b'\n', avail)
+        if length != 0 and length <= avail and p[0][length - 1] == b'\n':
+            nl = p[0] + length - 1
+        else:
+            nl = <const unsigned char *>memchr(p[0], b'\n', avail)
         if nl == NULL:
             raise CorruptStateCheckpointError("line has no newline", path=self._where(seg),
                                               offset=off)

@@ -246,8 +246,13 @@ class HotReads(Host):
             return _found(_own(rec) if rec.tool_calls else rec, tier)
         try:
             # the rows whose id hashes like msg_id (usually one): kept records, or read now
-            rec = next((r for r, _o in self._cool_records(self._cool.id_locs(msg_id))
-                        if r.msg_id == msg_id), None)
+            locs = self._cool.id_locs(msg_id)
+            kept, misses = self._cool_decoded.get_many(locs)
+            rec = None
+            for r, _o in (self._cool_records(locs) if misses else kept):
+                if r.msg_id == msg_id:
+                    rec = r
+                    break
         except CorruptStateCheckpointError as exc:
             self._read_damage("exact read of %s: %s", msg_id, exc)
             return MessageRead(ReadStatus.SOURCE_CORRUPT, None, "cool")
@@ -305,7 +310,8 @@ class HotReads(Host):
     def _last_n(self, channel_id: str, n: int) -> list[ConversationMessageRecord]:
         if n <= 0:
             return []
-        n = min(n, _MAX_N)      # (a larger n asks for every message the channel can hold)
+        if n > _MAX_N:
+            n = _MAX_N          # (a larger n asks for every message the channel can hold)
         verdict = self._interleaved.get(channel_id)
         if verdict is False or (verdict is None and not self._is_interleaved(channel_id)):
             # the hot window in one compiled call: every line checked, the
