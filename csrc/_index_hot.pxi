@@ -70,6 +70,7 @@ cdef class HotIndex:
 
     def __cinit__(self):
         self._chan_ids = {}
+        self._chan_names = {}
         self._chan_keys = []
         self._task_ids = {}
         self._task_keys = []
@@ -653,7 +654,7 @@ cdef class HotIndex:
                 self._prefetch_line(locs[i], self._c_lens[e])
                 cache._prefetch(locs[i])
             for i in range(k):
-                self._checked_line(locs[i], &p, &ln)
+                self._checked_line(locs[i], &p, &ln, self._c_lens[_at(L, start + i)])
                 out_locs.append(locs[i])
             misses = cache._values(locs, k, <void **>(locs + k), record, out_hits)
         finally:
@@ -1041,6 +1042,25 @@ cdef class HotIndex:
             return -1
         return self._c_locs[(self._c_slots[slot] & 0xFFFFFFFFULL) - 1]
 
+    def find_id(self, str msg_id) -> int:
+        """:meth:`find` of the id as a str (what an exact read is given):
+        -2 if its key is not its UTF-8 bytes (it needs JSON escapes: ask
+        :meth:`find` with ``codec.key``), so the common id skips building
+        its escaped key in Python."""
+        cdef bytes k = msg_id.encode("utf-8")
+        cdef const unsigned char *kp = <const unsigned char *>PyBytes_AS_STRING(k)
+        cdef size_t kl = <size_t>PyBytes_GET_SIZE(k), i
+        cdef int64_t slot
+        for i in range(kl):
+            if kp[i] < 0x20 or kp[i] == c'"' or kp[i] == c'\\':
+                return -2
+        slot = self._find_slot(_xxh.XXH3_64bits(kp, kl), kp, kl)
+        if slot == -2:
+            raise RuneError(f"find({k!r}): a candidate line is in a detached segment")
+        if slot < 0:
+            return -1
+        return self._c_locs[(self._c_slots[slot] & 0xFFFFFFFFULL) - 1]
+
     def candidates(self, id_key):
         """int64 array of the locations of every entry whose id hash has the
         same 32-bit tag as `id_key`, whatever the id bytes of its line say.
@@ -1187,6 +1207,118 @@ cdef class HotIndex:
         if n < _len(L):
             start = _len(L) - <uint32_t>n
         return self._hits(L, start, cache, True)
+
+    cdef object _read_records(self, const int64_t *locs, const uint32_t *lens, Py_ssize_t k,
+                              LocCache cache, object decode, object cost, Py_ssize_t *decoded):
+        """The records of the lines at `locs`, in order: every line checked
+        first as :meth:`line` checks it (a cached record is served only over
+        sound bytes), then each record the first item of what `cache` holds
+        for its location or, where it holds none, of ``decode(line)``
+        ((record, seq) from the line's bytes, kept in `cache` counted as
+        ``cost(record)`` bytes; `decoded` counts them). None if `decode`
+        declines a line (returns None): the caller's own path reads it and
+        names what is wrong. The fetches of all the lines and slots are
+        asked for before the first is used."""
+        cdef Py_ssize_t i, nd = 0
+        cdef int64_t j
+        cdef const unsigned char *p
+        cdef size_t ln
+        cdef const unsigned char **ps = <const unsigned char **>malloc(<size_t>k * (sizeof(void *) + sizeof(size_t)) + 1)
+        cdef size_t *ns = <size_t *>(ps + k)
+        cdef list out
+        cdef object hit
+        if ps == NULL:
+            raise MemoryError(f"HotIndex: cannot read {k} lines")
+        try:
+            for i in range(k):
+                self._prefetch_line(locs[i], 0 if lens == NULL else lens[i])
+                cache._prefetch(locs[i])
+            for i in range(k):
+                self._checked_line(locs[i], &p, &ln, 0 if lens == NULL else lens[i])
+                ps[i] = p
+                ns[i] = ln
+            out = []
+            for i in range(k):
+                # (each value is referenced by `out` as soon as it is found:
+                # a decode below may put, and so drop, cache entries)
+                j = cache._find(locs[i])
+                if j >= 0:
+                    hit = <object>cache._c_slots[j].val
+                else:
+                    hit = decode(PyBytes_FromStringAndSize(<const char *>ps[i], <Py_ssize_t>ns[i]))
+                    if hit is None:
+                        return None
+                    cache._set(locs[i], hit, cost((<tuple>hit)[0]))
+                    nd += 1
+                out.append((<tuple>hit)[0])
+        finally:
+            free(ps)
+        decoded[0] = nd
+        return out
+
+    def window_read(self, str channel_id, Py_ssize_t n, LocCache cache not None, object decode,
+                    object cost):
+        """A window read of the hot tier in one call: ``(records, decoded)``,
+        the records of the last n messages of the channel ``channel_id``
+        (its id as a str), oldest first, each line checked as :meth:`line`
+        checks it (raising the same errors, with the file and offset), each
+        record from `cache` or decoded now by ``decode(line) -> (record,
+        seq)`` and kept there counted as ``cost(record)`` bytes (`decoded`
+        of them). ``([], 0)`` for an unknown channel or n <= 0. None if a
+        line is not one `decode` reads, or if the id needs JSON escapes
+        (its key is then not its UTF-8 bytes): the caller's general path
+        (:meth:`window_hits`) reads the window then. A channel's list index
+        never changes, so the str id finds it without building its key
+        once it was found."""
+        cdef bytes k
+        cdef const char *kp
+        cdef Py_ssize_t kl, i, got
+        cdef uint32_t start = 0, m
+        cdef rf_list *L
+        cdef int64_t *locs
+        cdef uint32_t *lens
+        cdef uint32_t e
+        cdef Py_ssize_t nd = 0
+        idx = self._chan_names.get(channel_id)
+        if idx is None:
+            k = channel_id.encode("utf-8")
+            kp = PyBytes_AS_STRING(k)
+            kl = PyBytes_GET_SIZE(k)
+            for i in range(kl):
+                if <unsigned char>kp[i] < 0x20 or kp[i] == c'"' or kp[i] == c'\\':
+                    return None
+            idx = self._chan_ids.get(k)
+            if idx is None:
+                return [], 0
+            self._chan_names[channel_id] = idx
+        if n <= 0:
+            return [], 0
+        L = &self._c_chan[<int64_t>idx]
+        m = _len(L)
+        if <Py_ssize_t>m > n:
+            start = m - <uint32_t>n
+        got = m - start
+        locs = <int64_t *>malloc(<size_t>got * (sizeof(int64_t) + sizeof(uint32_t)) + 1)
+        if locs == NULL:
+            raise MemoryError(f"HotIndex: cannot read {got} lines")
+        lens = <uint32_t *>(locs + got)
+        try:
+            for i in range(got):
+                e = _at(L, start + <uint32_t>i)
+                locs[i] = self._c_locs[e]
+                lens[i] = self._c_lens[e]
+            out = self._read_records(locs, lens, got, cache, decode, cost, &nd)
+        finally:
+            free(locs)
+        return None if out is None else (out, nd)
+
+    def read_record(self, int64_t loc, LocCache cache not None, object decode, object cost):
+        """``(record, decoded)`` of the line at `loc` as :meth:`window_read`
+        reads each of its lines (checked, from `cache` or decoded and kept;
+        `decoded` 1 or 0); None if `decode` declines the line."""
+        cdef Py_ssize_t nd = 0
+        out = self._read_records(&loc, NULL, 1, cache, decode, cost, &nd)
+        return None if out is None else ((<list>out)[0], nd)
 
     def task_hits(self, task_key, LocCache cache not None):
         """``(locs, hits, misses)`` of every message of the task, oldest
@@ -1356,9 +1488,14 @@ cdef class HotIndex:
                 moved += 1
         return moved
 
-    cdef int _checked_line(self, int64_t loc, const unsigned char **p, size_t *n) except -1:
+    cdef int _checked_line(self, int64_t loc, const unsigned char **p, size_t *n,
+                           uint32_t length=0) except -1:
         """Point `p` at the line at `loc` and set `n` to its length (without
-        the newline), after checking its checksum; raises like :meth:`line`."""
+        the newline), after checking its checksum; raises like :meth:`line`.
+        `length`: the line's length with its newline as the index measured
+        it (0: not known). Its last byte a newline, the search for the first
+        newline is skipped: the checksum covers every byte before it, so a
+        newline flipped into the line fails the check as it would end it."""
         cdef const unsigned char *nl
         cdef size_t avail
         cdef int v
@@ -1372,7 +1509,10 @@ cdef class HotIndex:
                                               path=self._where(seg), offset=off)
         if avail > RF_MAX_LINE:
             avail = RF_MAX_LINE
-        nl = <const unsigned char *>memchr(p[0], b'\n', avail)
+        if length != 0 and length <= avail and p[0][length - 1] == b'\n':
+            nl = p[0] + length - 1
+        else:
+            nl = <const unsigned char *>memchr(p[0], b'\n', avail)
         if nl == NULL:
             raise CorruptStateCheckpointError("line has no newline", path=self._where(seg),
                                               offset=off)

@@ -225,19 +225,23 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
     # ------------------------------------------------------------------
     def get_message(self, msg_id: str) -> MessageRead:
         """Exact read across tiers, verified against the stored checksum or digest."""
-        _str_arg("msg_id", msg_id)
+        if type(msg_id) is not str or not msg_id.isascii():     # (the common case checked inline)
+            _str_arg("msg_id", msg_id)
         with self._lock:
-            self._check_open()
+            if self._closed:
+                self._check_open()
             return self._get_message(msg_id)
 
     def window(self, channel_id: str, n: int = 8) -> list[ConversationMessageRecord]:
         """The last ``n`` messages of the channel, oldest first ([] for n <= 0
         or an unknown channel)."""
-        _str_arg("channel_id", channel_id)
-        if not isinstance(n, int) or isinstance(n, bool):
+        if type(channel_id) is not str or not channel_id.isascii():     # (the common case checked inline)
+            _str_arg("channel_id", channel_id)
+        if type(n) is not int and (not isinstance(n, int) or isinstance(n, bool)):
             raise TypeError(f"n: expected int, got {type(n).__name__}")
         with self._lock:
-            self._check_open()
+            if self._closed:
+                self._check_open()
             return self._last_n(channel_id, n)
 
     def messages_for_task(self, task_id: str) -> list[ConversationMessageRecord]:

@@ -106,6 +106,7 @@ cdef class HotIndex:
     cdef int64_t _n_scans          # whole-store searches a trigram filter could serve
     cdef int _c_busy               # a nogil pass is running
     cdef dict _chan_ids
+    cdef dict _chan_names          # channel id (str) -> list index, filled by window_read
     cdef list _chan_keys
     cdef dict _task_ids
     cdef list _task_keys
@@ -141,7 +142,8 @@ cdef class HotIndex:
     cdef void _unmap_if_unused(self) noexcept nogil
     cdef object _where(self, int64_t seg)
     cdef int _line_at(self, int64_t loc, const unsigned char **p, size_t *avail) noexcept nogil
-    cdef int _checked_line(self, int64_t loc, const unsigned char **p, size_t *n) except -1
+    cdef int _checked_line(self, int64_t loc, const unsigned char **p, size_t *n,
+                           uint32_t length=*) except -1
     cdef void _prefetch_line(self, int64_t loc, uint32_t length=*) noexcept nogil
     cdef int _parse_entry(self, uint32_t e, const unsigned char **p, rf_msg *m) noexcept nogil
     cdef int64_t _find_slot(self, uint64_t h, const unsigned char *key, size_t klen) noexcept nogil
@@ -159,6 +161,8 @@ cdef class HotIndex:
     cdef int _sweep(self) except -1
     cdef object _locs_of(self, rf_list *L, uint32_t start)
     cdef tuple _hits(self, rf_list *L, uint32_t start, LocCache cache, bint record)
+    cdef object _read_records(self, const int64_t *locs, const uint32_t *lens, Py_ssize_t k,
+                              LocCache cache, object decode, object cost, Py_ssize_t *decoded)
     cdef int _grow_entries(self, uint64_t nc) except -1
     cdef int _cmp_entry(self, uint32_t x, const unsigned char *hp, size_t hl,
                         const unsigned char *ip, size_t il, int *out) noexcept nogil

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 
-from .. import codec
+from .. import _encode, codec
 from ..errors import CorruptStateCheckpointError
 from ..records import ConversationMessageRecord, message_from_stored
 from .._index import LocCache
@@ -34,6 +34,14 @@ def cache_budgets(total: int) -> tuple[int, int, int]:
     return hot, cool, min(total - hot - cool, tuning.COOL_CACHE_BYTES)
 
 
+def canonical_record(line: bytes) -> tuple[ConversationMessageRecord, int] | None:
+    """(record, append sequence) of a checked line spelled as the encoder
+    spells it, by the compiled decoder; None for any other line (the
+    compiled reads then leave it to :func:`codec.record_from_line`, whose
+    Python path names what is wrong)."""
+    return _encode.record_from_line(line, ConversationMessageRecord, codec._calls_from_json)
+
+
 def record_bytes(rec: ConversationMessageRecord) -> int:
     """About what ``rec`` held in a decode cache costs (what the caches count
     against their bytes): its content as Python holds it (1, 2 or 4 bytes a
@@ -41,6 +49,17 @@ def record_bytes(rec: ConversationMessageRecord) -> int:
     tool call (tuning.RECORD_OVERHEAD)."""
     return (tuning.RECORD_OVERHEAD + sys.getsizeof(rec.content)
             + tuning.TOOL_CALL_BYTES * len(rec.tool_calls))
+
+
+def _found(rec: ConversationMessageRecord, tier: str, _new: Any = object.__new__,
+           _set: Any = object.__setattr__, _status: ReadStatus = ReadStatus.FOUND_VERIFIED) -> MessageRead:
+    """``MessageRead(FOUND_VERIFIED, rec, tier)``, made without the frozen
+    dataclass's __init__ (three object.__setattr__ calls: half an exact
+    read's cost once the record is cached). tests/test_hot_reads.py checks
+    it equals the constructor's."""
+    r = _new(MessageRead)
+    _set(r, "__dict__", {"status": _status, "record": rec, "tier": tier})
+    return r
 
 
 class HotReads(Host):
@@ -202,29 +221,46 @@ class HotReads(Host):
     def _get_message(self, msg_id: str) -> MessageRead:
         if msg_id in self._tombstones:
             return MessageRead(ReadStatus.NOT_FOUND_CONFIRMED)
-        k = codec.key(msg_id)
-        loc = self._index.find(k)
+        k = None
+        loc = self._index.find_id(msg_id)
+        if loc == -2:           # (an id whose key holds JSON escapes)
+            k = codec.key(msg_id)
+            loc = self._index.find(k)
         rec: ConversationMessageRecord | None
         if loc >= 0:
-            tier = self._tier_of(loc)
+            tier = "tail" if loc >> 40 == self._tail_seg and loc & _OFF_MASK >= self._covered else "hot"
             try:
-                rec = self._read_loc(loc)
+                # one compiled call: the line checked, its record cached or decoded and kept
+                got = self._index.read_record(loc, self._decoded, canonical_record, record_bytes)
+                if got is None:
+                    rec = self._read_loc(loc)
+                else:
+                    rec, decoded = got
+                    if decoded and self._maps.read():
+                        self._bound_maps()
             except CorruptStateCheckpointError as exc:
                 self._read_damage("exact read of %s: %s", msg_id, exc)
                 return MessageRead(ReadStatus.SOURCE_CORRUPT, None, tier)
             if rec.msg_id != msg_id:
                 return MessageRead(ReadStatus.SOURCE_CORRUPT, None, tier)
-            return MessageRead(ReadStatus.FOUND_VERIFIED, _own(rec), tier)
+            return _found(_own(rec) if rec.tool_calls else rec, tier)
         try:
             # the rows whose id hashes like msg_id (usually one): kept records, or read now
-            rec = next((r for r, _o in self._cool_records(self._cool.id_locs(msg_id))
-                        if r.msg_id == msg_id), None)
+            locs = self._cool.id_locs(msg_id)
+            kept, misses = self._cool_decoded.get_many(locs)
+            rec = None
+            for r, _o in (self._cool_records(locs) if misses else kept):
+                if r.msg_id == msg_id:
+                    rec = r
+                    break
         except CorruptStateCheckpointError as exc:
             self._read_damage("exact read of %s: %s", msg_id, exc)
             return MessageRead(ReadStatus.SOURCE_CORRUPT, None, "cool")
         if rec is None:
             # A hot line indexed under this id's hash whose bytes fail their
             # checksum may be this message with a damaged id: not "not found".
+            if k is None:
+                k = codec.key(msg_id)
             for cand in self._index.candidates(k).tolist():
                 try:
                     line = self._index.line(cand)
@@ -240,7 +276,7 @@ class HotReads(Host):
                               msg_id, self._path_of(cand >> 40), cand & _OFF_MASK)
                     return MessageRead(ReadStatus.SOURCE_CORRUPT, None, self._tier_of(cand))
             return MessageRead(ReadStatus.NOT_FOUND_CONFIRMED)
-        return MessageRead(ReadStatus.FOUND_VERIFIED, _own(rec), "cool")
+        return _found(_own(rec), "cool")
 
     def _read_damage(self, fmt: str, *args: Any) -> None:
         """Log what made an exact read SOURCE_CORRUPT (a viewer logs it otherwise)."""
@@ -274,8 +310,20 @@ class HotReads(Host):
     def _last_n(self, channel_id: str, n: int) -> list[ConversationMessageRecord]:
         if n <= 0:
             return []
-        n = min(n, _MAX_N)      # (a larger n asks for every message the channel can hold)
-        if not self._is_interleaved(channel_id):
+        if n > _MAX_N:
+            n = _MAX_N          # (a larger n asks for every message the channel can hold)
+        verdict = self._interleaved.get(channel_id)
+        if verdict is False or (verdict is None and not self._is_interleaved(channel_id)):
+            # the hot window in one compiled call: every line checked, the
+            # records from the cache or decoded and kept
+            got = self._index.window_read(channel_id, n, self._decoded, canonical_record, record_bytes)
+            if got is not None:
+                recs, decoded = got
+                if decoded and self._maps.read(decoded):
+                    self._bound_maps()
+                if len(recs) >= n or not self._cool_has_channel(channel_id):
+                    return own_calls(recs)
+                return own_calls([r for r, _t in self._window(channel_id, n)])
             # the last n messages, every line's checksum checked, every read
             locs, recs, misses = self._index.window_hits(codec.key(channel_id), n, self._decoded)
             if len(locs) >= n or not self._cool_has_channel(channel_id):
