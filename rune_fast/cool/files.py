@@ -32,7 +32,7 @@ from .sidecar import (
     _FileIndex, _PageFilters, _build_index, _close, _footer_hash, _footer_start, _map_file,
     _open_checked, _read_all, _release_arrow, _sidecar_names, _unlink_quiet,
 )
-from .tables import _widened
+from .tables import _RowTaker, _widened
 
 
 log = logging.getLogger("rune_fast.cool")
@@ -551,9 +551,14 @@ class _FileSet:
         return self._durable if durable is None else bool(durable)
 
     def _write_tmp(self, name: str, data: bytes | None = None, table: pa.Table | None = None,
-                   *, durable: bool, folder: str | None = None) -> str:
+                   *, durable: bool, folder: str | None = None, order: pa.Array | None = None) -> str:
         """Write ``name``'s temp file (0600) in ``folder`` (default: the
-        archive folder), fsynced when ``durable``; returns its path."""
+        archive folder), fsynced when ``durable``; returns its path. A
+        ``table`` is written one row group at a time, row i of the file
+        from ``table`` row ``order[i]`` (default: the table's order), so
+        that the rows in their file order are never copied whole: Arrow
+        holds the source table and one row group (the file's layout is
+        what one ``write_table`` with ``row_group_size`` makes)."""
         tmp = os.path.join(folder or self._dir, tmp_name(name))
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
@@ -561,12 +566,8 @@ class _FileSet:
                 if data is not None:
                     f.write(data)
                 else:
-                    pq.write_table(
-                        table, f, row_group_size=self._rg_rows, compression="zstd",
-                        write_page_checksum=True, use_dictionary=False, data_page_version="1.0",
-                        data_page_size=_PAGE_BYTES, write_batch_size=_PAGE_BATCH_ROWS,
-                        write_statistics=["channel_id", "ts", "ord"],
-                    )
+                    assert table is not None
+                    self._write_groups(f, table, order)
                 f.flush()
                 if durable:
                     os.fsync(f.fileno())
@@ -574,6 +575,22 @@ class _FileSet:
             _unlink_quiet(tmp)
             raise
         return tmp
+
+    def _write_groups(self, f: Any, table: pa.Table, order: pa.Array | None) -> None:
+        rg = self._rg_rows
+        with pq.ParquetWriter(
+                f, table.schema, compression="zstd", write_page_checksum=True, use_dictionary=False,
+                data_page_version="1.0", data_page_size=_PAGE_BYTES, write_batch_size=_PAGE_BATCH_ROWS,
+                write_statistics=["channel_id", "ts", "ord"]) as w:
+            n = table.num_rows
+            if n == 0:
+                w.write_table(table)
+            taker = None if order is None else _RowTaker(table)
+            where = None if order is None else np.asarray(order, dtype=np.int64)
+            for a in range(0, n, rg):
+                part = table.slice(a, rg) if taker is None else taker.take(where[a:a + rg])
+                w.write_table(part, row_group_size=rg)
+                del part
 
     def _write_atomic(self, name: str, data: bytes, *, durable: bool | None = None,
                       folder: str | None = None) -> None:

@@ -20,7 +20,7 @@ log = logging.getLogger("rune_fast.cool")
 from .search import _Search
 from .schema import COOL_SCHEMA, CoolChange, CoolRun, StagedMerge, _file_no, _id_range, _idx_name, _parquet_name
 from .sidecar import _FileIndex, _build_index, _close, _file_digest, _footer_hash, _open_checked, _read_all, _release_arrow, _unlink_quiet
-from .tables import _by_channel, _merge_order
+from .tables import _channel_order, _merge_order
 
 
 class _Writer(_Search):
@@ -35,21 +35,25 @@ class _Writer(_Search):
             self._next_no += 1
             return no
 
-    def _write_file(self, table: pa.Table, *, durable: bool) -> _FileIndex:
-        """Write ``table`` as the next numbered file plus its sidecar: both
-        temp files written and fsynced, both renamed, one folder fsync (three
-        fsyncs in all; none unless ``durable``)."""
+    def _write_file(self, table: pa.Table, *, durable: bool, order: pa.Array | None = None) -> _FileIndex:
+        """Write ``table`` (its rows in ``order``: see ``_write_tmp``) as the
+        next numbered file plus its sidecar: both temp files written and
+        fsynced, both renamed, one folder fsync (three fsyncs in all; none
+        unless ``durable``)."""
         no = self._take_no()
         name, iname = _parquet_name(no), _idx_name(no)
-        tmp = self._write_tmp(name, table=table, durable=durable)
+        tmp = self._write_tmp(name, table=table, durable=durable, order=order)
         itmp = None
         try:
             size, footer = _footer_hash(tmp)
             md = pq.read_metadata(tmp)
             rg_counts = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
-            fi = _build_index(no, size, footer, table.column("msg_id"), table.column("channel_id"),
-                              table.column("task_id"), rg_counts, self._path(name))
-            fi.id_range = _id_range(table.column("msg_id"))
+            # (only the three small columns are put in file order)
+            ids, chs, tids = (table.column(c) if order is None else table.column(c).take(order)
+                              for c in ("msg_id", "channel_id", "task_id"))
+            fi = _build_index(no, size, footer, ids, chs, tids, rg_counts, self._path(name))
+            fi.id_range = _id_range(ids)
+            del ids, chs, tids
             fi.digest = _file_digest(tmp)
             itmp = self._write_tmp(iname, fi.encode(), durable=durable, folder=self._idx_dir)
             os.replace(itmp, self._ipath(iname))
@@ -113,9 +117,7 @@ class _Writer(_Search):
         if already.any():
             i = int(np.flatnonzero(already)[0])
             raise ValueError(f"row {i}: msg_id {ids[i]!r} is already archived")
-        table = _by_channel(table)
-        fi = self._write_file(table, durable=self._dur(durable))
-        del table
+        fi = self._write_file(table, durable=self._dur(durable), order=_channel_order(table))
         _release_arrow()
         return fi
 
@@ -231,10 +233,12 @@ class _Writer(_Search):
         new: list[_FileIndex] = []
         try:
             for nos in jobs:
+                # (the sources are decoded once; the merged order is taken
+                # a row group at a time as it is written)
                 table = pa.concat_tables([self._read_table_fresh(no) for no in nos])
-                table = table.take(_merge_order(table))
-                fi = self._write_file(table, durable=self._dur(durable))
+                fi = self._write_file(table, durable=self._dur(durable), order=_merge_order(table))
                 del table
+                _release_arrow()
                 new.append(fi)
                 for no in nos:
                     replaced[_parquet_name(no)] = fi.name
