@@ -42,6 +42,27 @@ not change it) is the cooling: a background run builds one Arrow table of
 every row it cools (up to 426 MiB allocated at once, 758 MiB RssAnon
 during the appends), and the final compact() peaked at 1,518 MiB (438 MiB
 of it Arrow's). After: peak 1,603 B/msg, Arrow's pool at its peak 1,254.
+
+Session 24 (branch memory; same probe, one run each, 2 shared cores with
+tests running; default cache_bytes 48 MiB):
+
+==============================  ==================  ======================
+                                before (ffb8895)    after
+==============================  ==================  ======================
+100,000: bulk-load peak         1,334-1,604 B/msg   623-634 B/msg
+  (Arrow's pool at its peak)    470-585             127-159
+100,000: read mix, gets/search  237-244 / 300       186-197 / 256-267
+1,000,000: bulk-load peak       844 B/msg           230 B/msg
+  appends / final compact()     (not shown apart)   215 / 230
+  (Arrow's pool at its peak)    457                 86
+1,000,000: read mix             75.3 / 94.8         48.8 / 75.0
+==============================  ==================  ======================
+
+What changed: cool files written a row group at a time (merges channel
+by channel), compactions cool at most 16,384 messages a file, Arrow on
+malloc (mimalloc kept what background threads freed), the cool id index
+at 23 bytes a row (37). At 100,000 the 48 MiB of caches are most of what
+is left (see tuning.CACHE_BYTES); ``--cache-bytes`` measures others.
 """
 from __future__ import annotations
 
@@ -82,7 +103,7 @@ def _generate(d: str, n: int) -> None:
         json.dump({"n": n, "channels": w.channel_ids, "tasks": tasks, "ids": ids}, f)
 
 
-def _load(d: str, hot_window: int) -> dict[str, Any]:
+def _load(d: str, hot_window: int, cache_bytes: int | None) -> dict[str, Any]:
     from rune_fast.bench import workload
     from rune_fast.conversation_state import ConversationStateRepository
     import rune_fast.cool  # noqa: F401  (imports are not the load's memory)
@@ -98,7 +119,8 @@ def _load(d: str, hot_window: int) -> dict[str, Any]:
     t = threading.Thread(target=sample, daemon=True)
     t.start()
     t0 = time.perf_counter()
-    repo = ConversationStateRepository(d, durability="batch", hot_window=hot_window)
+    kw = {} if cache_bytes is None else {"cache_bytes": cache_bytes}
+    repo = ConversationStateRepository(d, durability="batch", hot_window=hot_window, **kw)
     n = 0
     slowest = 0.0
     with open(d + ".jsonl", "rb") as f:
@@ -113,19 +135,25 @@ def _load(d: str, hot_window: int) -> dict[str, Any]:
             n += len(batch)
             del batch, lines
             peak[0] = max(peak[0], status()["RssAnon"])
+    import pyarrow as pa
+    load_peak, load_arrow = peak[0], pa.default_memory_pool().max_memory()
+    before = status()["RssAnon"]
+    t2 = time.perf_counter()
     repo.compact()
+    compact_s = time.perf_counter() - t2
     peak[0] = max(peak[0], status()["RssAnon"])
     end = status()["RssAnon"]
     repo.close()
     done.set()
     t.join()
-    import pyarrow as pa
     return {"n": n, "seconds": time.perf_counter() - t0, "slowest_batch_ms": slowest * 1e3,
             "peak_anon_per_msg": (peak[0] - base) / n, "end_anon_per_msg": (end - base) / n,
-            "arrow_peak_per_msg": pa.default_memory_pool().max_memory() / n}
+            "arrow_peak_per_msg": pa.default_memory_pool().max_memory() / n,
+            "appends_peak_per_msg": (load_peak - base) / n, "appends_arrow_per_msg": load_arrow / n,
+            "before_compact_per_msg": (before - base) / n, "compact_ms": compact_s * 1e3}
 
 
-def _read(d: str, search: bool, trace: int) -> dict[str, Any]:
+def _read(d: str, search: bool, trace: int, cache_bytes: int | None) -> dict[str, Any]:
     from rune_fast.conversation_state import ConversationStateRepository
     import rune_fast.cool  # noqa: F401
     import pyarrow.parquet  # noqa: F401
@@ -136,7 +164,8 @@ def _read(d: str, search: bool, trace: int) -> dict[str, Any]:
         tracemalloc.start(8)
     r0 = status()
     steps = []
-    repo = ConversationStateRepository(d, read_only=True)
+    kw = {} if cache_bytes is None else {"cache_bytes": cache_bytes}
+    repo = ConversationStateRepository(d, read_only=True, **kw)
     n = len(repo)
     steps.append(("open", status()))
     for ch in mix["channels"]:
@@ -180,6 +209,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reuse", action="store_true")
     ap.add_argument("--no-search", action="store_true")
     ap.add_argument("--trace", type=int, default=0)
+    ap.add_argument("--cache-bytes", type=int, default=None,
+                    help="the repository's cache_bytes (default: its default)")
     ap.add_argument("--step", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     d = os.path.abspath(a.dir or f"/tmp/rf_memprobe_{a.n}_{a.hot_window}")
@@ -189,12 +220,14 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps({}))
         return
     if a.step == "load":
-        print(json.dumps(_load(d, a.hot_window)))
+        print(json.dumps(_load(d, a.hot_window, a.cache_bytes)))
         return
     if a.step == "read":
-        print(json.dumps(_read(d, not a.no_search, a.trace)))
+        print(json.dumps(_read(d, not a.no_search, a.trace, a.cache_bytes)))
         return
     common = [str(a.n), "--dir", d, "--hot-window", str(a.hot_window)]
+    if a.cache_bytes is not None:
+        common += ["--cache-bytes", str(a.cache_bytes)]
     if not (a.reuse and os.path.isdir(d)):
         if os.path.exists(d):
             raise SystemExit(f"{d} exists: remove it or pass --reuse")
@@ -204,7 +237,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"bulk load of {load['n']:,}: {load['seconds']:.1f} s, slowest batch "
               f"{load['slowest_batch_ms']:.0f} ms, peak RssAnon growth "
               f"{load['peak_anon_per_msg']:.0f} B/msg (at the end {load['end_anon_per_msg']:.0f}; "
-              f"Arrow's pool at its peak {load['arrow_peak_per_msg']:.0f})")
+              f"Arrow's pool at its peak {load['arrow_peak_per_msg']:.0f})\n"
+              f"  during the appends: peak {load['appends_peak_per_msg']:.0f} B/msg (Arrow "
+              f"{load['appends_arrow_per_msg']:.0f}), before compact() {load['before_compact_per_msg']:.0f}; "
+              f"compact() {load['compact_ms']:.0f} ms")
     extra = (["--no-search"] if a.no_search else []) + ["--trace", str(a.trace)]
     got = _child("read", *common, *extra)
     print(f"read mix on {got['n']:,} messages (growth per stored message, bytes):")

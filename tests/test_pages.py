@@ -498,20 +498,19 @@ def test_old_layout_still_reads_past_the_cache(tmp_path, monkeypatch):
     """Files written with dictionary pages (earlier releases): the page
     reader declines them and the direct read goes through pyarrow."""
 
-    real = pq.write_table
+    def old_layout(f, schema):
+        # (the archive's writer of row groups, as earlier releases set it up)
+        return pq.ParquetWriter(
+            f, schema, compression="zstd", write_page_checksum=True,
+            use_dictionary=["channel_id", "task_id", "role", "origin", "tool_call_id"],
+            data_page_version="1.0", write_statistics=["channel_id", "ts", "ord"])
 
-    def old_layout(table, where, **kw):
-        kw.update(use_dictionary=["channel_id", "task_id", "role", "origin", "tool_call_id"])
-        kw.pop("data_page_size", None)
-        kw.pop("write_batch_size", None)
-        return real(table, where, **kw)
-
-    monkeypatch.setattr(pq, "write_table", old_layout)
+    monkeypatch.setattr(CoolArchive, "_parquet_writer", staticmethod(old_layout))
     d = str(tmp_path / "cool")
     a = CoolArchive(d, row_group_rows=128, cache_bytes=1)
     rows = _records(400)
     cool_rows(a, rows, list(range(len(rows))))
-    monkeypatch.setattr(pq, "write_table", real)
+    monkeypatch.undo()
     b = CoolArchive(d, a.files(), row_group_rows=128, cache_bytes=1)
     for r in rows[::37]:
         assert b.get_row(r["msg_id"]).record == r

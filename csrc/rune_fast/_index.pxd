@@ -48,6 +48,7 @@ cdef class HashIndex:
     cdef size_t _n
 
     cdef int _alloc(self, size_t cap) except -1
+    cdef int _room(self, size_t n) except -1
     cdef int _insert(self, uint64_t h, int64_t v) except -1
     cdef void _place(self, uint64_t h, int64_t v) noexcept nogil
 

@@ -210,13 +210,19 @@ class Compaction(Host):
                 old_cool.extend(change.removed)
                 rep.cool_files_written += len(change.added)
             excess = self._excess(full) if settle and cool_excess else []
-            if excess:
-                table = self._cool_table_at(excess)
+            # (a file a COOL_RUN_MAX_ROWS: each run's lines are copied and
+            # parsed whole, so the final compact() of a bulk load, which
+            # cools what the background runs left, holds a run's lines at a
+            # time, not every line it cools)
+            for a in range(0, len(excess), tuning.COOL_RUN_MAX_ROWS):
+                part = excess[a:a + tuning.COOL_RUN_MAX_ROWS]
+                table = self._cool_table_at(part)
                 run = self._cool.cool_table(table)
                 manifest_cool = list(run.files)
-                self._cooled(excess, table)
+                self._cooled(part, table)
                 rep.cooled += table.num_rows
                 rep.cool_files_written += 1
+                del table
             # 2. erasure in the cool tier
             cool_erase = [m for m in self._pending_erase if m in self._cool_deleted]
             if cool_erase:

@@ -21,6 +21,9 @@ from .host import Host
 
 log = logging.getLogger("rune_fast")
 
+#: the columns of a cooling run's table that its adoption reads (``_cooled``)
+_ADOPT_COLUMNS = ["msg_id", "channel_id", "hlc"]
+
 
 class Cooling(Host):
     """Choosing and staging what cools (a mixin of the repository)."""
@@ -171,8 +174,13 @@ class Cooling(Host):
         durable = self.durability != "none"
 
         def work(job: _Staged) -> Any:
+            nonlocal data
             job.table = self._lines_table(locs, data, starts, tuning.PARSE_PART)
+            del data            # (the lines, once parsed)
             result = self._cool.stage_table(job.table, durable=durable)
+            # the adoption needs these columns only: the content goes now
+            # (a run waits for the next compaction to adopt it)
+            job.table = job.table.select(_ADOPT_COLUMNS)
             ids = job.table.column("msg_id").to_pylist()
             job.keys = [codec.key(m) for m in ids]
             job.ids = ids
@@ -184,7 +192,7 @@ class Cooling(Host):
         """The cool-schema table of the hot lines at ``locs`` (each checked
         against its checksum), row i from ``locs[i]``."""
         data, starts = self._gather(locs)
-        return self._lines_table(locs, data, starts)
+        return self._lines_table(locs, data, starts, tuning.PARSE_PART)
 
     def _gather(self, locs: Sequence[int]) -> tuple[bytes, np.ndarray]:
         """A copy of the hot lines at ``locs``, each checked (lock held):
@@ -217,7 +225,9 @@ class Cooling(Host):
             b = min(n, a + part)
             lo, hi = int(starts[a]), int(starts[b]) if b < n else len(data)
             parts.append(table_from_lines(data[lo:hi], starts[a:b] - lo, functools.partial(fallback, first=a)))
-        return pa.concat_tables(parts).combine_chunks()
+        # (chunked: the cool writer takes a row group at a time from the
+        # parts, so the rows are never copied whole)
+        return pa.concat_tables(parts)
 
     @staticmethod
     def _staged_keys(job: _Staged) -> tuple[list[str], list[bytes]]:

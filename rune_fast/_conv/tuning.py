@@ -26,6 +26,13 @@ BG_COOL_MIN_ROWS = 512
 #: runs (each channel's excess is oldest first, channel by channel, so a run
 #: cools a prefix of each channel it reaches).
 BG_COOL_MAX_ROWS = 16384
+#: At most this many messages a cooling run of a compaction (inline; the
+#: excess beyond it goes in further runs, a file each): a run's lines are
+#: copied and parsed whole. Measured with bench/memory_probe.py on a bulk
+#: load of 1,000,000 messages: the final compact() cooled what the
+#: background runs had left in one run and peaked at 641 bytes a message
+#: of resident memory (the appends before it: 204).
+COOL_RUN_MAX_ROWS = 16384
 #: lines a background cooling run parses per call (see _stage_cooling)
 PARSE_PART = 256
 #: close() leaves the index snapshot as it is when it still matches the files
@@ -53,6 +60,29 @@ DECODE_CACHE = 8192
 #: workload at 1,000,000 messages and issue 33's read mix: the three held
 #: 23 + 5 + 17 MiB of a 48 MiB budget split 1/2, 1/8, 3/8 (and 8,000
 #: hot records counted at 27 MiB with the overhead below).
+#:
+#: Kept at 48 MiB (fixed, not scaled with the store) after measuring
+#: smaller defaults on the bench's workload at 100,000 messages (one run
+#: each on 2 shared cores, tests running; fresh process, issue 33's read
+#: mix, growth of RssAnon per stored message after the gets / the
+#: searches; then each read repeated warm):
+#:
+#: ===========  =============  =========  =================  =====================
+#: cache_bytes  RssAnon/msg    window(8)  get_message (warm)  messages_for_task (warm)
+#: ===========  =============  =========  =================  =====================
+#: 48 MiB       197 / 267 B    3.5 us     4.8 us              26-42 us
+#: 8 MiB        94 / 152 B     20 us      320-800 us          32-66 us
+#: 4 MiB        67-73 / 127 B  20 us      870-920 us          28-54 us
+#: ===========  =============  =========  =================  =====================
+#:
+#: (the first, cold get of an id costs 170-680 us at any of these sizes:
+#: a row-group read.) A default small enough for 64 bytes a message at
+#: 100,000 makes repeated reads of the cool tier 60-190x slower, because
+#: a cool point read decodes a whole row group; at 1,000,000 messages and
+#: beyond the caches are at most 48 bytes a message and falling (the read
+#: mix measured 64.5 B/msg in all there). Revisit once cool reads decode
+#: only the rows they return (then a default that scales with the store,
+#: say 32 bytes a message between 8 and 48 MiB, costs little).
 CACHE_BYTES = 48 << 20
 #: What a decoded record held in a cache costs beyond ``sys.getsizeof`` of
 #: its content: the record object, its other strings, the (record, seq)

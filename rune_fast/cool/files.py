@@ -25,14 +25,14 @@ from ..events import fsync_dir
 from ..pages import PageReader
 from .rows import _Group, _LAZY_LOOKUPS, _Located, _assemble_at, _row_digest, _table_group
 from .schema import (
-    ROW_GROUP_ROWS, _OURS_RE, _PAGE_BATCH_ROWS, _PAGE_BYTES, _file_no, _grams_name, _id_hash,
+    COOL_SCHEMA, ROW_GROUP_ROWS, _OURS_RE, _PAGE_BATCH_ROWS, _PAGE_BYTES, _file_no, _grams_name, _id_hash,
     _idx_name, _parquet_name, index_dir_for,
 )
 from .sidecar import (
     _FileIndex, _PageFilters, _build_index, _close, _footer_hash, _footer_start, _map_file,
-    _open_checked, _read_all, _release_arrow, _sidecar_names, _unlink_quiet,
+    _open_checked, _read_all, _release_arrow, _sidecar_names, _unlink_quiet, _use_system_arrow_pool,
 )
-from .tables import _widened
+from .tables import _RowTaker, _widened
 
 
 log = logging.getLogger("rune_fast.cool")
@@ -70,6 +70,7 @@ class _FileSet:
                  row_group_rows: int = ROW_GROUP_ROWS, durable: bool = True,
                  index_dir: str | os.PathLike | None = None,
                  expect: Mapping[str, Sequence[Any]] | None = None) -> None:
+        _use_system_arrow_pool()
         self._dir = os.fspath(cool_dir)
         # the sidecars live beside the archive folder, not in it: the folder
         # holds Parquet files only, so any reader takes it whole as a dataset
@@ -445,6 +446,8 @@ class _FileSet:
     def _build_ids(self) -> None:
         """Move the pending files' ids into the global index (~17-35 bytes per
         cooled message)."""
+        # (sized once for them all: ~23 bytes a row, not what growing leaves)
+        self._ids_d.reserve(len(self._ids_d) + sum(self._files[no].rows for no in self._pending))
         for no in self._pending:
             self._index_ids(self._files[no])
         self._pending.clear()
@@ -551,22 +554,28 @@ class _FileSet:
         return self._durable if durable is None else bool(durable)
 
     def _write_tmp(self, name: str, data: bytes | None = None, table: pa.Table | None = None,
-                   *, durable: bool, folder: str | None = None) -> str:
+                   *, durable: bool, folder: str | None = None, order: pa.Array | None = None,
+                   parts: Iterable[pa.Table] | None = None) -> str:
         """Write ``name``'s temp file (0600) in ``folder`` (default: the
-        archive folder), fsynced when ``durable``; returns its path."""
+        archive folder), fsynced when ``durable``; returns its path. A
+        ``table`` is written one row group at a time, row i of the file
+        from ``table`` row ``order[i]`` (default: the table's order), so
+        that the rows in their file order are never copied whole: Arrow
+        holds the source table and one row group. ``parts`` instead: the
+        file's rows as tables, one after the other, each written as it
+        comes. Either way the file's layout is what one ``write_table``
+        with ``row_group_size`` makes of all its rows."""
         tmp = os.path.join(folder or self._dir, tmp_name(name))
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             with os.fdopen(fd, "wb", closefd=True) as f:
                 if data is not None:
                     f.write(data)
+                elif parts is not None:
+                    self._write_parts(f, parts)
                 else:
-                    pq.write_table(
-                        table, f, row_group_size=self._rg_rows, compression="zstd",
-                        write_page_checksum=True, use_dictionary=False, data_page_version="1.0",
-                        data_page_size=_PAGE_BYTES, write_batch_size=_PAGE_BATCH_ROWS,
-                        write_statistics=["channel_id", "ts", "ord"],
-                    )
+                    assert table is not None
+                    self._write_parts(f, self._row_groups(table, order), table.schema)
                 f.flush()
                 if durable:
                     os.fsync(f.fileno())
@@ -574,6 +583,56 @@ class _FileSet:
             _unlink_quiet(tmp)
             raise
         return tmp
+
+    def _row_groups(self, table: pa.Table, order: pa.Array | None) -> Iterator[pa.Table]:
+        """``table``'s rows in ``order`` (default: its own), a row group at a time."""
+        rg = self._rg_rows
+        if order is None:
+            for a in range(0, table.num_rows, rg):
+                yield table.slice(a, rg)
+            return
+        taker = _RowTaker(table)
+        where = np.asarray(order, dtype=np.int64)
+        for a in range(0, table.num_rows, rg):
+            yield taker.take(where[a:a + rg])
+
+    def _write_parts(self, f: Any, parts: Iterable[pa.Table], schema: pa.Schema | None = None) -> None:
+        """The Parquet file of the rows of ``parts`` (in order) into ``f``:
+        row groups of ``_rg_rows`` rows, each written once its rows came, so
+        that at most a row group and the last part are held."""
+        rg = self._rg_rows
+        w: pq.ParquetWriter | None = None
+        pending: list[pa.Table] = []
+        held = 0
+        try:
+            for t in parts:
+                if w is None:
+                    schema = t.schema if schema is None else schema
+                    w = self._parquet_writer(f, schema)
+                pending.append(t)
+                held += t.num_rows
+                while held >= rg:
+                    buf = pa.concat_tables(pending)
+                    w.write_table(buf.slice(0, rg), row_group_size=rg)
+                    rest = buf.slice(rg)
+                    pending, held = [rest], rest.num_rows
+                    del buf
+            if w is None:
+                w = self._parquet_writer(f, COOL_SCHEMA if schema is None else schema)
+            if held or not pending:
+                w.write_table(pa.concat_tables(pending) if pending else w.schema.empty_table(),
+                              row_group_size=rg)
+        finally:
+            pending.clear()
+            if w is not None:
+                w.close()
+
+    @staticmethod
+    def _parquet_writer(f: Any, schema: pa.Schema) -> pq.ParquetWriter:
+        return pq.ParquetWriter(
+            f, schema, compression="zstd", write_page_checksum=True, use_dictionary=False,
+            data_page_version="1.0", data_page_size=_PAGE_BYTES, write_batch_size=_PAGE_BATCH_ROWS,
+            write_statistics=["channel_id", "ts", "ord"])
 
     def _write_atomic(self, name: str, data: bytes, *, durable: bool | None = None,
                       folder: str | None = None) -> None:

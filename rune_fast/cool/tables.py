@@ -54,14 +54,47 @@ def _widened(span: tuple[str, str] | None | bool,
     return (min(lo, id_range[0]), max(hi, id_range[1]))
 
 
-def _by_channel(table: pa.Table) -> pa.Table:
-    """The rows grouped by channel, each channel's rows in their given order
-    (a stable sort: channel names compare as UTF-8 bytes, i.e. by code point,
-    as Python compares them)."""
+def _channel_order(table: pa.Table) -> pa.Array:
+    """The row order that groups the rows by channel, each channel's rows in
+    their given order (a stable sort: channel names compare as UTF-8 bytes,
+    i.e. by code point, as Python compares them)."""
     n = table.num_rows
     keys = pa.table({"c": table.column("channel_id"), "i": pa.array(np.arange(n, dtype=np.int64))})
-    order = pc.sort_indices(keys, sort_keys=[("c", "ascending"), ("i", "ascending")])
-    return table.take(order)
+    return pc.sort_indices(keys, sort_keys=[("c", "ascending"), ("i", "ascending")])
+
+
+class _RowTaker:
+    """Rows of a table taken by index, a few at a time, without the copy of
+    the whole table that Arrow's ``take`` makes of a chunked string column
+    (it concatenates the chunks first): the rows are taken from each chunk
+    they lie in, then put in the asked order (copies of the rows asked for
+    only)."""
+
+    def __init__(self, table: pa.Table) -> None:
+        self._batches = [b for b in table.to_batches() if b.num_rows]
+        self._schema = table.schema
+        self._starts = np.cumsum([0] + [b.num_rows for b in self._batches], dtype=np.int64)
+
+    def take(self, idx: np.ndarray) -> pa.Table:
+        """The rows at ``idx`` (int64 indices into the table), in that order."""
+        idx = np.asarray(idx, dtype=np.int64)
+        which = np.searchsorted(self._starts, idx, side="right") - 1
+        if len(idx) and which[0] == which[-1] and (which == which[0]).all():
+            b = int(which[0])
+            return pa.Table.from_batches([self._batches[b].take(pa.array(idx - self._starts[b]))],
+                                         schema=self._schema)
+        by_chunk = np.argsort(which, kind="stable")
+        pieces = []
+        for b in np.unique(which).tolist():
+            sel = idx[by_chunk[which[by_chunk] == b]]
+            pieces.append(self._batches[b].take(pa.array(sel - self._starts[b])))
+        got = pa.Table.from_batches(pieces, schema=self._schema).combine_chunks()
+        # piece order is idx sorted by chunk (stably): put it back
+        back = np.empty(len(idx), dtype=np.int64)
+        back[by_chunk] = np.arange(len(idx), dtype=np.int64)
+        return got.take(pa.array(back))
+
+
 
 
 def _calls_texts(raw: bytes) -> tuple[bytes, bytes] | None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..errors import CorruptStateCheckpointError
 from ..events import fsync_dir
 
 
@@ -18,9 +19,58 @@ log = logging.getLogger("rune_fast.cool")
 
 
 from .search import _Search
-from .schema import COOL_SCHEMA, CoolChange, CoolRun, StagedMerge, _file_no, _id_range, _idx_name, _parquet_name
-from .sidecar import _FileIndex, _build_index, _close, _file_digest, _footer_hash, _open_checked, _read_all, _release_arrow, _unlink_quiet
-from .tables import _by_channel, _merge_order
+from .schema import _PARQUET_ERRORS, COOL_SCHEMA, CoolChange, CoolRun, StagedMerge, _file_no, _id_range, _idx_name, _parquet_name
+from .sidecar import _FileIndex, _build_index, _close, _file_digest, _footer_hash, _open_checked, _release_arrow, _unlink_quiet
+from .tables import _channel_order, _merge_order
+
+
+#: the columns a file's index is built from (``_build_index``)
+_KEY_COLUMNS = ("msg_id", "channel_id", "task_id")
+
+
+class _GroupCursor:
+    """A cool file read forward a row group at a time (a merge's source):
+    :meth:`rows` gives rows ``[start, end)``, reading the row groups they
+    lie in and keeping only the last (the next range starts there or later)."""
+
+    def __init__(self, path: str, fi: _FileIndex) -> None:
+        self.path = path
+        self.fi = fi
+        self._pf = _open_checked(path)
+        self._groups: dict[int, pa.Table] = {}
+
+    def rows(self, start: int, end: int) -> pa.Table:
+        starts = self.fi.rg_starts
+        lo = int(np.searchsorted(starts, start, side="right")) - 1
+        hi = int(np.searchsorted(starts, end - 1, side="right")) - 1
+        for rg in list(self._groups):
+            if rg < lo:
+                del self._groups[rg]
+        parts = []
+        for rg in range(lo, hi + 1):
+            t = self._groups.get(rg)
+            if t is None:
+                try:
+                    t = self._pf.read_row_group(rg, use_threads=False)
+                except _PARQUET_ERRORS as exc:
+                    raise CorruptStateCheckpointError(f"cool archive cannot be read: {exc}",
+                                                      path=self.path) from None
+                if t.num_rows != int(starts[rg + 1] - starts[rg]):
+                    raise CorruptStateCheckpointError(
+                        f"cool archive row group {rg} holds {t.num_rows} rows, its index "
+                        f"{int(starts[rg + 1] - starts[rg])}", path=self.path)
+                self._groups[rg] = t
+            a = max(start, int(starts[rg])) - int(starts[rg])
+            b = min(end, int(starts[rg + 1])) - int(starts[rg])
+            parts.append(t.slice(a, b - a))
+        for rg in list(self._groups):
+            if rg < hi:
+                del self._groups[rg]
+        return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+
+    def close(self) -> None:
+        self._groups.clear()
+        _close(self._pf)
 
 
 class _Writer(_Search):
@@ -35,21 +85,41 @@ class _Writer(_Search):
             self._next_no += 1
             return no
 
-    def _write_file(self, table: pa.Table, *, durable: bool) -> _FileIndex:
-        """Write ``table`` as the next numbered file plus its sidecar: both
-        temp files written and fsynced, both renamed, one folder fsync (three
-        fsyncs in all; none unless ``durable``)."""
+    def _write_file(self, table: pa.Table | None, *, durable: bool, order: pa.Array | None = None,
+                    parts: Iterable[pa.Table] | None = None) -> _FileIndex:
+        """Write ``table`` (its rows in ``order``), or the rows of ``parts``
+        (see ``_write_tmp``), as the next numbered file plus its sidecar:
+        both temp files written and fsynced, both renamed, one folder fsync
+        (three fsyncs in all; none unless ``durable``)."""
         no = self._take_no()
         name, iname = _parquet_name(no), _idx_name(no)
-        tmp = self._write_tmp(name, table=table, durable=durable)
+        keyed: list[list[pa.ChunkedArray]] = [[], [], []]
+
+        def keep_keys(tables: Iterable[pa.Table]) -> Iterable[pa.Table]:
+            for t in tables:
+                for got, c in zip(keyed, _KEY_COLUMNS):
+                    got.append(t.column(c))
+                yield t
+
+        tmp = self._write_tmp(name, table=table, durable=durable, order=order,
+                              parts=None if parts is None else keep_keys(parts))
         itmp = None
         try:
             size, footer = _footer_hash(tmp)
             md = pq.read_metadata(tmp)
             rg_counts = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
-            fi = _build_index(no, size, footer, table.column("msg_id"), table.column("channel_id"),
-                              table.column("task_id"), rg_counts, self._path(name))
-            fi.id_range = _id_range(table.column("msg_id"))
+            # (only the three small columns are put in file order)
+            if parts is not None:
+                ids, chs, tids = (pa.chunked_array([a for ca in got for a in ca.chunks], type=pa.string())
+                                  for got in keyed)
+            else:
+                assert table is not None
+                ids, chs, tids = (table.column(c) if order is None else table.column(c).take(order)
+                                  for c in _KEY_COLUMNS)
+            del keyed[:]
+            fi = _build_index(no, size, footer, ids, chs, tids, rg_counts, self._path(name))
+            fi.id_range = _id_range(ids)
+            del ids, chs, tids
             fi.digest = _file_digest(tmp)
             itmp = self._write_tmp(iname, fi.encode(), durable=durable, folder=self._idx_dir)
             os.replace(itmp, self._ipath(iname))
@@ -113,9 +183,7 @@ class _Writer(_Search):
         if already.any():
             i = int(np.flatnonzero(already)[0])
             raise ValueError(f"row {i}: msg_id {ids[i]!r} is already archived")
-        table = _by_channel(table)
-        fi = self._write_file(table, durable=self._dur(durable))
-        del table
+        fi = self._write_file(table, durable=self._dur(durable), order=_channel_order(table))
         _release_arrow()
         return fi
 
@@ -227,14 +295,14 @@ class _Writer(_Search):
                     seen.add(no)
                 if len(nos) >= 2:
                     jobs.append(nos)
+            indexes = {tuple(nos): [self._files[no] for no in nos] for nos in jobs}
         replaced: dict[str, str | None] = {}
         new: list[_FileIndex] = []
         try:
             for nos in jobs:
-                table = pa.concat_tables([self._read_table_fresh(no) for no in nos])
-                table = table.take(_merge_order(table))
-                fi = self._write_file(table, durable=self._dur(durable))
-                del table
+                fi = self._write_file(None, durable=self._dur(durable),
+                                      parts=self._merged_channels(nos, indexes[tuple(nos)]))
+                _release_arrow()
                 new.append(fi)
                 for no in nos:
                     replaced[_parquet_name(no)] = fi.name
@@ -262,11 +330,25 @@ class _Writer(_Search):
         with self._lock:
             self._abandon(staged.new)
 
-    def _read_table_fresh(self, no: int) -> pa.Table:
-        """File ``no`` read through a handle of its own (not the shared ones)."""
-        path = self._path(_parquet_name(no))
-        pf = _open_checked(path)
+    def _merged_channels(self, nos: Sequence[int], fis: Sequence[_FileIndex]) -> Iterator[pa.Table]:
+        """The rows of files ``nos`` (their indexes ``fis``) in merged order,
+        one channel at a time: each file holds a channel's rows together
+        (its index gives their range), so a channel's merged rows are its
+        rows of every file sorted by the order key (:func:`_merge_order`,
+        over that channel only). Each file is read a row group at a time
+        through a handle of its own, every row group once (a group that
+        holds the end of one channel and the start of the next is kept
+        for the next): what a merge holds is one channel's rows and a row
+        group of each file, whatever the files' size."""
+        readers = [_GroupCursor(self._path(_parquet_name(no)), fi) for no, fi in zip(nos, fis)]
         try:
-            return _read_all(pf, path)
+            names = sorted({ch for fi in fis for ch in fi.channels})   # code point order: Arrow's
+            for ch in names:
+                got = [r.rows(*r.fi.channels[ch][:2]) for r in readers if ch in r.fi.channels]
+                t = pa.concat_tables(got) if len(got) > 1 else got[0]
+                del got
+                yield t.take(_merge_order(t)) if len(readers) > 1 else t
+                del t
         finally:
-            _close(pf)
+            for r in readers:
+                r.close()
