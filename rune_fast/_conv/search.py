@@ -9,10 +9,11 @@ from typing import Any, Callable, Sequence, cast
 import numpy as np
 
 from .. import codec
-from .._casefold import anchor_forms
+from .._casefold import anchor_plan
 from .._index import (SEARCH_FILTER_LAYOUT, WALK_BUDGET, WALK_MORE, WALK_UNORDERED, NewestWalk, contents,
                       live_locs, order_sort)
 from .._log import scan_frames
+from .._search import fold_find_list
 from ..cool import relevant_specials
 from ..errors import CorruptStateCheckpointError
 from ..segments import (TailFile, decode_filters, encode_filters, filters_name, read_kept, write_kept)
@@ -27,18 +28,19 @@ log = logging.getLogger("rune_fast")
 class _Plan:
     """How a search's needle is looked for in the hot lines' bytes: ``needle``
     (escaped key bytes, ASCII-case-blind with ``ci``; None: none) marks a
-    line a hit candidate of its own; a line holding one of ``probes``
-    (exact bytes) or, with ``na``, any non-ASCII byte is a candidate that
-    ``check`` decides on its content. ``check(content)`` is the contract's
-    test (``text in content``, or ``folded in content.casefold()``)."""
+    line a hit of its own; a line holding one of ``probes`` (escaped key
+    bytes of anchors, ASCII-case-blind) or, with ``na``, any non-ASCII byte
+    is a candidate that the compiled casefold matcher (_search.fold_find)
+    decides on its content bytes. ``check(content)`` is the contract's test
+    (``text in content``, or ``folded in content.casefold()``)."""
 
-    __slots__ = ("needle", "ci", "probes", "na", "check", "specials", "folded", "fold_all")
+    __slots__ = ("needle", "ci", "probes", "na", "check", "folded", "fold_all", "case_sensitive")
 
     def __init__(self, text: str, case_sensitive: bool) -> None:
         self.probes: list[bytes] = []
         self.na = False
-        self.specials: Sequence[str] = ()
         self.fold_all = False            # every candidate needs its fold check
+        self.case_sensitive = case_sensitive
         if case_sensitive:
             self.folded = text
             self.needle: bytes | None = codec.key(text)
@@ -48,21 +50,19 @@ class _Plan:
         folded = self.folded = text.casefold()
         self.check = (lambda c: folded in c.casefold())
         self.ci = True
-        if folded.isascii():
-            # ASCII-case-insensitive candidates are exact, except where a
-            # non-ASCII character folds to ASCII letters of the needle
-            # ('ß' -> 'ss', Kelvin sign -> 'k'): lines holding one that can
-            # take part in a match are candidates too
+        if not folded or (folded.isascii() and not relevant_specials(folded)):
+            # ASCII-case-insensitive matches are exact where no non-ASCII
+            # character folds to ASCII letters of the needle ('ß' -> 'ss',
+            # Kelvin sign -> 'k', ligatures) in a way that can take part
             self.needle = codec.key(folded)
-            self.specials = relevant_specials(folded)
-            self.probes = [codec.key(c) for c in self.specials]
             return
-        # a needle that is not ASCII: lines holding one of its anchors'
-        # stored forms (_casefold.anchor_forms: no match is missed), or
-        # without an anchor every line holding a non-ASCII byte
+        # the other needles: lines holding one of the stored forms of an
+        # anchor (_casefold.anchor_plan: no match is missed; a few
+        # ASCII-case-blind scans), each decided by the compiled matcher; with
+        # no anchor every line holding a non-ASCII byte
         self.needle = None
         self.fold_all = True
-        forms = anchor_forms(folded)
+        forms = anchor_plan(folded)
         if forms is None:
             self.na = True
         else:
@@ -75,7 +75,7 @@ class Search(Host):
     # ---- the state this room owns: written here only (tests/test_ownership.py)
 
     def _init_search_state(self) -> None:
-        self._special_cache = {}
+        """Nothing lives for the whole open: see _reset_search_state."""
 
     def _reset_search_state(self) -> None:
         # what search has checked line by line: sealed segments, and the
@@ -108,16 +108,24 @@ class Search(Host):
         ch_key = codec.key(channel_id) if channel_id is not None else None
         plan = _Plan(text, case_sensitive)
         newest = self._hot_newest(plan, ch_key, limit) if limit is not None else None
+        walked = newest is not None
         if newest is None:
             newest = self._hot_scanned(plan, ch_key, limit)
         if not self.read_only:
             self._keep_seg_filters()
         keyed = newest[::-1]            # oldest first
-        if self._cool_may_hold(channel_id):
-            if limit is None:
+        if self._cool_may_hold(channel_id) and (
+                limit is None or len(keyed) < limit or self._cool_may_follow(keyed[0][0], channel_id)):
+            if limit is None or not walked:
+                # every cool hit, read as the scan of its pages finds it: a
+                # needle the walk gave up on is rare, and the keys of its
+                # cool hits would cost more than the hits (a limited search
+                # costs no more than the unlimited one)
                 keyed += self._cool_hits(text, channel_id, case_sensitive, plan.check)
                 keyed.sort(key=_first)
-            elif len(keyed) < limit or self._cool_may_follow(keyed[0][0], channel_id):
+                if limit is not None:
+                    keyed = keyed[-limit:]
+            else:
                 keyed = self._with_cool_newest(keyed, text, channel_id, case_sensitive, plan.check, limit)
         recs = own_calls([r for _k, r, _t in keyed])
         self._bound_maps()          # the pass mapped every block its filters passed
@@ -132,7 +140,7 @@ class Search(Host):
         # a first look at a few lines: a needle none of them holds is
         # likely rare, and a scan finds it faster
         walk = NewestWalk(self._index, plan.needle, plan.ci, plan.probes, plan.na, ch_key,
-                          min(tuning.SEARCH_WALK_PROBE, tuning.SEARCH_WALK_LINES))
+                          min(tuning.SEARCH_WALK_PROBE, tuning.SEARCH_WALK_LINES), True)
         out: list[tuple] = []
         while True:
             need = limit - len(out)
@@ -177,32 +185,18 @@ class Search(Host):
                 return self._index.search(needle, ci, na, chans[0])
             parts = [self._index.search(needle, ci, na, ch) for ch in chans]
             return np.concatenate(parts) if parts else np.zeros(0, np.int64)
-        checked_all = plan.fold_all
-        extra: Any = ()
-        if plan.needle is not None and not plan.ci:
-            locs = hot(plan.needle, False, False)
-        elif plan.needle is not None and not (plan.specials and ragged):
-            locs = hot(plan.needle, True, False)
-            if plan.specials:
-                # the lines holding one (found once per segment and kept),
-                # those that are live messages of the search's channels
-                special = live_locs(self._index, self._special_lines(plan.specials), ch_key)
-                extra = special[~np.isin(special, locs)]
-                if len(extra):
-                    locs = np.concatenate([locs, extra])
-        elif plan.needle is not None:
-            # ragged segments: every line holding a non-ASCII byte joins
-            locs = hot(plan.needle, True, True)
-            checked_all = True
+        if plan.needle is not None:
+            # (ragged segments: every line holding a non-ASCII byte joins
+            # the candidates of a case-insensitive needle, and is checked)
+            locs = hot(plan.needle, plan.ci, plan.ci and ragged)
+            checked_all = plan.ci and ragged
         else:
             locs = self._anchored(hot, plan)
+            checked_all = True
         if not len(locs):
             return []
         ordered = order_sort(self._index, locs)[::-1].tolist()
         exact = [not checked_all] * len(ordered)
-        if len(extra) and not checked_all:
-            ex = set(extra.tolist())
-            exact = [loc not in ex for loc in ordered]
         out: list[tuple] = []
         need = len(ordered) if limit is None else limit
         step = max(need, 256)
@@ -220,16 +214,15 @@ class Search(Host):
         hit), every hit decoded (its checksum checked) and checked again."""
         if need <= 0 or not locs:
             return
-        raw_of: dict[int, bytes] = {}
+        sure: set[int] | None = None
         unsure = [loc for loc, ex in zip(locs, exact) if not ex]
         check = plan.check
         got = 0
         for loc, ex in zip(locs, exact):
             if not ex:
-                if not raw_of:
-                    # the content bytes of the candidates to check, in one call
-                    raw_of = dict(zip(unsure, contents(self._index, unsure)))
-                if not check(self._content_of(loc, raw_of[loc])):
+                if sure is None:
+                    sure = self._fold_candidates(unsure, plan)
+                if loc not in sure:
                     continue
             rec, seq = self._read_loc_seq(loc)
             if not check(rec.content):
@@ -238,6 +231,20 @@ class Search(Host):
             got += 1
             if got >= need:
                 return
+
+    def _fold_candidates(self, locs: list[int], plan: _Plan) -> set[int]:
+        """The candidate lines ``locs`` that may be hits, by their content
+        bytes read in one call: those whose content's casefold holds the
+        folded needle (the compiled matcher, on the escaped bytes), and
+        those whose bytes it cannot decode, checked here in Python (which
+        names a damaged line)."""
+        raws = contents(self._index, locs)
+        if plan.case_sensitive:
+            return {loc for loc, raw in zip(locs, raws) if plan.check(self._content_of(loc, raw))}
+        hits, unsure = fold_find_list(raws, plan.folded, True)
+        out = {locs[i] for i in hits.tolist()}
+        out.update(locs[i] for i in unsure.tolist() if plan.check(self._content_of(locs[i], raws[i])))
+        return out
 
     def _content_of(self, loc: int, raw: bytes) -> str:
         """The content spelled by a line's escaped content bytes."""
@@ -324,18 +331,20 @@ class Search(Host):
         return keyed
 
     def _anchored(self, hot: Callable[[bytes, bool, bool], np.ndarray], plan: _Plan) -> np.ndarray:
-        """Candidate hot lines of a casefolded needle that is not ASCII: those
-        holding one of its anchors' stored forms (byte searches of the
-        compiled scan; _casefold.anchor_forms: no match is missed), each
-        checked by the caller's fold. Without an anchor, every line holding
+        """Candidate hot lines of a casefolded needle that is not ASCII (or
+        whose ASCII letters a non-ASCII character may fold to): those
+        holding one of its anchors' stored forms (ASCII-case-blind byte
+        searches of the compiled scan, which the segments' trigram filters
+        serve; _casefold.anchor_plan: no match is missed), each decided by
+        the compiled matcher. Without an anchor, every line holding
         a non-ASCII byte."""
         if plan.na:
             # (0xff is never in UTF-8: the lines holding a non-ASCII byte;
             # a text of ASCII only folds to ASCII only)
             return hot(b"\xff", False, True)
         if len(plan.probes) == 1:
-            return hot(plan.probes[0], False, False)
-        return np.unique(np.concatenate([hot(f, False, False) for f in plan.probes]))
+            return hot(plan.probes[0], True, False)
+        return np.unique(np.concatenate([hot(f, True, False) for f in plan.probes]))
 
     def _check_hot_lines(self) -> None:
         """Check the checksum of every hot line once (lock held): a search
@@ -444,28 +453,3 @@ class Search(Host):
             if nl < 0:
                 return
             start = off + nl + 1
-
-    def _special_lines(self, chars: Sequence[str]) -> list[int]:
-        """Locations of the hot and tail lines (live or not) whose content
-        holds one of ``chars``, found once per segment and kept: a sealed
-        segment never changes, and the tail is scanned on from where the last
-        search stopped. A rewritten segment has a new number."""
-        segs = list(self._seg_order)
-        if self._tail is not None and self._tail.size > 0:     # (an empty tail is not attached)
-            segs.append(self._tail_seg)
-        cache = self._special_cache
-        for stale in [seg for seg in cache if seg not in segs]:
-            del cache[stale]
-        out: list[int] = []
-        for seg in segs:
-            per = cache.setdefault(seg, {})
-            # not the tail's zero padding (segs holds the tail's number only when there is a tail)
-            stop = cast("TailFile", self._tail).size if seg == self._tail_seg else -1
-            for c in chars:
-                end, locs = per.get(c, (0, []))
-                new, end = self._index.scan_segment(seg, end, codec.key(c), stop)
-                if len(new):
-                    locs = locs + new.tolist()
-                per[c] = (end, locs)
-                out.extend(locs)
-        return out

@@ -13,11 +13,11 @@ from typing import Any, Callable, Container, Sequence
 import numpy as np
 import pyarrow as pa
 
-from .._casefold import anchor_forms
+from .._casefold import anchor_plan
 from .._names import tmp_name
 from .._order import order_key
 from ..errors import CorruptStateCheckpointError
-from .._search import find_spans
+from .._search import find_spans, fold_find_list
 from ..pages import PageError, Unsupported
 from ..segments import read_kept, write_kept
 
@@ -140,16 +140,29 @@ relevant_specials = _relevant_specials
 
 
 def _folded_hits(get: Any, rows: list[int], lo: int, needle: str) -> list[int]:
-    """The rows (offset by ``lo``) whose casefolded content holds ``needle``;
-    a row that does not decode is kept (reading it whole reports it)."""
-    out = []
-    for i in rows:
-        try:
-            if needle not in get(i + lo).casefold():
-                continue
-        except UnicodeDecodeError:
-            pass
-        out.append(i)
+    """The rows (offset by ``lo``) whose casefolded content holds ``needle``
+    (``get(i)``: row i's UTF-8 bytes), decided by the compiled matcher; a
+    row whose bytes it cannot decode is checked here, and kept if it does
+    not decode at all (reading it whole reports it)."""
+    raws = [get(i + lo) for i in rows]
+    return [rows[i] for i in _fold_hit_indices(raws, needle)]
+
+
+def _fold_hit_indices(raws: list[bytes], needle: str) -> list[int]:
+    """The indices of ``raws`` (UTF-8 texts) whose casefold holds the
+    casefolded ``needle``, ascending: the compiled matcher's, and of those it
+    cannot decode, the ones str decides are hits or that do not decode."""
+    hits, unsure = fold_find_list(raws, needle, False)
+    out = hits.tolist()
+    if len(unsure):
+        for i in unsure.tolist():
+            try:
+                if needle not in bytes(raws[i]).decode("utf-8", "surrogatepass").casefold():
+                    continue
+            except UnicodeDecodeError:
+                pass
+            out.append(i)
+        out.sort()
     return out
 
 
@@ -227,18 +240,22 @@ class _Search(_Reads):
         # Python). A non-ASCII needle: rows whose bytes hold its longest ASCII
         # run (case-blind), or with a SPECIAL_FOLD character, or, with no ASCII
         # run, every non-ASCII row; all checked with str.casefold.
-        # A non-ASCII needle with anchors (rune_fast._casefold): rows whose
-        # bytes hold one spelling of its most selective anchor, each checked.
+        # A needle with anchors (rune_fast._casefold.anchor_plan): rows whose
+        # bytes hold one spelling of its anchor (ASCII-case-blind), each
+        # decided by the compiled casefold matcher.
         mode = "all" if needle == "" else "cs" if case_sensitive else "ci"
         probe = nb
-        forms = anchor_forms(needle) if mode == "ci" and not needle.isascii() else None
+        # (an ASCII needle that a non-ASCII character may fold into, such
+        # as 'strasse' from sharp s, takes anchors too: anchor_plan)
+        forms = anchor_plan(needle) if mode == "ci" and (not needle.isascii() or _relevant_specials(needle)) \
+            else None
         if forms is not None:
             mode = "ci-anchor"
         elif mode == "ci" and not needle.isascii():
             runs = re.findall(r"[\x00-\x7f]+", needle)
             probe = max(runs, key=len).encode("ascii") if runs else b""
             mode = "ci-run" if probe else "ci-nonascii"
-        anchors = [f.encode("utf-8") for f in forms or ()]
+        anchors = [f.encode("utf-8").lower() for f in forms or ()]    # (searched ASCII-case-blind)
         specials = _relevant_specials(probe.decode("ascii")) if mode in ("ci", "ci-run") else ()
         fold_repl = [(c.encode("utf-8"), c.casefold().encode("utf-8")) for c in specials]
         hits: list[CoolRow] = []
@@ -292,7 +309,7 @@ class _Search(_Reads):
                         if mode == "ci-anchor":
                             exact = np.zeros(0, np.int64)
                             maybe: Any = np.unique(np.concatenate(
-                                [content.find(a, False, lo, hi) - lo for a in anchors]))
+                                [content.find(a, True, lo, hi) - lo for a in anchors]))
                         elif mode == "ci-nonascii":
                             data, offs = g.spans()
                             exact = np.zeros(0, np.int64)
@@ -312,7 +329,7 @@ class _Search(_Reads):
                                 maybe = [i for i in maybe.tolist()
                                          if _ascii_fold_has(content.raw(i + lo), nb, fold_repl)]
                             else:
-                                maybe = _folded_hits(content.get, maybe.tolist(), lo, needle)
+                                maybe = _folded_hits(content.raw, maybe.tolist(), lo, needle)
                             maybe = np.asarray(maybe, dtype=np.int64)
                             idx = np.union1d(exact, maybe) if len(exact) else maybe
                         else:
@@ -407,8 +424,9 @@ class _Search(_Reads):
         named). ``mode`` "ci": ``nb`` (ASCII, casefolded)
         matched ASCII-case-blind, the rows holding a SPECIAL_FOLD character
         of ``fold_repl`` checked one by one; "cs": bytes as they are;
-        "ci-anchor": the rows holding one of ``anchors``, each checked by its
-        casefold (``nb`` the casefolded needle). The
+        "ci-anchor": the rows holding one of ``anchors`` (ASCII-case-blind),
+        each decided by the compiled casefold matcher (``nb`` the casefolded
+        needle). The
         hits' other columns are read by the same task; two run at a time
         (decompression, I/O and the search leave the GIL). Empty if the file
         is not in a layout the PageReader reads."""
@@ -418,7 +436,7 @@ class _Search(_Reads):
         if no not in self._filters.read:
             self._read_grams(no)
         if mode == "ci-anchor":
-            probes = [(a, False) for a in anchors]
+            probes = [(a, True) for a in anchors]
         else:
             probes = [(nb.lower(), True) if mode == "ci" else (nb, False)] + [(a, False) for a, _b in fold_repl]
         starts = self._files[no].rg_list
@@ -428,8 +446,9 @@ class _Search(_Reads):
             lo, hi, base = s - starts[rg], e - starts[rg], cool_loc(no, starts[rg])
             res, built = reader.find(rg, _CONTENT_COL, probes, self._filters.get(no, rg))
             if mode == "ci-anchor":
-                hits = {i: v for part in res for i, v in part
-                        if lo <= i < hi and folded in bytes(v).decode("utf-8", "surrogatepass").casefold()}
+                cands = dict(sorted((i, v) for part in res for i, v in part if lo <= i < hi))
+                rows_c = list(cands)
+                hits = {rows_c[k]: cands[rows_c[k]] for k in _fold_hit_indices(list(cands.values()), folded)}
             else:
                 hits = {i: v for i, v in res[0] if lo <= i < hi}
             for part in res[1:] if mode != "ci-anchor" else ():
