@@ -172,6 +172,14 @@ def _alternatives(single: list[str], multi: list[tuple[str, int, int]], j: int, 
 
 
 def anchor_plan(folded: str) -> list[str] | None:
+    """See _anchor_plan (kept for the needles searched lately: the plan of a
+    long needle takes a millisecond)."""
+    forms = _anchor_plan(folded)
+    return list(forms) if forms is not None else None
+
+
+@functools.lru_cache(maxsize=256)
+def _anchor_plan(folded: str) -> tuple[str, ...] | None:
     """Strings, each to be searched ASCII-case-blind (they hold no ASCII
     upper case), of which any text whose casefold holds ``folded`` holds
     one; at most MAX_SCANS of them for a window of several characters (one
@@ -210,7 +218,19 @@ def anchor_plan(folded: str) -> list[str] | None:
             key = (weight - 2 * (count.bit_length() - 1), -count, b - a)
             if best is None or key > best:
                 best, best_forms = key, forms
-    return best_forms if best is not None else None
+    return tuple(best_forms) if best is not None else None
+
+
+def ascii_probes(folded: str, specials: "tuple[str, ...]") -> list[str]:
+    """The anchors of an ASCII needle that some of ``specials`` (characters
+    of other scripts whose fold holds ASCII letters, lined up with it) may
+    fold into: its anchor_plan's, or where those are short (a scan of one
+    or two letters finds most lines) the specials themselves, of which any
+    such hit holds one."""
+    forms = anchor_plan(folded) or []
+    if not forms or min(len(f.encode("utf-8")) for f in forms) < 4:
+        return list(specials)
+    return forms
 
 
 def fold_table() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

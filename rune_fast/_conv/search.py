@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence, cast
 import numpy as np
 
 from .. import codec
-from .._casefold import anchor_plan
+from .._casefold import anchor_plan, ascii_probes
 from .._index import (SEARCH_FILTER_LAYOUT, WALK_BUDGET, WALK_MORE, WALK_UNORDERED, NewestWalk, contents,
                       live_locs, order_sort)
 from .._log import scan_frames
@@ -34,13 +34,15 @@ class _Plan:
     decides on its content bytes. ``check(content)`` is the contract's test
     (``text in content``, or ``folded in content.casefold()``)."""
 
-    __slots__ = ("needle", "ci", "probes", "na", "check", "folded", "fold_all", "case_sensitive")
+    __slots__ = ("needle", "ci", "probes", "na", "check", "folded", "fold_all", "case_sensitive", "need")
 
     def __init__(self, text: str, case_sensitive: bool) -> None:
         self.probes: list[bytes] = []
         self.na = False
         self.fold_all = False            # every candidate needs its fold check
         self.case_sensitive = case_sensitive
+        # an ASCII needle's candidates that do not hold it: a hit holds one of these
+        self.need: list[bytes] = []
         if case_sensitive:
             self.folded = text
             self.needle: bytes | None = codec.key(text)
@@ -50,11 +52,19 @@ class _Plan:
         folded = self.folded = text.casefold()
         self.check = (lambda c: folded in c.casefold())
         self.ci = True
-        if not folded or (folded.isascii() and not relevant_specials(folded)):
+        specials = relevant_specials(folded) if folded.isascii() else ()
+        if not folded or (folded.isascii() and not specials):
             # ASCII-case-insensitive matches are exact where no non-ASCII
             # character folds to ASCII letters of the needle ('ß' -> 'ss',
             # Kelvin sign -> 'k', ligatures) in a way that can take part
             self.needle = codec.key(folded)
+            return
+        if specials:
+            # the lines holding it ASCII-case-blind are still exact; the
+            # others holding an anchor and a relevant special are checked
+            self.needle = codec.key(folded)
+            self.need = [codec.key(c) for c in specials]
+            self.probes = [codec.key(f) for f in ascii_probes(folded, specials)]
             return
         # the other needles: lines holding one of the stored forms of an
         # anchor (_casefold.anchor_plan: no match is missed; a few
@@ -108,24 +118,16 @@ class Search(Host):
         ch_key = codec.key(channel_id) if channel_id is not None else None
         plan = _Plan(text, case_sensitive)
         newest = self._hot_newest(plan, ch_key, limit) if limit is not None else None
-        walked = newest is not None
         if newest is None:
             newest = self._hot_scanned(plan, ch_key, limit)
         if not self.read_only:
             self._keep_seg_filters()
         keyed = newest[::-1]            # oldest first
-        if self._cool_may_hold(channel_id) and (
-                limit is None or len(keyed) < limit or self._cool_may_follow(keyed[0][0], channel_id)):
-            if limit is None or not walked:
-                # every cool hit, read as the scan of its pages finds it: a
-                # needle the walk gave up on is rare, and the keys of its
-                # cool hits would cost more than the hits (a limited search
-                # costs no more than the unlimited one)
+        if self._cool_may_hold(channel_id):
+            if limit is None:
                 keyed += self._cool_hits(text, channel_id, case_sensitive, plan.check)
                 keyed.sort(key=_first)
-                if limit is not None:
-                    keyed = keyed[-limit:]
-            else:
+            elif len(keyed) < limit or self._cool_may_follow(keyed[0][0], channel_id):
                 keyed = self._with_cool_newest(keyed, text, channel_id, case_sensitive, plan.check, limit)
         recs = own_calls([r for _k, r, _t in keyed])
         self._bound_maps()          # the pass mapped every block its filters passed
@@ -185,11 +187,18 @@ class Search(Host):
                 return self._index.search(needle, ci, na, chans[0])
             parts = [self._index.search(needle, ci, na, ch) for ch in chans]
             return np.concatenate(parts) if parts else np.zeros(0, np.int64)
-        if plan.needle is not None:
+        extra: Any = ()
+        if plan.needle is not None and (not plan.need or ragged):
             # (ragged segments: every line holding a non-ASCII byte joins
             # the candidates of a case-insensitive needle, and is checked)
             locs = hot(plan.needle, plan.ci, plan.ci and ragged)
             checked_all = plan.ci and ragged
+        elif plan.needle is not None:
+            locs = hot(plan.needle, True, False)
+            checked_all = False
+            extra = np.setdiff1d(self._anchored(hot, plan), locs)
+            if len(extra):
+                locs = np.concatenate([locs, extra])
         else:
             locs = self._anchored(hot, plan)
             checked_all = True
@@ -197,6 +206,9 @@ class Search(Host):
             return []
         ordered = order_sort(self._index, locs)[::-1].tolist()
         exact = [not checked_all] * len(ordered)
+        if len(extra):
+            ex = set(extra.tolist())
+            exact = [loc not in ex for loc in ordered]
         out: list[tuple] = []
         need = len(ordered) if limit is None else limit
         step = max(need, 256)
@@ -241,8 +253,17 @@ class Search(Host):
         raws = contents(self._index, locs)
         if plan.case_sensitive:
             return {loc for loc, raw in zip(locs, raws) if plan.check(self._content_of(loc, raw))}
+        out: set[int] = set()
+        if plan.need:
+            # an ASCII needle: a line without a relevant special is a hit
+            # iff its bytes hold the needle ASCII-case-blind
+            nd = cast(bytes, plan.needle)
+            keep = [i for i, raw in enumerate(raws) if any(c in raw for c in plan.need)]
+            kept = set(keep)
+            out.update(loc for i, (loc, raw) in enumerate(zip(locs, raws)) if i not in kept and nd in raw.lower())
+            locs, raws = [locs[i] for i in keep], [raws[i] for i in keep]
         hits, unsure = fold_find_list(raws, plan.folded, True)
-        out = {locs[i] for i in hits.tolist()}
+        out.update(locs[i] for i in hits.tolist())
         out.update(locs[i] for i in unsure.tolist() if plan.check(self._content_of(locs[i], raws[i])))
         return out
 
