@@ -15,6 +15,7 @@ from .._index import (SEARCH_FILTER_LAYOUT, WALK_BUDGET, WALK_MORE, WALK_UNORDER
 from .._log import scan_frames
 from .._search import fold_find_list
 from ..cool import relevant_specials
+from ..cool.search import EVERY_LOC
 from ..errors import CorruptStateCheckpointError
 from ..segments import (TailFile, decode_filters, encode_filters, filters_name, read_kept, write_kept)
 from . import tuning
@@ -50,7 +51,8 @@ class _Plan:
             self.check: Callable[[str], bool] = (lambda c: text in c)
             return
         folded = self.folded = text.casefold()
-        self.check = (lambda c: folded in c.casefold())
+        # (an ASCII text's casefold is its lower(), which is cheaper)
+        self.check = (lambda c: folded in (c.lower() if c.isascii() else c.casefold()))
         self.ci = True
         specials = relevant_specials(folded) if folded.isascii() else ()
         if not folded or (folded.isascii() and not specials):
@@ -331,23 +333,21 @@ class Search(Host):
 
     def _cool_hits(self, text: str, channel_id: str | None, case_sensitive: bool,
                    check: Callable[[str], bool]) -> list[tuple]:
-        """Every cool hit as (order key, record, "cool"), oldest first."""
-        keyed = []
-        # cool hits whose verified records the cache holds are not read
-        # again (a search asked twice); the rows read join the cache
-        cached = self._cool_decoded
-        rows, known = self._cool.search_known(text, channel_id, case_sensitive=case_sensitive, known=cached)
+        """Every cool hit as (order key, record, "cool"), oldest first: the
+        archive names their locations (its scan of the content pages), and
+        the records are read in bulk (_cool_records: the decode cache, then
+        straight from the pages holding them, each page once, the records
+        built and their digests checked in compiled code), not row by row."""
+        _rows, locs = self._cool.search_known(text, channel_id, case_sensitive=case_sensitive, known=EVERY_LOC)
         deleted = self._cool_deleted
-        for rec, o in (cached[loc] for loc in known):
+        keyed = []
+        for rec, o in self._cool_records(locs):
             if channel_id is not None and rec.channel_id != channel_id:
                 raise CorruptStateCheckpointError(
                     f"cool index says {rec.msg_id!r} is a message of channel {channel_id!r}, "
                     f"its row says {rec.channel_id!r}", path=self._cool.cool_dir)
             if rec.msg_id not in deleted and check(rec.content):
                 keyed.append((_xkey(rec, o), rec, "cool"))
-        read = [(self._cool_record(row), row) for row in rows]
-        keyed += [(_xkey(rec, row.ord), rec, "cool") for rec, row in read if rec.msg_id not in deleted]
-        self._cool_keep([(self._cool.loc_of(row), (rec, row.ord)) for rec, row in read[-tuning.DECODE_CACHE:]])
         keyed.sort(key=_first)
         return keyed
 

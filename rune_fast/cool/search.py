@@ -39,6 +39,8 @@ class _Every:
 
 
 _EVERY = _Every()
+#: for search_known's ``known``: every hit named by its location, none read
+EVERY_LOC = _EVERY
 
 
 from .reads import _KEY_COLS, _Reads
