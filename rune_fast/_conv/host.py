@@ -97,6 +97,7 @@ class RepoState:
     _filters_read: bool
     _filters_kept: dict[int, int]
     _ragged: set[int]
+    _special_cache: dict[int, dict[str, tuple[int, list[int]]]]
 
     # compaction.py and cooling.py: the schedule, the manifest checkpoint, staged work
     _since_compact: int

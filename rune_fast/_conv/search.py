@@ -35,15 +35,20 @@ class _Plan:
     decides on its content bytes. ``check(content)`` is the contract's test
     (``text in content``, or ``folded in content.casefold()``)."""
 
-    __slots__ = ("needle", "ci", "probes", "na", "check", "folded", "fold_all", "case_sensitive", "need")
+    __slots__ = ("needle", "ci", "probes", "na", "check", "folded", "fold_all", "case_sensitive", "need",
+                 "blind", "specials")
 
     def __init__(self, text: str, case_sensitive: bool) -> None:
         self.probes: list[bytes] = []
         self.na = False
         self.fold_all = False            # every candidate needs its fold check
         self.case_sensitive = case_sensitive
-        # an ASCII needle's candidates that do not hold it: a hit holds one of these
+        # an ASCII needle's candidates that do not hold it ASCII-case-blind
+        # (``blind``, its key) must hold one of ``need`` (its relevant
+        # specials) to be hits; ``specials``: lines holding one are candidates
         self.need: list[bytes] = []
+        self.blind = b""
+        self.specials: Sequence[str] = ()
         if case_sensitive:
             self.folded = text
             self.needle: bytes | None = codec.key(text)
@@ -62,11 +67,23 @@ class _Plan:
             self.needle = codec.key(folded)
             return
         if specials:
-            # the lines holding it ASCII-case-blind are still exact; the
-            # others holding an anchor and a relevant special are checked
-            self.needle = codec.key(folded)
             self.need = [codec.key(c) for c in specials]
-            self.probes = [codec.key(f) for f in ascii_probes(folded, specials)]
+            self.blind = codec.key(folded)
+            forms = ascii_probes(folded, specials)
+            if len(forms) == 1 and forms[0].isascii():
+                # a part of the needle that every spelling of a hit holds
+                # ('goethe' of 'goethestrasse'): one scan finds every
+                # candidate, each decided by _fold_candidates
+                self.needle = None
+                self.fold_all = True
+                self.probes = [codec.key(forms[0])]
+                return
+            # the lines holding it ASCII-case-blind are exact; those holding
+            # a relevant special (found once per segment and kept:
+            # _special_lines) are decided by _fold_candidates
+            self.needle = codec.key(folded)
+            self.specials = specials
+            self.probes = list(self.need)
             return
         # the other needles: lines holding one of the stored forms of an
         # anchor (_casefold.anchor_plan: no match is missed; a few
@@ -87,7 +104,7 @@ class Search(Host):
     # ---- the state this room owns: written here only (tests/test_ownership.py)
 
     def _init_search_state(self) -> None:
-        """Nothing lives for the whole open: see _reset_search_state."""
+        self._special_cache = {}
 
     def _reset_search_state(self) -> None:
         # what search has checked line by line: sealed segments, and the
@@ -190,7 +207,7 @@ class Search(Host):
             parts = [self._index.search(needle, ci, na, ch) for ch in chans]
             return np.concatenate(parts) if parts else np.zeros(0, np.int64)
         extra: Any = ()
-        if plan.needle is not None and (not plan.need or ragged):
+        if plan.needle is not None and (not plan.specials or ragged):
             # (ragged segments: every line holding a non-ASCII byte joins
             # the candidates of a case-insensitive needle, and is checked)
             locs = hot(plan.needle, plan.ci, plan.ci and ragged)
@@ -198,7 +215,10 @@ class Search(Host):
         elif plan.needle is not None:
             locs = hot(plan.needle, True, False)
             checked_all = False
-            extra = np.setdiff1d(self._anchored(hot, plan), locs)
+            # the lines holding one (found once per segment and kept),
+            # those that are live messages of the search's channels
+            special = live_locs(self._index, self._special_lines(plan.specials), ch_key)
+            extra = special[~np.isin(special, locs)]
             if len(extra):
                 locs = np.concatenate([locs, extra])
         else:
@@ -259,7 +279,7 @@ class Search(Host):
         if plan.need:
             # an ASCII needle: a line without a relevant special is a hit
             # iff its bytes hold the needle ASCII-case-blind
-            nd = cast(bytes, plan.needle)
+            nd = plan.blind
             keep = [i for i, raw in enumerate(raws) if any(c in raw for c in plan.need)]
             kept = set(keep)
             out.update(loc for i, (loc, raw) in enumerate(zip(locs, raws)) if i not in kept and nd in raw.lower())
@@ -474,3 +494,28 @@ class Search(Host):
             if nl < 0:
                 return
             start = off + nl + 1
+
+    def _special_lines(self, chars: Sequence[str]) -> list[int]:
+        """Locations of the hot and tail lines (live or not) whose content
+        holds one of ``chars``, found once per segment and kept: a sealed
+        segment never changes, and the tail is scanned on from where the last
+        search stopped. A rewritten segment has a new number."""
+        segs = list(self._seg_order)
+        if self._tail is not None and self._tail.size > 0:     # (an empty tail is not attached)
+            segs.append(self._tail_seg)
+        cache = self._special_cache
+        for stale in [seg for seg in cache if seg not in segs]:
+            del cache[stale]
+        out: list[int] = []
+        for seg in segs:
+            per = cache.setdefault(seg, {})
+            # not the tail's zero padding (segs holds the tail's number only when there is a tail)
+            stop = cast("TailFile", self._tail).size if seg == self._tail_seg else -1
+            for c in chars:
+                end, locs = per.get(c, (0, []))
+                new, end = self._index.scan_segment(seg, end, codec.key(c), stop)
+                if len(new):
+                    locs = locs + new.tolist()
+                per[c] = (end, locs)
+                out.extend(locs)
+        return out
