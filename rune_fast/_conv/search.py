@@ -91,11 +91,11 @@ class _Plan:
         # no anchor every line holding a non-ASCII byte
         self.needle = None
         self.fold_all = True
-        forms = anchor_plan(folded)
-        if forms is None:
+        anchors = anchor_plan(folded)
+        if anchors is None:
             self.na = True
         else:
-            self.probes = [codec.key(f) for f in forms]
+            self.probes = [codec.key(f) for f in anchors]
 
 
 class Search(Host):
