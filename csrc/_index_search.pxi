@@ -447,7 +447,8 @@ cdef class NewestWalk:
     order of rune_fast._order over every channel, see order_sort), found by
     walking every channel's order array from its newest end and testing each
     line's content: a line holding `needle` (ASCII-case-blind with `ci`) is
-    an exact candidate; one holding one of `probes` (exact bytes), or with
+    an exact candidate; one holding one of `probes` (exact bytes; ASCII-
+    case-blind with `probe_ci`), or with
     `na` any byte >= 0x80, is a candidate the caller checks. ``next(want)``
     gives the next `want` candidates. Every line the walk reaches is
     checked (its frame's checksum) before its key is trusted: a line it
@@ -469,6 +470,7 @@ cdef class NewestWalk:
     cdef const unsigned char *_c_nd
     cdef size_t _nd_len
     cdef list _probes
+    cdef bint _probe_ci
     cdef const unsigned char **_c_pp
     cdef size_t *_c_pl
     cdef Py_ssize_t _n_probes
@@ -479,7 +481,7 @@ cdef class NewestWalk:
     cdef int _bad
 
     def __cinit__(self, HotIndex index not None, needle, bint ci, probes=(), bint na=False, ch_key=None,
-                  int64_t budget=-1):
+                  int64_t budget=-1, bint probe_ci=False):
         cdef Py_ssize_t i
         cdef uint32_t li, n, c = 0
         cdef bytearray nd
@@ -497,7 +499,8 @@ cdef class NewestWalk:
         self._nd_len = <size_t>PyBytes_GET_SIZE(self._nd)
         self._ci = ci
         self._na = na
-        self._probes = [_key_bytes(p, "probe") for p in probes]
+        self._probes = [_key_bytes(p, "probe").lower() if probe_ci else _key_bytes(p, "probe") for p in probes]
+        self._probe_ci = probe_ci
         self._n_probes = len(self._probes)
         self._budget = budget
         self._c_pp = <const unsigned char **>malloc(<size_t>(self._n_probes + 1) * sizeof(void *))
@@ -585,7 +588,7 @@ cdef class NewestWalk:
         if self._has_nd and rf_content_has(s, u.nl, self._c_nd, self._nd_len, self._ci):
             return 2
         for i in range(self._n_probes):
-            if rf_content_has(s, u.nl, self._c_pp[i], self._c_pl[i], 0):
+            if rf_content_has(s, u.nl, self._c_pp[i], self._c_pl[i], self._probe_ci):
                 return 1
         if self._na and rf_has_nonascii(s, <size_t>(u.nl - s)):
             return 1

@@ -193,3 +193,271 @@ def gram_blocks(grams, Py_ssize_t nbits, needle):
                 ov[k] = b
                 k += 1
     return out[:k].copy()
+
+
+# ---- exact casefold matching in compiled code ------------------------------
+#
+# str.casefold folds each code point alone (rune_fast._casefold.fold_table),
+# so whether a text's fold holds a folded needle is decided by decoding the
+# text's code points, folding each through the table and looking for the
+# needle's code points in what comes out: no str is built. Candidates come
+# from the anchors' byte scans; this decides them. Hot lines hold their
+# content JSON-escaped (\", \\, \n, \uXXXX with surrogate pairs); archived
+# values are plain UTF-8. A span that does not decode (bad UTF-8, a lone
+# surrogate, an unknown escape) is left to the caller's Python check, which
+# names the damage or decides as str does.
+
+cdef const uint32_t *_f_keys = NULL
+cdef const uint32_t *_f_offs = NULL
+cdef const uint32_t *_f_vals = NULL
+cdef const unsigned char *_f_bits = NULL
+cdef Py_ssize_t _f_n = 0
+_f_arrays = None
+
+
+cdef int _load_fold_table() except -1:
+    global _f_keys, _f_offs, _f_vals, _f_bits, _f_n, _f_arrays
+    cdef const uint32_t[::1] k
+    cdef const uint32_t[::1] o
+    cdef const uint32_t[::1] v
+    cdef const unsigned char[::1] b
+    if _f_arrays is not None:
+        return 0
+    from rune_fast._casefold import fold_table
+    arrays = fold_table()
+    k, o, v, b = arrays
+    _f_n = k.shape[0]
+    _f_keys = &k[0]
+    _f_offs = &o[0]
+    _f_vals = &v[0]
+    _f_bits = &b[0]
+    _f_arrays = arrays          # (keeps the buffers alive)
+    return 0
+
+
+cdef inline int _hexval(unsigned char c) noexcept nogil:
+    if c >= c'0' and c <= c'9':
+        return c - c'0'
+    if c >= c'a' and c <= c'f':
+        return c - c'a' + 10
+    if c >= c'A' and c <= c'F':
+        return c - c'A' + 10
+    return -1
+
+
+cdef inline Py_ssize_t _hex4(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, uint32_t *cp) noexcept nogil:
+    """The code unit of the 4 hex digits at p[i:i+4]; -1 if not there."""
+    cdef int d, k
+    cdef uint32_t v = 0
+    if i + 4 > n:
+        return -1
+    for k in range(4):
+        d = _hexval(p[i + k])
+        if d < 0:
+            return -1
+        v = (v << 4) | <uint32_t>d
+    cp[0] = v
+    return i + 4
+
+
+cdef inline Py_ssize_t _next_cp(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, bint esc,
+                                uint32_t *cp) noexcept nogil:
+    """Decode the code point at p[i] into cp; the index after it, or -1
+    where the bytes do not decode (left to the caller's Python check)."""
+    cdef unsigned char b = p[i], c
+    cdef uint32_t lo
+    if b < 0x80:
+        if esc and b == c'\\':
+            if i + 1 >= n:
+                return -1
+            c = p[i + 1]
+            if c == c'"' or c == c'\\' or c == c'/':
+                cp[0] = c
+            elif c == c'n':
+                cp[0] = 10
+            elif c == c't':
+                cp[0] = 9
+            elif c == c'r':
+                cp[0] = 13
+            elif c == c'b':
+                cp[0] = 8
+            elif c == c'f':
+                cp[0] = 12
+            elif c == c'u':
+                i = _hex4(p, i + 2, n, cp)
+                if i < 0:
+                    return -1
+                if 0xD800 <= cp[0] < 0xDC00:
+                    if i + 6 > n or p[i] != c'\\' or p[i + 1] != c'u' or _hex4(p, i + 2, n, &lo) < 0 \
+                            or not 0xDC00 <= lo < 0xE000:
+                        return -1
+                    cp[0] = 0x10000 + ((cp[0] - 0xD800) << 10) + (lo - 0xDC00)
+                    return i + 6
+                if 0xDC00 <= cp[0] < 0xE000:
+                    return -1
+                return i
+            else:
+                return -1
+            return i + 2
+        cp[0] = b
+        return i + 1
+    if b < 0xC2:
+        return -1
+    if b < 0xE0:
+        if i + 1 >= n or (p[i + 1] & 0xC0) != 0x80:
+            return -1
+        cp[0] = ((<uint32_t>b & 0x1F) << 6) | (p[i + 1] & 0x3F)
+        return i + 2
+    if b < 0xF0:
+        if i + 2 >= n or (p[i + 1] & 0xC0) != 0x80 or (p[i + 2] & 0xC0) != 0x80:
+            return -1
+        if (b == 0xE0 and p[i + 1] < 0xA0) or (b == 0xED and p[i + 1] >= 0xA0):
+            return -1           # overlong, or a surrogate
+        cp[0] = ((<uint32_t>b & 0x0F) << 12) | ((<uint32_t>p[i + 1] & 0x3F) << 6) | (p[i + 2] & 0x3F)
+        return i + 3
+    if b < 0xF5:
+        if i + 3 >= n or (p[i + 1] & 0xC0) != 0x80 or (p[i + 2] & 0xC0) != 0x80 or (p[i + 3] & 0xC0) != 0x80:
+            return -1
+        if (b == 0xF0 and p[i + 1] < 0x90) or (b == 0xF4 and p[i + 1] >= 0x90):
+            return -1
+        cp[0] = ((<uint32_t>b & 0x07) << 18) | ((<uint32_t>p[i + 1] & 0x3F) << 12) \
+            | ((<uint32_t>p[i + 2] & 0x3F) << 6) | (p[i + 3] & 0x3F)
+        return i + 4
+    return -1
+
+
+cdef inline Py_ssize_t _fold_cp(uint32_t cp, uint32_t *out) noexcept nogil:
+    """Write cp's casefold to out (at most 3 code points); how many."""
+    cdef Py_ssize_t lo, hi, mid
+    cdef uint32_t k
+    if cp < 0x80:
+        out[0] = cp | 0x20 if cp >= 0x41 and cp <= 0x5A else cp
+        return 1
+    if not (_f_bits[cp >> 3] >> (cp & 7)) & 1:
+        out[0] = cp
+        return 1
+    lo = 0
+    hi = _f_n
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if _f_keys[mid] < cp:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo >= _f_n or _f_keys[lo] != cp:
+        out[0] = cp
+        return 1
+    for k in range(_f_offs[lo], _f_offs[lo + 1]):
+        out[k - _f_offs[lo]] = _f_vals[k]
+    return <Py_ssize_t>(_f_offs[lo + 1] - _f_offs[lo])
+
+
+cdef int _fold_has(const unsigned char *p, Py_ssize_t n, bint esc, const uint32_t *nd, Py_ssize_t m,
+                   uint32_t *buf) noexcept nogil:
+    """1 if the casefold of the text p[0:n) holds nd[0:m), 0 if not, -1 if
+    the bytes do not decode. buf has room for 3 * n code points."""
+    cdef Py_ssize_t i = 0, k = 0, j, t
+    cdef uint32_t cp, first
+    if m == 0:
+        return 1
+    first = nd[0]
+    while i < n:
+        i = _next_cp(p, i, n, esc, &cp)
+        if i < 0:
+            return -1
+        k += _fold_cp(cp, buf + k)
+    if k < m:
+        return 0
+    for j in range(k - m + 1):
+        if buf[j] != first:
+            continue
+        t = 1
+        while t < m and buf[j + t] == nd[t]:
+            t += 1
+        if t == m:
+            return 1
+    return 0
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def fold_find(data, starts, ends, str folded, bint escaped=False):
+    """``(hits, unsure)``: the indices i (int64, ascending) whose text
+    ``data[starts[i]:ends[i]]`` (UTF-8; JSON-escaped string content with
+    `escaped`) has a casefold that holds ``folded`` (a casefolded needle),
+    and those whose bytes do not decode, for the caller to check in Python.
+    Spans outside data are clipped."""
+    cdef Py_buffer dv
+    cdef const int64_t[::1] s_arr
+    cdef const int64_t[::1] e_arr
+    cdef int64_t[::1] hv
+    cdef int64_t[::1] uv
+    cdef Py_ssize_t n, i, m, nh = 0, nu = 0, longest = 0
+    cdef int64_t s, e
+    cdef uint32_t *nd = NULL
+    cdef uint32_t *buf = NULL
+    cdef int r
+    _load_fold_table()
+    try:
+        s_arr = np.ascontiguousarray(starts, dtype=np.int64)
+        e_arr = np.ascontiguousarray(ends, dtype=np.int64)
+    except (TypeError, ValueError) as exc:
+        raise FramingError(f"starts/ends must be integer arrays: {exc}") from None
+    n = s_arr.shape[0]
+    if e_arr.shape[0] != n:
+        raise FramingError(f"starts has {n} spans but ends has {e_arr.shape[0]}")
+    nd_arr = np.frombuffer(folded.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    m = nd_arr.shape[0]
+    cdef const uint32_t[::1] nd_view = nd_arr
+    hits = np.empty(n, dtype=np.int64)
+    unsure = np.empty(n, dtype=np.int64)
+    if n == 0:
+        return hits, unsure
+    try:
+        PyObject_GetBuffer(data, &dv, PyBUF_SIMPLE)
+    except (TypeError, BufferError) as exc:
+        raise FramingError(f"data must be a contiguous bytes-like object: {exc}") from None
+    try:
+        for i in range(n):
+            s = max(s_arr[i], 0)
+            e = min(e_arr[i], dv.len)
+            if e - s > longest:
+                longest = e - s
+        nd = <uint32_t *>malloc(<size_t>(m + 1) * sizeof(uint32_t))
+        buf = <uint32_t *>malloc(<size_t>(3 * longest + 3) * sizeof(uint32_t))
+        if nd == NULL or buf == NULL:
+            raise MemoryError("fold_find: buffers")
+        for i in range(m):
+            nd[i] = <uint32_t>nd_view[i]
+        hv = hits
+        uv = unsure
+        with nogil:
+            for i in range(n):
+                s = s_arr[i]
+                e = e_arr[i]
+                if s < 0:
+                    s = 0
+                if e > dv.len:
+                    e = dv.len
+                if e < s:
+                    e = s
+                r = _fold_has(<const unsigned char *>dv.buf + s, <Py_ssize_t>(e - s), escaped, nd, m, buf)
+                if r > 0:
+                    hv[nh] = i
+                    nh += 1
+                elif r < 0:
+                    uv[nu] = i
+                    nu += 1
+        return hits[:nh].copy(), unsure[:nu].copy()
+    finally:
+        free(nd)
+        free(buf)
+        PyBuffer_Release(&dv)
+
+
+def fold_find_list(values, str folded, bint escaped=False):
+    """:func:`fold_find` over a sequence of bytes values: (hits, unsure),
+    indices into ``values``."""
+    lens = np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
+    ends = np.cumsum(lens)
+    return fold_find(b"".join(values), ends - lens, ends, folded, escaped)

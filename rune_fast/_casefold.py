@@ -113,3 +113,155 @@ def anchor_forms(folded: str) -> list[str] | None:
             if best is None or key > best:
                 best, best_forms = key, forms
     return best_forms if best is not None else None
+
+
+# ---- anchors searched ASCII-case-blind, aligned with the needle -------------
+#
+# anchor_forms treats every character whose fold expands as a break in a
+# window. A finer look: a source ``c`` whose fold F has several characters
+# can stand for position j of the needle only where F lies along the needle
+# there (F[k] == folded[j] for some k, and every other character of F equals
+# the needle's character it falls on, or falls outside the needle). It then
+# covers the positions of F inside the needle; a window is spelled one text
+# character a position (a product of sources) as long as no such source
+# covers two of its positions. 'goethestrasse': sharp s lines up only with
+# the final 'ss', so 'goethe' is a window of ASCII letters alone: one
+# ASCII-case-blind scan finds every candidate.
+
+#: the most ASCII-case-blind byte searches one anchor may take
+MAX_SCANS = 4
+#: the longest window looked at (characters; longer ones add little)
+MAX_WINDOW = 24
+
+
+def _aligned_sources(folded: str) -> list[tuple[list[str], list[tuple[str, int, int]]]]:
+    """Per position j of ``folded``: (the sources that fold to exactly
+    ``folded[j]``, the sources whose longer fold lines up with the needle
+    over j, each as (character, first, end) of the positions it covers)."""
+    n = len(folded)
+    out = []
+    for j, x in enumerate(folded):
+        single, multi = [], []
+        for c in fold_sources(x):
+            f = c.casefold()
+            if len(f) == 1:
+                single.append(c)
+                continue
+            for k, y in enumerate(f):
+                if y != x:
+                    continue
+                a = j - k
+                if all(not 0 <= a + t < n or folded[a + t] == f[t] for t in range(len(f))):
+                    multi.append((c, max(a, 0), min(a + len(f), n)))
+        out.append((single, multi))
+    return out
+
+
+def _alternatives(single: list[str], multi: list[tuple[str, int, int]], j: int, a: int, b: int) -> list[str] | None:
+    """The spellings of position j inside the window [a, b) (ASCII letters
+    as one lowercase spelling, searched case-blind), or None where a source
+    covers two positions of the window."""
+    alts: dict[str, None] = {}
+    for c in single:
+        alts[c.lower() if c.isascii() else c] = None
+    for c, s, e in multi:
+        if min(e, b) - max(s, a) > 1:
+            return None
+        alts[c] = None
+    return list(alts)
+
+
+def anchor_plan(folded: str) -> list[str] | None:
+    """See _anchor_plan (kept for the needles searched lately: the plan of a
+    long needle takes a millisecond)."""
+    forms = _anchor_plan(folded)
+    return list(forms) if forms is not None else None
+
+
+@functools.lru_cache(maxsize=256)
+def _anchor_plan(folded: str) -> tuple[str, ...] | None:
+    """Strings, each to be searched ASCII-case-blind (they hold no ASCII
+    upper case), of which any text whose casefold holds ``folded`` holds
+    one; at most MAX_SCANS of them for a window of several characters (one
+    character may take more: 'f' is also five ligatures). None where there is none (an empty
+    needle, a character no text folds to): every line is a candidate.
+    The window chosen weighs its length in bytes (non-ASCII bytes count
+    double: rarer) against the number of scans it takes."""
+    if not folded:
+        return None
+    per = _aligned_sources(folded)
+    n = len(folded)
+    best: tuple | None = None
+    best_forms: list[str] = []
+    for a in range(n):
+        parts: list[list[str]] = []
+        for b in range(a + 1, min(n, a + MAX_WINDOW) + 1):
+            # the new position, and the earlier ones a source may now cover twice
+            ok = True
+            new_parts = []
+            for j in range(a, b):
+                alt = _alternatives(*per[j], j, a, b)
+                if not alt:
+                    ok = False
+                    break
+                new_parts.append(alt)
+            if not ok:
+                break
+            parts = new_parts
+            count = 1
+            for p in parts:
+                count *= len(p)
+            if count > MAX_SCANS and (b - a > 1 or count > MAX_FORMS * 4):
+                break
+            forms = ["".join(t) for t in itertools.product(*parts)]
+            weight = min(min(len(f.encode("utf-8")) + sum(1 for ch in f if ord(ch) > 0x7F) for f in forms), 12)
+            key = (weight - 2 * (count.bit_length() - 1), -count, b - a)
+            if best is None or key > best:
+                best, best_forms = key, forms
+    return tuple(best_forms) if best is not None else None
+
+
+def ascii_probes(folded: str, specials: "tuple[str, ...]") -> list[str]:
+    """The anchors of an ASCII needle that some of ``specials`` (characters
+    of other scripts whose fold holds ASCII letters, lined up with it) may
+    fold into: its anchor_plan's, or where those are short (a scan of one
+    or two letters finds most lines) the specials themselves, of which any
+    such hit holds one."""
+    forms = anchor_plan(folded) or []
+    if not forms or min(len(f.encode("utf-8")) for f in forms) < 4:
+        return list(specials)
+    return forms
+
+
+def fold_table() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The casefold of every code point that does not fold to itself, for
+    the compiled matcher: (keys, ascending uint32; offsets, uint32, one
+    more than keys; the folded code points, uint32; a bitmap of the keys
+    over all code points, uint8). ``str.casefold`` folds each code point
+    alone (no context: final sigma folds as sigma), so a text's fold is the
+    concatenation of its characters' folds."""
+    return _fold_table()
+
+
+@functools.lru_cache(maxsize=1)
+def _fold_table() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    keys: list[int] = []
+    offs = [0]
+    vals: list[int] = []
+    cps = np.arange(sys.maxunicode + 1, dtype="<u4")
+    cps[0xD800:0xE000] = 0x20
+    every = cps.tobytes().decode("utf-32-le")
+    for base in range(0, len(every), _BLOCK):
+        block = every[base:base + _BLOCK]
+        if block.casefold() == block:
+            continue
+        for c in block:
+            f = c.casefold()
+            if f != c:
+                keys.append(ord(c))
+                vals.extend(ord(y) for y in f)
+                offs.append(len(vals))
+    k = np.asarray(keys, dtype=np.uint32)
+    bits = np.zeros((sys.maxunicode + 1) // 8, dtype=np.uint8)
+    np.bitwise_or.at(bits, k >> 3, (1 << (k & 7)).astype(np.uint8))
+    return k, np.asarray(offs, dtype=np.uint32), np.asarray(vals, dtype=np.uint32), bits

@@ -9,11 +9,13 @@ from typing import Any, Callable, Sequence, cast
 import numpy as np
 
 from .. import codec
-from .._casefold import anchor_forms
+from .._casefold import anchor_plan, ascii_probes
 from .._index import (SEARCH_FILTER_LAYOUT, WALK_BUDGET, WALK_MORE, WALK_UNORDERED, NewestWalk, contents,
                       live_locs, order_sort)
 from .._log import scan_frames
+from .._search import fold_find_list
 from ..cool import relevant_specials
+from ..cool.search import EVERY_LOC
 from ..errors import CorruptStateCheckpointError
 from ..segments import (TailFile, decode_filters, encode_filters, filters_name, read_kept, write_kept)
 from . import tuning
@@ -27,18 +29,26 @@ log = logging.getLogger("rune_fast")
 class _Plan:
     """How a search's needle is looked for in the hot lines' bytes: ``needle``
     (escaped key bytes, ASCII-case-blind with ``ci``; None: none) marks a
-    line a hit candidate of its own; a line holding one of ``probes``
-    (exact bytes) or, with ``na``, any non-ASCII byte is a candidate that
-    ``check`` decides on its content. ``check(content)`` is the contract's
-    test (``text in content``, or ``folded in content.casefold()``)."""
+    line a hit of its own; a line holding one of ``probes`` (escaped key
+    bytes of anchors, ASCII-case-blind) or, with ``na``, any non-ASCII byte
+    is a candidate that the compiled casefold matcher (_search.fold_find)
+    decides on its content bytes. ``check(content)`` is the contract's test
+    (``text in content``, or ``folded in content.casefold()``)."""
 
-    __slots__ = ("needle", "ci", "probes", "na", "check", "specials", "folded", "fold_all")
+    __slots__ = ("needle", "ci", "probes", "na", "check", "folded", "fold_all", "case_sensitive", "need",
+                 "blind", "specials")
 
     def __init__(self, text: str, case_sensitive: bool) -> None:
         self.probes: list[bytes] = []
         self.na = False
-        self.specials: Sequence[str] = ()
         self.fold_all = False            # every candidate needs its fold check
+        self.case_sensitive = case_sensitive
+        # an ASCII needle's candidates that do not hold it ASCII-case-blind
+        # (``blind``, its key) must hold one of ``need`` (its relevant
+        # specials) to be hits; ``specials``: lines holding one are candidates
+        self.need: list[bytes] = []
+        self.blind = b""
+        self.specials: Sequence[str] = ()
         if case_sensitive:
             self.folded = text
             self.needle: bytes | None = codec.key(text)
@@ -46,27 +56,46 @@ class _Plan:
             self.check: Callable[[str], bool] = (lambda c: text in c)
             return
         folded = self.folded = text.casefold()
-        self.check = (lambda c: folded in c.casefold())
+        # (an ASCII text's casefold is its lower(), which is cheaper)
+        self.check = (lambda c: folded in (c.lower() if c.isascii() else c.casefold()))
         self.ci = True
-        if folded.isascii():
-            # ASCII-case-insensitive candidates are exact, except where a
-            # non-ASCII character folds to ASCII letters of the needle
-            # ('ß' -> 'ss', Kelvin sign -> 'k'): lines holding one that can
-            # take part in a match are candidates too
+        specials = relevant_specials(folded) if folded.isascii() else ()
+        if not folded or (folded.isascii() and not specials):
+            # ASCII-case-insensitive matches are exact where no non-ASCII
+            # character folds to ASCII letters of the needle ('ß' -> 'ss',
+            # Kelvin sign -> 'k', ligatures) in a way that can take part
             self.needle = codec.key(folded)
-            self.specials = relevant_specials(folded)
-            self.probes = [codec.key(c) for c in self.specials]
             return
-        # a needle that is not ASCII: lines holding one of its anchors'
-        # stored forms (_casefold.anchor_forms: no match is missed), or
-        # without an anchor every line holding a non-ASCII byte
+        if specials:
+            self.need = [codec.key(c) for c in specials]
+            self.blind = codec.key(folded)
+            forms = ascii_probes(folded, specials)
+            if len(forms) == 1 and forms[0].isascii():
+                # a part of the needle that every spelling of a hit holds
+                # ('goethe' of 'goethestrasse'): one scan finds every
+                # candidate, each decided by _fold_candidates
+                self.needle = None
+                self.fold_all = True
+                self.probes = [codec.key(forms[0])]
+                return
+            # the lines holding it ASCII-case-blind are exact; those holding
+            # a relevant special (found once per segment and kept:
+            # _special_lines) are decided by _fold_candidates
+            self.needle = codec.key(folded)
+            self.specials = specials
+            self.probes = list(self.need)
+            return
+        # the other needles: lines holding one of the stored forms of an
+        # anchor (_casefold.anchor_plan: no match is missed; a few
+        # ASCII-case-blind scans), each decided by the compiled matcher; with
+        # no anchor every line holding a non-ASCII byte
         self.needle = None
         self.fold_all = True
-        forms = anchor_forms(folded)
-        if forms is None:
+        anchors = anchor_plan(folded)
+        if anchors is None:
             self.na = True
         else:
-            self.probes = [codec.key(f) for f in forms]
+            self.probes = [codec.key(f) for f in anchors]
 
 
 class Search(Host):
@@ -132,7 +161,7 @@ class Search(Host):
         # a first look at a few lines: a needle none of them holds is
         # likely rare, and a scan finds it faster
         walk = NewestWalk(self._index, plan.needle, plan.ci, plan.probes, plan.na, ch_key,
-                          min(tuning.SEARCH_WALK_PROBE, tuning.SEARCH_WALK_LINES))
+                          min(tuning.SEARCH_WALK_PROBE, tuning.SEARCH_WALK_LINES), True)
         out: list[tuple] = []
         while True:
             need = limit - len(out)
@@ -177,30 +206,29 @@ class Search(Host):
                 return self._index.search(needle, ci, na, chans[0])
             parts = [self._index.search(needle, ci, na, ch) for ch in chans]
             return np.concatenate(parts) if parts else np.zeros(0, np.int64)
-        checked_all = plan.fold_all
         extra: Any = ()
-        if plan.needle is not None and not plan.ci:
-            locs = hot(plan.needle, False, False)
-        elif plan.needle is not None and not (plan.specials and ragged):
-            locs = hot(plan.needle, True, False)
-            if plan.specials:
-                # the lines holding one (found once per segment and kept),
-                # those that are live messages of the search's channels
-                special = live_locs(self._index, self._special_lines(plan.specials), ch_key)
-                extra = special[~np.isin(special, locs)]
-                if len(extra):
-                    locs = np.concatenate([locs, extra])
+        if plan.needle is not None and (not plan.specials or ragged):
+            # (ragged segments: every line holding a non-ASCII byte joins
+            # the candidates of a case-insensitive needle, and is checked)
+            locs = hot(plan.needle, plan.ci, plan.ci and ragged)
+            checked_all = plan.ci and ragged
         elif plan.needle is not None:
-            # ragged segments: every line holding a non-ASCII byte joins
-            locs = hot(plan.needle, True, True)
-            checked_all = True
+            locs = hot(plan.needle, True, False)
+            checked_all = False
+            # the lines holding one (found once per segment and kept),
+            # those that are live messages of the search's channels
+            special = live_locs(self._index, self._special_lines(plan.specials), ch_key)
+            extra = special[~np.isin(special, locs)]
+            if len(extra):
+                locs = np.concatenate([locs, extra])
         else:
             locs = self._anchored(hot, plan)
+            checked_all = True
         if not len(locs):
             return []
         ordered = order_sort(self._index, locs)[::-1].tolist()
         exact = [not checked_all] * len(ordered)
-        if len(extra) and not checked_all:
+        if len(extra):
             ex = set(extra.tolist())
             exact = [loc not in ex for loc in ordered]
         out: list[tuple] = []
@@ -220,16 +248,15 @@ class Search(Host):
         hit), every hit decoded (its checksum checked) and checked again."""
         if need <= 0 or not locs:
             return
-        raw_of: dict[int, bytes] = {}
+        sure: set[int] | None = None
         unsure = [loc for loc, ex in zip(locs, exact) if not ex]
         check = plan.check
         got = 0
         for loc, ex in zip(locs, exact):
             if not ex:
-                if not raw_of:
-                    # the content bytes of the candidates to check, in one call
-                    raw_of = dict(zip(unsure, contents(self._index, unsure)))
-                if not check(self._content_of(loc, raw_of[loc])):
+                if sure is None:
+                    sure = self._fold_candidates(unsure, plan)
+                if loc not in sure:
                     continue
             rec, seq = self._read_loc_seq(loc)
             if not check(rec.content):
@@ -238,6 +265,29 @@ class Search(Host):
             got += 1
             if got >= need:
                 return
+
+    def _fold_candidates(self, locs: list[int], plan: _Plan) -> set[int]:
+        """The candidate lines ``locs`` that may be hits, by their content
+        bytes read in one call: those whose content's casefold holds the
+        folded needle (the compiled matcher, on the escaped bytes), and
+        those whose bytes it cannot decode, checked here in Python (which
+        names a damaged line)."""
+        raws = contents(self._index, locs)
+        if plan.case_sensitive:
+            return {loc for loc, raw in zip(locs, raws) if plan.check(self._content_of(loc, raw))}
+        out: set[int] = set()
+        if plan.need:
+            # an ASCII needle: a line without a relevant special is a hit
+            # iff its bytes hold the needle ASCII-case-blind
+            nd = plan.blind
+            keep = [i for i, raw in enumerate(raws) if any(c in raw for c in plan.need)]
+            kept = set(keep)
+            out.update(loc for i, (loc, raw) in enumerate(zip(locs, raws)) if i not in kept and nd in raw.lower())
+            locs, raws = [locs[i] for i in keep], [raws[i] for i in keep]
+        hits, unsure = fold_find_list(raws, plan.folded, True)
+        out.update(locs[i] for i in hits.tolist())
+        out.update(locs[i] for i in unsure.tolist() if plan.check(self._content_of(locs[i], raws[i])))
+        return out
 
     def _content_of(self, loc: int, raw: bytes) -> str:
         """The content spelled by a line's escaped content bytes."""
@@ -303,39 +353,39 @@ class Search(Host):
 
     def _cool_hits(self, text: str, channel_id: str | None, case_sensitive: bool,
                    check: Callable[[str], bool]) -> list[tuple]:
-        """Every cool hit as (order key, record, "cool"), oldest first."""
-        keyed = []
-        # cool hits whose verified records the cache holds are not read
-        # again (a search asked twice); the rows read join the cache
-        cached = self._cool_decoded
-        rows, known = self._cool.search_known(text, channel_id, case_sensitive=case_sensitive, known=cached)
+        """Every cool hit as (order key, record, "cool"), oldest first: the
+        archive names their locations (its scan of the content pages), and
+        the records are read in bulk (_cool_records: the decode cache, then
+        straight from the pages holding them, each page once, the records
+        built and their digests checked in compiled code), not row by row."""
+        _rows, locs = self._cool.search_known(text, channel_id, case_sensitive=case_sensitive, known=EVERY_LOC)
         deleted = self._cool_deleted
-        for rec, o in (cached[loc] for loc in known):
+        keyed = []
+        for rec, o in self._cool_records(locs):
             if channel_id is not None and rec.channel_id != channel_id:
                 raise CorruptStateCheckpointError(
                     f"cool index says {rec.msg_id!r} is a message of channel {channel_id!r}, "
                     f"its row says {rec.channel_id!r}", path=self._cool.cool_dir)
             if rec.msg_id not in deleted and check(rec.content):
                 keyed.append((_xkey(rec, o), rec, "cool"))
-        read = [(self._cool_record(row), row) for row in rows]
-        keyed += [(_xkey(rec, row.ord), rec, "cool") for rec, row in read if rec.msg_id not in deleted]
-        self._cool_keep([(self._cool.loc_of(row), (rec, row.ord)) for rec, row in read[-tuning.DECODE_CACHE:]])
         keyed.sort(key=_first)
         return keyed
 
     def _anchored(self, hot: Callable[[bytes, bool, bool], np.ndarray], plan: _Plan) -> np.ndarray:
-        """Candidate hot lines of a casefolded needle that is not ASCII: those
-        holding one of its anchors' stored forms (byte searches of the
-        compiled scan; _casefold.anchor_forms: no match is missed), each
-        checked by the caller's fold. Without an anchor, every line holding
+        """Candidate hot lines of a casefolded needle that is not ASCII (or
+        whose ASCII letters a non-ASCII character may fold to): those
+        holding one of its anchors' stored forms (ASCII-case-blind byte
+        searches of the compiled scan, which the segments' trigram filters
+        serve; _casefold.anchor_plan: no match is missed), each decided by
+        the compiled matcher. Without an anchor, every line holding
         a non-ASCII byte."""
         if plan.na:
             # (0xff is never in UTF-8: the lines holding a non-ASCII byte;
             # a text of ASCII only folds to ASCII only)
             return hot(b"\xff", False, True)
         if len(plan.probes) == 1:
-            return hot(plan.probes[0], False, False)
-        return np.unique(np.concatenate([hot(f, False, False) for f in plan.probes]))
+            return hot(plan.probes[0], True, False)
+        return np.unique(np.concatenate([hot(f, True, False) for f in plan.probes]))
 
     def _check_hot_lines(self) -> None:
         """Check the checksum of every hot line once (lock held): a search

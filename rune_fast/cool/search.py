@@ -13,11 +13,11 @@ from typing import Any, Callable, Container, Sequence
 import numpy as np
 import pyarrow as pa
 
-from .._casefold import anchor_forms
+from .._casefold import anchor_plan, ascii_probes
 from .._names import tmp_name
 from .._order import order_key
 from ..errors import CorruptStateCheckpointError
-from .._search import find_spans
+from .._search import find_spans, fold_find_list
 from ..pages import PageError, Unsupported
 from ..segments import read_kept, write_kept
 
@@ -39,9 +39,11 @@ class _Every:
 
 
 _EVERY = _Every()
+#: for search_known's ``known``: every hit named by its location, none read
+EVERY_LOC = _EVERY
 
 
-from .reads import _Reads
+from .reads import _KEY_COLS, _Reads
 from .rows import SPECIAL_FOLD, _Group, _SPECIAL_UTF8, _assemble_columns
 from .schema import (_PARQUET_ERRORS, CoolRow, _CONTENT_COL, _file_no, _grams_name, _parquet_name, _row_key,
                      cool_loc)
@@ -139,17 +141,37 @@ def ascii_fold_matcher(needle: str) -> "Any | None":
 relevant_specials = _relevant_specials
 
 
-def _folded_hits(get: Any, rows: list[int], lo: int, needle: str) -> list[int]:
-    """The rows (offset by ``lo``) whose casefolded content holds ``needle``;
-    a row that does not decode is kept (reading it whole reports it)."""
-    out = []
-    for i in rows:
-        try:
-            if needle not in get(i + lo).casefold():
-                continue
-        except UnicodeDecodeError:
-            pass
-        out.append(i)
+def _folded_hits(get: Any, rows: list[int], lo: int, needle: str, need: Sequence[bytes] = ()) -> list[int]:
+    """The rows (offset by ``lo``) whose casefolded content holds ``needle``
+    (``get(i)``: row i's UTF-8 bytes), decided by the compiled matcher; a
+    row whose bytes it cannot decode is checked here, and kept if it does
+    not decode at all (reading it whole reports it). ``need``: see
+    _fold_hit_indices."""
+    raws = [get(i + lo) for i in rows]
+    return [rows[i] for i in _fold_hit_indices(raws, needle, need)]
+
+
+def _fold_hit_indices(raws: list[bytes], needle: str, need: Sequence[bytes] = ()) -> list[int]:
+    """The indices of ``raws`` (UTF-8 texts) whose casefold holds the
+    casefolded ``needle``, ascending: the compiled matcher's, and of those it
+    cannot decode, the ones str decides are hits or that do not decode.
+    ``need``: the UTF-8 of characters one of which a hit must hold (an ASCII
+    needle's relevant specials, for texts that do not hold the needle
+    ASCII-case-blind); the others are passed over unread."""
+    if need:
+        keep = [i for i, r in enumerate(raws) if any(c in r for c in need)]
+        return [keep[i] for i in _fold_hit_indices([raws[i] for i in keep], needle)]
+    hits, unsure = fold_find_list(raws, needle, False)
+    out = hits.tolist()
+    if len(unsure):
+        for i in unsure.tolist():
+            try:
+                if needle not in bytes(raws[i]).decode("utf-8", "surrogatepass").casefold():
+                    continue
+            except UnicodeDecodeError:
+                pass
+            out.append(i)
+        out.sort()
     return out
 
 
@@ -227,18 +249,27 @@ class _Search(_Reads):
         # Python). A non-ASCII needle: rows whose bytes hold its longest ASCII
         # run (case-blind), or with a SPECIAL_FOLD character, or, with no ASCII
         # run, every non-ASCII row; all checked with str.casefold.
-        # A non-ASCII needle with anchors (rune_fast._casefold): rows whose
-        # bytes hold one spelling of its most selective anchor, each checked.
+        # A needle with anchors (rune_fast._casefold.anchor_plan): rows whose
+        # bytes hold one spelling of its anchor (ASCII-case-blind), each
+        # decided by the compiled casefold matcher.
         mode = "all" if needle == "" else "cs" if case_sensitive else "ci"
         probe = nb
-        forms = anchor_forms(needle) if mode == "ci" and not needle.isascii() else None
+        # (an ASCII needle that a non-ASCII character may fold into, such
+        # as 'strasse' from sharp s, takes anchors too: anchor_plan)
+        # the rows holding the needle ASCII-case-blind are hits of their own
+        # (exact); the others that hold an anchor and a relevant special are
+        # decided by the matcher
+        ascii_specials = _relevant_specials(needle) if mode == "ci" and needle.isascii() else ()
+        need = [c.encode("utf-8") for c in ascii_specials]
+        forms = ascii_probes(needle, ascii_specials) if ascii_specials else \
+            anchor_plan(needle) if mode == "ci" and not needle.isascii() else None
         if forms is not None:
             mode = "ci-anchor"
         elif mode == "ci" and not needle.isascii():
             runs = re.findall(r"[\x00-\x7f]+", needle)
             probe = max(runs, key=len).encode("ascii") if runs else b""
             mode = "ci-run" if probe else "ci-nonascii"
-        anchors = [f.encode("utf-8") for f in forms or ()]
+        anchors = [f.encode("utf-8").lower() for f in forms or ()]    # (searched ASCII-case-blind)
         specials = _relevant_specials(probe.decode("ascii")) if mode in ("ci", "ci-run") else ()
         fold_repl = [(c.encode("utf-8"), c.casefold().encode("utf-8")) for c in specials]
         hits: list[CoolRow] = []
@@ -263,7 +294,7 @@ class _Search(_Reads):
                 for rg in range(rg_a, rg_b):
                     if scans is None and (no, rg) not in self._cache:
                         scans = self._start_scans(no, [r for r in range(rg, rg_b) if (no, r) not in self._cache],
-                                                  s, e, mode, nb, fold_repl, known, anchors)
+                                                  s, e, mode, nb, fold_repl, known, anchors, need)
                     base = fi.rg_list[rg]
                     n = fi.rg_list[rg + 1] - base
                     lo, hi = max(s - base, 0), min(e - base, n)
@@ -290,9 +321,11 @@ class _Search(_Reads):
                         idx = content.find(nb, False, lo, hi) - lo
                     else:
                         if mode == "ci-anchor":
-                            exact = np.zeros(0, np.int64)
+                            exact = content.find(nb, True, lo, hi) - lo if need else np.zeros(0, np.int64)
                             maybe: Any = np.unique(np.concatenate(
-                                [content.find(a, False, lo, hi) - lo for a in anchors]))
+                                [content.find(a, True, lo, hi) - lo for a in anchors]))
+                            if len(exact):
+                                maybe = np.setdiff1d(maybe, exact)
                         elif mode == "ci-nonascii":
                             data, offs = g.spans()
                             exact = np.zeros(0, np.int64)
@@ -312,7 +345,7 @@ class _Search(_Reads):
                                 maybe = [i for i in maybe.tolist()
                                          if _ascii_fold_has(content.raw(i + lo), nb, fold_repl)]
                             else:
-                                maybe = _folded_hits(content.get, maybe.tolist(), lo, needle)
+                                maybe = _folded_hits(content.raw, maybe.tolist(), lo, needle, need)
                             maybe = np.asarray(maybe, dtype=np.int64)
                             idx = np.union1d(exact, maybe) if len(exact) else maybe
                         else:
@@ -369,14 +402,37 @@ class _Search(_Reads):
                     raise CorruptStateCheckpointError(f"cool file number {no} is not live", path=self._dir)
                 by_group.setdefault((no, self._rg_of(fi, row)), []).append(row)
             for (no, rg), rws in sorted(by_group.items()):
-                table = self._key_columns(no, rg)
-                local = pa.array(np.asarray(rws, dtype=np.int64) - self._files[no].rg_list[rg])
-                ids = table.column("msg_id").take(local).to_pylist()
-                hlcs = table.column("hlc").take(local).to_pylist()
-                ords = table.column("ord").take(local).to_pylist()
+                rws.sort()
+                got = self._key_take(no, rg, [r - self._files[no].rg_list[rg] for r in rws])
+                if got is not None:
+                    hlcs, ids, ords = got
+                else:
+                    table = self._key_columns(no, rg)
+                    local = pa.array(np.asarray(rws, dtype=np.int64) - self._files[no].rg_list[rg])
+                    ids = table.column("msg_id").take(local).to_pylist()
+                    hlcs = table.column("hlc").take(local).to_pylist()
+                    ords = table.column("ord").take(local).to_pylist()
                 out.extend((order_key(h, m, o), cool_loc(no, r), m) for r, m, h, o in zip(rws, ids, hlcs, ords))
         out.sort(key=lambda e: e[0])
         return out
+
+    def _key_take(self, no: int, rg: int, local: list[int]) -> tuple[list, list, list] | None:
+        """(hlc, msg_id, ord) of the rows ``local`` (ascending) of a row
+        group, from just the pages of its key columns that hold them
+        (PageReader.take: a rare needle's few hits a group do not decode
+        the group's key columns whole); None where the reader does not
+        take the group, or meets damage (the caller's read names it)."""
+        try:
+            cols = self._with_reader(no, lambda reader: reader.take(rg, local, _KEY_COLS))
+            if cols is None:
+                return None
+            (hd, ho), (md, mo), ords = cols
+            n = len(local)
+            return ([hd[ho[i]:ho[i + 1]].decode("utf-8") for i in range(n)],
+                    [md[mo[i]:mo[i + 1]].decode("utf-8") for i in range(n)],
+                    np.frombuffer(ords, dtype=np.int64).tolist())
+        except (PageError, UnicodeDecodeError):
+            return None
 
     def _key_columns(self, no: int, rg: int) -> Any:
         """The ``msg_id``, ``hlc`` and ``ord`` columns of a row group (an
@@ -398,7 +454,7 @@ class _Search(_Reads):
 
     def _start_scans(self, no: int, rgs: list[int], s: int, e: int, mode: str, nb: bytes,
                      fold_repl: list[tuple[bytes, bytes]], known: Container[int] = (),
-                     anchors: Sequence[bytes] = ()) -> dict[int, Any]:
+                     anchors: Sequence[bytes] = (), need: Sequence[bytes] = ()) -> dict[int, Any]:
         """Start the search of row groups ``rgs`` of file ``no`` (groups the
         cache does not hold; rows ``[s, e)`` of the file) in the file's pages
         as they are decompressed, without building or caching the groups:
@@ -407,8 +463,10 @@ class _Search(_Reads):
         named). ``mode`` "ci": ``nb`` (ASCII, casefolded)
         matched ASCII-case-blind, the rows holding a SPECIAL_FOLD character
         of ``fold_repl`` checked one by one; "cs": bytes as they are;
-        "ci-anchor": the rows holding one of ``anchors``, each checked by its
-        casefold (``nb`` the casefolded needle). The
+        "ci-anchor": the rows holding one of ``anchors`` (ASCII-case-blind),
+        each decided by the compiled casefold matcher (``nb`` the casefolded
+        needle; with ``need``, an ASCII one: the rows holding it
+        ASCII-case-blind are hits, the others must hold one of ``need``). The
         hits' other columns are read by the same task; two run at a time
         (decompression, I/O and the search leave the GIL). Empty if the file
         is not in a layout the PageReader reads."""
@@ -418,7 +476,7 @@ class _Search(_Reads):
         if no not in self._filters.read:
             self._read_grams(no)
         if mode == "ci-anchor":
-            probes = [(a, False) for a in anchors]
+            probes = ([(nb, True)] if need else []) + [(a, True) for a in anchors]
         else:
             probes = [(nb.lower(), True) if mode == "ci" else (nb, False)] + [(a, False) for a, _b in fold_repl]
         starts = self._files[no].rg_list
@@ -428,8 +486,12 @@ class _Search(_Reads):
             lo, hi, base = s - starts[rg], e - starts[rg], cool_loc(no, starts[rg])
             res, built = reader.find(rg, _CONTENT_COL, probes, self._filters.get(no, rg))
             if mode == "ci-anchor":
-                hits = {i: v for part in res for i, v in part
-                        if lo <= i < hi and folded in bytes(v).decode("utf-8", "surrogatepass").casefold()}
+                hits = {i: v for i, v in res[0] if lo <= i < hi} if need else {}
+                cands = dict(sorted((i, v) for part in res[1 if need else 0:] for i, v in part
+                                    if lo <= i < hi and i not in hits))
+                rows_c = list(cands)
+                hits.update((rows_c[k], cands[rows_c[k]])
+                            for k in _fold_hit_indices(list(cands.values()), folded, need))
             else:
                 hits = {i: v for i, v in res[0] if lo <= i < hi}
             for part in res[1:] if mode != "ci-anchor" else ():
