@@ -330,19 +330,26 @@ class Search(Host):
         only the rows kept read (from the cache of verified rows, or read
         and verified now)."""
         deleted = self._cool_deleted
-        cool = [(k, loc) for k, loc, mid in self._cool.search_keys(text, channel_id, case_sensitive=case_sensitive)
-                if mid not in deleted]
+        rows, hits = self._cool.search_known(text, channel_id, case_sensitive=case_sensitive, known=EVERY_LOC)
+        if not rows and len(hits) <= tuning.SEARCH_COOL_FEW * limit:
+            # a rare needle's few hits: read whole (the decode cache keeps
+            # them, as for an unlimited search) rather than their keys first
+            have = dict(zip(hits, self._cool_records(hits)))
+            cool = [(_xkey(rec, o), loc) for loc, (rec, o) in have.items() if rec.msg_id not in deleted]
+        else:
+            have = {}
+            cool = [(k, loc) for k, loc, mid in self._cool.keys_of(rows, hits) if mid not in deleted]
         both = [(k, i, False) for i, (k, _r, _t) in enumerate(keyed)] + [(k, loc, True) for k, loc in cool]
         both.sort(key=_first)           # (stable: on a tie, hot before cool, as the full search)
         both = both[-limit:]
-        locs = [loc for _k, loc, is_cool in both if is_cool]
+        locs = [loc for _k, loc, is_cool in both if is_cool and loc not in have]
         recs = iter(self._cool_records(locs)) if locs else iter(())
         out = []
         for k, at, is_cool in both:
             if not is_cool:
                 out.append(keyed[at])
                 continue
-            rec, _o = next(recs)
+            rec, _o = have[at] if at in have else next(recs)
             if channel_id is not None and rec.channel_id != channel_id:
                 raise CorruptStateCheckpointError(
                     f"cool index says {rec.msg_id!r} is a message of channel {channel_id!r}, "

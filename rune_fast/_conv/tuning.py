@@ -117,6 +117,11 @@ COOL_CACHE_BYTES = 48 << 20
 #: and after SEARCH_WALK_PROBE lines without any hit at once.
 SEARCH_WALK_LINES = 4096
 SEARCH_WALK_PROBE = 256
+#: A limited search whose archived hits number at most this many times its
+#: limit reads them whole (kept by the decode cache, as an unlimited search
+#: does) instead of their order keys first and then the rows it returns: a
+#: rare needle's limited search then costs no more than the unlimited one.
+SEARCH_COOL_FEW = 4
 
 #: append_many: a batch of at least this many new messages starts the tail's
 #: fdatasync in a thread of its own right after its write, and indexes, caches

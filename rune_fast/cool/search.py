@@ -392,6 +392,11 @@ class _Search(_Reads):
         caller checks their content and channel as :meth:`search_known`
         says of the rows it names."""
         rows, locs = self.search_known(text, channel_id, case_sensitive=case_sensitive, known=_EVERY)
+        return self.keys_of(rows, locs)
+
+    def keys_of(self, rows: list[CoolRow], locs: list[int]) -> list[tuple[tuple, int, str]]:
+        """:meth:`search_keys` of the hits a :meth:`search_known` named
+        (``rows`` read, ``locs`` named), oldest first."""
         out = [(_row_key(r), cool_loc(_file_no(r.file), r.row), r.record["msg_id"]) for r in rows]
         by_group: dict[tuple[int, int], list[int]] = {}
         with self._lock:
