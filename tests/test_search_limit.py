@@ -291,3 +291,38 @@ def test_walk_checks_every_line_it_reaches(tmp_path, which):
             assert [h.record.msg_id for h in repo.search("hit", limit=5)] == [m.msg_id for m in msgs[-5:]]
             with pytest.raises(CorruptStateCheckpointError):
                 repo.search("hit")
+
+
+def test_limited_search_skips_archived_groups_older_than_its_hits(tmp_path, monkeypatch):
+    """With ``limit`` unstamped hot hits in hand and no stamped row in the
+    archive, the row groups whose rows are all older than the oldest of them
+    (by their ``ord`` statistics) are not searched; the answer is the full
+    search's newest ``limit``, also when a quiet channel's archived rows are
+    newer than a busy channel's hot hits."""
+    from rune_fast.cool.archive import CoolArchive
+    msgs = []
+    for i in range(5000):
+        ch = "quiet" if i % 50 == 0 else "busy"
+        hit = i % 97 == 0 or (ch == "quiet" and i > 4000)
+        msgs.append(ConversationMessageRecord(msg_id=f"m{i:05d}", channel_id=ch,
+                                              content=("a needle " if hit else "hay ") + str(i)))
+    with ConversationStateRepository(tmp_path, hot_window=20, compact_every=100_000, durability="none") as repo:
+        repo.append_many(msgs)
+        repo.compact()
+    searched: list[int] = []
+    real = CoolArchive._start_scans
+
+    def spy(self, no, rgs, *a, **k):
+        searched.extend(rgs)
+        return real(self, no, rgs, *a, **k)
+    monkeypatch.setattr(CoolArchive, "_start_scans", spy)
+    with ConversationStateRepository(tmp_path, hot_window=20, compact_every=100_000, durability="none") as repo:
+        full = repo.search("NEEDLE")
+        every = len(searched)
+        for limit in (1, 3, 10, 60):
+            searched.clear()
+            got = repo.search("needle", limit=limit)
+            assert [h.record.msg_id for h in got] == [h.record.msg_id for h in full[-limit:]], limit
+        searched.clear()
+        assert [h.record.msg_id for h in repo.search("needle", limit=3)] == [h.record.msg_id for h in full[-3:]]
+        assert len(searched) < every, (searched, every)

@@ -311,9 +311,7 @@ class Search(Host):
         sequence (``ord``, by the files' statistics) not below it. Cooling
         takes each channel's oldest messages, so a search's newest hits are
         usually hot; a late stamp (sync) can make it otherwise."""
-        maxima = self._cool_max
-        stamps = list(maxima.values()) if channel_id is None else \
-            [maxima[channel_id]] if channel_id in maxima else []
+        stamps = self._cool_stamps(channel_id)
         if key[0] == 1:
             stamp = (key[1], key[2])
             return any(tuple(s) > stamp for s in stamps)
@@ -321,6 +319,13 @@ class Search(Host):
             return True
         top = self._cool.max_ord(channel_id)
         return top is not None and top >= key[1]
+
+    def _cool_stamps(self, channel_id: str | None) -> list:
+        """The newest stamp of the archived rows of the channel (of each
+        channel, None); empty where none of them is stamped."""
+        maxima = self._cool_max
+        return list(maxima.values()) if channel_id is None else \
+            [maxima[channel_id]] if channel_id in maxima else []
 
     def _with_cool_newest(self, keyed: list[tuple], text: str, channel_id: str | None, case_sensitive: bool,
                           check: Callable[[str], bool], limit: int) -> list[tuple]:
@@ -330,7 +335,14 @@ class Search(Host):
         only the rows kept read (from the cache of verified rows, or read
         and verified now)."""
         deleted = self._cool_deleted
-        rows, hits = self._cool.search_known(text, channel_id, case_sensitive=case_sensitive, known=EVERY_LOC)
+        # with ``limit`` hot hits in hand, the newest unstamped (ordered by
+        # append sequence), and no stamped row in the archive: the row
+        # groups whose rows are all older than the oldest of them are not
+        # searched (a rare needle's limited search reads the newest groups)
+        floor = keyed[0][0][1] if (len(keyed) >= limit and keyed[0][0][0] == 0
+                                   and not self._cool_stamps(channel_id)) else None
+        rows, hits = self._cool.search_known(text, channel_id, case_sensitive=case_sensitive, known=EVERY_LOC,
+                                             ord_floor=floor)
         if not rows and len(hits) <= tuning.SEARCH_COOL_FEW * limit:
             # a rare needle's few hits: read whole (the decode cache keeps
             # them, as for an unlimited search) rather than their keys first

@@ -201,21 +201,27 @@ class _Search(_Reads):
             else:
                 targets = [(no, *self._files[no].channels[channel_id][:2])
                            for no in self._channels.get(channel_id, ())]
-            kept = self.__dict__.setdefault("_ord_max_d", {})
-            for stale in [no for no in kept if no not in self._files]:
-                del kept[stale]
             best: int | None = None
             for no, s, e in targets:
                 if e <= s:
                     continue
                 fi = self._files[no]
-                tops = kept.get(no)
-                if tops is None:
-                    tops = kept[no] = self._ord_tops(no)
+                tops = self._kept_ord_tops(no)
                 for rg in range(self._rg_of(fi, s), self._rg_of(fi, e - 1) + 1):
                     top = tops[rg] if rg < len(tops) else _UNKNOWN_ORD
                     best = top if best is None or top > best else best
             return best
+
+    def _kept_ord_tops(self, no: int) -> list[int]:
+        """(lock held) :meth:`_ord_tops` of file ``no``, read once a file
+        (files never change; those gone are forgotten)."""
+        kept = self.__dict__.setdefault("_ord_max_d", {})
+        tops = kept.get(no)
+        if tops is None:
+            for stale in [n for n in kept if n not in self._files]:
+                del kept[stale]
+            tops = kept[no] = self._ord_tops(no)
+        return tops
 
     def _ord_tops(self, no: int) -> list[int]:
         """The largest ``ord`` of each row group of file ``no`` by its footer's
@@ -229,7 +235,7 @@ class _Search(_Reads):
         return tops
 
     def search_known(self, text: str, channel_id: str | None = None, *, case_sensitive: bool = False,
-                     known: Container[int] = ()) -> tuple[list[CoolRow], list[int]]:
+                     known: Container[int] = (), ord_floor: int | None = None) -> tuple[list[CoolRow], list[int]]:
         """:meth:`search`, except that a hit whose location (:func:`cool_loc`)
         is in ``known`` (rows the caller holds verified records of; it must not
         change during the call) may be reported by that location instead of
@@ -239,7 +245,10 @@ class _Search(_Reads):
         checks its own record (content, channel) as this method checks the
         rows it reads. Reading a hit's other columns is most of a search of
         the pages (a page of each column per hit): a search asked again
-        skips it for the rows its caller kept."""
+        skips it for the rows its caller kept. ``ord_floor``: the row groups
+        whose ``ord`` statistics are all below it are not searched (a
+        search with a limit that holds that many hits newer than them, in
+        an archive without stamped rows, which would sort after them)."""
         if not isinstance(text, str):
             raise TypeError(f"search text must be str, got {type(text).__name__}")
         needle = text if case_sensitive else text.casefold()
@@ -284,6 +293,10 @@ class _Search(_Reads):
                 fi = self._files[no]
                 rg_a = self._rg_of(fi, s) if e > s else 0
                 rg_b = self._rg_of(fi, e - 1) + 1 if e > s else 0
+                rgs = list(range(rg_a, rg_b))
+                if ord_floor is not None and rgs:
+                    tops = self._kept_ord_tops(no)
+                    rgs = [rg for rg in rgs if rg >= len(tops) or tops[rg] >= ord_floor]
                 sel_rows = []
                 found: list[CoolRow] = []
                 # the groups the cache does not hold are searched in their
@@ -291,9 +304,9 @@ class _Search(_Reads):
                 # once a scan built them or an earlier process kept them),
                 # not poured through the cache: a group decodes whole there
                 scans: dict[int, Any] | None = None if mode in ("ci", "cs", "ci-anchor") else {}
-                for rg in range(rg_a, rg_b):
+                for i, rg in enumerate(rgs):
                     if scans is None and (no, rg) not in self._cache:
-                        scans = self._start_scans(no, [r for r in range(rg, rg_b) if (no, r) not in self._cache],
+                        scans = self._start_scans(no, [r for r in rgs[i:] if (no, r) not in self._cache],
                                                   s, e, mode, nb, fold_repl, known, anchors, need)
                     base = fi.rg_list[rg]
                     n = fi.rg_list[rg + 1] - base
