@@ -46,6 +46,20 @@ cdef int64_t find_in_spans(const unsigned char *data, Py_ssize_t data_len,
     return k
 
 
+cdef tuple _spans(starts, ends):
+    """``(starts, ends)`` as contiguous int64 arrays of one length, else
+    FramingError naming what is wrong."""
+    try:
+        s_arr = np.ascontiguousarray(starts, dtype=np.int64)
+        e_arr = np.ascontiguousarray(ends, dtype=np.int64)
+    except (TypeError, ValueError) as exc:
+        raise FramingError(f"starts/ends must be integer arrays: {exc}") from None
+    if s_arr.ndim != 1 or e_arr.shape != s_arr.shape:
+        raise FramingError(f"starts has {s_arr.shape[0] if s_arr.ndim else 0} spans but ends has "
+                           f"{e_arr.shape[0] if e_arr.ndim else 0}")
+    return s_arr, e_arr
+
+
 def find_spans(data, starts, ends, needle, bint ignore_ascii_case=False,
                bint nonascii_candidates=False):
     """Indices i (int64 array, ascending) whose ``data[starts[i]:ends[i]]``
@@ -60,14 +74,8 @@ def find_spans(data, starts, ends, needle, bint ignore_ascii_case=False,
     cdef Py_ssize_t n, k
     cdef unsigned char *nd = NULL
     cdef size_t m
-    try:
-        s_arr = np.ascontiguousarray(starts, dtype=np.int64)
-        e_arr = np.ascontiguousarray(ends, dtype=np.int64)
-    except (TypeError, ValueError) as exc:
-        raise FramingError(f"starts/ends must be integer arrays: {exc}") from None
+    s_arr, e_arr = _spans(starts, ends)
     n = s_arr.shape[0]
-    if e_arr.shape[0] != n:
-        raise FramingError(f"starts has {n} spans but ends has {e_arr.shape[0]}")
     try:
         PyObject_GetBuffer(data, &dv, PyBUF_SIMPLE)
     except (TypeError, BufferError) as exc:
@@ -398,14 +406,8 @@ def fold_find(data, starts, ends, str folded, bint escaped=False):
     cdef uint32_t *buf = NULL
     cdef int r
     _load_fold_table()
-    try:
-        s_arr = np.ascontiguousarray(starts, dtype=np.int64)
-        e_arr = np.ascontiguousarray(ends, dtype=np.int64)
-    except (TypeError, ValueError) as exc:
-        raise FramingError(f"starts/ends must be integer arrays: {exc}") from None
+    s_arr, e_arr = _spans(starts, ends)
     n = s_arr.shape[0]
-    if e_arr.shape[0] != n:
-        raise FramingError(f"starts has {n} spans but ends has {e_arr.shape[0]}")
     nd_arr = np.frombuffer(folded.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
     m = nd_arr.shape[0]
     cdef const uint32_t[::1] nd_view = nd_arr

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import itertools
 import sys
+from typing import Iterator
 
 import numpy as np
 
@@ -42,6 +43,15 @@ def _expanding_sources() -> dict[str, tuple[str, ...]]:
     passed over whole: about 30 ms instead of 0.2 s for the first search
     of a needle that is not ASCII)."""
     out: dict[str, list[str]] = {}
+    for c, f in _folded_pairs():
+        for x in set(f):
+            out.setdefault(x, []).append(c)
+    return {x: tuple(v) for x, v in out.items()}
+
+
+def _folded_pairs() -> Iterator[tuple[str, str]]:
+    """``(c, c.casefold())`` of every code point that casefolding changes,
+    in code point order (the blocks it leaves alone passed over whole)."""
     cps = np.arange(sys.maxunicode + 1, dtype="<u4")
     cps[0xD800:0xE000] = 0x20           # (no str holds a surrogate here; a space folds to itself)
     every = cps.tobytes().decode("utf-32-le")
@@ -51,11 +61,8 @@ def _expanding_sources() -> dict[str, tuple[str, ...]]:
             continue
         for c in block:
             f = c.casefold()
-            if f == c:
-                continue
-            for x in set(f):
-                out.setdefault(x, []).append(c)
-    return {x: tuple(v) for x, v in out.items()}
+            if f != c:
+                yield c, f
 
 
 def fold_sources(x: str) -> tuple[str, ...]:
@@ -248,19 +255,10 @@ def _fold_table() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     keys: list[int] = []
     offs = [0]
     vals: list[int] = []
-    cps = np.arange(sys.maxunicode + 1, dtype="<u4")
-    cps[0xD800:0xE000] = 0x20
-    every = cps.tobytes().decode("utf-32-le")
-    for base in range(0, len(every), _BLOCK):
-        block = every[base:base + _BLOCK]
-        if block.casefold() == block:
-            continue
-        for c in block:
-            f = c.casefold()
-            if f != c:
-                keys.append(ord(c))
-                vals.extend(ord(y) for y in f)
-                offs.append(len(vals))
+    for c, f in _folded_pairs():
+        keys.append(ord(c))
+        vals.extend(ord(y) for y in f)
+        offs.append(len(vals))
     k = np.asarray(keys, dtype=np.uint32)
     bits = np.zeros((sys.maxunicode + 1) // 8, dtype=np.uint8)
     np.bitwise_or.at(bits, k >> 3, (1 << (k & 7)).astype(np.uint8))

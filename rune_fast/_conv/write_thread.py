@@ -148,21 +148,12 @@ class WriteThread:
         durable, publish it to viewers, wake the waiters; a failure is
         recorded for every waiter (the store then refuses writes) and raised."""
         job, upto, mark, tail = token
-        cond = self._cond
         try:
             tail.sync_end(job)
         except BaseException as exc:
-            with cond:
-                if self._error is None:
-                    self._error = exc
-                self._syncing = False
-                cond.notify_all()
+            self._sync_failed(exc)
             raise
-        with cond:
-            self._synced = max(self._synced, upto)
-            self.publish(mark)
-            self._syncing = False
-            cond.notify_all()
+        self._synced_to(upto, mark)
 
     def fail(self, exc: BaseException) -> None:
         """Refuse every later write until the store is reopened: a write or
@@ -196,23 +187,33 @@ class WriteThread:
         what was written so far, publish where it ends to viewers, wake the
         waiters; a failure is recorded for every waiter (the store then
         refuses writes) and raised."""
-        cond = self._cond
         try:
             upto, mark = self._wpos, self._wmark    # (_wpos first: see wrote)
             tail = self._tail()
             assert tail is not None                 # a writer always has its tail
             tail.sync()
         except BaseException as exc:
-            with cond:
-                self._error = exc
-                self._syncing = False
-                cond.notify_all()
+            self._sync_failed(exc)
             raise
-        with cond:
+        self._synced_to(upto, mark)
+
+    def _synced_to(self, upto: int, mark: int) -> None:
+        """(the syncer) Its sync made the session's bytes up to ``upto``
+        durable: counted, ``mark`` published to viewers, the waiters woken."""
+        with self._cond:
             self._synced = max(self._synced, upto)
             self.publish(mark)
             self._syncing = False
-            cond.notify_all()
+            self._cond.notify_all()
+
+    def _sync_failed(self, exc: BaseException) -> None:
+        """(the syncer) Its sync failed: every waiter sees the first failure
+        and the store refuses writes until reopened."""
+        with self._cond:
+            if self._error is None:
+                self._error = exc
+            self._syncing = False
+            self._cond.notify_all()
 
     def close(self) -> None:
         self._mark.close()
