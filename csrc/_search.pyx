@@ -210,10 +210,10 @@ def gram_blocks(grams, Py_ssize_t nbits, needle):
 # text's code points, folding each through the table and looking for the
 # needle's code points in what comes out: no str is built. Candidates come
 # from the anchors' byte scans; this decides them. Hot lines hold their
-# content JSON-escaped (\", \\, \n, \uXXXX with surrogate pairs); archived
-# values are plain UTF-8. A span that does not decode (bad UTF-8, a lone
-# surrogate, an unknown escape) is left to the caller's Python check, which
-# names the damage or decides as str does.
+# content JSON-escaped (\", \\, \n, and \u with four hex digits, surrogate
+# pairs included); archived values are plain UTF-8. A span that does not
+# decode (bad UTF-8, a lone surrogate, an unknown escape) is left to the
+# caller's Python check, which names the damage or decides as str does.
 
 cdef const uint32_t *_f_keys = NULL
 cdef const uint32_t *_f_offs = NULL
