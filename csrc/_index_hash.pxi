@@ -223,3 +223,187 @@ cdef class HashIndex:
         idx.reserve(len(hashes))
         idx.insert_many(hashes, values)
         return idx
+
+
+cdef struct rf_idrun:
+    const uint64_t *h       # sorted ascending
+    const uint32_t *r       # the row of each hash
+    Py_ssize_t n
+    int64_t base            # file number << 32
+
+
+cdef inline Py_ssize_t _first_at_least(const uint64_t *a, Py_ssize_t n, uint64_t key) noexcept nogil:
+    """The first index i of the sorted ``a[:n]`` with a[i] >= key (n if none).
+    The hashes are uniform: the first probe is where ``key`` would be if
+    they were evenly spread, then steps that double bracket it (a few
+    hundred places away at most for a million hashes, so the probes stay in
+    one or two pages of a mapped file) and a binary search closes in."""
+    cdef Py_ssize_t g, lo, hi, step, probe, mid
+    if n <= 0:
+        return 0
+    g = <Py_ssize_t>((<double>key / 18446744073709551616.0) * <double>n)
+    if g < 0:
+        g = 0
+    elif g >= n:
+        g = n - 1
+    if a[g] < key:
+        lo = g + 1
+        hi = lo
+        step = 1
+        while hi < n and a[hi] < key:
+            lo = hi + 1
+            hi += step
+            step <<= 1
+        if hi > n:
+            hi = n
+    else:
+        hi = g
+        step = 1
+        probe = hi - step
+        while probe >= 0 and a[probe] >= key:
+            hi = probe
+            step <<= 1
+            probe = hi - step
+        lo = probe + 1 if probe >= 0 else 0
+    while lo < hi:
+        mid = lo + (hi - lo) // 2
+        if a[mid] < key:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+cdef class IdRuns:
+    """The archive's id index as it is stored: per file, its ids' xxh3_64
+    sorted ascending and the row of each (the ``.idx`` sidecar's arrays,
+    used in place: a mapped sidecar costs the page cache, not the heap), as
+    ``(file no << 32) | row`` values like :class:`HashIndex`'s. A lookup
+    searches every file's run (:func:`_first_at_least`: a few probes into a
+    run, a million hashes or not); nothing is built at open or at the first
+    lookup, which is what makes the first read of an archived message cost
+    about what a later one does. Callers verify hits (64-bit hashes of
+    different ids may be equal).
+
+    The arrays must stay unchanged while they are added: the object keeps a
+    reference to each, and reads them through raw pointers. Not
+    thread-safe by itself (the archive's lock guards it)."""
+
+    cdef rf_idrun *_runs
+    cdef Py_ssize_t _k
+    cdef Py_ssize_t _cap
+    cdef Py_ssize_t _total
+    cdef dict _owners       # file no -> (hashes, rows): keeps the buffers alive
+
+    def __cinit__(self):
+        self._runs = NULL
+        self._k = self._cap = self._total = 0
+        self._owners = {}
+
+    def __dealloc__(self):
+        free(self._runs)
+
+    def add(self, int64_t no, hashes, rows) -> None:
+        """Add file ``no``'s run: ``hashes`` (uint64, ascending) and
+        ``rows`` (uint32, the row of each hash), replacing any run of ``no``.
+        ValueError if they differ in length or the hashes are not sorted."""
+        ha = np.ascontiguousarray(hashes, dtype=np.uint64)
+        ra = np.ascontiguousarray(rows, dtype=np.uint32)
+        cdef const uint64_t[::1] hs = ha
+        cdef const uint32_t[::1] rs = ra
+        cdef Py_ssize_t i, n = hs.shape[0]
+        cdef rf_idrun *grown
+        if rs.shape[0] != n:
+            raise ValueError(f"IdRuns.add: file {no}: {n} hashes but {rs.shape[0]} rows")
+        if not 0 <= no < (1 << 31):
+            raise ValueError(f"IdRuns.add: file number {no} out of range")
+        with nogil:
+            for i in range(1, n):
+                if hs[i] < hs[i - 1]:
+                    break
+            else:
+                i = n
+        if 0 < i < n:
+            raise ValueError(f"IdRuns.add: file {no}: hashes not ascending at {i}")
+        self.discard(no)
+        if self._k == self._cap:
+            grown = <rf_idrun *>realloc(self._runs, (self._cap * 2 + 4) * sizeof(rf_idrun))
+            if grown == NULL:
+                raise MemoryError("IdRuns.add")
+            self._runs = grown
+            self._cap = self._cap * 2 + 4
+        self._owners[no] = (ha, ra)     # (they keep the memory the pointers see)
+        self._runs[self._k].h = &hs[0] if n else NULL
+        self._runs[self._k].r = &rs[0] if n else NULL
+        self._runs[self._k].n = n
+        self._runs[self._k].base = no << 32
+        self._k += 1
+        self._total += n
+
+    def discard(self, int64_t no) -> bool:
+        """Drop file ``no``'s run (False if it has none)."""
+        cdef Py_ssize_t j
+        for j in range(self._k):
+            if self._runs[j].base == (no << 32):
+                self._total -= self._runs[j].n
+                self._runs[j] = self._runs[self._k - 1]
+                self._k -= 1
+                del self._owners[no]
+                return True
+        return False
+
+    def clear(self) -> None:
+        self._k = self._total = 0
+        self._owners.clear()
+
+    def __len__(self):
+        return self._total
+
+    def __contains__(self, no) -> bool:
+        return no in self._owners
+
+    @property
+    def files(self) -> int:
+        return self._k
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the runs' arrays (mapped or not)."""
+        return self._total * (sizeof(uint64_t) + sizeof(uint32_t))
+
+    def run(self, int64_t no):
+        """(hashes, rows) of file ``no`` as added (KeyError if none)."""
+        return self._owners[no]
+
+    def values(self, uint64_t h) -> list:
+        """``(no << 32) | row`` of every entry of every run whose hash is
+        ``h``, by file as added, then by place in the run."""
+        cdef list out = []
+        cdef Py_ssize_t j, i
+        cdef rf_idrun *run
+        for j in range(self._k):
+            run = &self._runs[j]
+            i = _first_at_least(run.h, run.n, h)
+            while i < run.n and run.h[i] == h:
+                out.append(run.base | run.r[i])
+                i += 1
+        return out
+
+    @cython.boundscheck(False)
+    @cython.wraparound(False)
+    def has_many(self, hashes):
+        """bool array: whether any run holds each of ``hashes``."""
+        cdef const uint64_t[::1] hs = np.ascontiguousarray(hashes, dtype=np.uint64)
+        out = np.zeros(hs.shape[0], dtype=np.bool_)
+        cdef uint8_t[::1] o = out.view(np.uint8)
+        cdef Py_ssize_t k, j, i
+        cdef rf_idrun *run
+        with nogil:
+            for k in range(hs.shape[0]):
+                for j in range(self._k):
+                    run = &self._runs[j]
+                    i = _first_at_least(run.h, run.n, hs[k])
+                    if i < run.n and run.h[i] == hs[k]:
+                        o[k] = 1
+                        break
+        return out

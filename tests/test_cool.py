@@ -991,29 +991,26 @@ def test_contains_many_matches_contains(tmp_path):
     probe = [r["msg_id"] for r in rows[::3]] + ["nope", "msg-x", rows[4]["msg_id"] + "!"]
     assert arch.contains_many(probe).tolist() == [arch.contains(m) for m in probe]
     assert arch.contains_many(probe).tolist() == [True] * 17 + [False] * 3
-    again = CoolArchive.open(str(tmp_path / "c"), arch.files())   # the files wait in the lazy id index
-    assert again._pending
+    again = CoolArchive.open(str(tmp_path / "c"), arch.files())   # the sidecars' runs, mapped
     assert again.contains_many(probe).tolist() == [True] * 17 + [False] * 3
 
 
-def test_files_cooled_after_the_id_index_is_built_join_it_at_once(tmp_path):
+def test_files_cooled_after_an_open_join_the_id_index_at_once(tmp_path):
     arch = CoolArchive(str(tmp_path / "c"))
     rows = [rec(i, ch=f"c{i % 3}") for i in range(60)]
     cool_rows(arch, rows[:20], list(range(20)))
     again = CoolArchive.open(str(tmp_path / "c"), arch.files())
-    assert again._pending and not again._ids_built      # an open leaves the ids lazy
     assert again.contains_many([rows[0]["msg_id"]]).tolist() == [True]
-    again._build_ids()                                   # (what the 64th lookup does)
-    assert not again._pending and again._ids_built
+    assert again._ids.files == 1 and len(again._ids) == 20
     cool_rows(again, rows[20:40], list(range(20, 40)))
-    assert not again._pending                            # joined the index when it became live
+    assert again._ids.files == 2 and len(again._ids) == 40     # joined the index when it became live
     assert all(again.contains(r["msg_id"]) for r in rows[:40])
     assert not any(again.contains(r["msg_id"]) for r in rows[40:])
     # a merge's new file joins it too, and the merged-away files leave it
     cool_rows(again, rows[40:], list(range(40, 60)))
     change = again.merge([again.files()])
     again.unlink_files(change.removed)
-    assert not again._pending and len(again.files()) == 1
+    assert again._ids.files == 1 and len(again._ids) == 60 and len(again.files()) == 1
     assert all(again.contains(r["msg_id"]) for r in rows)
     assert again.contains_many([r["msg_id"] for r in rows] + ["nope"]).tolist() == [True] * 60 + [False]
 

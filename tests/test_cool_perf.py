@@ -223,20 +223,20 @@ def test_ascii_fold_matcher(text, needle):
     assert has(text.encode("utf-8")) == (needle.casefold() in text.casefold())
 
 
-def test_id_index_is_built_lazily_and_answers_alike(cdir):
-    """After an open, the first id lookups search the files' sorted hashes;
-    past _LAZY_LOOKUPS the global index is built. Both give the same answers,
-    and a change to the file set before the build keeps every answer exact."""
+def test_id_index_is_the_sidecars_runs_and_answers_alike(cdir):
+    """After an open, id lookups search the files' sorted hashes where the
+    sidecars hold them (nothing is built, however many lookups), and a
+    change to the file set keeps every answer exact."""
     a = CoolArchive(cdir, durable=False)
     for f in range(4):
         rows = [rec(f * 100 + i, ch=f"c{i % 3}") for i in range(100)]
         cool_rows(a, rows, list(range(f * 100, f * 100 + 100)))
     files = a.files()
     b = CoolArchive(cdir, files, durable=False)
-    assert b._pending and len(b._ids) == 0
     ids = [f"msg_{i:08d}" for i in range(0, 400, 7)] + ["msg_99999999", "nope"]
     first = [(b.contains(m), (b.get(m) or {}).get("content")) for m in ids[:10]]
-    assert b._pending, "ten lookups built the index"
+    assert len(b._ids) == 400 and b._ids.files == 4
+    assert all(not h.flags.writeable for no in b._files for h in b._ids.run(no)), "not the mapped sidecars"
     change = b.erase(["msg_00000007", "msg_00000203"])     # drops and adds files before the build
     b.unlink_files(change.removed)
     for m in ids:
@@ -246,30 +246,25 @@ def test_id_index_is_built_lazily_and_answers_alike(cdir):
         r = b.get(m)
         assert (r is not None) is want and (r is None or r["msg_id"] == m)
     assert first[0] == (True, "message number 0")
-    for _ in range(coolmod._LAZY_LOOKUPS + 1):
+    for _ in range(100):
         b.contains("msg_00000014")
-    assert not b._pending and len(b._ids) == 398
+    assert len(b._ids) == 398
     assert b.contains("msg_00000399") and not b.contains("msg_00000203")
 
 
-def test_batch_lookups_build_the_id_index_too(cdir):
-    """contains_many counts each id as a lookup, found or not: a store fed
-    by batches of new messages (append_many, whose ids are never found)
-    builds the global id index past _LAZY_LOOKUPS, as one fed one message at
-    a time does, instead of searching every pending file's hashes for every
-    batch; the answers are the same before and after."""
+def test_batch_lookups_answer_as_single_ones(cdir):
+    """contains_many (the append path's batch duplicate check) answers as
+    contains does, found or not, and builds nothing."""
     a = CoolArchive(cdir, durable=False)
     for f in range(3):
         cool_rows(a, [rec(f * 50 + i) for i in range(50)], list(range(f * 50, f * 50 + 50)))
     b = CoolArchive(cdir, a.files(), durable=False)
-    fresh = [f"new_{i:08d}" for i in range(coolmod._LAZY_LOOKUPS // 2)]
+    fresh = [f"new_{i:08d}" for i in range(32)]
     assert not b.contains_many(fresh).any()
-    assert b._pending and len(b._ids) == 0, "a batch under the threshold built the index"
     mixed = fresh + ["msg_00000003", "msg_00000149", "msg_00000150"]
     want = [False] * len(fresh) + [True, True, False]
     assert b.contains_many(mixed).tolist() == want
-    assert not b._pending and len(b._ids) == 150
-    assert b.contains_many(mixed).tolist() == want
+    assert len(b._ids) == 150 and b.contains_many(mixed).tolist() == [b.contains(m) for m in mixed]
 
 
 def test_malformed_row_is_loud_on_a_first_exact_read(cdir):

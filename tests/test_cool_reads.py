@@ -19,6 +19,7 @@ from rune_fast.conversation_state import ConversationStateRepository
 from rune_fast.cool import CoolArchive, index_dir_for
 from rune_fast.cool.schema import _COLS, _row_key, cool_loc
 from rune_fast.errors import CorruptStateCheckpointError
+from rune_fast.pages import page_directories
 from rune_fast.records import ConversationMessageRecord, message_from_stored
 from test_cool import cool_rows, records, rec
 
@@ -180,6 +181,7 @@ def test_records_at_declines_a_row_that_fails_its_digest(tmp_path):
     with open(ipath, "rb") as f:
         fi = _FileIndex.decode(f.read(), 1, ipath)
     fi.size, fi.footer = _footer_hash(path)
+    fi.pagedir = page_directories(path, pq.read_metadata(path))    # (the rewritten file's pages)
     with open(ipath, "wb") as f:
         f.write(fi.encode())
     b = CoolArchive.open(d, [name])

@@ -60,7 +60,6 @@ from .schema import _IDX_MAGIC, _file_no, _grams_name, _id_hash
 from .sidecar import (
     _FileIndex, _build_index, _decode_grams, _encode_grams, _footer_hash, _id_hashes,
 )
-from .rows import _LAZY_LOOKUPS
 from .tables import _calls_texts, _table_from_records
 from .search import _relevant_specials
 

@@ -15,7 +15,7 @@ from ..errors import CorruptStateCheckpointError
 from ..pages import PageError, PageReader, Unsupported
 from .files import _FileSet
 from .rows import _Group, _assemble_at, _assemble_columns, _assemble_many, _row_digest
-from .schema import CoolRow, _COLS, _MAX_MISSED, _PARQUET_ERRORS, _parquet_name
+from .schema import COOL_SCHEMA, CoolRow, _COLS, _MAX_MISSED, _PARQUET_ERRORS, _parquet_name
 from .sidecar import _FileIndex, _release_arrow
 
 
@@ -119,8 +119,16 @@ class _RowCache(_FileSet):
         """File ``no``'s PageReader, or None if it is not in a layout it reads."""
         if no in self._readers:
             return self._readers[no]
-        pf = self._parquet(no)
         path = self._path(_parquet_name(no))
+        fi = self._files.get(no)
+        if fi is not None and fi.pagedir is not None:
+            # the sidecar holds every group's page directory: no footer to
+            # parse (pyarrow's open of a file of 500,000 rows: ~12 ms)
+            reader = self._direct_reader(no, fi, path)
+            if reader is not None:
+                self._readers[no] = reader
+                return reader
+        pf = self._parquet(no)
         try:
             # the descriptor pyarrow reads: the same file, even if the path was replaced since
             fd = os.dup(pf._rune_src.fileno())   # type: ignore[attr-defined]
@@ -132,6 +140,23 @@ class _RowCache(_FileSet):
             reader = None
         self._readers[no] = reader
         return reader
+
+    def _direct_reader(self, no: int, fi: _FileIndex, path: str) -> PageReader | None:
+        """File ``no``'s PageReader over the page directories its sidecar
+        holds, on a descriptor of its own; None if the file at ``path`` is
+        not the one the sidecar was checked against at open (its size), for
+        the caller to go through pyarrow, which names what it finds."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            if os.fstat(fd).st_size != fi.size:
+                os.close(fd)
+                return None
+            return PageReader(path, None, fd=fd, dirs=fi.page_dir, schema=COOL_SCHEMA)
+        except Unsupported:
+            return None     # (closed by the reader)
 
     def _with_reader(self, no: int, read: Any) -> Any:
         """``read(reader)`` with file ``no``'s PageReader, or None if the file

@@ -18,12 +18,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .._index import HashIndex
+from .._index import IdRuns
 from .._names import tmp_name
 from ..errors import CorruptStateCheckpointError
 from ..events import fsync_dir
-from ..pages import PageReader
-from .rows import _Group, _LAZY_LOOKUPS, _Located, _assemble_at, _row_digest, _table_group
+from ..pages import PageError, PageReader, page_directories
+from .rows import _Group, _Located, _assemble_at, _row_digest, _table_group
 from .schema import (
     COOL_SCHEMA, ROW_GROUP_ROWS, _OURS_RE, _PAGE_BATCH_ROWS, _PAGE_BYTES, _file_no, _grams_name, _id_hash,
     _idx_name, _parquet_name, index_dir_for,
@@ -36,6 +36,18 @@ from .tables import _RowTaker, _widened
 
 
 log = logging.getLogger("rune_fast.cool")
+
+
+def _dirs_of(path: str, metadata: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    """The page directories of the Parquet file at ``path`` for its sidecar
+    (:func:`rune_fast.pages.page_directories`); None if it is not in the
+    page layout, or if a page header does not parse: its reads then parse
+    them, meet the damage and go through pyarrow, which names it."""
+    try:
+        return page_directories(path, metadata)
+    except PageError as exc:
+        log.warning("cool file %s: its page directories do not parse (%s): its sidecar keeps none", path, exc)
+        return None
 
 
 def _index_field(name: str, *, settable: bool = False, doc: str | None = None) -> property:
@@ -62,8 +74,7 @@ class _FileSet:
     _files = _index_field("_files_d")               # no -> _FileIndex
     _channels = _index_field("_channels_d")         # channel -> file numbers
     _tasks = _index_field("_tasks_d", settable=True)  # task -> file numbers (None: not built yet)
-    _ids = _index_field("_ids_d", settable=True)    # HashIndex of the files not pending
-    _pending = _index_field("_pending_d")           # files whose ids are not in _ids yet
+    _ids = _index_field("_ids_d")                   # IdRuns: every live file's sorted id hashes
 
     def __init__(self, cool_dir: str | os.PathLike, files: Iterable[str] = (), *,
                  read_only: bool = False, cache_bytes: int = 8 << 20,
@@ -95,9 +106,9 @@ class _FileSet:
         self._task_locs_d: dict[str, list[int]] = {}         # task_locs' answers (see _TASK_LOCS_KEPT)
         # channel_tail_locs' answers by (channel, n): emptied with _task_locs_d
         self._tail_locs_d: dict[tuple[str, int], list[int]] = {}
-        # id index: xxh3_64(msg_id) -> (file no << 32) | row, every live file
-        self._ids_d = HashIndex()
-        self._pending_d: list[int] = []     # live files whose ids are not in _ids yet
+        # id index: xxh3_64(msg_id) -> (file no << 32) | row, every live file:
+        # its sidecar's sorted hashes, searched where they are mapped
+        self._ids_d = IdRuns()
         # (no, size, footer hash) of live files whose sidecars are not read yet
         self._unloaded: list[tuple[int, int, str]] = []
         # no -> (smallest, largest) msg_id of a live file: written with it,
@@ -109,8 +120,6 @@ class _FileSet:
         # the range): verify() finds a byte changed where no page checksum
         # looks (the leading magic, page headers)
         self._digests: dict[int, str] = {}
-        self._lookups = 0
-        self._ids_built = False     # the id index was built once: later files join it at once
         self._rebuilt: list[str] = []
         self._moved_legacy = False
         made = False
@@ -333,7 +342,7 @@ class _FileSet:
             try:
                 fi = _FileIndex.decode(_map_file(ipath), no, ipath)
                 if fi.size == size and fi.footer == footer:
-                    return fi
+                    return fi if fi.dirs_known or self._read_only else self._upgrade(fi, ipath)
                 why = "made for another version of the file"
                 break
             except FileNotFoundError:
@@ -352,7 +361,35 @@ class _FileSet:
         self._rebuilt.append(_idx_name(no))
         if not self._read_only:
             self._write_atomic(_idx_name(no), fi.encode(), folder=self._idx_dir)
+            fi = self._remapped(fi)
         return fi
+
+    def _upgrade(self, fi: _FileIndex, ipath: str) -> _FileIndex:
+        """File ``fi.no``'s sound sidecar of version 1 or 2 (no page
+        directories) rewritten as the current version, its directories
+        parsed from the file's page headers once (~0.2 ms a row group)
+        instead of by every later process at its first read of each group."""
+        path = self._path(_parquet_name(fi.no))
+        fi.pagedir = _dirs_of(path, self._parquet(fi.no).metadata)
+        fi.dirs_known = True
+        fi.tasks        # (parsed: encode writes them)
+        self._write_atomic(_idx_name(fi.no), fi.encode(), folder=self._idx_dir)
+        log.info("cool index %s: written with its file's page directories", ipath)
+        return self._remapped(fi)
+
+    def _remapped(self, fi: _FileIndex) -> _FileIndex:
+        """``fi`` as read back from the sidecar just written for it: its
+        arrays then live in the mapped file (the page cache's, not this
+        process's heap). ``fi`` itself if it cannot be read back."""
+        ipath = self._ipath(_idx_name(fi.no))
+        try:
+            got = _FileIndex.decode(_map_file(ipath), fi.no, ipath)
+        except (OSError, ValueError, KeyError, TypeError, IndexError, struct.error):
+            return fi
+        if got.size != fi.size or got.footer != fi.footer or got.rows != fi.rows:
+            return fi
+        got.id_range, got.digest = fi.id_range, fi.digest
+        return got
 
     def _parquet(self, no: int) -> pq.ParquetFile:
         pf = self._handles.get(no)
@@ -373,6 +410,7 @@ class _FileSet:
         path = self._path(_parquet_name(no))
         pf = self._parquet(no)
         rg_counts = [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)]
+        dirs = _dirs_of(path, pf.metadata)
         table = self._read_table(no)
         if table.num_rows != pf.metadata.num_rows:
             raise CorruptStateCheckpointError(
@@ -381,8 +419,10 @@ class _FileSet:
             for row, bad in self._check_table(table):
                 raise CorruptStateCheckpointError(f"cool row {row} fails its digest ({bad})",
                                                   path=path, offset=row)
-        return _build_index(no, size, footer, table.column("msg_id"), table.column("channel_id"),
-                            table.column("task_id"), rg_counts, path)
+        fi = _build_index(no, size, footer, table.column("msg_id"), table.column("channel_id"),
+                          table.column("task_id"), rg_counts, path)
+        fi.pagedir = dirs
+        return fi
 
     @staticmethod
     def _check_table(table: pa.Table, base: int = 0,
@@ -428,65 +468,25 @@ class _FileSet:
                     nos.append(no)
                 else:
                     bisect.insort(nos, no)
-        # The global id index takes the file's ids at the first lookups that
-        # need it: an open followed by hot-tier reads never builds it, and a
-        # few lookups before then search the files' sorted hashes instead.
-        # Once built, a new file (a cooling run, a merge) joins it at once:
-        # the append path's duplicate check then asks one hash table.
-        if self._ids_built:
-            self._index_ids(fi)
-        else:
-            self._pending_d.append(no)
-
-    def _index_ids(self, fi: "_FileIndex") -> None:
-        """Put a file's ids into the global index (its arrays then go)."""
-        self._ids_d.insert_many(fi.hashes, (np.int64(fi.no) << np.int64(32)) | fi.hrows.astype(np.int64))
-        fi.hashes = fi.hrows = None  # type: ignore[assignment]
-
-    def _build_ids(self) -> None:
-        """Move the pending files' ids into the global index (~17-35 bytes per
-        cooled message)."""
-        # (sized once for them all: ~23 bytes a row, not what growing leaves)
-        self._ids_d.reserve(len(self._ids_d) + sum(self._files[no].rows for no in self._pending))
-        for no in self._pending:
-            self._index_ids(self._files[no])
-        self._pending.clear()
-        self._lookups = 0
-        self._ids_built = True
+        # The id index is the file's sorted hashes as its sidecar holds
+        # them (mapped, searched in place: IdRuns): nothing is built, at
+        # open or at a first lookup, and nothing per message is copied.
+        self._ids_d.add(no, fi.hashes, fi.hrows)
 
     def _id_locs(self, msg_id: str) -> list[int]:
         """``(file no << 32) | row`` of every archived row whose id hashes
         like ``msg_id`` (lock held)."""
-        h = _id_hash(msg_id)
-        if self._pending:
-            self._lookups += 1
-            if self._lookups > _LAZY_LOOKUPS:
-                self._build_ids()
-            else:
-                out = self._ids.values(h)
-                key = np.uint64(h)
-                for no in self._pending:
-                    fi = self._files[no]
-                    i = int(np.searchsorted(fi.hashes, key))
-                    while i < len(fi.hashes) and fi.hashes[i] == key:
-                        out.append((no << 32) | int(fi.hrows[i]))
-                        i += 1
-                return out
-        return self._ids.values(h)
+        return self._ids.values(_id_hash(msg_id))
 
     def _drop_files(self, nos: list[int]) -> None:
-        self._build_ids()
         self._task_locs_d.clear()
         self._tail_locs_d.clear()
-        drop = set(nos)
-        n_drop = 0
         for no in nos:
             fi = self._files.pop(no)
             self._ranges.pop(no, None)
             self._digests.pop(no, None)
             if self._span is None:
                 self._span = False      # the file without a range may be the one going
-            n_drop += fi.rows
             for ch in fi.channels:
                 lst = self._channels[ch]
                 lst.remove(no)
@@ -498,39 +498,11 @@ class _FileSet:
                 if not lst:
                     del self._tasks[t]
             self._forget_cache(no)
-        if not n_drop:
-            return
-        if n_drop * 8 < len(self._ids):
-            # few entries: remove them one by one, found through each file's sidecar
-            # (still on disk: the caller unlinks replaced files afterwards)
-            try:
-                pairs = [(no, self._sidecar_entries(no)) for no in nos]
-            except (OSError, ValueError, KeyError, TypeError, IndexError, struct.error):
-                pairs = None
-            if pairs is not None:
-                remove = self._ids.remove
-                for no, (hs, rows) in pairs:
-                    base = no << 32
-                    for h, r in zip(hs.tolist(), rows.tolist()):
-                        remove(h, base | r)
-                return
-        hs, locs = self._ids.to_arrays()
-        keep = ~np.isin(locs >> np.int64(32), np.asarray(sorted(drop), dtype=np.int64))
-        self._ids = HashIndex.from_arrays(hs[keep], locs[keep])
-
-    def _sidecar_entries(self, no: int) -> tuple[np.ndarray, np.ndarray]:
-        ipath = self._sidecar_path(no)
-        with open(ipath, "rb") as f:
-            fi = _FileIndex.decode(f.read(), no, ipath)
-        return fi.hashes, fi.hrows
+            self._ids.discard(no)
 
     def _file_entries(self, no: int) -> tuple[np.ndarray, np.ndarray]:
         """(hashes, rows) of file ``no`` in the id index, by hash then row."""
-        self._build_ids()
-        h, loc = self._ids.to_arrays()
-        m = (loc >> np.int64(32)) == no
-        h = h[m]
-        r = (loc[m] & np.int64(0xFFFFFFFF)).astype(np.uint32)
+        h, r = self._ids.run(no)
         order = np.lexsort((r, h))
         return h[order], r[order]
 

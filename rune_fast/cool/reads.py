@@ -15,7 +15,7 @@ from ..errors import CorruptStateCheckpointError
 from ..pages import PageError
 from ..records import _stored_calls_ok
 from .cache import _RowCache
-from .rows import _LAZY_LOOKUPS, _TASK_LOCS_KEPT, _assemble_at, _row_digest
+from .rows import _TASK_LOCS_KEPT, _assemble_at, _row_digest
 from .schema import CoolRow, _COLS, _file_no, _row_key, cool_loc
 from .sidecar import _id_hashes
 from .tables import _merge
@@ -98,8 +98,7 @@ class _Reads(_RowCache):
                 "files": len(self._files),
                 "rows": len(self),
                 "bytes": sum(fi.size for fi in self._files.values()),
-                "index_bytes": int(self._ids.nbytes) + sum(
-                    self._files[no].hashes.nbytes + self._files[no].hrows.nbytes for no in self._pending),
+                "index_bytes": int(self._ids.nbytes),
                 "cached_bytes": self._cached_bytes,
                 "rebuilt_sidecars": list(self.rebuilt_sidecars),
             }
@@ -187,20 +186,7 @@ class _Reads(_RowCache):
         with self._lock:
             if not self._files:
                 return out
-            hs = _id_hashes(msg_ids)
-            if self._pending:
-                # each id counts as a lookup (see _id_locs): a store fed by
-                # batches builds the id index as one fed one by one does,
-                # instead of searching every pending file's hashes per batch
-                self._lookups += len(msg_ids)
-                if self._lookups > _LAZY_LOOKUPS:
-                    self._build_ids()
-            cand = self._ids.has_many(hs)
-            for no in self._pending:
-                fh = self._files[no].hashes
-                if len(fh):
-                    at = np.minimum(np.searchsorted(fh, hs), len(fh) - 1)
-                    cand |= fh[at] == hs
+            cand = self._ids.has_many(_id_hashes(msg_ids))
             for i in np.flatnonzero(cand):
                 out[i] = self.contains(msg_ids[i])
         return out

@@ -45,9 +45,6 @@ _SPECIAL_UTF8 = [c.encode("utf-8") for c in SPECIAL_FOLD]
 #: the blocks that cannot hold its needle (32 bytes per cached row)
 _BLOCK_ROWS = 16
 _GRAM_BITS = 4096
-#: id lookups answered from the files' sorted hashes before the global id
-#: index is built (an open that reads only hot messages never builds it)
-_LAZY_LOOKUPS = 64
 #: tasks whose cool locations task_locs keeps (emptied when files come or go,
 #: and when full): a warm task read at 1,000,000 messages walked 9 files' task
 #: maps every time (~4 us of ~30)

@@ -77,7 +77,7 @@ _COL_TYPES = [(f.name, f.type) for f in COOL_SCHEMA]
 _PARQUET_RE = COOL_PARQUET_RE
 _OURS_RE = COOL_OURS_RE
 _IDX_MAGIC = b"RFCIDX01"
-_IDX_VERSION = 2          # 1: task names in the header (still read)
+_IDX_VERSION = 3          # 1: task names in the header; 2: no page directories (both still read)
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 _PARQUET_ERRORS = (OSError, pa.ArrowException, ValueError, KeyError, IndexError)
 

@@ -215,9 +215,39 @@ class _FileIndex:
     _task_src: tuple | None = None             # (task JSON bytes, all task rows) until parsed
     id_range: tuple[str, str] | None = None    # (smallest, largest) msg_id, when known (see _id_span)
     digest: str | None = None                  # xxh3_64 of the whole file, as written (see verify)
+    # the row groups' page directories (see page_dir): (int64 start of each
+    # group's words + [end], int64 words); None: not known (a sidecar written
+    # before version 3, or a file not in the page layout, see dirs_known)
+    pagedir: tuple[np.ndarray, np.ndarray] | None = None
+    # whether the sidecar says what pagedir is: False for one read from a
+    # version 1 or 2 sidecar (a writer adds them: _FileSet._upgrade)
+    dirs_known: bool = True
 
     def __post_init__(self) -> None:
         self.rg_list = [int(x) for x in self.rg_starts]
+
+    def page_dir(self, rg: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+        """Row group ``rg``'s page directory as ``rune_fast.pages._pack_dir``
+        makes it, ``(counts, flat, firsts, starts)``: views of the sidecar's
+        words (no copy), or None if the sidecar has none. ValueError if the
+        words do not hold together (they are covered by the sidecar's
+        digest: a writer's bug, not damage)."""
+        if self.pagedir is None:
+            return None
+        index, words = self.pagedir
+        if not 0 <= rg < len(index) - 1:
+            return None
+        a, b = int(index[rg]), int(index[rg + 1])
+        ncols = len(_COL_TYPES)
+        if not 0 <= a <= b - 2 * ncols <= len(words) - 2 * ncols or (b - a - 2 * ncols) % 8:
+            raise ValueError(f"page directory of row group {rg}: words [{a}, {b}) do not hold together")
+        w = words[a:b]
+        npages = (b - a - 2 * ncols) // 8
+        counts, starts = w[:ncols], w[ncols:2 * ncols]
+        if int(counts.sum()) != npages:
+            raise ValueError(f"page directory of row group {rg}: {int(counts.sum())} pages counted, "
+                             f"{npages} stored")
+        return counts, w[2 * ncols:2 * ncols + 7 * npages], w[2 * ncols + 7 * npages:], starts
 
     @property
     def tasks(self) -> dict[str, np.ndarray]:
@@ -245,6 +275,7 @@ class _FileIndex:
             "rows": self.rows, "row_group_starts": [int(x) for x in self.rg_starts],
             "channels": [[c, s, e, lt] for c, (s, e, lt) in self.channels.items()],
             "task_rows": int(offs[-1]), "tasks_json_bytes": len(tb),
+            "page_dir_words": 0 if self.pagedir is None else len(self.pagedir[1]),
         }
         hb = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         hb += b" " * (-(len(hb) + 4) % 8)
@@ -256,7 +287,9 @@ class _FileIndex:
             self.hrows.astype("<u4").tobytes(),
             b"\0" * (4 if self.rows % 2 else 0),
             all_task_rows.tobytes(),
-        ])
+            b"\0" * (4 if len(all_task_rows) % 2 else 0),
+        ] + ([] if self.pagedir is None else [
+            self.pagedir[0].astype("<i8").tobytes(), self.pagedir[1].astype("<i8").tobytes()]))
         return _IDX_MAGIC + xxhash.xxh3_128_digest(body) + body
 
     @classmethod
@@ -272,7 +305,7 @@ class _FileIndex:
         (hlen,) = struct.unpack_from("<I", body, 0)
         header = orjson.loads(body[4:4 + hlen])
         version = header.get("version")
-        if version not in (1, _IDX_VERSION) or header.get("file") != _parquet_name(no):
+        if version not in (1, 2, _IDX_VERSION) or header.get("file") != _parquet_name(no):
             raise ValueError("wrong version or file name")
         n = int(header["rows"])
         pos = 4 + hlen
@@ -290,15 +323,29 @@ class _FileIndex:
         hrows = np.frombuffer(body, dtype=np.uint32, count=n, offset=pos)
         pos += 4 * n + (4 if n % 2 else 0)
         all_rows = np.frombuffer(body, dtype=np.uint32, count=total, offset=pos)
-        if pos + 4 * total != len(body):
+        pos += 4 * total
+        rg_starts = np.asarray(header["row_group_starts"], dtype=np.int64)
+        pagedir = None
+        if version >= 3:
+            pos += 4 if total % 2 else 0
+            words = int(header["page_dir_words"])
+            if words:
+                groups = len(rg_starts) - 1
+                index = np.frombuffer(body, dtype=np.int64, count=groups + 1, offset=pos)
+                pos += 8 * (groups + 1)
+                dirs = np.frombuffer(body, dtype=np.int64, count=words, offset=pos)
+                pos += 8 * words
+                if groups < 0 or index[0] != 0 or index[-1] != words or (np.diff(index) < 0).any():
+                    raise ValueError("page directory index does not fit its words")
+                pagedir = (index, dirs)
+        if pos != len(body):
             raise ValueError("length mismatch")
         return cls(
             no=no, name=_parquet_name(no), rows=n, size=int(header["file_size"]),
             footer=str(header["footer_xxh3_64"]),
-            rg_starts=np.asarray(header["row_group_starts"], dtype=np.int64),
-            hashes=hashes, hrows=hrows,
+            rg_starts=rg_starts, hashes=hashes, hrows=hrows,
             channels={c: (int(s), int(e), int(lt)) for c, s, e, lt in header["channels"]},
-            _tasks=None, _task_src=(text, all_rows),
+            _tasks=None, _task_src=(text, all_rows), pagedir=pagedir, dirs_known=version >= 3,
         )
 
 

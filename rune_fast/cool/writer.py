@@ -18,6 +18,7 @@ from ..events import fsync_dir
 log = logging.getLogger("rune_fast.cool")
 
 
+from .files import _dirs_of
 from .search import _Search
 from .schema import _PARQUET_ERRORS, COOL_SCHEMA, CoolChange, CoolRun, StagedMerge, _file_no, _id_range, _idx_name, _parquet_name
 from .sidecar import _FileIndex, _build_index, _close, _file_digest, _footer_hash, _open_checked, _release_arrow, _unlink_quiet
@@ -121,6 +122,7 @@ class _Writer(_Search):
             fi.id_range = _id_range(ids)
             del ids, chs, tids
             fi.digest = _file_digest(tmp)
+            fi.pagedir = _dirs_of(tmp, md)      # (kept in the sidecar: no reader parses them again)
             itmp = self._write_tmp(iname, fi.encode(), durable=durable, folder=self._idx_dir)
             os.replace(itmp, self._ipath(iname))
             os.replace(tmp, self._path(name))
@@ -134,7 +136,7 @@ class _Writer(_Search):
             # (the sidecar's folder is not synced: a sidecar a power loss
             # takes is rebuilt from its file, which this sync keeps)
             fsync_dir(self._dir)
-        return fi
+        return self._remapped(fi)     # (its arrays from the mapped sidecar: off the heap)
 
     def cool_table(self, table: pa.Table, *, durable: bool | None = None) -> CoolRun:
         """Archive the rows of ``table`` (see :meth:`stage_table`) as ONE new
