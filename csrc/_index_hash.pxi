@@ -274,6 +274,34 @@ cdef inline Py_ssize_t _first_at_least(const uint64_t *a, Py_ssize_t n, uint64_t
     return lo
 
 
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def check_run(hashes, rows, int64_t n_rows) -> str:
+    """Why ``hashes`` and ``rows`` (a file's id run, as its sidecar holds
+    them) cannot serve :class:`IdRuns`, or "" if they can: as many of each
+    as the file's ``n_rows``, hashes ascending, every row below ``n_rows``.
+    (A run out of order would make lookups miss ids the file holds.)"""
+    cdef const uint64_t[::1] hs = np.ascontiguousarray(hashes, dtype=np.uint64)
+    cdef const uint32_t[::1] rs = np.ascontiguousarray(rows, dtype=np.uint32)
+    cdef Py_ssize_t i, bad = -1, n = hs.shape[0]
+    cdef int what = 0
+    if rs.shape[0] != n or n != n_rows:
+        return f"{n} hashes and {rs.shape[0]} rows for {n_rows} rows"
+    with nogil:
+        for i in range(n):
+            if rs[i] >= n_rows:
+                bad, what = i, 1
+                break
+            if i and hs[i] < hs[i - 1]:
+                bad, what = i, 2
+                break
+    if what == 1:
+        return f"entry {bad} names row {rs[bad]} of {n_rows}"
+    if what == 2:
+        return f"hashes not ascending at entry {bad}"
+    return ""
+
+
 cdef class IdRuns:
     """The archive's id index as it is stored: per file, its ids' xxh3_64
     sorted ascending and the row of each (the ``.idx`` sidecar's arrays,
@@ -304,27 +332,20 @@ cdef class IdRuns:
         free(self._runs)
 
     def add(self, int64_t no, hashes, rows) -> None:
-        """Add file ``no``'s run: ``hashes`` (uint64, ascending) and
-        ``rows`` (uint32, the row of each hash), replacing any run of ``no``.
-        ValueError if they differ in length or the hashes are not sorted."""
+        """Add file ``no``'s run: ``hashes`` (uint64, ascending: see
+        :func:`check_run` for a run read from disk) and ``rows`` (uint32,
+        the row of each hash), replacing any run of ``no``. ValueError if
+        they differ in length."""
         ha = np.ascontiguousarray(hashes, dtype=np.uint64)
         ra = np.ascontiguousarray(rows, dtype=np.uint32)
         cdef const uint64_t[::1] hs = ha
         cdef const uint32_t[::1] rs = ra
-        cdef Py_ssize_t i, n = hs.shape[0]
+        cdef Py_ssize_t n = hs.shape[0]
         cdef rf_idrun *grown
         if rs.shape[0] != n:
             raise ValueError(f"IdRuns.add: file {no}: {n} hashes but {rs.shape[0]} rows")
         if not 0 <= no < (1 << 31):
             raise ValueError(f"IdRuns.add: file number {no} out of range")
-        with nogil:
-            for i in range(1, n):
-                if hs[i] < hs[i - 1]:
-                    break
-            else:
-                i = n
-        if 0 < i < n:
-            raise ValueError(f"IdRuns.add: file {no}: hashes not ascending at {i}")
         self.discard(no)
         if self._k == self._cap:
             grown = <rf_idrun *>realloc(self._runs, (self._cap * 2 + 4) * sizeof(rf_idrun))

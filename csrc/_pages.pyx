@@ -1076,3 +1076,43 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
         free(vpos)
         free(vlen)
     return out
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def check_dir(const int64_t[::1] counts, const int64_t[::1] starts, const int64_t[::1] flat,
+              const int64_t[::1] firsts, int64_t rows):
+    """Why a row group's page directory (``rune_fast.pages._pack_dir``'s
+    four arrays, as a cool sidecar keeps them) cannot be read from, or ""
+    if it can: each column's pages follow one another from ``starts[c]``,
+    the first starting at row 0, each next one where the one before ends
+    (first row + values) and the last at ``rows``; ``firsts`` holds each
+    page's first row; sizes are not negative (an uncompressed page's both
+    the same), the zstd flag 0 or 1, the CRC 32 bits. (Each page read is
+    still checked by its CRC-32 and its size; this keeps a page from being
+    taken for another row's.)"""
+    cdef Py_ssize_t ncols = counts.shape[0], npg = firsts.shape[0], c, j, at = 0
+    cdef int64_t want
+    if starts.shape[0] != ncols or flat.shape[0] != 7 * npg:
+        return f"{ncols} columns, {starts.shape[0]} column starts, {flat.shape[0]} words for {npg} pages"
+    for c in range(ncols):
+        if starts[c] != at or counts[c] <= 0 or counts[c] > npg - at:
+            return f"column {c}: {counts[c]} pages from page {starts[c]} (expected from page {at})"
+        want = 0
+        for j in range(at, at + counts[c]):
+            if flat[7 * j] != want or firsts[j] != want:
+                return f"column {c}: page {j - at} starts at row {flat[7 * j]}, not {want}"
+            if (flat[7 * j + 1] < 0 or flat[7 * j + 2] < 0 or flat[7 * j + 3] < 0
+                    or not 0 <= flat[7 * j + 4] <= 0xFFFFFFFF or not 0 <= flat[7 * j + 5] <= 1
+                    or flat[7 * j + 6] <= 0 or flat[7 * j + 6] > rows - want):
+                return f"column {c}: page {j - at} has fields {list(flat[7 * j:7 * j + 7])}"
+            if flat[7 * j + 5] == 0 and flat[7 * j + 2] != flat[7 * j + 3]:
+                return (f"column {c}: page {j - at} is stored uncompressed in {flat[7 * j + 2]} bytes "
+                        f"for {flat[7 * j + 3]}")
+            want += flat[7 * j + 6]
+        if want != rows:
+            return f"column {c}: its pages hold {want} rows, the group {rows}"
+        at += counts[c]
+    if at != npg:
+        return f"{npg - at} pages after the last column's"
+    return ""

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from rune_fast.cool import COOL_SCHEMA, CoolArchive, _table_from_records, cool_loc, index_dir_for, record_digest
 from rune_fast.cool.schema import _row_key
 from rune_fast.errors import CorruptStateCheckpointError
+from rune_fast.pages import page_directories
 
 
 def rec(i: int, ch: str = "ch", *, content: str | None = None, task: str = "", hlc: str = "",
@@ -399,6 +400,7 @@ def test_digest_mismatch_on_reads(cdir):
     with open(ipath, "rb") as f:
         fi = _FileIndex.decode(f.read(), 1, ipath)
     fi.size, fi.footer = _footer_hash(path)
+    fi.pagedir = page_directories(path, pq.read_metadata(path))    # (vouching for its pages too)
     with open(ipath, "wb") as f:
         f.write(fi.encode())
     b = CoolArchive.open(cdir, [name])

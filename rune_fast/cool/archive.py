@@ -11,10 +11,11 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from ..errors import CorruptStateCheckpointError
+from ..pages import PageError, page_directories
 from .schema import CoolProblem, _COL_TYPES, _PARQUET_ERRORS, _idx_name
 from .sidecar import (
     _FileIndex, _Skip, _build_index, _close, _file_digest, _footer_hash, _open_parquet,
-    _release_arrow, _same_index,
+    _release_arrow, _same_dirs, _same_index,
 )
 from .writer import _Writer
 
@@ -97,6 +98,11 @@ class CoolArchive(_Writer):
                     problems.append(CoolProblem(name, None, f"unexpected columns {pf.schema_arrow}"))
                     continue
                 rg_counts = [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)]
+                try:
+                    dirs = page_directories(path, pf.metadata)
+                except PageError as exc:
+                    dirs = None
+                    problems.append(CoolProblem(name, None, f"page headers do not parse: {exc}"))
                 mids, chs, tids = [], [], []
                 base = 0
                 for rg in range(pf.metadata.num_row_groups):
@@ -137,6 +143,9 @@ class CoolArchive(_Writer):
                     disk = _FileIndex.decode(f.read(), no, ipath)
                 if not _same_index(truth, disk):
                     problems.append(CoolProblem(_idx_name(no), None, "sidecar disagrees with its file"))
+                elif disk.dirs_known and not _same_dirs(disk.pagedir, dirs):
+                    problems.append(CoolProblem(_idx_name(no), None,
+                                                "sidecar's page directories disagree with its file's pages"))
             except FileNotFoundError:
                 problems.append(CoolProblem(_idx_name(no), None, "sidecar missing"))
             except (ValueError, KeyError, TypeError, IndexError, struct.error) as exc:

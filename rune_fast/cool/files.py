@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .._index import IdRuns
+from .._index import IdRuns, check_run
 from .._names import tmp_name
 from ..errors import CorruptStateCheckpointError
 from ..events import fsync_dir
@@ -342,6 +342,9 @@ class _FileSet:
             try:
                 fi = _FileIndex.decode(_map_file(ipath), no, ipath)
                 if fi.size == size and fi.footer == footer:
+                    bad = check_run(fi.hashes, fi.hrows, fi.rows)
+                    if bad:
+                        raise ValueError(f"its id run: {bad}")
                     return fi if fi.dirs_known or self._read_only else self._upgrade(fi, ipath)
                 why = "made for another version of the file"
                 break
