@@ -21,9 +21,11 @@ dict; every read that returns a row checks it, and a mismatch raises
 :class:`~rune_fast.errors.CorruptStateCheckpointError` naming the file and row.
 See ``docs/FORMAT.md`` (Cool archive) for the bytes.
 
-In memory: every live file's ids sit in one ``HashIndex`` (xxh3_64 -> file
-and row), so ``contains`` (the append path's duplicate check) is one probe
-on a miss and a look at the stored id on a hit. Row groups are decoded
+The id index is each live file's sidecar's sorted xxh3_64 of its ids, mapped
+and searched in place (``IdRuns``: a few probes a file), so ``contains``
+(the append path's duplicate check) reads no row on a miss and the stored
+id on a hit, and nothing is built at open; the sidecar also keeps each row
+group's page directory, so a first exact read parses no page header. Row groups are decoded
 column by column, on demand, into compact Python-side views (one ``bytes``
 or ``str`` plus int32 offsets per string column) that rows are assembled from
 without Arrow scalars; the cache (``cache_bytes``, 8 MiB by default, counted
