@@ -234,8 +234,20 @@ cdef class LocCache:
 
     @property
     def max_bytes(self):
-        """The bound in bytes (None: none)."""
+        """The bound in bytes (None: none). Settable (the repository's
+        default budget grows with the store): a lower bound drops the
+        oldest entries at once."""
         return None if self._max_bytes < 0 else self._max_bytes
+
+    @max_bytes.setter
+    def max_bytes(self, value):
+        cdef int64_t v = -1 if value is None else value
+        if value is not None and v < 0:
+            raise ValueError(f"LocCache: max_bytes must be >= 0 or None, got {value}")
+        self._max_bytes = v
+        if v >= 0:
+            while self._bytes > v and self._drop_oldest():
+                pass
 
     @property
     def nbytes(self) -> int:
