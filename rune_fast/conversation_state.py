@@ -92,7 +92,7 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
     ``cache_bytes`` bounds what the caches of decoded data hold together --
     decoded records of both tiers and the cool tier's row groups -- so that
     resident memory after reads does not grow with the store; by default
-    (None) it grows with the store, 32 bytes a stored message between 4 and
+    (None) it grows with the store, 1/16 of its bytes on disk between 4 and
     48 MiB (see docs/API.md and _conv/tuning.py).
     """
 

@@ -1,7 +1,8 @@
 """The default decode-cache budget (``cache_bytes=None``) grows with the
-store: tuning.CACHE_BYTES_PER_MESSAGE a stored message, between
-CACHE_MIN_BYTES and CACHE_BYTES, at the open and as appends grow the store;
-an explicit ``cache_bytes`` stays as given."""
+store: its bytes on disk over tuning.CACHE_STORE_SHARE, between
+CACHE_MIN_BYTES and CACHE_BYTES, at the open (which reads no cool
+sidecar for it) and as appends grow the store by an eighth; an explicit
+``cache_bytes`` stays as given."""
 from __future__ import annotations
 
 import pytest
@@ -15,49 +16,56 @@ from rune_fast.records import ConversationMessageRecord
 
 def _msg(i: int) -> ConversationMessageRecord:
     return ConversationMessageRecord(msg_id=f"m{i:06d}", ts=1_700_000_000.0 + i, role="user",
-                                     content=f"message {i} " + "x" * (i % 50), channel_id=f"c{i % 7}",
+                                     content=f"message {i} " + "x" * 1000, channel_id=f"c{i % 7}",
                                      task_id=f"t{i % 11}")
 
 
 @pytest.fixture
 def small_budget(monkeypatch):
-    """A scale a test can reach: 1,000 bytes a message, 64 KiB to 256 KiB."""
-    monkeypatch.setattr(tuning, "CACHE_BYTES_PER_MESSAGE", 1000)
-    monkeypatch.setattr(tuning, "CACHE_MIN_BYTES", 64 << 10)
-    monkeypatch.setattr(tuning, "CACHE_BYTES", 256 << 10)
+    """A scale a test can reach: the store's bytes themselves, 16 KiB to 512 KiB."""
+    monkeypatch.setattr(tuning, "CACHE_STORE_SHARE", 1)
+    monkeypatch.setattr(tuning, "CACHE_MIN_BYTES", 16 << 10)
+    monkeypatch.setattr(tuning, "CACHE_BYTES", 512 << 10)
 
 
 def _budgets(repo: ConversationStateRepository) -> tuple[int, int, int]:
     return repo._decoded.max_bytes, repo._cool_decoded.max_bytes, repo._cool._cache_bytes
 
 
+def _store_bytes(repo: ConversationStateRepository) -> int:
+    return (sum(s.size for s in repo._segs.values()) + repo._tail.size + repo._cool.file_bytes())
+
+
 def test_default_budget_grows_with_the_store(tmp_path, small_budget):
     with ConversationStateRepository(tmp_path, durability="none", compact_every=10**6, hot_window=20) as repo:
         assert repo.cache_bytes is None
-        assert _budgets(repo) == cache_budgets(64 << 10)             # empty: the floor
-        repo.append_many([_msg(i) for i in range(100)])
-        assert _budgets(repo) == cache_budgets(100_000)              # 100 messages
-        repo.append_many([_msg(i) for i in range(100, 110)])         # (not an eighth yet)
-        assert _budgets(repo) == cache_budgets(100_000)
-        repo.append_many([_msg(i) for i in range(110, 200)])
-        assert _budgets(repo) == cache_budgets(200_000)
-        repo.append_many([_msg(i) for i in range(150, 400)])
-        assert _budgets(repo) == cache_budgets(256 << 10)            # the ceiling
-        repo.compact()                                               # (cooled: still counted)
-        assert len(repo._cool) > 0
-        got = [repo.get_message(m.msg_id).record for m in (_msg(3), _msg(399))]
-        assert got == [_msg(3), _msg(399)]
-        assert repo._decoded.nbytes <= cache_budgets(256 << 10)[0]
-    with ConversationStateRepository(tmp_path, read_only=True) as view:     # the open counts the store
-        assert _budgets(view) == cache_budgets(256 << 10)
+        assert _budgets(repo) == cache_budgets(16 << 10)             # empty: the floor
+        repo.append_many([_msg(i) for i in range(100)])               # ~120 KB > 64 KiB: rescaled
+        at100 = _store_bytes(repo)
+        assert at100 > 100_000 and _budgets(repo) == cache_budgets(at100)
+        repo.append_many([_msg(i) for i in range(100, 105)])         # not an eighth (nor 64 KiB) more
+        assert _budgets(repo) == cache_budgets(at100)
+        repo.append_many([_msg(i) for i in range(105, 200)])
+        assert _budgets(repo) == cache_budgets(_store_bytes(repo))
+        repo.append_many([_msg(i) for i in range(200, 600)])
+        assert _budgets(repo) == cache_budgets(512 << 10)            # the ceiling
+        assert repo.compact().cooled > 0                             # (cooled: still counted)
+        got = [repo.get_message(m.msg_id).record for m in (_msg(3), _msg(599))]
+        assert got == [_msg(3), _msg(599)]
+        assert repo._decoded.nbytes <= cache_budgets(512 << 10)[0]
 
 
-def test_the_open_scales_to_the_store_it_finds(tmp_path, small_budget):
-    with ConversationStateRepository(tmp_path, durability="none", compact_every=10**6, hot_window=20) as repo:
-        repo.append_many([_msg(i) for i in range(120)])
-        repo.compact()
-    with ConversationStateRepository(tmp_path, durability="none") as repo:
-        assert _budgets(repo) == cache_budgets(120_000)
+def test_the_open_scales_to_the_store_it_finds_reading_no_sidecar(tmp_path, small_budget):
+    with ConversationStateRepository(tmp_path, durability="none", compact_every=10**6, hot_window=5) as repo:
+        repo.append_many([_msg(i) for i in range(150)])
+        assert repo.compact().cooled > 0
+        want = _store_bytes(repo)
+    for kw in ({"durability": "none"}, {"read_only": True}):
+        kw.update(compact_every=10**6, hot_window=5)
+        with ConversationStateRepository(tmp_path, **kw) as repo:
+            assert repo._cool._unloaded or repo.read_only            # a writer reads no sidecar for it
+            assert _budgets(repo) == cache_budgets(min(want, 512 << 10))
+            assert repo.get_message(_msg(0).msg_id).record == _msg(0)
 
 
 def test_an_explicit_budget_stays(tmp_path, small_budget):

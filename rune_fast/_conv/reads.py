@@ -76,16 +76,18 @@ class HotReads(Host):
 
     def _scale_caches(self) -> None:
         """The default budget (``cache_bytes=None``) for the store's size:
-        tuning.CACHE_BYTES_PER_MESSAGE a stored message, between
-        CACHE_MIN_BYTES and CACHE_BYTES; each cache given its share at
-        once (a smaller one drops its oldest entries). Called by the open
-        and by appends once they grew the store by an eighth: a store
-        loaded in bulk from empty gets the budget of its size."""
+        its bytes on disk (sealed segments, the tail's lines, cool files)
+        over tuning.CACHE_STORE_SHARE, between CACHE_MIN_BYTES and
+        CACHE_BYTES; each cache given its share at once (a smaller one
+        drops its oldest entries). Called by the open (no cool sidecar
+        read) and by appends once they grew the store by an eighth: a
+        store loaded in bulk from empty gets the budget of its size."""
         if self.cache_bytes is not None:
             return
-        stored = len(self._index) + len(self._cool) - len(self._cool_deleted)
-        self._cache_rescale_left = max(stored // 8, 64)
-        total = min(max(stored * tuning.CACHE_BYTES_PER_MESSAGE, tuning.CACHE_MIN_BYTES), tuning.CACHE_BYTES)
+        stored = (sum(s.size for s in self._segs.values()) + (self._tail.size if self._tail is not None else 0)
+                  + self._cool.file_bytes())
+        self._cache_rescale_left = max(stored // 8, 64 << 10)
+        total = min(max(stored // tuning.CACHE_STORE_SHARE, tuning.CACHE_MIN_BYTES), tuning.CACHE_BYTES)
         if total == self._cache_now:
             return
         self._cache_now = total
@@ -94,10 +96,10 @@ class HotReads(Host):
         self._cool_decoded.max_bytes = cool
         self._cool.set_cache_bytes(groups)
 
-    def _count_stored(self, n: int) -> None:
-        """``n`` more messages stored (appends): the default cache budget
+    def _count_stored(self, nbytes: int) -> None:
+        """``nbytes`` more bytes of lines appended: the default cache budget
         follows the store's growth (see _scale_caches)."""
-        self._cache_rescale_left -= n
+        self._cache_rescale_left -= nbytes
         if self._cache_rescale_left <= 0:
             self._scale_caches()
 

@@ -52,10 +52,14 @@ SNAPSHOT_SLACK = 256
 #: random channels takes 7.7 us with it and 52 us with 1,024.
 DECODE_CACHE = 8192
 #: The repository's default ``cache_bytes`` (``cache_bytes=None``) grows
-#: with the store: CACHE_BYTES_PER_MESSAGE a stored message, at least
-#: CACHE_MIN_BYTES, at most CACHE_BYTES (issue 33: never above 64 MiB),
-#: recomputed at each open and as appends grow the store by an eighth
-#: (``HotReads._scale_caches``). The budget is split by
+#: with the store: its bytes on disk (sealed segments, the tail's lines,
+#: cool files) over CACHE_STORE_SHARE, at least CACHE_MIN_BYTES, at most
+#: CACHE_BYTES (issue 33: never above 64 MiB), recomputed at each open and
+#: as appends grow the store by an eighth (``HotReads._scale_caches``; the
+#: bytes on disk, not the messages: the cool files' row counts are known
+#: only once their sidecars are read, which an open does not do). On the
+#: bench's workload 1/16 is about 55 bytes a message at 100,000 (91 MB:
+#: the 4 MiB floor) and 33 at 1,000,000 (498 MB: 31 MiB). The budget is split by
 #: ``_conv.reads.cache_budgets``: 5/8 decoded hot records (the window
 #: working set: 8 messages of each channel, ~1.6 MiB for the bench's 100
 #: channels), 1/8 decoded cool records, 1/4 the cool tier's decoded row
@@ -89,7 +93,7 @@ DECODE_CACHE = 8192
 #: +49 bytes a message.
 CACHE_BYTES = 48 << 20
 CACHE_MIN_BYTES = 4 << 20
-CACHE_BYTES_PER_MESSAGE = 32
+CACHE_STORE_SHARE = 16
 #: What a decoded record held in a cache costs beyond ``sys.getsizeof`` of
 #: its content: the record object, its other strings, the (record, seq)
 #: tuple, the allocators' share -- and per tool call. Measured on the

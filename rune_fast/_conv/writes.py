@@ -130,7 +130,7 @@ class WritePath(Host):
         self._observe_stamps(msgs if len(fresh) == len(msgs) else [msgs[i] for i in fresh])
         self._count_uncompacted(len(fresh))
         self._count_changes(len(fresh))
-        self._count_stored(len(fresh))
+        self._count_stored(n)
         # journaled with one write; durable by the next checkpoint, re-derived
         # from the tail by recovery if a crash loses it first
         events = cast("EventStore", self._events)
