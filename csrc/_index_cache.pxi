@@ -4,8 +4,10 @@
 # cimports, constants and shared helpers are in scope here.)
 
 
-# what record_bytes counts a record's content as (rune_fast._conv.reads)
-_getsizeof = sys.getsizeof
+# what record_bytes counts a record's content as (rune_fast._conv.reads):
+# sys.getsizeof's C function, without a Python call a record
+cdef extern from "Python.h":
+    size_t _PySys_GetSizeOf(object o) except? <size_t>-1
 
 
 cdef class LocCache:
@@ -297,7 +299,7 @@ cdef class LocCache:
             if j >= skip:
                 rec = recs[<Py_ssize_t>order[j]]
                 calls = rec.tool_calls
-                nb = overhead + _getsizeof(rec.content) + per_call * len(calls)
+                nb = overhead + <int64_t>_PySys_GetSizeOf(rec.content) + per_call * len(calls)
                 if calls:
                     rec = own(rec)
                 self._set(loc, (rec, seq0 + j), nb)

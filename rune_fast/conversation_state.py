@@ -180,11 +180,12 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
             with self._lock:
                 self._check_writable()      # a viewer or a closed store refuses even an empty batch
             return 0
-        # encoded outside the lock (compiled: csrc/_encode.pyx)
-        bodies, hashes, keys = codec.encode_batch(msgs, defer_hash=True)
+        # encoded outside the lock (compiled: csrc/_encode.pyx); a large
+        # batch's payload hashes are computed by a C thread meanwhile
+        bodies, hashing, keys = codec.encode_batch(msgs, hash_job=len(msgs) >= tuning.SYNC_OVERLAP_MIN)
         with self._lock:
             self._check_writable()
-            target, added, sync = self._write_messages(msgs, bodies, hashes, keys)
+            target, added, sync = self._write_messages(msgs, bodies, hashing, keys)
         if sync is not None:
             self._writes.sync_end(sync)     # started after the write (see _write_messages)
         if added:

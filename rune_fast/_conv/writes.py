@@ -9,7 +9,7 @@ from typing import Any, cast
 
 
 from .. import codec
-from .._encode import frame_messages, message_envelopes
+from .._encode import HashJob, frame_messages, message_envelopes
 from ..errors import DurabilityError, RuneError
 from ..events import EventStore
 from ..records import ConversationMessageRecord
@@ -53,9 +53,9 @@ class WritePath(Host):
         return fresh
 
     def _write_messages(self, msgs: list[ConversationMessageRecord], bodies: list[bytes],
-                        hashes: list, keys: list[bytes]) -> tuple[int, int, tuple | None]:
+                        hashes: HashJob, keys: list[bytes]) -> tuple[int, int, tuple | None]:
         """Write the new ones among ``msgs`` to the tail and index them (lock
-        held). Returns (the count to wait durable for, how many were new, the
+        held); ``hashes`` gives their payload hashes (codec.hash_begin). Returns (the count to wait durable for, how many were new, the
         token of a sync started in the background or None). For a batch of
         at least ``tuning.SYNC_OVERLAP_MIN`` new messages the tail's sync
         starts right after the write (WriteThread.sync_begin), so the
@@ -89,7 +89,7 @@ class WritePath(Host):
         return target, len(fresh), token
 
     def _index_written(self, msgs: list[ConversationMessageRecord], fresh: list[int], keys: list[bytes],
-                       hashes: list, seq0: int, lengths: list[int], seg: int, off: int, n: int,
+                       hashes: HashJob, seq0: int, lengths: list[int], seg: int, off: int, n: int,
                        remapped: bool) -> None:
         """The rest of _write_messages once the lines ``fresh`` of ``msgs``
         are written at ``off`` of the tail (``n`` bytes): index and cache
@@ -135,9 +135,9 @@ class WritePath(Host):
         # from the tail by recovery if a crash loses it first
         events = cast("EventStore", self._events)
         try:
-            # (the payload hashes are computed here, overlapping a batch's sync:
-            # encode_batch(defer_hash=True) left the canonical JSON in their place)
-            envelopes = message_envelopes(keys, codec.hash_canonical(hashes), fresh, codec.dumps(time.time()))
+            # (the payload hashes: a large batch's were computed by a C thread
+            # since its encoding, overlapping the write and the indexing)
+            envelopes = message_envelopes(keys, hashes.result(), fresh, codec.dumps(time.time()))
             events.append_encoded(envelopes, offset=False)
         except (OSError, DurabilityError) as exc:
             # (the lines are in the tail: "maybe stored", as after a failed sync)
