@@ -58,8 +58,9 @@ DECODE_CACHE = 8192
 #: as appends grow the store by an eighth (``HotReads._scale_caches``; the
 #: bytes on disk, not the messages: the cool files' row counts are known
 #: only once their sidecars are read, which an open does not do). On the
-#: bench's workload 1/16 is about 55 bytes a message at 100,000 (91 MB:
-#: the 4 MiB floor) and 33 at 1,000,000 (498 MB: 31 MiB). The budget is split by
+#: bench's workload 1/16 is 4.1 MiB at 100,000 messages (66 MB of
+#: segments and cool files) and 16.6 MiB at 1,000,000 (266 MB), about 17
+#: bytes a message; 48 MiB from about 3,000,000 on. The budget is split by
 #: ``_conv.reads.cache_budgets``: 5/8 decoded hot records (the window
 #: working set: 8 messages of each channel, ~1.6 MiB for the bench's 100
 #: channels), 1/8 decoded cool records, 1/4 the cool tier's decoded row
@@ -69,7 +70,7 @@ DECODE_CACHE = 8192
 #: stores of bench/build_10m.py and their read mix: window on every channel,
 #: messages_for_task on 1% of tasks, get_message on 10,000 ids, five
 #: searches; growth of RssAnon per stored message, then each read repeated;
-#: 2 shared cores, one run each):
+#: 2 shared cores, one run each unless said):
 #:
 #: ==================  =============  ============  ===============  ==============
 #: store, cache_bytes  RssAnon/msg    window alone  window after mix  get (repeated)
@@ -80,8 +81,12 @@ DECODE_CACHE = 8192
 #: 1,000,000, 48 MiB   76.6 B         3.1 us        6.0 us           155 us
 #: 1,000,000, 16 MiB   73.1 B         2.4 us        3.8 us           146 us
 #: 1,000,000, 8 MiB    72.2 B         2.6 us        5.6 us           148 us
+#: 100,000, default    107.6 B        5.0 us        39.7 us          131 us
+#: 1,000,000, default  73.3 B         3.9 us        4.7 us           155 us
 #: ==================  =============  ============  ===============  ==============
 #:
+#: (the "default" rows: 4.1 and 16.6 MiB, the rule above; medians of three
+#: fresh processes, alternated in one run with 48 MiB: 244.0 and 76.7 B.)
 #: A repeated get of the mix's 10,000 ids (mostly archived) is not served by
 #: these caches at any size (a cool point read decodes from its row group's
 #: pages); a window read alone keeps its working set at 4 MiB; only a window
