@@ -48,15 +48,19 @@ class WritePath(Host):
             if len(fresh) == 1:
                 fresh = [] if self._cool.contains(msgs[fresh[0]].msg_id) else fresh
             else:
-                archived = self._cool.contains_many([msgs[i].msg_id for i in fresh]).tolist()
-                fresh = [i for i, hit in zip(fresh, archived) if not hit]
+                ids = [m.msg_id for m in msgs] if len(fresh) == len(msgs) else [msgs[i].msg_id for i in fresh]
+                archived = self._cool.contains_many(ids)
+                if archived.any():      # (the common batch: none archived, fresh stays)
+                    fresh = [i for i, hit in zip(fresh, archived.tolist()) if not hit]
         return fresh
 
     def _write_messages(self, msgs: list[ConversationMessageRecord], bodies: list[bytes],
                         hashes: HashJob, keys: list[bytes]) -> tuple[int, int, tuple | None]:
         """Write the new ones among ``msgs`` to the tail and index them (lock
-        held); ``hashes`` gives their payload hashes (codec.hash_begin). Returns (the count to wait durable for, how many were new, the
-        token of a sync started in the background or None). For a batch of
+        held); ``hashes`` gives their payload hashes (the HashJob of
+        ``codec.encode_batch(..., hash_job=...)``). Returns (the count to
+        wait durable for, how many were new, the token of a sync started in
+        the background or None). For a batch of
         at least ``tuning.SYNC_OVERLAP_MIN`` new messages the tail's sync
         starts right after the write (WriteThread.sync_begin), so the
         indexing, caching and journaling here overlap it; the caller passes
