@@ -28,7 +28,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from cpython.mem cimport PyMem_Free
 from cpython.unicode cimport PyUnicode_AsUTF8String
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t, uint64_t
-from libc.stdlib cimport free, realloc
+from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memchr, memcmp, memcpy, memset, strlen
 
 from rf_core cimport RF_MAX_LINE, RF_PREFIX_LEN, rf_write_prefix
@@ -57,6 +57,8 @@ cdef extern from "Python.h":
     void Py_XINCREF(PyObject *o)
     object PyDict_Copy(object d)
     object PyList_GetSlice(object l, Py_ssize_t low, Py_ssize_t high)
+    str PyUnicode_New(Py_ssize_t size, unsigned int maxchar)
+    void *PyUnicode_DATA(object o)
 
 # The Python callables the compiled path hands records to.
 _sha256 = hashlib.sha256
@@ -154,6 +156,21 @@ cdef tuple _BODY_KEYS = tuple([(_RECORD_KEYS[k][0], k) for k in range(N_RAW)])
 cdef tuple _STRING_FIELDS = (("msg_id", R_MSG_ID), ("channel_id", R_CHANNEL), ("task_id", R_TASK),
                              ("hlc", R_HLC), ("content", R_CONTENT), ("role", R_ROLE),
                              ("tool_call_id", R_TOOL_CALL_ID), ("origin", R_ORIGIN))
+# ... and each one's place in _INIT_FIELDS (the constructor's order)
+cdef Py_ssize_t[8] _STRING_INIT = [0, 4, 5, 10, 3, 2, 8, 9]
+
+
+cdef inline object _field(object rec, Py_ssize_t k, bint direct):
+    """Field ``_INIT_FIELDS[k]`` of a record: with ``direct`` (its type is
+    the one message_init_setup laid out, every slot found) the slot's
+    pointer read in place, as the slot's descriptor reads it; an unset slot
+    through getattr (which raises AttributeError, as before)."""
+    cdef PyObject *p
+    if direct:
+        p = (<PyObject **>(<char *><void *>rec + _mi_at[k]))[0]
+        if p != NULL:
+            return <object>p
+    return getattr(rec, _INIT_FIELDS[k])
 
 
 cdef int _assemble(Buf *o, tuple layout, const char *base, Py_ssize_t *rs, Py_ssize_t *rl,
@@ -186,7 +203,8 @@ cdef class _Scratch:
         free(self.out.p)
 
 
-def encode_messages(list msgs, type record_type, object slow, object calls_json, bint defer_hash=False):
+def encode_messages(list msgs, type record_type, object slow, object calls_json, bint defer_hash=False,
+                    object hash_job=None):
     """(bodies, hashes, keys) of the records in ``msgs``: lists of bytes, str
     and bytes, one entry per record. ``defer_hash``: a record this path
     spells gets its canonical JSON (bytes) in ``hashes`` instead of its
@@ -199,8 +217,15 @@ def encode_messages(list msgs, type record_type, object slow, object calls_json,
     encodes a record this path does not spell; ``calls_json(record) ->
     (body_json, canonical_json)`` gives the two JSON forms of a non-empty
     ``tool_calls``. Each record's raw JSON values are written once (strings
-    escaped, the time as repr() writes it), then both layouts from them."""
+    escaped, the time as repr() writes it), then both layouts from them.
+
+    ``hash_job`` (None, or a bool: whether threaded): ``hashes`` comes back
+    as a :class:`HashJob` instead, which has the canonical JSON of every
+    record in a buffer of its own (no bytes object a record) and hashes
+    them, in a C thread started before this returns if threaded; its
+    ``result()`` is the list of hashes."""
     cdef Py_ssize_t n = len(msgs), i, k
+    cdef HashJob job = None if hash_job is None else HashJob()
     cdef list bodies = [None] * n
     cdef list hashes = [None] * n
     cdef list keys = [None] * n
@@ -219,6 +244,10 @@ def encode_messages(list msgs, type record_type, object slow, object calls_json,
     if type(version) is not int:
         raise TypeError(f"encode_messages: {record_type.__name__}.SCHEMA_VERSION must be int")
     verb = str(version).encode("ascii")
+    # the fields read straight from the instance's slots (see _field)
+    cdef bint direct = record_type is _mi_type
+    for k in range(len(_INIT_FIELDS)):
+        direct = direct and _mi_at[k] >= 0
     for i in range(n):
         rec = msgs[i]
         if type(rec) is not record_type:
@@ -227,31 +256,31 @@ def encode_messages(list msgs, type record_type, object slow, object calls_json,
             bodies[i], hashes[i], keys[i] = slow(rec)       # a subclass: the Python path
             continue
         # -- the values this path spells exactly; anything else goes slow
-        v = rec.ts
+        v = _field(rec, 1, direct)
         tok = 0
         bad = type(v) is not float
         if not bad:
             ts = v
             bad = not (ts == 0.0 or 1e-4 <= abs(ts) < 1e16)
         if not bad:
-            v = rec.token_estimate
+            v = _field(rec, 6, direct)
             bad = type(v) is not int
             if not bad:
                 tok = PyLong_AsLongLongAndOverflow(v, &overflow)
                 bad = overflow != 0 or tok < 0
-        calls = rec.tool_calls
+        calls = _field(rec, 7, direct)
         if not bad and type(calls) is not tuple:
             bad = True
         if not bad:
             # what the constructor's check makes true and a line must hold
             # (a field set past it takes the slow path, which checks it)
-            v = rec.role
+            v = _field(rec, 2, direct)
             bad = type(v) is not str or v not in _ROLE_SET
             if not bad:
-                v = rec.msg_id
+                v = _field(rec, 0, direct)
                 bad = type(v) is not str or not v
             if not bad:
-                v = rec.channel_id
+                v = _field(rec, 4, direct)
                 bad = type(v) is not str or not v
         # -- the raw values: each string quoted and escaped
         sc.esc.n = 0
@@ -261,7 +290,7 @@ def encode_messages(list msgs, type record_type, object slow, object calls_json,
             rs[f] = sc.esc.n
             _reserve(&sc.esc, 1)
             _put(&sc.esc, b'"', 1)
-            bad = _escape_str(&sc.esc, getattr(rec, _STRING_FIELDS[k][0])) != 0
+            bad = _escape_str(&sc.esc, _field(rec, _STRING_INIT[k], direct)) != 0
             _reserve(&sc.esc, 1)
             _put(&sc.esc, b'"', 1)
             rl[f] = sc.esc.n - rs[f]
@@ -292,10 +321,16 @@ def encode_messages(list msgs, type record_type, object slow, object calls_json,
         body = PyBytes_FromStringAndSize(sc.out.p, sc.out.n)
         sc.out.n = 0
         _assemble(&sc.out, _CANON_KEYS, sc.esc.p, rs, rl, cc)
-        canon = PyBytes_FromStringAndSize(sc.out.p, sc.out.n)
         bodies[i] = body
-        hashes[i] = canon if defer_hash else _sha256(canon).hexdigest()
+        if job is not None:
+            job._add(i, sc.out.p, sc.out.n)
+        else:
+            canon = PyBytes_FromStringAndSize(sc.out.p, sc.out.n)
+            hashes[i] = canon if defer_hash else _sha256(canon).hexdigest()
         keys[i] = PyBytes_FromStringAndSize(sc.esc.p + rs[R_MSG_ID] + 1, rl[R_MSG_ID] - 2)
+    if job is not None:
+        job._start(hashes, bool(hash_job))
+        return bodies, job, keys
     return bodies, hashes, keys
 
 
@@ -304,13 +339,198 @@ def hash_canonical(list hashes) -> list:
     ``encode_messages(..., defer_hash=True)`` left in ``hashes`` by its
     ``payload_hash`` (sha256, hex); the str entries are hashes already.
     Returns the list."""
+    return HashJob(hashes, False).result()
+
+
+# sha256 in C: OpenSSL's one-shot SHA256() from the libcrypto that Python's
+# own hashlib loaded (found at import; no link to it at build time), so a
+# batch's payload hashes are computed without the GIL and without an object
+# a hash. None found (another build of Python): hashlib, with the GIL.
+cdef extern from "<dlfcn.h>" nogil:
+    void *dlopen(const char *filename, int flags)
+    void *dlsym(void *handle, const char *symbol)
+    int RTLD_NOW
+    int RTLD_NOLOAD
+
+ctypedef unsigned char *(*_sha256_fn)(const unsigned char *d, size_t n, unsigned char *md) noexcept nogil
+cdef _sha256_fn _c_sha256 = NULL
+
+
+cdef void _find_sha256():
+    global _c_sha256
+    cdef void *h
+    cdef _sha256_fn f
+    cdef unsigned char md[32]
+    try:
+        import _hashlib     # (loads libcrypto: dlopen below only finds a loaded one)
+    except ImportError:
+        return
+    for name in (b"libcrypto.so.3", b"libcrypto.so.1.1", b"libcrypto.so", b"libcrypto.dylib"):
+        h = dlopen(name, RTLD_NOW | RTLD_NOLOAD)
+        if h == NULL:
+            continue
+        f = <_sha256_fn>dlsym(h, "SHA256")
+        if f == NULL:
+            continue
+        # trusted only once it gives hashlib's answer
+        f(<const unsigned char *>b"abc", 3, md)
+        if PyBytes_FromStringAndSize(<char *>md, 32) == _sha256(b"abc").digest():
+            _c_sha256 = f
+        return
+
+
+_find_sha256()
+cdef _sha256_fn _c_sha256_found = _c_sha256
+#: whether payload hashes are computed in C without the GIL (else by hashlib)
+compiled_sha256 = _c_sha256 != NULL
+
+
+def _use_compiled_sha256(bint on) -> bool:
+    """(tests) Use the compiled sha256 if found (``on``) or hashlib; returns
+    whether the compiled one is in use now."""
+    global _c_sha256
+    _c_sha256 = _c_sha256_found if on else NULL
+    return _c_sha256 != NULL
+
+
+cdef extern from "<pthread.h>" nogil:
+    ctypedef unsigned long pthread_t
+    int pthread_create(pthread_t *th, const void *attr, void *(*run)(void *) noexcept nogil, void *arg)
+    int pthread_join(pthread_t th, void **ret)
+
+
+cdef struct _HashWork:
+    Py_ssize_t n
+    const unsigned char *base  # the canonical JSONs, one after another
+    Py_ssize_t *off            # entry k is base[off[k]:off[k + 1]]
+    unsigned char *md          # 32 bytes a hash
+
+
+cdef void *_hash_run(void *arg) noexcept nogil:
+    cdef _HashWork *w = <_HashWork *>arg
     cdef Py_ssize_t i
-    cdef object v
-    for i in range(len(hashes)):
-        v = hashes[i]
-        if type(v) is bytes:
-            hashes[i] = _sha256(v).hexdigest()
-    return hashes
+    for i in range(w.n):
+        _c_sha256(w.base + w.off[i], <size_t>(w.off[i + 1] - w.off[i]), w.md + 32 * i)
+    return NULL
+
+
+cdef class HashJob:
+    """The payload hashes of a batch: the sha256 of canonical JSONs, put
+    in place in a list of hashes. Made from a list (``HashJob(hashes)``:
+    each bytes entry is a canonical JSON that ``encode_messages(...,
+    defer_hash=True)`` left there) or by :func:`encode_messages` itself
+    (``hash_job``: it writes the canonical JSONs into the job's buffer, no
+    object a record). ``threaded``: computed in a C thread of its own,
+    started at once, while the caller goes on (append_many: its check of
+    the ids, the tail write, the indexing); else when :meth:`result` is
+    called, in C without the GIL (or by hashlib where no libcrypto was
+    found). :meth:`result` puts each hash (hex str) in its entry's place
+    and returns the list. The job owns the bytes it hashes; the thread is
+    joined, whatever happens, before the job goes away."""
+    cdef list _hashes
+    cdef Buf _buf
+    cdef Py_ssize_t *_at       # entry k's index in _hashes
+    cdef Py_ssize_t _cap
+    cdef _HashWork _w
+    cdef pthread_t _th
+    cdef bint _running, _done, _given
+
+    def __cinit__(self, list hashes=None, bint threaded=True):
+        cdef Py_ssize_t i
+        cdef object v
+        self._running = self._done = self._given = False
+        if hashes is None:
+            return
+        for i in range(len(hashes)):
+            v = hashes[i]
+            if type(v) is bytes:
+                self._add(i, PyBytes_AS_STRING(v), PyBytes_GET_SIZE(v))
+        self._start(hashes, threaded)
+
+    cdef int _add(self, Py_ssize_t i, const char *p, Py_ssize_t n) except -1:
+        """Entry ``i`` of the list is to be the hash of p[0:n)."""
+        cdef Py_ssize_t cap
+        cdef void *q
+        if self._w.n + 1 >= self._cap:
+            cap = max(2 * self._cap, 64)
+            q = realloc(self._at, cap * sizeof(Py_ssize_t))
+            if q == NULL:
+                raise MemoryError("HashJob: entries")
+            self._at = <Py_ssize_t *>q
+            q = realloc(self._w.off, (cap + 1) * sizeof(Py_ssize_t))
+            if q == NULL:
+                raise MemoryError("HashJob: entries")
+            self._w.off = <Py_ssize_t *>q
+            self._cap = cap
+        _reserve(&self._buf, n)
+        self._w.off[self._w.n] = self._buf.n
+        _put(&self._buf, p, n)
+        self._at[self._w.n] = i
+        self._w.n += 1
+        return 0
+
+    cdef int _start(self, list hashes, bint threaded) except -1:
+        """The entries are in: hash them into ``hashes`` (see the class)."""
+        self._hashes = hashes
+        if self._w.n == 0:
+            return 0
+        self._w.off[self._w.n] = self._buf.n
+        self._w.base = <const unsigned char *>self._buf.p
+        self._w.md = <unsigned char *>malloc(self._w.n * 32)
+        if self._w.md == NULL:
+            raise MemoryError(f"HashJob: {self._w.n} hashes")
+        if threaded and _c_sha256 != NULL:
+            self._running = pthread_create(&self._th, NULL, _hash_run, &self._w) == 0
+            # (no thread to be had: result() hashes in the caller's thread)
+        return 0
+
+    cdef void _join(self) noexcept:
+        if self._running:
+            with nogil:
+                pthread_join(self._th, NULL)
+            self._running = False
+            self._done = True
+
+    def result(self) -> list:
+        """The list, each entry's hash (hex str) in its place; a second
+        call returns it as it is."""
+        cdef Py_ssize_t k, j
+        cdef str h
+        cdef char *o
+        cdef const unsigned char *md
+        if self._given or self._hashes is None:
+            return self._hashes
+        self._join()
+        if not self._done and self._w.n:
+            if _c_sha256 != NULL:
+                with nogil:
+                    _hash_run(&self._w)
+            else:
+                for k in range(self._w.n):
+                    self._hashes[self._at[k]] = _sha256(PyBytes_FromStringAndSize(
+                        self._buf.p + self._w.off[k], self._w.off[k + 1] - self._w.off[k])).hexdigest()
+                self._given = True
+                return self._hashes
+        for k in range(self._w.n):
+            h = PyUnicode_New(64, 127)
+            o = <char *>PyUnicode_DATA(h)
+            md = self._w.md + 32 * k
+            for j in range(32):
+                o[2 * j] = _HEX[md[j] >> 4]
+                o[2 * j + 1] = _HEX[md[j] & 15]
+            self._hashes[self._at[k]] = h
+        self._given = True
+        return self._hashes
+
+    def __dealloc__(self):
+        self._join()
+        free(self._at)
+        free(self._w.off)
+        free(self._w.md)
+        free(self._buf.p)
+
+
+cdef const char *_HEX = b"0123456789abcdef"
 
 
 cdef int _raw(Buf *b, int f, const char *s, Py_ssize_t n, Py_ssize_t *rs, Py_ssize_t *rl) except -1:

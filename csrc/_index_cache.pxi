@@ -4,8 +4,10 @@
 # cimports, constants and shared helpers are in scope here.)
 
 
-# what record_bytes counts a record's content as (rune_fast._conv.reads)
-_getsizeof = sys.getsizeof
+# what record_bytes counts a record's content as (rune_fast._conv.reads):
+# sys.getsizeof's C function, without a Python call a record
+cdef extern from "Python.h":
+    size_t _PySys_GetSizeOf(object o) except? <size_t>-1
 
 
 cdef class LocCache:
@@ -234,8 +236,20 @@ cdef class LocCache:
 
     @property
     def max_bytes(self):
-        """The bound in bytes (None: none)."""
+        """The bound in bytes (None: none). Settable (the repository's
+        default budget grows with the store): a lower bound drops the
+        oldest entries at once."""
         return None if self._max_bytes < 0 else self._max_bytes
+
+    @max_bytes.setter
+    def max_bytes(self, value):
+        cdef int64_t v = -1 if value is None else value
+        if value is not None and v < 0:
+            raise ValueError(f"LocCache: max_bytes must be >= 0 or None, got {value}")
+        self._max_bytes = v
+        if v >= 0:
+            while self._bytes > v and self._drop_oldest():
+                pass
 
     @property
     def nbytes(self) -> int:
@@ -285,7 +299,7 @@ cdef class LocCache:
             if j >= skip:
                 rec = recs[<Py_ssize_t>order[j]]
                 calls = rec.tool_calls
-                nb = overhead + _getsizeof(rec.content) + per_call * len(calls)
+                nb = overhead + <int64_t>_PySys_GetSizeOf(rec.content) + per_call * len(calls)
                 if calls:
                     rec = own(rec)
                 self._set(loc, (rec, seq0 + j), nb)

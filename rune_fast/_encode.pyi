@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import numpy.typing as npt
-from typing_extensions import Buffer
+from typing_extensions import Buffer, Self, disjoint_base
 
 _R = TypeVar("_R")
 _T = TypeVar("_T")
@@ -17,9 +17,19 @@ max_record_bytes: int
 def encode_messages(msgs: list[Any], record_type: type[_R],
                     slow: Callable[[_R], tuple[bytes, str, bytes]],
                     calls_json: Callable[[_R], tuple[bytes, bytes]],
-                    defer_hash: bool = False,
-                    ) -> tuple[list[bytes], list[Any], list[bytes]]: ...
+                    defer_hash: bool = False, hash_job: bool | None = None,
+                    ) -> tuple[list[bytes], Any, list[bytes]]: ...
 def hash_canonical(hashes: list[Any]) -> list[str]: ...
+
+#: whether payload hashes are computed in C without the GIL (else by hashlib)
+compiled_sha256: bool
+def _use_compiled_sha256(on: bool) -> bool: ...
+
+@disjoint_base
+class HashJob:
+    def __new__(cls, hashes: list[Any] | None = None, threaded: bool = True) -> Self: ...
+    def result(self) -> list[Any]: ...
+
 def frame_messages(bodies: list[bytes], order: list[int], seq0: int) -> tuple[bytes, list[int]]: ...
 def message_envelopes(keys: list[bytes], hashes: list[str], order: list[int],
                       ts_json: bytes) -> bytes: ...

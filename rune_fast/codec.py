@@ -19,7 +19,7 @@ import hashlib
 import json
 import math
 import re
-from typing import Any, Callable
+from typing import Any, Callable, overload
 
 import orjson
 
@@ -124,15 +124,30 @@ def _stored_dict(record: ConversationMessageRecord) -> dict:
     return d
 
 
-def encode_batch(msgs: list, *, defer_hash: bool = False) -> tuple[list[bytes], list, list[bytes]]:
+@overload
+def encode_batch(msgs: list, *, defer_hash: bool = False, hash_job: None = None,
+                 ) -> tuple[list[bytes], list, list[bytes]]: ...
+@overload
+def encode_batch(msgs: list, *, defer_hash: bool = False, hash_job: bool,
+                 ) -> tuple[list[bytes], _encode.HashJob, list[bytes]]: ...
+
+
+def encode_batch(msgs: list, *, defer_hash: bool = False,
+                 hash_job: bool | None = None) -> tuple[list[bytes], Any, list[bytes]]:
     """``(bodies, hashes, keys)`` of a batch of records, what
     :func:`message_body_and_hash` and :func:`key` give for each, from the
     compiled encoder (``csrc/_encode.pyx``; about 6x faster). Anything but a
     ConversationMessageRecord (or a subclass's instance) raises TypeError
     naming its index. ``defer_hash``: ``hashes`` may hold a record's
     canonical JSON (bytes) in place of its hash, for :func:`hash_canonical`
-    to turn into it later (the append path hashes while the tail syncs)."""
-    return _encode.encode_messages(msgs, ConversationMessageRecord, _encode_slow, _calls_json, defer_hash)
+    to turn into it later. ``hash_job`` (the append path): ``hashes`` is an
+    ``_encode.HashJob`` whose ``result()`` is the list of hashes; it holds
+    the canonical JSONs in one buffer and, if ``hash_job`` is true, hashes
+    them in a C thread without the GIL from the end of the encoding on
+    (OpenSSL's sha256 from the libcrypto hashlib loaded:
+    ``_encode.compiled_sha256``; else hashlib's, at ``result()``)."""
+    return _encode.encode_messages(msgs, ConversationMessageRecord, _encode_slow, _calls_json, defer_hash,
+                                   hash_job)
 
 
 #: ``hash_canonical(hashes) -> hashes``: the ``payload_hash`` of each

@@ -89,23 +89,25 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
     appends the same way), ``"none"`` (left to the OS:
     survives a process crash, not a power loss). ``read_only=True`` opens beside
     a running writer without its lock and without changing any file.
-    ``cache_bytes`` (48 MiB by default) bounds what the caches of decoded
-    data hold together -- decoded records of both tiers and the cool tier's
-    row groups -- so that resident memory after reads does not grow with the
-    store (see docs/API.md).
+    ``cache_bytes`` bounds what the caches of decoded data hold together --
+    decoded records of both tiers and the cool tier's row groups -- so that
+    resident memory after reads does not grow with the store; by default
+    (None) it grows with the store, 1/16 of its bytes on disk between 4 and
+    48 MiB (see docs/API.md and _conv/tuning.py).
     """
 
     def __init__(self, state_dir: str | os.PathLike, *, events: EventStore | str | os.PathLike | None = None,
                  compact_every: int = 64, hot_window: int = 512, durability: str = "fsync",
-                 read_only: bool = False, cache_bytes: int = tuning.CACHE_BYTES) -> None:
+                 read_only: bool = False, cache_bytes: int | None = None) -> None:
         if durability not in DURABILITY_MODES:
             raise ValueError(f"durability: {durability!r} is not one of {', '.join(DURABILITY_MODES)}")
         if isinstance(compact_every, bool) or not isinstance(compact_every, int) or compact_every < 1:
             raise ValueError(f"compact_every: must be a positive int, got {compact_every!r}")
         if isinstance(hot_window, bool) or not isinstance(hot_window, int) or hot_window < 0:
             raise ValueError(f"hot_window: must be a non-negative int, got {hot_window!r}")
-        if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
-            raise ValueError(f"cache_bytes: must be a non-negative int, got {cache_bytes!r}")
+        if cache_bytes is not None and (isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int)
+                                        or cache_bytes < 0):
+            raise ValueError(f"cache_bytes: must be a non-negative int or None, got {cache_bytes!r}")
         if not isinstance(read_only, bool):
             # ("false" would open a viewer: bool() of any non-empty str is True)
             raise TypeError(f"read_only: expected bool, got {type(read_only).__name__}")
@@ -120,6 +122,7 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
         self.durability = durability
         self.compact_every = compact_every
         self.hot_window = hot_window
+        # None: the default, which grows with the store (HotReads._scale_caches)
         self.cache_bytes = cache_bytes
         self.read_only = bool(read_only)
         self._lock = threading.RLock()
@@ -177,11 +180,12 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
             with self._lock:
                 self._check_writable()      # a viewer or a closed store refuses even an empty batch
             return 0
-        # encoded outside the lock (compiled: csrc/_encode.pyx)
-        bodies, hashes, keys = codec.encode_batch(msgs, defer_hash=True)
+        # encoded outside the lock (compiled: csrc/_encode.pyx); a large
+        # batch's payload hashes are computed by a C thread meanwhile
+        bodies, hashing, keys = codec.encode_batch(msgs, hash_job=len(msgs) >= tuning.SYNC_OVERLAP_MIN)
         with self._lock:
             self._check_writable()
-            target, added, sync = self._write_messages(msgs, bodies, hashes, keys)
+            target, added, sync = self._write_messages(msgs, bodies, hashing, keys)
         if sync is not None:
             self._writes.sync_end(sync)     # started after the write (see _write_messages)
         if added:

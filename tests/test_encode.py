@@ -70,6 +70,55 @@ def test_encode_batch_is_the_python_encoding(msgs):
     assert all(type(h) is bytes and hashlib.sha256(h).hexdigest() == want or h == want
                for h, want in zip(deferred, hashes))
     assert codec.hash_canonical(deferred) is deferred and deferred == hashes
+    # the append path's job: the canonical JSONs in the job's buffer, hashed
+    # in a C thread (threaded) or at result()
+    for threaded in (True, False):
+        b3, job, k3 = codec.encode_batch(msgs, hash_job=threaded)
+        assert (b3, k3) == (bodies, keys)
+        got = job.result()
+        assert got == hashes and job.result() is got
+
+
+def test_hash_job_of_a_list_puts_each_hash_in_its_place():
+    data = [b"", b"abc", "a hash already", b"x" * 100_000, bytes(range(256))]
+    want = [hashlib.sha256(d).hexdigest() if type(d) is bytes else d for d in data]
+    for threaded in (True, False):
+        hashes = list(data)
+        job = _encode.HashJob(hashes, threaded)
+        hashes[1] = None                # the job hashes its own copy of what it was given
+        assert job.result() is hashes
+        assert hashes[0] == want[0] and hashes[2:] == want[2:] and hashes[1] == want[1]
+        assert all(type(h) is str for h in hashes)
+    assert _encode.HashJob([]).result() == [] and _encode.HashJob().result() is None
+    for _ in range(50):                 # a job dropped unread joins its thread
+        _encode.HashJob([b"y" * 10_000] * 20)
+    assert _encode.compiled_sha256 in (True, False)
+
+
+def test_hash_job_without_compiled_sha256_uses_hashlib():
+    msgs = [ConversationMessageRecord(content=f"m{i}", channel_id="c") for i in range(70)]
+    want = codec.encode_batch(msgs)[1]
+    assert not _encode._use_compiled_sha256(False)
+    try:
+        for threaded in (True, False):
+            assert codec.encode_batch(msgs, hash_job=threaded)[1].result() == want
+            assert _encode.HashJob([b"abc"], threaded).result() == [hashlib.sha256(b"abc").hexdigest()]
+    finally:
+        _encode._use_compiled_sha256(True)
+    assert codec.encode_batch(msgs, hash_job=True)[1].result() == want
+
+
+def test_a_record_with_an_unset_field_raises_attribute_error():
+    # the encoder reads the fields straight from the slots: an unset one
+    # raises as getattr does, and a field set past the constructor to a
+    # value the compiled path does not spell goes through Python
+    blank = object.__new__(ConversationMessageRecord)
+    with pytest.raises(AttributeError):
+        codec.encode_batch([blank])
+    m = ConversationMessageRecord(content="a", channel_id="c")
+    object.__setattr__(m, "content", 12)
+    with pytest.raises((TypeError, ValueError), match="content"):
+        codec.encode_batch([m])
 
 
 @settings(max_examples=EXAMPLES, suppress_health_check=[HealthCheck.too_slow])

@@ -38,7 +38,7 @@ class RepoState:
     durability: str
     compact_every: int
     hot_window: int
-    cache_bytes: int
+    cache_bytes: int | None
     read_only: bool
     _lock: threading.RLock
     _closed: bool
@@ -88,6 +88,8 @@ class RepoState:
     # reads.py: decode caches, mapped pages, order verdicts
     _decoded: LocCache
     _cool_decoded: LocCache
+    _cache_now: int
+    _cache_rescale_left: int
     _maps: MapBudget
     _interleaved: dict[str, bool]
 

@@ -69,17 +69,50 @@ class HotReads(Host):
 
     def _init_reads_state(self) -> None:
         self._maps = MapBudget(self.hot_dir)
+        # the caches' budget in bytes now: cache_bytes, or by default one
+        # that grows with the store (_scale_caches)
+        self._cache_now = tuning.CACHE_MIN_BYTES if self.cache_bytes is None else self.cache_bytes
+        self._cache_rescale_left = 0
+
+    def _scale_caches(self) -> None:
+        """The default budget (``cache_bytes=None``) for the store's size:
+        its bytes on disk (sealed segments, the tail's lines, cool files)
+        over tuning.CACHE_STORE_SHARE, between CACHE_MIN_BYTES and
+        CACHE_BYTES; each cache given its share at once (a smaller one
+        drops its oldest entries). Called by the open (no cool sidecar
+        read) and by appends once they grew the store by an eighth: a
+        store loaded in bulk from empty gets the budget of its size."""
+        if self.cache_bytes is not None:
+            return
+        stored = (sum(s.size for s in self._segs.values()) + (self._tail.size if self._tail is not None else 0)
+                  + self._cool.file_bytes())
+        self._cache_rescale_left = max(stored // 8, 64 << 10)
+        total = min(max(stored // tuning.CACHE_STORE_SHARE, tuning.CACHE_MIN_BYTES), tuning.CACHE_BYTES)
+        if total == self._cache_now:
+            return
+        self._cache_now = total
+        hot, cool, groups = cache_budgets(total)
+        self._decoded.max_bytes = hot
+        self._cool_decoded.max_bytes = cool
+        self._cool.set_cache_bytes(groups)
+
+    def _count_stored(self, nbytes: int) -> None:
+        """``nbytes`` more bytes of lines appended: the default cache budget
+        follows the store's growth (see _scale_caches)."""
+        self._cache_rescale_left -= nbytes
+        if self._cache_rescale_left <= 0:
+            self._scale_caches()
 
     def _reset_read_caches(self) -> None:
         # location -> (record, append sequence) of lines decoded, at most
         # _DECODE_CACHE, the oldest dropped first (a dict-like table the
         # compiled window and task reads look up)
-        self._decoded = LocCache(tuning.DECODE_CACHE, cache_budgets(self.cache_bytes)[0])
+        self._decoded = LocCache(tuning.DECODE_CACHE, cache_budgets(self._cache_now)[0])
         # cool_loc (file number << 32 | row) -> (record, ord): cool rows read
         # and verified once, so a task, an exact read or a search asked again
         # skips their assembly and digest (file numbers are never reused: a
         # merged or erased file's rows are simply never looked up again)
-        self._cool_decoded = LocCache(tuning.DECODE_CACHE, cache_budgets(self.cache_bytes)[1])
+        self._cool_decoded = LocCache(tuning.DECODE_CACHE, cache_budgets(self._cache_now)[1])
         # channel -> whether a hot message sorts before a cool one (computed lazily)
         self._interleaved = {}
 

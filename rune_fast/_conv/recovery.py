@@ -238,7 +238,7 @@ class Recovery(Host):
         self._tail = self._open_tail(fresh)
         self._cool = CoolArchive.open(os.path.join(self.hot_dir, COOL_DIR), list(m["cool_files"]),
                                       read_only=self.read_only, durable=self.durability != "none",
-                                      cache_bytes=cache_budgets(self.cache_bytes)[2], expect=m.get("cool_meta"))
+                                      cache_bytes=cache_budgets(self._cache_now)[2], expect=m.get("cool_meta"))
         self._gc_cool(list(m["cool_files"]))
         # channel -> (hlc, msg_id) of its newest stamped cool row (kept in the
         # manifest; an erasure may leave it higher than needed, never lower)
@@ -250,6 +250,7 @@ class Recovery(Host):
         self._reset_schedule()
         self._reset_search_state()
         self._reload_index()
+        self._scale_caches()        # (the default budget grows with the store)
         # seg -> where the bytes that were there at this load end: the region
         # an index snapshot may vouch for, whose line starts the first search
         # checks once (lines this process appends, ingests or rewrites are

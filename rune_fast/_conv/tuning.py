@@ -51,39 +51,54 @@ SNAPSHOT_SLACK = 256
 #: 1,000 channels: measured on a 1,000,000-message store, window(ch, 8) over
 #: random channels takes 7.7 us with it and 52 us with 1,024.
 DECODE_CACHE = 8192
-#: The default of the repository's ``cache_bytes``: what the caches of
-#: decoded data may hold together, split by ``_conv.reads.cache_budgets``:
-#: 5/8 decoded hot records (30 MiB: about 8,000 records of the bench's
-#: workload, the window working set of 1,000 channels), 1/8 decoded cool
-#: records, 1/4 the cool tier's decoded row groups (at most
-#: COOL_CACHE_BYTES). Measured with bench/memory_probe.py on the bench's
-#: workload at 1,000,000 messages and issue 33's read mix: the three held
-#: 23 + 5 + 17 MiB of a 48 MiB budget split 1/2, 1/8, 3/8 (and 8,000
-#: hot records counted at 27 MiB with the overhead below).
+#: The repository's default ``cache_bytes`` (``cache_bytes=None``) grows
+#: with the store: its bytes on disk (sealed segments, the tail's lines,
+#: cool files) over CACHE_STORE_SHARE, at least CACHE_MIN_BYTES, at most
+#: CACHE_BYTES (issue 33: never above 64 MiB), recomputed at each open and
+#: as appends grow the store by an eighth (``HotReads._scale_caches``; the
+#: bytes on disk, not the messages: the cool files' row counts are known
+#: only once their sidecars are read, which an open does not do). On the
+#: bench's workload 1/16 is 4.1 MiB at 100,000 messages (66 MB of
+#: segments and cool files) and 16.6 MiB at 1,000,000 (266 MB), about 17
+#: bytes a message; 48 MiB from about 3,000,000 on. The budget is split by
+#: ``_conv.reads.cache_budgets``: 5/8 decoded hot records (the window
+#: working set: 8 messages of each channel, ~1.6 MiB for the bench's 100
+#: channels), 1/8 decoded cool records, 1/4 the cool tier's decoded row
+#: groups (at most COOL_CACHE_BYTES).
 #:
-#: Kept at 48 MiB (fixed, not scaled with the store) after measuring
-#: smaller defaults on the bench's workload at 100,000 messages (one run
-#: each on 2 shared cores, tests running; fresh process, issue 33's read
-#: mix, growth of RssAnon per stored message after the gets / the
-#: searches; then each read repeated warm):
+#: Measured with bench/cache_scale.py (fresh process per setting, the
+#: stores of bench/build_10m.py and their read mix: window on every channel,
+#: messages_for_task on 1% of tasks, get_message on 10,000 ids, five
+#: searches; growth of RssAnon per stored message, then each read repeated;
+#: 2 shared cores, one run each unless said):
 #:
-#: ===========  =============  =========  =================  =====================
-#: cache_bytes  RssAnon/msg    window(8)  get_message (warm)  messages_for_task (warm)
-#: ===========  =============  =========  =================  =====================
-#: 48 MiB       197 / 267 B    3.5 us     4.8 us              26-42 us
-#: 8 MiB        94 / 152 B     20 us      320-800 us          32-66 us
-#: 4 MiB        67-73 / 127 B  20 us      870-920 us          28-54 us
-#: ===========  =============  =========  =================  =====================
+#: ==================  =============  ============  ===============  ==============
+#: store, cache_bytes  RssAnon/msg    window alone  window after mix  get (repeated)
+#: ==================  =============  ============  ===============  ==============
+#: 100,000, 48 MiB     244 B          4.2 us        5.7 us           127 us
+#: 100,000, 8 MiB      134 B          5.5 us        37 us            132 us
+#: 100,000, 4 MiB      107-108 B      3.2-3.5 us    32-39 us         128-144 us
+#: 1,000,000, 48 MiB   76.6 B         3.1 us        6.0 us           155 us
+#: 1,000,000, 16 MiB   73.1 B         2.4 us        3.8 us           146 us
+#: 1,000,000, 8 MiB    72.2 B         2.6 us        5.6 us           148 us
+#: 100,000, default    107.6 B        5.0 us        39.7 us          131 us
+#: 1,000,000, default  73.3 B         3.9 us        4.7 us           155 us
+#: ==================  =============  ============  ===============  ==============
 #:
-#: (the first, cold get of an id costs 170-680 us at any of these sizes:
-#: a row-group read.) A default small enough for 64 bytes a message at
-#: 100,000 makes repeated reads of the cool tier 60-190x slower, because
-#: a cool point read decodes a whole row group; at 1,000,000 messages and
-#: beyond the caches are at most 48 bytes a message and falling (the read
-#: mix measured 64.5 B/msg in all there). Revisit once cool reads decode
-#: only the rows they return (then a default that scales with the store,
-#: say 32 bytes a message between 8 and 48 MiB, costs little).
+#: (the "default" rows: 4.1 and 16.6 MiB, the rule above; medians of three
+#: fresh processes, alternated in one run with 48 MiB: 244.0 and 76.7 B.)
+#: A repeated get of the mix's 10,000 ids (mostly archived) is not served by
+#: these caches at any size (a cool point read decodes from its row group's
+#: pages); a window read alone keeps its working set at 4 MiB; only a window
+#: read again after 10,000 gets of other messages finds its records evicted
+#: below 48 MiB at 100,000 (the gets' hot records took their place). At
+#: 1,000,000 the mix does not fill even 8 MiB: the caches are not what is
+#: left there. What is left at 100,000 with 4 MiB, by step: open 0, windows
+#: 4, tasks +36 (the archive's first touch of its files), gets +18, searches
+#: +49 bytes a message.
 CACHE_BYTES = 48 << 20
+CACHE_MIN_BYTES = 4 << 20
+CACHE_STORE_SHARE = 16
 #: What a decoded record held in a cache costs beyond ``sys.getsizeof`` of
 #: its content: the record object, its other strings, the (record, seq)
 #: tuple, the allocators' share -- and per tool call. Measured on the

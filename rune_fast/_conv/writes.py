@@ -9,7 +9,7 @@ from typing import Any, cast
 
 
 from .. import codec
-from .._encode import frame_messages, message_envelopes
+from .._encode import HashJob, frame_messages, message_envelopes
 from ..errors import DurabilityError, RuneError
 from ..events import EventStore
 from ..records import ConversationMessageRecord
@@ -48,15 +48,19 @@ class WritePath(Host):
             if len(fresh) == 1:
                 fresh = [] if self._cool.contains(msgs[fresh[0]].msg_id) else fresh
             else:
-                archived = self._cool.contains_many([msgs[i].msg_id for i in fresh]).tolist()
-                fresh = [i for i, hit in zip(fresh, archived) if not hit]
+                ids = [m.msg_id for m in msgs] if len(fresh) == len(msgs) else [msgs[i].msg_id for i in fresh]
+                archived = self._cool.contains_many(ids)
+                if archived.any():      # (the common batch: none archived, fresh stays)
+                    fresh = [i for i, hit in zip(fresh, archived.tolist()) if not hit]
         return fresh
 
     def _write_messages(self, msgs: list[ConversationMessageRecord], bodies: list[bytes],
-                        hashes: list, keys: list[bytes]) -> tuple[int, int, tuple | None]:
+                        hashes: HashJob, keys: list[bytes]) -> tuple[int, int, tuple | None]:
         """Write the new ones among ``msgs`` to the tail and index them (lock
-        held). Returns (the count to wait durable for, how many were new, the
-        token of a sync started in the background or None). For a batch of
+        held); ``hashes`` gives their payload hashes (the HashJob of
+        ``codec.encode_batch(..., hash_job=...)``). Returns (the count to
+        wait durable for, how many were new, the token of a sync started in
+        the background or None). For a batch of
         at least ``tuning.SYNC_OVERLAP_MIN`` new messages the tail's sync
         starts right after the write (WriteThread.sync_begin), so the
         indexing, caching and journaling here overlap it; the caller passes
@@ -89,7 +93,7 @@ class WritePath(Host):
         return target, len(fresh), token
 
     def _index_written(self, msgs: list[ConversationMessageRecord], fresh: list[int], keys: list[bytes],
-                       hashes: list, seq0: int, lengths: list[int], seg: int, off: int, n: int,
+                       hashes: HashJob, seq0: int, lengths: list[int], seg: int, off: int, n: int,
                        remapped: bool) -> None:
         """The rest of _write_messages once the lines ``fresh`` of ``msgs``
         are written at ``off`` of the tail (``n`` bytes): index and cache
@@ -130,13 +134,14 @@ class WritePath(Host):
         self._observe_stamps(msgs if len(fresh) == len(msgs) else [msgs[i] for i in fresh])
         self._count_uncompacted(len(fresh))
         self._count_changes(len(fresh))
+        self._count_stored(n)
         # journaled with one write; durable by the next checkpoint, re-derived
         # from the tail by recovery if a crash loses it first
         events = cast("EventStore", self._events)
         try:
-            # (the payload hashes are computed here, overlapping a batch's sync:
-            # encode_batch(defer_hash=True) left the canonical JSON in their place)
-            envelopes = message_envelopes(keys, codec.hash_canonical(hashes), fresh, codec.dumps(time.time()))
+            # (the payload hashes: a large batch's were computed by a C thread
+            # since its encoding, overlapping the write and the indexing)
+            envelopes = message_envelopes(keys, hashes.result(), fresh, codec.dumps(time.time()))
             events.append_encoded(envelopes, offset=False)
         except (OSError, DurabilityError) as exc:
             # (the lines are in the tail: "maybe stored", as after a failed sync)

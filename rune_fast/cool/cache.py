@@ -23,6 +23,14 @@ class _RowCache(_FileSet):
     """Row access over the live files (the layer above the file set).
     """
 
+    def set_cache_bytes(self, cache_bytes: int) -> None:
+        """Bound the decoded row groups kept to ``cache_bytes`` from here on
+        (the repository's default budget grows with the store); a lower
+        bound evicts at once."""
+        with self._lock:
+            self._cache_bytes = int(cache_bytes)
+            self._evict()
+
     def _group(self, no: int, rg: int, cols: Sequence[str] = _COLS, scan: bool = False,
                pinned: dict | None = None) -> _Group:
         """Row group ``rg`` of file ``no`` with at least ``cols`` decoded.

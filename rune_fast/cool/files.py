@@ -213,6 +213,11 @@ class _FileSet:
         with self._lock:
             return [_parquet_name(no) for no in sorted(self._live_nos())]
 
+    def file_bytes(self) -> int:
+        """The bytes of the live files (read no sidecar)."""
+        with self._lock:
+            return sum(fi.size for fi in self._files_d.values()) + sum(u[1] for u in self._unloaded)
+
     def file_meta(self) -> dict[str, list]:
         """``{name: [size, footer hash]}`` of every live file: what the
         manifest records of each, so that a file rewritten after it was

@@ -1,0 +1,90 @@
+"""The default decode-cache budget (``cache_bytes=None``) grows with the
+store: its bytes on disk over tuning.CACHE_STORE_SHARE, between
+CACHE_MIN_BYTES and CACHE_BYTES, at the open (which reads no cool
+sidecar for it) and as appends grow the store by an eighth; an explicit
+``cache_bytes`` stays as given."""
+from __future__ import annotations
+
+import pytest
+
+from rune_fast._conv import tuning
+from rune_fast._conv.reads import cache_budgets
+from rune_fast._index import LocCache
+from rune_fast.conversation_state import ConversationStateRepository
+from rune_fast.records import ConversationMessageRecord
+
+
+def _msg(i: int) -> ConversationMessageRecord:
+    return ConversationMessageRecord(msg_id=f"m{i:06d}", ts=1_700_000_000.0 + i, role="user",
+                                     content=f"message {i} " + "x" * 1000, channel_id=f"c{i % 7}",
+                                     task_id=f"t{i % 11}")
+
+
+@pytest.fixture
+def small_budget(monkeypatch):
+    """A scale a test can reach: the store's bytes themselves, 16 KiB to 512 KiB."""
+    monkeypatch.setattr(tuning, "CACHE_STORE_SHARE", 1)
+    monkeypatch.setattr(tuning, "CACHE_MIN_BYTES", 16 << 10)
+    monkeypatch.setattr(tuning, "CACHE_BYTES", 512 << 10)
+
+
+def _budgets(repo: ConversationStateRepository) -> tuple[int, int, int]:
+    return repo._decoded.max_bytes, repo._cool_decoded.max_bytes, repo._cool._cache_bytes
+
+
+def _store_bytes(repo: ConversationStateRepository) -> int:
+    return (sum(s.size for s in repo._segs.values()) + repo._tail.size + repo._cool.file_bytes())
+
+
+def test_default_budget_grows_with_the_store(tmp_path, small_budget):
+    with ConversationStateRepository(tmp_path, durability="none", compact_every=10**6, hot_window=20) as repo:
+        assert repo.cache_bytes is None
+        assert _budgets(repo) == cache_budgets(16 << 10)             # empty: the floor
+        repo.append_many([_msg(i) for i in range(100)])               # ~120 KB > 64 KiB: rescaled
+        at100 = _store_bytes(repo)
+        assert at100 > 100_000 and _budgets(repo) == cache_budgets(at100)
+        repo.append_many([_msg(i) for i in range(100, 105)])         # not an eighth (nor 64 KiB) more
+        assert _budgets(repo) == cache_budgets(at100)
+        repo.append_many([_msg(i) for i in range(105, 200)])
+        assert _budgets(repo) == cache_budgets(_store_bytes(repo))
+        repo.append_many([_msg(i) for i in range(200, 600)])
+        assert _budgets(repo) == cache_budgets(512 << 10)            # the ceiling
+        assert repo.compact().cooled > 0                             # (cooled: still counted)
+        got = [repo.get_message(m.msg_id).record for m in (_msg(3), _msg(599))]
+        assert got == [_msg(3), _msg(599)]
+        assert repo._decoded.nbytes <= cache_budgets(512 << 10)[0]
+
+
+def test_the_open_scales_to_the_store_it_finds_reading_no_sidecar(tmp_path, small_budget):
+    with ConversationStateRepository(tmp_path, durability="none", compact_every=10**6, hot_window=5) as repo:
+        repo.append_many([_msg(i) for i in range(150)])
+        assert repo.compact().cooled > 0
+        want = _store_bytes(repo)
+    for kw in ({"durability": "none"}, {"read_only": True}):
+        kw.update(compact_every=10**6, hot_window=5)
+        with ConversationStateRepository(tmp_path, **kw) as repo:
+            assert repo._cool._unloaded or repo.read_only            # a writer reads no sidecar for it
+            assert _budgets(repo) == cache_budgets(min(want, 512 << 10))
+            assert repo.get_message(_msg(0).msg_id).record == _msg(0)
+
+
+def test_an_explicit_budget_stays(tmp_path, small_budget):
+    with ConversationStateRepository(tmp_path, durability="none", cache_bytes=5000,
+                                     compact_every=10**6, hot_window=20) as repo:
+        repo.append_many([_msg(i) for i in range(300)])
+        assert repo.cache_bytes == 5000 and _budgets(repo) == cache_budgets(5000)
+
+
+def test_loc_cache_bound_can_be_lowered_and_raised():
+    c = LocCache(100, 1000)
+    for loc in range(10):
+        c.put(loc, loc, 100)
+    assert len(c) == 10 and c.nbytes == 1000
+    c.max_bytes = 450                   # the oldest go at once
+    assert list(c.keys()) == [6, 7, 8, 9] and c.nbytes == 400
+    c.max_bytes = None
+    for loc in range(10, 20):
+        c.put(loc, loc, 100)
+    assert len(c) == 14 and c.max_bytes is None
+    with pytest.raises(ValueError, match="max_bytes"):
+        c.max_bytes = -1
