@@ -394,3 +394,18 @@ def test_archive_search_with_filters_is_str_casefold(tmp_path_factory, texts, ne
                               and (needle in r["content"] if cs else needle.casefold() in r["content"].casefold()))
                 assert sorted(h.record["msg_id"] for h in a.search(needle, ch, case_sensitive=cs)) == want
     a.close()
+
+
+def test_a_viewer_past_its_budget_searches_without_filters(kept, monkeypatch):
+    """A viewer does not build filters it could not hold (past _GRAMS_BUDGET):
+    those files are searched page by page, with the same hits."""
+    import rune_fast.cool.search as cs
+    d, rows = kept
+    a = _open(d)
+    for n in _grams_files(a):
+        os.remove(os.path.join(a.index_dir, n))
+    monkeypatch.setattr(cs, "_GRAMS_BUDGET", cool_grams.BLOCK_BYTES)
+    v = _open(d, read_only=True)
+    for needle in ("zebracorn", "STRASSE", "alpha"):
+        assert _hits(v, needle) == _want(rows, needle)
+    assert not v._filters.by_file and v._filters.nbytes == 0 and _grams_files(v) == []

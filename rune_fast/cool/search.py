@@ -48,7 +48,7 @@ from .rows import SPECIAL_FOLD, _Group, _SPECIAL_UTF8, _assemble_columns
 from .schema import (_PARQUET_ERRORS, CoolRow, _CONTENT_COL, _file_no, _grams_name, _parquet_name, _row_key,
                      cool_loc)
 from . import grams as _grams
-from .sidecar import _FileIndex
+from .sidecar import _GRAMS_BUDGET, _FileIndex
 
 
 def _relevant_specials(needle: str) -> tuple[str, ...]:
@@ -608,6 +608,8 @@ class _Search(_Reads):
         cache, checked whole when read) and mapped from there; held by a
         viewer. None where the file's pages cannot give them."""
         fi = self._files[no]
+        if self._read_only and self._filters.nbytes + _grams.blocks_for(fi.rows) * _grams.BLOCK_BYTES > _GRAMS_BUDGET:
+            return None         # (a viewer could not hold them: not built for nothing)
         reader = self._reader(no)
         if reader is None:
             return None
