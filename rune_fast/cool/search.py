@@ -531,13 +531,17 @@ class _Search(_Reads):
             vals = reader.rows(rg, local, {_CONTENT_COL: [hits[i] for i in local]})
             return local, _assemble_columns(list(zip(*vals))), named
 
-        # with filters a group reads a few pages: scanned when its turn comes,
-        # on this thread (two threads would fight for the GIL); without, its
-        # every page is decompressed, two groups at a time
-        if spans is not None:
-            return {rg: _Deferred(scan, rg) for rg in rgs}
+        # a group whose filters pass few of its rows reads a few pages: scanned
+        # when its turn comes, on this thread (two threads would fight for the
+        # GIL); the others decompress most of their pages, two groups at a time
+        def few(rg: int) -> bool:
+            if spans is None:
+                return False
+            p = spans[rg]
+            return int((p[:, 1] - p[:, 0]).sum()) * 4 < starts[rg + 1] - starts[rg]
+
         pool = _scan_pool()
-        return {rg: pool.submit(scan, rg) for rg in rgs}
+        return {rg: _Deferred(scan, rg) if few(rg) else pool.submit(scan, rg) for rg in rgs}
 
     def _filtered_spans(self, no: int, s: int, e: int, probe: bytes) -> dict[int, np.ndarray] | None:
         """(lock held) rg -> int64 ``[lo, hi)`` pairs of the rows (within the
