@@ -409,3 +409,20 @@ def test_a_viewer_past_its_budget_searches_without_filters(kept, monkeypatch):
     for needle in ("zebracorn", "STRASSE", "alpha"):
         assert _hits(v, needle) == _want(rows, needle)
     assert not v._filters.by_file and v._filters.nbytes == 0 and _grams_files(v) == []
+
+
+def test_a_file_whose_filters_could_not_be_written_is_searched_all_the_same(tmp_path, monkeypatch, caplog):
+    """The filters are a cache written after their file: when they cannot be
+    (here: a wrong length), the file is written and served as ever, the
+    failure named, and the first search builds them."""
+    d = str(tmp_path / "cool")
+    a = _open(d)
+    rows = _records(300)
+    monkeypatch.setattr(cool_grams.GramSink, "finish", lambda self: b"x")
+    with caplog.at_level(logging.WARNING, logger="rune_fast.cool"):
+        cool_rows(a, rows, list(range(300)))
+    assert any("not written" in r.getMessage() for r in caplog.records)
+    assert _grams_files(a) == [] and a.verify() == []
+    monkeypatch.undo()
+    assert _hits(a, "STRASSE") == _want(rows, "STRASSE")
+    assert _grams_files(a) == [_grams_name(1)]

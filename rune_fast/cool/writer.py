@@ -138,9 +138,6 @@ class _Writer(_Search):
             itmp = self._write_tmp(iname, fi.encode(), durable=durable, folder=self._idx_dir)
             os.replace(itmp, self._ipath(iname))
             os.replace(tmp, self._path(name))
-            gname = _grams_name(no)
-            write_kept(self._ipath(gname), _grams.encode(size, footer, fi.rows, sink.finish()),
-                       tmp=self._ipath(tmp_name(gname)), sync=False)
         except BaseException:
             _unlink_quiet(tmp)
             if itmp is not None:
@@ -151,6 +148,13 @@ class _Writer(_Search):
             # (the sidecar's folder is not synced: a sidecar a power loss
             # takes is rebuilt from its file, which this sync keeps)
             fsync_dir(self._dir)
+        # the search filters: a cache (one missing is built by the file's first search)
+        gname = _grams_name(no)
+        try:
+            write_kept(self._ipath(gname), _grams.encode(size, footer, fi.rows, sink.finish()),
+                       tmp=self._ipath(tmp_name(gname)), sync=False)
+        except ValueError as exc:
+            log.warning("%s: search filters not written: %s", self._ipath(gname), exc)
         return fi
 
     def cool_table(self, table: pa.Table, *, durable: bool | None = None) -> CoolRun:
