@@ -72,3 +72,35 @@ def test_anchor_plan(benchmark, needle, cls):
 def test_search_rare(benchmark, store, needle, cls, limit):
     hits = benchmark(lambda: store.search(needle, limit=limit))
     benchmark.extra_info.update(messages=len(store), hits=len(hits))
+
+
+@pytest.fixture(scope="module")
+def plain(messages):
+    """Every message's content as UTF-8 in one buffer, with int32 offsets
+    (an archived content column's layout)."""
+    raws = [m.content.encode("utf-8") for m in messages]
+    offs = np.cumsum([0] + [len(r) for r in raws]).astype(np.int32)
+    return b"".join(raws), offs
+
+
+@pytest.mark.benchmark(group="cool-filters")
+def test_fold_block_grams_build(benchmark, plain):
+    """What cooling pays a row for the cool files' search filters
+    (rune_fast.cool.grams: blocks of 32 rows, 8,192 bits)."""
+    from rune_fast._search import fold_block_grams
+    from rune_fast.cool import grams
+    data, offs = plain
+    g = benchmark(fold_block_grams, data, offs, grams.BLOCK_ROWS, grams.GRAM_BITS)
+    benchmark.extra_info.update(rows=len(offs) - 1, filter_bytes=len(g))
+
+
+@pytest.mark.benchmark(group="cool-filters")
+@pytest.mark.parametrize("needle,cls", NEEDLES, ids=[c for _n, c in NEEDLES])
+def test_gram_blocks_any(benchmark, plain, needle, cls):
+    """One compiled call tests every block of a file's filters."""
+    from rune_fast._search import fold_block_grams, gram_blocks_any
+    from rune_fast.cool import grams
+    data, offs = plain
+    g = fold_block_grams(data, offs, grams.BLOCK_ROWS, grams.GRAM_BITS)
+    got = benchmark(gram_blocks_any, g, grams.GRAM_BITS, [needle.casefold().encode("utf-8")])
+    benchmark.extra_info.update(blocks=len(g) // grams.BLOCK_BYTES, passed=len(got))

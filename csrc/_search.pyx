@@ -6,7 +6,7 @@ decodes only those.
 """
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport free, malloc, realloc
 
 cimport cython
 from rf_core cimport (rf_find, rf_gram_acc, rf_gram_acc_add, rf_gram_acc_done, rf_gram_acc_init, rf_gram_may,
@@ -463,3 +463,201 @@ def fold_find_list(values, str folded, bint escaped=False):
     lens = np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
     ends = np.cumsum(lens)
     return fold_find(b"".join(values), ends - lens, ends, folded, escaped)
+
+
+# ---- filters of the casefolded text ----------------------------------------
+#
+# The archive's search filter of a block of rows is the bitset of the hashed
+# trigrams (rf_gram) of the UTF-8 of each row's casefold, trigrams never
+# spanning two rows. casefold folds each code point alone, so a row whose
+# casefold holds a folded needle holds each trigram of that needle's UTF-8:
+# a block whose filter lacks one holds no hit, whatever the needle's script
+# or case (an expansion such as 'ß' -> 'ss' included). A case-sensitive
+# needle is tested by its casefold (a substring's fold is a substring of the
+# text's fold). A row that does not decode sets every bit of its block.
+
+cdef inline Py_ssize_t _put_utf8(uint32_t cp, unsigned char *o) noexcept nogil:
+    if cp < 0x80:
+        o[0] = <unsigned char>cp
+        return 1
+    if cp < 0x800:
+        o[0] = <unsigned char>(0xC0 | (cp >> 6))
+        o[1] = <unsigned char>(0x80 | (cp & 0x3F))
+        return 2
+    if cp < 0x10000:
+        o[0] = <unsigned char>(0xE0 | (cp >> 12))
+        o[1] = <unsigned char>(0x80 | ((cp >> 6) & 0x3F))
+        o[2] = <unsigned char>(0x80 | (cp & 0x3F))
+        return 3
+    o[0] = <unsigned char>(0xF0 | (cp >> 18))
+    o[1] = <unsigned char>(0x80 | ((cp >> 12) & 0x3F))
+    o[2] = <unsigned char>(0x80 | ((cp >> 6) & 0x3F))
+    o[3] = <unsigned char>(0x80 | (cp & 0x3F))
+    return 4
+
+
+cdef Py_ssize_t _fold_utf8(const unsigned char *p, Py_ssize_t n, unsigned char *out) noexcept nogil:
+    """The UTF-8 of the casefold of the UTF-8 text p[0:n) into out (room
+    for 12 * n bytes); its length, or -1 if p does not decode."""
+    cdef Py_ssize_t i = 0, k = 0, j, c
+    cdef uint32_t cp
+    cdef uint32_t f[3]
+    while i < n:
+        if p[i] < 0x80:
+            out[k] = p[i] | 0x20 if 0x41 <= p[i] <= 0x5A else p[i]
+            k += 1
+            i += 1
+            continue
+        i = _next_cp(p, i, n, False, &cp)
+        if i < 0:
+            return -1
+        c = _fold_cp(cp, f)
+        for j in range(c):
+            k += _put_utf8(f[j], out + k)
+    return k
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def fold_block_grams(data, offsets, Py_ssize_t block_rows, Py_ssize_t nbits=4096) -> bytes:
+    """:func:`block_grams` of the casefold of each row (see above): the
+    filters (``nbits`` bits each, concatenated) of the blocks of
+    ``block_rows`` rows of a UTF-8 string column, row i being
+    ``data[offsets[i]:offsets[i + 1]]`` (``offsets``: int32, n + 1 of
+    them). A block holding a row that does not decode has every bit set."""
+    cdef int lg = _check_bits(nbits)
+    cdef Py_buffer dv
+    cdef rf_gram_acc acc
+    cdef const int32_t[::1] o = np.ascontiguousarray(np.frombuffer(offsets, dtype=np.int32)
+                                                     if not isinstance(offsets, np.ndarray) else offsets,
+                                                     dtype=np.int32)
+    cdef Py_ssize_t n = o.shape[0] - 1, nblocks, r, s, e, k, cap = 0, blk
+    cdef size_t words, q
+    cdef const unsigned char *p
+    cdef unsigned char *buf = NULL
+    cdef unsigned char *nbuf
+    cdef uint64_t *w
+    cdef bint full = False, oom = False
+    if block_rows < 1:
+        raise FramingError(f"block_rows must be >= 1, got {block_rows}")
+    if n < 0:
+        raise FramingError("offsets must hold at least one entry")
+    _load_fold_table()
+    nblocks = (n + block_rows - 1) // block_rows
+    words = <size_t>(nbits // 64)
+    out = bytearray(nblocks * words * 8)
+    if nblocks == 0:
+        return bytes(out)
+    try:
+        PyObject_GetBuffer(data, &dv, PyBUF_SIMPLE)
+    except (TypeError, BufferError) as exc:
+        raise FramingError(f"data must be a contiguous bytes-like object: {exc}") from None
+    try:
+        p = <const unsigned char *>dv.buf
+        w = <uint64_t *>(<char *>out)
+        with nogil:
+            for r in range(n):
+                s = o[r]
+                e = o[r + 1]
+                if s < 0:
+                    s = 0
+                if e > dv.len:
+                    e = dv.len
+                blk = r // block_rows
+                if r % block_rows == 0:
+                    rf_gram_acc_init(&acc, w + blk * words, lg)
+                    full = False
+                if e > s and not full:
+                    if 12 * (e - s) + 16 > cap:
+                        cap = 12 * (e - s) + 16
+                        nbuf = <unsigned char *>realloc(buf, <size_t>cap)
+                        if nbuf == NULL:
+                            oom = True
+                            break
+                        buf = nbuf
+                    if not rf_has_nonascii(p + s, <size_t>(e - s)):
+                        k = -2          # (the filter lowers ASCII letters itself)
+                        rf_gram_acc_add(&acc, p + s, <size_t>(e - s))
+                    else:
+                        k = _fold_utf8(p + s, e - s, buf)
+                    if k == -2:
+                        pass
+                    elif k < 0:
+                        full = True
+                    else:
+                        rf_gram_acc_add(&acc, buf, <size_t>k)
+                if r % block_rows == block_rows - 1 or r == n - 1:
+                    rf_gram_acc_done(&acc)
+                    if full:
+                        for q in range(words):
+                            w[blk * words + q] = ~(<uint64_t>0)
+        if oom:
+            raise MemoryError("fold_block_grams: out of memory")
+    finally:
+        free(buf)
+        PyBuffer_Release(&dv)
+    return bytes(out)
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def gram_blocks_any(grams, Py_ssize_t nbits, needles, Py_ssize_t start=0, Py_ssize_t stop=-1):
+    """Indices (int64, ascending) of the blocks ``[start, stop)`` (stop -1:
+    to the last) of ``grams`` (concatenated filters of ``nbits`` bits) whose
+    filter holds every trigram of at least one of ``needles`` (bytes): a
+    needle shorter than 3 bytes passes every block. One call for a whole
+    file's filters, which may be a read-only map."""
+    cdef int lg = _check_bits(nbits)
+    cdef Py_buffer gv
+    cdef size_t words = <size_t>(nbits // 64)
+    cdef Py_ssize_t nblocks, b, k = 0, j, nn = len(needles)
+    cdef const uint64_t *w
+    cdef const unsigned char **nds = NULL
+    cdef size_t *lens = NULL
+    needles = [bytes(x) for x in needles]
+    for x in needles:
+        if len(x) < 3:
+            needles = []
+            break
+    PyObject_GetBuffer(grams, &gv, PyBUF_SIMPLE)
+    try:
+        nblocks = gv.len // <Py_ssize_t>(words * 8)
+        if stop < 0 or stop > nblocks:
+            stop = nblocks
+        if start < 0:
+            start = 0
+        if start >= stop:
+            return np.zeros(0, dtype=np.int64)
+        if not needles:
+            return np.arange(start, stop, dtype=np.int64)
+        nn = len(needles)
+        out = np.empty(stop - start, dtype=np.int64)
+        nds = <const unsigned char **>malloc(nn * sizeof(void *))
+        lens = <size_t *>malloc(nn * sizeof(size_t))
+        if nds == NULL or lens == NULL:
+            raise MemoryError()
+        for j in range(nn):
+            nds[j] = <const unsigned char *><char *>needles[j]
+            lens[j] = <size_t>len(needles[j])
+        k = _any_blocks(<const uint64_t *>gv.buf, words, start, stop, nds, lens, nn, lg, out)
+        return out[:k].copy()
+    finally:
+        free(nds)
+        free(lens)
+        PyBuffer_Release(&gv)
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef Py_ssize_t _any_blocks(const uint64_t *w, size_t words, Py_ssize_t start, Py_ssize_t stop,
+                            const unsigned char **nds, size_t *lens, Py_ssize_t nn, int lg,
+                            int64_t[::1] ov):
+    cdef Py_ssize_t b, j, k = 0
+    with nogil:
+        for b in range(start, stop):
+            for j in range(nn):
+                if rf_gram_may(w + b * words, nds[j], lens[j], lg):
+                    ov[k] = b
+                    k += 1
+                    break
+    return k

@@ -371,11 +371,11 @@ static inline uint32_t rf_gram(unsigned char a, unsigned char b, unsigned char c
 }
 
 /* A filter w of 2**lg bits (lg in [6, 24]) being built: the bit of each
- * trigram of every span added. Filters of up to 4096 bits go through a byte
+ * trigram of every span added. Filters of up to 8192 bits go through a byte
  * map (one store a trigram instead of a read-modify-write of a shared word;
  * about 1.6x faster), packed into w by rf_gram_acc_done; larger ones are set
  * bit by bit. init, add any number of spans, done. */
-#define RF_GRAM_ACC_BITS 4096
+#define RF_GRAM_ACC_BITS 8192
 typedef struct {
     unsigned char m[RF_GRAM_ACC_BITS];   /* 0xFF: the trigram's bit is set */
     uint64_t *w;

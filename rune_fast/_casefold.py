@@ -49,20 +49,37 @@ def _expanding_sources() -> dict[str, tuple[str, ...]]:
     return {x: tuple(v) for x, v in out.items()}
 
 
-def _folded_pairs() -> Iterator[tuple[str, str]]:
+def _folded_pairs() -> tuple[tuple[str, str], ...]:
     """``(c, c.casefold())`` of every code point that casefolding changes,
-    in code point order (the blocks it leaves alone passed over whole)."""
+    in code point order (the blocks it leaves alone passed over whole):
+    computed once a process, for the anchors and for the compiled
+    matcher's table (each took the walk over every code point, most of the
+    first search of a process)."""
+    return _folded_pairs_kept()
+
+
+@functools.lru_cache(maxsize=1)
+def _folded_pairs_kept() -> tuple[tuple[str, str], ...]:
+    return tuple(_walk_folded_pairs())
+
+
+def _walk_folded_pairs() -> Iterator[tuple[str, str]]:
     cps = np.arange(sys.maxunicode + 1, dtype="<u4")
     cps[0xD800:0xE000] = 0x20           # (no str holds a surrogate here; a space folds to itself)
     every = cps.tobytes().decode("utf-32-le")
-    for base in range(0, len(every), _BLOCK):
-        block = every[base:base + _BLOCK]
-        if block.casefold() == block:
+    big = _BLOCK * 64                   # (most of these are left alone whole: planes 2-16 are)
+    for top in range(0, len(every), big):
+        chunk = every[top:top + big]
+        if chunk.casefold() == chunk:
             continue
-        for c in block:
-            f = c.casefold()
-            if f != c:
-                yield c, f
+        for base in range(0, len(chunk), _BLOCK):
+            block = chunk[base:base + _BLOCK]
+            if block.casefold() == block:
+                continue
+            for c in block:
+                f = c.casefold()
+                if f != c:
+                    yield c, f
 
 
 def fold_sources(x: str) -> tuple[str, ...]:

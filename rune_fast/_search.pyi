@@ -1,5 +1,7 @@
 # Types of rune_fast._search, compiled from csrc/_search.pyx (kept by hand:
 # a change of a signature there changes it here).
+from typing import Sequence
+
 import numpy as np
 import numpy.typing as npt
 from typing_extensions import Buffer
@@ -10,6 +12,10 @@ def find_spans(data: Buffer, starts: npt.ArrayLike, ends: npt.ArrayLike, needle:
 def block_grams(data: Buffer, offsets: Buffer | npt.NDArray[np.int32], block_rows: int,
                 nbits: int = 4096) -> bytes: ...
 def gram_blocks(grams: Buffer, nbits: int, needle: Buffer) -> npt.NDArray[np.int64]: ...
+def fold_block_grams(data: Buffer, offsets: Buffer | npt.NDArray[np.int32], block_rows: int,
+                     nbits: int = 4096) -> bytes: ...
+def gram_blocks_any(grams: Buffer, nbits: int, needles: Sequence[Buffer], start: int = 0,
+                    stop: int = -1) -> npt.NDArray[np.int64]: ...
 def fold_find(data: Buffer, starts: npt.ArrayLike, ends: npt.ArrayLike, folded: str,
               escaped: bool = False) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]: ...
 def fold_find_list(values: list[bytes], folded: str,

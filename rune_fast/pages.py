@@ -35,8 +35,8 @@ import zstandard
 import numpy as np
 import pyarrow as pa
 
-from ._pages import (Unsupported, byte_array_at, chunk_pages, chunk_pages_mem, grams_pages, plain_find,
-                     plain_grams, plain_strings, take_rows)
+from ._pages import (Unsupported, byte_array_at, chunk_pages, chunk_pages_mem, plain_find, plain_strings,
+                     take_rows)
 
 __all__ = ["PageError", "PageReader", "Unsupported", "page_directories"]
 
@@ -48,12 +48,6 @@ _MAX_DIRS = 4096
 #: first read of a row at 1,000,000 messages; the span (~330 KB) then also
 #: serves that read's pages
 _SPAN_BYTES = 4 << 20
-#: bits of the trigram filter ``find`` returns per page (a page of content
-#: holds 32 values or fewer, about 2,700 distinct trigrams: about half the
-#: bits set, so a 13-trigram needle passes a page without it once in ~10^4),
-#: and bytes of a page's filters with the character filter (GRAM_BITS / 4 bits)
-GRAM_BITS = 4096
-GRAM_BYTES = GRAM_BITS // 8 + GRAM_BITS // 32
 
 _FIXED = {"INT64": struct.Struct("<q"), "INT32": struct.Struct("<i"), "DOUBLE": struct.Struct("<d")}
 _DTYPE: dict[str, np.dtype] = {"q": np.dtype("<i8"), "i": np.dtype("<i4"), "d": np.dtype("<f8")}
@@ -76,10 +70,7 @@ def _pack_dir(d: list[tuple[list[int], list[tuple]]]) -> tuple[array, array, arr
     Python ints cost about 40: the directories of every row group a read
     touched stay resident, so they add up with the size of the archive
     (about 15 bytes per stored message at 1,000,000 messages as tuples)."""
-    flat = array("q")
-    for _firsts, pages in d:
-        for p in pages:
-            flat.extend(p)
+    flat = array("q", [x for _firsts, pages in d for p in pages for x in p])
     counts = array("q", [len(pages) for _f, pages in d])
     starts = array("q", [0] * len(counts))
     for c in range(1, len(counts)):
@@ -135,6 +126,31 @@ def page_directories(path: str, metadata: Any) -> tuple[np.ndarray, np.ndarray] 
         return None
     finally:
         reader.close()
+
+
+class _Pages:
+    """The pages of one column of a packed directory (:func:`_pack_dir`),
+    each made a tuple when asked for (a search reads a few of a chunk's)."""
+
+    __slots__ = ("_flat", "_at", "_n")
+
+    def __init__(self, flat: array, at: int, n: int) -> None:
+        self._flat, self._at, self._n = flat, at, n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, k: int) -> tuple:
+        if k < 0:
+            k += self._n
+        if not 0 <= k < self._n:
+            raise IndexError(k)
+        j = 7 * (self._at + k)
+        f = self._flat[j:j + 7].tolist()
+        return (f[0], f[1], f[2], f[3], f[4], bool(f[5]), f[6])
+
+    def __iter__(self) -> Any:
+        return (self[k] for k in range(self._n))
 
 
 class PageReader:
@@ -402,44 +418,57 @@ class PageReader:
         return raw
 
     def find(self, rg: int, c: int, probes: list[tuple[bytes, bool]],
-             grams: bytes | None = None) -> tuple[list[list[tuple[int, bytes]]], bytes | None]:
+             spans: Any = None) -> list[list[tuple[int, bytes]]]:
         """For each probe ``(needle, ignore_ascii_case)`` (the needle ASCII-
         lowercased for the latter), the values of string column ``c`` of row
         group ``rg`` that hold it: ``(row within the group, the value's
         UTF-8 bytes)``, ascending; nothing is kept (the scan of a search,
         which must not churn a cache).
 
-        ``grams``: the chunk's page filters a previous call returned; the
-        pages whose filter rules out every probe are not read. Without them
-        every page is read (the chunk in one ``pread``), checked and
-        decompressed, and their filters (:data:`GRAM_BYTES` a page, see
-        ``plain_grams``) are returned with the hits, else None."""
-        _firsts, pages = self._dir(rg)[c]
+        ``spans``: int64 pairs ``[lo, hi)`` of rows within the group
+        (ascending, not overlapping): only the pages holding one of their
+        rows are read (the search's filters ruled out the others; values of
+        other rows in those pages may be returned too). None: every page
+        (the chunk's run of pages in one ``pread``). Each page read is
+        CRC-checked and decompressed."""
+        firsts, pages = self._col_dir(rg, c)
         if self._kinds[c] is not None:
             raise Unsupported(f"column {c} is not a string column")
         out: list[list[tuple[int, bytes]]] = [[] for _ in probes]
-        if grams is None and not pages:
-            return out, b""
-        if grams is not None:
-            if len(grams) != len(pages) * GRAM_BYTES:      # (the caller reads the group instead)
-                raise PageError(f"{self.path}: {len(grams)} bytes of filters for the "
-                                f"{len(pages)} pages of row group {rg}, column {c}")
-            ks: set[int] = set()
-            for needle, _ci in probes:
-                ks.update(grams_pages(grams, GRAM_BITS, needle).tolist())
-            for k in sorted(ks):
+        if not pages:
+            return out
+        ks: Any = range(len(pages))
+        if spans is not None:
+            ks = []
+            for lo, hi in spans:
+                a = max(bisect.bisect_right(firsts, lo) - 1, 0)
+                b = bisect.bisect_left(firsts, hi)
+                for k in range(max(a, ks[-1] + 1 if ks else 0), b):
+                    ks.append(k)
+            if not ks:
+                return out
+        if len(ks) * 4 < len(pages):        # a few pages: read each alone
+            for k in ks:
                 self._find_in(self._page(pages[k]), pages[k], rg, c, probes, out)
-            return out, None
+            return out
+        # many: the run of pages from the first to the last in one pread
         dctx = self._dctx()
-        base = pages[0][1]
-        buf = memoryview(self._pread(pages[-1][1] + pages[-1][2] - base, base))
-        built = []
-        for page in pages:
+        first, last = pages[ks[0]], pages[ks[-1]]
+        base = first[1]
+        buf = memoryview(self._pread(last[1] + last[2] - base, base))
+        for k in ks:
+            page = pages[k]
             off, csize = page[1], page[2]
             raw = self._unpack(buf[off - base:off - base + csize], page, dctx)
             self._find_in(raw, page, rg, c, probes, out)
-            built.append(plain_grams(raw, page[6], GRAM_BITS))   # (parsed just above)
-        return out, b"".join(built)
+        return out
+
+    def _col_dir(self, rg: int, c: int) -> tuple[list[int], "_Pages"]:
+        """(first row of each page, the pages) of column ``c`` of row group
+        ``rg``: :meth:`_dir`'s entry for it, unpacked alone."""
+        (counts, flat, firsts, starts), _span = self._packed(rg)
+        n, at = counts[c], starts[c]
+        return firsts[at:at + n].tolist(), _Pages(flat, at, n)
 
     def _find_in(self, raw: bytes, page: tuple, rg: int, c: int, probes: list[tuple[bytes, bool]],
                  out: list[list[tuple[int, bytes]]]) -> None:

@@ -239,6 +239,12 @@ def test_duplicates_refused(cdir):
         cool_rows(a, [rec(1)], [1])
 
 
+def _sidecars(cdir: str) -> list[str]:
+    """The ``.idx`` sidecars in the archive's index folder (each live file
+    also has its search filters there, ``.grams``)."""
+    return sorted(n for n in os.listdir(index_dir_for(cdir)) if not n.endswith(".grams"))
+
+
 def test_permissions_and_names(cdir):
     a = CoolArchive(cdir)
     run = cool_rows(a, [rec(1)], [0])
@@ -249,8 +255,10 @@ def test_permissions_and_names(cdir):
     assert sorted(os.listdir(cdir)) == ["cool-00000001.parquet"]       # Parquet files only
     idir = index_dir_for(cdir)
     assert stat.S_IMODE(os.stat(idir).st_mode) == 0o700
-    assert sorted(os.listdir(idir)) == ["cool-00000001.idx"]
-    assert stat.S_IMODE(os.stat(os.path.join(idir, "cool-00000001.idx")).st_mode) == 0o600
+    # the sidecar and the search filters written with the file
+    assert sorted(os.listdir(idir)) == ["cool-00000001.grams", "cool-00000001.idx"]
+    for n in os.listdir(idir):
+        assert stat.S_IMODE(os.stat(os.path.join(idir, n)).st_mode) == 0o600
     with pytest.raises(ValueError):
         CoolArchive(cdir, ["../../etc/passwd"])
 
@@ -679,7 +687,7 @@ def test_erase_whole_file_and_crash_sets(cdir):
     assert len(b) == 2 and b.verify() == []
     # crash after it moved: the new set opens, gc removes the old remnants
     c = CoolArchive.open(cdir, ch.files)
-    assert c.gc() == ["cool-00000001.idx", "cool-00000001.parquet"]
+    assert c.gc() == ["cool-00000001.grams", "cool-00000001.idx", "cool-00000001.parquet"]
     assert os.listdir(cdir) == [] and os.listdir(index_dir_for(cdir)) == []
 
 
@@ -692,9 +700,10 @@ def test_gc_removes_strays_and_temps(cdir):
     b = CoolArchive.open(cdir, ["cool-00000001.parquet"])
     assert cool_rows(b, [rec(3)], [3]).file == "cool-00000010.parquet"  # never reuses a stray's name
     assert run.file not in b.files()
-    assert set(b.gc()) == {".cool-00000009.parquet.tmp", "cool-00000002.idx", "cool-00000002.parquet"}
+    assert set(b.gc()) == {".cool-00000009.parquet.tmp", "cool-00000002.grams", "cool-00000002.idx",
+                          "cool-00000002.parquet"}
     assert sorted(os.listdir(cdir)) == ["cool-00000001.parquet", "cool-00000010.parquet", "unrelated.txt"]
-    assert sorted(os.listdir(index_dir_for(cdir))) == ["cool-00000001.idx", "cool-00000010.idx"]
+    assert _sidecars(cdir) == ["cool-00000001.idx", "cool-00000010.idx"]
 
 
 # ----------------------------------------------------------------- merge
@@ -721,7 +730,7 @@ def test_merge_keeps_every_row(cdir):
     b = CoolArchive.open(cdir, ch.files)
     assert {ch_: [r.record for r in b.channel_rows(ch_)] for ch_ in b.channels()} == before
     assert sorted(os.listdir(cdir)) == sorted(ch.files)
-    assert sorted(os.listdir(index_dir_for(cdir))) == sorted(f[:-8] + ".idx" for f in ch.files)
+    assert _sidecars(cdir) == sorted(f[:-8] + ".idx" for f in ch.files)
 
 
 def test_plan_merge_tiers_and_max_files(cdir):
@@ -888,7 +897,7 @@ def test_failure_half_way_keeps_old_set(cdir, monkeypatch, op, fail_at):
     b = CoolArchive.open(cdir, old)
     b.gc()
     assert sorted(os.listdir(cdir)) == sorted(old)
-    assert sorted(os.listdir(index_dir_for(cdir))) == sorted(n[:-8] + ".idx" for n in old)
+    assert _sidecars(cdir) == sorted(n[:-8] + ".idx" for n in old)
     assert b.verify() == [] and len(b) == 30
 
 
@@ -904,7 +913,7 @@ def test_erase_of_unreadable_file_changes_nothing(cdir):
     assert ei.value.path == os.path.join(cdir, old[1])
     assert a.files() == old and a.get("msg_00000001") == rec(1, "a")
     assert sorted(os.listdir(cdir)) == sorted(old)
-    assert sorted(os.listdir(index_dir_for(cdir))) == sorted(n[:-8] + ".idx" for n in old)
+    assert _sidecars(cdir) == sorted(n[:-8] + ".idx" for n in old)
 
 
 def test_foreign_parquet_is_loud(cdir):
@@ -1048,7 +1057,10 @@ def test_a_store_with_sidecars_in_the_archive_folder_moves_them_out(cdir):
     import shutil
     a, rows = make_archive(cdir, 90, 2)
     idir = index_dir_for(cdir)
-    names = sorted(os.listdir(idir))
+    names = _sidecars(cdir)
+    for n in os.listdir(idir):
+        if n.endswith(".grams"):        # (written beside the sidecars since; a cache)
+            os.remove(os.path.join(idir, n))
     for n in names:
         shutil.move(os.path.join(idir, n), os.path.join(cdir, n))
     open(os.path.join(cdir, "cool-00000077.idx"), "wb").close()      # a stray of a crash
@@ -1059,7 +1071,7 @@ def test_a_store_with_sidecars_in_the_archive_folder_moves_them_out(cdir):
     assert sorted(os.listdir(cdir)) == before and os.listdir(idir) == []
     assert [n for _d, n in v._stray_files()] == ["cool-00000077.idx"]   # a live file's sidecar: no stray
     b = CoolArchive.open(cdir, a.files())
-    assert b.rebuilt_sidecars == [] and sorted(os.listdir(idir)) == names
+    assert b.rebuilt_sidecars == [] and _sidecars(cdir) == names
     b.gc()
     assert sorted(os.listdir(cdir)) == sorted(a.files())
     assert b.verify() == [] and all(b.get(r["msg_id"]) == r for r in rows)

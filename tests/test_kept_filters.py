@@ -1,23 +1,27 @@
-"""The search filters a search builds are kept on disk and read by the first
-search of a later process: a cool file's content-page filters beside its
-sidecar (``cool-NNNNNNNN.grams``: the search reads only the pages that may
-match) and a sealed segment's block filters beside it
-(``conversation_seg-NNNNNNNN.grams``). The files are caches: one that does
-not hold for its file (damaged, stale, cut, another file's) is named in a
-warning, removed by a writer and built again, and no search answer ever
-depends on it."""
+"""Search filters kept on disk: a cool file's filters of its casefolded
+content (``cool-NNNNNNNN.grams`` beside its sidecar, written with the file;
+rune_fast.cool.grams: the search reads only the pages that may match, and
+no page of a row group none of whose blocks may) and a sealed segment's
+block filters beside it (``conversation_seg-NNNNNNNN.grams``). The files are
+caches: one that does not hold for its file (damaged, stale, cut, another
+file's) is named in a warning, removed by a writer and built again, and no
+search answer ever depends on it."""
 from __future__ import annotations
 
 import logging
 import os
 import shutil
 
+import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from rune_fast._conv import tuning
 from rune_fast import ConversationMessageRecord, ConversationStateRepository
+from rune_fast._search import fold_block_grams, gram_blocks_any
 from rune_fast.cool import CoolArchive, _decode_grams, _encode_grams, _grams_name
-from rune_fast.pages import GRAM_BYTES, PageReader
+from rune_fast.cool import grams as cool_grams
+from rune_fast.pages import PageReader
 from test_cool import cool_rows
 
 from test_pages import _records
@@ -51,7 +55,7 @@ def _want(rows: list[dict], needle: str) -> list[str]:
 
 @pytest.fixture
 def kept(tmp_path):
-    """An archive of two files whose filters a search built and kept."""
+    """An archive of two files, their filters written with them."""
     d = str(tmp_path / "cool")
     a = _open(d)
     rows = _records(1500)
@@ -59,8 +63,6 @@ def kept(tmp_path):
         r["content"] += " zebracorn"         # a rare word: most pages cannot hold it
     cool_rows(a, rows[:900], list(range(900)))
     cool_rows(a, rows[900:], list(range(900, 1500)))
-    assert _grams_files(a) == []
-    assert _hits(a, "alpha") == _want(rows, "alpha")
     assert len(_grams_files(a)) == 2
     a.close()
     return d, rows
@@ -78,68 +80,132 @@ def _pages_read(monkeypatch) -> list[int]:
     return seen
 
 
-def test_a_later_process_reads_only_the_pages_that_may_match(kept, monkeypatch):
+def _without_filters(a: CoolArchive) -> CoolArchive:
+    a._filters.read.update(a._files)            # as if no file had usable filters
+    return a
+
+
+def test_a_search_reads_only_the_pages_that_may_match(kept, monkeypatch):
     d, rows = kept
     seen = _pages_read(monkeypatch)
-    cold = _open(d, read_only=True)
-    cold._filters.read.update(cold._files)            # as a build without kept filters
+    cold = _without_filters(_open(d, read_only=True))
     assert _hits(cold, "zebracorn") == _want(rows, "zebracorn")
     full = len(seen)
     seen.clear()
     warm = _open(d, read_only=True)
     assert _hits(warm, "ZebraCorn") == _want(rows, "zebracorn")
-    assert warm._filters.by_group and 0 < len(seen) < full / 3, (len(seen), full)
+    assert warm._filters.by_file and 0 < len(seen) < full / 3, (len(seen), full)
+    seen.clear()
+    assert _hits(warm, "nothing here at all") == [] and seen == []     # every group ruled out unread
     for needle in ("alpha", "STRASSE", "nothing here at all"):
         assert _hits(warm, needle) == _want(rows, needle)
 
 
 def test_filters_answer_like_a_full_scan(kept):
     """Every needle, either case rule, any channel: the same hits with the
-    kept filters as without them."""
+    filters as without them."""
     d, rows = kept
     warm = _open(d, read_only=True)
-    cold = _open(d, read_only=True)
-    cold._filters.read.update(cold._files)
-    for needle in ("alpha", "ALPHA", "straße", "ss", "e", "x" * 5, "日本", "nothing"):
+    cold = _without_filters(_open(d, read_only=True))
+    for needle in ("alpha", "ALPHA", "straße", "STRASSE", "ss", "e", "x" * 5, "日本", "nothing", "ZEBRACORN"):
         for cs in (False, True):
             for ch in (None, "ch3"):
                 want = [(h.record, h.ord) for h in cold.search(needle, ch, case_sensitive=cs)]
                 assert [(h.record, h.ord) for h in warm.search(needle, ch, case_sensitive=cs)] == want
 
 
-@pytest.mark.parametrize("damage", ["flip", "cut", "zero", "empty", "other file", "bad entry"])
+_TEXT = st.text(st.sampled_from("aAsSß\u1e9e\u017fkK\u212a\u03a3\u03c3\u03c2\u0130\u0131iI\u0307\ufb00\ufb03fl"
+                                "\u00fc\u00dcu\u0308\u91cf\u5b50\U0001f680 xyz"), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_TEXT, min_size=1, max_size=70), _TEXT, st.integers(1, 9))
+def test_folded_filters_never_rule_out_a_block_holding_the_needle(texts, needle, block):
+    """fold_block_grams / gram_blocks_any against str.casefold over text of
+    expansions (ß ẞ ſ ﬀ ﬃ), Kelvin sign, final sigma, dotted and dotless i,
+    combining marks, CJK and emoji: a block holding a row whose casefold
+    holds the casefolded needle always passes, and so does it for the
+    needle as a case-sensitive substring."""
+    raw = [t.encode("utf-8") for t in texts]
+    offs = np.cumsum([0] + [len(r) for r in raw]).astype(np.int32)
+    g = fold_block_grams(b"".join(raw), offs, block, 4096)
+    passed = set(gram_blocks_any(g, 4096, [needle.casefold().encode("utf-8")]).tolist())
+    for i, t in enumerate(texts):
+        if needle.casefold() in t.casefold() or needle in t:
+            assert i // block in passed, (t, needle)
+
+
+def test_folded_filters_rule_out_blocks_without_the_needle():
+    texts = ["Goethestraße 12", "plain words", "ZÜRICH HBF", "量子計算機の", "bad \udcff"]
+    raw = [t.encode("utf-8", "surrogateescape" if "\udcff" in t else "strict") for t in texts]
+    offs = np.cumsum([0] + [len(r) for r in raw]).astype(np.int32)
+    g = fold_block_grams(b"".join(raw), offs, 1, 4096)
+    assert gram_blocks_any(g, 4096, ["GOETHESTRASSE".casefold().encode()]).tolist() == [0, 4]
+    assert gram_blocks_any(g, 4096, ["zürich".encode()]).tolist() == [2, 4]
+    assert gram_blocks_any(g, 4096, ["量子計算機".encode()]).tolist() == [3, 4]
+    # a row that does not decode: its block passes every needle
+    assert gram_blocks_any(g, 4096, [b"nothing like it"]).tolist() == [4]
+    assert gram_blocks_any(g, 4096, [b"ab"]).tolist() == [0, 1, 2, 3, 4]      # too short to test
+    assert gram_blocks_any(g, 4096, [b"nothing", b"plain"]).tolist() == [1, 4]
+    assert gram_blocks_any(g, 4096, [b"plain"], 2, 4).tolist() == []
+
+
+@pytest.mark.parametrize("damage", ["flip", "cut", "zero", "empty", "other file", "bad count", "old format"])
 def test_a_filters_file_that_does_not_hold_is_named_removed_and_rebuilt(kept, caplog, damage):
     d, rows = kept
     a = _open(d)
     path = os.path.join(a.index_dir, _grams_name(1))
     data = bytearray(_read(path))
+    fi = a._files[1]
     if damage == "flip":
         data[len(data) // 2] ^= 0x10
     elif damage == "cut":
-        del data[-GRAM_BYTES:]
+        del data[-cool_grams.BLOCK_BYTES:]
     elif damage == "zero":
         data[:] = bytes(len(data))
     elif damage == "empty":
         data.clear()
     elif damage == "other file":
         data[:] = _read(os.path.join(a.index_dir, _grams_name(2)))
-    else:       # an entry naming a row group the file does not have, checksum made good
-        fi = a._files[1]
-        data[:] = _encode_grams(fi.size, fi.footer, [(99, b"\0" * GRAM_BYTES)])
+    elif damage == "bad count":     # filters for fewer rows, checksum made good
+        with pytest.raises(ValueError):
+            _encode_grams(fi.size, fi.footer, fi.rows, b"\0" * cool_grams.BLOCK_BYTES)
+        body = b"\0" * cool_grams.BLOCK_BYTES * (cool_grams.blocks_for(fi.rows) - 1)
+        data[:] = _encode_grams(fi.size, fi.footer, fi.rows - cool_grams.BLOCK_ROWS, body)
+    else:       # the layout of an earlier build (version 1: filters a page), checksum good
+        from rune_fast.segments import seal
+        data[:] = seal(b"RFGRAMS1" + bytes(64))
     with open(path, "wb") as f:
         f.write(data)
     with caplog.at_level(logging.WARNING, logger="rune_fast.cool"):
-        assert _hits(a, "alpha") == _want(rows, "alpha")
+        assert _hits(a, "zebracorn") == _want(rows, "zebracorn")
     assert any(path in r.getMessage() and "not used" in r.getMessage() for r in caplog.records)
-    # built again by that search and kept: the next process reads it
-    fi = a._files[1]
-    got = _decode_grams(_read(path), fi.size, fi.footer, len(fi.rg_list) - 1)
-    assert sorted(got) == list(range(len(fi.rg_list) - 1))
+    # built again by that search and kept: the next process maps it
+    got = _decode_grams(_read(path), fi.size, fi.footer, fi.rows)
+    assert len(got) == cool_grams.blocks_for(fi.rows) * cool_grams.BLOCK_BYTES
     caplog.clear()
     b = _open(d, read_only=True)
     with caplog.at_level(logging.WARNING, logger="rune_fast.cool"):
         assert _hits(b, "STRASSE") == _want(rows, "STRASSE")
-    assert not caplog.records
+        assert _hits(b, "zebracorn") == _want(rows, "zebracorn")
+    assert not caplog.records and b._filters.by_file
+
+
+def test_filters_damaged_in_every_way_never_hide_a_hit(kept):
+    """Whatever the bytes of a filters file (a flip anywhere, all zero,
+    bits cleared with the checksum made good is not among them: a writer
+    never makes those), a search finds what a full scan finds."""
+    d, rows = kept
+    a = _open(d, read_only=True)
+    path = os.path.join(a.index_dir, _grams_name(1))
+    good = _read(path)
+    want = _want(rows, "zebracorn")
+    for at in range(0, len(good), max(1, len(good) // 37)):
+        bad = bytearray(good)
+        bad[at] ^= 0xFF
+        with open(path, "wb") as f:
+            f.write(bad)
+        assert _hits(_open(d, read_only=True), "zebracorn") == want, at
 
 
 def test_a_viewer_reads_filters_but_never_writes_or_removes_them(kept, caplog):
@@ -156,14 +222,29 @@ def test_a_viewer_reads_filters_but_never_writes_or_removes_them(kept, caplog):
         assert _hits(a, "alpha") == _want(rows, "alpha")
     assert any(path in r.getMessage() for r in caplog.records)
     assert _grams_files(a) == names and os.path.exists(path)    # still damaged, still there
+    assert a._filters.nbytes > 0                                 # built and held instead
     os.remove(os.path.join(a.index_dir, names[1]))
-    assert _hits(a, "beta") == _want(rows, "beta")
-    assert _grams_files(a) == [names[0]]
+    b = _open(d, read_only=True)
+    assert _hits(b, "beta") == _want(rows, "beta")
+    assert _grams_files(b) == [names[0]]
+
+
+def test_a_file_written_before_filters_gets_them_from_its_first_search(kept, monkeypatch):
+    d, rows = kept
+    a = _open(d)
+    for n in _grams_files(a):
+        os.remove(os.path.join(a.index_dir, n))
+    assert _hits(a, "zebracorn") == _want(rows, "zebracorn")
+    assert len(_grams_files(a)) == 2
+    seen = _pages_read(monkeypatch)
+    assert _hits(_open(d, read_only=True), "zebracorn") == _want(rows, "zebracorn")
+    assert 0 < len(seen) < 40
 
 
 def test_filters_go_with_their_file(kept):
-    """A merge or an erasure retires files: their filters go with them; gc
-    removes the filters of a file no longer live (a crash between the two)."""
+    """A merge or an erasure retires files: their filters go with them (the
+    new files have their own); gc removes the filters of a file no longer
+    live (a crash between the two)."""
     d, rows = kept
     a = _open(d)
     old = list(a.files())
@@ -178,28 +259,27 @@ def test_filters_go_with_their_file(kept):
     assert _grams_name(77) in a.gc()
     assert not os.path.exists(stray) and set(_grams_files(a)) == live
     assert old != a.files()
+    merged = a.merge([a.files()])
+    a.unlink_files(merged.removed)
+    assert set(_grams_files(a)) == {n.replace(".parquet", ".grams") for n in a.files()}
+    assert _hits(a, "zebracorn") == _want(rows[1:], "zebracorn")
 
 
-def test_repository_first_search_after_reopen_uses_kept_filters(tmp_path, monkeypatch):
-    """Through the repository: a search keeps the cool tier's filters, the
-    next open's first search reads a fraction of the pages and finds the same."""
+def test_repository_search_uses_the_filters_written_with_the_files(tmp_path, monkeypatch):
+    """Through the repository: compaction writes each cool file's filters;
+    the first search after an open reads a fraction of the pages."""
     d = tmp_path / "s"
     msgs = [ConversationMessageRecord(role="user", content=f"message {i} " + ("alpha " if i % 397 == 0 else "")
                                       + "filler text " * 40, channel_id=f"c{i % 3}") for i in range(3000)]
     with ConversationStateRepository(d, hot_window=50, compact_every=10**6) as repo:
         repo.append_many(msgs)
         repo.compact()
-    assert not list((d / "hot").rglob("*.grams"))       # no search, no filters
+    assert list((d / "hot").rglob("cool-*.grams"))       # written with the files
     want = sorted(m.msg_id for m in msgs if "alpha" in m.content)
     seen = _pages_read(monkeypatch)
     with ConversationStateRepository(d, hot_window=50, compact_every=10**6) as repo:
         assert sorted(h.record.msg_id for h in repo.search("ALPHA")) == want
-    first = len(seen)
-    assert list((d / "hot").rglob("*.grams"))
-    seen.clear()
-    with ConversationStateRepository(d, hot_window=50, compact_every=10**6) as repo:
-        assert sorted(h.record.msg_id for h in repo.search("ALPHA")) == want
-        assert 0 < len(seen) < first / 2, (len(seen), first)
+        assert 0 < len(seen) <= len(want), (len(seen), len(want))
         assert repo.verify().ok
 
 
@@ -289,3 +369,60 @@ def test_segment_filters_go_with_their_segment(tmp_path, monkeypatch):
         assert sorted(h.record.msg_id for h in repo.search("quarterly report")) == \
             _want_hot(msgs, "quarterly report")
     assert not (d / "hot" / "conversation_seg-99999998.grams.tmp").exists()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(_TEXT, min_size=1, max_size=120), st.lists(_TEXT.filter(bool), min_size=1, max_size=4),
+       st.integers(3, 70))
+def test_archive_search_with_filters_is_str_casefold(tmp_path_factory, texts, needles, rg_rows):
+    """End to end through the archive (row groups of any size, so blocks of
+    32 rows straddle them): every search with the filters written at
+    cooling finds exactly the rows str.casefold (or ``in``) says, in both
+    case rules and per channel."""
+    from test_cool import rec
+    d = str(tmp_path_factory.mktemp("hc") / "cool")
+    a = CoolArchive(d, row_group_rows=rg_rows, cache_bytes=1)
+    rows = [rec(i, f"ch{i % 3}", content=t) for i, t in enumerate(texts)]
+    half = len(rows) // 2
+    cool_rows(a, rows[:half], list(range(half)))
+    cool_rows(a, rows[half:], list(range(half, len(rows))))
+    assert len(_grams_files(a)) == (2 if half else 1)
+    for needle in needles + [texts[0][1:5]]:
+        for cs in (False, True):
+            for ch in (None, "ch1"):
+                want = sorted(r["msg_id"] for r in rows if (ch is None or r["channel_id"] == ch)
+                              and (needle in r["content"] if cs else needle.casefold() in r["content"].casefold()))
+                assert sorted(h.record["msg_id"] for h in a.search(needle, ch, case_sensitive=cs)) == want
+    a.close()
+
+
+def test_a_viewer_past_its_budget_searches_without_filters(kept, monkeypatch):
+    """A viewer does not build filters it could not hold (past _GRAMS_BUDGET):
+    those files are searched page by page, with the same hits."""
+    import rune_fast.cool.search as cs
+    d, rows = kept
+    a = _open(d)
+    for n in _grams_files(a):
+        os.remove(os.path.join(a.index_dir, n))
+    monkeypatch.setattr(cs, "_GRAMS_BUDGET", cool_grams.BLOCK_BYTES)
+    v = _open(d, read_only=True)
+    for needle in ("zebracorn", "STRASSE", "alpha"):
+        assert _hits(v, needle) == _want(rows, needle)
+    assert not v._filters.by_file and v._filters.nbytes == 0 and _grams_files(v) == []
+
+
+def test_a_file_whose_filters_could_not_be_written_is_searched_all_the_same(tmp_path, monkeypatch, caplog):
+    """The filters are a cache written after their file: when they cannot be
+    (here: a wrong length), the file is written and served as ever, the
+    failure named, and the first search builds them."""
+    d = str(tmp_path / "cool")
+    a = _open(d)
+    rows = _records(300)
+    monkeypatch.setattr(cool_grams.GramSink, "finish", lambda self: b"x")
+    with caplog.at_level(logging.WARNING, logger="rune_fast.cool"):
+        cool_rows(a, rows, list(range(300)))
+    assert any("not written" in r.getMessage() for r in caplog.records)
+    assert _grams_files(a) == [] and a.verify() == []
+    monkeypatch.undo()
+    assert _hits(a, "STRASSE") == _want(rows, "STRASSE")
+    assert _grams_files(a) == [_grams_name(1)]

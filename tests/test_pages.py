@@ -398,9 +398,9 @@ def test_search_past_the_cache_scans_the_pages(archive, monkeypatch, needle):
     calls = []
     real = PageReader.find
 
-    def find(self, rg, c, probes, grams=None):
-        calls.append((rg, grams is not None))
-        return real(self, rg, c, probes, grams)
+    def find(self, rg, c, probes, spans=None):
+        calls.append((rg, spans is not None))
+        return real(self, rg, c, probes, spans)
     monkeypatch.setattr(PageReader, "find", find)
     cached = CoolArchive(a.cool_dir, a.files(), row_group_rows=256, cache_bytes=64 << 20, read_only=True)
     for _miss in range(2):          # a group is cached at its second miss
@@ -418,10 +418,11 @@ def test_search_past_the_cache_scans_the_pages(archive, monkeypatch, needle):
             model = [r for r in rows if (ch is None or r["channel_id"] == ch)
                      and ((needle in r["content"]) if cs else (needle.casefold() in r["content"].casefold()))]
             assert sorted(r["msg_id"] for r, _o in got) == sorted(r["msg_id"] for r in model)
-    assert calls and len(a._cache) <= 1 and len(cached._cache) == groups
+    # (a needle the filters rule out everywhere reads no page)
+    assert (calls or needle == "nothing here") and len(a._cache) <= 1 and len(cached._cache) == groups
     assert calls_before == 0    # (the cached archive searched its cache: no page scans)
-    # the first scan of a group keeps its page filters; the searches after it use them
-    assert {g for _rg, g in calls} == {False, True} and a._filters.by_group
+    # the file's filters (written with it) are mapped by its first search
+    assert a._filters.by_file
 
 
 @pytest.mark.parametrize("needle, ch, cs", [("alpha", None, False), ("STRASSE", "ch3", False),
@@ -597,23 +598,11 @@ def test_search_scans_in_a_forked_child(archive):
         os.close(r)
 
 
-def test_search_with_filters_that_do_not_fit_reads_the_group(archive):
-    """Page filters that do not fit the group's pages (never made so by the
-    archive) are not trusted: the search reads the group and finds the same."""
-    a, rows = archive
-    want = sorted(r["msg_id"] for r in rows if "alpha" in r["content"].casefold())
-    assert sorted(h.record["msg_id"] for h in a.search("alpha")) == want
-    assert a._filters.by_group
-    for key in list(a._filters.by_group):
-        a._filters.by_group[key] = a._filters.by_group[key][:-1]
-    assert sorted(h.record["msg_id"] for h in a.search("ALPHA")) == want
-
-
 def test_search_reads_pages_of_the_groups_the_cache_does_not_hold(archive):
     """Whatever the cache's size, a search reads the groups it does not hold
     in their pages (nothing poured through the cache: a group would decode
-    whole there) and keeps their page filters; groups other reads cached
-    are searched in the cache."""
+    whole there), using the file's filters; groups other reads cached are
+    searched in the cache."""
     a, rows = archive
     size = os.path.getsize(_parquet_path(a))
     want = sorted(r["msg_id"] for r in rows if "strasse" in r["content"].casefold())
@@ -621,14 +610,14 @@ def test_search_reads_pages_of_the_groups_the_cache_does_not_hold(archive):
         b = CoolArchive(a.cool_dir, a.files(), row_group_rows=256, cache_bytes=cache, read_only=True)
         for _ in range(2):
             assert sorted(h.record["msg_id"] for h in b.search("STRASSE")) == want
-        assert not b._cache and b._filters.by_group, cache
+        assert not b._cache and b._filters.by_file, cache
     no = _file_no(a.files()[0])
     b = CoolArchive(a.cool_dir, a.files(), row_group_rows=256, cache_bytes=64 << 20, read_only=True)
     for _miss in range(2):
         b.get_row(rows[0]["msg_id"])           # caches group 0
     assert list(b._cache) == [(no, 0)]
     assert sorted(h.record["msg_id"] for h in b.search("STRASSE")) == want
-    assert set(b._filters.by_group) == {(no, rg) for rg in range(1, len(b._files[no].rg_list) - 1)}
+    assert set(b._filters.by_file) == {no}
 
 
 @given(st.lists(st.lists(st.tuples(*[st.integers(0, 2**62)] * 5, st.booleans(), st.integers(0, 2**31)),

@@ -12,6 +12,7 @@ with and without a limit, case-sensitive both ways."""
 from __future__ import annotations
 
 import json
+import sys
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -141,3 +142,23 @@ def test_search_is_casefold_containment_in_every_tier(tmp_path_factory, contents
         check(repo)
     with ConversationStateRepository(root, read_only=True) as viewer:
         check(viewer)
+
+
+def test_a_character_whose_lower_holds_ascii_has_it_as_casefold():
+    """What the repository's check of an ASCII needle rests on (_conv.search:
+    an ASCII needle in a text's lower() is in its casefold): every code point
+    whose lower() holds an ASCII character has that lower() as its casefold."""
+    for cp in range(sys.maxunicode + 1):
+        if 0xD800 <= cp < 0xE000:
+            continue
+        x = chr(cp)
+        low = x.lower()
+        if not low.isascii() and not any(ord(ch) < 128 for ch in low):
+            continue
+        assert x.casefold() == low, hex(cp)
+
+
+@given(text=TEXT, needle=st.text(alphabet=st.sampled_from("aAsSkKiIfFlLtThH x"), min_size=1, max_size=4))
+def test_the_ascii_needle_check_is_casefold_containment(text, needle):
+    from rune_fast._conv.search import _Plan
+    assert _Plan(needle, False).check(text) == (needle.casefold() in text.casefold())

@@ -56,8 +56,14 @@ class _Plan:
             self.check: Callable[[str], bool] = (lambda c: text in c)
             return
         folded = self.folded = text.casefold()
-        # (an ASCII text's casefold is its lower(), which is cheaper)
-        self.check = (lambda c: folded in (c.lower() if c.isascii() else c.casefold()))
+        # (an ASCII text's casefold is its lower(), which is cheaper; and an
+        # ASCII needle in any text's lower() is in its casefold: a character
+        # whose lower() holds ASCII has that lower() as its casefold, checked
+        # over every code point by tests/test_search_fold.py)
+        if folded.isascii():
+            self.check = (lambda c: folded in c.lower() or (not c.isascii() and folded in c.casefold()))
+        else:
+            self.check = (lambda c: folded in (c.lower() if c.isascii() else c.casefold()))
         self.ci = True
         specials = relevant_specials(folded) if folded.isascii() else ()
         if not folded or (folded.isascii() and not specials):

@@ -28,17 +28,6 @@ ROW_GROUP_ROWS = 1024
 #: than pyarrow's default 1 MiB pages
 _PAGE_BYTES = 4 << 10
 _PAGE_BATCH_ROWS = 32
-#: A file's content-page filters, kept beside its sidecar once a search built
-#: them (``cool-NNNNNNNN.grams``): a cache bound to the file's size and footer
-#: hash and checked whole (xxh3_64) when read, so the first search of a later
-#: process reads the pages that may match instead of every page. Layout:
-#: magic, version, filter bytes a page, file size, footer hash (16 hex
-#: digits), entry count; per entry its row group, byte count and filters;
-#: then the xxh3_64 of everything before it.
-_GRAMS_MAGIC = b"RFGRAMS1"
-_GRAMS_VERSION = 1
-_GRAMS_HEAD = struct.Struct("<8sIIQ16sI")
-_GRAMS_ENTRY = struct.Struct("<II")
 #: row groups remembered as missed once (see CoolArchive._direct)
 _MAX_MISSED = 1 << 16
 

@@ -19,7 +19,7 @@ from .._order import order_key
 from ..errors import CorruptStateCheckpointError
 from .._search import find_spans, fold_find_list
 from ..pages import PageError, Unsupported
-from ..segments import read_kept, write_kept
+from ..segments import write_kept
 
 
 log = logging.getLogger("rune_fast.cool")
@@ -47,7 +47,8 @@ from .reads import _KEY_COLS, _Reads
 from .rows import SPECIAL_FOLD, _Group, _SPECIAL_UTF8, _assemble_columns
 from .schema import (_PARQUET_ERRORS, CoolRow, _CONTENT_COL, _file_no, _grams_name, _parquet_name, _row_key,
                      cool_loc)
-from .sidecar import _FileIndex, _decode_grams, _encode_grams
+from . import grams as _grams
+from .sidecar import _GRAMS_BUDGET, _FileIndex
 
 
 def _relevant_specials(needle: str) -> tuple[str, ...]:
@@ -283,6 +284,8 @@ class _Search(_Reads):
         fold_repl = [(c.encode("utf-8"), c.casefold().encode("utf-8")) for c in specials]
         hits: list[CoolRow] = []
         known_hits: list[int] = []
+        # what the files' filters test (rune_fast.cool.grams): the needle's casefold
+        probe_grams = _grams.needle_bytes(needle) if mode != "all" else None
         with self._lock:
             if channel_id is None:
                 targets = [(no, 0, fi.rows) for no, fi in sorted(self._files.items())]
@@ -297,17 +300,21 @@ class _Search(_Reads):
                 if ord_floor is not None and rgs:
                     tops = self._kept_ord_tops(no)
                     rgs = [rg for rg in rgs if rg >= len(tops) or tops[rg] >= ord_floor]
+                # the row spans of each group whose filters may match: the
+                # other groups hold no hit and are not read at all
+                spans = self._filtered_spans(no, s, e, probe_grams) if rgs and probe_grams else None
+                if spans is not None:
+                    rgs = [rg for rg in rgs if rg in spans]
                 sel_rows = []
                 found: list[CoolRow] = []
                 # the groups the cache does not hold are searched in their
-                # pages (content pages only, those whose filters may match
-                # once a scan built them or an earlier process kept them),
-                # not poured through the cache: a group decodes whole there
+                # pages (content pages only, those the filters did not rule
+                # out), not poured through the cache: a group decodes whole there
                 scans: dict[int, Any] | None = None if mode in ("ci", "cs", "ci-anchor") else {}
                 for i, rg in enumerate(rgs):
                     if scans is None and (no, rg) not in self._cache:
                         scans = self._start_scans(no, [r for r in rgs[i:] if (no, r) not in self._cache],
-                                                  s, e, mode, nb, fold_repl, known, anchors, need)
+                                                  s, e, mode, nb, fold_repl, known, anchors, need, spans)
                     base = fi.rg_list[rg]
                     n = fi.rg_list[rg + 1] - base
                     lo, hi = max(s - base, 0), min(e - base, n)
@@ -376,8 +383,6 @@ class _Search(_Reads):
                     if channel_id is not None:
                         self._check_field(rows, "channel_id", channel_id)
                     hits.extend(rows)
-            if self._filters.new and not self._read_only:
-                self._keep_grams()
         hits.sort(key=_row_key)
         return hits, known_hits
 
@@ -472,7 +477,8 @@ class _Search(_Reads):
 
     def _start_scans(self, no: int, rgs: list[int], s: int, e: int, mode: str, nb: bytes,
                      fold_repl: list[tuple[bytes, bytes]], known: Container[int] = (),
-                     anchors: Sequence[bytes] = (), need: Sequence[bytes] = ()) -> dict[int, Any]:
+                     anchors: Sequence[bytes] = (), need: Sequence[bytes] = (),
+                     spans: dict[int, Any] | None = None) -> dict[int, Any]:
         """Start the search of row groups ``rgs`` of file ``no`` (groups the
         cache does not hold; rows ``[s, e)`` of the file) in the file's pages
         as they are decompressed, without building or caching the groups:
@@ -487,12 +493,12 @@ class _Search(_Reads):
         ASCII-case-blind are hits, the others must hold one of ``need``). The
         hits' other columns are read by the same task; two run at a time
         (decompression, I/O and the search leave the GIL). Empty if the file
-        is not in a layout the PageReader reads."""
+        is not in a layout the PageReader reads. ``spans``: rg -> the row
+        spans (within the group) the file's filters did not rule out: only
+        the pages holding them are read (None: every page)."""
         reader = self._reader(no) if rgs else None
         if reader is None:
             return {}
-        if no not in self._filters.read:
-            self._read_grams(no)
         if mode == "ci-anchor":
             probes = ([(nb, True)] if need else []) + [(a, True) for a in anchors]
         else:
@@ -500,9 +506,9 @@ class _Search(_Reads):
         starts = self._files[no].rg_list
         folded = nb.decode("utf-8", "surrogatepass")
 
-        def scan(rg: int) -> tuple[list[int], list, bytes | None, list[int]]:
+        def scan(rg: int) -> tuple[list[int], list, list[int]]:
             lo, hi, base = s - starts[rg], e - starts[rg], cool_loc(no, starts[rg])
-            res, built = reader.find(rg, _CONTENT_COL, probes, self._filters.get(no, rg))
+            res = reader.find(rg, _CONTENT_COL, probes, None if spans is None else spans[rg])
             if mode == "ci-anchor":
                 hits = {i: v for i, v in res[0] if lo <= i < hi} if need else {}
                 cands = dict(sorted((i, v) for part in res[1 if need else 0:] for i, v in part
@@ -521,48 +527,109 @@ class _Search(_Reads):
             for i in sorted(hits):
                 (named if base + i in known else local).append(i)
             if not local:
-                return local, [], built, named
+                return local, [], named
             vals = reader.rows(rg, local, {_CONTENT_COL: [hits[i] for i in local]})
-            return local, _assemble_columns(list(zip(*vals))), built, named
+            return local, _assemble_columns(list(zip(*vals))), named
 
-        # a group whose page filters are known reads a few pages: scanned when
-        # its turn comes, on this thread (two threads would fight for the GIL)
+        # a group whose filters pass few of its rows reads a few pages: scanned
+        # when its turn comes, on this thread (two threads would fight for the
+        # GIL); the others decompress most of their pages, two groups at a time
+        def few(rg: int) -> bool:
+            if spans is None:
+                return False
+            p = spans[rg]
+            return int((p[:, 1] - p[:, 0]).sum()) * 4 < starts[rg + 1] - starts[rg]
+
         pool = _scan_pool()
-        return {rg: _Deferred(scan, rg) if self._filters.has(no, rg) else pool.submit(scan, rg)
-                for rg in rgs}
+        return {rg: _Deferred(scan, rg) if few(rg) else pool.submit(scan, rg) for rg in rgs}
 
-    def _read_grams(self, no: int) -> None:
-        """Take file ``no``'s content-page filters from its filters file, if
-        a search of an earlier process kept one (lock held; within
-        _GRAMS_BUDGET). One that does not hold for the live file (damaged,
-        stale, another build's) is named in a log warning and removed: the
-        next scan of each group builds its filters again. Only the scans use
-        them, and a filter that names fewer pages than the group holds makes
-        PageReader.find refuse it (the group is read instead)."""
-        self._filters.read.add(no)
+    def _filtered_spans(self, no: int, s: int, e: int, probe: bytes) -> dict[int, np.ndarray] | None:
+        """(lock held) rg -> int64 ``[lo, hi)`` pairs of the rows (within the
+        group, of rows ``[s, e)`` of file ``no``) in the blocks whose filters
+        may hold ``probe`` (a casefolded needle's UTF-8); a group absent holds
+        no hit. None where the file has no filters or they rule out nothing."""
+        fg = self._file_grams(no)
+        if fg is None:
+            return None
+        blocks = fg.candidates([probe], s, e)
+        if blocks is None or len(blocks) == (e - 1) // _grams.BLOCK_ROWS - s // _grams.BLOCK_ROWS + 1:
+            return None
+        starts = self._files[no].rg_starts
+        lo = np.maximum(blocks * _grams.BLOCK_ROWS, s)
+        hi = np.minimum(blocks * _grams.BLOCK_ROWS + _grams.BLOCK_ROWS, e)
+        rg_lo = np.searchsorted(starts, lo, side="right") - 1
+        rg_hi = np.searchsorted(starts, hi - 1, side="right") - 1
+        cross = np.flatnonzero(rg_lo != rg_hi)
+        if len(cross):      # (a block across groups: a piece in each)
+            los, his, rgs = [lo[rg_lo == rg_hi]], [hi[rg_lo == rg_hi]], [rg_lo[rg_lo == rg_hi]]
+            for i in cross.tolist():
+                for rg in range(int(rg_lo[i]), int(rg_hi[i]) + 1):
+                    los.append(np.array([max(int(lo[i]), int(starts[rg]))]))
+                    his.append(np.array([min(int(hi[i]), int(starts[rg + 1]))]))
+                    rgs.append(np.array([rg]))
+            lo, hi, rg_lo = np.concatenate(los), np.concatenate(his), np.concatenate(rgs)
+            order = np.lexsort((lo, rg_lo))
+            lo, hi, rg_lo = lo[order], hi[order], rg_lo[order]
+        pairs = np.stack([lo - starts[rg_lo], hi - starts[rg_lo]], axis=1)
+        groups, first = np.unique(rg_lo, return_index=True)
+        return dict(zip(groups.tolist(), np.split(pairs, first[1:])))
+
+    def _file_grams(self, no: int) -> "_grams.FileGrams | None":
+        """(lock held) File ``no``'s search filters: its ``.grams`` mapped,
+        looked for once a file. One that does not hold for the live file
+        (damaged, cut, stale, another build's) is named in a log warning and
+        removed (a writer); a file without usable ones has them built by
+        this search (every content page read once) and kept on disk (a
+        writer; a viewer holds them within _GRAMS_BUDGET). None: the file is
+        searched without filters (not in a layout the PageReader reads, or
+        damaged: the search's reads name it)."""
+        if no in self._filters.read:
+            return self._filters.get(no)
         fi = self._files[no]
-        got = read_kept(self._ipath(_grams_name(no)),
-                        lambda raw: _decode_grams(raw, fi.size, fi.footer, len(fi.rg_list) - 1),
-                        remove_bad=not self._read_only)
-        for rg, grams in (got or {}).items():
-            self._filters.add_read(no, rg, grams)
+        path = self._ipath(_grams_name(no))
+        fg = None
+        try:
+            fg = _grams.FileGrams.mapped(path, fi.size, fi.footer, fi.rows)
+        except FileNotFoundError:
+            pass
+        except (ValueError, OSError) as exc:
+            log.warning("%s: search filters not used: %s; this search builds them again", path, exc)
+            if not self._read_only:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+        if fg is None:
+            fg = self._build_grams(no, path)
+        self._filters.read.add(no)
+        if fg is None or not self._filters.put(no, fg):
+            return None
+        return fg
 
-    def _keep_grams(self) -> None:
-        """Write the filters files of the files whose filters a search built
-        (lock held; a writer's): temp file (fsynced when durable), rename.
-        A cache: a crash that loses one costs the next process a full scan;
-        one the rename did not make whole fails its checksum when read. A
-        failed write is logged and skipped (the search that built them has
-        its answer)."""
-        for no in sorted(self._filters.new):
-            fi = self._files.get(no)
-            if fi is None:
-                continue
-            entries = self._filters.of_file(no)
-            name = _grams_name(no)
-            write_kept(self._ipath(name), _encode_grams(fi.size, fi.footer, entries),
-                       tmp=self._ipath(tmp_name(name)), sync=self._durable)
-        self._filters.new.clear()
+    def _build_grams(self, no: int, path: str) -> "_grams.FileGrams | None":
+        """(lock held) The filters of file ``no`` from its content pages
+        (each CRC-checked), kept at ``path`` by a writer (not synced: a
+        cache, checked whole when read) and mapped from there; held by a
+        viewer. None where the file's pages cannot give them."""
+        fi = self._files[no]
+        if self._read_only and self._filters.nbytes + _grams.blocks_for(fi.rows) * _grams.BLOCK_BYTES > _GRAMS_BUDGET:
+            return None         # (a viewer could not hold them: not built for nothing)
+        reader = self._reader(no)
+        if reader is None:
+            return None
+        try:
+            body = _grams.grams_of_columns(reader.column(rg, _CONTENT_COL) for rg in range(len(fi.rg_list) - 1))
+        except (PageError, Unsupported):
+            return None
+        if len(body) != _grams.blocks_for(fi.rows) * _grams.BLOCK_BYTES:
+            return None
+        if not self._read_only and write_kept(path, _grams.encode(fi.size, fi.footer, fi.rows, body),
+                                              tmp=self._ipath(tmp_name(_grams_name(no))), sync=False):
+            try:
+                return _grams.FileGrams.mapped(path, fi.size, fi.footer, fi.rows)
+            except (ValueError, OSError):
+                pass
+        return _grams.FileGrams(memoryview(body), True)
 
     def _scan_result(self, no: int, rg: int, fut: Any) -> tuple[list[int], list, list[int]] | None:
         """What a scan of :meth:`_start_scans` found (rows read, their values,
@@ -570,15 +637,12 @@ class _Search(_Reads):
         layout the PageReader does not read, or damage, which that read
         names)."""
         try:
-            local, many, built, named = fut.result()
+            local, many, named = fut.result()
         except PageError:
             return None
         except Unsupported:
             self._readers[no] = None    # (closed when the other scans drop it)
             return None
-        if built is not None and no in self._files:
-            # the pages' trigram filters: later scans of the group read only pages that may match
-            self._filters.add_built(no, rg, built)
         if any(got is None for got in many):
             return None
         return local, many, named

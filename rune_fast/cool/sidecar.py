@@ -23,10 +23,9 @@ import xxhash
 from .._log import utf8_hashes
 from .._pages import check_dir
 from ..errors import CorruptStateCheckpointError
-from ..pages import GRAM_BYTES
 from ..segments import seal, unseal
 from .schema import (
-    _COL_TYPES, _GRAMS_ENTRY, _GRAMS_HEAD, _GRAMS_MAGIC, _GRAMS_VERSION, _IDX_MAGIC, _IDX_VERSION,
+    _COL_TYPES, _IDX_MAGIC, _IDX_VERSION,
     _PARQUET_ERRORS, _parquet_name,
 )
 
@@ -34,99 +33,65 @@ from .schema import (
 log = logging.getLogger("rune_fast.cool")
 
 
-#: memory for the search filters of content pages (640 B a page of 32 rows
-#: or fewer: about 20 MiB a million cooled messages)
+#: memory for the search filters of files that could not be kept on disk
+#: (a viewer's, built by its searches; 512 B a block of 32 rows: about 16 MiB
+#: a million cooled messages). Those kept on disk are mapped, not held.
 _GRAMS_BUDGET = 64 << 20
 
 
 class _PageFilters:
-    """The trigram filters of content pages that searches built or read
-    from ``.grams`` files: ``(file, row group) -> filters``, within
-    _GRAMS_BUDGET bytes, with the files whose ``.grams`` was looked for
-    (``read``) and those whose filters were built here and are not kept on
-    disk yet (``new``). The archive's search fills it and keeps what it
-    built; the file set forgets a file that goes. The archive's lock guards
-    it (a scan thread only reads an entry)."""
+    """The search filters of the live files (rune_fast.cool.grams):
+    ``file -> FileGrams``, mapped from their ``.grams`` files or, where
+    they could not be kept there, held within _GRAMS_BUDGET bytes; ``read``
+    names the files whose filters were looked for (a file there without an
+    entry has none usable: its search reads every content page). The
+    archive's lock guards it (a scan thread only reads an entry's view);
+    the file set forgets a file that goes."""
 
     def __init__(self) -> None:
-        self.by_group: dict[tuple[int, int], bytes] = {}
+        self.by_file: dict[int, Any] = {}
         self.nbytes = 0
         self.read: set[int] = set()
-        self.new: set[int] = set()
 
-    def get(self, no: int, rg: int) -> bytes | None:
-        return self.by_group.get((no, rg))
+    def get(self, no: int) -> Any:
+        return self.by_file.get(no)
 
-    def has(self, no: int, rg: int) -> bool:
-        return (no, rg) in self.by_group
-
-    def add_read(self, no: int, rg: int, grams: bytes) -> None:
-        """Filters read from file ``no``'s ``.grams``: taken unless the group
-        has some already or they pass the budget."""
-        if (no, rg) not in self.by_group and self.nbytes + len(grams) <= _GRAMS_BUDGET:
-            self.by_group[(no, rg)] = grams
-            self.nbytes += len(grams)
-
-    def add_built(self, no: int, rg: int, grams: bytes) -> None:
-        """Filters a scan built: taken within the budget, to be kept on disk."""
-        if self.nbytes + len(grams) <= _GRAMS_BUDGET:
-            self.by_group[(no, rg)] = grams
-            self.nbytes += len(grams)
-            self.new.add(no)
-
-    def of_file(self, no: int) -> list[tuple[int, bytes]]:
-        """(row group, filters) of file ``no``, by row group."""
-        return sorted((rg, g) for (n, rg), g in self.by_group.items() if n == no)
+    def put(self, no: int, grams: Any) -> bool:
+        """Take ``grams`` for file ``no`` (False: past the budget)."""
+        self.forget(no)
+        self.read.add(no)
+        if self.nbytes + grams.nbytes > _GRAMS_BUDGET:
+            return False
+        self.by_file[no] = grams
+        self.nbytes += grams.nbytes
+        return True
 
     def forget(self, no: int) -> None:
-        for key in [k for k in self.by_group if k[0] == no]:
-            self.nbytes -= len(self.by_group.pop(key))
+        g = self.by_file.pop(no, None)
+        if g is not None:
+            self.nbytes -= g.nbytes
+            g.close()
         self.read.discard(no)
-        self.new.discard(no)
 
     def clear(self) -> None:
-        self.by_group.clear()
-        self.nbytes = 0
+        for no in list(self.by_file):
+            self.forget(no)
         self.read.clear()
-        self.new.clear()
 
 
-def _encode_grams(size: int, footer: str, entries: list[tuple[int, bytes]]) -> bytes:
-    """The bytes of a filters file (see _GRAMS_MAGIC) for the file of ``size``
-    bytes and footer hash ``footer``: ``entries`` are (row group, filters)."""
-    parts = [_GRAMS_HEAD.pack(_GRAMS_MAGIC, _GRAMS_VERSION, GRAM_BYTES, size, footer.encode("ascii"),
-                              len(entries))]
-    for rg, grams in entries:
-        parts.append(_GRAMS_ENTRY.pack(rg, len(grams)))
-        parts.append(grams)
-    return seal(b"".join(parts))
+def _encode_grams(size: int, footer: str, rows: int, body: bytes) -> bytes:
+    """The bytes of a filters file (rune_fast.cool.grams) for the file of
+    ``size`` bytes, footer hash ``footer`` and ``rows`` rows."""
+    from . import grams
+    return grams.encode(size, footer, rows, body)
 
 
-def _decode_grams(data: bytes, size: int, footer: str, groups: int) -> dict[int, bytes]:
-    """Row group -> filters of a filters file made for the file of ``size``
-    bytes, footer hash ``footer`` and ``groups`` row groups; ValueError
-    saying what does not hold (damage, another file, another layout)."""
-    end = unseal(data, _GRAMS_HEAD.size)
-    magic, version, gram_bytes, fsize, fhash, count = _GRAMS_HEAD.unpack_from(data, 0)
-    if magic != _GRAMS_MAGIC or version != _GRAMS_VERSION or gram_bytes != GRAM_BYTES:
-        raise ValueError(f"format {magic!r} version {version}, {gram_bytes} bytes a page: not this build's")
-    if (fsize, fhash) != (size, footer.encode("ascii")):
-        raise ValueError("made for another file of that name")
-    out: dict[int, bytes] = {}
-    at = _GRAMS_HEAD.size
-    for _ in range(count):
-        if at + _GRAMS_ENTRY.size > end:
-            raise ValueError(f"entry at offset {at} runs past the end")
-        rg, n = _GRAMS_ENTRY.unpack_from(data, at)
-        at += _GRAMS_ENTRY.size
-        if rg >= groups or rg in out or n % GRAM_BYTES or at + n > end:
-            raise ValueError(f"entry at offset {at - _GRAMS_ENTRY.size} (row group {rg}, {n} bytes) "
-                             f"does not fit the file's {groups} row groups")
-        out[rg] = data[at:at + n]
-        at += n
-    if at != end:
-        raise ValueError(f"{end - at} bytes after the last entry")
-    return out
+def _decode_grams(data: Any, size: int, footer: str, rows: int) -> memoryview:
+    """The block filters of a filters file made for the file of ``size``
+    bytes, footer hash ``footer`` and ``rows`` rows; ValueError saying what
+    does not hold (damage, another file, another layout)."""
+    from . import grams
+    return grams.check(data, size, footer, rows)
 
 
 def _footer_start(path: str) -> int | None:

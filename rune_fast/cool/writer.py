@@ -19,12 +19,18 @@ log = logging.getLogger("rune_fast.cool")
 
 
 from .files import _dirs_of
+from . import grams as _grams
 from .search import _Search
-from .schema import _PARQUET_ERRORS, COOL_SCHEMA, CoolChange, CoolRun, StagedMerge, _file_no, _id_range, _idx_name, _parquet_name
+from .._names import tmp_name
+from ..segments import write_kept
+from .schema import (_PARQUET_ERRORS, COOL_SCHEMA, CoolChange, CoolRun, StagedMerge, _file_no, _grams_name, _id_range,
+                     _idx_name, _parquet_name)
 from .sidecar import _FileIndex, _build_index, _close, _file_digest, _footer_hash, _open_checked, _release_arrow, _unlink_quiet
 from .tables import _channel_order, _merge_order
 
 
+#: rows of a cooled table whose content the search filters take at a time
+_GRAM_PIECE = 1 << 15
 #: the columns a file's index is built from (``_build_index``)
 _KEY_COLUMNS = ("msg_id", "channel_id", "task_id")
 
@@ -91,15 +97,19 @@ class _Writer(_Search):
         """Write ``table`` (its rows in ``order``), or the rows of ``parts``
         (see ``_write_tmp``), as the next numbered file plus its sidecar:
         both temp files written and fsynced, both renamed, one folder fsync
-        (three fsyncs in all; none unless ``durable``)."""
+        (three fsyncs in all; none unless ``durable``), and its search
+        filters (``.grams``, a cache: not synced; see rune_fast.cool.grams),
+        built from the content as it is written."""
         no = self._take_no()
         name, iname = _parquet_name(no), _idx_name(no)
         keyed: list[list[pa.ChunkedArray]] = [[], [], []]
+        sink = _grams.GramSink()
 
         def keep_keys(tables: Iterable[pa.Table]) -> Iterable[pa.Table]:
             for t in tables:
                 for got, c in zip(keyed, _KEY_COLUMNS):
                     got.append(t.column(c))
+                sink.add(t.column("content"))
                 yield t
 
         tmp = self._write_tmp(name, table=table, durable=durable, order=order,
@@ -117,6 +127,10 @@ class _Writer(_Search):
                 assert table is not None
                 ids, chs, tids = (table.column(c) if order is None else table.column(c).take(order)
                                   for c in _KEY_COLUMNS)
+                content = table.column("content")
+                for a in range(0, table.num_rows, _GRAM_PIECE):
+                    sink.add(content.slice(a, _GRAM_PIECE) if order is None
+                             else content.take(order[a:a + _GRAM_PIECE]))
             del keyed[:]
             fi = _build_index(no, size, footer, ids, chs, tids, rg_counts, self._path(name))
             fi.id_range = _id_range(ids)
@@ -136,6 +150,13 @@ class _Writer(_Search):
             # (the sidecar's folder is not synced: a sidecar a power loss
             # takes is rebuilt from its file, which this sync keeps)
             fsync_dir(self._dir)
+        # the search filters: a cache (one missing is built by the file's first search)
+        gname = _grams_name(no)
+        try:
+            write_kept(self._ipath(gname), _grams.encode(size, footer, fi.rows, sink.finish()),
+                       tmp=self._ipath(tmp_name(gname)), sync=False)
+        except ValueError as exc:
+            log.warning("%s: search filters not written: %s", self._ipath(gname), exc)
         return self._remapped(fi)     # (its arrays from the mapped sidecar: off the heap)
 
     def cool_table(self, table: pa.Table, *, durable: bool | None = None) -> CoolRun:
@@ -257,7 +278,7 @@ class _Writer(_Search):
         still serves the old set, so they are strays)."""
         for fi in new:
             self._forget_cache(fi.no)
-            for path in (self._path(fi.name), self._ipath(_idx_name(fi.no))):
+            for path in (self._path(fi.name), self._ipath(_idx_name(fi.no)), self._ipath(_grams_name(fi.no))):
                 _unlink_quiet(path)
 
     def _switch(self, old_nos: list[int], new: list[_FileIndex]) -> None:

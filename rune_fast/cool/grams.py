@@ -1,0 +1,183 @@
+"""The search filters of a cool file (``.grams`` beside its ``.idx``): for
+each block of :data:`BLOCK_ROWS` rows of the file, the trigram filter of the
+casefolded content of its rows (``rune_fast._search.fold_block_grams``).
+
+casefold folds each code point alone, so a row whose casefold holds the
+casefolded needle holds every trigram of that needle's UTF-8: a block whose
+filter lacks one holds no hit of a case-insensitive search, whatever the
+needle's script or case ('ß' found by 'SS' included), nor of a
+case-sensitive one (a substring's fold is a substring of the text's fold).
+One compiled call (``gram_blocks_any``) tests a whole file's blocks; the
+search then reads only the content pages that overlap the blocks that pass,
+and no page of a row group none of whose blocks pass.
+
+The filters are written with their file (cooling, merge, erase: the
+writer's :class:`GramSink` builds them from the content it writes) and
+built by the first search of a file that has none (one written before
+them): a cache, bound to its file by the file's size and footer hash and
+checked whole by its xxh3_64 when first mapped. One that does not hold is
+named in a log warning, removed (a writer) and built again; a filter never
+hides a hit, since a file without valid filters is searched page by page.
+Mapped read-only from disk: the page cache holds them, not the process.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from typing import Any, Iterable
+
+import numpy as np
+import pyarrow as pa
+
+from .._search import fold_block_grams, gram_blocks_any
+from ..segments import seal, unseal
+
+#: rows a filter covers (a content page holds 32 rows or fewer)
+BLOCK_ROWS = 32
+#: bits a filter: about 2,700 distinct trigrams in 32 rows of ~450 bytes
+#: set about a quarter of them. (With 4,096, half: a needle of few
+#: trigrams, 'zürich' in German text, passed twice as many blocks as hold
+#: it; with 8,192 about none. 32 bytes a row on disk, mapped, not held.)
+GRAM_BITS = 8192
+BLOCK_BYTES = GRAM_BITS // 8
+
+MAGIC = b"RFGRAMS2"
+VERSION = 2
+#: magic, version, rows a block, bits a filter, file size, footer xxh3_64
+#: (hex), the file's rows; then the blocks' filters, then the xxh3_64 seal
+HEAD = struct.Struct("<8sIIIQ16sQ")
+
+
+def blocks_for(rows: int) -> int:
+    return (rows + BLOCK_ROWS - 1) // BLOCK_ROWS
+
+
+def encode(size: int, footer: str, rows: int, body: bytes) -> bytes:
+    """The bytes of the filters file of the cool file of ``size`` bytes,
+    footer hash ``footer`` and ``rows`` rows (``body``: its blocks' filters)."""
+    if len(body) != blocks_for(rows) * BLOCK_BYTES:
+        raise ValueError(f"{len(body)} bytes of filters for {rows} rows")
+    return seal(HEAD.pack(MAGIC, VERSION, BLOCK_ROWS, GRAM_BITS, size, footer.encode("ascii"), rows) + body)
+
+
+def check(data: Any, size: int, footer: str, rows: int) -> memoryview:
+    """The filters (a view of ``data``) of a filters file made for the file
+    of ``size`` bytes, footer hash ``footer`` and ``rows`` rows; ValueError
+    saying what does not hold (damage, another file, another build's layout)."""
+    end = unseal(data, HEAD.size)
+    magic, version, brows, bits, fsize, fhash, frows = HEAD.unpack_from(data, 0)
+    if magic != MAGIC or version != VERSION or brows != BLOCK_ROWS or bits != GRAM_BITS:
+        raise ValueError(f"format {bytes(magic)!r} version {version}, {brows} rows and {bits} bits a "
+                         f"block: not this build's")
+    if (fsize, bytes(fhash), frows) != (size, footer.encode("ascii"), rows):
+        raise ValueError("made for another file of that name")
+    if end - HEAD.size != blocks_for(rows) * BLOCK_BYTES:
+        raise ValueError(f"{end - HEAD.size} bytes of filters for {rows} rows")
+    return memoryview(data)[HEAD.size:end]
+
+
+class FileGrams:
+    """The filters of one cool file, mapped from disk (or held, where they
+    could not be kept there): :meth:`candidates` tests them."""
+
+    __slots__ = ("body", "nbytes", "_map")
+
+    def __init__(self, body: memoryview, held: bool, m: Any = None) -> None:
+        self.body = body
+        self.nbytes = len(body) if held else 0      # (bytes held in the process)
+        self._map = m
+
+    @classmethod
+    def mapped(cls, path: str, size: int, footer: str, rows: int) -> "FileGrams":
+        """The filters file at ``path`` mapped and checked (see :func:`check`);
+        FileNotFoundError if there is none, ValueError/OSError if it does not hold."""
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size < HEAD.size:
+                raise ValueError("too short")
+            m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            return cls(check(m, size, footer, rows), False, m)
+        except BaseException:
+            m.close()
+            raise
+
+    def candidates(self, needles: list[bytes], start_row: int, end_row: int) -> np.ndarray | None:
+        """The blocks (file-wide indices, ascending) among those holding rows
+        ``[start_row, end_row)`` whose filter may hold one of ``needles``
+        (casefolded UTF-8); None where the needles cannot be tested (one is
+        shorter than a trigram: every block passes)."""
+        if not needles or any(len(x) < 3 for x in needles):
+            return None
+        if end_row <= start_row:
+            return np.zeros(0, np.int64)
+        return gram_blocks_any(self.body, GRAM_BITS, needles, start_row // BLOCK_ROWS,
+                               (end_row - 1) // BLOCK_ROWS + 1)
+
+    def close(self) -> None:
+        # (a scan may still hold the view: the map goes with the last reference)
+        self.body = memoryview(b"")
+        self._map = None
+
+
+class GramSink:
+    """The filters of a file's content, fed in file order in pieces of any
+    size (Arrow string arrays or chunked arrays): blocks are cut every
+    BLOCK_ROWS rows of the file, a piece's last partial block carried to
+    the next. Holds at most a block of rows and the filters."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+        self._carry: pa.Array | None = None
+        self.rows = 0
+
+    def add(self, content: Any) -> None:
+        chunks = content.chunks if isinstance(content, pa.ChunkedArray) else [content]
+        for arr in chunks:
+            if not len(arr):
+                continue
+            self.rows += len(arr)
+            if self._carry is not None:
+                arr = pa.concat_arrays([self._carry, arr])
+                self._carry = None
+            full = len(arr) // BLOCK_ROWS * BLOCK_ROWS
+            if full:
+                self._parts.append(_grams_of(arr.slice(0, full)))
+            if full < len(arr):
+                self._carry = arr.slice(full)
+
+    def finish(self) -> bytes:
+        if self._carry is not None:
+            self._parts.append(_grams_of(self._carry))
+            self._carry = None
+        out = b"".join(self._parts)
+        self._parts = []
+        return out
+
+
+def _grams_of(arr: pa.Array) -> bytes:
+    """fold_block_grams of a string array (blocks from its first row)."""
+    if arr.type == pa.large_string():
+        arr = arr.cast(pa.string())
+    _valid, offsets, data = arr.buffers()
+    offs = np.frombuffer(offsets, dtype=np.int32, count=len(arr) + 1, offset=4 * arr.offset)
+    return fold_block_grams(data if data is not None else b"", offs, BLOCK_ROWS, GRAM_BITS)
+
+
+def grams_of_columns(columns: Iterable[Any]) -> bytes:
+    """The filters of a file whose content column comes in ``columns``
+    (its row groups' content, in order)."""
+    sink = GramSink()
+    for c in columns:
+        sink.add(c)
+    return sink.finish()
+
+
+def needle_bytes(needle: str) -> bytes | None:
+    """What the filters test for ``needle`` (case-sensitive or not): the
+    UTF-8 of its casefold; None if it has no UTF-8 (a lone surrogate: every
+    block passes)."""
+    try:
+        return needle.casefold().encode("utf-8")
+    except UnicodeEncodeError:
+        return None
