@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
@@ -16,6 +17,11 @@ from ..events import fsync_dir
 
 
 log = logging.getLogger("rune_fast.cool")
+
+
+class MergeCancelled(Exception):
+    """A :meth:`_Writer.stage_merge` given up through its ``cancel`` event
+    (its files are removed; the archive still serves the sources)."""
 
 
 from .search import _Search
@@ -275,12 +281,16 @@ class _Writer(_Search):
                 groups = self.plan_merge(fanout=fanout, max_files=max_files)
             return self.adopt_merge(self.stage_merge(groups, durable=durable))
 
-    def stage_merge(self, groups: Sequence[Sequence[str]], *, durable: bool | None = None) -> "StagedMerge":
+    def stage_merge(self, groups: Sequence[Sequence[str]], *, durable: bool | None = None,
+                    cancel: threading.Event | None = None) -> "StagedMerge":
         """Write the merged files of :meth:`merge` without serving them:
         :meth:`adopt_merge` switches to them, :meth:`discard_merge` removes
         them. Meant for a background thread while the archive serves reads:
         the sources are read through handles of its own, and nothing else may
-        change the archive until the merge is adopted or discarded."""
+        change the archive until the merge is adopted or discarded (new
+        files may be added: a cooling run beside it). ``cancel`` set: it
+        stops at the next channel, removes what it wrote and raises
+        MergeCancelled (a close does not wait for a long merge)."""
         self._writable()
         with self._lock:
             seen: set[int] = set()
@@ -301,7 +311,7 @@ class _Writer(_Search):
         try:
             for nos in jobs:
                 fi = self._write_file(None, durable=self._dur(durable),
-                                      parts=self._merged_channels(nos, indexes[tuple(nos)]))
+                                      parts=self._merged_channels(nos, indexes[tuple(nos)], cancel))
                 _release_arrow()
                 new.append(fi)
                 for no in nos:
@@ -330,7 +340,8 @@ class _Writer(_Search):
         with self._lock:
             self._abandon(staged.new)
 
-    def _merged_channels(self, nos: Sequence[int], fis: Sequence[_FileIndex]) -> Iterator[pa.Table]:
+    def _merged_channels(self, nos: Sequence[int], fis: Sequence[_FileIndex],
+                         cancel: threading.Event | None = None) -> Iterator[pa.Table]:
         """The rows of files ``nos`` (their indexes ``fis``) in merged order,
         one channel at a time: each file holds a channel's rows together
         (its index gives their range), so a channel's merged rows are its
@@ -344,6 +355,8 @@ class _Writer(_Search):
         try:
             names = sorted({ch for fi in fis for ch in fi.channels})   # code point order: Arrow's
             for ch in names:
+                if cancel is not None and cancel.is_set():
+                    raise MergeCancelled(f"merge of {[_parquet_name(no) for no in nos]} cancelled")
                 got = [r.rows(*r.fi.channels[ch][:2]) for r in readers if ch in r.fi.channels]
                 t = pa.concat_tables(got) if len(got) > 1 else got[0]
                 del got
