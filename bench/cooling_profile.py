@@ -90,6 +90,36 @@ def _report(title: str) -> None:
         print(f"{phase:8} {th:22} {label:42} {n:7d} {w:8.2f} {c:8.2f}")
 
 
+def _rss_anon() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) << 10
+    return 0
+
+
+class _Peak:
+    """RssAnon sampled every 5 ms, with what ran at its peak."""
+
+    def __init__(self, store: Any) -> None:
+        self.store, self.base, self.peak, self.at = store, _rss_anon(), 0, ""
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.005):
+            v = _rss_anon() - self.base
+            if v > self.peak:
+                jobs = []
+                for name in ("_bg", "_bg_merge"):
+                    job = getattr(self.store, name, None)
+                    if job is not None and not job.done.is_set():
+                        rows = self.store._cool.file_rows()
+                        jobs.append(f"{job.kind}({len(job.locs) or sum(rows.get(n, 0) for n in getattr(job, 'sources', ()))})")
+                self.peak, self.at = v, f"{_PHASE[0]} {' '.join(jobs) or 'no job'}"
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--n", type=int, default=200_000)
@@ -100,13 +130,21 @@ def main() -> None:
     _instrument()
     _c, _t, batches = wl.iter_batches(args.n, args.batch, seed=0)
     store = cs.ConversationStateRepository(args.dir, durability="fsync", compact_every=64, hot_window=512)
+    peak = _Peak(store)
     calls = []
+    slowest: list[tuple[float, dict]] = []     # the 3 slowest calls: main thread's time per function
     t_load = time.perf_counter()
     for batch in batches:
         recs = [wl.default_message_factory(m) for m in batch]
+        before = {k: v[1] for k, v in _STATS.items() if k[1] == "main"}
         t0 = time.perf_counter()
         store.append_many(recs)
         calls.append(time.perf_counter() - t0)
+        if len(slowest) < 3 or calls[-1] > slowest[-1][0]:
+            spent = {k[2]: v[1] - before.get(k, 0.0) for k, v in _STATS.items() if k[1] == "main"}
+            slowest.append((calls[-1], {f: w for f, w in spent.items() if w > 0.005}))
+            slowest.sort(key=lambda x: -x[0])
+            del slowest[3:]
     load = time.perf_counter() - t_load
     excess = len(store._index.excess(store.hot_window))
     job = store._bg
@@ -123,12 +161,17 @@ def main() -> None:
     t0 = time.perf_counter()
     store.close()
     close = time.perf_counter() - t0
+    peak.stop.set()
+    print(f"peak RssAnon growth {peak.peak / len(calls) / args.batch:.0f} B/msg at: {peak.at}")
     print(f"after compact(): cool files {len(files_after)} {files_after}, merge in flight "
           f"{job is not None and not job.done.is_set()}; close() {close:.2f} s")
     n = len(calls) * args.batch
     print(f"load {load:.1f} s wall, append_many sum {sum(calls):.1f} s = {sum(calls) / n * 1e6:.1f} us/msg, "
           f"max {max(calls) * 1e3:.0f} ms, mean {sum(calls) / len(calls) * 1e3:.1f} ms; "
           f"compact() {comp:.2f} s ({rep})")
+    for took, spent in slowest:
+        print(f"slow append_many {took * 1e3:.0f} ms: "
+              + ", ".join(f"{f} {w * 1e3:.0f}" for f, w in sorted(spent.items(), key=lambda x: -x[1])))
     _report("inclusive times")
 
 
