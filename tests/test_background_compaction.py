@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from rune_fast._conv import cooling, tuning
+from rune_fast._conv import cooling, staging, tuning
 from rune_fast import codec
 from rune_fast import conversation_state as cs
 from rune_fast.conversation_state import ConversationStateRepository, ReadStatus
@@ -494,3 +494,41 @@ def test_close_gives_up_a_merge_in_flight(tmp_path, small_bg, monkeypatch):
     with open_repo(tmp_path) as repo:
         assert set(repo._cool.files()) == listed        # no merged file left behind
         check_reads(repo, stored)
+
+
+def test_a_full_tier_is_merged_a_group_at_a_time(tmp_path, monkeypatch):
+    # a tier that filled while a merge ran (19 files) is merged MERGE_FANOUT
+    # files at a time, oldest first; the rest waits for another group
+    with open_repo(tmp_path) as repo:
+        names = [f"cool-{i:08d}.parquet" for i in range(1, 20)]
+        monkeypatch.setattr(repo._cool, "plan_merge", lambda fanout: [names])
+        f = tuning.MERGE_FANOUT
+        assert repo._plan_merge() == [names[a:a + f] for a in range(0, 19 - f + 1, f)]
+
+
+def test_a_background_merge_gets_its_groups_whenever_its_thread_starts(tmp_path, small_bg, monkeypatch):
+    # the job's work used to read the compaction's ``groups`` when the thread
+    # ran, after the compaction had emptied it: a late thread merged nothing
+    real = staging._Staged._run
+    go = threading.Event()
+
+    def late(self, work):
+        if self.kind == "merge":
+            go.wait(30)
+        real(self, work)
+    monkeypatch.setattr(staging._Staged, "_run", late)
+    with open_repo(tmp_path) as repo:
+        i = 0
+        while repo._bg_merge is None:
+            repo.append(msg(i))
+            i += 1
+            assert i < 3000, "no merge went to the background"
+        merging = repo._bg_merge
+        go.set()
+        merging.thread.join()
+        assert merging.error is None and merging.result.jobs
+        files = set(merging.sources)
+        while repo._bg_merge is not None:
+            repo.append(msg(i))
+            i += 1
+        assert not files & set(repo._cool.files())      # the sources were merged away

@@ -161,8 +161,16 @@ class Compaction(Host):
         return bool(self._within(self._mergeable(), tuning.BG_COOL_MIN_ROWS - 1))
 
     def _plan_merge(self) -> list[list[str]]:
-        """The groups of cool files to merge (``tuning.MERGE_FANOUT``)."""
-        return self._cool.plan_merge(fanout=tuning.MERGE_FANOUT)
+        """The groups of cool files to merge: ``tuning.MERGE_FANOUT`` files of
+        a size tier each, the oldest first (the rest of a tier waits until it
+        fills another group). A tier that filled while a merge was written
+        is merged a group at a time, not whole: during a bulk load of
+        1,000,000 messages one merge of 50 files (654,000 rows) beside a
+        cooling run raised the peak of resident memory by 60 bytes a
+        message (a merge holds its rows' ids, channels and tasks for the
+        new file's index)."""
+        f = tuning.MERGE_FANOUT
+        return [g[a:a + f] for g in self._cool.plan_merge(fanout=f) for a in range(0, len(g) - f + 1, f)]
 
     def _mergeable(self) -> list[list[str]]:
         """The groups of :meth:`_plan_merge` that share no file with the
@@ -278,14 +286,17 @@ class Compaction(Host):
                 rep.cool_files_written += len(change.added)
             groups = self._mergeable()
             if groups and not full and start_bg and self._bg_merge is None \
-                    and self._merge_rows(groups) >= tuning.BG_COOL_MIN_ROWS:
+                    and self._merge_rows(groups[:1]) >= tuning.BG_COOL_MIN_ROWS:
+                groups = groups[:1]         # (one group a job: adopted sooner, planned again then)
                 # merged in the background; a compaction after it finishes
                 # adopts it (meanwhile cooling runs go on beside it: a merge
                 # of large files takes longer than the appends that fill
                 # the next runs; a small merge runs here, so a small
                 # store's tiers never depend on a thread's timing)
-                self._bg_merge = _Staged("merge", lambda job: self._cool.stage_merge(groups, durable=durable,
-                                                                                    cancel=job.cancel))
+                # (the groups bound now: the name is emptied below, and the
+                # thread may call this after that)
+                self._bg_merge = _Staged("merge", lambda job, todo=groups: self._cool.stage_merge(
+                    todo, durable=durable, cancel=job.cancel))
                 self._bg_merge.sources = {n for g in groups for n in g}
                 groups = []
             # merged here: an automatic compaction merges small groups only
