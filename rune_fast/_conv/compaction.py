@@ -295,8 +295,7 @@ class Compaction(Host):
                 # store's tiers never depend on a thread's timing)
                 # (the groups bound now: the name is emptied below, and the
                 # thread may call this after that)
-                self._bg_merge = _Staged("merge", lambda job, todo=groups: self._cool.stage_merge(
-                    todo, durable=durable, cancel=job.cancel))
+                self._bg_merge = _Staged("merge", functools.partial(self._merge_work, groups, durable))
                 self._bg_merge.sources = {n for g in groups for n in g}
                 groups = []
             # merged here: an automatic compaction merges small groups only
@@ -387,6 +386,10 @@ class Compaction(Host):
             self._compactions += 1
             self._last_compaction = rep
             return rep
+
+    def _merge_work(self, groups: list[list[str]], durable: bool, job: _Staged) -> object:
+        """The work of a background merge of ``groups`` (cancelled through ``job``)."""
+        return self._cool.stage_merge(groups, durable=durable, cancel=job.cancel)
 
     def _remove_files(self, paths: list[str], cool_names: list[str], durable: bool) -> None:
         """Unlink retired hot files and cool files (no manifest names them)."""
