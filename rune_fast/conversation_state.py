@@ -431,7 +431,10 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
                                                 and not self._clock_held()):
                         # (the clock too: stamps it issued, stored or not, stay behind the next session's)
                         self._write_manifest(list(self._manifest["cool_files"]))
-                    if self._snap_changes and not self._snapshot_serves():
+                    # (a merge adopted here, after the last snapshot, moved
+                    # rows to a new file: the next open would read its ids)
+                    moved = self._snap_files is not None and self._snap_files != self._snap_layout()
+                    if (self._snap_changes or moved) and not self._snapshot_serves():
                         try:
                             self._write_snapshot()
                         except OSError as exc:
