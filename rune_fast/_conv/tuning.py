@@ -35,18 +35,16 @@ BG_COOL_MAX_ROWS = 16384
 COOL_RUN_MAX_ROWS = 16384
 #: Merge cool files MERGE_FANOUT at a time, each of the same size tier
 #: (``floor(log_fanout(rows))``): a row is rewritten about
-#: ``log_fanout(rows / run)`` times over the archive's life. A bulk load's
-#: cooling runs hold 10,000-16,000 rows; at fanout 4 each row of a
-#: 1,000,000-message archive was written 4 times (the run and three merges,
-#: 10 us a row each on this machine's cores, more than the appender's
-#: 17 us a message: cooling fell behind the load). At 8 it is written
-#: twice, 3 times at 10,000,000; a tier keeps up to 7 files instead of 3,
-#: and there are fewer tiers. Right after a bulk load more files are left
-#: than before (measured at 1,000,000: 28 against 7, most of 16,384
-#: rows), because compact() no longer merges every full tier (see
-#: MERGE_INLINE_ROWS): the automatic compactions that follow merge them
-#: in their thread.
-MERGE_FANOUT = 8
+#: ``log_fanout(rows / run)`` times. Measured on bulk loads of 1,000,000
+#: messages (two runs side by side, 2 shared cores), with cooling runs
+#: beside merges: fanout 4 left 1.3 s to compact() and peaked at 205
+#: bytes a message of resident memory; 8 rewrote less but its merges of
+#: 8 files of ~100,000 rows, written beside a cooling run, peaked at 305
+#: (a merge holds its rows' ids, channels and tasks for the new file's
+#: index). Right after a bulk load more files are left than when
+#: compact() merged every full tier (24 against 10 at 1,000,000: see
+#: MERGE_INLINE_ROWS); the automatic compactions that follow merge them.
+MERGE_FANOUT = 4
 #: compact() (and close()) merge inline at most MERGE_INLINE_ROWS plus
 #: MERGE_INLINE_PER_COOLED rows for each row they cooled; a larger group of
 #: files is left to the automatic compactions, which merge it in a thread.
