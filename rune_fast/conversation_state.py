@@ -419,7 +419,13 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
                 return
             try:
                 self._join_chore()      # (file work of the last compaction: its snapshot first)
-                if self._bg is not None and self._writes.error is None:
+                merge = self._bg_merge
+                if merge is not None and not merge.done.is_set():
+                    # a merge still being written is given up, not waited for
+                    # (at 1,000,000 messages one takes tens of seconds); the
+                    # files stay as they are and the next session merges them
+                    merge.cancel.set()
+                if (self._bg is not None or merge is not None) and self._writes.error is None:
                     self._compact(full=False, start_bg=False)   # adopt the staged work
                 if not self.read_only and self._writes.error is None and self._tail is not None:
                     self._writes.sync_now()
@@ -429,7 +435,10 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
                                                 and not self._clock_held()):
                         # (the clock too: stamps it issued, stored or not, stay behind the next session's)
                         self._write_manifest(list(self._manifest["cool_files"]))
-                    if self._snap_changes and not self._snapshot_serves():
+                    # (a merge adopted here, after the last snapshot, moved
+                    # rows to a new file: the next open would read its ids)
+                    moved = self._snap_files is not None and self._snap_files != self._snap_layout()
+                    if (self._snap_changes or moved) and not self._snapshot_serves():
                         try:
                             self._write_snapshot()
                         except OSError as exc:
@@ -457,11 +466,12 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
     def _release(self) -> None:
         if getattr(self, "_chore", None) is not None:
             self._join_chore()
-        job = getattr(self, "_bg", None)
-        if job is not None:
+        for job in (getattr(self, "_bg", None), getattr(self, "_bg_merge", None)):
+            if job is None:
+                continue
             # a staged run nobody adopted (close failed): its file is a stray
             job.thread.join()
-            self._drop_staged()
+            self._drop_staged(job)
             try:
                 job.discard(self._cool)
             except (OSError, ValueError) as exc:

@@ -68,3 +68,60 @@ def test_a_merge_holds_a_channel_and_a_row_group_a_file(tmp_path, sampled):
     assert max(sampled) - base < 6 * MiB
     assert [(r.record, r.ord) for r in all_rows(archive)] == before
     archive.close()
+
+
+def _merged_file_ids(tmp_path, name, tables, chunk, monkeypatch):
+    from rune_fast.cool import writer
+    monkeypatch.setattr(writer, "MERGE_CHUNK_ROWS", chunk)
+    archive = CoolArchive(str(tmp_path / name), row_group_rows=16)
+    for t in tables:
+        archive.cool_table(t)
+    change = archive.merge([archive.files()])
+    path = archive.path_of(change.files[0])
+    ids = pq.read_table(path, columns=["msg_id"]).column("msg_id").to_pylist()
+    rows = [(r.record, r.ord) for r in all_rows(archive)]
+    archive.close()
+    return ids, rows
+
+
+def test_a_large_channel_is_merged_in_chunks_in_the_same_order(tmp_path, monkeypatch):
+    # a channel of more than MERGE_CHUNK_ROWS rows is taken from its sources a
+    # chunk at a time in merged order (stamped and unstamped rows interleaved
+    # across the files): the file is the same as the whole channel's merge
+    import random
+    rnd = random.Random(5)
+    tables = []
+    for k in range(3):
+        rows, ords = [], []
+        for j in range(300):
+            i = k * 1000 + j
+            stamped = rnd.random() < 0.5
+            hlc = f"{rnd.randrange(10**6):015d}-0000000000-dev" if stamped else ""
+            rows.append(rec(i, "big" if j % 5 else f"ch{j % 3}", hlc=hlc))
+            ords.append(rnd.randrange(10**6))
+        # (each run in the channel's order key, as cooling gives it)
+        key = sorted(range(len(rows)), key=lambda x: (rows[x]["hlc"] != "", 0 if rows[x]["hlc"] else ords[x],
+                                                      rows[x]["hlc"], rows[x]["msg_id"]))
+        rows, ords = [rows[x] for x in key], [ords[x] for x in key]
+        tables.append(_table_from_records(rows, ords, [record_digest(r) for r in rows]))
+    whole = _merged_file_ids(tmp_path, "whole", tables, 10**9, monkeypatch)
+    chunked = _merged_file_ids(tmp_path, "chunked", tables, 37, monkeypatch)
+    assert chunked == whole
+    assert len(whole[0]) == 900
+
+
+def test_a_merge_of_one_large_channel_holds_a_chunk(tmp_path, sampled, monkeypatch):
+    from rune_fast.cool import writer
+    monkeypatch.setattr(writer, "MERGE_CHUNK_ROWS", 256)
+    archive = CoolArchive(str(tmp_path / "cool"), row_group_rows=64)
+    for k in range(4):
+        archive.cool_table(_table(k * 2000, (k + 1) * 2000, 1))
+    base = pa.total_allocated_bytes()
+    sampled.clear()
+    archive.merge([archive.files()])
+    # 32 MB of content in one channel; a chunk of 256 rows is 1 MB (before:
+    # the channel whole and its sorted copy, 64 MB)
+    assert len(sampled) >= 8000 // 64
+    assert max(sampled) - base < 6 * MiB
+    assert [r.record["msg_id"] for r in all_rows(archive)] == [f"msg_{i:08d}" for i in range(8000)]
+    archive.close()

@@ -37,7 +37,8 @@ class Compaction(Host):
         self._behind = None
         self._compactions = 0
         self._last_compaction = None
-        self._bg = None
+        self._bg = None                 # a cooling run in a thread (see Cooling._auto_compact)
+        self._bg_merge = None           # a merge of cool files in another, beside it
         self._chore = None              # file work a compaction left to a thread (see _Chore)
         self._rewrite_due = False       # (see Cooling._auto_compact)
 
@@ -63,9 +64,12 @@ class Compaction(Host):
         assert self._behind is not None
         self._behind.add(channel_id)
 
-    def _drop_staged(self) -> None:
-        """The staged run is given up (the caller discards its files)."""
-        self._bg = None
+    def _drop_staged(self, job: _Staged) -> None:
+        """``job`` is given up (the caller discards its files)."""
+        if self._bg is job:
+            self._bg = None
+        if self._bg_merge is job:
+            self._bg_merge = None
 
     def _compact_segments(self, rep: CompactionReport, cool_erase: list[str],
                           old_segs: list[int], max_runs: int | None = None) -> tuple[list[int], bool]:
@@ -146,7 +150,48 @@ class Compaction(Host):
         assert self._tail is not None       # a writer always has its tail
         return (not self._pending_erase and not self._segs_unchecked
                 and self._tail.size < tuning.ROLL_BYTES and not self._cooling_due()
-                and not self._cool.plan_merge())
+                and not self._merge_due())
+
+    def _merge_due(self) -> bool:
+        """Whether an automatic compaction has files to merge: a group to
+        start in the thread, or (while it writes one) a small group to merge
+        inline."""
+        if self._bg_merge is None:
+            return bool(self._plan_merge())
+        return bool(self._within(self._mergeable(), tuning.BG_COOL_MIN_ROWS - 1))
+
+    def _plan_merge(self) -> list[list[str]]:
+        """The groups of cool files to merge: ``tuning.MERGE_FANOUT`` files of
+        a size tier each, the oldest first (the rest of a tier waits until it
+        fills another group). A tier that filled while a merge was written
+        is merged a group at a time, not whole: during a bulk load of
+        1,000,000 messages one merge of 50 files (654,000 rows) beside a
+        cooling run raised the peak of resident memory by 60 bytes a
+        message (a merge holds its rows' ids, channels and tasks for the
+        new file's index)."""
+        f = tuning.MERGE_FANOUT
+        return [g[a:a + f] for g in self._cool.plan_merge(fanout=f) for a in range(0, len(g) - f + 1, f)]
+
+    def _mergeable(self) -> list[list[str]]:
+        """The groups of :meth:`_plan_merge` that share no file with the
+        merge a thread is writing."""
+        groups = self._plan_merge()
+        job = self._bg_merge
+        if job is not None:
+            groups = [g for g in groups if job.sources.isdisjoint(g)]
+        return groups
+
+    def _within(self, groups: list[list[str]], budget: int) -> list[list[str]]:
+        """The smallest of ``groups`` whose rows add up to at most ``budget``."""
+        rows = self._cool.file_rows()
+        out = []
+        for g in sorted(groups, key=lambda g: sum(rows.get(n, 0) for n in g)):
+            n = sum(rows.get(name, 0) for name in g)
+            if n > budget:
+                break
+            out.append(g)
+            budget -= n
+        return out
 
     def _compact(self, *, full: bool, start_bg: bool = True, settle: bool = True,
                  cool_excess: bool = True, segments: bool = True) -> CompactionReport:
@@ -172,10 +217,11 @@ class Compaction(Host):
 
     def _compact_now(self, *, full: bool, start_bg: bool = True, settle: bool = True,
                      cool_excess: bool = True, segments: bool = True) -> CompactionReport:
-        """A compaction (lock held). ``settle=False``: leave a background
-        merge running (the caller checked that one runs and that nothing is
-        to be erased): nothing is cooled or merged then, only the tail and
-        the segments are seen to. ``cool_excess=False``: adopt what the
+        """A compaction (lock held). ``settle=False`` (nothing to erase):
+        adopt the background jobs that finished and leave those still
+        running: while a cooling run is written nothing is cooled and no
+        segment moves (its lines stay where it read them); while a merge is
+        written no other merge starts. ``cool_excess=False``: adopt what the
         background staged, but leave the excess to the caller.
         ``segments=False`` (nothing to erase): leave the segments (the
         roll, the rewrite of those the cooled lines left sparse) to the next
@@ -187,8 +233,13 @@ class Compaction(Host):
             t0 = time.perf_counter()
             self._join_chore()
             rep = CompactionReport()
-            staged = self._settle_bg() if settle else None
-            if staged is None and not full and self._fold_only():
+            # (an erasure waits for both jobs: it may rewrite what they read;
+            # compact() waits for a cooling run, which holds the oldest
+            # excess, and leaves a merge in flight to finish by itself)
+            erasing = bool(self._pending_erase or self._dirty_segs)
+            staged, merged_bg = self._settle_bg(wait_cool=settle or erasing,
+                                                wait_merge=(settle and not full) or erasing)
+            if staged is None and merged_bg is None and not full and self._fold_only():
                 return self._fold(rep, t0)
             durable = self.durability != "none"
             if durable:
@@ -198,18 +249,21 @@ class Compaction(Host):
             old_cool: list[str] = []
             manifest_cool = list(self._manifest["cool_files"])
             # 1. cooling: first a run staged in the background, then the rest
-            if staged is not None and staged.kind == "cool":
+            if staged is not None:
                 manifest_cool = self._cool.adopt(staged.result)
                 self._cooled(staged.locs, staged.table, staged=staged)
                 rep.cooled += staged.table.num_rows
                 rep.cool_files_written += 1
-            elif staged is not None:
+            if merged_bg is not None:
                 # a merge, adopted before any erasure rewrites its sources
-                change = self._cool.adopt_merge(staged.result)
+                change = self._cool.adopt_merge(merged_bg.result)
                 manifest_cool = list(change.files)
                 old_cool.extend(change.removed)
                 rep.cool_files_written += len(change.added)
-            excess = self._excess(full) if settle and cool_excess else []
+            # (nothing inline while a cooling run is written: it holds the
+            # oldest excess, and its lines must stay where it read them)
+            cooling = self._bg is not None
+            excess = self._excess(full) if cool_excess and not cooling else []
             # (a file a COOL_RUN_MAX_ROWS: each run's lines are copied and
             # parsed whole, so the final compact() of a bulk load, which
             # cools what the background runs left, holds a run's lines at a
@@ -230,31 +284,51 @@ class Compaction(Host):
                 manifest_cool = list(change.files)
                 old_cool.extend(change.removed)
                 rep.cool_files_written += len(change.added)
-            groups = self._cool.plan_merge() if settle else []
-            if groups and not full and start_bg and self._merge_rows(groups) >= tuning.BG_COOL_MIN_ROWS:
-                # merged in the background; the next compaction adopts it
-                # (meanwhile automatic compactions cool nothing: a small
-                # merge runs here, so a small store's tiers never depend on
-                # a thread's timing)
-                self._bg = _Staged("merge", lambda _job: self._cool.stage_merge(groups, durable=durable))
+            groups = self._mergeable()
+            if groups and not full and start_bg and self._bg_merge is None \
+                    and self._merge_rows(groups[:1]) >= tuning.BG_COOL_MIN_ROWS:
+                groups = groups[:1]         # (one group a job: adopted sooner, planned again then)
+                # merged in the background; a compaction after it finishes
+                # adopts it (meanwhile cooling runs go on beside it: a merge
+                # of large files takes longer than the appends that fill
+                # the next runs; a small merge runs here, so a small
+                # store's tiers never depend on a thread's timing)
+                # (the groups bound now: the name is emptied below, and the
+                # thread may call this after that)
+                self._bg_merge = _Staged("merge", functools.partial(self._merge_work, groups, durable))
+                self._bg_merge.sources = {n for g in groups for n in g}
                 groups = []
-            merged = bool(groups)
+            # merged here: an automatic compaction merges small groups only
+            # (a larger one waits for the thread); compact() and close() at
+            # most MERGE_INLINE_ROWS plus MERGE_INLINE_PER_COOLED a row they
+            # cooled, so their work is proportional to what moved (a larger
+            # group is left to the automatic compactions' thread)
+            budget = (tuning.BG_COOL_MIN_ROWS - 1 if not full and start_bg
+                      else tuning.MERGE_INLINE_ROWS + tuning.MERGE_INLINE_PER_COOLED * rep.cooled)
+            merged = False
             while groups:
+                groups = self._within(groups, budget)
+                if not groups:
+                    break
+                budget -= self._merge_rows(groups)
+                merged = True
                 change = self._cool.merge(groups)
                 manifest_cool = list(change.files)
                 old_cool.extend(change.removed)
                 rep.cool_files_written += len(change.added)
-                # a merge can fill the next tier: an explicit compact() leaves
-                # nothing to merge (O(log n) rounds); an automatic one, one round
-                groups = self._cool.plan_merge() if full else []
-            if staged is not None or excess or cool_erase or merged:
+                # a merge can fill the next tier: an explicit compact() goes
+                # on while its budget lasts; an automatic one, one round
+                groups = self._mergeable() if full else []
+            if staged is not None or merged_bg is not None or excess or cool_erase or merged:
                 self._forget_interleaving()
             # 3-4. segments (only when live lines moved: cooling, deletion, a
             # fresh open, or a tail past ROLL_BYTES): roll the tail if it holds
             # deleted lines, grew large or is mostly dead; rewrite sealed
             # segments holding deleted lines or mostly dead; drop empty ones
             new_order: list[int] = list(self._seg_order)
-            if not (segments or self._pending_erase or self._dirty_segs):
+            if cooling:
+                pass            # (the running cooling run read its lines where they are)
+            elif not (segments or self._pending_erase or self._dirty_segs):
                 if staged is not None or excess:
                     self._segs_unchecked = self._rewrite_due = True
             elif (staged is not None or excess or self._pending_erase or self._segs_unchecked
@@ -312,6 +386,10 @@ class Compaction(Host):
             self._compactions += 1
             self._last_compaction = rep
             return rep
+
+    def _merge_work(self, groups: list[list[str]], durable: bool, job: _Staged) -> object:
+        """The work of a background merge of ``groups`` (cancelled through ``job``)."""
+        return self._cool.stage_merge(groups, durable=durable, cancel=job.cancel)
 
     def _remove_files(self, paths: list[str], cool_names: list[str], durable: bool) -> None:
         """Unlink retired hot files and cool files (no manifest names them)."""

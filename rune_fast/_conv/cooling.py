@@ -93,34 +93,37 @@ class Cooling(Host):
     def _auto_compact(self) -> None:
         """The compaction that runs every ``compact_every`` messages (lock
         held). A large cooling run is staged in a background thread (Parquet
-        encoding and its syncs run while appenders go on); the compaction after
-        it finishes adopts it. Everything else runs here, as ``compact()``."""
+        encoding and its syncs run while appenders go on), and a merge of
+        cool files in another beside it (a merge of large files outlasts many
+        runs: cooling that waited for it fell behind the appends, and the
+        final compact() of a bulk load of 1,000,000 messages paid for 40%
+        of it). A compaction after a job finishes adopts it. Everything else
+        runs here, as ``compact()``."""
         assert self._tail is not None       # a writer always has its tail
         t0 = time.perf_counter()
-        job = self._bg
-        if job is not None and not job.done.is_set():
-            if job.kind == "merge" and not self._pending_erase and self._tail.size >= tuning.ROLL_BYTES:
-                # a merge of cool files is being written: the tail still
-                # rolls (segments stay bounded); the excess waits and is
-                # cooled in one run when the merge is adopted
-                self._compact(full=False, start_bg=False, settle=False)
-            else:
-                self._fold(CompactionReport(), t0)    # a cooling job's rows stay put meanwhile
+        job, merge = self._bg, self._bg_merge
+        if self._pending_erase and any(j is not None and not j.done.is_set() for j in (job, merge)):
+            # an erasure waits for the jobs (it may rewrite what they read),
+            # and no append waits for one: the tail is folded meanwhile
+            self._fold(CompactionReport(), t0)
+            return
+        if (job is not None and job.done.is_set()) or (merge is not None and merge.done.is_set()):
+            # adopt the finished job(s) (a cooling run's rows leave the
+            # index). The segments they leave sparse (and the tail's roll)
+            # are seen to by the next compactions, one rewrite run each, and
+            # the excess grown meanwhile is staged by one of them: each
+            # append pays for one of these (measured at 200,000 messages:
+            # 100-300 ms when one call paid for all)
+            self._compact(full=False, cool_excess=False, segments=False, settle=False)
             return
         if job is not None:
-            # adopt the finished job (its rows leave the index). The
-            # segments they leave sparse (and the tail's roll) are seen to
-            # by the next compactions, one rewrite run each, and the excess
-            # grown meanwhile is staged by one of them: each append pays
-            # for one of these (measured at 200,000 messages: 100-300 ms
-            # when one call paid for all)
-            self._compact(full=False, cool_excess=False, segments=False)
+            self._fold(CompactionReport(), t0)    # a cooling run's lines stay put meanwhile
             return
         if self._rewrite_due and not self._pending_erase:
             # the segments the last adoption left sparse, one run a call,
             # before the next run is staged (else they pile up: at 1,000,000
             # messages the final compact() had tens of them to rewrite)
-            self._compact(full=False, cool_excess=False)
+            self._compact(full=False, cool_excess=False, settle=False)
             return
         if not self._pending_erase:
             # (also the first compaction of an open: its look at every segment
@@ -136,33 +139,40 @@ class Cooling(Host):
                     self._bg = self._stage_cooling(excess[:tuning.BG_COOL_MAX_ROWS])
                     self._fold(CompactionReport(), t0)
                 else:
-                    self._compact(full=False, cool_excess=False)
+                    self._compact(full=False, cool_excess=False, settle=False)
                 return
-        self._compact(full=False)
+        self._compact(full=False, settle=False)
 
-    def _settle_bg(self) -> "_Staged | None":
-        """Wait for the background job, if any (lock held; the job never takes
-        the repository lock). Returns it if it can be adopted: a cooling run
-        whose messages are all still indexed where they were read (a deletion
-        since then discards it, and the compaction cools inline), or a merge."""
-        job = self._bg
-        if job is None:
-            return None
-        job.thread.join()
-        self._bg = None
-        if job.error is not None:
-            log.warning("background %s failed, done inline instead: %s", job.kind, job.error)
-            return None
-        if job.result is None:
-            return None
-        if job.kind == "cool":
-            ids, keys = self._staged_keys(job)
-            found = self._index.find_many(keys)
-            if not self._tombstones.keys().isdisjoint(ids) \
-                    or not np.array_equal(found, np.asarray(job.locs, dtype=np.int64)):
-                job.discard(self._cool)
-                return None
-        return job
+    def _settle_bg(self, wait_cool: bool = True,
+                   wait_merge: bool = True) -> "tuple[_Staged | None, _Staged | None]":
+        """(the cooling run, the merge) to adopt: the background jobs that
+        finished, after waiting for the cooling run if ``wait_cool`` and for
+        the merge if ``wait_merge`` (lock held; a job never takes the
+        repository lock; one still running is left in place). A cooling run is adopted if its messages are all still
+        indexed where they were read (a deletion since then discards it, and
+        the compaction cools inline); a failed job is logged and dropped."""
+        out: list[_Staged | None] = []
+        for job, wait in ((self._bg, wait_cool), (self._bg_merge, wait_merge)):
+            if job is None or not (wait or job.done.is_set()):
+                out.append(None)
+                continue
+            job.thread.join()
+            self._drop_staged(job)
+            if job.error is not None:
+                if not job.cancel.is_set():
+                    log.warning("background %s failed, done inline instead: %s", job.kind, job.error)
+                job = None
+            elif job.result is None:
+                job = None
+            elif job.kind == "cool":
+                ids, keys = self._staged_keys(job)
+                found = self._index.find_many(keys)
+                if not self._tombstones.keys().isdisjoint(ids) \
+                        or not np.array_equal(found, np.asarray(job.locs, dtype=np.int64)):
+                    job.discard(self._cool)
+                    job = None
+            out.append(job)
+        return out[0], out[1]
 
     def _stage_cooling(self, locs: list[int]) -> _Staged:
         """Start the background cooling run of the hot lines at ``locs``

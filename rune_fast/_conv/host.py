@@ -108,7 +108,8 @@ class RepoState:
     _manifest_dirty: bool
     _compactions: int
     _last_compaction: CompactionReport | None
-    _bg: _Staged | None
+    _bg: _Staged | None         # a cooling run written by a thread
+    _bg_merge: _Staged | None   # a merge of cool files written by another
     _chore: _Chore | None
     _behind: set[str] | None
     _clock_nows: int

@@ -29,8 +29,10 @@ class _Staged:
         self.ids: list[str] | None = None
         self.keys: list[bytes] | None = None
         self.result: Any = None
+        self.sources: set[str] = set()  # a merge's source files (set by the compaction that starts it)
         self.error: BaseException | None = None
         self.done = threading.Event()
+        self.cancel = threading.Event()     # set: a merge gives up (close() does not wait for it)
         self.thread = threading.Thread(target=self._run, args=(work,), name=f"rune-fast-{kind}",
                                        daemon=True)
         self.thread.start()

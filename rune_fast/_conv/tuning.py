@@ -33,6 +33,25 @@ BG_COOL_MAX_ROWS = 16384
 #: background runs had left in one run and peaked at 641 bytes a message
 #: of resident memory (the appends before it: 204).
 COOL_RUN_MAX_ROWS = 16384
+#: Merge cool files MERGE_FANOUT at a time, each of the same size tier
+#: (``floor(log_fanout(rows))``): a row is rewritten about
+#: ``log_fanout(rows / run)`` times. Measured on bulk loads of 1,000,000
+#: messages (two runs side by side, 2 shared cores), with cooling runs
+#: beside merges: fanout 4 left 1.3 s to compact() and peaked at 205
+#: bytes a message of resident memory; 8 rewrote less but its merges of
+#: 8 files of ~100,000 rows, written beside a cooling run, peaked at 305
+#: (a merge holds its rows' ids, channels and tasks for the new file's
+#: index). Right after a bulk load more files are left than when
+#: compact() merged every full tier (24 against 10 at 1,000,000: see
+#: MERGE_INLINE_ROWS); the automatic compactions that follow merge them.
+MERGE_FANOUT = 4
+#: compact() (and close()) merge inline at most MERGE_INLINE_ROWS plus
+#: MERGE_INLINE_PER_COOLED rows for each row they cooled; a larger group of
+#: files is left to the automatic compactions, which merge it in a thread.
+#: Merging every full tier at once made the compact() right after a bulk
+#: load of 1,000,000 messages rewrite most of the archive (22 s of 25).
+MERGE_INLINE_ROWS = 65536
+MERGE_INLINE_PER_COOLED = 4
 #: lines a background cooling run parses per call (see _stage_cooling)
 PARSE_PART = 256
 #: close() leaves the index snapshot as it is when it still matches the files

@@ -5,34 +5,45 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .._names import tmp_name
 from ..errors import CorruptStateCheckpointError
 from ..events import fsync_dir
-
-
-log = logging.getLogger("rune_fast.cool")
-
-
-from .files import _dirs_of
-from . import grams as _grams
-from .search import _Search
-from .._names import tmp_name
 from ..segments import write_kept
+from . import grams as _grams
+from .files import _dirs_of
+from .search import _Search
 from .schema import (_PARQUET_ERRORS, COOL_SCHEMA, CoolChange, CoolRun, StagedMerge, _file_no, _grams_name, _id_range,
                      _idx_name, _parquet_name)
 from .sidecar import _FileIndex, _build_index, _close, _file_digest, _footer_hash, _open_checked, _release_arrow, _unlink_quiet
 from .tables import _channel_order, _merge_order
+
+log = logging.getLogger("rune_fast.cool")
+
+
+class MergeCancelled(Exception):
+    """A :meth:`_Writer.stage_merge` given up through its ``cancel`` event
+    (its files are removed; the archive still serves the sources)."""
 
 
 #: rows of a cooled table whose content the search filters take at a time
 _GRAM_PIECE = 1 << 15
 #: the columns a file's index is built from (``_build_index``)
 _KEY_COLUMNS = ("msg_id", "channel_id", "task_id")
+#: the columns a merge orders a channel's rows by (``_merge_order``)
+_ORDER_COLUMNS = ["channel_id", "hlc", "ord", "msg_id"]
+#: a merge takes a channel of more rows than this from its sources this
+#: many rows at a time, in merged order (its order computed from the key
+#: columns alone): a merge of eight files of a bulk load of 1,000,000
+#: messages held one busy channel's rows twice (about 90,000 rows, 130 MB),
+#: beside the cooling run written meanwhile
+MERGE_CHUNK_ROWS = 8192
 
 
 class _GroupCursor:
@@ -74,6 +85,22 @@ class _GroupCursor:
             if rg < hi:
                 del self._groups[rg]
         return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+
+    def keys(self, start: int, end: int) -> pa.Table:
+        """The order-key columns of rows ``[start, end)`` (their row groups
+        read for those columns only; nothing kept)."""
+        starts = self.fi.rg_starts
+        lo = int(np.searchsorted(starts, start, side="right")) - 1
+        hi = int(np.searchsorted(starts, end - 1, side="right")) - 1
+        try:
+            t = self._pf.read_row_groups(list(range(lo, hi + 1)), columns=_ORDER_COLUMNS, use_threads=False)
+        except _PARQUET_ERRORS as exc:
+            raise CorruptStateCheckpointError(f"cool archive cannot be read: {exc}", path=self.path) from None
+        if t.num_rows != int(starts[hi + 1] - starts[lo]):
+            raise CorruptStateCheckpointError(
+                f"cool archive row groups {lo}-{hi} hold {t.num_rows} rows, its index "
+                f"{int(starts[hi + 1] - starts[lo])}", path=self.path)
+        return t.slice(start - int(starts[lo]), end - start)
 
     def close(self) -> None:
         self._groups.clear()
@@ -298,12 +325,16 @@ class _Writer(_Search):
                 groups = self.plan_merge(fanout=fanout, max_files=max_files)
             return self.adopt_merge(self.stage_merge(groups, durable=durable))
 
-    def stage_merge(self, groups: Sequence[Sequence[str]], *, durable: bool | None = None) -> "StagedMerge":
+    def stage_merge(self, groups: Sequence[Sequence[str]], *, durable: bool | None = None,
+                    cancel: threading.Event | None = None) -> "StagedMerge":
         """Write the merged files of :meth:`merge` without serving them:
         :meth:`adopt_merge` switches to them, :meth:`discard_merge` removes
         them. Meant for a background thread while the archive serves reads:
         the sources are read through handles of its own, and nothing else may
-        change the archive until the merge is adopted or discarded."""
+        change the archive until the merge is adopted or discarded (new
+        files may be added: a cooling run beside it). ``cancel`` set: it
+        stops at the next channel, removes what it wrote and raises
+        MergeCancelled (a close does not wait for a long merge)."""
         self._writable()
         with self._lock:
             seen: set[int] = set()
@@ -324,7 +355,7 @@ class _Writer(_Search):
         try:
             for nos in jobs:
                 fi = self._write_file(None, durable=self._dur(durable),
-                                      parts=self._merged_channels(nos, indexes[tuple(nos)]))
+                                      parts=self._merged_channels(nos, indexes[tuple(nos)], cancel))
                 _release_arrow()
                 new.append(fi)
                 for no in nos:
@@ -353,7 +384,8 @@ class _Writer(_Search):
         with self._lock:
             self._abandon(staged.new)
 
-    def _merged_channels(self, nos: Sequence[int], fis: Sequence[_FileIndex]) -> Iterator[pa.Table]:
+    def _merged_channels(self, nos: Sequence[int], fis: Sequence[_FileIndex],
+                         cancel: threading.Event | None = None) -> Iterator[pa.Table]:
         """The rows of files ``nos`` (their indexes ``fis``) in merged order,
         one channel at a time: each file holds a channel's rows together
         (its index gives their range), so a channel's merged rows are its
@@ -367,11 +399,50 @@ class _Writer(_Search):
         try:
             names = sorted({ch for fi in fis for ch in fi.channels})   # code point order: Arrow's
             for ch in names:
-                got = [r.rows(*r.fi.channels[ch][:2]) for r in readers if ch in r.fi.channels]
+                if cancel is not None and cancel.is_set():
+                    raise MergeCancelled(f"merge of {[_parquet_name(no) for no in nos]} cancelled")
+                srcs = [(r, *r.fi.channels[ch][:2]) for r in readers if ch in r.fi.channels]
+                if len(srcs) > 1 and sum(e - s for _r, s, e in srcs) > MERGE_CHUNK_ROWS:
+                    yield from self._merged_chunks(srcs)
+                    continue
+                got = [r.rows(s, e) for r, s, e in srcs]
                 t = pa.concat_tables(got) if len(got) > 1 else got[0]
                 del got
-                yield t.take(_merge_order(t)) if len(readers) > 1 else t
+                yield t.take(_merge_order(t)) if len(srcs) > 1 else t
                 del t
         finally:
             for r in readers:
                 r.close()
+
+    @staticmethod
+    def _merged_chunks(srcs: Sequence[tuple[_GroupCursor, int, int]]) -> Iterator[pa.Table]:
+        """One channel's rows of several sources (each ``(cursor, start,
+        end)``, a range in key order) in merged order, MERGE_CHUNK_ROWS rows
+        at a time: the merged order comes from the key columns alone, and
+        as each source's rows keep their order in it, a chunk takes one
+        range of each source (read forward by its cursor)."""
+        keys = pa.concat_tables([r.keys(s, e) for r, s, e in srcs])
+        order = np.asarray(_merge_order(keys), dtype=np.int64)
+        del keys
+        lens = np.array([e - s for _r, s, e in srcs], dtype=np.int64)
+        firsts = np.concatenate([[0], np.cumsum(lens)[:-1]])
+        src = np.repeat(np.arange(len(srcs)), lens)[order]     # the source of each merged row
+        row = order - firsts[src]                               # its row within that source's range
+        del order
+        for a in range(0, len(src), MERGE_CHUNK_ROWS):
+            cs, cr = src[a:a + MERGE_CHUNK_ROWS], row[a:a + MERGE_CHUNK_ROWS]
+            parts, base = [], np.zeros(len(srcs), dtype=np.int64)
+            at = 0
+            for k, (r, s, _e) in enumerate(srcs):
+                mine = cr[cs == k]
+                if len(mine):
+                    # (one range: a source's rows keep their order; were
+                    # they not, the span that holds them is read)
+                    lo, hi = int(mine.min()), int(mine.max()) + 1
+                    parts.append(r.rows(s + lo, s + hi))
+                    base[k] = at - lo
+                    at += hi - lo
+            t = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+            del parts
+            yield t.take(pa.array(base[cs] + cr))
+            del t

@@ -1,0 +1,179 @@
+"""Where the time of a bulk load's cooling goes: the load of
+``bench/build_10m.py`` (the same workload, batches of 1,000, compact_every 64,
+hot_window 512) with the cooling, compaction and archive-writing functions
+wrapped to sum their wall and thread CPU time per thread, then the state the
+load leaves to the final ``compact()`` and that call's own breakdown.
+
+    python bench/cooling_profile.py --n 200000 --dir /tmp/prof
+
+Inclusive times (a function's callees count in it too); one line per
+(phase, thread, function). Not part of the test run.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import shutil
+import sys
+import threading
+import time
+from collections import defaultdict
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+import pyarrow.parquet as pq  # noqa: E402
+
+from rune_fast import conversation_state as cs  # noqa: E402
+from rune_fast._conv import cooling  # noqa: E402
+from rune_fast.bench import workload as wl  # noqa: E402
+from rune_fast.cool import files, tables, writer  # noqa: E402
+
+_STATS: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+_PHASE = ["load"]
+
+
+def _thread() -> str:
+    name = threading.current_thread().name
+    return name.split("(")[0].strip() if name != "MainThread" else "main"
+
+
+def _wrap(owner: Any, attr: str, label: str | None = None) -> None:
+    fn = getattr(owner, attr)
+    label = label or f"{getattr(owner, '__name__', owner)}.{attr}"
+
+    @functools.wraps(fn)
+    def timed(*a: Any, **k: Any) -> Any:
+        w0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            return fn(*a, **k)
+        finally:
+            s = _STATS[(_PHASE[0], _thread(), label)]
+            s[0] += 1
+            s[1] += time.perf_counter() - w0
+            s[2] += time.thread_time() - c0
+
+    setattr(owner, attr, timed)
+
+
+def _instrument() -> None:
+    R = cs.ConversationStateRepository
+    for attr in ("append_many", "_auto_compact", "_compact_now", "_settle_bg", "_stage_cooling",
+                 "_lines_table", "_cooled", "_excess", "_compact_segments", "_rewrite_segments",
+                 "_write_snapshot", "_write_manifest", "_cool_table_at", "_join_chore", "_roll_tail"):
+        _wrap(R, attr)
+    A = writer._Writer
+    for attr in ("stage_table", "cool_table", "_write_file", "stage_merge", "adopt", "adopt_merge",
+                 "_write_tmp", "unlink_files"):
+        _wrap(A, attr)
+    _wrap(files._FileSet, "_write_parts")
+    _wrap(writer, "_build_index")
+    _wrap(writer, "_file_digest")
+    _wrap(writer, "_footer_hash")
+    _wrap(writer, "_channel_order")
+    _wrap(writer, "_merge_order")
+    _wrap(tables, "table_from_lines")
+    _wrap(cooling, "table_from_lines")
+    _wrap(tables._encode, "cool_columns", "_encode.cool_columns")
+    _wrap(pq.ParquetWriter, "write_table", "ParquetWriter.write_table")
+    _wrap(os, "fsync")
+    _wrap(os, "fdatasync")
+
+
+def _report(title: str) -> None:
+    print(f"\n== {title}")
+    rows = sorted(_STATS.items(), key=lambda kv: (kv[0][0], kv[0][1], -kv[1][1]))
+    print(f"{'phase':8} {'thread':22} {'function':42} {'calls':>7} {'wall s':>8} {'cpu s':>8}")
+    for (phase, th, label), (n, w, c) in rows:
+        print(f"{phase:8} {th:22} {label:42} {n:7d} {w:8.2f} {c:8.2f}")
+
+
+def _rss_anon() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) << 10
+    return 0
+
+
+class _Peak:
+    """RssAnon sampled every 5 ms, with what ran at its peak."""
+
+    def __init__(self, store: Any) -> None:
+        self.store, self.base, self.peak, self.at = store, _rss_anon(), 0, ""
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.005):
+            v = _rss_anon() - self.base
+            if v > self.peak:
+                jobs = []
+                for name in ("_bg", "_bg_merge"):
+                    job = getattr(self.store, name, None)
+                    if job is not None and not job.done.is_set():
+                        rows = self.store._cool.file_rows()
+                        jobs.append(f"{job.kind}({len(job.locs) or sum(rows.get(n, 0) for n in getattr(job, 'sources', ()))})")
+                self.peak, self.at = v, f"{_PHASE[0]} {' '.join(jobs) or 'no job'}"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--n", type=int, default=200_000)
+    p.add_argument("--dir", required=True)
+    p.add_argument("--batch", type=int, default=1000)
+    args = p.parse_args()
+    shutil.rmtree(args.dir, ignore_errors=True)
+    _instrument()
+    _c, _t, batches = wl.iter_batches(args.n, args.batch, seed=0)
+    store = cs.ConversationStateRepository(args.dir, durability="fsync", compact_every=64, hot_window=512)
+    peak = _Peak(store)
+    calls = []
+    slowest: list[tuple[float, dict]] = []     # the 3 slowest calls: main thread's time per function
+    t_load = time.perf_counter()
+    for batch in batches:
+        recs = [wl.default_message_factory(m) for m in batch]
+        before = {k: v[1] for k, v in _STATS.items() if k[1] == "main"}
+        t0 = time.perf_counter()
+        store.append_many(recs)
+        calls.append(time.perf_counter() - t0)
+        if len(slowest) < 3 or calls[-1] > slowest[-1][0]:
+            spent = {k[2]: v[1] - before.get(k, 0.0) for k, v in _STATS.items() if k[1] == "main"}
+            slowest.append((calls[-1], {f: w for f, w in spent.items() if w > 0.005}))
+            slowest.sort(key=lambda x: -x[0])
+            del slowest[3:]
+    load = time.perf_counter() - t_load
+    excess = len(store._index.excess(store.hot_window))
+    job = store._bg
+    print(f"after the load: excess {excess:,} rows, cool files {len(store._cool.files())}, "
+          f"rows per file {sorted(store._cool.file_rows().values())}, "
+          f"job {None if job is None else (job.kind, job.done.is_set())}")
+    _PHASE[0] = "compact"
+    t0 = time.perf_counter()
+    rep = store.compact()
+    comp = time.perf_counter() - t0
+    files_after = sorted(store._cool.file_rows().values())
+    job = getattr(store, "_bg_merge", None)
+    _PHASE[0] = "close"
+    t0 = time.perf_counter()
+    store.close()
+    close = time.perf_counter() - t0
+    peak.stop.set()
+    print(f"peak RssAnon growth {peak.peak / len(calls) / args.batch:.0f} B/msg at: {peak.at}")
+    print(f"after compact(): cool files {len(files_after)} {files_after}, merge in flight "
+          f"{job is not None and not job.done.is_set()}; close() {close:.2f} s")
+    n = len(calls) * args.batch
+    print(f"load {load:.1f} s wall, append_many sum {sum(calls):.1f} s = {sum(calls) / n * 1e6:.1f} us/msg, "
+          f"max {max(calls) * 1e3:.0f} ms, mean {sum(calls) / len(calls) * 1e3:.1f} ms; "
+          f"compact() {comp:.2f} s ({rep})")
+    for took, spent in slowest:
+        print(f"slow append_many {took * 1e3:.0f} ms: "
+              + ", ".join(f"{f} {w * 1e3:.0f}" for f, w in sorted(spent.items(), key=lambda x: -x[1])))
+    _report("inclusive times")
+
+
+if __name__ == "__main__":
+    main()
