@@ -195,6 +195,36 @@ def test_a_full_disk_during_deletions_and_compaction(small_fs):
         assert again.verify().ok
 
 
+
+@pytest.mark.parametrize("fails", ["append", "sync"])
+def test_a_deletion_whose_journal_fails_takes_no_effect(tmp_path, monkeypatch, fails):
+    """The tombstones are written first, then the journal: when the journal
+    meets a full disk the tombstones are cut again, so the call that failed
+    deletes nothing, now or at the next open (the disk above fills at any
+    of the three writes; this one is made to fail at the journal)."""
+    d = tmp_path / "s"
+    with ConversationStateRepository(d, durability="fsync") as repo:
+        repo.append_many([msg(i) for i in range(10)])
+        assert repo.delete(msg(0).msg_id) is True
+        store = type(repo._events)
+
+        def full(*_a, **_k):
+            raise OSError(28, "No space left on device")
+        monkeypatch.setattr(store, fails, full)
+        with pytest.raises(DurabilityError) as ei:
+            repo.delete(msg(3).msg_id)
+        assert "did not take effect" in str(ei.value) and "events.jsonl" in str(ei.value)
+        assert _found(repo, msg(3).msg_id)
+        monkeypatch.undo()
+    with _recovering(), ConversationStateRepository(d, durability="fsync") as again:
+        assert _found(again, msg(3).msg_id) and not _found(again, msg(0).msg_id)
+        assert again.delete(msg(3).msg_id) is True
+        assert again.verify().ok
+    with ConversationStateRepository(d, durability="fsync") as last:
+        assert [m for m in (msg(i).msg_id for i in range(10)) if _found(last, m)] == \
+            [msg(i).msg_id for i in (1, 2, 4, 5, 6, 7, 8, 9)]
+
+
 _ROLL_WRITER = textwrap.dedent("""
     import os, sys
     from rune_fast.conversation_state import ConversationStateRepository, ReadStatus

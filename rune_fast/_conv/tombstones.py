@@ -20,6 +20,18 @@ from .host import Host
 log = logging.getLogger("rune_fast")
 
 
+def _cut(fd: int, start: int) -> bool:
+    """Cut the file open at ``fd`` back to ``start`` bytes, durably; False
+    if it failed (shrinking a file needs no free space, but an I/O error
+    can still refuse it)."""
+    try:
+        os.ftruncate(fd, start)
+        os.fdatasync(fd)
+        return True
+    except OSError:
+        return False
+
+
 class TombstoneFile:
     """The tombstone file ``conversation_tombstones.jsonl``: its size, the
     start of its last line, how far a compaction erased (all the manifest
@@ -120,20 +132,40 @@ class TombstoneFile:
                 fsync_dir(self._hot_dir)
         self._unsynced = self._dir_unsynced = False
 
-    def write(self, data: bytes) -> bool:
+    def write(self, data: bytes) -> int:
         """Append framed tombstone lines (synced unless in "none" mode);
-        True if the file was new. An OSError leaves the counts as they were."""
+        return the file's size before them (0: the file was new). An
+        OSError cuts what it wrote (:meth:`undo`) and leaves the counts as
+        they were."""
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            new_file = os.fstat(fd).st_size == 0
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            if self._durability != "none":
-                os.fdatasync(fd)
+            start = os.fstat(fd).st_size
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                if self._durability != "none":
+                    os.fdatasync(fd)
+            except OSError:
+                _cut(fd, start)
+                raise
         finally:
             os.close(fd)
-        return new_file
+        return start
+
+    def undo(self, start: int) -> bool:
+        """Cut the lines a :meth:`write` that returned ``start`` appended
+        (the journal of their deletions failed: the call that wrote them
+        fails, and its deletions must not come back at the next open).
+        False if the cut itself failed (they may then take effect)."""
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            return _cut(fd, start)
+        finally:
+            os.close(fd)
 
     def wrote(self, data: bytes, new_file: bool) -> None:
         """Count the lines :meth:`write` appended; a new file's folder entry
@@ -258,13 +290,30 @@ class Tombstones(Host):
         data = frame_many(lines)
         tf = self._tombfile
         try:
-            new_file = tf.write(data)
+            start = tf.write(data)
         except OSError as exc:
             self._writes.fail(exc)
             raise DurabilityError(f"write of tombstones to {tf.path} failed: {exc}; the store "
                                   "refuses writes until reopened") from exc
+        # the journal, before any read sees the deletions: a call that fails
+        # takes none of them (its tombstones are cut again), so what the
+        # reads of this session and of the next open see agrees
+        try:
+            for mid, channel, _loc, _in_cool in todo:
+                self._events.append("conversation.deleted", mid, payload_hash({"msg_id": mid}),
+                                    channel_id=channel)
+            if self.durability != "none":
+                self._events.sync()
+        except (OSError, DurabilityError) as exc:
+            self._writes.fail(exc)
+            undone = tf.undo(start)
+            raise DurabilityError(
+                f"journal of {len(todo)} deletion(s) in {self._events.path} failed: {exc}; "
+                + ("the deletions did not take effect" if undone else
+                   f"their tombstones in {tf.path} could not be cut: they take effect at the next open")
+                + "; the store refuses writes until reopened") from exc
         self._mark_manifest_dirty()     # its close records the tombstones it can vouch for
-        tf.wrote(data, new_file)
+        tf.wrote(data, start == 0)
         deleted = 0
         for mid, channel, loc, in_cool in todo:
             self._tombstones[mid] = channel
@@ -279,18 +328,6 @@ class Tombstones(Host):
                 self._pending_erase.add(mid)
                 deleted += 1
         self._count_changes(len(todo))
-        # (after the reads see the deletions: the tombstones are durable, and
-        # every read must agree with what the next open will read)
-        try:
-            for mid, channel, _loc, _in_cool in todo:
-                self._events.append("conversation.deleted", mid, payload_hash({"msg_id": mid}),
-                                    channel_id=channel)
-            if self.durability != "none":
-                self._events.sync()
-        except (OSError, DurabilityError) as exc:
-            self._writes.fail(exc)
-            raise DurabilityError(f"journal of {len(todo)} deletion(s) in {self._events.path} failed: {exc}; "
-                                  "the store refuses writes until reopened") from exc
         return deleted
 
     def _refresh_tombstones(self) -> None:
