@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
 
-from .._log import utf8_hashes
+from .._log import MAX_LINE, utf8_hashes
 from .._pages import check_dir
 from ..errors import CorruptStateCheckpointError
 from ..segments import seal, unseal
@@ -37,6 +37,8 @@ log = logging.getLogger("rune_fast.cool")
 #: (a viewer's, built by its searches; 512 B a block of 32 rows: about 16 MiB
 #: a million cooled messages). Those kept on disk are mapped, not held.
 _GRAMS_BUDGET = 64 << 20
+#: the most bytes one value of a cool column can take (it came from a line)
+_MAX_VALUE = MAX_LINE
 
 
 class _PageFilters:
@@ -212,6 +214,15 @@ class _FileIndex:
         npages = (b - a - 2 * ncols) // 8
         out = w[:ncols], w[2 * ncols:2 * ncols + 7 * npages], w[2 * ncols + 7 * npages:], w[ncols:2 * ncols]
         bad = check_dir(out[0], out[3], out[1], out[2], self.rg_list[rg + 1] - self.rg_list[rg])
+        if not bad and npages:
+            # every page within the file, and no page said to unpack to more
+            # than its values can hold (a wrong size must not become a read
+            # or an allocation of gigabytes)
+            f = out[1].reshape(-1, 7)
+            if int((f[:, 1] + f[:, 2]).max()) > self.size:
+                bad = f"a page runs past the end of the file ({self.size} bytes)"
+            elif bool((f[:, 3] > f[:, 6] * _MAX_VALUE + 4096).any()):
+                bad = "a page unpacks to more bytes than its values can hold"
         if bad:
             raise ValueError(f"page directory of row group {rg}: {bad}")
         return out
