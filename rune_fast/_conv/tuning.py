@@ -77,9 +77,13 @@ DECODE_CACHE = 8192
 #: as appends grow the store by an eighth (``HotReads._scale_caches``; the
 #: bytes on disk, not the messages: the cool files' row counts are known
 #: only once their sidecars are read, which an open does not do). On the
-#: bench's workload 1/16 is 4.1 MiB at 100,000 messages (66 MB of
-#: segments and cool files) and 16.6 MiB at 1,000,000 (266 MB), about 17
-#: bytes a message; 48 MiB from about 3,000,000 on. The budget is split by
+#: bench's workload 1/4 is 16.5 MiB at 100,000 messages (66 MB of
+#: segments and cool files) and 48 MiB from about 800,000 on (266 MB at
+#: 1,000,000). 1/16 (16.6 MiB at 1,000,000) cost the bench's get_message
+#: line at 1,000,000 50x (174 us instead of 3.2: its 2,000 mostly archived
+#: ids, read in turn with windows and tasks, no longer stayed in the cool
+#: records' 1/8 share) for no memory the read mix showed (73 against 77
+#: bytes a message, below). The budget is split by
 #: ``_conv.reads.cache_budgets``: 5/8 decoded hot records (the window
 #: working set: 8 messages of each channel, ~1.6 MiB for the bench's 100
 #: channels), 1/8 decoded cool records, 1/4 the cool tier's decoded row
@@ -117,7 +121,7 @@ DECODE_CACHE = 8192
 #: +49 bytes a message.
 CACHE_BYTES = 48 << 20
 CACHE_MIN_BYTES = 4 << 20
-CACHE_STORE_SHARE = 16
+CACHE_STORE_SHARE = 4
 #: What a decoded record held in a cache costs beyond ``sys.getsizeof`` of
 #: its content: the record object, its other strings, the (record, seq)
 #: tuple, the allocators' share -- and per tool call. Measured on the
