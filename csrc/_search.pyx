@@ -131,50 +131,7 @@ def block_grams(data, offsets, Py_ssize_t block_rows, Py_ssize_t nbits=4096) -> 
     """The trigram filters (``nbits`` bits each, concatenated) of the blocks of
     ``block_rows`` rows of a string column: row i is
     ``data[offsets[i]:offsets[i + 1]]`` (``offsets``: int32, n + 1 of them)."""
-    cdef int lg = _check_bits(nbits)
-    cdef Py_buffer dv
-    cdef rf_gram_acc acc
-    cdef const int32_t[::1] o = np.ascontiguousarray(np.frombuffer(offsets, dtype=np.int32)
-                                                     if not isinstance(offsets, np.ndarray) else offsets,
-                                                     dtype=np.int32)
-    cdef Py_ssize_t n = o.shape[0] - 1, nblocks, r, j, s, e
-    cdef size_t words
-    cdef const unsigned char *p
-    cdef uint64_t *w
-    cdef uint32_t h
-    if block_rows < 1:
-        raise FramingError(f"block_rows must be >= 1, got {block_rows}")
-    if n < 0:
-        raise FramingError("offsets must hold at least one entry")
-    nblocks = (n + block_rows - 1) // block_rows
-    words = <size_t>(nbits // 64)
-    out = bytearray(nblocks * words * 8)
-    if nblocks == 0:
-        return bytes(out)
-    try:
-        PyObject_GetBuffer(data, &dv, PyBUF_SIMPLE)
-    except (TypeError, BufferError) as exc:
-        raise FramingError(f"data must be a contiguous bytes-like object: {exc}") from None
-    try:
-        p = <const unsigned char *>dv.buf
-        w = <uint64_t *>(<char *>out)
-        with nogil:
-            for r in range(n):
-                s = o[r]
-                e = o[r + 1]
-                if s < 0:
-                    s = 0
-                if e > dv.len:
-                    e = dv.len
-                if r % block_rows == 0:
-                    rf_gram_acc_init(&acc, w + (r // block_rows) * words, lg)
-                if e > s:
-                    rf_gram_acc_add(&acc, p + s, <size_t>(e - s))
-                if r % block_rows == block_rows - 1 or r == n - 1:
-                    rf_gram_acc_done(&acc)
-    finally:
-        PyBuffer_Release(&dv)
-    return bytes(out)
+    return _grams_of(data, offsets, block_rows, nbits, False)
 
 
 @cython.boundscheck(False)
@@ -525,6 +482,14 @@ def fold_block_grams(data, offsets, Py_ssize_t block_rows, Py_ssize_t nbits=4096
     ``block_rows`` rows of a UTF-8 string column, row i being
     ``data[offsets[i]:offsets[i + 1]]`` (``offsets``: int32, n + 1 of
     them). A block holding a row that does not decode has every bit set."""
+    return _grams_of(data, offsets, block_rows, nbits, True)
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef bytes _grams_of(data, offsets, Py_ssize_t block_rows, Py_ssize_t nbits, bint fold):
+    """:func:`block_grams` (``fold`` False: the rows' bytes as they are) and
+    :func:`fold_block_grams` (``fold`` True: each row's casefold)."""
     cdef int lg = _check_bits(nbits)
     cdef Py_buffer dv
     cdef rf_gram_acc acc
@@ -542,7 +507,8 @@ def fold_block_grams(data, offsets, Py_ssize_t block_rows, Py_ssize_t nbits=4096
         raise FramingError(f"block_rows must be >= 1, got {block_rows}")
     if n < 0:
         raise FramingError("offsets must hold at least one entry")
-    _load_fold_table()
+    if fold:
+        _load_fold_table()
     nblocks = (n + block_rows - 1) // block_rows
     words = <size_t>(nbits // 64)
     out = bytearray(nblocks * words * 8)
@@ -568,31 +534,29 @@ def fold_block_grams(data, offsets, Py_ssize_t block_rows, Py_ssize_t nbits=4096
                     rf_gram_acc_init(&acc, w + blk * words, lg)
                     full = False
                 if e > s and not full:
-                    if 12 * (e - s) + 16 > cap:
-                        cap = 12 * (e - s) + 16
-                        nbuf = <unsigned char *>realloc(buf, <size_t>cap)
-                        if nbuf == NULL:
-                            oom = True
-                            break
-                        buf = nbuf
-                    if not rf_has_nonascii(p + s, <size_t>(e - s)):
-                        k = -2          # (the filter lowers ASCII letters itself)
+                    if not fold or not rf_has_nonascii(p + s, <size_t>(e - s)):
+                        # (as they are; the filter lowers ASCII letters itself)
                         rf_gram_acc_add(&acc, p + s, <size_t>(e - s))
                     else:
+                        if 12 * (e - s) + 16 > cap:
+                            cap = 12 * (e - s) + 16
+                            nbuf = <unsigned char *>realloc(buf, <size_t>cap)
+                            if nbuf == NULL:
+                                oom = True
+                                break
+                            buf = nbuf
                         k = _fold_utf8(p + s, e - s, buf)
-                    if k == -2:
-                        pass
-                    elif k < 0:
-                        full = True
-                    else:
-                        rf_gram_acc_add(&acc, buf, <size_t>k)
+                        if k < 0:
+                            full = True
+                        else:
+                            rf_gram_acc_add(&acc, buf, <size_t>k)
                 if r % block_rows == block_rows - 1 or r == n - 1:
                     rf_gram_acc_done(&acc)
                     if full:
                         for q in range(words):
                             w[blk * words + q] = ~(<uint64_t>0)
         if oom:
-            raise MemoryError("fold_block_grams: out of memory")
+            raise MemoryError("block grams: out of memory")
     finally:
         free(buf)
         PyBuffer_Release(&dv)
