@@ -27,15 +27,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-
-def status() -> dict[str, int]:
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(("RssAnon:", "RssFile:")):
-                k, v = line.split(":")
-                out[k] = int(v.split()[0]) * 1024
-    return out
+from bench.memory_probe import status  # noqa: E402  (RssAnon and RssFile of this process)
 
 
 def child(store: str, queries: str, cache: str) -> dict:

@@ -128,6 +128,19 @@ def _gate_stage(monkeypatch, name: str = "stage_table"):
     monkeypatch.setattr(CoolArchive, name, gated)
     return entered, release
 
+def _append_until_merging(repo, entered: threading.Event, stored: dict) -> int:
+    """Append msg(0), msg(1), ... (kept in ``stored``) until a merge went to
+    the background and reached its gate (``entered``); the next index."""
+    i = 0
+    while not entered.is_set():
+        m = msg(i)
+        repo.append(m)
+        stored[m.msg_id] = m
+        i += 1
+        assert i < 3000, "no merge went to the background"
+    return i
+
+
 
 def _append_until_staged(repo, start: int, stored: dict) -> int:
     i = start
@@ -254,13 +267,7 @@ def test_the_tail_rolls_while_a_merge_is_written(tmp_path, small_bg, monkeypatch
     entered, release = _gate_stage(monkeypatch, "stage_merge")
     stored: dict = {}
     with open_repo(tmp_path) as repo:
-        i = 0
-        while not entered.is_set():
-            m = msg(i)
-            repo.append(m)
-            stored[m.msg_id] = m
-            i += 1
-            assert i < 3000, "no merge went to the background"
+        i = _append_until_merging(repo, entered, stored)
         assert repo._bg_merge is not None and repo._bg_merge.kind == "merge"
         tail_before = repo._tail_seg
         for j in range(i, i + 300):
@@ -296,13 +303,7 @@ def test_cooling_runs_go_on_beside_a_merge(tmp_path, small_bg, monkeypatch):
     monkeypatch.setattr(CoolArchive, "stage_merge", spy)
     stored: dict = {}
     with open_repo(tmp_path) as repo:
-        i = 0
-        while not entered.is_set():
-            m = msg(i)
-            repo.append(m)
-            stored[m.msg_id] = m
-            i += 1
-            assert i < 3000, "no merge went to the background"
+        i = _append_until_merging(repo, entered, stored)
         merging = repo._bg_merge
         assert merging is not None and not merging.done.is_set()
         sources = {n for g in staged_groups[-1] for n in g}
@@ -477,13 +478,7 @@ def test_close_gives_up_a_merge_in_flight(tmp_path, small_bg, monkeypatch):
     entered, release = _gate_stage(monkeypatch, "stage_merge")
     stored: dict = {}
     repo = open_repo(tmp_path)
-    i = 0
-    while not entered.is_set():
-        m = msg(i)
-        repo.append(m)
-        stored[m.msg_id] = m
-        i += 1
-        assert i < 3000, "no merge went to the background"
+    _append_until_merging(repo, entered, stored)
     merging = repo._bg_merge
     threading.Thread(target=lambda: merging.cancel.wait(30) and release.set(), daemon=True).start()
     files = set(repo._cool.files())
@@ -543,13 +538,7 @@ def test_close_that_adopts_a_merge_leaves_a_snapshot_that_serves(tmp_path, small
     entered, release = _gate_stage(monkeypatch, "stage_merge")
     stored: dict = {}
     repo = open_repo(tmp_path)
-    i = 0
-    while not entered.is_set():
-        m = msg(i)
-        repo.append(m)
-        stored[m.msg_id] = m
-        i += 1
-        assert i < 3000, "no merge went to the background"
+    _append_until_merging(repo, entered, stored)
     repo._snapshot_due = lambda: True       # (this compaction writes the snapshot)
     repo.compact()
     del repo._snapshot_due
