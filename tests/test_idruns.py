@@ -1,0 +1,78 @@
+"""IdRuns (the cool id index searched where the sidecars map it) against a
+plain-Python model: its lookups aim by interpolation and close in without
+branches, which must find every hash whatever the runs hold (uniform ids,
+clustered or repeated hashes, the extremes, runs of any length)."""
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rune_fast._index import IdRuns
+
+U64 = st.integers(min_value=0, max_value=2**64 - 1)
+
+
+@st.composite
+def hashes(draw):
+    """A list of uint64 hashes: uniform, clustered around a few centres
+    (the interpolation aims badly there) or drawn from a tiny set
+    (repeats), with the extremes mixed in."""
+    kind = draw(st.sampled_from(["uniform", "clustered", "repeats"]))
+    n = draw(st.integers(min_value=0, max_value=3000))
+    rng = np.random.default_rng(draw(st.integers(min_value=0, max_value=2**32 - 1)))
+    if kind == "uniform":
+        hs = rng.integers(0, 2**64, size=n, dtype=np.uint64, endpoint=False).tolist()
+    elif kind == "clustered":
+        centres = rng.integers(0, 2**64, size=3, dtype=np.uint64).tolist()
+        hs = [min(2**64 - 1, max(0, centres[i % 3] + int(d)))
+              for i, d in enumerate(rng.integers(-2**20, 2**20, size=n))]
+    else:
+        pool = rng.integers(0, 2**64, size=4, dtype=np.uint64).tolist()
+        hs = [pool[i] for i in rng.integers(0, 4, size=n)]
+    return hs + draw(st.lists(st.sampled_from([0, 1, 2**63, 2**64 - 2, 2**64 - 1]), max_size=3))
+
+
+@settings(max_examples=150, deadline=None)
+@given(runs=st.lists(hashes(), min_size=0, max_size=4), extra=st.lists(U64, max_size=50),
+       pick=st.integers(min_value=0, max_value=2**31))
+def test_has_many_and_values_match_a_sorted_list_model(runs, extra, pick):
+    idx = IdRuns()
+    model: list[tuple[int, list[int]]] = []
+    for no, hs in enumerate(runs):
+        arr = np.array(sorted(hs), dtype=np.uint64)
+        idx.add(no, arr, np.arange(len(arr), dtype=np.uint32))
+        model.append((no, arr.tolist()))
+    rng = np.random.default_rng(pick)
+    present = [h for _no, hs in model for h in hs]
+    queries = list(extra)
+    if present:
+        queries += [present[i] for i in rng.integers(0, len(present), size=min(200, len(present)))]
+        # neighbours of stored hashes: a search that stops one place off misses them
+        queries += [min(2**64 - 1, h + 1) for h in queries[-20:]] + [max(0, h - 1) for h in queries[-20:]]
+    want = [any(_holds(hs, q) for _no, hs in model) for q in queries]
+    assert idx.has_many(np.array(queries, dtype=np.uint64)).tolist() == want
+    for q in queries[:60]:
+        exp = [(no << 32) | i for no, hs in model for i, h in enumerate(hs) if h == q]
+        assert idx.values(q) == exp
+
+
+def _holds(sorted_hs: list[int], q: int) -> bool:
+    i = bisect.bisect_left(sorted_hs, q)
+    return i < len(sorted_hs) and sorted_hs[i] == q
+
+
+def test_has_many_on_a_million_uniform_hashes_finds_each_and_no_other():
+    # (the size where the interpolation is a few hundred places off)
+    rng = np.random.default_rng(7)
+    hs = np.sort(rng.integers(0, 2**64, size=1_000_000, dtype=np.uint64))
+    idx = IdRuns()
+    idx.add(3, hs, np.arange(len(hs), dtype=np.uint32))
+    stored = hs[rng.integers(0, len(hs), size=20_000)]
+    assert idx.has_many(stored).all()
+    others = rng.integers(0, 2**64, size=20_000, dtype=np.uint64)
+    want = np.isin(others, hs)
+    assert (idx.has_many(others) == want).all()
+    assert (idx.has_many(others + np.uint64(1)) == np.isin(others + np.uint64(1), hs)).all()
