@@ -430,6 +430,7 @@ cdef class HashJob:
     cdef list _hashes
     cdef Buf _buf
     cdef Py_ssize_t *_at       # entry k's index in _hashes
+    cdef Py_ssize_t *_inv      # the entry of each index of _hashes, -1 if none (see _digests)
     cdef Py_ssize_t _cap
     cdef _HashWork _w
     cdef pthread_t _th
@@ -491,6 +492,35 @@ cdef class HashJob:
             self._running = False
             self._done = True
 
+    cdef bint _digests(self) except -1:
+        """Every entry's sha256 computed in C (the thread joined, or the
+        hashes computed here without the GIL) and the inverse of ``_at``
+        made, for :func:`message_envelopes` to write each hash's hex straight
+        from its digest (no str a message); False where the job cannot (no
+        compiled sha256, or :meth:`result` already gave the list): the
+        caller takes :meth:`result`'s list then."""
+        cdef Py_ssize_t k, n
+        if self._given or self._hashes is None:
+            return False
+        if self._inv != NULL:
+            return True
+        self._join()
+        if not self._done and self._w.n:
+            if _c_sha256 == NULL:
+                return False
+            with nogil:
+                _hash_run(&self._w)
+            self._done = True
+        n = len(self._hashes)
+        self._inv = <Py_ssize_t *>malloc(<size_t>(n + 1) * sizeof(Py_ssize_t))
+        if self._inv == NULL:
+            raise MemoryError(f"HashJob: {n} entries")
+        for k in range(n):
+            self._inv[k] = -1
+        for k in range(self._w.n):
+            self._inv[self._at[k]] = k
+        return True
+
     def result(self) -> list:
         """The list, each entry's hash (hex str) in its place; a second
         call returns it as it is."""
@@ -505,6 +535,7 @@ cdef class HashJob:
             if _c_sha256 != NULL:
                 with nogil:
                     _hash_run(&self._w)
+                self._done = True
             else:
                 for k in range(self._w.n):
                     self._hashes[self._at[k]] = _sha256(PyBytes_FromStringAndSize(
@@ -525,6 +556,7 @@ cdef class HashJob:
     def __dealloc__(self):
         self._join()
         free(self._at)
+        free(self._inv)
         free(self._w.off)
         free(self._w.md)
         free(self._buf.p)
@@ -618,32 +650,60 @@ def frame_messages(list bodies, list order, int64_t seq0):
     return out, lengths
 
 
-def message_envelopes(list keys, list hashes, list order, bytes ts_json):
+def message_envelopes(list keys, object hashes, list order, bytes ts_json):
     """The framed event-store envelopes of the messages ``order`` indexes:
     ``{"type":"conversation.message","id":<key>,"payload_hash":<hash>,"ts":<ts_json>}``
-    each (``frame_object`` of that dict), concatenated."""
-    cdef Py_ssize_t m = len(order), j, total = 0, pos = 0, rl
+    each (``frame_object`` of that dict), concatenated. ``hashes``: the list
+    of hashes (hex str), or the :class:`HashJob` of ``encode_messages(...,
+    hash_job=...)``, whose digests are written as hex in place (joined or
+    computed first; no str or bytes object a message)."""
+    cdef Py_ssize_t m = len(order), j, i, k, total = 0, pos = 0, rl, d
     cdef bytes key, h, out
     cdef list hb = [None] * m
+    cdef list hl_ = None
+    cdef HashJob job = None
     cdef Py_ssize_t hl = PyBytes_GET_SIZE(_ENV_HEAD), tl = PyBytes_GET_SIZE(ts_json)
     cdef Py_ssize_t ml = PyBytes_GET_SIZE(_ENV_HASH), sl = PyBytes_GET_SIZE(_ENV_TS)
     cdef char *o
     cdef unsigned char *rest
+    cdef const unsigned char *md
+    if type(hashes) is HashJob:
+        job = <HashJob>hashes
+        if not job._digests():
+            hashes = job.result()
+            job = None
+    if job is None:
+        hl_ = <list?>hashes
+    else:
+        hl_ = job._hashes
     for j in range(m):
-        key = keys[order[j]]
-        h = (<str>hashes[order[j]]).encode("ascii")
-        hb[j] = h
-        total += RF_PREFIX_LEN + hl + PyBytes_GET_SIZE(key) + ml + PyBytes_GET_SIZE(h) + sl + tl + 2
+        i = order[j]
+        key = keys[i]
+        if job is not None and job._inv[i] >= 0:
+            d = 64
+        else:
+            h = (<str>hl_[i]).encode("ascii")
+            hb[j] = h
+            d = PyBytes_GET_SIZE(h)
+        total += RF_PREFIX_LEN + hl + PyBytes_GET_SIZE(key) + ml + d + sl + tl + 2
     out = PyBytes_FromStringAndSize(NULL, total)
     o = PyBytes_AS_STRING(out)
     for j in range(m):
-        key = keys[order[j]]
-        h = hb[j]
+        i = order[j]
+        key = keys[i]
         rest = <unsigned char *>o + pos + RF_PREFIX_LEN
         rl = _cat(rest, 0, PyBytes_AS_STRING(_ENV_HEAD), hl)
         rl = _cat(rest, rl, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key))
         rl = _cat(rest, rl, PyBytes_AS_STRING(_ENV_HASH), ml)
-        rl = _cat(rest, rl, PyBytes_AS_STRING(h), PyBytes_GET_SIZE(h))
+        if hb[j] is None:
+            md = job._w.md + 32 * job._inv[i]
+            for k in range(32):
+                rest[rl + 2 * k] = _HEX[md[k] >> 4]
+                rest[rl + 2 * k + 1] = _HEX[md[k] & 15]
+            rl += 64
+        else:
+            h = hb[j]
+            rl = _cat(rest, rl, PyBytes_AS_STRING(h), PyBytes_GET_SIZE(h))
         rl = _cat(rest, rl, PyBytes_AS_STRING(_ENV_TS), sl)
         rl = _cat(rest, rl, PyBytes_AS_STRING(ts_json), tl)
         rl = _cat(rest, rl, b"}", 1)

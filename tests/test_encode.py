@@ -140,6 +140,30 @@ def test_frames_and_envelopes_are_the_python_ones(msgs, seq0, now):
                                          "payload_hash": hashes[i], "ts": now}) for i in order)
 
 
+@settings(max_examples=EXAMPLES, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(messages, min_size=1, max_size=6, unique_by=lambda m: m.msg_id),
+       st.booleans(), st.booleans(), st.booleans(), st.floats(min_value=1e9, max_value=4e9))
+def test_envelopes_from_a_hash_job_are_those_from_its_list(msgs, threaded, compiled, odd, now):
+    # the append path hands message_envelopes the HashJob itself: each hash
+    # is written from its digest; a record the Python path encodes (its
+    # hash a str in the job's list) and hashlib's fallback give the same bytes
+    if odd:
+        msgs = msgs + [ConversationMessageRecord(ts=1e16, content="odd", channel_id="c")]
+    was = _encode._use_compiled_sha256(True)
+    try:
+        _encode._use_compiled_sha256(compiled)
+        _b, want_hashes, keys = codec.encode_batch(msgs)
+        order = list(range(len(msgs)))[::-1][: max(1, len(msgs) - 1)]
+        want = _encode.message_envelopes(keys, want_hashes, order, codec.dumps(now))
+        _b, job, keys2 = codec.encode_batch(msgs, hash_job=threaded)
+        assert keys2 == keys
+        assert _encode.message_envelopes(keys, job, order, codec.dumps(now)) == want
+        assert job.result() == want_hashes          # (the list still comes whole afterwards)
+        assert _encode.message_envelopes(keys, job, order, codec.dumps(now)) == want
+    finally:
+        _encode._use_compiled_sha256(was)
+
+
 def test_every_escape_and_character_class():
     content = "".join(chr(c) for c in range(0x80)) + "é€😀\u2028\u2029\ufeff" + '"\\' * 20 + "x" * 37
     for text_ in (content, content[::-1], content * 3, ""):

@@ -141,7 +141,7 @@ class WritePath(Host):
         try:
             # (the payload hashes: a large batch's were computed by a C thread
             # since its encoding, overlapping the write and the indexing)
-            envelopes = message_envelopes(keys, hashes.result(), fresh, codec.dumps(time.time()))
+            envelopes = message_envelopes(keys, hashes, fresh, codec.dumps(time.time()))
             events.append_encoded(envelopes, offset=False)
         except (OSError, DurabilityError) as exc:
             # (the lines are in the tail: "maybe stored", as after a failed sync)
