@@ -72,6 +72,7 @@ cdef bytes _ENV_TS = b'","ts":'
 
 cdef extern from "rf_json.h" nogil:
     size_t rf_json_escape(const unsigned char *s, size_t n, unsigned char *out)
+    size_t rf_json_escape_ucs(int kind, const void *data, size_t n, unsigned char *out)
     size_t rf_json_plain_run(const unsigned char *s, size_t n)
 
 
@@ -109,21 +110,26 @@ cdef int _put_escaped(Buf *b, const unsigned char *s, Py_ssize_t n) except -1:
 
 
 cdef int _escape_str(Buf *b, object s) except -1:
-    """Escape str ``s`` onto b; -2 if it is not a str or not valid UTF-8."""
+    """Escape str ``s`` onto b; -2 if it is not a str or not valid UTF-8.
+    A str that is not ASCII is escaped from its code points as they lie
+    (rf_json_escape_ucs): no UTF-8 bytes object made (and none cached on
+    the str: memory), one pass instead of an encode, a copy and a scan."""
     cdef Py_ssize_t n
     cdef const char *p
-    cdef bytes tmp
+    cdef size_t w
     if type(s) is not str:
         return -2
     if PyUnicode_IS_ASCII(s):
         p = PyUnicode_AsUTF8AndSize(s, &n)     # the str's own bytes: no copy
         _put_escaped(b, <const unsigned char *>p, n)
         return 0
-    try:
-        tmp = PyUnicode_AsUTF8String(s)        # not cached on the str (memory)
-    except UnicodeEncodeError:
-        return -2
-    _put_escaped(b, <const unsigned char *>PyBytes_AS_STRING(tmp), PyBytes_GET_SIZE(tmp))
+    n = PyUnicode_GET_LENGTH(s)
+    _reserve(b, 6 * n + 16)
+    w = rf_json_escape_ucs(PyUnicode_KIND(s), PyUnicode_DATA(s), <size_t>n,
+                           <unsigned char *>b.p + b.n)
+    if w == <size_t>-1:
+        return -2                              # a lone surrogate
+    b.n += <Py_ssize_t>w
     return 0
 
 

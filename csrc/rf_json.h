@@ -8,6 +8,7 @@
 #define RF_JSON_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -67,5 +68,68 @@ static inline size_t rf_json_escape(const unsigned char *s, size_t n, unsigned c
     }
     return (size_t)(o - out);
 }
+
+
+/* Escape the UTF-8 form of a str's n code points into out, straight from
+ * CPython's compact representation (kind 1, 2 or 4: bytes, uint16 or
+ * uint32 a code point), without the UTF-8 bytes object in between: the
+ * escapes of rf_json_escape, every other code point as its UTF-8 bytes.
+ * out has room for 6 * n bytes. Returns the bytes written, or (size_t)-1
+ * at a lone surrogate (no UTF-8 form: the caller takes the Python path). */
+#define RF_ESC_UCS_LOOP(T)                                                    \
+    do {                                                                      \
+        const T *s = (const T *)data;                                         \
+        for (size_t i = 0; i < n; i++) {                                      \
+            uint32_t c = s[i];                                                \
+            if (c < 0x80) {                                                   \
+                if (c >= 0x20 && c != '"' && c != '\\') {                     \
+                    *o++ = (unsigned char)c;                                  \
+                    continue;                                                 \
+                }                                                             \
+                *o++ = '\\';                                                  \
+                switch (c) {                                                  \
+                case '"': *o++ = '"'; break;                                  \
+                case '\\': *o++ = '\\'; break;                                \
+                case '\b': *o++ = 'b'; break;                                 \
+                case '\t': *o++ = 't'; break;                                 \
+                case '\n': *o++ = 'n'; break;                                 \
+                case '\f': *o++ = 'f'; break;                                 \
+                case '\r': *o++ = 'r'; break;                                 \
+                default:                                                      \
+                    *o++ = 'u'; *o++ = '0'; *o++ = '0';                       \
+                    *o++ = (unsigned char)hex[c >> 4];                        \
+                    *o++ = (unsigned char)hex[c & 15];                        \
+                }                                                             \
+            } else if (c < 0x800) {                                           \
+                *o++ = (unsigned char)(0xC0 | (c >> 6));                      \
+                *o++ = (unsigned char)(0x80 | (c & 0x3F));                    \
+            } else if (c < 0x10000) {                                         \
+                if ((c & 0xF800) == 0xD800)                                   \
+                    return (size_t)-1;                                        \
+                *o++ = (unsigned char)(0xE0 | (c >> 12));                     \
+                *o++ = (unsigned char)(0x80 | ((c >> 6) & 0x3F));             \
+                *o++ = (unsigned char)(0x80 | (c & 0x3F));                    \
+            } else {                                                          \
+                *o++ = (unsigned char)(0xF0 | (c >> 18));                     \
+                *o++ = (unsigned char)(0x80 | ((c >> 12) & 0x3F));            \
+                *o++ = (unsigned char)(0x80 | ((c >> 6) & 0x3F));             \
+                *o++ = (unsigned char)(0x80 | (c & 0x3F));                    \
+            }                                                                 \
+        }                                                                     \
+    } while (0)
+
+static inline size_t rf_json_escape_ucs(int kind, const void *data, size_t n, unsigned char *out)
+{
+    static const char hex[] = "0123456789abcdef";
+    unsigned char *o = out;
+    if (kind == 1)
+        RF_ESC_UCS_LOOP(uint8_t);
+    else if (kind == 2)
+        RF_ESC_UCS_LOOP(uint16_t);
+    else
+        RF_ESC_UCS_LOOP(uint32_t);
+    return (size_t)(o - out);
+}
+#undef RF_ESC_UCS_LOOP
 
 #endif

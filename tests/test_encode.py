@@ -21,7 +21,7 @@ from rune_fast import _encode, codec
 from rune_fast._log import check_line, frame
 from rune_fast.errors import FramingError, RecordTooLargeError
 from rune_fast.events import frame_object
-from rune_fast.records import ROLES, ConversationMessageRecord, new_id
+from rune_fast.records import ROLES, ConversationMessageRecord, check_message_fields, new_id
 
 #: Examples of each compiled-vs-Python comparison in the default run; the
 #: longer run (as before: 400, 200, 300, 300) takes RUNE_ENCODE_EXAMPLES=400.
@@ -162,6 +162,38 @@ def test_envelopes_from_a_hash_job_are_those_from_its_list(msgs, threaded, compi
         assert _encode.message_envelopes(keys, job, order, codec.dumps(now)) == want
     finally:
         _encode._use_compiled_sha256(was)
+
+
+#: strings of each of CPython's three widths (the encoder escapes a str's
+#: code points where they lie): escapes and ASCII mixed with Latin-1, with
+#: the rest of the BMP, and with astral code points
+_ESCAPES = "\"\\\x00\x01\x08\t\n\x0b\x0c\r\x1f\x7f az"
+_WIDTHS = {1: _ESCAPES + "\x80\xa0\xe9\xff", 2: _ESCAPES + "\xe9\u0100\u07ff\u0800\u20ac\ud7ff\ue000\ufeff\uffff",
+           4: _ESCAPES + "\xe9\u20ac\U00010000\U0001f600\U0010ffff"}
+wide_text = st.sampled_from(sorted(_WIDTHS)).flatmap(
+    lambda k: st.text(st.sampled_from(_WIDTHS[k]), min_size=1, max_size=300))
+
+
+@settings(max_examples=EXAMPLES, suppress_health_check=[HealthCheck.too_slow])
+@given(content=wide_text, channel=wide_text, other=wide_text)
+def test_each_str_width_is_escaped_as_the_python_path_does(content, channel, other):
+    m = ConversationMessageRecord(content=content, channel_id=channel, task_id=other, hlc=other[::-1],
+                                  tool_call_id=other, origin=content[:7], msg_id=other)
+    b, h, k = codec.encode_batch([m])
+    assert (b[0], h[0], k[0]) == _python(m)
+
+
+@pytest.mark.parametrize("field", ["content", "channel_id", "task_id", "hlc", "tool_call_id", "origin"])
+@pytest.mark.parametrize("value", ["a\ud800b", "\udfff", "\xe9\ud83d", "\U0001f600\udc00x"])
+def test_a_lone_surrogate_set_past_the_constructor_is_refused_naming_the_field(field, value):
+    # (each width: the compiled escape finds it, the Python path names it)
+    m = ConversationMessageRecord(content="ok", channel_id="c")
+    object.__setattr__(m, field, value)
+    with pytest.raises(ValueError, match=field) as got:
+        codec.encode_batch([m])
+    with pytest.raises(ValueError) as want:
+        check_message_fields(m)         # (the Python path's check, which names it)
+    assert str(got.value) == str(want.value)
 
 
 def test_every_escape_and_character_class():
