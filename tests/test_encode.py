@@ -164,6 +164,31 @@ def test_envelopes_from_a_hash_job_are_those_from_its_list(msgs, threaded, compi
         _encode._use_compiled_sha256(was)
 
 
+@settings(max_examples=4 * EXAMPLES)
+@given(st.floats(min_value=-1e16, max_value=1e16, allow_nan=False, exclude_max=True, exclude_min=True)
+       | st.floats(min_value=3e7, max_value=4e9))
+def test_the_fast_float_repr_is_repr_where_it_decides(x):
+    # (rf_float_repr: the shortest decimal within half an ulp, nearest of
+    # two; None where it leaves the value to dtoa)
+    assert _encode._float_repr(x) in (None, repr(x))
+
+
+def test_the_fast_float_repr_decides_the_times_of_the_epoch():
+    import random
+    import struct
+    rng = random.Random(33)
+    xs = [rng.uniform(1.0e9, 4.0e9) for _ in range(100_000)]
+    xs += [round(x, rng.randint(0, 9)) for x in xs[:20_000]]
+    # neighbours one ulp apart, and random bit patterns of the whole range
+    xs += [struct.unpack("<d", struct.pack("<Q", struct.unpack("<Q", struct.pack("<d", x))[0] + 1))[0]
+           for x in xs[:20_000]]
+    xs += [x for x in (struct.unpack("<d", struct.pack("<Q", rng.getrandbits(64)))[0] for _ in range(100_000))
+           if x == x and 1e-4 <= abs(x) < 1e16]
+    got = [_encode._float_repr(x) for x in xs]
+    assert [g for g, x in zip(got, xs) if g is not None and g != repr(x)] == []
+    assert sum(g is not None for g in got[:100_000]) > 99_000     # (the path is taken)
+
+
 #: strings of each of CPython's three widths (the encoder escapes a str's
 #: code points where they lie): escapes and ASCII mixed with Latin-1, with
 #: the rest of the BMP, and with astral code points
