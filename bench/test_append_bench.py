@@ -112,3 +112,76 @@ def test_cache_python_loop(benchmark: Any, work: wl.Workload) -> None:
             pos += 600
 
     benchmark(put)
+
+
+@pytest.fixture(scope="module")
+def cool_runs() -> Any:
+    """Eight cool files' id runs of 120,000 uniform hashes (the archive of
+    1,000,000 messages), as IdRuns serves them."""
+    import numpy as np
+
+    from rune_fast._index import IdRuns
+    rng = np.random.default_rng(3)
+    runs = IdRuns()
+    for no in range(8):
+        hs = np.sort(rng.integers(0, 2**64, size=120_000, dtype=np.uint64))
+        runs.add(no, hs, np.arange(len(hs), dtype=np.uint32))
+    return runs
+
+
+@pytest.mark.benchmark(group="append_many parts, 1,000")
+def test_new_ids_against_cool_runs(benchmark: Any, cool_runs: Any) -> None:
+    """The append path's check of a batch's ids against every cool file's
+    run (IdRuns.has_many: interpolation, a search without branches, the
+    stages pipelined); fresh hashes each round, as a batch of new ids."""
+    import numpy as np
+    rng = np.random.default_rng(4)
+    qs = iter([rng.integers(0, 2**64, size=BATCH, dtype=np.uint64) for _ in range(2_000)])
+    benchmark.pedantic(lambda: cool_runs.has_many(next(qs)), rounds=1_000, warmup_rounds=5)
+
+
+def _job_and_keys(work: wl.Workload) -> tuple[Any, list[bytes]]:
+    batch = [wl.default_message_factory(m) for m in work.messages[:BATCH]]
+    _b, job, keys = codec.encode_batch(batch, hash_job=True)
+    return job, keys
+
+
+@pytest.mark.benchmark(group="append_many envelopes, 1,000")
+def test_envelopes_from_the_hash_job(benchmark: Any, work: wl.Workload) -> None:
+    """message_envelopes writing each hash's hex from the job's digests (the append path)."""
+    from rune_fast._encode import message_envelopes
+    job, keys = _job_and_keys(work)
+    order = list(range(BATCH))
+    benchmark(message_envelopes, keys, job, order, codec.dumps(1.7e9))
+
+
+@pytest.mark.benchmark(group="append_many envelopes, 1,000")
+def test_envelopes_from_hash_strs(benchmark: Any, work: wl.Workload) -> None:
+    """The path before, from the job's list of 1,000 hex str (made once
+    here: HashJob.result's str a message come on top)."""
+    from rune_fast._encode import message_envelopes
+    order = list(range(BATCH))
+    ts = codec.dumps(1.7e9)
+
+    job, keys = _job_and_keys(work)
+    hashes = job.result()
+    benchmark(message_envelopes, keys, hashes, order, ts)
+
+
+@pytest.mark.benchmark(group="time repr, 1,000")
+def test_ts_repr_fast_path(benchmark: Any) -> None:
+    """rf_float_repr on times of the epoch (through the test hook: a call each)."""
+    from rune_fast._encode import _float_repr
+    import random
+    rng = random.Random(5)
+    xs = [rng.uniform(1.7e9, 1.8e9) for _ in range(BATCH)]
+    benchmark(lambda: [_float_repr(x) for x in xs])
+
+
+@pytest.mark.benchmark(group="time repr, 1,000")
+def test_ts_repr_dtoa(benchmark: Any) -> None:
+    """repr() (dtoa) on the same times."""
+    import random
+    rng = random.Random(5)
+    xs = [rng.uniform(1.7e9, 1.8e9) for _ in range(BATCH)]
+    benchmark(lambda: [repr(x) for x in xs])
