@@ -181,7 +181,11 @@ class _Reads(_RowCache):
         if not msg_ids:
             return out
         span = self._id_span()
-        if span is not None and not any(span[0] <= m <= span[1] for m in msg_ids):
+        # (ids of new_id() sort after every archived one: min and max, two
+        # loops in C, answer them where a generator compared each id in
+        # Python; ids on both sides of the span are compared one by one)
+        if span is not None and (max(msg_ids) < span[0] or min(msg_ids) > span[1]
+                                 or not any(span[0] <= m <= span[1] for m in msg_ids)):
             return out
         with self._lock:
             if not self._files:
