@@ -430,3 +430,27 @@ def test_a_byte_flipped_on_disk_under_a_cached_window_is_reported(tmp_path, wher
         assert repo.get_message("m016").status is ReadStatus.FOUND_VERIFIED
     finally:
         repo.close()
+
+
+def test_own_calls_copies_leak_no_reference():
+    """own_calls' copy (a blank instance, the field pointers, a tuple of
+    copied calls) takes one reference to each field of the record and gives
+    it back when the copy goes."""
+    import sys
+
+    from rune_fast import codec
+    content = "".join(["unique ", "content"])
+    calls = ({"id": "i1", "name": "n", "arguments": "{}"}, {"id": "i2", "name": "m", "arguments": {"a": [1]}})
+    m = ConversationMessageRecord(msg_id="m", role="assistant", content=content, channel_id="c",
+                                  tool_calls=calls)
+    before = sys.getrefcount(content), sys.getrefcount(m.tool_calls), sys.getrefcount(m)
+    for _ in range(1000):
+        got = codec.own_calls([m])[0]
+        assert got == m and got is not m and got.content is content
+        assert type(got.tool_calls) is tuple and got.tool_calls is not m.tool_calls
+        assert all(a == b and a is not b for a, b in zip(got.tool_calls, m.tool_calls))
+        assert got.tool_calls[1]["arguments"] is not m.tool_calls[1]["arguments"]
+        got.tool_calls[0]["name"] = "edited"
+        assert m.tool_calls[0]["name"] == "n"
+        del got
+    assert (sys.getrefcount(content), sys.getrefcount(m.tool_calls), sys.getrefcount(m)) == before
