@@ -352,15 +352,13 @@ class HotReads(Host):
         return [(r, t) for _k, r, t in keyed]
 
     def _last_n(self, channel_id: str, n: int) -> list[ConversationMessageRecord]:
+        """The window of the facade's ``window``, which asked the common
+        one (hot, every record cached, the order not interleaved with the
+        cool tier: ``HotIndex.window_cached``) first."""
         if n <= 0:
             return []
         if n > _MAX_N:
             n = _MAX_N          # (a larger n asks for every message the channel can hold)
-        # the common window (hot, records cached, order not interleaved
-        # with the cool tier) in one compiled call, every line checked
-        fast = self._index.window_cached(channel_id, n, self._decoded, self._interleaved, own_calls)
-        if fast is not None:
-            return fast
         verdict = self._interleaved.get(channel_id)
         if verdict is False or (verdict is None and not self._is_interleaved(channel_id)):
             # the hot window in one compiled call: every line checked, the
