@@ -15,7 +15,7 @@ is built once. The access pattern is the bench's (rune_fast/bench/phases.py
 read_rows): random channels, random ids of a working set of 2,000. Groups:
 ``window(ch, 8)`` with the records cached, ``window(ch, 8)`` whose records
 are not cached (the decode cache emptied first; SQLite has no such cache),
-``get_message(id)``.
+``get_message(id)``, and ``get_message(id)`` of archived messages.
 """
 from __future__ import annotations
 
@@ -118,3 +118,37 @@ def test_get_message_rune(benchmark: Any, stores: Any) -> None:
 def test_get_message_sqlite(benchmark: Any, stores: Any) -> None:
     _rune, sql, _chans, ids = stores
     benchmark(_cycled(sql.get_message, ids))
+
+
+@pytest.fixture(scope="session")
+def archived(stores: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, list[str]]]:
+    """A repository and 2,000 ids of archived messages: the store's own
+    (RUNE_BENCH_STORE: at 1,000,000 most ids are archived) or, when it has
+    too few, a store of N messages built with a hot window of 16 and read
+    with the budget the default gives a store of 1,000,000 (48 MiB: the
+    working set's records fit, as they do there)."""
+    rune, _sql, _chans, ids = stores
+    cool = [i for i in ids if rune.get_message(i).tier == "cool"]
+    if len(cool) >= QUERIES // 2:
+        yield rune, cool
+        return
+    w = wl.generate(N, seed=0)
+    d = str(tmp_path_factory.mktemp("archived-reads-bench"))
+    r = _repo_class()(d, compact_every=64, hot_window=16)
+    for i in range(0, len(w.messages), 1_000):
+        r.append_many([wl.default_message_factory(m) for m in w.messages[i:i + 1_000]])
+    r.compact()
+    r.close()
+    r = _repo_class()(d, compact_every=64, hot_window=16, cache_bytes=48 << 20)
+    ids = random.Random(32).sample([m["msg_id"] for m in w.messages], QUERIES)
+    cool = [i for i in ids if r.get_message(i).tier == "cool"]
+    yield r, cool
+    r.close()
+
+
+@pytest.mark.benchmark(group="get_message(id), archived")
+def test_get_message_archived_rune(benchmark: Any, archived: Any) -> None:
+    """An archived message read again: the id index's kept answer and the
+    cool records' cache (IdRuns.kept), no run searched."""
+    rune, ids = archived
+    benchmark(_cycled(rune.get_message, ids))

@@ -251,6 +251,18 @@ cdef inline Py_ssize_t _aim(const uint64_t *a, Py_ssize_t n, uint64_t key, Py_ss
     return 0 if g < 0 else (n - 1 if g >= n else g)
 
 
+cdef struct rf_idmemo:
+    # one kept answer of IdRuns.values: the one location of the hash h
+    # (v == 0: empty; what is stored is the location + 1)
+    uint64_t h
+    int64_t v
+
+
+#: IdRuns' kept answers by default: as many as a record cache of the
+#: repository holds entries (tuning.DECODE_CACHE), 128 KiB.
+MEMO_ENTRIES = 8192
+
+
 cdef inline Py_ssize_t _first_at_least(const uint64_t *a, Py_ssize_t n, uint64_t key) noexcept nogil:
     """The first index i of the sorted ``a[:n]`` with a[i] >= key (n if none).
     The hashes are uniform: the first probe is where ``key`` would be if
@@ -356,6 +368,14 @@ cdef class IdRuns:
     about what a later one does. Callers verify hits (64-bit hashes of
     different ids may be equal).
 
+    An exact read searches every run: a few cache misses a file, which a
+    loop over a working set of ids pays again and again (and more when
+    other work evicts the runs' pages from the CPU's caches). So
+    :meth:`values` keeps the answers that were one location in a small
+    two-way table (``memo_entries`` of them, 16 bytes each, allocated at
+    the first lookup), emptied whenever a run is added or dropped: an
+    answer it gives is the one the search would give.
+
     The arrays must stay unchanged while they are added: the object keeps a
     reference to each, and reads them through raw pointers. Not
     thread-safe by itself (the archive's lock guards it)."""
@@ -365,14 +385,36 @@ cdef class IdRuns:
     cdef Py_ssize_t _cap
     cdef Py_ssize_t _total
     cdef dict _owners       # file no -> (hashes, rows): keeps the buffers alive
+    cdef rf_idmemo *_memo   # _memo_n entries, two a set; NULL until the first lookup
+    cdef uint64_t _memo_mask
+    cdef Py_ssize_t _memo_n  # (0: no memo)
 
-    def __cinit__(self):
+    def __cinit__(self, Py_ssize_t memo_entries=MEMO_ENTRIES):
+        cdef Py_ssize_t sets = 1
         self._runs = NULL
+        self._memo = NULL
         self._k = self._cap = self._total = 0
         self._owners = {}
+        if memo_entries < 0:
+            raise ValueError(f"IdRuns: memo_entries must be >= 0, got {memo_entries}")
+        while 2 * sets < memo_entries:
+            sets <<= 1
+        self._memo_n = 0 if memo_entries == 0 else 2 * sets
+        self._memo_mask = <uint64_t>sets - 1
 
     def __dealloc__(self):
         free(self._runs)
+        free(self._memo)
+
+    cdef void _forget(self) noexcept nogil:
+        """The run set changed: no kept answer holds any more."""
+        if self._memo != NULL:
+            memset(self._memo, 0, <size_t>self._memo_n * sizeof(rf_idmemo))
+
+    @property
+    def memo_bytes(self) -> int:
+        """Bytes of the table of kept answers (allocated at the first lookup)."""
+        return self._memo_n * sizeof(rf_idmemo)
 
     def add(self, int64_t no, hashes, rows) -> None:
         """Add file ``no``'s run: ``hashes`` (uint64, ascending: see
@@ -390,6 +432,7 @@ cdef class IdRuns:
         if not 0 <= no < (1 << 31):
             raise ValueError(f"IdRuns.add: file number {no} out of range")
         self.discard(no)
+        self._forget()
         if self._k == self._cap:
             grown = <rf_idrun *>realloc(self._runs, (self._cap * 2 + 4) * sizeof(rf_idrun))
             if grown == NULL:
@@ -413,12 +456,14 @@ cdef class IdRuns:
                 self._runs[j] = self._runs[self._k - 1]
                 self._k -= 1
                 del self._owners[no]
+                self._forget()
                 return True
         return False
 
     def clear(self) -> None:
         self._k = self._total = 0
         self._owners.clear()
+        self._forget()
 
     def __len__(self):
         return self._total
@@ -445,13 +490,75 @@ cdef class IdRuns:
         cdef list out = []
         cdef Py_ssize_t j, i
         cdef rf_idrun *run
+        cdef rf_idmemo *m = NULL
+        cdef rf_idmemo t
+        cdef int64_t only = -1
+        if self._memo_n:
+            if self._memo == NULL:
+                self._memo = <rf_idmemo *>calloc(<size_t>self._memo_n, sizeof(rf_idmemo))
+                if self._memo == NULL:
+                    raise MemoryError(f"IdRuns: cannot allocate {self._memo_n} kept answers")
+            m = &self._memo[2 * (h & self._memo_mask)]
+            if m[0].v != 0 and m[0].h == h:
+                return [m[0].v - 1]
+            if m[1].v != 0 and m[1].h == h:
+                t = m[1]            # (the set's latest answer first: the older one goes next)
+                m[1] = m[0]
+                m[0] = t
+                return [t.v - 1]
         for j in range(self._k):
             run = &self._runs[j]
             i = _first_at_least(run.h, run.n, h)
             while i < run.n and run.h[i] == h:
-                out.append(run.base | run.r[i])
+                only = run.base | run.r[i]
+                out.append(only)
                 i += 1
+        if m != NULL and len(out) == 1:
+            m[1] = m[0]
+            m[0].h = h
+            m[0].v = only + 1
         return out
+
+    def kept(self, str msg_id, LocCache cache not None):
+        """The record of the archived row of ``msg_id`` in one call, when
+        an exact read of it was answered before: a kept answer of
+        :meth:`values` names its location (the hash of the id's UTF-8
+        bytes, as the sidecars hash it) and `cache` holds a value there
+        whose first item is a record of that very ``msg_id``. None
+        otherwise (the caller then asks :meth:`values` and reads the
+        row). An exact read asked again thus searches no run and builds
+        no list."""
+        cdef bytes b
+        cdef const char *kp
+        cdef Py_ssize_t kl
+        cdef uint64_t h
+        cdef int64_t loc, j
+        cdef rf_idmemo *m
+        if self._memo == NULL:
+            return None
+        if PyUnicode_IS_COMPACT_ASCII(msg_id):
+            kp = <const char *>PyUnicode_DATA(msg_id)
+            kl = PyUnicode_GET_LENGTH(msg_id)
+        else:
+            b = msg_id.encode("utf-8")
+            kp = PyBytes_AS_STRING(b)
+            kl = PyBytes_GET_SIZE(b)
+        h = _xxh.XXH3_64bits(kp, <size_t>kl)
+        m = &self._memo[2 * (h & self._memo_mask)]
+        if m[0].v != 0 and m[0].h == h:
+            loc = m[0].v - 1
+        elif m[1].v != 0 and m[1].h == h:
+            loc = m[1].v - 1
+        else:
+            return None
+        j = cache._find(loc)
+        if j < 0:
+            return None
+        hit = <object>cache._c_slots[j].val
+        if not PyTuple_CheckExact(hit) or PyTuple_GET_SIZE(hit) < 1:
+            return None
+        rec = <object>PyTuple_GET_ITEM(hit, 0)
+        return rec if rec.msg_id == msg_id else None
 
     @cython.boundscheck(False)
     @cython.wraparound(False)

@@ -1312,6 +1312,67 @@ cdef class HotIndex:
             free(locs)
         return None if out is None else (out, nd)
 
+    def window_cached(self, str channel_id, Py_ssize_t n, LocCache cache not None, dict verdicts,
+                      object own):
+        """A repository window read when it is the common one, in one call:
+        the records of the last n (1 to 64) messages of the channel
+        ``channel_id`` (its id as a str, found before by
+        :meth:`window_read`), oldest first, when its hot tier holds at
+        least n, ``verdicts`` maps it to False (no hot message of it sorts
+        before a cool one) and `cache` holds every one's record (the first
+        item of its value). Each line is checked as :meth:`line` checks it
+        (raising the same errors, with the file and offset), and the list
+        is handed to ``own`` (the copy of tool calls) before it is
+        returned. None when any of that does not hold: the caller's
+        general path reads the window then, with nothing here kept or
+        changed. A loop of windows over a working set pays here one
+        dictionary lookup, the cache slots and the lines' checks, with the
+        fetches of all of them overlapped."""
+        cdef int64_t locs[64]
+        cdef uint32_t lens[64]
+        cdef PyObject *vals[64]
+        cdef const unsigned char *p
+        cdef size_t ln
+        cdef Py_ssize_t i
+        cdef int64_t j
+        cdef uint32_t start, m, e
+        cdef rf_list *L
+        cdef PyObject *v
+        if n <= 0 or n > 64:
+            return None
+        idx = self._chan_names.get(channel_id)
+        if idx is None or verdicts.get(channel_id, None) is not False:
+            return None
+        L = &self._c_chan[<int64_t>idx]
+        m = _len(L)
+        if <Py_ssize_t>m < n:
+            return None
+        start = m - <uint32_t>n
+        for i in range(n):
+            e = _at(L, start + <uint32_t>i)
+            locs[i] = self._c_locs[e]
+            lens[i] = self._c_lens[e]
+            self._prefetch_line(locs[i], lens[i])
+            cache._prefetch(locs[i])
+        for i in range(n):
+            j = cache._find(locs[i])
+            if j < 0:
+                return None
+            v = <PyObject *>cache._c_slots[j].val
+            if not PyTuple_CheckExact(<object>v) or PyTuple_GET_SIZE(<object>v) < 1:
+                return None
+            vals[i] = v
+            rf_prefetch(<const void *>PyTuple_GET_ITEM(<object>v, 0))
+        for i in range(n):
+            self._checked_line(locs[i], &p, &ln, lens[i])
+        out = PyList_New(n)
+        for i in range(n):
+            rec = <object>PyTuple_GET_ITEM(<object>vals[i], 0)
+            Py_INCREF(rec)
+            PyList_SET_ITEM(out, i, rec)
+        own(out)
+        return out
+
     def read_record(self, int64_t loc, LocCache cache not None, object decode, object cost):
         """``(record, decoded)`` of the line at `loc` as :meth:`window_read`
         reads each of its lines (checked, from `cache` or decoded and kept;

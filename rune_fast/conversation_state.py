@@ -246,6 +246,12 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
         with self._lock:
             if self._closed:
                 self._check_open()
+            if 0 < n <= 64:
+                # the common window (hot, cached, not interleaved with the
+                # cool tier) in one compiled call; None: HotReads reads it
+                got = self._index.window_cached(channel_id, n, self._decoded, self._interleaved, own_calls)
+                if got is not None:
+                    return got
             return self._last_n(channel_id, n)
 
     def messages_for_task(self, task_id: str) -> list[ConversationMessageRecord]:

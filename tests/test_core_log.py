@@ -24,6 +24,23 @@ def test_hashes_match_reference_xxhash(data):
     assert _log.hash64(memoryview(data)) == _log.hash64(bytearray(data))
 
 
+def test_long_inputs_hash_as_the_reference_whatever_kernel_the_cpu_gets():
+    """Inputs over 240 bytes take XXH3's long-input kernel, which the
+    portable build picks at run time (csrc/rf_xxhash.h: AVX2 where the
+    CPU has it): every length and alignment hashes as xxhash does, and a
+    line framed and checked with it verifies."""
+    import random
+    rng = random.Random(7)
+    buf = rng.randbytes(20_000)
+    for n in list(range(230, 1100)) + list(range(1100, 20_000, 331)):
+        for start in (0, 1, 7):
+            data = buf[start:start + n]
+            assert _log.hash64(data) == xxhash.xxh3_64_intdigest(data), (n, start)
+    rest = b',"k":"m","r":{"content":"' + b"x" * 5000 + b'"}}'
+    ln = _log.frame(rest)
+    assert _log.check_line(ln, 0) == len(ln) - 1
+
+
 def test_hash_rejects_non_buffers():
     with pytest.raises(FramingError, match="bytes-like"):
         _log.hash64("text")

@@ -70,6 +70,148 @@ def test_window_read_is_window_hits_with_the_misses_decoded_and_kept():
         ix.window_read(b"c", 8, cache, decode, len)
 
 
+def test_window_cached_is_the_cached_window_or_none():
+    ls = [line(f"m{i}", "c" if i % 3 else "dé", content=f"x{i}") for i in range(12)]
+    ix, offs, data = _seg(ls)
+    cache = _index.LocCache(64)
+    verdicts: dict[str, bool] = {}
+    owned = []
+
+    def own(recs):
+        owned.append(list(recs))
+        return recs
+
+    def cached(ch, n, cache=cache):
+        return ix.window_cached(ch, n, cache, verdicts, own)
+
+    assert cached("c", 3) is None                 # the channel not found by a window_read yet
+    recs, _nd = ix.window_read("c", 8, cache, lambda b: (b"rec:" + bytes(b)[-9:-1], 0), len)
+    assert cached("c", 3) is None                 # no verdict: the caller decides the order
+    verdicts["c"] = True
+    assert cached("c", 3) is None                 # interleaved with the cool tier
+    verdicts["c"] = False
+    assert owned == []
+    for n in (1, 3, 8):
+        assert cached("c", n) == recs[-n:] and owned[-1] == recs[-n:]
+    assert cached("c", 9) is None                 # more than the hot tier holds
+    assert cached("c", 0) is None and cached("c", -1) is None and cached("c", 65) is None
+    assert cached("nope", 3) is None
+    cache.pop(offs[10])                            # one record no longer kept
+    assert cached("c", 2) is None and cached("c", 1) == recs[-1:]
+    ix.window_read("dé", 4, cache, lambda b: (b"rec:" + bytes(b)[-9:-1], 0), len)
+    verdicts["dé"] = False
+    assert cached("dé", 4) == [b"rec:" + ls[i][:-1][-9:-1] for i in (0, 3, 6, 9)]
+    for where in (30, len(ls[11]) - 3):            # a flipped byte under the cached window
+        bad = bytearray(data)
+        bad[offs[11] + where] ^= 0x01
+        ix.attach(0, bytes(bad), path="/state/seg-0")
+        with pytest.raises(CorruptStateCheckpointError) as ei:
+            cached("c", 1)
+        assert ei.value.path == "/state/seg-0" and ei.value.offset == offs[11]
+    ix.attach(0, bytes(data), path="/state/seg-0")
+    assert cached("c", 1) == recs[-1:]
+    ix.remove(key("m11"))                          # the window moves with the index:
+    assert cached("c", 1) is None                  # to m10, whose record was dropped above
+    again, nd = ix.window_read("c", 2, cache, lambda b: (b"rec:" + bytes(b)[-9:-1], 0), len)
+    assert nd == 1 and cached("c", 2) == again == [recs[-3], b"rec:" + ls[10][:-1][-9:-1]]
+
+
+class IdRunsModel(RuleBasedStateMachine):
+    """IdRuns with its kept answers against a plain dict of the runs: every
+    lookup gives the search's answer whatever was added or dropped since it
+    was kept; kept() gives a cached record only for the id it belongs to."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids = _index.IdRuns(memo_entries=4)     # two sets: answers evict each other
+        self.plain = _index.IdRuns(memo_entries=0)
+        self.runs: dict[int, list[tuple[int, int]]] = {}
+        self.cache = _index.LocCache(64)
+        self.names: dict[int, str] = {}              # hash -> an id that hashes so
+
+    def _hash(self, i):
+        name = f"msg_{i:03d}"
+        h = _index_hash(name)
+        self.names[h] = name
+        return h
+
+    @rule(no=st.integers(0, 5), ids=st.lists(st.integers(0, 30), max_size=8), rows=st.integers(1, 3))
+    def add(self, no, ids, rows):
+        pairs = sorted((self._hash(i), r) for r, i in enumerate(ids))
+        for ix in (self.ids, self.plain):
+            ix.add(no, [h for h, _r in pairs], [r for _h, r in pairs])
+        self.runs[no] = pairs
+        for h, r in pairs:
+            self.cache.put((no << 32) | r, (ConversationMessageRecord(msg_id=self.names[h], content="",
+                                                                     channel_id="c"), 0), 1)
+
+    @rule(no=st.integers(0, 5))
+    def discard(self, no):
+        assert self.ids.discard(no) == self.plain.discard(no) == (no in self.runs)
+        self.runs.pop(no, None)
+
+    @rule()
+    def clear(self):
+        self.ids.clear()
+        self.plain.clear()
+        self.runs.clear()
+
+    @rule(i=st.integers(0, 30))
+    def lookup(self, i):
+        h = self._hash(i)
+        want = [(no << 32) | r for no, pairs in self.runs.items() for hh, r in pairs if hh == h]
+        for _ in range(2):                           # the second one answered from the memo
+            got = self.ids.values(h)
+            assert sorted(got) == sorted(want) and got == self.plain.values(h)
+        rec = self.ids.kept(self.names[h], self.cache)
+        if len(want) == 1 and rec is not None:
+            assert rec.msg_id == self.names[h]
+            assert self.cache[want[0]][0] is rec
+        if len(want) != 1:
+            assert rec is None
+        assert self.ids.kept("msg_not_there", self.cache) is None
+
+
+def _index_hash(name: str) -> int:
+    from rune_fast.cool.schema import _id_hash
+    return _id_hash(name)
+
+
+def test_id_runs_keep_only_answers_that_hold():
+    IdRunsModel.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+    IdRunsModel.TestCase().runTest()
+
+
+def test_id_runs_kept_reads_the_cache_slot_of_the_kept_answer():
+    from rune_fast.cool.schema import _id_hash
+    ids = _index.IdRuns()
+    assert ids.memo_bytes == 16 * _index.MEMO_ENTRIES == reads.ID_MEMO_BYTES
+    cache = _index.LocCache(8)
+    names = ["msg_a", "msg_é", "msg_c"]
+    pairs = sorted((_id_hash(n), r) for r, n in enumerate(names))
+    ids.add(3, [h for h, _r in pairs], [r for _h, r in pairs])
+    rec = ConversationMessageRecord(msg_id="msg_é", content="x", channel_id="c")
+    assert ids.kept("msg_é", cache) is None           # nothing asked yet
+    (loc,) = ids.values(_id_hash("msg_é"))
+    assert loc == (3 << 32) | 1
+    assert ids.kept("msg_é", cache) is None           # asked, but the cache holds nothing there
+    cache.put(loc, (rec, 7), 1)
+    assert ids.kept("msg_é", cache) is rec
+    assert ids.kept("msg_a", cache) is None
+    cache.put(loc, (ConversationMessageRecord(msg_id="msg_a", content="x", channel_id="c"), 7), 1)
+    assert ids.kept("msg_é", cache) is None           # the slot holds another id's record
+    cache.put(loc, "not a tuple", 1)
+    assert ids.kept("msg_é", cache) is None
+    cache.put(loc, (rec, 7), 1)
+    ids.add(4, [], [])                                 # any change of the runs forgets the answers
+    assert ids.kept("msg_é", cache) is None
+    ids.values(_id_hash("msg_é"))
+    assert ids.discard(4) and ids.kept("msg_é", cache) is None
+    with pytest.raises(ValueError):
+        _index.IdRuns(memo_entries=-1)
+    assert _index.IdRuns(memo_entries=0).memo_bytes == 0
+
+
 def test_read_record_and_find_id():
     ls = [line(f"m{i}", "c", content=f"x{i}") for i in range(4)] + [line('q"\\x', "c")]
     ix, offs, _data = _seg(ls)
@@ -135,9 +277,12 @@ class HotReadsModel(RuleBasedStateMachine):
         self.order: list[str] = []
         self.deleted: set[str] = set()
         self.n = 0
+        self.viewer: ConversationStateRepository | None = None
 
     def teardown(self) -> None:
         self.repo.close()
+        if self.viewer is not None:
+            self.viewer.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def _new(self, channel, calls, words):
@@ -191,14 +336,32 @@ class HotReadsModel(RuleBasedStateMachine):
     @precondition(lambda self: self.stored or self.deleted)
     def get(self, data):
         mid = data.draw(st.sampled_from(sorted(set(self.stored) | self.deleted) + ["msg_none"]))
-        r = self.repo.get_message(mid)
-        if mid in self.stored:
-            assert r.status is ReadStatus.FOUND_VERIFIED and r.record == self.stored[mid]
-            assert r.tier in ("tail", "hot", "cool")
-            for c in r.record.tool_calls:
-                c["arguments"] = "edited"
-        else:
-            assert r.status is ReadStatus.NOT_FOUND_CONFIRMED and r.record is None
+        for _ in range(2):                  # (asked again: from what the first read kept)
+            r = self.repo.get_message(mid)
+            if mid in self.stored:
+                assert r.status is ReadStatus.FOUND_VERIFIED and r.record == self.stored[mid]
+                assert r.tier in ("tail", "hot", "cool")
+                for c in r.record.tool_calls:
+                    c["arguments"] = "edited"
+            else:
+                assert r.status is ReadStatus.NOT_FOUND_CONFIRMED and r.record is None
+
+    @rule(data=st.data(), n=st.integers(1, 10))
+    def viewer_reads(self, data, n):
+        """A viewer's reads, asked twice (the second from what the first
+        kept), after a refresh shows it the writer's appends, deletions and
+        compactions since its last look."""
+        if self.viewer is None:
+            self.viewer = ConversationStateRepository(self.dir, read_only=True, **self.OPTS)
+        self.viewer.refresh()
+        ch = data.draw(st.sampled_from(CHANNELS))
+        mids = data.draw(st.lists(st.sampled_from(sorted(set(self.stored) | self.deleted) or ["msg_none"]),
+                                  max_size=3))
+        for _ in range(2):
+            assert self.viewer.window(ch, n) == self._channel(ch)[-n:]
+            for mid in mids:
+                r = self.viewer.get_message(mid)
+                assert r.record == self.stored.get(mid)
 
 
 @pytest.fixture
@@ -211,6 +374,21 @@ def test_hot_reads_match_the_model():
     HotReadsModel.TestCase.settings = settings(max_examples=40, stateful_step_count=40, deadline=None,
                                                suppress_health_check=[HealthCheck.too_slow])
     HotReadsModel.TestCase().runTest()
+
+
+class ArchivedReadsModel(HotReadsModel):
+    """The same with a hot window of 3: most reads are of archived rows
+    (asked again: the id index's kept answers), across cooling runs,
+    merges and erasures of the cool files."""
+
+    OPTS = dict(compact_every=3, hot_window=3, cache_bytes=64 << 10)
+
+
+@pytest.mark.usefixtures("small_rolls")
+def test_archived_reads_match_the_model():
+    ArchivedReadsModel.TestCase.settings = settings(max_examples=30, stateful_step_count=40, deadline=None,
+                                                    suppress_health_check=[HealthCheck.too_slow])
+    ArchivedReadsModel.TestCase().runTest()
 
 
 def _store_with_cached_lines(path):
@@ -252,3 +430,27 @@ def test_a_byte_flipped_on_disk_under_a_cached_window_is_reported(tmp_path, wher
         assert repo.get_message("m016").status is ReadStatus.FOUND_VERIFIED
     finally:
         repo.close()
+
+
+def test_own_calls_copies_leak_no_reference():
+    """own_calls' copy (a blank instance, the field pointers, a tuple of
+    copied calls) takes one reference to each field of the record and gives
+    it back when the copy goes."""
+    import sys
+
+    from rune_fast import codec
+    content = "".join(["unique ", "content"])
+    calls = ({"id": "i1", "name": "n", "arguments": "{}"}, {"id": "i2", "name": "m", "arguments": {"a": [1]}})
+    m = ConversationMessageRecord(msg_id="m", role="assistant", content=content, channel_id="c",
+                                  tool_calls=calls)
+    before = sys.getrefcount(content), sys.getrefcount(m.tool_calls), sys.getrefcount(m)
+    for _ in range(1000):
+        got = codec.own_calls([m])[0]
+        assert got == m and got is not m and got.content is content
+        assert type(got.tool_calls) is tuple and got.tool_calls is not m.tool_calls
+        assert all(a == b and a is not b for a, b in zip(got.tool_calls, m.tool_calls))
+        assert got.tool_calls[1]["arguments"] is not m.tool_calls[1]["arguments"]
+        got.tool_calls[0]["name"] = "edited"
+        assert m.tool_calls[0]["name"] == "n"
+        del got
+    assert (sys.getrefcount(content), sys.getrefcount(m.tool_calls), sys.getrefcount(m)) == before

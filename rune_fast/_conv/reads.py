@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 
-from .. import _encode, codec
+from .. import _encode, _index, codec
 from ..errors import CorruptStateCheckpointError
 from ..records import ConversationMessageRecord, message_from_stored
 from .._index import LocCache
@@ -24,14 +24,20 @@ from .maps import MapBudget
 log = logging.getLogger("rune_fast")
 
 
+#: What the cool id index's kept answers cost (``IdRuns.memo_bytes``: a
+#: fixed table, allocated at the first exact read of an archived message).
+ID_MEMO_BYTES = _index.IdRuns().memo_bytes
+
+
 def cache_budgets(total: int) -> tuple[int, int, int]:
     """``cache_bytes`` split between the decoded hot records, the decoded
     cool records and the cool tier's row groups (see tuning.CACHE_BYTES):
     the hot records serve window reads and the newest appends, the most
     asked; a cool record read again is found in its row group if not in
-    its own cache."""
+    its own cache. The row groups' share gives up what the cool id index
+    keeps of exact reads' answers (ID_MEMO_BYTES)."""
     hot, cool = total * 5 // 8, total // 8
-    return hot, cool, min(total - hot - cool, tuning.COOL_CACHE_BYTES)
+    return hot, cool, max(0, min(total - hot - cool - ID_MEMO_BYTES, tuning.COOL_CACHE_BYTES))
 
 
 def canonical_record(line: bytes) -> tuple[ConversationMessageRecord, int] | None:
@@ -277,6 +283,11 @@ class HotReads(Host):
             if rec.msg_id != msg_id:
                 return MessageRead(ReadStatus.SOURCE_CORRUPT, None, tier)
             return _found(_own(rec) if rec.tool_calls else rec, tier)
+        # an archived row read before: its record from the cache, found in
+        # one compiled call (the id index's kept answer, the cache's slot)
+        rec = self._cool.kept_record(msg_id, self._cool_decoded)
+        if rec is not None:
+            return _found(_own(rec) if rec.tool_calls else rec, "cool")
         try:
             # the rows whose id hashes like msg_id (usually one): kept records, or read now
             locs = self._cool.id_locs(msg_id)
@@ -341,6 +352,9 @@ class HotReads(Host):
         return [(r, t) for _k, r, t in keyed]
 
     def _last_n(self, channel_id: str, n: int) -> list[ConversationMessageRecord]:
+        """The window of the facade's ``window``, which asked the common
+        one (hot, every record cached, the order not interleaved with the
+        cool tier: ``HotIndex.window_cached``) first."""
         if n <= 0:
             return []
         if n > _MAX_N:

@@ -261,6 +261,14 @@ class _Reads(_RowCache):
         with self._lock:
             return list(self._id_locs(msg_id))
 
+    def kept_record(self, msg_id: str, cache: Any) -> Any:
+        """The record of ``msg_id``'s archived row that ``cache`` (the
+        repository's verified cool records: cool_loc -> (record, ord))
+        holds, when an earlier :meth:`id_locs` of it found the row
+        (``IdRuns.kept``: one compiled call, no run searched); else None."""
+        with self._lock:
+            return self._ids.kept(msg_id, cache)
+
     def _by_file(self, locs: Sequence[int]) -> dict[int, list[int]]:
         """The rows of ``locs`` (:func:`cool_loc`) by live file number (lock
         held); a file that is not live is CorruptStateCheckpointError."""
