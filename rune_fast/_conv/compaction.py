@@ -264,19 +264,15 @@ class Compaction(Host):
             # oldest excess, and its lines must stay where it read them)
             cooling = self._bg is not None
             excess = self._excess(full) if cool_excess and not cooling else []
-            # (a file a COOL_RUN_MAX_ROWS: each run's lines are copied and
-            # parsed whole, so the final compact() of a bulk load, which
-            # cools what the background runs left, holds a run's lines at a
-            # time, not every line it cools)
-            for a in range(0, len(excess), tuning.COOL_RUN_MAX_ROWS):
-                part = excess[a:a + tuning.COOL_RUN_MAX_ROWS]
-                table = self._cool_table_at(part)
-                run = self._cool.cool_table(table)
-                manifest_cool = list(run.files)
-                self._cooled(part, table)
-                rep.cooled += table.num_rows
-                rep.cool_files_written += 1
-                del table
+            # (files of up to COOL_FILE_ROWS, each written COOL_RUN_MAX_ROWS
+            # lines at a time: the final compact() of a bulk load, which
+            # cools what the background runs left, holds a part's lines at
+            # a time, not every line it cools, and leaves a few large files,
+            # not tens of small ones to merge)
+            if excess:
+                cooled_files = self._cool_in_files(excess, rep)
+                if cooled_files is not None:
+                    manifest_cool = cooled_files
             # 2. erasure in the cool tier
             cool_erase = [m for m in self._pending_erase if m in self._cool_deleted]
             if cool_erase:

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 from .. import codec
 from ..cool import table_from_lines
 from . import tuning
-from .common import (_COOL_RANK, _HOT_RANK, CompactionReport, _first, _order_key, _sorts_before)
+from .common import (_COOL_RANK, _HOT_RANK, CompactionReport, _first, _order_key, _sorts_before, _unkey)
 from .staging import _Staged
 from .host import Host
 
@@ -197,6 +197,58 @@ class Cooling(Host):
             return result
 
         return _Staged("cool", work, locs)
+
+    def _in_file_order(self, excess: list[int]) -> list[int]:
+        """``excess`` (what :meth:`_excess` gave, the index unchanged since)
+        in the order of a cool file's rows: grouped by channel, channels in
+        code point order, each channel's locations in their given order
+        (the order ``_channel_order`` gives a table of them). Its first
+        part is ``HotIndex.excess``: each channel's oldest messages, the
+        channels in the index's order; what follows (late messages that
+        sort before a cool row) is placed by reading each one's channel."""
+        groups: dict[str, list[int]] = {}
+        at = 0
+        w = self.hot_window
+        for k in self._index.channels():
+            n = self._index.channel_len(k) - w
+            if n > 0:
+                groups.setdefault(_unkey(k), []).extend(excess[at:at + n])
+                at += n
+        if at > len(excess):
+            raise AssertionError(f"_in_file_order: the index shows {at} excess messages, given {len(excess)}")
+        for loc in excess[at:]:
+            groups.setdefault(self._read_loc(loc).channel_id, []).append(loc)
+        return [loc for ch in sorted(groups) for loc in groups[ch]]
+
+    def _cool_in_files(self, excess: list[int], rep: CompactionReport) -> list[str] | None:
+        """Cool the hot messages at ``excess`` (lock held): files of at most
+        COOL_FILE_ROWS rows, each written a COOL_RUN_MAX_ROWS lines at a
+        time as they are read and parsed (what a file holds whole is its
+        id, channel and task columns, for its index, and the columns the
+        adoption reads). Returns the archive's files after the last (None:
+        nothing cooled)."""
+        files = None
+        order = self._in_file_order(excess)
+        for a in range(0, len(order), tuning.COOL_FILE_ROWS):
+            locs = order[a:a + tuning.COOL_FILE_ROWS]
+            kept: list[pa.Table] = []
+
+            def parts(locs: list[int] = locs, kept: list[pa.Table] = kept) -> Any:
+                for b in range(0, len(locs), tuning.COOL_RUN_MAX_ROWS):
+                    t = self._cool_table_at(locs[b:b + tuning.COOL_RUN_MAX_ROWS])
+                    kept.append(t.select(_ADOPT_COLUMNS))
+                    yield t
+                    del t
+
+            run = self._cool.cool_parts(parts())
+            files = list(run.files)
+            table = pa.concat_tables(kept)
+            del kept[:]
+            self._cooled(locs, table)
+            rep.cooled += table.num_rows
+            rep.cool_files_written += 1
+            del table
+        return files
 
     def _cool_table_at(self, locs: Sequence[int]) -> pa.Table:
         """The cool-schema table of the hot lines at ``locs`` (each checked

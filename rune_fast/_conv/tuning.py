@@ -33,6 +33,14 @@ BG_COOL_MAX_ROWS = 16384
 #: background runs had left in one run and peaked at 641 bytes a message
 #: of resident memory (the appends before it: 204).
 COOL_RUN_MAX_ROWS = 16384
+#: At most this many messages a file of a compaction's inline cooling, written
+#: COOL_RUN_MAX_ROWS lines at a time (``CoolArchive.cool_parts``): a file
+#: holds only its id, channel and task columns whole (about 100 bytes a row:
+#: 26 MB at this size). The compact() after a bulk load of 1,000,000
+#: messages wrote 28 files of 16,384 rows (454,000 left by the background
+#: runs), each to be merged three times more (fanout 4); files of this size
+#: are a tier of their own (log4(262,144) = 9).
+COOL_FILE_ROWS = 262144
 #: Merge cool files MERGE_FANOUT at a time, each of the same size tier
 #: (``floor(log_fanout(rows))``): a row is rewritten about
 #: ``log_fanout(rows / run)`` times. Measured on bulk loads of 1,000,000

@@ -10,6 +10,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .._names import tmp_name
@@ -195,6 +196,47 @@ class _Writer(_Search):
         rows): the caller records it in its manifest."""
         with self._lock:
             return self._serve(self.stage_table(table, durable=durable))
+
+    def cool_parts(self, parts: Iterable[pa.Table], *, durable: bool | None = None) -> CoolRun:
+        """Archive the rows of ``parts`` as ONE new file, as :meth:`cool_table`
+        does, each part written as it comes: the rows are never held whole
+        (the file's id, channel and task columns are, for its index), so a
+        file may hold many more rows than a table would be made of. The
+        parts (tables of the cool schema, with their ``ord`` and ``digest``)
+        come in file order: grouped by channel, channels in code point
+        order, each channel's rows in their order key. ValueError for parts
+        out of that order, a msg_id already archived or no rows at all; the
+        file is not written then."""
+        self._writable()
+        with self._lock:
+            fi = self._write_file(None, durable=self._dur(durable), parts=self._checked_parts(parts))
+            _release_arrow()
+            return self._serve(fi)
+
+    def _checked_parts(self, parts: Iterable[pa.Table]) -> Iterator[pa.Table]:
+        """``parts`` as :meth:`cool_parts` takes them, each checked as it
+        comes (the schema, the channels' order, no id archived already)."""
+        last: str | None = None
+        at = 0
+        for t in parts:
+            if t.schema != COOL_SCHEMA:
+                raise ValueError(f"cool_parts: a part's schema is not the cool schema: {t.schema}")
+            if t.num_rows == 0:
+                continue
+            runs = pc.run_end_encode(t.column("channel_id").combine_chunks()).values.to_pylist()
+            for ch in runs:       # (a channel's rows apart: one after a larger one)
+                if last is not None and ch < last:
+                    raise ValueError(f"cool_parts: row {at}: channel {ch!r} after {last!r} (not in file order)")
+                last = ch
+            ids = t.column("msg_id").to_pylist()
+            already = self.contains_many(ids)
+            if already.any():
+                i = int(np.flatnonzero(already)[0])
+                raise ValueError(f"cool_parts: row {at + i}: msg_id {ids[i]!r} is already archived")
+            at += t.num_rows
+            yield t
+        if at == 0:
+            raise ValueError("cool_parts: no rows")
 
     def _serve(self, fi: "_FileIndex | None") -> CoolRun:
         """Adopt a file just staged (lock held); the run :meth:`cool_table` returns."""
