@@ -137,6 +137,83 @@ def test_cool_parts_refuses_parts_out_of_file_order(tmp_path):
     archive.close()
 
 
+@pytest.fixture
+def merges_left(monkeypatch):
+    """Every cooling run and small merge inline; compact() leaves a merge of
+    24 rows or more to the merge thread."""
+    monkeypatch.setattr(tuning, "BG_COOL_MIN_ROWS", 24)
+    monkeypatch.setattr(tuning, "MERGE_INLINE_GROUP_ROWS", 24)
+    monkeypatch.setattr(tuning, "MERGE_FANOUT", 2)
+
+
+def _load_in_runs(repo, stored: dict, runs: int, per: int) -> None:
+    for k in range(runs):
+        for i in range(k * per, (k + 1) * per):
+            m = msg(i)
+            repo.append(m)
+            stored[m.msg_id] = m
+        repo.compact()
+
+
+def test_compact_leaves_a_large_merge_to_the_thread(tmp_path, merges_left):
+    stored: dict = {}
+    with ConversationStateRepository(tmp_path, compact_every=10**6, hot_window=1) as repo:
+        _load_in_runs(repo, stored, 4, 15)      # cooled runs of 10 rows: merged inline (20 < 24)
+        job = repo._bg_merge
+        assert job is not None, "compact() merged a large group inline"
+        # what compact() returned with is consistent while the merge runs
+        check_reads(repo, stored)
+        assert repo.verify().ok
+        job.thread.join()
+        assert job.error is None and job.result is not None
+        files = set(repo._cool.files())
+        rep = repo.compact()        # adopts the merge (and starts the next, if any)
+        assert rep.cool_files_removed >= 2 and set(repo._cool.files()) != files
+        check_reads(repo, stored)
+        assert repo.verify().ok
+    with ConversationStateRepository(tmp_path, compact_every=10**6, hot_window=1) as repo:
+        check_reads(repo, stored)
+        assert repo.verify().ok
+        on_disk = {n for n in os.listdir(repo._cool.cool_dir) if n.endswith(".parquet")}
+        assert on_disk == set(repo._cool.files())
+
+
+def test_a_store_closed_right_after_compact_reopens_whole(tmp_path, merges_left, monkeypatch):
+    # close() gives up the merge compact() left running: no merged file
+    # stays behind, every message is read back, and the next session's
+    # compact() merges again
+    real = CoolArchive.stage_merge
+
+    def held(self, groups, *, durable=None, cancel=None):
+        if cancel is not None:      # the thread's (not an inline merge): still running at close()
+            assert cancel.wait(30)
+        return real(self, groups, durable=durable, cancel=cancel)
+    monkeypatch.setattr(CoolArchive, "stage_merge", held)
+    stored: dict = {}
+    repo = ConversationStateRepository(tmp_path, compact_every=10**6, hot_window=1)
+    _load_in_runs(repo, stored, 4, 15)
+    job = repo._bg_merge
+    assert job is not None
+    repo.close()
+    assert job.done.is_set() and job.result is None and job.cancel.is_set()
+    monkeypatch.setattr(CoolArchive, "stage_merge", real)
+    with ConversationStateRepository(tmp_path, compact_every=10**6, hot_window=1) as repo:
+        on_disk = {n for n in os.listdir(repo._cool.cool_dir) if n.endswith(".parquet")}
+        assert on_disk == set(repo._cool.files())
+        check_reads(repo, stored)
+        assert repo.verify().ok
+        before = len(repo._cool.files())
+        for _ in range(10):
+            repo.compact()
+            job = repo._bg_merge
+            if job is None:
+                break
+            job.thread.join()
+        assert len(repo._cool.files()) < before
+        check_reads(repo, stored)
+        assert repo.verify().ok
+
+
 def test_compact_file_order_with_messages_behind_the_cool_rows(tmp_path, small_files, monkeypatch):
     # a late message that sorts before a channel's cool rows, in a channel
     # whose hot messages do not exceed the window (a newer one was
