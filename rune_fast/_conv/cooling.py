@@ -135,8 +135,10 @@ class Cooling(Host):
             if len(excess) >= tuning.BG_COOL_MIN_ROWS:
                 if self._tail.size < tuning.ROLL_BYTES:
                     # at most BG_COOL_MAX_ROWS a run (each channel's oldest
-                    # first, channel by channel): its lines are copied here
-                    self._bg = self._stage_cooling(excess[:tuning.BG_COOL_MAX_ROWS])
+                    # first, channel by channel, channels in code point
+                    # order): its lines are copied here
+                    # (in file order: its table is written as it is, not taken row by row)
+                    self._bg = self._stage_cooling(self._in_file_order(excess, tuning.BG_COOL_MAX_ROWS))
                     self._fold(CompactionReport(), t0)
                 else:
                     self._compact(full=False, cool_excess=False, settle=False)
@@ -198,27 +200,35 @@ class Cooling(Host):
 
         return _Staged("cool", work, locs)
 
-    def _in_file_order(self, excess: list[int]) -> list[int]:
+    def _in_file_order(self, excess: list[int], limit: int | None = None) -> list[int]:
         """``excess`` (what :meth:`_excess` gave, the index unchanged since)
         in the order of a cool file's rows: grouped by channel, channels in
         code point order, each channel's locations in their given order
-        (the order ``_channel_order`` gives a table of them). Its first
-        part is ``HotIndex.excess``: each channel's oldest messages, the
-        channels in the index's order; what follows (late messages that
-        sort before a cool row) is placed by reading each one's channel."""
-        groups: dict[str, list[int]] = {}
+        (the order ``_channel_order`` gives a table of them); the first
+        ``limit`` of them only (None: all). Its first part is
+        ``HotIndex.excess``: each channel's oldest messages, the channels
+        in the index's order; what follows (late messages that sort before
+        a cool row) is placed by reading each one's channel."""
+        spans: dict[str, list[tuple[int, int]]] = {}
         at = 0
         w = self.hot_window
         for k in self._index.channels():
             n = self._index.channel_len(k) - w
             if n > 0:
-                groups.setdefault(_unkey(k), []).extend(excess[at:at + n])
+                spans.setdefault(_unkey(k), []).append((at, at + n))
                 at += n
         if at > len(excess):
             raise AssertionError(f"_in_file_order: the index shows {at} excess messages, given {len(excess)}")
-        for loc in excess[at:]:
-            groups.setdefault(self._read_loc(loc).channel_id, []).append(loc)
-        return [loc for ch in sorted(groups) for loc in groups[ch]]
+        for i in range(at, len(excess)):
+            spans.setdefault(self._read_loc(excess[i]).channel_id, []).append((i, i + 1))
+        out: list[int] = []
+        want = len(excess) if limit is None else limit
+        for ch in sorted(spans):
+            for a, b in spans[ch]:
+                out += excess[a:min(b, a + want - len(out))]
+            if len(out) >= want:
+                break
+        return out
 
     def _cool_in_files(self, excess: list[int], rep: CompactionReport) -> list[str] | None:
         """Cool the hot messages at ``excess`` (lock held): files of at most
