@@ -26,17 +26,17 @@ BG_COOL_MIN_ROWS = 512
 #: runs (each channel's excess is oldest first, channel by channel, so a run
 #: cools a prefix of each channel it reaches).
 BG_COOL_MAX_ROWS = 16384
-#: At most this many messages a cooling run of a compaction (inline; the
-#: excess beyond it goes in further runs, a file each): a run's lines are
-#: copied and parsed whole. Measured with bench/memory_probe.py on a bulk
+#: At most this many messages a part of a compaction's inline cooling (its
+#: files are written a part at a time, see COOL_FILE_ROWS): a part's lines
+#: are copied and parsed whole. Measured with bench/memory_probe.py on a bulk
 #: load of 1,000,000 messages: the final compact() cooled what the
 #: background runs had left in one run and peaked at 641 bytes a message
 #: of resident memory (the appends before it: 204).
 COOL_RUN_MAX_ROWS = 16384
 #: At most this many messages a file of a compaction's inline cooling, written
 #: COOL_RUN_MAX_ROWS lines at a time (``CoolArchive.cool_parts``): a file
-#: holds only its id, channel and task columns whole (about 100 bytes a row:
-#: 26 MB at this size). The compact() after a bulk load of 1,000,000
+#: holds only its index keys whole (12 bytes a row: 3 MB at this size, see
+#: ``cool.sidecar._KeyParts``) and the adoption's columns (id, channel, hlc). The compact() after a bulk load of 1,000,000
 #: messages wrote 28 files of 16,384 rows (454,000 left by the background
 #: runs), each to be merged three times more (fanout 4); files of this size
 #: are a tier of their own (log4(262,144) = 9).
