@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 
 from .. import codec
 from ..cool import table_from_lines
+from ..errors import RuneError
 from . import tuning
 from .common import (_COOL_RANK, _HOT_RANK, CompactionReport, _first, _order_key, _sorts_before, _unkey)
 from .staging import _Staged
@@ -218,7 +219,8 @@ class Cooling(Host):
                 spans.setdefault(_unkey(k), []).append((at, at + n))
                 at += n
         if at > len(excess):
-            raise AssertionError(f"_in_file_order: the index shows {at} excess messages, given {len(excess)}")
+            raise RuneError(f"{self.hot_dir}: cooling order: the hot index shows {at} messages beyond "
+                            f"the window, the compaction chose {len(excess)} (not read from this index)")
         for i in range(at, len(excess)):
             spans.setdefault(self._read_loc(excess[i]).channel_id, []).append((i, i + 1))
         out: list[int] = []
