@@ -301,14 +301,16 @@ class Compaction(Host):
             # group is left to the automatic compactions' thread)
             budget = (tuning.BG_COOL_MIN_ROWS - 1 if not full and start_bg
                       else tuning.MERGE_INLINE_ROWS + tuning.MERGE_INLINE_PER_COOLED * rep.cooled)
-            # compact() leaves a group of MERGE_INLINE_GROUP_ROWS or more to
-            # the thread (below); close() (no thread) merges within its budget
-            leave = full and start_bg
+            # a group of MERGE_INLINE_GROUP_ROWS or more is never merged
+            # inline: compact() starts it in the thread (below), close()
+            # leaves it to the next session (it cancels the thread's merge
+            # too: merged here, a group cost close() 1-3 s after the bulk
+            # load of 1,000,000 and was written twice when compact() had
+            # started it in the thread)
+            small = max(tuning.MERGE_INLINE_GROUP_ROWS, tuning.BG_COOL_MIN_ROWS)
             merged = False
             while groups:
-                if leave:
-                    small = max(tuning.MERGE_INLINE_GROUP_ROWS, tuning.BG_COOL_MIN_ROWS)
-                    groups = [g for g in groups if self._merge_rows([g]) < small]
+                groups = [g for g in groups if self._merge_rows([g]) < small]
                 groups = self._within(groups, budget)
                 if not groups:
                     break
@@ -321,7 +323,7 @@ class Compaction(Host):
                 # a merge can fill the next tier: an explicit compact() goes
                 # on while its budget lasts; an automatic one, one round
                 groups = self._mergeable() if full else []
-            if leave and self._bg_merge is None:
+            if full and start_bg and self._bg_merge is None:
                 # the larger groups: merged by the thread after compact()
                 # returns (what compact() must do is cool; merges are policy,
                 # and inline they were most of the time of the compact()
