@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from rune_fast._conv import tuning
 from rune_fast.conversation_state import ConversationStateRepository, ReadStatus
 from rune_fast.cool import CoolArchive, _table_from_records, record_digest
+from rune_fast.cool.sidecar import _KeyParts, _build_index, _index_of_keys
 from rune_fast.records import ConversationMessageRecord
 
 from test_cool import all_rows, rec
@@ -257,3 +260,29 @@ def test_compact_file_order_with_messages_behind_the_cool_rows(tmp_path, small_f
             assert repo.window(ch, 1000) == want
         assert all(repo.get_message(mid).record == m for mid, m in stored.items())
         assert repo.verify().ok
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", "ß", "中"]), st.sampled_from(["", "", "t1", "t2", "tß"])),
+                min_size=1, max_size=60),
+       st.lists(st.integers(1, 20), max_size=8))
+def test_an_index_built_part_by_part_is_the_index_built_whole(rows, cuts):
+    # a file's index from its keys gathered part by part (as a merge or
+    # compact() writes it) is the one _build_index makes of the columns
+    rows = sorted(rows, key=lambda r: r[0])         # (channels together)
+    ids = [f"m{i:04d}{'é' * (i % 3)}" for i in range(len(rows))]
+    chs = [c for c, _t in rows]
+    tids = [t for _c, t in rows]
+    whole = _build_index(7, 100, "f", ids, chs, tids, [len(rows)], "x")
+    keys = _KeyParts()
+    at = 0
+    for c in cuts + [len(rows)]:
+        b = min(len(rows), at + c)
+        keys.add(pa.array(ids[at:b]), pa.chunked_array([pa.array(chs[at:b])]), tids[at:b])
+        at = b
+    parts = _index_of_keys(7, 100, "f", keys, [len(rows)], "x")
+    assert np.array_equal(parts.hashes, whole.hashes) and np.array_equal(parts.hrows, whole.hrows)
+    assert parts.channels == whole.channels
+    assert list(parts._tasks) == list(whole._tasks)
+    assert all(np.array_equal(parts._tasks[t], whole._tasks[t]) for t in whole._tasks)
+    assert keys.id_range == (min(ids), max(ids))
