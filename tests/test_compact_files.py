@@ -2,7 +2,8 @@
 (``CoolArchive.cool_parts``), and leaves a large merge to the background
 merge thread: what it returns with is a consistent store (every read exact,
 verify() clean) that reopens with every message, whether the merge is still
-running, finished, or given up by a close."""
+running, finished, or given up by a close. A file's index built from keys
+gathered part by part is the one built from its whole columns."""
 from __future__ import annotations
 
 import os
