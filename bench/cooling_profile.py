@@ -62,14 +62,15 @@ def _instrument() -> None:
     R = cs.ConversationStateRepository
     for attr in ("append_many", "_auto_compact", "_compact_now", "_settle_bg", "_stage_cooling",
                  "_lines_table", "_cooled", "_excess", "_compact_segments", "_rewrite_segments",
-                 "_write_snapshot", "_write_manifest", "_cool_table_at", "_join_chore", "_roll_tail"):
+                 "_write_snapshot", "_write_manifest", "_cool_table_at", "_cool_in_files", "_join_chore",
+                 "_roll_tail"):
         _wrap(R, attr)
     A = writer._Writer
-    for attr in ("stage_table", "cool_table", "_write_file", "stage_merge", "adopt", "adopt_merge",
+    for attr in ("stage_table", "cool_table", "cool_parts", "_write_file", "stage_merge", "adopt", "adopt_merge",
                  "_write_tmp", "unlink_files"):
         _wrap(A, attr)
     _wrap(files._FileSet, "_write_parts")
-    _wrap(writer, "_build_index")
+    _wrap(writer, "_index_of_keys")
     _wrap(writer, "_file_digest")
     _wrap(writer, "_footer_hash")
     _wrap(writer, "_channel_order")

@@ -14,8 +14,9 @@ import pyarrow.compute as pc
 
 from .. import codec
 from ..cool import table_from_lines
+from ..errors import RuneError
 from . import tuning
-from .common import (_COOL_RANK, _HOT_RANK, CompactionReport, _first, _order_key, _sorts_before)
+from .common import (_COOL_RANK, _HOT_RANK, CompactionReport, _first, _order_key, _sorts_before, _unkey)
 from .staging import _Staged
 from .host import Host
 
@@ -135,8 +136,10 @@ class Cooling(Host):
             if len(excess) >= tuning.BG_COOL_MIN_ROWS:
                 if self._tail.size < tuning.ROLL_BYTES:
                     # at most BG_COOL_MAX_ROWS a run (each channel's oldest
-                    # first, channel by channel): its lines are copied here
-                    self._bg = self._stage_cooling(excess[:tuning.BG_COOL_MAX_ROWS])
+                    # first, channel by channel, channels in code point
+                    # order): its lines are copied here
+                    # (in file order: its table is written as it is, not taken row by row)
+                    self._bg = self._stage_cooling(self._in_file_order(excess, tuning.BG_COOL_MAX_ROWS))
                     self._fold(CompactionReport(), t0)
                 else:
                     self._compact(full=False, cool_excess=False, settle=False)
@@ -197,6 +200,67 @@ class Cooling(Host):
             return result
 
         return _Staged("cool", work, locs)
+
+    def _in_file_order(self, excess: list[int], limit: int | None = None) -> list[int]:
+        """``excess`` (what :meth:`_excess` gave, the index unchanged since)
+        in the order of a cool file's rows: grouped by channel, channels in
+        code point order, each channel's locations in their given order
+        (the order ``_channel_order`` gives a table of them); the first
+        ``limit`` of them only (None: all). Its first part is
+        ``HotIndex.excess``: each channel's oldest messages, the channels
+        in the index's order; what follows (late messages that sort before
+        a cool row) is placed by reading each one's channel."""
+        spans: dict[str, list[tuple[int, int]]] = {}
+        at = 0
+        w = self.hot_window
+        for k in self._index.channels():
+            n = self._index.channel_len(k) - w
+            if n > 0:
+                spans.setdefault(_unkey(k), []).append((at, at + n))
+                at += n
+        if at > len(excess):
+            raise RuneError(f"{self.hot_dir}: cooling order: the hot index shows {at} messages beyond "
+                            f"the window, the compaction chose {len(excess)} (not read from this index)")
+        for i in range(at, len(excess)):
+            spans.setdefault(self._read_loc(excess[i]).channel_id, []).append((i, i + 1))
+        out: list[int] = []
+        want = len(excess) if limit is None else limit
+        for ch in sorted(spans):
+            for a, b in spans[ch]:
+                out += excess[a:min(b, a + want - len(out))]
+            if len(out) >= want:
+                break
+        return out
+
+    def _cool_in_files(self, excess: list[int], rep: CompactionReport) -> list[str] | None:
+        """Cool the hot messages at ``excess`` (lock held): files of at most
+        COOL_FILE_ROWS rows, each written a COOL_RUN_MAX_ROWS lines at a
+        time as they are read and parsed (what a file holds whole is its
+        id, channel and task columns, for its index, and the columns the
+        adoption reads). Returns the archive's files after the last (None:
+        nothing cooled)."""
+        files = None
+        order = self._in_file_order(excess)
+        for a in range(0, len(order), tuning.COOL_FILE_ROWS):
+            locs = order[a:a + tuning.COOL_FILE_ROWS]
+            kept: list[pa.Table] = []
+
+            def parts(locs: list[int] = locs, kept: list[pa.Table] = kept) -> Any:
+                for b in range(0, len(locs), tuning.COOL_RUN_MAX_ROWS):
+                    t = self._cool_table_at(locs[b:b + tuning.COOL_RUN_MAX_ROWS])
+                    kept.append(t.select(_ADOPT_COLUMNS))
+                    yield t
+                    del t
+
+            run = self._cool.cool_parts(parts())
+            files = list(run.files)
+            table = pa.concat_tables(kept)
+            del kept[:]
+            self._cooled(locs, table)
+            rep.cooled += table.num_rows
+            rep.cool_files_written += 1
+            del table
+        return files
 
     def _cool_table_at(self, locs: Sequence[int]) -> pa.Table:
         """The cool-schema table of the hot lines at ``locs`` (each checked

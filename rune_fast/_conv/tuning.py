@@ -26,13 +26,21 @@ BG_COOL_MIN_ROWS = 512
 #: runs (each channel's excess is oldest first, channel by channel, so a run
 #: cools a prefix of each channel it reaches).
 BG_COOL_MAX_ROWS = 16384
-#: At most this many messages a cooling run of a compaction (inline; the
-#: excess beyond it goes in further runs, a file each): a run's lines are
-#: copied and parsed whole. Measured with bench/memory_probe.py on a bulk
+#: At most this many messages a part of a compaction's inline cooling (its
+#: files are written a part at a time, see COOL_FILE_ROWS): a part's lines
+#: are copied and parsed whole. Measured with bench/memory_probe.py on a bulk
 #: load of 1,000,000 messages: the final compact() cooled what the
 #: background runs had left in one run and peaked at 641 bytes a message
 #: of resident memory (the appends before it: 204).
 COOL_RUN_MAX_ROWS = 16384
+#: At most this many messages a file of a compaction's inline cooling, written
+#: COOL_RUN_MAX_ROWS lines at a time (``CoolArchive.cool_parts``): a file
+#: holds only its index keys whole (12 bytes a row: 3 MB at this size, see
+#: ``cool.sidecar._KeyParts``) and the adoption's columns (id, channel, hlc). The compact() after a bulk load of 1,000,000
+#: messages wrote 28 files of 16,384 rows (454,000 left by the background
+#: runs), each to be merged three times more (fanout 4); files of this size
+#: are a tier of their own (log4(262,144) = 9).
+COOL_FILE_ROWS = 262144
 #: Merge cool files MERGE_FANOUT at a time, each of the same size tier
 #: (``floor(log_fanout(rows))``): a row is rewritten about
 #: ``log_fanout(rows / run)`` times. Measured on bulk loads of 1,000,000
@@ -52,6 +60,15 @@ MERGE_FANOUT = 4
 #: load of 1,000,000 messages rewrite most of the archive (22 s of 25).
 MERGE_INLINE_ROWS = 65536
 MERGE_INLINE_PER_COOLED = 4
+#: compact() merges inline only groups of fewer rows than this (or than
+#: BG_COOL_MIN_ROWS, if more; within the budget above); a larger group is
+#: started in the merge thread as compact()
+#: returns (one at a time; the automatic compactions, or the next compact(),
+#: adopt it and start the next). SPEC asks compact() to cool; merging is our
+#: policy. Measured with bench/cooling_profile.py at 1,000,000 messages: the
+#: compact() right after the load spent 6.8 of its 12.5 s merging inline
+#: (its budget, MERGE_INLINE_PER_COOLED a row cooled: 1.25 million rows).
+MERGE_INLINE_GROUP_ROWS = 16384
 #: lines a background cooling run parses per call (see _stage_cooling)
 PARSE_PART = 256
 #: close() leaves the index snapshot as it is when it still matches the files

@@ -347,18 +347,73 @@ def _plain_strings(values: Any) -> pa.Array:
     return values
 
 
+class _KeyParts:
+    """What a file's index is built from, gathered part by part as the file
+    is written (its rows in file order): each id's hash (and the smallest
+    and largest id), the channels' runs, each row's task as a number (-1:
+    none). 12 bytes a row, not the id, channel and task strings (about
+    100): a merge of files of hundreds of thousands of rows held those for
+    the new file's index beside a cooling run."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self._hashes: list[np.ndarray] = []
+        self._codes: list[np.ndarray] = []
+        self.runs: list[list] = []              # [channel, rows], in file order
+        self.task_names: dict[str, int] = {}    # task -> its number, first seen first
+        self.id_range: tuple[str, str] | None = None
+
+    def add(self, msg_ids: Any, channel_ids: Any, task_ids: Any) -> None:
+        ids, chs, tids = _plain_strings(msg_ids), _plain_strings(channel_ids), _plain_strings(task_ids)
+        n = len(ids)
+        if len(chs) != n or len(tids) != n:
+            raise ValueError(f"_build_index: {n} ids, {len(chs)} channels, {len(tids)} tasks")
+        if n == 0:
+            return
+        self._hashes.append(_id_hashes(ids))
+        mm = pc.min_max(ids)
+        lo, hi = mm["min"].as_py(), mm["max"].as_py()
+        if lo is not None and hi is not None:
+            self.id_range = (lo, hi) if self.id_range is None else \
+                (min(lo, self.id_range[0]), max(hi, self.id_range[1]))
+        runs = pc.run_end_encode(chs)
+        prev = 0
+        for ch, end in zip(runs.values.to_pylist(), runs.run_ends.to_numpy().tolist()):
+            if self.runs and self.runs[-1][0] == ch:
+                self.runs[-1][1] += end - prev
+            else:
+                self.runs.append([ch, end - prev])
+            prev = end
+        enc = pc.dictionary_encode(tids)
+        names = self.task_names
+        remap = np.array([-1 if t == "" else names.setdefault(t, len(names))
+                          for t in enc.dictionary.to_pylist()], dtype=np.int32)
+        self._codes.append(remap[enc.indices.to_numpy(zero_copy_only=False)] if len(remap)
+                           else np.full(n, -1, dtype=np.int32))
+        self.n += n
+
+    def hashes(self) -> np.ndarray:
+        return np.concatenate(self._hashes) if self._hashes else np.zeros(0, dtype=np.uint64)
+
+    def codes(self) -> np.ndarray:
+        return np.concatenate(self._codes) if self._codes else np.zeros(0, dtype=np.int32)
+
+
 def _build_index(no: int, size: int, footer: str, msg_ids: Any, channel_ids: Any,
                  task_ids: Any, rg_counts: Sequence[int], path: str) -> _FileIndex:
     """The in-memory index of a file from its id, channel and task columns
-    (lists of str or Arrow strings): id hashes sorted, each channel's row
-    range (its rows must be contiguous) and newest row with a task, each
-    task's rows. Vectorized: no Python work per row."""
-    chs = _plain_strings(channel_ids)
-    tids = _plain_strings(task_ids)
-    n = len(chs)
-    hashes = _id_hashes(msg_ids)
-    if len(hashes) != n or len(tids) != n:
-        raise ValueError(f"_build_index: {len(hashes)} ids, {n} channels, {len(tids)} tasks")
+    (lists of str or Arrow strings): see :func:`_index_of_keys`."""
+    keys = _KeyParts()
+    keys.add(msg_ids, channel_ids, task_ids)
+    return _index_of_keys(no, size, footer, keys, rg_counts, path)
+
+
+def _index_of_keys(no: int, size: int, footer: str, keys: _KeyParts,
+                   rg_counts: Sequence[int], path: str) -> _FileIndex:
+    """The in-memory index of a file from its rows' keys: id hashes sorted,
+    each channel's row range (its rows must be contiguous) and newest row
+    with a task, each task's rows. Vectorized: no Python work per row."""
+    n = keys.n
     # the row groups' counts place every row: a damaged footer may still
     # read, with counts that do not add up (a negative one, say)
     for i, c in enumerate(rg_counts):
@@ -367,30 +422,29 @@ def _build_index(no: int, size: int, footer: str, msg_ids: Any, channel_ids: Any
     if sum(rg_counts) != n:
         raise CorruptStateCheckpointError(f"cool archive row groups hold {sum(rg_counts)} rows, "
                                           f"its columns {n}", path=path)
+    hashes = keys.hashes()
     order = np.argsort(hashes, kind="stable")
-    has_task = np.asarray(pc.not_equal(tids, "").to_numpy(zero_copy_only=False), dtype=bool)
+    codes = keys.codes()
+    has_task = codes >= 0
     # newest row with a task at or before each row (-1: none yet)
     last_task = np.maximum.accumulate(np.where(has_task, np.arange(n), -1)) if n else has_task
     channels: dict[str, tuple[int, int, int]] = {}
-    if n:
-        runs = pc.run_end_encode(chs)
-        start = 0
-        for ch, end in zip(runs.values.to_pylist(), runs.run_ends.to_numpy().tolist()):
-            if ch in channels:
-                raise CorruptStateCheckpointError(
-                    f"channel {ch!r} is not contiguous in the cool archive", path=path, offset=start)
-            latest = int(last_task[end - 1])
-            channels[ch] = (start, end, latest if latest >= start else -1)
-            start = end
+    start = 0
+    for ch, rows in keys.runs:
+        end = start + rows
+        if ch in channels:
+            raise CorruptStateCheckpointError(
+                f"channel {ch!r} is not contiguous in the cool archive", path=path, offset=start)
+        latest = int(last_task[end - 1])
+        channels[ch] = (start, end, latest if latest >= start else -1)
+        start = end
     tasks: dict[str, np.ndarray] = {}
     rows = np.flatnonzero(has_task)
     if len(rows):
-        enc = pc.dictionary_encode(tids.take(pa.array(rows)))
-        codes = enc.indices.to_numpy()
-        by_task = rows[np.argsort(codes, kind="stable")]
-        bounds = np.cumsum(np.bincount(codes, minlength=len(enc.dictionary)))[:-1]
-        tasks = {t: part.astype(np.uint32)
-                 for t, part in zip(enc.dictionary.to_pylist(), np.split(by_task, bounds))}
+        tcodes = codes[rows]
+        by_task = rows[np.argsort(tcodes, kind="stable")]
+        bounds = np.cumsum(np.bincount(tcodes, minlength=len(keys.task_names)))[:-1]
+        tasks = {t: part.astype(np.uint32) for t, part in zip(keys.task_names, np.split(by_task, bounds))}
     rg_starts = np.concatenate([[0], np.cumsum(np.asarray(rg_counts, dtype=np.int64))]).astype(np.int64)
     return _FileIndex(
         no=no, name=_parquet_name(no), rows=n, size=size, footer=footer, rg_starts=rg_starts,

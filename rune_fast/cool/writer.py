@@ -10,6 +10,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .._names import tmp_name
@@ -19,9 +20,10 @@ from ..segments import write_kept
 from . import grams as _grams
 from .files import _dirs_of
 from .search import _Search
-from .schema import (_PARQUET_ERRORS, COOL_SCHEMA, CoolChange, CoolRun, StagedMerge, _file_no, _grams_name, _id_range,
+from .schema import (_PARQUET_ERRORS, COOL_SCHEMA, CoolChange, CoolRun, StagedMerge, _file_no, _grams_name,
                      _idx_name, _parquet_name)
-from .sidecar import _FileIndex, _build_index, _close, _file_digest, _footer_hash, _open_checked, _release_arrow, _unlink_quiet
+from .sidecar import (_FileIndex, _KeyParts, _close, _file_digest, _footer_hash, _index_of_keys, _open_checked,
+                      _release_arrow, _unlink_quiet)
 from .tables import _channel_order, _merge_order
 
 log = logging.getLogger("rune_fast.cool")
@@ -34,7 +36,7 @@ class MergeCancelled(Exception):
 
 #: rows of a cooled table whose content the search filters take at a time
 _GRAM_PIECE = 1 << 15
-#: the columns a file's index is built from (``_build_index``)
+#: the columns a file's index is built from (``_KeyParts``)
 _KEY_COLUMNS = ("msg_id", "channel_id", "task_id")
 #: the columns a merge orders a channel's rows by (``_merge_order``)
 _ORDER_COLUMNS = ["channel_id", "hlc", "ord", "msg_id"]
@@ -129,13 +131,12 @@ class _Writer(_Search):
         built from the content as it is written."""
         no = self._take_no()
         name, iname = _parquet_name(no), _idx_name(no)
-        keyed: list[list[pa.ChunkedArray]] = [[], [], []]
+        keys = _KeyParts()          # (the index's keys, part by part: 12 bytes a row)
         sink = _grams.GramSink()
 
         def keep_keys(tables: Iterable[pa.Table]) -> Iterable[pa.Table]:
             for t in tables:
-                for got, c in zip(keyed, _KEY_COLUMNS):
-                    got.append(t.column(c))
+                keys.add(*(t.column(c) for c in _KEY_COLUMNS))
                 sink.add(t.column("content"))
                 yield t
 
@@ -146,22 +147,17 @@ class _Writer(_Search):
             size, footer = _footer_hash(tmp)
             md = pq.read_metadata(tmp)
             rg_counts = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
-            # (only the three small columns are put in file order)
-            if parts is not None:
-                ids, chs, tids = (pa.chunked_array([a for ca in got for a in ca.chunks], type=pa.string())
-                                  for got in keyed)
-            else:
+            if parts is None:
                 assert table is not None
-                ids, chs, tids = (table.column(c) if order is None else table.column(c).take(order)
-                                  for c in _KEY_COLUMNS)
+                # (only the three small columns are put in file order)
+                keys.add(*(table.column(c) if order is None else table.column(c).take(order)
+                           for c in _KEY_COLUMNS))
                 content = table.column("content")
                 for a in range(0, table.num_rows, _GRAM_PIECE):
                     sink.add(content.slice(a, _GRAM_PIECE) if order is None
                              else content.take(order[a:a + _GRAM_PIECE]))
-            del keyed[:]
-            fi = _build_index(no, size, footer, ids, chs, tids, rg_counts, self._path(name))
-            fi.id_range = _id_range(ids)
-            del ids, chs, tids
+            fi = _index_of_keys(no, size, footer, keys, rg_counts, self._path(name))
+            fi.id_range = keys.id_range
             fi.digest = _file_digest(tmp)
             fi.pagedir = _dirs_of(tmp, md)      # (kept in the sidecar: no reader parses them again)
             itmp = self._write_tmp(iname, fi.encode(), durable=durable, folder=self._idx_dir)
@@ -195,6 +191,47 @@ class _Writer(_Search):
         rows): the caller records it in its manifest."""
         with self._lock:
             return self._serve(self.stage_table(table, durable=durable))
+
+    def cool_parts(self, parts: Iterable[pa.Table], *, durable: bool | None = None) -> CoolRun:
+        """Archive the rows of ``parts`` as ONE new file, as :meth:`cool_table`
+        does, each part written as it comes: the rows are never held whole
+        (the file's id, channel and task columns are, for its index), so a
+        file may hold many more rows than a table would be made of. The
+        parts (tables of the cool schema, with their ``ord`` and ``digest``)
+        come in file order: grouped by channel, channels in code point
+        order, each channel's rows in their order key. ValueError for parts
+        out of that order, a msg_id already archived or no rows at all; the
+        file is not written then."""
+        self._writable()
+        with self._lock:
+            fi = self._write_file(None, durable=self._dur(durable), parts=self._checked_parts(parts))
+            _release_arrow()
+            return self._serve(fi)
+
+    def _checked_parts(self, parts: Iterable[pa.Table]) -> Iterator[pa.Table]:
+        """``parts`` as :meth:`cool_parts` takes them, each checked as it
+        comes (the schema, the channels' order, no id archived already)."""
+        last: str | None = None
+        at = 0
+        for t in parts:
+            if t.schema != COOL_SCHEMA:
+                raise ValueError(f"cool_parts: a part's schema is not the cool schema: {t.schema}")
+            if t.num_rows == 0:
+                continue
+            runs = pc.run_end_encode(t.column("channel_id").combine_chunks()).values.to_pylist()
+            for ch in runs:       # (a channel's rows apart: one after a larger one)
+                if last is not None and ch < last:
+                    raise ValueError(f"cool_parts: row {at}: channel {ch!r} after {last!r} (not in file order)")
+                last = ch
+            ids = t.column("msg_id").to_pylist()
+            already = self.contains_many(ids)
+            if already.any():
+                i = int(np.flatnonzero(already)[0])
+                raise ValueError(f"cool_parts: row {at + i}: msg_id {ids[i]!r} is already archived")
+            at += t.num_rows
+            yield t
+        if at == 0:
+            raise ValueError("cool_parts: no rows")
 
     def _serve(self, fi: "_FileIndex | None") -> CoolRun:
         """Adopt a file just staged (lock held); the run :meth:`cool_table` returns."""
@@ -233,7 +270,10 @@ class _Writer(_Search):
         if already.any():
             i = int(np.flatnonzero(already)[0])
             raise ValueError(f"row {i}: msg_id {ids[i]!r} is already archived")
-        fi = self._write_file(table, durable=self._dur(durable), order=_channel_order(table))
+        order: pa.Array | None = _channel_order(table)
+        if np.array_equal(np.asarray(order), np.arange(table.num_rows)):
+            order = None        # (already in file order: written as it is, no row taken)
+        fi = self._write_file(table, durable=self._dur(durable), order=order)
         _release_arrow()
         return fi
 
