@@ -17,6 +17,7 @@ from .._casefold import anchor_plan, ascii_probes
 from .._names import tmp_name
 from .._order import order_key
 from ..errors import CorruptStateCheckpointError
+from .._pages import records_from_columns
 from .._search import find_spans, fold_find_list
 from ..pages import PageError, Unsupported
 from ..segments import write_kept
@@ -43,12 +44,63 @@ _EVERY = _Every()
 EVERY_LOC = _EVERY
 
 
-from .reads import _KEY_COLS, _Reads
+from .reads import _KEY_COLS, _ORD, _STRING_COLS, _SV, _TOK, _TS, _Reads, _calls_read
 from .rows import SPECIAL_FOLD, _Group, _SPECIAL_UTF8, _assemble_columns
-from .schema import (_PARQUET_ERRORS, CoolRow, _CONTENT_COL, _file_no, _grams_name, _parquet_name, _row_key,
-                     cool_loc)
+from .schema import (_PARQUET_ERRORS, CoolRow, _COLS, _CONTENT_COL, _file_no, _grams_name, _parquet_name,
+                     _row_key, cool_loc)
 from . import grams as _grams
 from .sidecar import _GRAMS_BUDGET, _FileIndex
+
+
+#: the search modes (see _Search._search_hits) whose hits are all exact
+#: matches ("ci-run" and "ci-nonascii" name candidates, which the caller checks)
+_EXACT_MODES = frozenset({"all", "cs", "ci", "ci-anchor"})
+#: every column but content, in schema order (what a scan reads of its hits)
+_OTHER_COLS = [c for c in range(len(_COLS)) if c != _CONTENT_COL]
+
+
+class CoolHits:
+    """What :meth:`_Search.search_records` found: the hits built from their
+    pages (digests checked), in the order of the files' rows, as three
+    lists, ``locs`` (:func:`cool_loc`), ``records`` and ``ords`` (no tuple
+    a hit); ``rows``, the hits read as CoolRows (sorted by the order key);
+    ``named``, the locations of the hits the caller said it holds;
+    ``exact``: whether every hit is a match (else each is a candidate the
+    caller checks)."""
+
+    __slots__ = ("locs", "records", "ords", "rows", "named", "exact")
+
+    def __init__(self) -> None:
+        self.locs: list[int] = []
+        self.records: list[Any] = []
+        self.ords: list[int] = []
+        self.rows: list[CoolRow] = []
+        self.named: list[int] = []
+        self.exact = False
+
+
+def _hit_records(reader: Any, rg: int, local: list[int], contents: list[bytes],
+                 record_type: type) -> tuple[list, list[int]]:
+    """The records (None: a row left to the caller) and ords of the rows
+    ``local`` (ascending) of row group ``rg``, whose content values a scan
+    matched in their pages (``contents``, CRC-checked bytes): the other
+    columns of just those rows read from their pages (each page once), the
+    records built and their digests checked in compiled code
+    (``records_from_columns``). PageError where the pages or values do not
+    hold together (the caller's read names the damage). Runs on a scan
+    thread: touches nothing of the archive but the file's reader."""
+    cols = dict(zip(_OTHER_COLS, reader.take(rg, local, _OTHER_COLS)))
+    lens = np.fromiter(map(len, contents), dtype=np.int64, count=len(contents))
+    offs = np.zeros(len(contents) + 1, dtype=np.int64)
+    np.cumsum(lens, out=offs[1:])
+    if offs[-1] >= 1 << 31:
+        raise PageError(f"{reader.path}: row group {rg}: the hits' content holds 2 GiB or more")
+    cols[_CONTENT_COL] = (b"".join(contents), offs.astype(np.int32))
+    try:
+        return records_from_columns([cols[c] for c in _STRING_COLS], cols[_TS], cols[_TOK], cols[_SV],
+                                    cols[_ORD], record_type, _calls_read, False)
+    except ValueError as exc:
+        raise PageError(f"{reader.path}: row group {rg}: {exc}") from None
 
 
 def _relevant_specials(needle: str) -> tuple[str, ...]:
@@ -250,6 +302,32 @@ class _Search(_Reads):
         whose ``ord`` statistics are all below it are not searched (a
         search with a limit that holds that many hits newer than them, in
         an archive without stamped rows, which would sort after them)."""
+        got = self._search_hits(text, channel_id, case_sensitive, known, ord_floor, None)
+        return got.rows, got.named
+
+    def search_records(self, text: str, channel_id: str | None = None, *, case_sensitive: bool = False,
+                       record_type: type, known: Container[int] = ()) -> "CoolHits":
+        """:meth:`search_known` for a caller that wants records: the hits
+        the page scan finds are built as ``record_type`` instances where
+        their pages are (:class:`CoolHits`: ``records``), each row group's
+        hits at once, in the scan's threads: the content values the scan
+        matched (CRC-checked page bytes) and the hits' other columns (each
+        of their pages read once, ``PageReader.take``) go to
+        ``_pages.records_from_columns``, which checks every row's digest
+        against its canonical JSON rebuilt from those bytes. A row it
+        declines (extra fields, an unusual spelling, a digest that does
+        not match) and the hits of groups the row-group cache holds are read
+        as :meth:`search` reads rows (``rows``: CoolRow, which names any
+        damage); the hits in ``known`` are named (``named``). The hits'
+        channel is checked against ``channel_id``. ``exact``: every hit
+        reported was matched exactly as the contract says (else the caller
+        checks each record's content)."""
+        return self._search_hits(text, channel_id, case_sensitive, known, None, record_type)
+
+    def _search_hits(self, text: str, channel_id: str | None, case_sensitive: bool, known: Container[int],
+                     ord_floor: int | None, record_type: type | None) -> "CoolHits":
+        """The body of :meth:`search_known` and :meth:`search_records`
+        (``record_type`` None: no record built)."""
         if not isinstance(text, str):
             raise TypeError(f"search text must be str, got {type(text).__name__}")
         needle = text if case_sensitive else text.casefold()
@@ -282,8 +360,9 @@ class _Search(_Reads):
         anchors = [f.encode("utf-8").lower() for f in forms or ()]    # (searched ASCII-case-blind)
         specials = _relevant_specials(probe.decode("ascii")) if mode in ("ci", "ci-run") else ()
         fold_repl = [(c.encode("utf-8"), c.casefold().encode("utf-8")) for c in specials]
-        hits: list[CoolRow] = []
-        known_hits: list[int] = []
+        out = CoolHits()
+        hits = out.rows
+        known_hits = out.named
         # what the files' filters test (rune_fast.cool.grams): the needle's casefold
         probe_grams = _grams.needle_bytes(needle) if mode != "all" else None
         with self._lock:
@@ -314,7 +393,8 @@ class _Search(_Reads):
                 for i, rg in enumerate(rgs):
                     if scans is None and (no, rg) not in self._cache:
                         scans = self._start_scans(no, [r for r in rgs[i:] if (no, r) not in self._cache],
-                                                  s, e, mode, nb, fold_repl, known, anchors, need, spans)
+                                                  s, e, mode, nb, fold_repl, known, anchors, need, spans,
+                                                  record_type)
                     base = fi.rg_list[rg]
                     n = fi.rg_list[rg + 1] - base
                     lo, hi = max(s - base, 0), min(e - base, n)
@@ -323,9 +403,14 @@ class _Search(_Reads):
                         continue
                     pinned: dict = {}      # this group, even if the cache does not keep it
                     if scans and rg in scans:
-                        got = self._scan_result(no, rg, scans.pop(rg))
+                        got = self._scan_result(no, rg, scans.pop(rg), record_type is None)
                         if got is not None:
-                            found.extend(self._verified(fi.name, [base + i for i in got[0]], got[1]))
+                            if record_type is None:
+                                found.extend(self._verified(fi.name, [base + i for i in got[0]], got[1]))
+                            else:
+                                slow = self._take_built(no, base, got[0], got[1], channel_id, out)
+                                if slow:
+                                    found.extend(self._rows(no, 0, 0, slow, pinned))
                             known_hits.extend(cool_loc(no, base + i) for i in got[2])
                             continue
                     g = self._group(no, rg, ("content",), True, pinned)
@@ -384,7 +469,40 @@ class _Search(_Reads):
                         self._check_field(rows, "channel_id", channel_id)
                     hits.extend(rows)
         hits.sort(key=_row_key)
-        return hits, known_hits
+        out.exact = mode in _EXACT_MODES
+        return out
+
+    def _take_built(self, no: int, base: int, local: list[int], built: Any,
+                    channel_id: str | None, out: CoolHits) -> list[int]:
+        """(lock held) The records a scan built (``built``: records, ords)
+        for the rows ``local`` of the row group starting at row ``base`` of
+        file ``no`` join ``out``, their channel checked; the rows it
+        declined (None) are returned, for the caller to read."""
+        if not local:
+            return []
+        recs, ords = built
+        at = cool_loc(no, base)
+        if channel_id is not None:
+            for i, rec in zip(local, recs):
+                if rec is not None and rec.channel_id != channel_id:
+                    raise CorruptStateCheckpointError(
+                        f"cool index says row {base + i} is a message of channel {channel_id!r}, "
+                        f"the file says {rec.channel_id!r}", path=self._path(self._files[no].name),
+                        offset=base + i)
+        if all(rec is not None for rec in recs):
+            out.locs += [at + i for i in local]
+            out.records += recs
+            out.ords += ords
+            return []
+        slow = []
+        for i, rec, o in zip(local, recs, ords):
+            if rec is None:
+                slow.append(base + i)
+            else:
+                out.locs.append(at + i)
+                out.records.append(rec)
+                out.ords.append(o)
+        return slow
 
     @staticmethod
     def _unknown(no: int, rows: np.ndarray, known: Container[int], named: list[int]) -> np.ndarray:
@@ -478,7 +596,7 @@ class _Search(_Reads):
     def _start_scans(self, no: int, rgs: list[int], s: int, e: int, mode: str, nb: bytes,
                      fold_repl: list[tuple[bytes, bytes]], known: Container[int] = (),
                      anchors: Sequence[bytes] = (), need: Sequence[bytes] = (),
-                     spans: dict[int, Any] | None = None) -> dict[int, Any]:
+                     spans: dict[int, Any] | None = None, record_type: type | None = None) -> dict[int, Any]:
         """Start the search of row groups ``rgs`` of file ``no`` (groups the
         cache does not hold; rows ``[s, e)`` of the file) in the file's pages
         as they are decompressed, without building or caching the groups:
@@ -495,7 +613,9 @@ class _Search(_Reads):
         (decompression, I/O and the search leave the GIL). Empty if the file
         is not in a layout the PageReader reads. ``spans``: rg -> the row
         spans (within the group) the file's filters did not rule out: only
-        the pages holding them are read (None: every page)."""
+        the pages holding them are read (None: every page). ``record_type``:
+        the hits' records are built instead of their values assembled
+        (:func:`_hit_records`; None for a row left to the caller)."""
         reader = self._reader(no) if rgs else None
         if reader is None:
             return {}
@@ -506,7 +626,7 @@ class _Search(_Reads):
         starts = self._files[no].rg_list
         folded = nb.decode("utf-8", "surrogatepass")
 
-        def scan(rg: int) -> tuple[list[int], list, list[int]]:
+        def scan(rg: int) -> tuple[list[int], Any, list[int]]:
             lo, hi, base = s - starts[rg], e - starts[rg], cool_loc(no, starts[rg])
             res = reader.find(rg, _CONTENT_COL, probes, None if spans is None else spans[rg])
             if mode == "ci-anchor":
@@ -528,6 +648,8 @@ class _Search(_Reads):
                 (named if base + i in known else local).append(i)
             if not local:
                 return local, [], named
+            if record_type is not None:
+                return local, _hit_records(reader, rg, local, [hits[i] for i in local], record_type), named
             vals = reader.rows(rg, local, {_CONTENT_COL: [hits[i] for i in local]})
             return local, _assemble_columns(list(zip(*vals))), named
 
@@ -631,11 +753,12 @@ class _Search(_Reads):
                 pass
         return _grams.FileGrams(memoryview(body), True)
 
-    def _scan_result(self, no: int, rg: int, fut: Any) -> tuple[list[int], list, list[int]] | None:
-        """What a scan of :meth:`_start_scans` found (rows read, their values,
-        rows only named), or None: the caller reads the group instead (a
-        layout the PageReader does not read, or damage, which that read
-        names)."""
+    def _scan_result(self, no: int, rg: int, fut: Any, whole: bool = True,
+                     ) -> tuple[list[int], list, list[int]] | None:
+        """What a scan of :meth:`_start_scans` found (rows read, their values
+        or records, rows only named), or None: the caller reads the group
+        instead (a layout the PageReader does not read, or damage, which that
+        read names; with ``whole``, a row whose values did not assemble)."""
         try:
             local, many, named = fut.result()
         except PageError:
@@ -643,7 +766,7 @@ class _Search(_Reads):
         except Unsupported:
             self._readers[no] = None    # (closed when the other scans drop it)
             return None
-        if any(got is None for got in many):
+        if whole and any(got is None for got in many):
             return None
         return local, many, named
 
