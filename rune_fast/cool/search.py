@@ -459,8 +459,10 @@ class _Search(_Reads):
                         found.extend(self._rows(no, 0, 0, self._unknown(no, idx + (lo + base), known,
                                                                         known_hits), pinned))
                 if sel_rows:
-                    found.extend(self._rows(no, 0, 0, self._unknown(no, np.concatenate(sel_rows), known,
-                                                                    known_hits)))
+                    every = self._unknown(no, np.concatenate(sel_rows), known, known_hits)
+                    if record_type is not None and len(every):
+                        every = self._built_rows(no, every, record_type, channel_id, out)
+                    found.extend(self._rows(no, 0, 0, every))
                 if found:
                     rows = found
                     if mode == "cs":
@@ -471,6 +473,22 @@ class _Search(_Reads):
         hits.sort(key=_row_key)
         out.exact = mode in _EXACT_MODES
         return out
+
+    def _built_rows(self, no: int, rows: np.ndarray, record_type: type, channel_id: str | None,
+                    out: CoolHits) -> np.ndarray:
+        """(lock held) The records of the rows ``rows`` (ascending) of file
+        ``no`` that records_at's compiled path builds join ``out`` (every
+        row a hit: an empty needle); the rows it leaves are returned, for
+        the dict path."""
+        built: dict[int, tuple[Any, int]] = {}
+        self._records_of(no, rows.tolist(), record_type, built)
+        if not built:
+            return rows
+        at = cool_loc(no, 0)
+        local = [loc - at for loc in built]
+        self._take_built(no, 0, local, ([r for r, _o in built.values()], [o for _r, o in built.values()]),
+                         channel_id, out)
+        return rows[~np.isin(rows, np.asarray(local, dtype=np.int64))]
 
     def _take_built(self, no: int, base: int, local: list[int], built: Any,
                     channel_id: str | None, out: CoolHits) -> list[int]:
