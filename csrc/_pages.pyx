@@ -17,6 +17,7 @@ from posix.stat cimport fstat, struct_stat
 from posix.unistd cimport pread
 
 cimport cython
+from cpython.object cimport PyObject, PyTypeObject
 from rf_core cimport rf_find, rf_gram_acc, rf_gram_acc_add, rf_gram_acc_done, rf_gram_acc_init, rf_gram_may, rf_pow2_log
 
 import os
@@ -554,6 +555,8 @@ cdef extern from "Python.h":
                                 int *ptype) except NULL
     int Py_DTSF_ADD_DOT_0
     const char *PyUnicode_AsUTF8(object o) except NULL
+    void PyObject_GC_UnTrack(void *op)
+    int PyObject_GC_IsTracked(object op)
 
 cdef extern from "rf_json.h" nogil:
     size_t rf_json_escape(const unsigned char *s, size_t n, unsigned char *out)
@@ -717,16 +720,22 @@ cdef tuple _STR_SLOTS = (("msg_id", S_MSG_ID), ("channel_id", S_CHANNEL), ("task
 
 @cython.boundscheck(False)
 @cython.wraparound(False)
-def records_from_columns(list strings, ts, tok, sv, ords, type record_type, object calls_read):
+def records_from_columns(list strings, ts, tok, sv, ords, type record_type, object calls_read,
+                         bint pairs=True):
     """``(record, ord)`` of each row of cool columns already gathered for
     just the rows a read returns, or None for a row left to the caller's
-    Python path (see the section comment).
+    Python path (see the section comment). ``pairs=False``: two lists
+    instead, the records (None for a row left) and their ords (a search's
+    hundreds of thousands of hits then make no tuple each that holds a
+    record: the cyclic collector walks every such tuple while it lives).
 
     ``strings``: the eleven string columns msg_id, channel_id, task_id, hlc,
     content, role, tool_calls, tool_call_id, origin, extra, digest, each
     ``(data, int32 offsets)``; ``ts`` float64, ``tok`` and ``ords`` int64,
     ``sv`` int32 values (any buffers). ``calls_read(raw) -> (calls tuple,
-    canonical JSON bytes) | None`` reads a non-empty tool-call list."""
+    canonical JSON bytes) | None`` reads a non-empty tool-call list.
+    A record without tool calls of a type without ``__dict__`` is
+    untracked by the cyclic garbage collector (it holds no container)."""
     cdef _Views views = _Views()
     cdef const double *t = <const double *>views.take(ts, 8)
     cdef Py_ssize_t m = views.n[0] // 8, i, k, a, ln
@@ -745,6 +754,11 @@ def records_from_columns(list strings, ts, tok, sv, ords, type record_type, obje
     cdef unsigned char hexd[32]
     cdef char *tsr
     cdef int version = record_type.SCHEMA_VERSION
+    # a record of str, float and int fields (no tool calls) cannot be part
+    # of a reference cycle: it is left out of the cyclic collector's walks,
+    # as CPython leaves out tuples and dicts of such values (a search may
+    # return hundreds of thousands; each full collection walked them all)
+    cdef bint untrack = record_type.__dictoffset__ == 0
     if (len(strings) != N_S or views.n[1] != 8 * m or views.n[2] != 4 * m
             or views.n[3] != 8 * m):
         raise ValueError("records_from_columns: columns of different lengths")
@@ -761,6 +775,7 @@ def records_from_columns(list strings, ts, tok, sv, ords, type record_type, obje
         sp[k] = <const unsigned char *>PyBytes_AS_STRING(data)
         size[k] = PyBytes_GET_SIZE(data)
     out = [None] * m
+    cdef list ords_out = [0] * m if not pairs else None
     for i in range(m):
         for k in range(N_S):
             if so[k][i] < 0 or so[k][i] > so[k][i + 1] or so[k][i + 1] > size[k]:
@@ -842,7 +857,44 @@ def records_from_columns(list strings, ts, tok, sv, ords, type record_type, obje
         PyObject_GenericSetAttr(rec, "role", role)
         PyObject_GenericSetAttr(rec, "token_estimate", PyLong_FromLongLong(tk[i]))
         PyObject_GenericSetAttr(rec, "tool_calls", calls)
-        out[i] = (rec, PyLong_FromLongLong(od[i]))
+        if untrack and canon_calls is None:
+            PyObject_GC_UnTrack(<void *>rec)
+        if pairs:
+            out[i] = (rec, PyLong_FromLongLong(od[i]))
+        else:
+            out[i] = rec
+            ords_out[i] = PyLong_FromLongLong(od[i])
+    return out if pairs else (out, ords_out)
+
+
+cdef tuple _NO_ARGS = ()
+
+
+def search_hits(type hit_type, list recs, list tiers):
+    """``[hit_type(record=r, tier=t) for r, t in zip(recs, tiers)]``, each
+    made without its ``__init__`` (its two fields set as a frozen
+    dataclass's ``__init__`` sets them), and left out of the cyclic
+    collector's walks when its record is (a record of str, float and int
+    fields, see records_from_columns): such a hit holds no container, so
+    no reference cycle can pass through it. A search that returns hundreds
+    of thousands of hits then leaves nothing for each full collection to
+    walk (each walked them all: a third of a common needle's search)."""
+    cdef Py_ssize_t i, n = len(recs)
+    cdef list out = [None] * n
+    cdef object hit, rec
+    cdef PyTypeObject *tp = <PyTypeObject *>hit_type
+    if len(tiers) != n:
+        raise ValueError("search_hits: a tier for each record")
+    if tp.tp_new == NULL:
+        raise TypeError(f"search_hits: {hit_type!r} cannot be made")
+    for i in range(n):
+        rec = recs[i]
+        hit = tp.tp_new(hit_type, <PyObject *>_NO_ARGS, NULL)     # (hit_type.__new__(hit_type))
+        PyObject_GenericSetAttr(hit, "record", rec)
+        PyObject_GenericSetAttr(hit, "tier", tiers[i])
+        if not PyObject_GC_IsTracked(rec):
+            PyObject_GC_UnTrack(<void *>hit)
+        out[i] = hit
     return out
 
 

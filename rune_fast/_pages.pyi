@@ -1,11 +1,13 @@
 # Types of rune_fast._pages, compiled from csrc/_pages.pyx (kept by hand: a
 # change of a signature there changes it here). A page or filter argument
 # takes any contiguous bytes-like object.
-from typing import Any, Callable
+from typing import Any, Callable, Literal, TypeVar, overload
 
 import numpy as np
 import numpy.typing as npt
 from typing_extensions import Buffer
+
+_H = TypeVar("_H")
 
 class Unsupported(Exception): ...
 
@@ -20,9 +22,15 @@ def chunk_pages(fd: int, offset: int, total: int, rows: int, zstd: bool,
                 ) -> tuple[list[int], list[tuple[int, int, int, int, int, bool, int]]]: ...
 def plain_gather(pages: list[bytes], counts: npt.NDArray[np.int64], rows: npt.NDArray[np.int64],
                  ) -> tuple[bytes, npt.NDArray[np.int32]]: ...
+@overload
 def records_from_columns(strings: list[tuple[Buffer, Buffer]], ts: Buffer, tok: Buffer, sv: Buffer,
                          ords: Buffer, record_type: type, calls_read: Callable[[bytes], tuple[tuple, bytes] | None],
-                         ) -> list[tuple[Any, int] | None]: ...
+                         pairs: Literal[True] = True) -> list[tuple[Any, int] | None]: ...
+@overload
+def records_from_columns(strings: list[tuple[Buffer, Buffer]], ts: Buffer, tok: Buffer, sv: Buffer,
+                         ords: Buffer, record_type: type, calls_read: Callable[[bytes], tuple[tuple, bytes] | None],
+                         pairs: Literal[False]) -> tuple[list[Any], list[int]]: ...
+def search_hits(hit_type: type[_H], recs: list[Any], tiers: list[str]) -> list[_H]: ...
 def chunk_pages_mem(mem: Buffer, base: int, offset: int, total: int, rows: int, zstd: bool,
                     ) -> tuple[list[int], list[tuple[int, int, int, int, int, bool, int]]]: ...
 def check_dir(counts: npt.NDArray[np.int64] | Buffer, starts: npt.NDArray[np.int64] | Buffer,

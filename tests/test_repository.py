@@ -146,24 +146,30 @@ def test_a_search_asked_again_takes_its_cool_hits_from_the_record_cache(tmp_path
     monkeypatch.setattr(tuning, "COOL_CACHE_BYTES", 1)
     ms = [msg(i, channel=f"c{i % 3}", content=f"note {i} about {'alpha' if i % 4 == 0 else 'beta'}")
           for i in range(3000)]
-    with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=2) as repo:
+    # (a budget whose cool records' share holds every hit: those it cannot hold are read again)
+    with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=2, cache_bytes=32 << 20) as repo:
         assert repo.append_many(ms) == 3000
         repo.compact()
         first = repo.search("ALPHA")
         assert [h.record for h in first] == ms[::4] and sum(h.tier == "cool" for h in first) == 749
         read, named = [], []
-        real_rows, real_search = PageReader.rows, repo._cool.search_known
+        real_rows, real_take, real_search = PageReader.rows, PageReader.take, repo._cool.search_records
 
         def counted(self, rg, local, have=None):
             read.extend(local)
             return real_rows(self, rg, local, have)
 
-        def search_known(*args, **kw):
+        def taken(self, rg, local, cols=None):
+            read.extend(local)
+            return real_take(self, rg, local, cols)
+
+        def search_records(*args, **kw):
             out = real_search(*args, **kw)
-            named.append(len(out[1]))
+            named.append(len(out.named))
             return out
         monkeypatch.setattr(PageReader, "rows", counted)
-        monkeypatch.setattr(repo._cool, "search_known", search_known)
+        monkeypatch.setattr(PageReader, "take", taken)
+        monkeypatch.setattr(repo._cool, "search_records", search_records)
         assert repo.search("ALPHA") == first
         assert repo.search("alpha", "c1") == [h for h in first if h.record.channel_id == "c1"]
         assert repo.search("alpha", case_sensitive=True) == first

@@ -13,10 +13,13 @@ from .._casefold import anchor_plan, ascii_probes
 from .._index import (SEARCH_FILTER_LAYOUT, WALK_BUDGET, WALK_MORE, WALK_UNORDERED, NewestWalk, contents,
                       live_locs, order_sort)
 from .._log import scan_frames
+from .._pages import search_hits
 from .._search import fold_find_list
 from ..cool import relevant_specials
 from ..cool.search import EVERY_LOC
 from ..errors import CorruptStateCheckpointError
+from .._order import order_key
+from ..records import ConversationMessageRecord
 from ..segments import (TailFile, decode_filters, encode_filters, filters_name, read_kept, write_kept)
 from . import tuning
 from .common import (_MAX_N, _OFF_MASK, SearchHit, _check_line_starts, _first, _xkey, own_calls)
@@ -104,6 +107,41 @@ class _Plan:
             self.probes = [codec.key(f) for f in anchors]
 
 
+def _hit_order(hot_keys: list[tuple], recs: list[ConversationMessageRecord], ords: list[int]) -> list[int]:
+    """The order of a whole search's hits (:func:`order_key`'s, stable):
+    the hot hits (their order keys ``hot_keys``) numbered first, then the
+    cool ones (``recs`` with their ``ords``). The unstamped sort by their
+    append sequence as one int64 array, ahead of the stamped, which sort
+    by ``(hlc, msg_id)``: no key tuple is made for a cool hit without a
+    stamp (most, in stores without sync), and none compared."""
+    n_hot = len(hot_keys)
+    u_at: list[int] = []
+    u_seq: list[int] = []
+    s_at: list[int] = []
+    s_key: list[tuple] = []
+    for i, k in enumerate(hot_keys):
+        if k[0] == 0:
+            u_at.append(i)
+            u_seq.append(k[1])
+        else:
+            s_at.append(i)
+            s_key.append(k)
+    if any(rec.hlc for rec in recs):
+        for j, (rec, o) in enumerate(zip(recs, ords)):
+            k = order_key(rec.hlc, rec.msg_id, o)
+            if k[0] == 0:
+                u_at.append(n_hot + j)
+                u_seq.append(o)
+            else:
+                s_at.append(n_hot + j)
+                s_key.append(k)
+    else:
+        u_at += range(n_hot, n_hot + len(recs))
+        u_seq += ords
+    at = np.asarray(u_at, dtype=np.int64)[np.argsort(np.asarray(u_seq, dtype=np.int64), kind="stable")]
+    return at.tolist() + [s_at[j] for j in sorted(range(len(s_key)), key=s_key.__getitem__)]
+
+
 class Search(Host):
     """Full-text search (a mixin of the repository)."""
 
@@ -150,8 +188,15 @@ class Search(Host):
         keyed = newest[::-1]            # oldest first
         if self._cool_may_hold(channel_id):
             if limit is None:
-                keyed += self._cool_hits(text, channel_id, case_sensitive, plan.check)
-                keyed.sort(key=_first)
+                # (parallel lists, no tuple a hit: see _cool_hits)
+                crecs, cords = self._cool_hits(text, channel_id, case_sensitive, plan.check)
+                order = _hit_order([k for k, _r, _t in keyed], crecs, cords)
+                n_hot = len(keyed)
+                recs = own_calls([r for _k, r, _t in keyed]) + crecs
+                del crecs, cords
+                self._bound_maps()
+                return search_hits(SearchHit, [recs[i] for i in order],
+                                   [keyed[i][2] if i < n_hot else "cool" for i in order])
             elif len(keyed) < limit or self._cool_may_follow(keyed[0][0], channel_id):
                 keyed = self._with_cool_newest(keyed, text, channel_id, case_sensitive, plan.check, limit)
         recs = own_calls([r for _k, r, _t in keyed])
@@ -377,24 +422,48 @@ class Search(Host):
         return out
 
     def _cool_hits(self, text: str, channel_id: str | None, case_sensitive: bool,
-                   check: Callable[[str], bool]) -> list[tuple]:
-        """Every cool hit as (order key, record, "cool"), oldest first: the
-        archive names their locations (its scan of the content pages), and
-        the records are read in bulk (_cool_records: the decode cache, then
-        straight from the pages holding them, each page once, the records
-        built and their digests checked in compiled code), not row by row."""
-        _rows, locs = self._cool.search_known(text, channel_id, case_sensitive=case_sensitive, known=EVERY_LOC)
-        deleted = self._cool_deleted
-        keyed = []
-        for rec, o in self._cool_records(locs):
+                   check: Callable[[str], bool]) -> tuple[list[ConversationMessageRecord], list[int]]:
+        """The records and ords (append sequences) of every cool hit, in the
+        files' order (the caller sorts: _hit_order): the archive's scan builds the records of each
+        row group's hits where their pages are (CoolArchive.search_records:
+        the content the scan matched, the other columns' pages read once,
+        every digest checked in compiled code), not row by row; the hits
+        the cache of verified records holds are named and taken from it. A
+        record is checked against the contract's test only where the
+        archive's match was not exact (a needle it can only narrow down).
+        Hits are kept in parallel lists, no tuple each: the cyclic garbage
+        collector walks every live tuple that holds a record, and a common
+        needle's hundreds of thousands made each full collection slow."""
+        found = self._cool.search_records(text, channel_id, case_sensitive=case_sensitive,
+                                          record_type=ConversationMessageRecord,
+                                          known=frozenset(self._cool_decoded.keys()))
+        recs, ords, locs = found.records, found.ords, found.locs
+        for row in found.rows:      # (read the dict way: checked there, channel too)
+            locs.append(self._cool.loc_of(row))
+            recs.append(self._cool_record(row))
+            ords.append(row.ord)
+        # the kept records first: the keep below may drop some of them
+        kept = self._cool_records(found.named) if found.named else []
+        # the newest reads join the cache of verified records (its size at
+        # most); the caller gets records of its own (see own_calls) of those
+        # and of the kept ones, the others are its alone already
+        first = max(len(locs) - tuning.DECODE_CACHE, 0)
+        self._cool_keep(list(zip(locs[first:], zip(recs[first:], ords[first:]))))
+        recs[first:] = own_calls(recs[first:])
+        for rec, o in zip(own_calls([rec for rec, _o in kept]), [o for _rec, o in kept]):
             if channel_id is not None and rec.channel_id != channel_id:
                 raise CorruptStateCheckpointError(
                     f"cool index says {rec.msg_id!r} is a message of channel {channel_id!r}, "
                     f"its row says {rec.channel_id!r}", path=self._cool.cool_dir)
-            if rec.msg_id not in deleted and check(rec.content):
-                keyed.append((_xkey(rec, o), rec, "cool"))
-        keyed.sort(key=_first)
-        return keyed
+            recs.append(rec)
+            ords.append(o)
+        deleted = self._cool_deleted
+        if deleted or not found.exact:
+            keep = [i for i, rec in enumerate(recs)
+                    if rec.msg_id not in deleted and (found.exact or check(rec.content))]
+            recs = [recs[i] for i in keep]
+            ords = [ords[i] for i in keep]
+        return recs, ords
 
     def _anchored(self, hot: Callable[[bytes, bool, bool], np.ndarray], plan: _Plan) -> np.ndarray:
         """Candidate hot lines of a casefolded needle that is not ASCII (or

@@ -43,6 +43,7 @@ _EVERY = _Every()
 EVERY_LOC = _EVERY
 
 
+from .hits import _EXACT_MODES, CoolHits, _hit_records
 from .reads import _KEY_COLS, _Reads
 from .rows import SPECIAL_FOLD, _Group, _SPECIAL_UTF8, _assemble_columns
 from .schema import (_PARQUET_ERRORS, CoolRow, _CONTENT_COL, _file_no, _grams_name, _parquet_name, _row_key,
@@ -250,6 +251,32 @@ class _Search(_Reads):
         whose ``ord`` statistics are all below it are not searched (a
         search with a limit that holds that many hits newer than them, in
         an archive without stamped rows, which would sort after them)."""
+        got = self._search_hits(text, channel_id, case_sensitive, known, ord_floor, None)
+        return got.rows, got.named
+
+    def search_records(self, text: str, channel_id: str | None = None, *, case_sensitive: bool = False,
+                       record_type: type, known: Container[int] = ()) -> "CoolHits":
+        """:meth:`search_known` for a caller that wants records: the hits
+        the page scan finds are built as ``record_type`` instances where
+        their pages are (:class:`CoolHits`: ``records``), each row group's
+        hits at once, in the scan's threads: the content values the scan
+        matched (CRC-checked page bytes) and the hits' other columns (each
+        of their pages read once, ``PageReader.take``) go to
+        ``_pages.records_from_columns``, which checks every row's digest
+        against its canonical JSON rebuilt from those bytes. A row it
+        declines (extra fields, an unusual spelling, a digest that does
+        not match) and the hits of groups the row-group cache holds are read
+        as :meth:`search` reads rows (``rows``: CoolRow, which names any
+        damage); the hits in ``known`` are named (``named``). The hits'
+        channel is checked against ``channel_id``. ``exact``: every hit
+        reported was matched exactly as the contract says (else the caller
+        checks each record's content)."""
+        return self._search_hits(text, channel_id, case_sensitive, known, None, record_type)
+
+    def _search_hits(self, text: str, channel_id: str | None, case_sensitive: bool, known: Container[int],
+                     ord_floor: int | None, record_type: type | None) -> "CoolHits":
+        """The body of :meth:`search_known` and :meth:`search_records`
+        (``record_type`` None: no record built)."""
         if not isinstance(text, str):
             raise TypeError(f"search text must be str, got {type(text).__name__}")
         needle = text if case_sensitive else text.casefold()
@@ -282,8 +309,9 @@ class _Search(_Reads):
         anchors = [f.encode("utf-8").lower() for f in forms or ()]    # (searched ASCII-case-blind)
         specials = _relevant_specials(probe.decode("ascii")) if mode in ("ci", "ci-run") else ()
         fold_repl = [(c.encode("utf-8"), c.casefold().encode("utf-8")) for c in specials]
-        hits: list[CoolRow] = []
-        known_hits: list[int] = []
+        out = CoolHits()
+        hits = out.rows
+        known_hits = out.named
         # what the files' filters test (rune_fast.cool.grams): the needle's casefold
         probe_grams = _grams.needle_bytes(needle) if mode != "all" else None
         with self._lock:
@@ -314,7 +342,8 @@ class _Search(_Reads):
                 for i, rg in enumerate(rgs):
                     if scans is None and (no, rg) not in self._cache:
                         scans = self._start_scans(no, [r for r in rgs[i:] if (no, r) not in self._cache],
-                                                  s, e, mode, nb, fold_repl, known, anchors, need, spans)
+                                                  s, e, mode, nb, fold_repl, known, anchors, need, spans,
+                                                  record_type)
                     base = fi.rg_list[rg]
                     n = fi.rg_list[rg + 1] - base
                     lo, hi = max(s - base, 0), min(e - base, n)
@@ -323,9 +352,14 @@ class _Search(_Reads):
                         continue
                     pinned: dict = {}      # this group, even if the cache does not keep it
                     if scans and rg in scans:
-                        got = self._scan_result(no, rg, scans.pop(rg))
+                        got = self._scan_result(no, rg, scans.pop(rg), record_type is None)
                         if got is not None:
-                            found.extend(self._verified(fi.name, [base + i for i in got[0]], got[1]))
+                            if record_type is None:
+                                found.extend(self._verified(fi.name, [base + i for i in got[0]], got[1]))
+                            else:
+                                slow = self._take_built(no, base, got[0], got[1], channel_id, out)
+                                if slow:
+                                    found.extend(self._rows(no, 0, 0, slow, pinned))
                             known_hits.extend(cool_loc(no, base + i) for i in got[2])
                             continue
                     g = self._group(no, rg, ("content",), True, pinned)
@@ -374,8 +408,10 @@ class _Search(_Reads):
                         found.extend(self._rows(no, 0, 0, self._unknown(no, idx + (lo + base), known,
                                                                         known_hits), pinned))
                 if sel_rows:
-                    found.extend(self._rows(no, 0, 0, self._unknown(no, np.concatenate(sel_rows), known,
-                                                                    known_hits)))
+                    every = self._unknown(no, np.concatenate(sel_rows), known, known_hits)
+                    if record_type is not None and len(every):
+                        every = self._built_rows(no, every, record_type, channel_id, out)
+                    found.extend(self._rows(no, 0, 0, every))
                 if found:
                     rows = found
                     if mode == "cs":
@@ -384,7 +420,56 @@ class _Search(_Reads):
                         self._check_field(rows, "channel_id", channel_id)
                     hits.extend(rows)
         hits.sort(key=_row_key)
-        return hits, known_hits
+        out.exact = mode in _EXACT_MODES
+        return out
+
+    def _built_rows(self, no: int, rows: np.ndarray, record_type: type, channel_id: str | None,
+                    out: CoolHits) -> np.ndarray:
+        """(lock held) The records of the rows ``rows`` (ascending) of file
+        ``no`` that records_at's compiled path builds join ``out`` (every
+        row a hit: an empty needle); the rows it leaves are returned, for
+        the dict path."""
+        built: dict[int, tuple[Any, int]] = {}
+        self._records_of(no, rows.tolist(), record_type, built)
+        if not built:
+            return rows
+        at = cool_loc(no, 0)
+        local = [loc - at for loc in built]
+        self._take_built(no, 0, local, ([r for r, _o in built.values()], [o for _r, o in built.values()]),
+                         channel_id, out)
+        return rows[~np.isin(rows, np.asarray(local, dtype=np.int64))]
+
+    def _take_built(self, no: int, base: int, local: list[int], built: Any,
+                    channel_id: str | None, out: CoolHits) -> list[int]:
+        """(lock held) The records a scan built (``built``: records, ords)
+        for the rows ``local`` of the row group starting at row ``base`` of
+        file ``no`` join ``out``, their channel checked; the rows it
+        declined (None) are returned, for the caller to read."""
+        if not local:
+            return []
+        recs, ords = built
+        at = cool_loc(no, base)
+        if channel_id is not None:
+            for i, rec in zip(local, recs):
+                if rec is not None and rec.channel_id != channel_id:
+                    raise CorruptStateCheckpointError(
+                        f"cool index says row {base + i} is a message of channel {channel_id!r}, "
+                        f"the file says {rec.channel_id!r}", path=self._path(self._files[no].name),
+                        offset=base + i)
+        if all(rec is not None for rec in recs):
+            out.locs += [at + i for i in local]
+            out.records += recs
+            out.ords += ords
+            return []
+        slow = []
+        for i, rec, o in zip(local, recs, ords):
+            if rec is None:
+                slow.append(base + i)
+            else:
+                out.locs.append(at + i)
+                out.records.append(rec)
+                out.ords.append(o)
+        return slow
 
     @staticmethod
     def _unknown(no: int, rows: np.ndarray, known: Container[int], named: list[int]) -> np.ndarray:
@@ -478,7 +563,7 @@ class _Search(_Reads):
     def _start_scans(self, no: int, rgs: list[int], s: int, e: int, mode: str, nb: bytes,
                      fold_repl: list[tuple[bytes, bytes]], known: Container[int] = (),
                      anchors: Sequence[bytes] = (), need: Sequence[bytes] = (),
-                     spans: dict[int, Any] | None = None) -> dict[int, Any]:
+                     spans: dict[int, Any] | None = None, record_type: type | None = None) -> dict[int, Any]:
         """Start the search of row groups ``rgs`` of file ``no`` (groups the
         cache does not hold; rows ``[s, e)`` of the file) in the file's pages
         as they are decompressed, without building or caching the groups:
@@ -495,7 +580,9 @@ class _Search(_Reads):
         (decompression, I/O and the search leave the GIL). Empty if the file
         is not in a layout the PageReader reads. ``spans``: rg -> the row
         spans (within the group) the file's filters did not rule out: only
-        the pages holding them are read (None: every page)."""
+        the pages holding them are read (None: every page). ``record_type``:
+        the hits' records are built instead of their values assembled
+        (:func:`_hit_records`; None for a row left to the caller)."""
         reader = self._reader(no) if rgs else None
         if reader is None:
             return {}
@@ -506,7 +593,7 @@ class _Search(_Reads):
         starts = self._files[no].rg_list
         folded = nb.decode("utf-8", "surrogatepass")
 
-        def scan(rg: int) -> tuple[list[int], list, list[int]]:
+        def scan(rg: int) -> tuple[list[int], Any, list[int]]:
             lo, hi, base = s - starts[rg], e - starts[rg], cool_loc(no, starts[rg])
             res = reader.find(rg, _CONTENT_COL, probes, None if spans is None else spans[rg])
             if mode == "ci-anchor":
@@ -528,6 +615,8 @@ class _Search(_Reads):
                 (named if base + i in known else local).append(i)
             if not local:
                 return local, [], named
+            if record_type is not None:
+                return local, _hit_records(reader, rg, local, [hits[i] for i in local], record_type), named
             vals = reader.rows(rg, local, {_CONTENT_COL: [hits[i] for i in local]})
             return local, _assemble_columns(list(zip(*vals))), named
 
@@ -631,11 +720,12 @@ class _Search(_Reads):
                 pass
         return _grams.FileGrams(memoryview(body), True)
 
-    def _scan_result(self, no: int, rg: int, fut: Any) -> tuple[list[int], list, list[int]] | None:
-        """What a scan of :meth:`_start_scans` found (rows read, their values,
-        rows only named), or None: the caller reads the group instead (a
-        layout the PageReader does not read, or damage, which that read
-        names)."""
+    def _scan_result(self, no: int, rg: int, fut: Any, whole: bool = True,
+                     ) -> tuple[list[int], list, list[int]] | None:
+        """What a scan of :meth:`_start_scans` found (rows read, their values
+        or records, rows only named), or None: the caller reads the group
+        instead (a layout the PageReader does not read, or damage, which that
+        read names; with ``whole``, a row whose values did not assemble)."""
         try:
             local, many, named = fut.result()
         except PageError:
@@ -643,7 +733,7 @@ class _Search(_Reads):
         except Unsupported:
             self._readers[no] = None    # (closed when the other scans drop it)
             return None
-        if any(got is None for got in many):
+        if whole and any(got is None for got in many):
             return None
         return local, many, named
 

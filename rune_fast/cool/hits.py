@@ -1,0 +1,65 @@
+"""The records of a search's archived hits, built where the scan found
+them (see ``_Search.search_records``): what the scan threads run for each
+row group, and what the search hands back.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .._pages import records_from_columns
+from ..pages import PageError
+from .reads import _ORD, _STRING_COLS, _SV, _TOK, _TS, _calls_read
+from .schema import CoolRow, _COLS, _CONTENT_COL
+
+
+#: the search modes (see _Search._search_hits) whose hits are all exact
+#: matches ("ci-run" and "ci-nonascii" name candidates, which the caller checks)
+_EXACT_MODES = frozenset({"all", "cs", "ci", "ci-anchor"})
+#: every column but content, in schema order (what a scan reads of its hits)
+_OTHER_COLS = [c for c in range(len(_COLS)) if c != _CONTENT_COL]
+
+
+class CoolHits:
+    """What :meth:`_Search.search_records` found: the hits built from their
+    pages (digests checked), in the order of the files' rows, as three
+    lists, ``locs`` (:func:`cool_loc`), ``records`` and ``ords`` (no tuple
+    a hit); ``rows``, the hits read as CoolRows (sorted by the order key);
+    ``named``, the locations of the hits the caller said it holds;
+    ``exact``: whether every hit is a match (else each is a candidate the
+    caller checks)."""
+
+    __slots__ = ("locs", "records", "ords", "rows", "named", "exact")
+
+    def __init__(self) -> None:
+        self.locs: list[int] = []
+        self.records: list[Any] = []
+        self.ords: list[int] = []
+        self.rows: list[CoolRow] = []
+        self.named: list[int] = []
+        self.exact = False
+
+
+def _hit_records(reader: Any, rg: int, local: list[int], contents: list[bytes],
+                 record_type: type) -> tuple[list, list[int]]:
+    """The records (None: a row left to the caller) and ords of the rows
+    ``local`` (ascending) of row group ``rg``, whose content values a scan
+    matched in their pages (``contents``, CRC-checked bytes): the other
+    columns of just those rows read from their pages (each page once), the
+    records built and their digests checked in compiled code
+    (``records_from_columns``). PageError where the pages or values do not
+    hold together (the caller's read names the damage). Runs on a scan
+    thread: touches nothing of the archive but the file's reader."""
+    cols = dict(zip(_OTHER_COLS, reader.take(rg, local, _OTHER_COLS)))
+    lens = np.fromiter(map(len, contents), dtype=np.int64, count=len(contents))
+    offs = np.zeros(len(contents) + 1, dtype=np.int64)
+    np.cumsum(lens, out=offs[1:])
+    if offs[-1] >= 1 << 31:
+        raise PageError(f"{reader.path}: row group {rg}: the hits' content holds 2 GiB or more")
+    cols[_CONTENT_COL] = (b"".join(contents), offs.astype(np.int32))
+    try:
+        return records_from_columns([cols[c] for c in _STRING_COLS], cols[_TS], cols[_TOK], cols[_SV],
+                                    cols[_ORD], record_type, _calls_read, False)
+    except ValueError as exc:
+        raise PageError(f"{reader.path}: row group {rg}: {exc}") from None
