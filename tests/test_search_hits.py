@@ -29,6 +29,7 @@ from rune_fast.records import ConversationMessageRecord
 from rune_fast._order import order_key
 from test_cool import cool_rows, rec
 from test_cool_reads import dict_path, every_loc, rewrite_keeping_layout
+from test_search_limit import _run as search_limit_run
 
 R = ConversationMessageRecord
 
@@ -137,6 +138,18 @@ def test_a_value_changed_under_its_digest_is_named(tmp_path):
     assert [r.msg_id for r in got.records] == ["msg_00000007"] and not got.rows
 
 
+def _flip(path: str, column: str, *, back: int, mask: int) -> None:
+    """XOR ``mask`` into the byte ``back`` bytes before the end of
+    ``column``'s chunk in the first row group of the Parquet file ``path``."""
+    cc = pq.read_metadata(path).row_group(0).column(_COLS.index(column))
+    at = cc.data_page_offset + cc.total_compressed_size - back
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ mask]))
+
+
 @pytest.mark.parametrize("column", ["msg_id", "content", "digest", "ts", "tool_calls"])
 def test_a_damaged_page_of_any_column_raises(tmp_path, column):
     """A flipped byte in a page of any column of a hit's row group: the
@@ -149,13 +162,7 @@ def test_a_damaged_page_of_any_column_raises(tmp_path, column):
                   for i in range(40)], range(40))
     name = a.files()[0]
     path = os.path.join(d, name)
-    cc = pq.read_metadata(path).row_group(0).column(_COLS.index(column))
-    with open(path, "r+b") as f:
-        at = cc.data_page_offset + cc.total_compressed_size - 3
-        f.seek(at)
-        b = f.read(1)
-        f.seek(at)
-        f.write(bytes([b[0] ^ 0x20]))
+    _flip(path, column, back=3, mask=0x20)
     with pytest.raises(CorruptStateCheckpointError) as ei:
         CoolArchive.open(d, [name]).search_records("needle", record_type=R)
     assert ei.value.path == path
@@ -177,24 +184,14 @@ def _ops(draw):
     return ops
 
 
+def _message(i, a, content, hlc, calls):
+    return R(msg_id=f"m{i:04d}", channel_id=f"ch{a}", content=content, ts=1.0 + i, hlc=hlc,
+             role="assistant" if calls else "user", tool_calls=_calls(i) if calls else ())
+
+
 def _run(repo, ops):
-    """Apply ops; the model: live msg_id -> (record, append sequence)."""
-    model: dict[str, tuple[R, int]] = {}
-    seq = 0
-    for i, (kind, a, content, hlc, calls) in enumerate(ops):
-        if kind == "m":
-            m = R(msg_id=f"m{i:04d}", channel_id=f"ch{a}", content=content, ts=1.0 + i, hlc=hlc,
-                  role="assistant" if calls else "user", tool_calls=_calls(i) if calls else ())
-            assert repo.append(m)
-            model[m.msg_id] = (m, seq)
-            seq += 1
-        elif kind == "d" and model:
-            victim = sorted(model)[a % len(model)]
-            assert repo.delete(victim)
-            del model[victim]
-        elif kind == "c":
-            repo.compact()
-    return model
+    """Apply ops (test_search_limit's model loop, records with tool calls)."""
+    return search_limit_run(repo, ops, make=_message)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -287,13 +284,7 @@ def test_a_damaged_page_under_the_repository_raises_on_search(tmp_path):
     with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=10) as repo:
         name = repo._cool.files()[0]
     path = os.path.join(str(tmp_path), "hot", "conversation_cool", name)
-    cc = pq.read_metadata(path).row_group(0).column(_COLS.index("task_id"))
-    with open(path, "r+b") as f:
-        at = cc.data_page_offset + cc.total_compressed_size - 2
-        f.seek(at)
-        b = f.read(1)
-        f.seek(at)
-        f.write(bytes([b[0] ^ 0x01]))
+    _flip(path, "task_id", back=2, mask=0x01)
     with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=10) as repo:
         with pytest.raises(CorruptStateCheckpointError) as ei:
             repo.search("needle")

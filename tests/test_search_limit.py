@@ -49,14 +49,19 @@ def _ops(draw):
     return ops
 
 
-def _run(repo, ops):
-    """Apply ops; the model: live message id -> (record, append sequence)."""
+def _message(i, a, content, hlc):
+    return ConversationMessageRecord(msg_id=f"m{i:04d}", channel_id=f"ch{a}", content=content,
+                                     ts=1.0 + i, hlc=hlc)
+
+
+def _run(repo, ops, make=_message):
+    """Apply ops (kind, channel, content, hlc, *more: ``make``'s further
+    arguments); the model: live message id -> (record, append sequence)."""
     model: dict[str, tuple[ConversationMessageRecord, int]] = {}
     seq = 0
-    for i, (kind, a, content, hlc) in enumerate(ops):
+    for i, (kind, a, content, hlc, *more) in enumerate(ops):
         if kind == "m":
-            m = ConversationMessageRecord(msg_id=f"m{i:04d}", channel_id=f"ch{a}", content=content,
-                                          ts=1.0 + i, hlc=hlc)
+            m = make(i, a, content, hlc, *more)
             assert repo.append(m)
             model[m.msg_id] = (m, seq)
             seq += 1
