@@ -211,7 +211,8 @@ class IndexSnapshot(Host):
         return start, snap_cool
 
     def _snapshot_due(self) -> bool:
-        return self._snap_changes >= max(4096, len(self._index) // 4)
+        """Whether a compaction writes the index snapshot (tuning.SNAPSHOT_EVERY)."""
+        return self._snap_changes >= max(4096, int(len(self._index) * tuning.SNAPSHOT_EVERY))
 
     def _write_snapshot(self, later: list[Callable[[], object]] | None = None) -> None:
         """Save the index snapshot (lock held). The tail bytes it covers are
