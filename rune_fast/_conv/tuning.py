@@ -21,8 +21,15 @@ SPARSE_FRACTION = 0.3
 SPARSE_MIN_BYTES = 64 << 10
 #: An automatic cooling run of at least this many messages is written by a
 #: background thread (appends go on meanwhile); smaller runs, and every run of
-#: an explicit compact(), are written inline.
-BG_COOL_MIN_ROWS = 512
+#: an explicit compact(), are written inline. A quarter of the default
+#: hot_window: the run an automatic compaction starts when some channel's
+#: excess reaches a quarter window is at least that. At 512, on a store of
+#: 1,000,000 messages taking single appends (100 channels, the bench's
+#: workload) every run (about 250 messages every 250 appends) was written
+#: inline, 10-15 ms of one append's time: most of what a durable append
+#: costs beyond its write and fdatasync (session 27: the appender's CPU per
+#: append in mode "none" 75-88 -> 37-43 us at 128, on the shared machine).
+BG_COOL_MIN_ROWS = 128
 #: At most this many messages a background cooling run: its lines are
 #: copied (and checked) under the lock on an appender's time, and a bulk load
 #: of 1,000,000 messages let one run grow to tens of thousands (0.1-0.6 s of
