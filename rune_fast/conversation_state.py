@@ -239,19 +239,27 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
     def window(self, channel_id: str, n: int = 8) -> list[ConversationMessageRecord]:
         """The last ``n`` messages of the channel, oldest first ([] for n <= 0
         or an unknown channel)."""
-        if type(channel_id) is not str or not channel_id.isascii():     # (the common case checked inline)
-            _str_arg("channel_id", channel_id)
+        if type(channel_id) is str and type(n) is int and 0 < n <= 64:
+            # the common window (hot, cached, not interleaved with the cool
+            # tier) in one compiled call; None: the general path below. A
+            # channel it finds was stored, so its id needs no check (one
+            # with a lone surrogate is in no index). The lock taken by
+            # acquire/release, not ``with``: 75 against 170 ns, a sixth of
+            # a warm window (session 27)
+            lock = self._lock
+            lock.acquire()
+            try:
+                if not self._closed:
+                    got = self._index.window_cached(channel_id, n, self._decoded, self._interleaved, own_calls)
+                    if got is not None:
+                        return got
+            finally:
+                lock.release()
+        _str_arg("channel_id", channel_id)
         if type(n) is not int and (not isinstance(n, int) or isinstance(n, bool)):
             raise TypeError(f"n: expected int, got {type(n).__name__}")
         with self._lock:
-            if self._closed:
-                self._check_open()
-            if 0 < n <= 64:
-                # the common window (hot, cached, not interleaved with the
-                # cool tier) in one compiled call; None: HotReads reads it
-                got = self._index.window_cached(channel_id, n, self._decoded, self._interleaved, own_calls)
-                if got is not None:
-                    return got
+            self._check_open()
             return self._last_n(channel_id, n)
 
     def messages_for_task(self, task_id: str) -> list[ConversationMessageRecord]:
