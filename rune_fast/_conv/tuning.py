@@ -69,6 +69,19 @@ MERGE_INLINE_PER_COOLED = 4
 #: compact() right after the load spent 6.8 of its 12.5 s merging inline
 #: (its budget, MERGE_INLINE_PER_COOLED a row cooled: 1.25 million rows).
 MERGE_INLINE_GROUP_ROWS = 16384
+#: A writer that made no change (append, delete, compact) for this many
+#: seconds does what the next automatic compaction would: adopts a merge or
+#: cooling run its threads finished, starts the merge of a full tier in the
+#: merge thread, cools an excess (``Compaction._idle_loop``). Without it a
+#: store closed right after a bulk load (compact() leaves the merges of
+#: MERGE_INLINE_GROUP_ROWS rows or more to the thread, and close() cancels
+#: them) kept its unmerged files until a later session appended enough: 66
+#: cool files at 10,000,000 messages, and a read-mostly store never merged
+#: them (every archived search and task read touches each file). The
+#: watcher wakes once a period and takes the repository lock only when
+#: something is due; None: no watcher (the tests' default, whose schedules
+#: are exact).
+IDLE_MERGE_SECONDS: float | None = 1.0
 #: lines a background cooling run parses per call (see _stage_cooling)
 PARSE_PART = 256
 #: close() leaves the index snapshot as it is when it still matches the files
