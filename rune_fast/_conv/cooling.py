@@ -103,6 +103,14 @@ class Cooling(Host):
         assert self._tail is not None       # a writer always has its tail
         t0 = time.perf_counter()
         job, merge = self._bg, self._bg_merge
+        chore = self._chore
+        if chore is not None and chore.running():
+            # the last compaction's file work (its unlinks and their folder
+            # sync, the snapshot's write) still runs: a compaction would wait
+            # for it first (167 ms of one append in a bulk load of 1,000,000
+            # messages on a loaded machine); the tail is folded meanwhile
+            self._fold(CompactionReport(), t0)
+            return
         if self._pending_erase and any(j is not None and not j.done.is_set() for j in (job, merge)):
             # an erasure waits for the jobs (it may rewrite what they read),
             # and no append waits for one: the tail is folded meanwhile
