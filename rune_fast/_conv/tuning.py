@@ -52,6 +52,14 @@ COOL_FILE_ROWS = 262144
 #: index). Right after a bulk load more files are left than when
 #: compact() merged every full tier (24 against 10 at 1,000,000: see
 #: MERGE_INLINE_ROWS); the automatic compactions that follow merge them.
+#: Measured again with bench/cooling_profile.py at 1,000,000 (three run
+#: pairs, 2 cores shared with other loads, so CPU, not wall): fanout 8
+#: cut the merge thread's CPU 13.6-19.6 -> 8.1-9.1 s with the same peak
+#: (140-198 against 146-176 bytes a message) and the same cooling, but
+#: left 45 files after the final compact() against 27 (24-25 against
+#: 20-23 in the first pairs), and 15 against 13 once merged to the end
+#: (the idle watcher): searches within the noise, cold task reads 72-85
+#: against 89-122 ms (20 tasks of ~900 messages). Kept at 4 for the reads.
 MERGE_FANOUT = 4
 #: compact() (and close()) merge inline at most MERGE_INLINE_ROWS plus
 #: MERGE_INLINE_PER_COOLED rows for each row they cooled; a larger group of
