@@ -105,13 +105,13 @@ class Compaction(Host):
     @staticmethod
     def _idle_loop(ref: "weakref.ref[Compaction]", stop: threading.Event, delay: float) -> None:
         """The idle watcher's thread (see :meth:`_watch_idle`)."""
-        seen = None
+        seen: tuple[int, int, int, int] | None = None
         while not stop.wait(delay):
             repo = ref()
             if repo is None:
                 return
-            now = repo._activity()
-            if now == seen:
+            now: tuple[int, int, int, int] | None = repo._activity()
+            if seen is not None and now == seen:
                 try:
                     now = repo._idle_step(seen)
                 except Exception as exc:    # (a failed write makes the store refuse writes, as an append's would)
