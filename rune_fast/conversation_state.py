@@ -152,6 +152,9 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
         except BaseException:
             self._release()
             raise
+        # a writer's idle watcher: merges and adoptions of the background
+        # work when no change comes (tuning.IDLE_MERGE_SECONDS)
+        self._watch_idle()
 
     # ------------------------------------------------------------------
     # helpers
@@ -428,6 +431,7 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
     def close(self) -> None:
         """Make everything durable, write the index snapshot (unless the one on
         disk still serves: ``SNAPSHOT_SLACK``), release the lock."""
+        self._stop_idle()
         with self._lock:
             if self._closed:
                 return

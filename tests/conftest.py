@@ -38,3 +38,15 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("fault suites")
         for line in _SUMMARY:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture(autouse=True)
+def _no_idle_watcher(request, monkeypatch):
+    """No idle watcher (tuning.IDLE_MERGE_SECONDS) unless a test asks for it
+    with the ``idle_work`` marker: the suite's schedules are exact (a test
+    counts files or jobs between its own calls), and a watcher waking on a
+    loaded machine would move them between two lines. The stores that
+    child processes open keep the default."""
+    if request.node.get_closest_marker("idle_work") is None:
+        from rune_fast._conv import tuning
+        monkeypatch.setattr(tuning, "IDLE_MERGE_SECONDS", None)

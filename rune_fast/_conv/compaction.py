@@ -5,7 +5,9 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
 import time
+import weakref
 from typing import Callable
 
 import numpy as np
@@ -41,6 +43,7 @@ class Compaction(Host):
         self._bg_merge = None           # a merge of cool files in another, beside it
         self._chore = None              # file work a compaction left to a thread (see _Chore)
         self._rewrite_due = False       # (see Cooling._auto_compact)
+        self._idle_stop = threading.Event()     # set: the idle watcher ends (see _watch_idle)
 
     def _reset_schedule(self) -> None:
         self._since_compact = 0
@@ -70,6 +73,83 @@ class Compaction(Host):
             self._bg = None
         if self._bg_merge is job:
             self._bg_merge = None
+
+    # ---- an idle writer's background work
+
+    def _watch_idle(self) -> None:
+        """Start the writer's idle watcher (the open's last step; see
+        ``tuning.IDLE_MERGE_SECONDS``): a thread that wakes once a period
+        and, when no change was made since its last look, does what the
+        next automatic compaction would (:meth:`_idle_step`). It holds the
+        repository weakly (a store dropped without close() is not kept
+        alive by it) and ends at close()."""
+        delay = tuning.IDLE_MERGE_SECONDS
+        if delay is None or self.read_only:
+            return
+        threading.Thread(target=Compaction._idle_loop, args=(weakref.ref(self), self._idle_stop, float(delay)),
+                         name="rune-fast-idle", daemon=True).start()
+
+    def _stop_idle(self) -> None:
+        """End the idle watcher (close(); it may be waiting for the lock:
+        it finds the store closed then)."""
+        self._idle_stop.set()
+
+    def _activity(self) -> tuple[int, int, int, int]:
+        """What a change of the store moves: compactions, appends since the
+        last one, the tail's size, pending erasures (read without the lock:
+        a torn look only delays the idle work by a period)."""
+        tail = self._tail
+        return (self._compactions, self._since_compact, tail.size if tail is not None else 0,
+                len(self._pending_erase))
+
+    @staticmethod
+    def _idle_loop(ref: "weakref.ref[Compaction]", stop: threading.Event, delay: float) -> None:
+        """The idle watcher's thread (see :meth:`_watch_idle`)."""
+        seen: tuple[int, int, int, int] | None = None
+        while not stop.wait(delay):
+            repo = ref()
+            if repo is None:
+                return
+            now: tuple[int, int, int, int] | None = repo._activity()
+            if seen is not None and now == seen:
+                try:
+                    now = repo._idle_step(seen)
+                except Exception as exc:    # (a failed write makes the store refuse writes, as an append's would)
+                    log.warning("%s: background work of an idle writer failed: %s", repo.state_dir, exc)
+                    return
+                if now is None:
+                    return
+            seen = now
+            del repo
+
+    def _idle_step(self, seen: tuple[int, int, int, int]) -> tuple[int, int, int, int] | None:
+        """One look of the idle watcher: unless a change came since ``seen``,
+        adopt what a thread finished, start the merge of a full tier, cool
+        an excess -- the automatic compaction, when it has work (a store
+        with nothing due is not touched: no manifest write). Returns the
+        activity after it (None: the store is closed or refuses writes)."""
+        merge = self._bg_merge
+        if merge is None or merge.done.is_set():
+            self._cool.file_rows()      # (the sidecars, read before the lock if not yet)
+        with self._lock:
+            if self._closed or self._writes.error is not None:
+                return None
+            if self._activity() == seen and self._idle_work_due():
+                self._auto_compact()
+            return self._activity()
+
+    def _idle_work_due(self) -> bool:
+        """Whether an idle writer has background work (lock held): a job
+        to adopt, a merge to start (none running), segments an adoption
+        left to rewrite, an excess to cool."""
+        job, merge = self._bg, self._bg_merge
+        if any(j is not None and j.done.is_set() for j in (job, merge)):
+            return True
+        if job is not None:
+            return False        # (a cooling run is written: its adoption comes first)
+        if merge is None and self._plan_merge():
+            return True
+        return self._rewrite_due or self._cooling_due()
 
     def _compact_segments(self, rep: CompactionReport, cool_erase: list[str],
                           old_segs: list[int], max_runs: int | None = None) -> tuple[list[int], bool]:

@@ -114,6 +114,7 @@ class RepoState:
     _behind: set[str] | None
     _clock_nows: int
     _clock_unheld: bool
+    _idle_stop: threading.Event     # set at close: the idle watcher ends
 
     # exchange.py: fold-order verdicts of resume_messages
     _fold_order: dict[str, list]

@@ -80,6 +80,9 @@ class _Chore:
         except BaseException as exc:   # logged by join
             self.error = exc
 
+    def running(self) -> bool:
+        return self.thread.is_alive()
+
     def join(self) -> None:
         self.thread.join()
         if self.error is not None:

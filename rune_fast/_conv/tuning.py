@@ -63,6 +63,14 @@ COOL_FILE_ROWS = 262144
 #: index). Right after a bulk load more files are left than when
 #: compact() merged every full tier (24 against 10 at 1,000,000: see
 #: MERGE_INLINE_ROWS); the automatic compactions that follow merge them.
+#: Measured again with bench/cooling_profile.py at 1,000,000 (three run
+#: pairs, 2 cores shared with other loads, so CPU, not wall): fanout 8
+#: cut the merge thread's CPU 13.6-19.6 -> 8.1-9.1 s with the same peak
+#: (140-198 against 146-176 bytes a message) and the same cooling, but
+#: left 45 files after the final compact() against 27 (24-25 against
+#: 20-23 in the first pairs), and 15 against 13 once merged to the end
+#: (the idle watcher): searches within the noise, cold task reads 72-85
+#: against 89-122 ms (20 tasks of ~900 messages). Kept at 4 for the reads.
 MERGE_FANOUT = 4
 #: compact() (and close()) merge inline at most MERGE_INLINE_ROWS plus
 #: MERGE_INLINE_PER_COOLED rows for each row they cooled; a larger group of
@@ -80,6 +88,19 @@ MERGE_INLINE_PER_COOLED = 4
 #: compact() right after the load spent 6.8 of its 12.5 s merging inline
 #: (its budget, MERGE_INLINE_PER_COOLED a row cooled: 1.25 million rows).
 MERGE_INLINE_GROUP_ROWS = 16384
+#: A writer that made no change (append, delete, compact) for this many
+#: seconds does what the next automatic compaction would: adopts a merge or
+#: cooling run its threads finished, starts the merge of a full tier in the
+#: merge thread, cools an excess (``Compaction._idle_loop``). Without it a
+#: store closed right after a bulk load (compact() leaves the merges of
+#: MERGE_INLINE_GROUP_ROWS rows or more to the thread, and close() cancels
+#: them) kept its unmerged files until a later session appended enough: 66
+#: cool files at 10,000,000 messages, and a read-mostly store never merged
+#: them (every archived search and task read touches each file). The
+#: watcher wakes once a period and takes the repository lock only when
+#: something is due; None: no watcher (the tests' default, whose schedules
+#: are exact).
+IDLE_MERGE_SECONDS: float | None = 1.0
 #: lines a background cooling run parses per call (see _stage_cooling)
 PARSE_PART = 256
 #: close() leaves the index snapshot as it is when it still matches the files

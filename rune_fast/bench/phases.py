@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from . import workload as wl
 from .floors import ContentBuffer
-from .probes import StoreSpec, disk_usage, probe, probe_all
+from .probes import StoreSpec, disk_usage, probe, probe_all, settle_archive
 from .report import Config, Row, fmt_value
 from .searches import check_answers, limit_flatness_row, search_rows
 from .timing import Loops, interleaved, time_row, timed
@@ -120,6 +120,7 @@ class Run:
                           f"{', '.join(fmt_value(x, 'ns') for x in slow_r)}; median call "
                           f"{fmt_value(statistics.median(r['calls']) if r['calls'] else 0, 'ns')} "
                           f"(SQLite {fmt_value(statistics.median(s['calls']) if s['calls'] else 0, 'ns')})")
+        self._settle_archive()
         # the smaller stores of the per-append and limit=20 flatness lines, loaded here untimed
         for size in cfg.sizes():
             if size == cfg.n:
@@ -138,6 +139,19 @@ class Run:
                         a_sql / content, "B/B", "SQLite after close (WAL checkpointed)", "ratio >= 1",
                         a_rune <= a_sql, goal=1.0))
         return rows
+
+    def _settle_archive(self) -> None:
+        """:func:`settle_archive` on the loaded store (untimed; noted)."""
+        st = self.open(self.rune)
+        try:
+            got = settle_archive(st)
+        finally:
+            st.close()
+        if got is not None:
+            before, after, took = got
+            self.notes.append(f"after the bulk load (untimed): a writer session left open merged the archive "
+                              f"from {before} to {after} files in {took:.1f} s (its idle watcher); the lines "
+                              "below read that store")
 
     # -------------------------------------------------------------------- opens
     def open_rows(self) -> list[Row]:

@@ -212,6 +212,25 @@ def probe_all(jobs: dict[Any, dict[str, Any]], timeout: float, workers: int = 2)
         return {key: f.result() for key, f in futures.items()}
 
 
+def settle_archive(store: Any, timeout: float = 3600.0) -> "tuple[int, int, float] | None":
+    """Wait until the idle watcher of ``store`` (a rune_fast writer just
+    opened) merged what a bulk load left: compact() leaves its large merges
+    to a thread, and a close right after it gives them up. What a
+    long-lived store looks like, and no merge runs beside the timed reads
+    that follow. Returns (cool files before, after, seconds); None for a
+    store without that watcher (another ``--store``)."""
+    if not hasattr(store, "_idle_work_due") or getattr(store, "_cool", None) is None:
+        return None
+    before = len(store._cool.files())
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        time.sleep(0.25)
+        with store._lock:
+            if store._bg is None and store._bg_merge is None and not store._idle_work_due():
+                break
+    return before, len(store._cool.files()), time.perf_counter() - t0
+
+
 def _probe_job(job: dict[str, Any]) -> dict[str, Any]:
     """Do one probe job in this (fresh) process and return its counters."""
     kind = job["job"]
