@@ -43,6 +43,8 @@ def check_run(hashes: npt.ArrayLike, rows: npt.ArrayLike, n_rows: int) -> str: .
 #: IdRuns' kept answers of exact reads by default
 MEMO_ENTRIES: Final[int]
 
+def str_hashes(ids: list[str]) -> npt.NDArray[np.uint64]: ...
+
 @disjoint_base
 class IdRuns:
     def __new__(cls, memo_entries: int = ...) -> Self: ...

@@ -139,3 +139,18 @@ def test_a_small_lookup_builds_no_filter_and_a_batch_builds_within_its_budget():
     assert idx.filtered == 2
     idx.has_many(rng.integers(0, 2**64, size=100, dtype=np.uint64))
     assert idx.filtered == 3       # the second large run next (the empty run has none)
+
+
+@settings(max_examples=100, deadline=None)
+@given(ids=st.lists(st.text(max_size=40), max_size=30))
+def test_str_hashes_match_the_arrow_path(ids):
+    """The append path's id hashes (each str hashed where it lies) are the
+    sidecars' (xxh3_64 of the UTF-8, through an Arrow string array)."""
+    from rune_fast._index import str_hashes
+    from rune_fast._log import utf8_hashes
+    from rune_fast.cool.sidecar import _plain_strings
+    ids = [i for i in ids if not any(0xD800 <= ord(c) <= 0xDFFF for c in i)]
+    arr = _plain_strings(ids)
+    _valid, offsets, data = arr.buffers()
+    want = utf8_hashes(offsets, data if data is not None else b"", arr.offset, len(arr))
+    assert str_hashes(ids).tolist() == want.tolist()
