@@ -93,6 +93,7 @@ def main() -> None:
         wrap(type(repo), "_auto_compact", "auto compaction")
         wrap(type(repo), "_trim_cache", "trim cache")
         wrap(type(repo), "_write_messages", "_write_messages (under lock)")
+        wrap(type(repo._cool), "contains_many", "fresh: archive contains_many")
     gc_t = [0.0, 0]
 
     def gc_cb(phase: str, info: dict) -> None:

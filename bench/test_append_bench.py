@@ -132,12 +132,31 @@ def cool_runs() -> Any:
 @pytest.mark.benchmark(group="append_many parts, 1,000")
 def test_new_ids_against_cool_runs(benchmark: Any, cool_runs: Any) -> None:
     """The append path's check of a batch's ids against every cool file's
-    run (IdRuns.has_many: interpolation, a search without branches, the
-    stages pipelined); fresh hashes each round, as a batch of new ids."""
+    run (IdRuns.has_many: each run's filter, built by the first batch,
+    then a search of what it lets through); fresh hashes each round, as a
+    batch of new ids."""
     import numpy as np
     rng = np.random.default_rng(4)
     qs = iter([rng.integers(0, 2**64, size=BATCH, dtype=np.uint64) for _ in range(2_000)])
     benchmark.pedantic(lambda: cool_runs.has_many(next(qs)), rounds=1_000, warmup_rounds=5)
+
+
+@pytest.mark.benchmark(group="append_many parts, 1,000")
+@pytest.mark.parametrize("how", ["str_hashes", "arrow"])
+def test_new_id_hashes(benchmark: Any, work: wl.Workload, how: str) -> None:
+    """The archive's hashes of a batch's new ids: each str hashed where it
+    lies (what the append path does) or through an Arrow string array."""
+    import pyarrow as pa
+
+    from rune_fast._index import str_hashes
+    from rune_fast._log import utf8_hashes
+    ids = [m["msg_id"] for m in work.messages[:BATCH]]
+
+    def arrow() -> Any:
+        arr = pa.array(ids, type=pa.string())
+        _v, offsets, data = arr.buffers()
+        return utf8_hashes(offsets, data, arr.offset, len(arr))
+    benchmark(lambda: str_hashes(ids)) if how == "str_hashes" else benchmark(arrow)
 
 
 def _job_and_keys(work: wl.Workload) -> tuple[Any, list[bytes]]:

@@ -230,6 +230,52 @@ cdef struct rf_idrun:
     const uint32_t *r       # the row of each hash
     Py_ssize_t n
     int64_t base            # file number << 32
+    uint64_t *f             # the run's filter (_filter_build), NULL until built
+    Py_ssize_t fw           # its words
+
+
+# IdRuns' filters (C constants):
+# FILTER_BITS: bits a hash (one 64-bit word a hash, 4 bits set in it): 12
+# bits let about 2% of the absent hashes through.
+# FILTER_BUILD_BUDGET: has_many builds the filters of at most this many
+# hashes a call (and of one run at least), so that no append waits for all
+# of a large archive's (a run of 262,144 hashes: about 1 ms, read in order).
+# FILTER_MIN_BATCH: ... and only for a batch of at least this many hashes
+# (a lookup of a few searches the runs as they are).
+cdef enum:
+    FILTER_BITS = 12
+    FILTER_BUILD_BUDGET = 1 << 20
+    FILTER_MIN_BATCH = 16
+
+
+cdef inline uint64_t _filter_bits(uint64_t h) noexcept nogil:
+    # FILTER_K bit places from the hash's low 24 bits (its high 32 pick the word)
+    return ((<uint64_t>1) << (h & 63)) | ((<uint64_t>1) << ((h >> 6) & 63)) \
+        | ((<uint64_t>1) << ((h >> 12) & 63)) | ((<uint64_t>1) << ((h >> 18) & 63))
+
+
+cdef inline Py_ssize_t _filter_word(uint64_t h, Py_ssize_t fw) noexcept nogil:
+    # the word of hash h: its high 32 bits scaled to fw words (ascending
+    # hashes fill the words in order)
+    return <Py_ssize_t>(((h >> 32) * <uint64_t>fw) >> 32)
+
+
+cdef int _filter_build(rf_idrun *run) noexcept nogil:
+    """Build ``run``'s filter (a blocked Bloom filter of its hashes: a
+    hash absent from the run usually misses it, a present one always hits
+    it). -1 if the memory cannot be had (the run is searched as before)."""
+    cdef Py_ssize_t fw = (run.n * FILTER_BITS + 63) // 64, i
+    cdef uint64_t *f
+    if fw < 1:
+        fw = 1
+    f = <uint64_t *>calloc(<size_t>fw, sizeof(uint64_t))
+    if f == NULL:
+        return -1
+    for i in range(run.n):
+        f[_filter_word(run.h[i], fw)] |= _filter_bits(run.h[i])
+    run.f = f
+    run.fw = fw
+    return 0
 
 
 cdef inline Py_ssize_t _guess(uint64_t key, Py_ssize_t n) noexcept nogil:
@@ -357,6 +403,33 @@ def check_run(hashes, rows, int64_t n_rows) -> str:
     return ""
 
 
+def str_hashes(list ids):
+    """uint64 array of xxh3_64 (seed 0) of the UTF-8 of each str of
+    ``ids`` (the archive's id hashes, as ``_log.utf8_hashes`` gives them
+    from an Arrow string array), without making the Arrow array: an ASCII
+    str is hashed where it lies (the append path hashes every batch's new
+    ids: 150 us a 1,000 through Arrow, cache-cold). TypeError naming the
+    index for anything but a str; UnicodeEncodeError for a lone surrogate."""
+    cdef Py_ssize_t n = len(ids), i, kl
+    cdef object s
+    cdef bytes b
+    cdef const char *kp
+    out = np.empty(n, dtype=np.uint64)
+    cdef uint64_t[::1] o = out
+    for i in range(n):
+        s = ids[i]
+        if type(s) is not str:
+            raise TypeError(f"str_hashes: ids[{i}] is {type(s).__name__}, not str")
+        if PyUnicode_IS_COMPACT_ASCII(s):
+            kp = <const char *>PyUnicode_DATA(s)
+            kl = PyUnicode_GET_LENGTH(s)
+            o[i] = _xxh.XXH3_64bits(kp, <size_t>kl)
+        else:
+            b = (<str>s).encode("utf-8")
+            o[i] = _xxh.XXH3_64bits(PyBytes_AS_STRING(b), <size_t>PyBytes_GET_SIZE(b))
+    return out
+
+
 cdef class IdRuns:
     """The archive's id index as it is stored: per file, its ids' xxh3_64
     sorted ascending and the row of each (the ``.idx`` sidecar's arrays,
@@ -403,6 +476,9 @@ cdef class IdRuns:
         self._memo_mask = <uint64_t>sets - 1
 
     def __dealloc__(self):
+        cdef Py_ssize_t j
+        for j in range(self._k):
+            free(self._runs[j].f)
         free(self._runs)
         free(self._memo)
 
@@ -444,6 +520,8 @@ cdef class IdRuns:
         self._runs[self._k].r = &rs[0] if n else NULL
         self._runs[self._k].n = n
         self._runs[self._k].base = no << 32
+        self._runs[self._k].f = NULL       # (built by the first batch lookup: has_many)
+        self._runs[self._k].fw = 0
         self._k += 1
         self._total += n
 
@@ -453,6 +531,7 @@ cdef class IdRuns:
         for j in range(self._k):
             if self._runs[j].base == (no << 32):
                 self._total -= self._runs[j].n
+                free(self._runs[j].f)
                 self._runs[j] = self._runs[self._k - 1]
                 self._k -= 1
                 del self._owners[no]
@@ -461,12 +540,31 @@ cdef class IdRuns:
         return False
 
     def clear(self) -> None:
+        cdef Py_ssize_t j
+        for j in range(self._k):
+            free(self._runs[j].f)
         self._k = self._total = 0
         self._owners.clear()
         self._forget()
 
     def __len__(self):
         return self._total
+
+    @property
+    def filter_bytes(self) -> int:
+        """Bytes of the runs' filters built so far (see :meth:`has_many`)."""
+        cdef Py_ssize_t j, b = 0
+        for j in range(self._k):
+            b += self._runs[j].fw * <Py_ssize_t>sizeof(uint64_t)
+        return b
+
+    @property
+    def filtered(self) -> int:
+        """How many runs have their filter built."""
+        cdef Py_ssize_t j, c = 0
+        for j in range(self._k):
+            c += self._runs[j].f != NULL
+        return c
 
     def __contains__(self, no) -> bool:
         return no in self._owners
@@ -563,30 +661,64 @@ cdef class IdRuns:
     @cython.boundscheck(False)
     @cython.wraparound(False)
     def has_many(self, hashes):
-        """bool array: whether any run holds each of ``hashes``. Run by run,
-        the searches are pipelined (the append path asks this of every
-        batch's new ids): the first guess of hash k + 24 is prefetched, hash
+        """bool array: whether any run holds each of ``hashes``. A batch
+        (``FILTER_MIN_BATCH`` hashes or more) first builds the filters of
+        runs that have none (at most ``FILTER_BUILD_BUDGET`` hashes a call,
+        one run at least), then asks each filtered run's filter and
+        searches that run for the hashes it lets through only (about 2% of
+        the absent ones): the append path asks this of every batch's new
+        ids, and a search in each of a large archive's runs cost each id a
+        cache miss a run (0.4 ms a batch of 1,000 over 14 runs at
+        1,000,000 messages). A run without a filter is searched whole,
+        pipelined: the first guess of hash k + 24 is prefetched, hash
         k + 16 aims again, hash k + 8 aims a last time and has its places
         prefetched, and hash k is searched, so each search waits for no
         cache miss of its own."""
         cdef const uint64_t[::1] hs = np.ascontiguousarray(hashes, dtype=np.uint64)
         out = np.zeros(hs.shape[0], dtype=np.bool_)
         cdef uint8_t[::1] o = out.view(np.uint8)
-        cdef Py_ssize_t k, j, i, m = hs.shape[0], n
+        cdef Py_ssize_t k, j, i, m = hs.shape[0], n, c, budget = FILTER_BUILD_BUDGET
+        cdef bint built = False
         cdef rf_idrun *run
         cdef const uint64_t *a
         cdef Py_ssize_t *g
+        cdef Py_ssize_t *cand
+        cdef uint64_t h
         if m == 0 or self._k == 0:
             return out
-        g = <Py_ssize_t *>malloc(<size_t>m * sizeof(Py_ssize_t))
+        g = <Py_ssize_t *>malloc(<size_t>m * 2 * sizeof(Py_ssize_t))
         if g == NULL:
             raise MemoryError(f"IdRuns.has_many: {m} hashes")
+        cand = g + m
         with nogil:
             for j in range(self._k):
                 run = &self._runs[j]
                 a = run.h
                 n = run.n
                 if n == 0:
+                    continue
+                if run.f == NULL and m >= FILTER_MIN_BATCH and (not built or n <= budget):
+                    if _filter_build(run) == 0:
+                        built = True
+                        budget -= n
+                if run.f != NULL:
+                    # the filter first: only the hashes it lets through are searched
+                    # (word k + 16 prefetched while hash k is tested: between
+                    # two appends the filters leave the CPU caches)
+                    c = 0
+                    for k in range(m + 16):
+                        if k < m:
+                            rf_prefetch(run.f + _filter_word(hs[k], run.fw))
+                        i = k - 16
+                        if i >= 0 and not o[i]:
+                            h = hs[i]
+                            if (run.f[_filter_word(h, run.fw)] & _filter_bits(h)) == _filter_bits(h):
+                                cand[c] = i
+                                c += 1
+                    for k in range(c):
+                        i = _first_at_least(a, n, hs[cand[k]])
+                        if i < n and a[i] == hs[cand[k]]:
+                            o[cand[k]] = 1
                     continue
                 for k in range(m + 24):
                     if k < m:

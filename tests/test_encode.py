@@ -208,6 +208,25 @@ def test_each_str_width_is_escaped_as_the_python_path_does(content, channel, oth
     assert (b[0], h[0], k[0]) == _python(m)
 
 
+#: plain ASCII runs of every length around the encoder's blocks (8 and 16
+#: code points), broken by one character of each kind at any place
+_BREAKS = ['"', "\\", "\x00", "\x1f", "\n", "\x7f", "\x80", "\xe9", "\u20ac", "\ud7ff", "\U0001f600", " "]
+blocky_text = st.lists(st.tuples(st.integers(0, 40), st.sampled_from(_BREAKS)), max_size=12).flatmap(
+    lambda parts: st.sampled_from(["", "\xe9", "\u20ac", "\U0001f600"]).map(
+        lambda width: width + "".join("abcdefghijklmnopqrstuvwxyz0123456789 ,.!?"[:n] + b for n, b in parts)))
+
+
+@settings(max_examples=EXAMPLES, suppress_health_check=[HealthCheck.too_slow])
+@given(content=blocky_text, channel=blocky_text)
+def test_plain_runs_of_any_length_in_each_str_width_are_escaped_as_python_does(content, channel):
+    # (a str that is not ASCII: its plain runs go a block at a time, the
+    # rest a code point at a time)
+    m = ConversationMessageRecord(content=content, channel_id=channel or "c", task_id=content[::-1],
+                                  msg_id=channel[:30] or "m")
+    b, h, k = codec.encode_batch([m])
+    assert (b[0], h[0], k[0]) == _python(m)
+
+
 @pytest.mark.parametrize("field", ["content", "channel_id", "task_id", "hlc", "tool_call_id", "origin"])
 @pytest.mark.parametrize("value", ["a\ud800b", "\udfff", "\xe9\ud83d", "\U0001f600\udc00x"])
 def test_a_lone_surrogate_set_past_the_constructor_is_refused_naming_the_field(field, value):

@@ -76,3 +76,81 @@ def test_has_many_on_a_million_uniform_hashes_finds_each_and_no_other():
     want = np.isin(others, hs)
     assert (idx.has_many(others) == want).all()
     assert (idx.has_many(others + np.uint64(1)) == np.isin(others + np.uint64(1), hs)).all()
+
+
+@settings(max_examples=100, deadline=None)
+@given(runs=st.lists(hashes(), min_size=1, max_size=5), pick=st.integers(min_value=0, max_value=2**31),
+       ops=st.lists(st.tuples(st.sampled_from(["ask", "small", "drop", "add"]), st.integers(0, 7)), max_size=8))
+def test_has_many_with_filters_built_call_by_call_matches_the_model(runs, pick, ops):
+    """A batch lookup builds the runs' filters as it goes (some runs
+    filtered, some not, runs dropped and added between calls): every stored
+    hash is still found, no absent one is (the filter only lets a hash
+    through to the search), and a dropped run takes its filter along."""
+    idx = IdRuns()
+    model: dict[int, list[int]] = {}
+    for no, hs in enumerate(runs):
+        arr = np.array(sorted(hs), dtype=np.uint64)
+        idx.add(no, arr, np.arange(len(arr), dtype=np.uint32))
+        model[no] = arr.tolist()
+    rng = np.random.default_rng(pick)
+
+    def ask(size: int) -> None:
+        present = [h for hs in model.values() for h in hs]
+        qs = rng.integers(0, 2**64, size=size, dtype=np.uint64).tolist()
+        if present:
+            qs += [present[i] for i in rng.integers(0, len(present), size=size)]
+            qs += [min(2**64 - 1, h + 1) for h in qs[-5:]]
+        want = [any(_holds(hs, q) for hs in model.values()) for q in qs]
+        assert idx.has_many(np.array(qs, dtype=np.uint64)).tolist() == want
+
+    for op, arg in ops + [("ask", 0)]:
+        if op == "ask":
+            ask(40)                 # a batch: builds filters
+        elif op == "small":
+            ask(3)                  # below FILTER_MIN_BATCH: builds none
+        elif op == "drop" and model:
+            no = sorted(model)[arg % len(model)]
+            assert idx.discard(no)
+            del model[no]
+        elif op == "add":
+            no = 100 + arg
+            arr = np.sort(rng.integers(0, 2**64, size=int(rng.integers(0, 500)), dtype=np.uint64))
+            idx.add(no, arr, np.arange(len(arr), dtype=np.uint32))
+            model[no] = arr.tolist()
+        assert 0 <= idx.filtered <= idx.files == len(model)
+    assert idx.filtered == sum(1 for hs in model.values() if hs)
+    assert idx.filter_bytes >= 12 * len(idx) // 8
+    idx.clear()
+    assert idx.filtered == 0 and idx.filter_bytes == 0
+
+
+def test_a_small_lookup_builds_no_filter_and_a_batch_builds_within_its_budget():
+    rng = np.random.default_rng(3)
+    idx = IdRuns()
+    sizes = [700_000, 600_000, 10, 0]
+    for no, n in enumerate(sizes):
+        hs = np.sort(rng.integers(0, 2**64, size=n, dtype=np.uint64))
+        idx.add(no, hs, np.arange(n, dtype=np.uint32))
+    qs = rng.integers(0, 2**64, size=8, dtype=np.uint64)
+    idx.has_many(qs)
+    assert idx.filtered == 0
+    idx.has_many(rng.integers(0, 2**64, size=100, dtype=np.uint64))
+    # (a budget of 1 << 20 hashes a call: the first large run and the small one)
+    assert idx.filtered == 2
+    idx.has_many(rng.integers(0, 2**64, size=100, dtype=np.uint64))
+    assert idx.filtered == 3       # the second large run next (the empty run has none)
+
+
+@settings(max_examples=100, deadline=None)
+@given(ids=st.lists(st.text(max_size=40), max_size=30))
+def test_str_hashes_match_the_arrow_path(ids):
+    """The append path's id hashes (each str hashed where it lies) are the
+    sidecars' (xxh3_64 of the UTF-8, through an Arrow string array)."""
+    from rune_fast._index import str_hashes
+    from rune_fast._log import utf8_hashes
+    from rune_fast.cool.sidecar import _plain_strings
+    ids = [i for i in ids if not any(0xD800 <= ord(c) <= 0xDFFF for c in i)]
+    arr = _plain_strings(ids)
+    _valid, offsets, data = arr.buffers()
+    want = utf8_hashes(offsets, data if data is not None else b"", arr.offset, len(arr))
+    assert str_hashes(ids).tolist() == want.tolist()

@@ -111,8 +111,9 @@ class WritePath(Host):
             if rep.good_end != data_end or len(rep.added) != len(fresh):
                 raise RuneError(f"index took {len(rep.added)} of the {len(fresh)} new messages "
                                 f"written at {tail.path}:{off}")
-        # the decode cache keeps the batch's newest records (at most its size)
-        skip = max(0, len(fresh) - tuning.DECODE_CACHE)
+        # the decode cache keeps the batch's newest records (at most
+        # APPEND_CACHE_MAX: see there)
+        skip = max(0, len(fresh) - min(tuning.APPEND_CACHE_MAX, tuning.DECODE_CACHE))
         if len(self._decoded) + len(fresh) - skip > tuning.DECODE_CACHE:
             self._trim_cache(len(fresh) - skip)
         # (a caller's later edit of its record's tool calls is not the stored

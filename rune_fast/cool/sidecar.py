@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
 
+from .._index import str_hashes
 from .._log import MAX_LINE, utf8_hashes
 from .._pages import check_dir
 from ..errors import CorruptStateCheckpointError
@@ -330,6 +331,11 @@ class _FileIndex:
 def _id_hashes(msg_ids: Any) -> np.ndarray:
     """uint64 xxh3_64 of the UTF-8 of each id (:func:`_id_hash` of each), for
     a list of str or Arrow strings; computed in C."""
+    if type(msg_ids) is list:
+        try:
+            return str_hashes(msg_ids)      # (no Arrow array made: the append path's)
+        except (TypeError, UnicodeEncodeError):
+            pass                            # (the Arrow path says what is wrong)
     arr = _plain_strings(msg_ids)
     _valid, offsets, data = arr.buffers()
     return utf8_hashes(offsets, data if data is not None else b"", arr.offset, len(arr))
