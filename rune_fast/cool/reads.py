@@ -196,13 +196,71 @@ class _Reads(_RowCache):
         return out
 
     def _channel_parts(self, channel_id: str) -> list[list[CoolRow]]:
+        """Each file's rows of the channel, in key order (lock held)."""
         parts = []
         for no in self._channels.get(channel_id, ()):
             s, e, _ = self._files[no].channels[channel_id]
             rows = self._rows(no, s, e)
             self._check_field(rows, "channel_id", channel_id)
+            runs = self._task_runs(no, channel_id)
+            if runs is not None and len(runs[0]) > 1:
+                rows.sort(key=_row_key)     # (clustered by task: each run in key order)
             parts.append(rows)
         return parts
+
+    def _task_runs(self, no: int, channel_id: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """(lock held) The layout of the channel's rows in file ``no``
+        (docs/FORMAT.md, "Order within a channel"): when each task of the
+        channel (no task counting as one) lies in one run of rows, ``(end
+        of each run, whether the run's rows have a task)``, the runs in
+        file order, each in key order; else None: the rows are in key order
+        (a file of the older layout, whose tasks interleave). A range that
+        is both (one task after another) is treated as runs: right either
+        way. Worked out from the sidecar's task rows once a file (a numpy
+        pass over its rows; files never change) and kept per channel:
+        a few runs a task, or None."""
+        kept = self.__dict__.setdefault("_task_runs_d", {})
+        per = kept.get(no)
+        if per is None:
+            for stale in [n for n in kept if n not in self._files]:
+                del kept[stale]
+            per = kept[no] = self._runs_of(no)
+        return per.get(channel_id)
+
+    def _runs_of(self, no: int) -> dict[str, tuple[np.ndarray, np.ndarray] | None]:
+        """:meth:`_task_runs` of every channel of file ``no``."""
+        fi = self._files[no]
+        codes = np.full(fi.rows, -1, dtype=np.int32)
+        for k, rows in enumerate(fi.tasks.values()):
+            codes[rows] = k
+        out: dict[str, tuple[np.ndarray, np.ndarray] | None] = {}
+        for ch, (s, e, _lt) in fi.channels.items():
+            seg = codes[s:e]
+            if not len(seg):
+                out[ch] = None
+                continue
+            cuts = np.flatnonzero(seg[1:] != seg[:-1]) + 1
+            run_codes = seg[np.concatenate([[0], cuts])]
+            if len(np.unique(run_codes)) != len(run_codes):
+                out[ch] = None      # a task's rows apart: key order
+                continue
+            out[ch] = (np.append(cuts + s, e).astype(np.int64), run_codes >= 0)
+        return out
+
+    def _tail_rows(self, no: int, channel_id: str, n: int) -> list[int]:
+        """(lock held) Rows (ascending) of file ``no`` among which the
+        channel's newest ``n`` of that file are: its range's last ``n`` in
+        key order, the last ``n`` of each task's run when clustered."""
+        s, e, _ = self._files[no].channels[channel_id]
+        runs = self._task_runs(no, channel_id)
+        if runs is None:
+            return list(range(max(s, e - n), e))
+        out: list[int] = []
+        a = s
+        for end in runs[0].tolist():
+            out += range(max(a, end - n), end)
+            a = end
+        return out
 
     def _check_field(self, rows: list[CoolRow], fld: str, want: str) -> None:
         for r in rows:
@@ -226,10 +284,11 @@ class _Reads(_RowCache):
         with self._lock:
             parts = []
             for no in self._channels.get(channel_id, ()):
-                s, e, _ = self._files[no].channels[channel_id]
-                # each file's range is in key order: only its last n can qualify
-                rows = self._rows(no, max(s, e - n), e)
+                # a file's range in key order: only its last n can qualify;
+                # clustered by task: the last n of each task's run
+                rows = self._rows(no, 0, 0, self._tail_rows(no, channel_id, n))
                 self._check_field(rows, "channel_id", channel_id)
+                rows.sort(key=_row_key)
                 parts.append(rows)
         merged = _merge(parts)
         return merged[-n:]
@@ -357,27 +416,28 @@ class _Reads(_RowCache):
     def channel_tail_locs(self, channel_id: str, n: int) -> list[int]:
         """The locations (:func:`cool_loc`) of the channel's newest ``n``
         archived messages, oldest first. With the channel in several files,
-        only the order-key columns (hlc, msg_id, ord) of each file's last
-        ``n`` rows of it are read (a file's range is in key order) to choose
-        them: the caller reads the records of just these (and checks their
-        channel; the digest covers hlc and msg_id, the page checksums ord)."""
+        or clustered by task in one, only the order-key columns (hlc,
+        msg_id, ord) of each file's candidates are read to choose them (its
+        range's last ``n`` rows in key order, the last ``n`` of each task's
+        run when clustered: :meth:`_tail_rows`): the caller reads the
+        records of just these (and checks their channel; the digest covers
+        hlc and msg_id, the page checksums ord)."""
         if n <= 0:
             return []
         with self._lock:
             nos = self._channels.get(channel_id, ())
-            ranges = []
-            for no in nos:
-                s, e, _ = self._files[no].channels[channel_id]
-                ranges.append((no, max(s, e - n), e))
-            if len(ranges) == 1:
-                no, a, e = ranges[0]
-                return [(no << 32) | r for r in range(a, e)]
+            cands = [(no, self._tail_rows(no, channel_id, n)) for no in nos]
+            if len(cands) == 1 and len(cands[0][1]) <= n:
+                no, rows = cands[0]
+                runs = self._task_runs(no, channel_id)
+                if runs is None or len(runs[0]) == 1:
+                    return [(no << 32) | r for r in rows]
             kept = self._tail_locs_d.get((channel_id, n)) if not self._unloaded else None
             if kept is not None:
                 return list(kept)
             keyed: list[tuple[tuple, int]] = []
-            for no, a, e in ranges:
-                keyed += self._keys_of(no, list(range(a, e)))
+            for no, rows in cands:
+                keyed += self._keys_of(no, rows)
             keyed.sort(key=_first)
             out = [loc for _k, loc in keyed[-n:]]
             if len(self._tail_locs_d) >= _TASK_LOCS_KEPT:
@@ -412,15 +472,18 @@ class _Reads(_RowCache):
             best: CoolRow | None = None
             for no in self._channels.get(channel_id, ()):
                 s, e, lt = self._files[no].channels[channel_id]
-                if lt < 0:
-                    continue
-                r = self._row(no, lt)
-                if r.record["channel_id"] != channel_id or r.record["task_id"] == "":
-                    raise CorruptStateCheckpointError(
-                        f"cool index says row {lt} is a task message of channel {channel_id!r}",
-                        path=self._path(r.file), offset=lt)
-                if best is None or _row_key(r) > _row_key(best):
-                    best = r
+                runs = self._task_runs(no, channel_id)
+                # key order: the sidecar's newest row with a task; clustered
+                # by task: the newest of each task's last row
+                last = [lt] if runs is None else (runs[0][runs[1]] - 1).tolist()
+                for row in (x for x in last if x >= 0):
+                    r = self._row(no, row)
+                    if r.record["channel_id"] != channel_id or r.record["task_id"] == "":
+                        raise CorruptStateCheckpointError(
+                            f"cool index says row {row} is a task message of channel {channel_id!r}",
+                            path=self._path(r.file), offset=row)
+                    if best is None or _row_key(r) > _row_key(best):
+                        best = r
             return best
 
     def latest_task(self, channel_id: str) -> str | None:
