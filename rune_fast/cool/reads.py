@@ -247,20 +247,31 @@ class _Reads(_RowCache):
             out[ch] = (np.append(cuts + s, e).astype(np.int64), run_codes >= 0)
         return out
 
-    def _tail_rows(self, no: int, channel_id: str, n: int) -> list[int]:
-        """(lock held) Rows (ascending) of file ``no`` among which the
-        channel's newest ``n`` of that file are: its range's last ``n`` in
-        key order, the last ``n`` of each task's run when clustered."""
-        s, e, _ = self._files[no].channels[channel_id]
-        runs = self._task_runs(no, channel_id)
-        if runs is None:
-            return list(range(max(s, e - n), e))
-        out: list[int] = []
-        a = s
-        for end in runs[0].tolist():
-            out += range(max(a, end - n), end)
-            a = end
-        return out
+    def _tail_rows(self, channel_id: str, n: int) -> list[tuple[int, list[int]]]:
+        """(lock held) ``(file, rows ascending)`` among which the channel's
+        newest ``n`` archived messages are. Each file's range is one run in
+        key order, or (clustered by task) one run a task, each in key order
+        (:meth:`_task_runs`): the newest ``n`` lie in the last ``n`` rows of
+        the ``n`` runs whose last rows are newest (a run whose last row has
+        ``n`` newer last rows ahead of it holds none of them). With more
+        than ``n`` runs, the key of each run's last row is read to choose
+        them (one key a run, not ``n``)."""
+        runs: list[tuple[int, int, int]] = []       # (file, start, end)
+        for no in self._channels.get(channel_id, ()):
+            s, e, _ = self._files[no].channels[channel_id]
+            parts = self._task_runs(no, channel_id)
+            ends = [e] if parts is None else parts[0].tolist()
+            runs += zip([no] * len(ends), [s] + ends[:-1], ends)
+        if len(runs) > n:
+            by_file: dict[int, list[int]] = {}
+            for no, _a, b in runs:
+                by_file.setdefault(no, []).append(b - 1)
+            newest = {loc: k for no, lasts in by_file.items() for k, loc in self._keys_of(no, lasts)}
+            runs = sorted(runs, key=lambda r: newest[(r[0] << 32) | (r[2] - 1)])[-n:]
+        out: dict[int, list[int]] = {}
+        for no, a, b in runs:
+            out.setdefault(no, []).extend(range(max(a, b - n), b))
+        return [(no, sorted(rows)) for no, rows in out.items()]
 
     def _check_field(self, rows: list[CoolRow], fld: str, want: str) -> None:
         for r in rows:
@@ -283,10 +294,8 @@ class _Reads(_RowCache):
             return []
         with self._lock:
             parts = []
-            for no in self._channels.get(channel_id, ()):
-                # a file's range in key order: only its last n can qualify;
-                # clustered by task: the last n of each task's run
-                rows = self._rows(no, 0, 0, self._tail_rows(no, channel_id, n))
+            for no, cand in self._tail_rows(channel_id, n):
+                rows = self._rows(no, 0, 0, cand)
                 self._check_field(rows, "channel_id", channel_id)
                 rows.sort(key=_row_key)
                 parts.append(rows)
@@ -426,24 +435,23 @@ class _Reads(_RowCache):
         """The locations (:func:`cool_loc`) of the channel's newest ``n``
         archived messages, oldest first. With the channel in several files,
         or clustered by task in one, only the order-key columns (hlc,
-        msg_id, ord) of each file's candidates are read to choose them (its
-        range's last ``n`` rows in key order, the last ``n`` of each task's
-        run when clustered: :meth:`_tail_rows`): the caller reads the
+        msg_id, ord) of the candidates :meth:`_tail_rows` names are read to
+        choose them: the caller reads the
         records of just these (and checks their channel; the digest covers
         hlc and msg_id, the page checksums ord)."""
         if n <= 0:
             return []
         with self._lock:
             nos = self._channels.get(channel_id, ())
-            cands = [(no, self._tail_rows(no, channel_id, n)) for no in nos]
-            if len(cands) == 1 and len(cands[0][1]) <= n:
-                no, rows = cands[0]
-                runs = self._task_runs(no, channel_id)
-                if runs is None or len(runs[0]) == 1:
-                    return [(no << 32) | r for r in rows]
+            if len(nos) == 1:
+                runs = self._task_runs(nos[0], channel_id)
+                if runs is None or len(runs[0]) == 1:       # (one run in key order)
+                    s, e, _ = self._files[nos[0]].channels[channel_id]
+                    return [(nos[0] << 32) | r for r in range(max(s, e - n), e)]
             kept = self._tail_locs_d.get((channel_id, n)) if not self._unloaded else None
             if kept is not None:
                 return list(kept)
+            cands = self._tail_rows(channel_id, n)
             keyed: list[tuple[tuple, int]] = []
             for no, rows in cands:
                 keyed += self._keys_of(no, rows)
