@@ -1401,6 +1401,14 @@ cdef class HotIndex:
             return np.empty(0, dtype=np.int64)
         return self._locs_of(&self._c_task[<int64_t>idx], 0)
 
+    def task_keys(self) -> list:
+        """Keys of the tasks the index has seen, in no order (a task whose
+        messages all left the hot tier may still be named: its
+        ``task_locs`` is then empty). Cooling orders a file's rows by task
+        with them (each hot location's task, without reading its line)."""
+        self._ensure_tasks()
+        return list(self._task_ids)
+
     def channels(self) -> list:
         """Keys of the channels that hold a message, in order of first sight."""
         cdef uint32_t i

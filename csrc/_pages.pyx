@@ -564,6 +564,9 @@ cdef extern from "rf_json.h" nogil:
 cdef extern from "rf_core.h" nogil:
     void rf_write_hex16(uint64_t v, unsigned char *out)
 
+cdef extern from "rf_float.h" nogil:
+    int rf_float_repr(double v, char *out)
+
 cdef extern from "math.h" nogil:
     bint isfinite(double x)
 
@@ -753,6 +756,7 @@ def records_from_columns(list strings, ts, tok, sv, ords, type record_type, obje
     cdef _xxh.XXH128_hash_t h
     cdef unsigned char hexd[32]
     cdef char *tsr
+    cdef char fts[48]
     cdef int version = record_type.SCHEMA_VERSION
     # a record of str, float and int fields (no tool calls) cannot be part
     # of a reference cycle: it is left out of the cyclic collector's walks,
@@ -835,11 +839,17 @@ def records_from_columns(list strings, ts, tok, sv, ords, type record_type, obje
         else:
             _raw(b, PyBytes_AS_STRING(canon_calls), PyBytes_GET_SIZE(canon_calls))
         _raw(b, ',"ts":', 6)
-        tsr = PyOS_double_to_string(t[i], c'r', 0, Py_DTSF_ADD_DOT_0, NULL)
-        try:
-            _raw(b, tsr, <Py_ssize_t>strlen(tsr))
-        finally:
-            PyMem_Free(tsr)
+        # repr(ts): rf_float_repr where it decides it (a time of the epoch,
+        # ~0.3 us less than dtoa's bignums), else dtoa as repr() itself
+        ln = rf_float_repr(t[i], fts)
+        if ln >= 0:
+            _raw(b, fts, ln)
+        else:
+            tsr = PyOS_double_to_string(t[i], c'r', 0, Py_DTSF_ADD_DOT_0, NULL)
+            try:
+                _raw(b, tsr, <Py_ssize_t>strlen(tsr))
+            finally:
+                PyMem_Free(tsr)
         _raw(b, "}", 1)
         h = _xxh.XXH3_128bits(b.p, <size_t>b.n)
         rf_write_hex16(h.high64, hexd)
@@ -1133,7 +1143,7 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
 @cython.boundscheck(False)
 @cython.wraparound(False)
 def check_dir(const int64_t[::1] counts, const int64_t[::1] starts, const int64_t[::1] flat,
-              const int64_t[::1] firsts, int64_t rows):
+              const int64_t[::1] firsts, int64_t rows, int64_t file_size=-1, int64_t max_value=-1):
     """Why a row group's page directory (``rune_fast.pages._pack_dir``'s
     four arrays, as a cool sidecar keeps them) cannot be read from, or ""
     if it can: each column's pages follow one another from ``starts[c]``,
@@ -1142,7 +1152,10 @@ def check_dir(const int64_t[::1] counts, const int64_t[::1] starts, const int64_
     page's first row; sizes are not negative (an uncompressed page's both
     the same), the zstd flag 0 or 1, the CRC 32 bits. (Each page read is
     still checked by its CRC-32 and its size; this keeps a page from being
-    taken for another row's.)"""
+    taken for another row's.) ``file_size`` (>= 0): no page runs past it;
+    ``max_value`` (>= 0): no page unpacks to more than its values can hold
+    (``values * max_value + 4096`` bytes), so that a wrong size becomes
+    no read or allocation of gigabytes."""
     cdef Py_ssize_t ncols = counts.shape[0], npg = firsts.shape[0], c, j, at = 0
     cdef int64_t want
     if starts.shape[0] != ncols or flat.shape[0] != 7 * npg:
@@ -1161,6 +1174,10 @@ def check_dir(const int64_t[::1] counts, const int64_t[::1] starts, const int64_
             if flat[7 * j + 5] == 0 and flat[7 * j + 2] != flat[7 * j + 3]:
                 return (f"column {c}: page {j - at} is stored uncompressed in {flat[7 * j + 2]} bytes "
                         f"for {flat[7 * j + 3]}")
+            if file_size >= 0 and flat[7 * j + 1] > file_size - flat[7 * j + 2]:
+                return f"a page runs past the end of the file ({file_size} bytes)"
+            if max_value >= 0 and flat[7 * j + 3] > flat[7 * j + 6] * max_value + 4096:
+                return "a page unpacks to more bytes than its values can hold"
             want += flat[7 * j + 6]
         if want != rows:
             return f"column {c}: its pages hold {want} rows, the group {rows}"

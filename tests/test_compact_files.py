@@ -71,13 +71,14 @@ def test_compact_cools_in_files_of_many_parts(tmp_path, small_files):
         check_reads(repo, stored)
         assert repo.verify().ok
         # each file's rows grouped by channel in code point order, each
-        # channel's rows oldest first
+        # channel's rows clustered by task (in code point order), each
+        # task's rows oldest first
         for name in repo._cool.files():
             t = all_rows_of(repo, name)
             chs = [r.record["channel_id"] for r in t]
             assert chs == sorted(chs)
             for ch in set(chs):
-                mine = [r.record["msg_id"] for r in t if r.record["channel_id"] == ch]
+                mine = [(r.record["task_id"], r.record["msg_id"]) for r in t if r.record["channel_id"] == ch]
                 assert mine == sorted(mine)
     with ConversationStateRepository(tmp_path, compact_every=10**6, hot_window=3) as repo:
         check_reads(repo, stored)

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from rune_fast._order import order_key
 from rune_fast._pages import (byte_array_at, chunk_pages, grams_pages, page_header, plain_find, plain_grams,
                               plain_strings)
 from rune_fast.cool import COOL_SCHEMA, CoolArchive, _file_no
@@ -42,7 +43,10 @@ def archive(tmp_path):
     d = str(tmp_path / "cool")
     a = CoolArchive(d, row_group_rows=256, cache_bytes=1)
     rows = _records(1500)
-    cool_rows(a, rows, list(range(len(rows))))
+    # (in the order key, as a cooling run gives its rows: unstamped by ord,
+    # then stamped by hlc)
+    keyed = sorted(range(len(rows)), key=lambda i: order_key(rows[i]["hlc"], rows[i]["msg_id"], i))
+    cool_rows(a, [rows[i] for i in keyed], keyed)
     return a, rows
 
 

@@ -216,9 +216,10 @@ class Cooling(Host):
     def _in_file_order(self, excess: list[int], limit: int | None = None) -> list[int]:
         """``excess`` (what :meth:`_excess` gave, the index unchanged since)
         in the order of a cool file's rows: grouped by channel, channels in
-        code point order, each channel's locations in their given order
-        (the order ``_channel_order`` gives a table of them); the first
-        ``limit`` of them only (None: all). Its first part is
+        code point order, each channel's locations clustered by task in
+        their given order (the order ``_channel_order`` gives a table of
+        them: :meth:`_by_task`); of each channel's, its oldest up to the
+        first ``limit`` in all (None: all). Its first part is
         ``HotIndex.excess``: each channel's oldest messages, the channels
         in the index's order; what follows (late messages that sort before
         a cool row) is placed by reading each one's channel."""
@@ -236,13 +237,46 @@ class Cooling(Host):
         for i in range(at, len(excess)):
             spans.setdefault(self._read_loc(excess[i]).channel_id, []).append((i, i + 1))
         out: list[int] = []
+        chans: list[int] = []       # where each channel's locations end in out
         want = len(excess) if limit is None else limit
         for ch in sorted(spans):
             for a, b in spans[ch]:
                 out += excess[a:min(b, a + want - len(out))]
+            chans.append(len(out))
             if len(out) >= want:
                 break
-        return out
+        return self._by_task(out, chans)
+
+    def _by_task(self, out: list[int], chans: list[int]) -> list[int]:
+        """``out`` (locations grouped by channel, channel c's ending at
+        ``chans[c]``, each channel's in key order) with each channel's
+        locations clustered by task, tasks in code point order, no task
+        first, each task's in their order: the row order of a cool file
+        (``_channel_order``; docs/FORMAT.md). Each location's task comes
+        from the index's task postings, not from its line. The locations
+        cooled are the same (the oldest of each channel): only their order
+        in the file changes."""
+        if len(out) < 2:
+            return out
+        names = sorted((_unkey(k), k) for k in self._index.task_keys())
+        locs, ranks = [], []
+        for r, (_t, k) in enumerate(names):
+            got = self._index.task_locs(k)
+            if len(got):
+                locs.append(got)
+                ranks.append(np.full(len(got), r, dtype=np.int64))
+        if not locs:
+            return out
+        all_locs = np.concatenate(locs)
+        all_ranks = np.concatenate(ranks)
+        o = np.argsort(all_locs, kind="stable")
+        all_locs, all_ranks = all_locs[o], all_ranks[o]
+        arr = np.asarray(out, dtype=np.int64)
+        i = np.minimum(np.searchsorted(all_locs, arr), len(all_locs) - 1)
+        rank = np.where(all_locs[i] == arr, all_ranks[i], -1)
+        chan = np.repeat(np.arange(len(chans), dtype=np.int64), np.diff(np.concatenate([[0], chans])))
+        order = np.lexsort((rank, chan))        # (stable: each task's locations keep their order)
+        return arr[order].tolist()
 
     def _cool_in_files(self, excess: list[int], rep: CompactionReport) -> list[str] | None:
         """Cool the hot messages at ``excess`` (lock held): files of at most

@@ -196,13 +196,82 @@ class _Reads(_RowCache):
         return out
 
     def _channel_parts(self, channel_id: str) -> list[list[CoolRow]]:
+        """Each file's rows of the channel, in key order (lock held)."""
         parts = []
         for no in self._channels.get(channel_id, ()):
             s, e, _ = self._files[no].channels[channel_id]
             rows = self._rows(no, s, e)
             self._check_field(rows, "channel_id", channel_id)
+            runs = self._task_runs(no, channel_id)
+            if runs is not None and len(runs[0]) > 1:
+                rows.sort(key=_row_key)     # (clustered by task: each run in key order)
             parts.append(rows)
         return parts
+
+    def _task_runs(self, no: int, channel_id: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """(lock held) The layout of the channel's rows in file ``no``
+        (docs/FORMAT.md, "Order within a channel"): when each task of the
+        channel (no task counting as one) lies in one run of rows, ``(end
+        of each run, whether the run's rows have a task)``, the runs in
+        file order, each in key order; else None: the rows are in key order
+        (a file of the older layout, whose tasks interleave). A range that
+        is both (one task after another) is treated as runs: right either
+        way. Worked out from the sidecar's task rows once a file (a numpy
+        pass over its rows; files never change) and kept per channel:
+        a few runs a task, or None."""
+        kept = self.__dict__.setdefault("_task_runs_d", {})
+        per = kept.get(no)
+        if per is None:
+            for stale in [n for n in kept if n not in self._files]:
+                del kept[stale]
+            per = kept[no] = self._runs_of(no)
+        return per.get(channel_id)
+
+    def _runs_of(self, no: int) -> dict[str, tuple[np.ndarray, np.ndarray] | None]:
+        """:meth:`_task_runs` of every channel of file ``no``."""
+        fi = self._files[no]
+        codes = np.full(fi.rows, -1, dtype=np.int32)
+        for k, rows in enumerate(fi.tasks.values()):
+            codes[rows] = k
+        out: dict[str, tuple[np.ndarray, np.ndarray] | None] = {}
+        for ch, (s, e, _lt) in fi.channels.items():
+            seg = codes[s:e]
+            if not len(seg):
+                out[ch] = None
+                continue
+            cuts = np.flatnonzero(seg[1:] != seg[:-1]) + 1
+            run_codes = seg[np.concatenate([[0], cuts])]
+            if len(np.unique(run_codes)) != len(run_codes):
+                out[ch] = None      # a task's rows apart: key order
+                continue
+            out[ch] = (np.append(cuts + s, e).astype(np.int64), run_codes >= 0)
+        return out
+
+    def _tail_rows(self, channel_id: str, n: int) -> list[tuple[int, list[int]]]:
+        """(lock held) ``(file, rows ascending)`` among which the channel's
+        newest ``n`` archived messages are. Each file's range is one run in
+        key order, or (clustered by task) one run a task, each in key order
+        (:meth:`_task_runs`): the newest ``n`` lie in the last ``n`` rows of
+        the ``n`` runs whose last rows are newest (a run whose last row has
+        ``n`` newer last rows ahead of it holds none of them). With more
+        than ``n`` runs, the key of each run's last row is read to choose
+        them (one key a run, not ``n``)."""
+        runs: list[tuple[int, int, int]] = []       # (file, start, end)
+        for no in self._channels.get(channel_id, ()):
+            s, e, _ = self._files[no].channels[channel_id]
+            parts = self._task_runs(no, channel_id)
+            ends = [e] if parts is None else parts[0].tolist()
+            runs += zip([no] * len(ends), [s] + ends[:-1], ends)
+        if len(runs) > n:
+            by_file: dict[int, list[int]] = {}
+            for no, _a, b in runs:
+                by_file.setdefault(no, []).append(b - 1)
+            newest = {loc: k for no, lasts in by_file.items() for k, loc in self._keys_of(no, lasts)}
+            runs = sorted(runs, key=lambda r: newest[(r[0] << 32) | (r[2] - 1)])[-n:]
+        out: dict[int, list[int]] = {}
+        for no, a, b in runs:
+            out.setdefault(no, []).extend(range(max(a, b - n), b))
+        return [(no, sorted(rows)) for no, rows in out.items()]
 
     def _check_field(self, rows: list[CoolRow], fld: str, want: str) -> None:
         for r in rows:
@@ -225,11 +294,10 @@ class _Reads(_RowCache):
             return []
         with self._lock:
             parts = []
-            for no in self._channels.get(channel_id, ()):
-                s, e, _ = self._files[no].channels[channel_id]
-                # each file's range is in key order: only its last n can qualify
-                rows = self._rows(no, max(s, e - n), e)
+            for no, cand in self._tail_rows(channel_id, n):
+                rows = self._rows(no, 0, 0, cand)
                 self._check_field(rows, "channel_id", channel_id)
+                rows.sort(key=_row_key)
                 parts.append(rows)
         merged = _merge(parts)
         return merged[-n:]
@@ -270,14 +338,24 @@ class _Reads(_RowCache):
             return self._ids.kept(msg_id, cache)
 
     def _by_file(self, locs: Sequence[int]) -> dict[int, list[int]]:
-        """The rows of ``locs`` (:func:`cool_loc`) by live file number (lock
-        held); a file that is not live is CorruptStateCheckpointError."""
-        by_file: dict[int, list[int]] = {}
-        for loc in locs:
-            no = loc >> 32
-            if no not in self._files:
+        """The rows of ``locs`` (:func:`cool_loc`) by live file number, each
+        file's ascending without repeats (lock held; a task's hundreds of
+        locations in a few numpy steps, not a Python step each); a file
+        that is not live is CorruptStateCheckpointError."""
+        files = self._files
+        if len(locs) < 16:
+            small: dict[int, set[int]] = {}
+            for loc in locs:
+                small.setdefault(loc >> 32, set()).add(loc & 0xFFFFFFFF)
+            by_file = {no: sorted(rows) for no, rows in small.items()}
+        else:
+            arr = np.unique(np.asarray(locs, dtype=np.int64))      # (sorted: by file, then row)
+            nos = arr >> 32
+            cuts = np.flatnonzero(nos[1:] != nos[:-1]) + 1
+            by_file = {int(part[0] >> 32): (part & 0xFFFFFFFF).tolist() for part in np.split(arr, cuts)}
+        for no in by_file:
+            if no not in files:
                 raise CorruptStateCheckpointError(f"cool file number {no} is not live", path=self._dir)
-            by_file.setdefault(no, []).append(loc & 0xFFFFFFFF)
         return by_file
 
     def rows_at(self, locs: Sequence[int]) -> list[CoolRow]:
@@ -288,7 +366,6 @@ class _Reads(_RowCache):
             by_file = self._by_file(locs)
             got: dict[int, CoolRow] = {}
             for no, rows in by_file.items():
-                rows = sorted(set(rows))
                 for r, row in zip(rows, self._rows(no, 0, 0, rows)):
                     got[cool_loc(no, r)] = row
             return [got[loc] for loc in locs]
@@ -310,7 +387,7 @@ class _Reads(_RowCache):
             by_file = self._by_file(locs)
             got: dict[int, tuple[Any, int]] = {}
             for no, rows in by_file.items():
-                self._records_of(no, sorted(set(rows)), record_type, got)
+                self._records_of(no, rows, record_type, got)
             return [got.get(loc) for loc in locs]
 
     def _records_of(self, no: int, rows: list[int], record_type: type, got: dict) -> None:
@@ -357,27 +434,27 @@ class _Reads(_RowCache):
     def channel_tail_locs(self, channel_id: str, n: int) -> list[int]:
         """The locations (:func:`cool_loc`) of the channel's newest ``n``
         archived messages, oldest first. With the channel in several files,
-        only the order-key columns (hlc, msg_id, ord) of each file's last
-        ``n`` rows of it are read (a file's range is in key order) to choose
-        them: the caller reads the records of just these (and checks their
-        channel; the digest covers hlc and msg_id, the page checksums ord)."""
+        or clustered by task in one, only the order-key columns (hlc,
+        msg_id, ord) of the candidates :meth:`_tail_rows` names are read to
+        choose them: the caller reads the
+        records of just these (and checks their channel; the digest covers
+        hlc and msg_id, the page checksums ord)."""
         if n <= 0:
             return []
         with self._lock:
             nos = self._channels.get(channel_id, ())
-            ranges = []
-            for no in nos:
-                s, e, _ = self._files[no].channels[channel_id]
-                ranges.append((no, max(s, e - n), e))
-            if len(ranges) == 1:
-                no, a, e = ranges[0]
-                return [(no << 32) | r for r in range(a, e)]
+            if len(nos) == 1:
+                runs = self._task_runs(nos[0], channel_id)
+                if runs is None or len(runs[0]) == 1:       # (one run in key order)
+                    s, e, _ = self._files[nos[0]].channels[channel_id]
+                    return [(nos[0] << 32) | r for r in range(max(s, e - n), e)]
             kept = self._tail_locs_d.get((channel_id, n)) if not self._unloaded else None
             if kept is not None:
                 return list(kept)
+            cands = self._tail_rows(channel_id, n)
             keyed: list[tuple[tuple, int]] = []
-            for no, a, e in ranges:
-                keyed += self._keys_of(no, list(range(a, e)))
+            for no, rows in cands:
+                keyed += self._keys_of(no, rows)
             keyed.sort(key=_first)
             out = [loc for _k, loc in keyed[-n:]]
             if len(self._tail_locs_d) >= _TASK_LOCS_KEPT:
@@ -412,15 +489,18 @@ class _Reads(_RowCache):
             best: CoolRow | None = None
             for no in self._channels.get(channel_id, ()):
                 s, e, lt = self._files[no].channels[channel_id]
-                if lt < 0:
-                    continue
-                r = self._row(no, lt)
-                if r.record["channel_id"] != channel_id or r.record["task_id"] == "":
-                    raise CorruptStateCheckpointError(
-                        f"cool index says row {lt} is a task message of channel {channel_id!r}",
-                        path=self._path(r.file), offset=lt)
-                if best is None or _row_key(r) > _row_key(best):
-                    best = r
+                runs = self._task_runs(no, channel_id)
+                # key order: the sidecar's newest row with a task; clustered
+                # by task: the newest of each task's last row
+                last = [lt] if runs is None else (runs[0][runs[1]] - 1).tolist()
+                for row in (x for x in last if x >= 0):
+                    r = self._row(no, row)
+                    if r.record["channel_id"] != channel_id or r.record["task_id"] == "":
+                        raise CorruptStateCheckpointError(
+                            f"cool index says row {row} is a task message of channel {channel_id!r}",
+                            path=self._path(r.file), offset=row)
+                    if best is None or _row_key(r) > _row_key(best):
+                        best = r
             return best
 
     def latest_task(self, channel_id: str) -> str | None:

@@ -24,7 +24,7 @@ from .schema import (_PARQUET_ERRORS, COOL_SCHEMA, CoolChange, CoolRun, StagedMe
                      _idx_name, _parquet_name)
 from .sidecar import (_FileIndex, _KeyParts, _close, _file_digest, _footer_hash, _index_of_keys, _open_checked,
                       _release_arrow, _unlink_quiet)
-from .tables import _channel_order, _merge_order
+from .tables import _channel_order, _is_identity, _merge_order
 
 log = logging.getLogger("rune_fast.cool")
 
@@ -39,13 +39,27 @@ _GRAM_PIECE = 1 << 15
 #: the columns a file's index is built from (``_KeyParts``)
 _KEY_COLUMNS = ("msg_id", "channel_id", "task_id")
 #: the columns a merge orders a channel's rows by (``_merge_order``)
-_ORDER_COLUMNS = ["channel_id", "hlc", "ord", "msg_id"]
+_ORDER_COLUMNS = ["channel_id", "task_id", "hlc", "ord", "msg_id"]
 #: a merge takes a channel of more rows than this from its sources this
 #: many rows at a time, in merged order (its order computed from the key
 #: columns alone): a merge of eight files of a bulk load of 1,000,000
 #: messages held one busy channel's rows twice (about 90,000 rows, 130 MB),
 #: beside the cooling run written meanwhile
 MERGE_CHUNK_ROWS = 8192
+
+
+def _placed(order: np.ndarray, of: np.ndarray, firsts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the source of each merged row, its row within that source's range)
+    for ``order`` over the sources' rows one after the other (source of
+    each: ``of``; where each source's rows begin: ``firsts``)."""
+    src = of[order]
+    return src, order - firsts[src]
+
+
+def _in_order(src: np.ndarray, row: np.ndarray, n: int) -> bool:
+    """Whether each source's rows come in their own order (a merge's chunk
+    then reads one range of each, forward)."""
+    return all(bool((np.diff(row[src == k]) > 0).all()) for k in range(n))
 
 
 class _GroupCursor:
@@ -186,8 +200,8 @@ class _Writer(_Search):
         """Archive the rows of ``table`` (see :meth:`stage_table`) as ONE new
         Parquet file and serve it; durable when this returns (``durable=False``
         skips the fsyncs; default: the archive's ``durable``). Rows are grouped
-        by channel (stable: within a channel the given order, which must be
-        the order key, is kept). Returns the new file's name (None for no
+        by channel, each channel's by task (stable: within a task the given
+        order, which must be the order key, is kept: ``_channel_order``). Returns the new file's name (None for no
         rows): the caller records it in its manifest."""
         with self._lock:
             return self._serve(self.stage_table(table, durable=durable))
@@ -199,7 +213,11 @@ class _Writer(_Search):
         file may hold many more rows than a table would be made of. The
         parts (tables of the cool schema, with their ``ord`` and ``digest``)
         come in file order: grouped by channel, channels in code point
-        order, each channel's rows in their order key. ValueError for parts
+        order, each channel's rows clustered by task (no task first, tasks
+        in code point order) each task's in their order key, as
+        ``_channel_order`` lays them out; a channel's rows all in their
+        order key (the older layout) read right too (docs/FORMAT.md, "Order
+        within a channel"). ValueError for parts
         out of that order, a msg_id already archived or no rows at all; the
         file is not written then."""
         self._writable()
@@ -271,7 +289,7 @@ class _Writer(_Search):
             i = int(np.flatnonzero(already)[0])
             raise ValueError(f"row {i}: msg_id {ids[i]!r} is already archived")
         order: pa.Array | None = _channel_order(table)
-        if np.array_equal(np.asarray(order), np.arange(table.num_rows)):
+        if _is_identity(order):
             order = None        # (already in file order: written as it is, no row taken)
         fi = self._write_file(table, durable=self._dur(durable), order=order)
         _release_arrow()
@@ -357,7 +375,7 @@ class _Writer(_Search):
     def merge(self, groups: Sequence[Sequence[str]] | None = None, *, fanout: int = 4,
               max_files: int | None = None, durable: bool | None = None) -> CoolChange:
         """Merge each group of live files (default: :meth:`plan_merge`) into
-        one new file, rows sorted by channel then order key. Same protocol as
+        one new file, rows sorted by channel, task, then order key. Same protocol as
         :meth:`erase`: record ``files``, then ``unlink_files(removed)``."""
         self._writable()
         with self._lock:
@@ -429,7 +447,7 @@ class _Writer(_Search):
         """The rows of files ``nos`` (their indexes ``fis``) in merged order,
         one channel at a time: each file holds a channel's rows together
         (its index gives their range), so a channel's merged rows are its
-        rows of every file sorted by the order key (:func:`_merge_order`,
+        rows of every file sorted by task, then the order key (:func:`_merge_order`,
         over that channel only). Each file is read a row group at a time
         through a handle of its own, every row group once (a group that
         holds the end of one channel and the start of the next is kept
@@ -448,7 +466,10 @@ class _Writer(_Search):
                 got = [r.rows(s, e) for r, s, e in srcs]
                 t = pa.concat_tables(got) if len(got) > 1 else got[0]
                 del got
-                yield t.take(_merge_order(t)) if len(srcs) > 1 else t
+                # (one source too: a file of the older layout, a channel in
+                # key order, comes out clustered by task)
+                order = _merge_order(t)
+                yield t if _is_identity(order) else t.take(order)
                 del t
         finally:
             for r in readers:
@@ -457,18 +478,25 @@ class _Writer(_Search):
     @staticmethod
     def _merged_chunks(srcs: Sequence[tuple[_GroupCursor, int, int]]) -> Iterator[pa.Table]:
         """One channel's rows of several sources (each ``(cursor, start,
-        end)``, a range in key order) in merged order, MERGE_CHUNK_ROWS rows
+        end)``, a range in merged order unless the source has the older
+        layout) in merged order, MERGE_CHUNK_ROWS rows
         at a time: the merged order comes from the key columns alone, and
         as each source's rows keep their order in it, a chunk takes one
         range of each source (read forward by its cursor)."""
         keys = pa.concat_tables([r.keys(s, e) for r, s, e in srcs])
-        order = np.asarray(_merge_order(keys), dtype=np.int64)
-        del keys
         lens = np.array([e - s for _r, s, e in srcs], dtype=np.int64)
         firsts = np.concatenate([[0], np.cumsum(lens)[:-1]])
-        src = np.repeat(np.arange(len(srcs)), lens)[order]     # the source of each merged row
-        row = order - firsts[src]                               # its row within that source's range
-        del order
+        of = np.repeat(np.arange(len(srcs)), lens)
+        src, row = _placed(np.asarray(_merge_order(keys), dtype=np.int64), of, firsts)
+        if not _in_order(src, row, len(srcs)):
+            # a source of the older layout (the channel in key order, its
+            # tasks interleaved): merged in that order, this channel keeps
+            # it, rather than read each source's whole range for every
+            # chunk (readers take either layout: docs/FORMAT.md)
+            alt = _placed(np.asarray(_merge_order(keys, by_task=False), dtype=np.int64), of, firsts)
+            if _in_order(*alt, len(srcs)):
+                src, row = alt
+        del keys
         for a in range(0, len(src), MERGE_CHUNK_ROWS):
             cs, cr = src[a:a + MERGE_CHUNK_ROWS], row[a:a + MERGE_CHUNK_ROWS]
             parts, base = [], np.zeros(len(srcs), dtype=np.int64)
