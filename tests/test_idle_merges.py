@@ -107,6 +107,24 @@ def test_a_store_with_nothing_due_is_not_touched(tmp_path, idle_fast):
         check_reads(repo, stored)
 
 
+def test_an_idle_writer_cools_nothing_and_moves_no_tier(tmp_path, idle_fast):
+    """Cooling stays the compactions' work (every compact_every messages and
+    compact()): a writer left idle with an excess over hot_window and a
+    tail not folded keeps every message where it was."""
+    stored = {}
+    with open_repo(tmp_path, compact_every=10**6, hot_window=1) as repo:
+        for i in range(30):
+            repo.append(msg(i))
+            stored[msg(i).msg_id] = msg(i)
+        before = _manifest(tmp_path)
+        time.sleep(0.3)             # (fifteen looks of the watcher)
+        assert repo.stats()["compactions"] == 0
+        assert _manifest(tmp_path) == before
+        assert {repo.get_message(m).tier for m in stored} == {"tail"}
+        assert cool_files_on_disk(tmp_path) == set()
+        check_reads(repo, stored)
+
+
 def test_a_change_since_the_last_look_defers_the_work(tmp_path, monkeypatch):
     stored = _left_unmerged(tmp_path, monkeypatch, 4)
     monkeypatch.setattr(tuning, "MERGE_FANOUT", 2)

@@ -124,9 +124,8 @@ class Compaction(Host):
 
     def _idle_step(self, seen: tuple[int, int, int, int]) -> tuple[int, int, int, int] | None:
         """One look of the idle watcher: unless a change came since ``seen``,
-        adopt what a thread finished, start the merge of a full tier, cool
-        an excess -- the automatic compaction, when it has work (a store
-        with nothing due is not touched: no manifest write). Returns the
+        adopt a finished merge and start the merge of a full tier (a store
+        with neither is not touched: no manifest write). Returns the
         activity after it (None: the store is closed or refuses writes)."""
         merge = self._bg_merge
         if merge is None or merge.done.is_set():
@@ -135,21 +134,26 @@ class Compaction(Host):
             if self._closed or self._writes.error is not None:
                 return None
             if self._activity() == seen and self._idle_work_due():
-                self._auto_compact()
+                # the compaction an adopted job gets (the "finished" case of
+                # _auto_compact): no cooling, no segment work; it starts the
+                # next merge of a full tier as any compaction does
+                self._compact(full=False, cool_excess=False, segments=False, settle=False)
             return self._activity()
 
     def _idle_work_due(self) -> bool:
-        """Whether an idle writer has background work (lock held): a job
-        to adopt, a merge to start (none running), segments an adoption
-        left to rewrite, an excess to cool."""
+        """Whether an idle writer has merge work (lock held): a finished
+        merge to adopt, or a full tier with no merge or cooling run in
+        flight. Only merges: they move no message between the tiers, so a
+        store changes no record's ``tier`` and cools nothing while idle
+        (cooling stays the work of the compactions SPEC names: every
+        ``compact_every`` messages and ``compact()``). Never while an
+        erasure is pending (its compaction waits for the jobs)."""
+        if self._pending_erase or self._dirty_segs:
+            return False
         job, merge = self._bg, self._bg_merge
-        if any(j is not None and j.done.is_set() for j in (job, merge)):
-            return True
-        if job is not None:
-            return False        # (a cooling run is written: its adoption comes first)
-        if merge is None and self._plan_merge():
-            return True
-        return self._rewrite_due or self._cooling_due()
+        if merge is not None:
+            return merge.done.is_set() and job is None
+        return job is None and bool(self._plan_merge())
 
     def _compact_segments(self, rep: CompactionReport, cool_erase: list[str],
                           old_segs: list[int], max_runs: int | None = None) -> tuple[list[int], bool]:
