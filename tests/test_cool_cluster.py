@@ -111,3 +111,41 @@ def test_a_file_keeps_each_task_of_a_channel_together(tmp_path):
     (merged,) = a.files()
     assert layout(merged) == sorted(layout(merged)) and len(layout(merged)) == 90
     a.close()
+
+
+def test_the_manifest_format_keeps_older_builds_out(tmp_path):
+    """Cool files may cluster a channel's rows by task, which a build that
+    reads only manifest format 1 would misorder: a writer writes format 2,
+    reads a format-1 store (and moves it to 2), and refuses a format it does
+    not know, naming the manifest."""
+    import pytest
+    from rune_fast import ConversationStateRepository, CorruptStateCheckpointError
+    from rune_fast.atomic import AtomicStore
+    from rune_fast._names import MANIFEST_NAME
+    from test_background_compaction import msg
+
+    store = AtomicStore(tmp_path / "hot" / MANIFEST_NAME)
+    with ConversationStateRepository(tmp_path, hot_window=1) as repo:
+        for i in range(6):
+            repo.append(msg(i))
+        repo.compact()
+    assert store.read()["format"] == 2
+
+    def with_format(fmt: object) -> None:
+        m = store.read()
+        m["format"] = fmt
+        store.write(m)
+
+    with_format(1)
+    with ConversationStateRepository(tmp_path, hot_window=1, read_only=True) as viewer:
+        assert viewer.get_message(msg(0).msg_id).record == msg(0)
+    with ConversationStateRepository(tmp_path, hot_window=1) as repo:
+        repo.append(msg(6))
+        repo.compact()
+        ch = msg(0).channel_id
+        assert [r.msg_id for r in repo.window(ch, 7)] == [msg(i).msg_id for i in range(7) if msg(i).channel_id == ch]
+    assert store.read()["format"] == 2
+    with_format(3)
+    with pytest.raises(CorruptStateCheckpointError, match="manifest format 3 is not one this build reads") as e:
+        ConversationStateRepository(tmp_path, hot_window=1)
+    assert e.value.path == store.path

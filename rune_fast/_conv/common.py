@@ -34,7 +34,12 @@ DURABILITY_MODES = ("fsync", "batch", "none")
 _OFF_MASK = (1 << 40) - 1
 _SEQ_END_RE = re.compile(rb'\},"s":(\d{1,18})\}\Z')
 _REPEATED = "a message line repeated (its id is on an earlier line)"
-_FORMAT = 1
+#: The manifest format this build writes, and those it reads. 2 (session
+#: 27): cool files may cluster a channel's rows by task (docs/FORMAT.md); a
+#: build that reads only 1 would take such a channel's last rows for its
+#: newest, so it refuses the store instead.
+_FORMAT = 2
+_READ_FORMATS = (1, 2)
 #: The non-ASCII characters whose casefold holds an ASCII character (Unicode
 #: 15, checked by a test against this Python's unicodedata): one table for
 #: the hot and cool tiers' searches.

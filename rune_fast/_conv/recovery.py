@@ -25,7 +25,7 @@ from . import tuning
 from .reads import cache_budgets
 from .write_thread import WriteThread
 from .common import (MANIFEST_NAME, COOL_DIR, DEVICE_NAME, LEGACY_NAME, QUARANTINE_DIR, _FORMAT, _OFF_MASK,
-                     _REPEATED, _holds_bytes, _line_seq_ending, _message_lines, _unlink, _write_small_file)
+                     _READ_FORMATS, _REPEATED, _holds_bytes, _line_seq_ending, _message_lines, _unlink, _write_small_file)
 
 from .host import Host
 
@@ -207,9 +207,10 @@ class Recovery(Host):
                  "cool_files": [], "events_offset": 0, "next_seg": 2, "next_seq": 0}
             self._check_new_store()
             self._write_first_manifest(m)
-        if m.get("format") != _FORMAT:
+        if m.get("format") not in _READ_FORMATS:
             raise CorruptStateCheckpointError(
-                f"manifest format {m.get('format')!r} is not one this build reads ({_FORMAT})",
+                f"manifest format {m.get('format')!r} is not one this build reads "
+                f"({', '.join(map(str, _READ_FORMATS))})",
                 path=self._manifest_store.path)
         self._manifest = m
         self._covered = int(m["covered"])
