@@ -138,16 +138,19 @@ def _gate_stage(monkeypatch, name: str = "stage_table"):
     monkeypatch.setattr(CoolArchive, name, gated)
     return entered, release
 
-def _append_until_merging(repo, entered: threading.Event, stored: dict) -> int:
+def _append_until_merging(repo, entered: threading.Event, stored: dict, *, limit: int = 3000,
+                          what: str = "no merge went to the background") -> int:
     """Append msg(0), msg(1), ... (kept in ``stored``) until a merge went to
-    the background and reached its gate (``entered``); the next index."""
+    the background and reached its gate (``entered``; or whatever thread
+    work sets it: ``what`` says it did not, after ``limit`` appends); the
+    next index."""
     i = 0
     while not entered.is_set():
         m = msg(i)
         repo.append(m)
         stored[m.msg_id] = m
         i += 1
-        assert i < 3000, "no merge went to the background"
+        assert i < limit, what
     return i
 
 

@@ -9,7 +9,7 @@ import threading
 from rune_fast._conv import tuning
 from rune_fast._conv.compaction import Compaction
 
-from test_background_compaction import check_reads, msg, open_repo
+from test_background_compaction import _append_until_merging, check_reads, msg, open_repo
 
 
 def test_appends_do_not_wait_for_the_file_work_of_the_last_compaction(tmp_path, monkeypatch):
@@ -25,13 +25,8 @@ def test_appends_do_not_wait_for_the_file_work_of_the_last_compaction(tmp_path, 
     monkeypatch.setattr(Compaction, "_remove_files", gated)
     stored: dict = {}
     with open_repo(tmp_path) as repo:
-        i = 0
-        while not entered.is_set():
-            m = msg(i)
-            repo.append(m)
-            stored[m.msg_id] = m
-            i += 1
-            assert i < 5000, "no compaction left file work to a thread"
+        i = _append_until_merging(repo, entered, stored, limit=5000,
+                                  what="no compaction left file work to a thread")
         chore = repo._chore
         assert chore is not None and chore.running()
         before = repo.stats()["compactions"]
