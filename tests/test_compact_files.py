@@ -47,6 +47,14 @@ def check_reads(repo, stored: dict) -> None:
     assert hits == sorted(mid for mid, m in stored.items() if "topic3" in m.content)
 
 
+def _append(repo, stored: dict, ids: range, hlc=None) -> None:
+    """Append msg(i) for i in ``ids`` (stamped ``hlc(i)`` when given), kept in ``stored``."""
+    for i in ids:
+        m = msg(i) if hlc is None else msg(i, hlc=hlc(i))
+        repo.append(m)
+        stored[m.msg_id] = m
+
+
 @pytest.fixture
 def small_files(monkeypatch):
     """compact() writes files of 50 rows, 16 lines a part; no automatic cooling runs, no merges."""
@@ -59,10 +67,7 @@ def small_files(monkeypatch):
 def test_compact_cools_in_files_of_many_parts(tmp_path, small_files):
     stored = {}
     with ConversationStateRepository(tmp_path, compact_every=10**6, hot_window=3) as repo:
-        for i in range(260):
-            m = msg(i)
-            repo.append(m)
-            stored[m.msg_id] = m
+        _append(repo, stored, range(260))
         rep = repo.compact()
         # 260 - 5 * 3 = 245 rows cooled: 5 files of at most 50 rows
         assert rep.cooled == 245 and rep.cool_files_written == 5
@@ -95,15 +100,10 @@ def test_compact_file_order_with_late_messages(tmp_path, small_files):
     # channel's place of the file order
     stored = {}
     with ConversationStateRepository(tmp_path, compact_every=10**6, hot_window=2) as repo:
-        for i in range(40):
-            m = msg(i, hlc=f"{1000 + i:015d}-0000000000-dev")
-            repo.append(m)
-            stored[m.msg_id] = m
+        _append(repo, stored, range(40), lambda i: f"{1000 + i:015d}-0000000000-dev")
         repo.compact()
-        for i in range(40, 70):
-            m = msg(i, hlc=f"{1000 + i - 35:015d}-0000000001-dev")     # older than some cool rows
-            repo.append(m)
-            stored[m.msg_id] = m
+        # older than some cool rows
+        _append(repo, stored, range(40, 70), lambda i: f"{1000 + i - 35:015d}-0000000001-dev")
         repo.compact()
         by_order = {ch: sorted((m for m in stored.values() if m.channel_id == ch), key=lambda m: (m.hlc, m.msg_id))
                     for ch in CHANNELS}
@@ -153,10 +153,7 @@ def merges_left(monkeypatch):
 
 def _load_in_runs(repo, stored: dict, runs: int, per: int) -> None:
     for k in range(runs):
-        for i in range(k * per, (k + 1) * per):
-            m = msg(i)
-            repo.append(m)
-            stored[m.msg_id] = m
+        _append(repo, stored, range(k * per, (k + 1) * per))
         repo.compact()
 
 
@@ -236,15 +233,10 @@ def test_compact_file_order_with_messages_behind_the_cool_rows(tmp_path, small_f
     monkeypatch.setattr(cooling.Cooling, "_in_file_order", spy)
     stored: dict = {}
     with ConversationStateRepository(tmp_path, compact_every=10**6, hot_window=3) as repo:
-        for i in range(40):
-            m = msg(i, hlc=f"{1000 + i:015d}-0000000000-dev")
-            repo.append(m)
-            stored[m.msg_id] = m
+        _append(repo, stored, range(40), lambda i: f"{1000 + i:015d}-0000000000-dev")
         repo.compact()
-        for i in range(40, 45):      # one a channel, older than its cool rows
-            m = msg(i, hlc=f"{1000 + i - 40:015d}-0000000001-dev")
-            repo.append(m)
-            stored[m.msg_id] = m
+        # one a channel, older than its cool rows
+        _append(repo, stored, range(40, 45), lambda i: f"{1000 + i - 40:015d}-0000000001-dev")
         for ch in CHANNELS:          # the newest of each channel goes
             newest = max((m for m in stored.values() if m.channel_id == ch), key=lambda m: (m.hlc, m.msg_id))
             assert repo.delete(newest.msg_id)

@@ -79,8 +79,8 @@ class Compaction(Host):
     def _watch_idle(self) -> None:
         """Start the writer's idle watcher (the open's last step; see
         ``tuning.IDLE_MERGE_SECONDS``): a thread that wakes once a period
-        and, when no change was made since its last look, does what the
-        next automatic compaction would (:meth:`_idle_step`). It holds the
+        and, when no change was made since its last look, adopts a
+        finished merge and starts the next (:meth:`_idle_step`). It holds the
         repository weakly (a store dropped without close() is not kept
         alive by it) and ends at close()."""
         delay = tuning.IDLE_MERGE_SECONDS

@@ -456,10 +456,8 @@ class HotReads(Host):
         if len(cache) + len(items) > tuning.DECODE_CACHE:
             cache.make_room(len(items))
         put = cache.put
-        over, per_call, size = tuning.RECORD_OVERHEAD, tuning.TOOL_CALL_BYTES, sys.getsizeof
-        for loc, hit in items:      # (record_bytes, inlined: a task puts hundreds)
-            rec = hit[0]
-            put(loc, hit, over + size(rec.content) + per_call * len(rec.tool_calls))
+        for loc, hit in items:
+            put(loc, hit, record_bytes(hit[0]))
 
     def _latest_task(self, channel_id: str) -> str | None:
         if not self._is_interleaved(channel_id):

@@ -219,7 +219,7 @@ class _Reads(_RowCache):
         way. Worked out from the sidecar's task rows once a file (a numpy
         pass over its rows; files never change) and kept per channel:
         a few runs a task, or None."""
-        kept = self.__dict__.setdefault("_task_runs_d", {})
+        kept = self._task_runs_d
         per = kept.get(no)
         if per is None:
             for stale in [n for n in kept if n not in self._files]:

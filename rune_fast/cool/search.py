@@ -217,7 +217,7 @@ class _Search(_Reads):
     def _kept_ord_tops(self, no: int) -> list[int]:
         """(lock held) :meth:`_ord_tops` of file ``no``, read once a file
         (files never change; those gone are forgotten)."""
-        kept = self.__dict__.setdefault("_ord_max_d", {})
+        kept = self._ord_max_d
         tops = kept.get(no)
         if tops is None:
             for stale in [n for n in kept if n not in self._files]:
