@@ -149,3 +149,30 @@ def test_the_manifest_format_keeps_older_builds_out(tmp_path):
     with pytest.raises(CorruptStateCheckpointError, match="manifest format 3 is not one this build reads") as e:
         ConversationStateRepository(tmp_path, hot_window=1)
     assert e.value.path == store.path
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(spec=records, layouts=st.lists(st.sampled_from(["table", "parts", "old"]), min_size=1, max_size=4),
+       rg_rows=st.sampled_from([4, 16, 1024]))
+def test_max_ord_bounds_each_channel_and_is_exact_for_all(tmp_path_factory, spec, layouts, rg_rows):
+    """max_ord (a search with a limit asks it whether the archive may hold
+    newer hits): at least the largest ``ord`` of a channel's rows, and the
+    largest ``ord`` of all rows exactly, whatever the files' row groups."""
+    cdir = str(tmp_path_factory.mktemp("mo") / "hot" / "conversation_cool")
+    rows = []
+    for i, (ch, task, _stamped) in enumerate(spec):
+        r = rec(i, ch, task=task)
+        r["ord"] = (i * 7919) % 1009
+        rows.append(r)
+    a = CoolArchive(cdir, row_group_rows=rg_rows)
+    per = -(-len(rows) // len(layouts))
+    for k, layout in enumerate(layouts):
+        part = rows[k * per:(k + 1) * per]
+        if part:
+            _write(a, part, layout)
+    assert a.max_ord() == max(r["ord"] for r in rows)
+    for ch in CHANNELS:
+        mine = [r["ord"] for r in rows if r["channel_id"] == ch]
+        top = a.max_ord(ch)
+        assert (top is None) if not mine else top >= max(mine)
+    a.close()

@@ -108,7 +108,7 @@ class _FileSet:
         # forgotten): each channel's task runs (_Reads._task_runs) and
         # the order tops of its rows (_Search._kept_ord_tops)
         self._task_runs_d: dict[int, dict] = {}
-        self._ord_max_d: dict[int, list[int]] = {}
+        self._ord_max_d: dict[int, tuple[np.ndarray, int]] = {}
         # channel_tail_locs' answers by (channel, n): emptied with _task_locs_d
         self._tail_locs_d: dict[tuple[str, int], list[int]] = {}
         # id index: xxh3_64(msg_id) -> (file no << 32) | row, every live file:

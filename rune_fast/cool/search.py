@@ -4,6 +4,7 @@ casefolded matching.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -52,6 +53,7 @@ from . import grams as _grams
 from .sidecar import _GRAMS_BUDGET, _FileIndex
 
 
+@functools.lru_cache(maxsize=256)
 def _relevant_specials(needle: str) -> tuple[str, ...]:
     """The SPECIAL_FOLD characters that can take part in a match of the
     ASCII ``needle`` in a casefolded text: those whose fold F lies inside
@@ -59,7 +61,8 @@ def _relevant_specials(needle: str) -> tuple[str, ...]:
     or its end (it ends with a prefix of F), or holds the whole needle.
     Every other character maps ASCII to the same ASCII letter, lowercased,
     and non-ASCII to non-ASCII, so it cannot make a match that an
-    ASCII-case-blind byte search misses."""
+    ASCII-case-blind byte search misses. (Kept for the last needles:
+    about 90 us a call, paid by every search with a limit.)"""
     out = []
     for c in SPECIAL_FOLD:
         f = c.casefold()
@@ -208,22 +211,29 @@ class _Search(_Reads):
                 if e <= s:
                     continue
                 fi = self._files[no]
-                tops = self._kept_ord_tops(no)
-                for rg in range(self._rg_of(fi, s), self._rg_of(fi, e - 1) + 1):
-                    top = tops[rg] if rg < len(tops) else _UNKNOWN_ORD
-                    best = top if best is None or top > best else best
+                tops, whole = self._kept_ord_tops(no)
+                if s == 0 and e >= fi.rows:
+                    top = whole
+                else:
+                    lo, hi = self._rg_of(fi, s), self._rg_of(fi, e - 1) + 1
+                    top = int(tops[lo:hi].max()) if hi <= len(tops) else _UNKNOWN_ORD
+                best = top if best is None or top > best else best
             return best
 
-    def _kept_ord_tops(self, no: int) -> list[int]:
-        """(lock held) :meth:`_ord_tops` of file ``no``, read once a file
-        (files never change; those gone are forgotten)."""
+    def _kept_ord_tops(self, no: int) -> tuple[np.ndarray, int]:
+        """(lock held) :meth:`_ord_tops` of file ``no`` as an int64 array
+        and the largest of them, read once a file (files never change;
+        those gone are forgotten): a search with a limit asks for the bound
+        of every file, and a loop over each file's row groups grew with the
+        archive (about 1,000 groups at 1,000,000 messages)."""
         kept = self._ord_max_d
-        tops = kept.get(no)
-        if tops is None:
+        got = kept.get(no)
+        if got is None:
             for stale in [n for n in kept if n not in self._files]:
                 del kept[stale]
-            tops = kept[no] = self._ord_tops(no)
-        return tops
+            tops = np.array(self._ord_tops(no), dtype=np.int64)
+            got = kept[no] = (tops, int(tops.max()) if len(tops) else _UNKNOWN_ORD)
+        return got
 
     def _ord_tops(self, no: int) -> list[int]:
         """The largest ``ord`` of each row group of file ``no`` by its footer's
@@ -326,7 +336,7 @@ class _Search(_Reads):
                 rg_b = self._rg_of(fi, e - 1) + 1 if e > s else 0
                 rgs = list(range(rg_a, rg_b))
                 if ord_floor is not None and rgs:
-                    tops = self._kept_ord_tops(no)
+                    tops, _top = self._kept_ord_tops(no)
                     rgs = [rg for rg in rgs if rg >= len(tops) or tops[rg] >= ord_floor]
                 # the row spans of each group whose filters may match: the
                 # other groups hold no hit and are not read at all
