@@ -404,6 +404,7 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
         with self._lock:
             self._check_open()
             hot_bytes = sum(s.size for s in self._segs.values()) + (self._tail.size if self._tail else 0)
+            cool = self._cool.stats()
             return {
                 "messages": len(self),
                 "hot_and_tail": len(self._index),
@@ -413,7 +414,8 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
                 "tail_bytes": (self._tail.size - self._covered) if self._tail else 0,
                 "hot_bytes": hot_bytes,
                 "cool_files": len(self._manifest["cool_files"]),
-                "cool_bytes": self._cool.stats()["bytes"],
+                "cool_bytes": cool["bytes"],
+                "cool_index_bytes": cool["index_bytes"] + cool["filter_bytes"],
                 "tombstones": len(self._tombstones),
                 "pending_erase": len(self._pending_erase),
                 "index_bytes": self._index.nbytes,

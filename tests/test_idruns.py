@@ -154,3 +154,21 @@ def test_str_hashes_match_the_arrow_path(ids):
     _valid, offsets, data = arr.buffers()
     want = utf8_hashes(offsets, data if data is not None else b"", arr.offset, len(arr))
     assert str_hashes(ids).tolist() == want.tolist()
+
+
+def test_stats_count_the_id_filters_append_many_builds(tmp_path):
+    """The repository's ``cool_index_bytes`` holds the archive's id index
+    (12 bytes a row) and the filters append_many builds in front of it:
+    none before a batch looks new ids up in the archive, some after (ids
+    inside the archive's id span: ids past it are answered from its
+    bounds)."""
+    from rune_fast.conversation_state import ConversationStateRepository
+    from test_repository import msg
+
+    with ConversationStateRepository(tmp_path, compact_every=10**6, hot_window=8) as repo:
+        repo.append_many([msg(i, channel=f"c{i % 4}") for i in range(0, 6000, 2)])
+        repo.compact()
+        st0 = repo.stats()
+        assert st0["cool"] > 2000 and st0["cool_index_bytes"] == 12 * st0["cool"]
+        repo.append_many([msg(i, channel=f"c{i % 4}") for i in range(1, 2000, 2)])
+        assert repo.stats()["cool_index_bytes"] >= 12 * st0["cool"] + 12 * st0["cool"] // 8

@@ -99,6 +99,7 @@ class _Reads(_RowCache):
                 "rows": len(self),
                 "bytes": sum(fi.size for fi in self._files.values()),
                 "index_bytes": int(self._ids.nbytes),
+                "filter_bytes": int(self._ids.filter_bytes),
                 "cached_bytes": self._cached_bytes,
                 "rebuilt_sidecars": list(self.rebuilt_sidecars),
             }
