@@ -280,3 +280,41 @@ def test_a_small_append_starts_its_lines_writeback_before_its_sync(tmp_path, mon
     with ConversationStateRepository(tmp_path / "s") as repo:
         assert len(repo) == 4
         assert repo.get_message(msg(3).msg_id).status is ReadStatus.FOUND_VERIFIED
+
+
+@pytest.mark.parametrize("durability", ["fsync", "batch"])
+def test_group_commit_wakes_every_waiter_behind_a_slow_sync(tmp_path, monkeypatch, durability):
+    """Appenders that find a sync in flight wait for it (counted: a sync
+    that ends notifies only when some thread waits) and return only once
+    their lines are durable; a slow sync lets them pile up behind it."""
+    import time as _time
+
+    import rune_fast.segments as segments
+    real = os.fdatasync
+
+    def slow_fdatasync(fd: int) -> None:
+        _time.sleep(0.003)
+        real(fd)
+
+    monkeypatch.setattr(segments.os, "fdatasync", slow_fdatasync)
+    repo = ConversationStateRepository(tmp_path / "s", durability=durability, compact_every=10_000)
+    errors: list[BaseException] = []
+
+    def worker(t: int) -> None:
+        try:
+            for i in range(25):
+                assert repo.append(msg(t * 1000 + i, channel=f"c{t}")) is True
+        except BaseException as exc:        # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(30)
+    try:
+        assert not errors and not any(th.is_alive() for th in threads)
+        assert len(repo) == 100 and repo._writes._waiters == 0
+        assert repo._writes._synced == repo._writes._wpos
+    finally:
+        repo.close()
