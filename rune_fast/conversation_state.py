@@ -54,6 +54,9 @@ from ._conv.tombstones import Tombstones
 from ._conv.verify import Verify
 from ._conv.viewer import ReadOnlyViewer, viewer_of
 from ._conv.writes import WritePath
+from ._index import repo_window, repo_window_setup
+
+repo_window_setup(own_calls)     # (each window's records get copies of their tool calls)
 
 __all__ = [
     "ConversationStateRepository",
@@ -239,25 +242,15 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
                 self._check_open()
             return self._get_message(msg_id)
 
-    def window(self, channel_id: str, n: int = 8) -> list[ConversationMessageRecord]:
-        """The last ``n`` messages of the channel, oldest first ([] for n <= 0
-        or an unknown channel)."""
-        if type(channel_id) is str and type(n) is int and 0 < n <= 64:
-            # the common window (hot, cached, not interleaved with the cool
-            # tier) in one compiled call; None: the general path below. A
-            # channel it finds was stored, so its id needs no check (one
-            # with a lone surrogate is in no index). The lock taken by
-            # acquire/release, not ``with``: 75 against 170 ns, a sixth of
-            # a warm window (session 27)
-            lock = self._lock
-            lock.acquire()
-            try:
-                if not self._closed:
-                    got = self._index.window_cached(channel_id, n, self._decoded, self._interleaved, own_calls)
-                    if got is not None:
-                        return got
-            finally:
-                lock.release()
+    # window(channel_id, n=8): the last ``n`` messages of the channel, oldest
+    # first ([] for n <= 0 or an unknown channel). Compiled
+    # (_index.repo_window): the common window (hot, cached, not interleaved
+    # with the cool tier) in one call, the lock held; anything else here
+    window = repo_window
+
+    def _window_general(self, channel_id: str, n: int) -> list[ConversationMessageRecord]:
+        """window() past its compiled common case: the arguments checked,
+        then every tier read under the lock."""
         _str_arg("channel_id", channel_id)
         if type(n) is not int and (not isinstance(n, int) or isinstance(n, bool)):
             raise TypeError(f"n: expected int, got {type(n).__name__}")

@@ -24,7 +24,7 @@ from typing import Callable, TypeVar
 
 import xxhash
 
-from ._log import BackgroundSync, data_end, map_file, punch_hole, pwrite_all, warm_ahead
+from ._log import BackgroundSync, data_end, map_file, punch_hole, pwrite_all, start_writeback, warm_ahead
 from ._names import MARK_NAME, TAIL_NAME, filters_name, seg_name
 from .errors import DurabilityError, FramingError, StoreClosedError, RecoveryWarning
 from .events import fsync_dir
@@ -310,6 +310,12 @@ class TailFile:
             if stop > start and warm_ahead(self._fd, start, stop - start):
                 self._warm_end = stop
         return off, remapped
+
+    def start_writeback(self, off: int, n: int) -> None:
+        """Start writing the ``n`` bytes appended at ``off`` to the disk
+        without waiting (_log.start_writeback): the :meth:`sync` that makes
+        them durable then waits for less. Advisory: nothing fails here."""
+        start_writeback(self._fd, off, n)
 
     def sync(self) -> None:
         """fdatasync the tail; on failure the tail refuses every later write."""

@@ -223,3 +223,98 @@ def test_put_appended_holds_what_the_python_loop_held(recs, data):
 def test_put_appended_refuses_lengths_that_do_not_match(tmp_path):
     with pytest.raises(ValueError, match="lengths"):
         LocCache(4).put_appended([msg(0)], [0], [], 0, 0, 0, 1, 1, _own)
+
+
+# ---------------------------------------------------------------- start_writeback
+def test_start_writeback_is_advisory(tmp_path):
+    from rune_fast._log import start_writeback
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, b"z" * 5000)
+        assert start_writeback(fd, 0, 5000) is True
+        assert start_writeback(fd, 0, 0) is False           # nothing to write
+        assert start_writeback(fd, -1, 10) is False
+    finally:
+        os.close(fd)
+    r, w = os.pipe()                        # not a file: refused, nothing raised
+    try:
+        assert start_writeback(r, 0, 10) is False
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+@pytest.mark.parametrize("durability", ["fsync", "batch", "none"])
+def test_a_small_append_starts_its_lines_writeback_before_its_sync(tmp_path, monkeypatch, durability):
+    """A single append (and a batch under SYNC_OVERLAP_MIN) starts the write
+    of its lines right after the tail write, before the sync that
+    acknowledges them (indexing and journaling overlap the disk); a
+    "none" store starts nothing (it syncs nothing)."""
+    import rune_fast.segments as segments
+    calls: list[tuple] = []
+    order: list[str] = []
+    real_start, real_sync = segments.start_writeback, TailFile.sync
+
+    def start(fd: int, off: int, n: int) -> bool:
+        calls.append((off, n))
+        order.append("start")
+        return real_start(fd, off, n)
+
+    def sync(self: TailFile) -> None:
+        order.append("sync")
+        real_sync(self)
+
+    monkeypatch.setattr(segments, "start_writeback", start)
+    monkeypatch.setattr(TailFile, "sync", sync)
+    with ConversationStateRepository(tmp_path / "s", durability=durability) as repo:
+        assert repo.append(msg(1)) is True
+        assert repo.append_many([msg(i) for i in range(2, 5)]) == 3
+        assert repo.append(msg(1)) is False                 # a duplicate writes nothing
+        tail_size = repo._tail.size
+    if durability == "none":
+        assert calls == []
+        return
+    assert len(calls) == 2 and calls[0][0] == 0
+    assert calls[1][0] == calls[0][1] and calls[1][0] + calls[1][1] == tail_size
+    assert order[:4] == ["start", "sync", "start", "sync"]
+    with ConversationStateRepository(tmp_path / "s") as repo:
+        assert len(repo) == 4
+        assert repo.get_message(msg(3).msg_id).status is ReadStatus.FOUND_VERIFIED
+
+
+@pytest.mark.parametrize("durability", ["fsync", "batch"])
+def test_group_commit_wakes_every_waiter_behind_a_slow_sync(tmp_path, monkeypatch, durability):
+    """Appenders that find a sync in flight wait for it (counted: a sync
+    that ends notifies only when some thread waits) and return only once
+    their lines are durable; a slow sync lets them pile up behind it."""
+    import time as _time
+
+    import rune_fast.segments as segments
+    real = os.fdatasync
+
+    def slow_fdatasync(fd: int) -> None:
+        _time.sleep(0.003)
+        real(fd)
+
+    monkeypatch.setattr(segments.os, "fdatasync", slow_fdatasync)
+    repo = ConversationStateRepository(tmp_path / "s", durability=durability, compact_every=10_000)
+    errors: list[BaseException] = []
+
+    def worker(t: int) -> None:
+        try:
+            for i in range(25):
+                assert repo.append(msg(t * 1000 + i, channel=f"c{t}")) is True
+        except BaseException as exc:        # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(30)
+    try:
+        assert not errors and not any(th.is_alive() for th in threads)
+        assert len(repo) == 100 and repo._writes._waiters == 0
+        assert repo._writes._synced == repo._writes._wpos
+    finally:
+        repo.close()

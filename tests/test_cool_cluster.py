@@ -176,3 +176,33 @@ def test_max_ord_bounds_each_channel_and_is_exact_for_all(tmp_path_factory, spec
         top = a.max_ord(ch)
         assert (top is None) if not mine else top >= max(mine)
     a.close()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from(["c1", "c2", "ç3"]), st.sampled_from(["", "t-b", "t-a", "tä", "t1"])),
+                min_size=1, max_size=40),
+       st.data())
+def test_a_cooling_runs_order_clusters_each_channels_rows_by_task(tmp_path_factory, msgs, data):
+    """_by_task (the row order of a cooling run): each channel's locations
+    (channels as given) with no task first, then by task in code point
+    order, each task's in their given order -- read here from the records."""
+    from rune_fast import codec
+    from rune_fast.conversation_state import ConversationStateRepository
+    from rune_fast.records import ConversationMessageRecord
+    d = tmp_path_factory.mktemp("bytask")
+    with ConversationStateRepository(d, compact_every=10_000, hot_window=10_000) as repo:
+        repo.append_many([ConversationMessageRecord(msg_id=f"m{i:03d}", channel_id=ch, task_id=t, content="x",
+                                                    ts=1.0 + i) for i, (ch, t) in enumerate(msgs)])
+        out: list[int] = []
+        chans: list[int] = []
+        for ch in sorted({ch for ch, _t in msgs}):
+            locs = repo._index.channel_locs(codec.key(ch), -1).tolist()
+            take = data.draw(st.integers(0, len(locs)))
+            out += locs[:take]
+            chans.append(len(out))
+        got = repo._by_task(list(out), chans)
+        tasks = {loc: repo._read_loc(loc).task_id for loc in out}
+        names = sorted({t for t in tasks.values() if t})
+        ch_of = {loc: c for c, (a, b) in enumerate(zip([0] + chans, chans)) for loc in out[a:b]}
+        want = sorted(out, key=lambda loc: (ch_of[loc], names.index(tasks[loc]) if tasks[loc] else -1))
+        assert got == want

@@ -454,3 +454,37 @@ def test_own_calls_copies_leak_no_reference():
         assert m.tool_calls[0]["name"] == "n"
         del got
     assert (sys.getrefcount(content), sys.getrefcount(m.tool_calls), sys.getrefcount(m)) == before
+
+
+def test_the_compiled_window_answers_as_the_general_path(tmp_path):
+    """window() is compiled (_index.repo_window, bound as the method): its
+    common case reads the repository's state as the instance holds it at
+    each call (a new decode cache, a close), and everything else -- bad
+    arguments, n out of its range, an unknown channel, a closed store --
+    is the general path's answer or error."""
+    from rune_fast.errors import StoreClosedError
+    assert ConversationStateRepository.window is _index.repo_window
+    repo = _store_with_cached_lines(str(tmp_path))
+    try:
+        want = repo._window_general("c", 8)
+        assert repo.window("c", 8) == want == repo.window("c")
+        assert repo.window("c", n=3) == want[-3:]
+        got = repo.window("c", 8)
+        assert repo._index.window_cached("c", 8, repo._decoded, repo._interleaved, lambda x: x) is not None
+        # callers get their own records' tool calls (none here) and list
+        got.append(None)
+        assert None not in repo.window("c", 8)
+        assert repo.window("c", 0) == [] == repo.window("c", -1) == repo.window("nope", 8)
+        assert [r.msg_id for r in repo.window("c", 65)] == [f"m{i:03d}" for i in range(20)]
+        with pytest.raises(TypeError, match="n"):
+            repo.window("c", True)
+        with pytest.raises(TypeError, match="n"):
+            repo.window("c", 8.0)
+        with pytest.raises((TypeError, ValueError), match="channel_id"):
+            repo.window(7, 8)
+        repo._reset_read_caches()               # a new decode cache: read from the instance
+        assert repo.window("c", 8) == want
+    finally:
+        repo.close()
+    with pytest.raises(StoreClosedError):
+        repo.window("c", 8)

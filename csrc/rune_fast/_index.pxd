@@ -164,6 +164,8 @@ cdef class HotIndex:
     cdef tuple _hits(self, rf_list *L, uint32_t start, LocCache cache, bint record)
     cdef object _read_records(self, const int64_t *locs, const uint32_t *lens, Py_ssize_t k,
                               LocCache cache, object decode, object cost, Py_ssize_t *decoded)
+    cdef object _window_cached(self, str channel_id, Py_ssize_t n, LocCache cache, dict verdicts,
+                               object own)
     cdef int _grow_entries(self, uint64_t nc) except -1
     cdef int _cmp_entry(self, uint32_t x, const unsigned char *hp, size_t hl,
                         const unsigned char *ip, size_t il, int *out) noexcept nogil

@@ -28,7 +28,12 @@ class WriteThread:
                  tail: Callable[[], TailFile | None]) -> None:
         self._tail = tail
         self._durability = durability
-        self._cond = threading.Condition(threading.Lock())
+        # the condition's lock, taken as it is (its C enter and exit) where
+        # nothing waits: the one appending thread's sync takes it twice an
+        # append, and notifies only when a waiter counted itself (_wait)
+        self._lk = threading.Lock()
+        self._cond = threading.Condition(self._lk)
+        self._waiters = 0
         # where the durable tail lines end, for viewers (see DurableMark)
         self._mark = DurableMark(mark_path, writer=writer)
         # the tail location after the last write (what the next sync makes
@@ -97,8 +102,7 @@ class WriteThread:
         """Return once the tail is synced up to ``target`` (group commit)."""
         if self._durability == "none":
             return
-        cond = self._cond
-        with cond:
+        with self._lk:
             while True:
                 if self._error is not None:
                     path = getattr(self._tail(), "path", "the tail")
@@ -108,7 +112,7 @@ class WriteThread:
                 if not self._syncing:
                     self._syncing = True
                     break
-                cond.wait()
+                self._wait()
         # the leader syncs at once: appenders that write meanwhile wait behind
         # this sync, and the next leader syncs all they wrote (group commit).
         # Measured: with 2-4 appending threads in "batch" mode, a leader that
@@ -172,9 +176,9 @@ class WriteThread:
         tail = self._tail()
         if tail is None:
             return
-        with self._cond:
+        with self._lk:
             while self._syncing:
-                self._cond.wait()
+                self._wait()
             if self._error is not None:
                 raise DurabilityError(f"sync of {tail.path} failed: {self._error}")
             if self._synced >= self._wpos and self._durability != "none":
@@ -200,11 +204,24 @@ class WriteThread:
     def _synced_to(self, upto: int, mark: int) -> None:
         """(the syncer) Its sync made the session's bytes up to ``upto``
         durable: counted, ``mark`` published to viewers, the waiters woken."""
-        with self._cond:
-            self._synced = max(self._synced, upto)
-            self.publish(mark)
+        with self._lk:
+            if upto > self._synced:
+                self._synced = upto
+            if mark > self._published:
+                self._mark.publish(mark)
+                self._published = mark
             self._syncing = False
-            self._cond.notify_all()
+            if self._waiters:
+                self._cond.notify_all()
+
+    def _wait(self) -> None:
+        """Wait to be notified (the lock held), counted: a sync that ends
+        notifies only when some thread waits (_synced_to)."""
+        self._waiters += 1
+        try:
+            self._cond.wait()
+        finally:
+            self._waiters -= 1
 
     def _sync_failed(self, exc: BaseException) -> None:
         """(the syncer) Its sync failed: every waiter sees the first failure

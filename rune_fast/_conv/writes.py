@@ -80,7 +80,15 @@ class WritePath(Host):
             raise
         seg = self._tail_seg
         target = self._writes.wrote((seg << 40) | (off + len(data)), len(data))
-        token = self._writes.sync_begin() if len(fresh) >= tuning.SYNC_OVERLAP_MIN else None
+        if len(fresh) >= tuning.SYNC_OVERLAP_MIN:
+            token = self._writes.sync_begin()
+        else:
+            token = None
+            if self.durability != "none":
+                # the lines' pages go to the disk now; the indexing, caching
+                # and journaling below overlap the write, and the sync that
+                # acknowledges them waits for less (TailFile.start_writeback)
+                tail.start_writeback(off, len(data))
         try:
             self._index_written(msgs, fresh, keys, hashes, seq0, lengths, seg, off, len(data), remapped)
         except BaseException:
