@@ -1,5 +1,6 @@
-"""Cool files store ``ts`` uncompressed (``_COMPRESSION``; session 28: its
-zstd page was the dearest small page of a cold point read), and files are
+"""Cool files store ``ts``, ``token_estimate`` and ``ord`` uncompressed
+(``_COMPRESSION``; session 28: their zstd pages were the dearest small
+pages of a cold point read), and files are
 read whatever their pages: older files (``ts`` compressed too), today's, and
 files of other page sizes (1 KiB pages were measured) mix in one archive,
 which reads, searches, merges and verifies as one: the reader takes each
@@ -87,9 +88,10 @@ def _got(rec_: R) -> dict:
 def test_old_and_new_layouts_read_alike(mixed):
     a, by_id = mixed
     f_old, f_new, f_1k = (os.path.join(a.cool_dir, f) for f in a.files())
-    assert _compression(f_old, "ts") == "ZSTD"
-    assert _compression(f_new, "ts") == _compression(f_1k, "ts") == "UNCOMPRESSED"
-    assert [_compression(f_new, c) for c in _COLS if c != "ts"] == ["ZSTD"] * (len(_COLS) - 1)
+    raw = ("ts", "token_estimate", "ord")
+    assert [_compression(f_old, c) for c in _COLS] == ["ZSTD"] * len(_COLS)
+    for f in (f_new, f_1k):
+        assert [_compression(f, c) for c in _COLS] == ["UNCOMPRESSED" if c in raw else "ZSTD" for c in _COLS]
     ords = _COLS.index("ord")
     assert _pages_per_column(f_1k)[ords] > _pages_per_column(f_new)[ords]     # smaller pages
     for no in (1, 2, 3):
@@ -253,3 +255,57 @@ def test_a_group_directory_is_checked_once_and_again_when_replaced(mixed, monkey
     fi.pagedir = (index, words)
     fi.page_dir(1)
     assert len(seen) == 5
+
+
+# ------------------------------------------------------------------ one row's pages in runs
+
+
+def test_one_rows_pages_read_in_runs_give_every_value(mixed, monkeypatch):
+    """A single row's pages are read in runs across columns (``_row_runs``):
+    every row of every group of each layout reads what a take of all the
+    group's rows (each column's pages read alone) gives for it, and what a
+    read that names any column order gives."""
+    a, _by_id = mixed
+    for no in (1, 2, 3):
+        reader = a._reader(no)
+        fi = a._files[no]
+        for rg in range(len(fi.rg_list) - 1):
+            n = fi.rg_list[rg + 1] - fi.rg_list[rg]
+            whole = reader.take(rg, list(range(n)))
+            for i in range(0, n, 7):
+                one = reader.take(rg, [i])
+                for c, (col_all, col_one) in enumerate(zip(whole, one)):
+                    w = int(reader._widths[c])
+                    if w:
+                        assert col_one == col_all[i * w:(i + 1) * w]
+                    else:
+                        data, offs = col_all
+                        assert col_one[0] == data[offs[i]:offs[i + 1]]
+            cols = [14, 0, 4, 13, 5]
+            got = reader.take(rg, [n - 1], cols)
+            assert [g if int(reader._widths[c]) else g[0] for c, g in zip(cols, got)] == \
+                [reader.take(rg, [n - 1])[c] if int(reader._widths[c]) else reader.take(rg, [n - 1])[c][0]
+                 for c in cols]
+
+
+def test_a_flipped_byte_in_a_run_names_its_page(tmp_path):
+    """A page of a run that fails its CRC is named by its own offset; bytes
+    between the pages of a run (other pages' headers) are read, not used."""
+    d = str(tmp_path / "cool")
+    a = CoolArchive(d, row_group_rows=GROUP, durable=False)
+    cool_rows(a, _rows(0, N), range(N))
+    a.close()
+    path = os.path.join(d, a.files()[0])
+    off, csize = _page_of(path, 0, _COLS.index("task_id"), 5)
+    with open(path, "r+b") as f:
+        f.seek(off + csize - 1)
+        b = f.read(1)
+        f.seek(off + csize - 1)
+        f.write(bytes([b[0] ^ 0x01]))
+    reader = PageReader(path, pq.read_metadata(path))
+    try:
+        with pytest.raises(Exception, match=f"offset {off} fails its CRC"):
+            reader.take(0, [5])
+        assert reader.take(0, [5], [_COLS.index("content")])[0][0]
+    finally:
+        reader.close()

@@ -65,12 +65,15 @@ COOL_SCHEMA = pa.schema([
 ], metadata={b"rune_fast.format": b"cool/1"})
 
 #: Each column's compression (pyarrow's ``compression`` per column): zstd,
-#: but ``ts`` is stored as it is: float timestamps compress to ~65% of their
-#: 8 bytes, and decompressing its page (~5 us, a frame that is mostly
-#: Huffman-coded literals) was the dearest small page of a cold point read,
-#: for ~3 bytes a row on disk. Readers take either, page by page (files
-#: written before session 28 compress ``ts`` too).
-_COMPRESSION = {f.name: ("none" if f.name == "ts" else "zstd") for f in COOL_SCHEMA}
+#: but ``ts``, ``token_estimate`` and ``ord`` are stored as they are. A cold
+#: point read decompresses one page of every compressed column, and these
+#: three 8-byte columns' pages (512 values) were its dearest small pages
+#: (~5-6 us each: timestamps shrink only to ~65%, and small integers make
+#: many short matches), for ~16 bytes a row on disk (~7% of a cool file;
+#: fewer frames also make a file cheaper to write). Readers take either,
+#: chunk by chunk (files written before session 28 compress all columns).
+_RAW_COLUMNS = frozenset({"ts", "token_estimate", "ord"})
+_COMPRESSION = {f.name: ("none" if f.name in _RAW_COLUMNS else "zstd") for f in COOL_SCHEMA}
 
 _COLS = COOL_SCHEMA.names
 _CONTENT_COL = _COLS.index("content")
