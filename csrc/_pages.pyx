@@ -984,6 +984,74 @@ cdef int64_t _frame_size(bytes comp) noexcept:
     return <int64_t>v if v <= <uint64_t>INT64_MAX else -1
 
 
+cdef enum:
+    # a point read of one row (take_rows of one row) reads the pages of
+    # its columns in runs: pages of different columns at most GAP_BYTES
+    # apart share one pread (the small columns' chunks lie side by side:
+    # ~15 reads a row become ~8), a run at most RUN_BYTES long
+    GAP_BYTES = 4096
+    RUN_BYTES = 64 * 1024
+
+
+cdef list _row_runs(int fd, const int64_t[::1] counts, const int64_t[::1] starts, const int64_t[::1] flat,
+                    const int64_t[::1] firsts, object cols, int64_t row):
+    """The bytes of the pages holding ``row`` in each column of ``cols``,
+    read in runs (see GAP_BYTES): ``[(file offset, bytes), ...]``. A column
+    whose directory entry looks wrong is left out (take_rows's own checks
+    then name it when it reads it alone)."""
+    cdef Py_ssize_t ncols = counts.shape[0], npg = firsts.shape[0], nc = 0, i, t, lo, n, a, hi, mid
+    cdef int64_t off, sz, rlo, rhi
+    cdef list runs = []
+    cdef bytes buf
+    cdef int64_t *offs
+    cdef int64_t *ends
+    cdef list sel = list(range(ncols)) if cols is None else list(cols)
+    offs = <int64_t *>malloc((len(sel) + 1) * sizeof(int64_t))
+    ends = <int64_t *>malloc((len(sel) + 1) * sizeof(int64_t))
+    if offs == NULL or ends == NULL:
+        free(offs); free(ends)
+        raise MemoryError()
+    try:
+        for c in sel:
+            if not 0 <= c < ncols:
+                continue
+            lo, n = starts[c], counts[c]
+            if n <= 0 or lo < 0 or lo + n > npg or row < firsts[lo]:
+                continue
+            a, hi = 0, n - 1
+            while a < hi:
+                mid = (a + hi + 1) // 2
+                if firsts[lo + mid] <= row:
+                    a = mid
+                else:
+                    hi = mid - 1
+            off, sz = flat[7 * (lo + a) + 1], flat[7 * (lo + a) + 2]
+            if off < 0 or sz < 0 or sz > RUN_BYTES or off > INT64_MAX - sz:
+                continue
+            # insertion by offset (a row's columns are few)
+            i = nc
+            while i > 0 and offs[i - 1] > off:
+                offs[i], ends[i] = offs[i - 1], ends[i - 1]
+                i -= 1
+            offs[i], ends[i] = off, off + sz
+            nc += 1
+        t = 0
+        while t < nc:
+            rlo, rhi = offs[t], ends[t]
+            t += 1
+            while t < nc and rhi <= offs[t] <= rhi + GAP_BYTES and ends[t] - rlo <= RUN_BYTES:
+                rhi = ends[t]
+                t += 1
+            buf = PyBytes_FromStringAndSize(NULL, rhi - rlo)
+            if rhi > rlo:
+                _read_at(fd, <unsigned char *>PyBytes_AS_STRING(buf), rhi - rlo, rlo)
+            runs.append((rlo, buf))
+    finally:
+        free(offs)
+        free(ends)
+    return runs
+
+
 def zstd_frame_size(bytes comp):
     """The content size the header of the zstd frame ``comp`` declares, or
     -1 (not a frame, no size in its header, a header cut short): what
@@ -991,11 +1059,20 @@ def zstd_frame_size(bytes comp):
     return _frame_size(comp)
 
 
-cdef object _run_bytes(int fd, object span, int64_t span_lo, int64_t off, int64_t size):
+cdef object _run_bytes(int fd, object span, int64_t span_lo, int64_t off, int64_t size,
+                       list runs=None):
     """``size`` bytes at file offset ``off``: sliced from ``span`` (the
-    group's bytes read at ``span_lo``) when it holds them, else read."""
-    cdef bytes buf
+    group's bytes read at ``span_lo``) or from one of ``runs`` (``(offset,
+    bytes)``, :func:`_row_runs`) when it holds them, else read."""
+    cdef bytes buf, rb
+    cdef int64_t rlo
     cdef const unsigned char[::1] sp
+    if runs is not None:
+        for rlo, rb in runs:
+            if rlo <= off and off - rlo + size <= PyBytes_GET_SIZE(rb):
+                if rlo == off and size == PyBytes_GET_SIZE(rb):
+                    return rb
+                return PyBytes_FromStringAndSize(PyBytes_AS_STRING(rb) + (off - rlo), size)
     if span is not None:
         sp = span
         if span_lo <= off and off - span_lo + size <= sp.shape[0]:
@@ -1027,7 +1104,9 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
     declares the page's size (zstandard then allocates just that), else
     ``decompress(bytes, max_output_size=n)``.
     ``span``: the group's bytes read at ``span_lo`` (pages inside it are
-    sliced from it). ValueError (naming the page's offset) for a row not
+    sliced from it). Without one, the pages of a single row are read in
+    runs across columns first (:func:`_row_runs`). ValueError (naming the
+    page's offset) for a row not
     in the group, a CRC mismatch, a page that decompresses to another size
     or whose values do not parse; OSError if a read fails."""
     cdef Py_ssize_t m = rows.shape[0], ncols = counts.shape[0], npg = flat.shape[0] // 7
@@ -1041,7 +1120,7 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
     cdef Py_ssize_t k = 0, pos = 0, plen = 0
     cdef int64_t pfirst = 0, nvals = 0
     cdef const unsigned char *pb = NULL
-    cdef list out = [], raws
+    cdef list out = [], raws, runs = None
     cdef bytes run, comp, raw, data
     cdef unsigned char *dp
     cdef int32_t[::1] ov
@@ -1061,6 +1140,8 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
         free(page_of); free(ks); free(vpos); free(vlen)
         raise MemoryError()
     try:
+        if m == 1 and span is None:
+            runs = _row_runs(fd, counts, starts, flat, firsts, cols, rows[0])
         for c in (range(ncols) if cols is None else cols):
             if not 0 <= c < ncols:
                 raise ValueError(f"take_rows: no column {c}")
@@ -1098,7 +1179,7 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
                 off = flat[7 * (lo + ks[u]) + 1] + flat[7 * (lo + ks[u]) + 2]
                 if base < 0 or off < base:
                     raise ValueError(f"take_rows: page at offset {base} is out of place")
-                run = _run_bytes(fd, span, span_lo, base, off - base)
+                run = _run_bytes(fd, span, span_lo, base, off - base, runs)
                 for k in range(q, u + 1):
                     j = 7 * (lo + ks[k])
                     off, csize = flat[j + 1], flat[j + 2]
