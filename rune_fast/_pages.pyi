@@ -36,6 +36,7 @@ def chunk_pages_mem(mem: Buffer, base: int, offset: int, total: int, rows: int, 
 def check_dir(counts: npt.NDArray[np.int64] | Buffer, starts: npt.NDArray[np.int64] | Buffer,
               flat: npt.NDArray[np.int64] | Buffer, firsts: npt.NDArray[np.int64] | Buffer, rows: int,
               file_size: int = -1, max_value: int = -1) -> str: ...
+def zstd_frame_size(comp: bytes) -> int: ...
 def take_rows(fd: int, counts: Buffer, starts: Buffer, flat: Buffer, firsts: Buffer, cols: list[int] | None,
               rows: npt.NDArray[np.int64], widths: npt.NDArray[np.int64], crc32: Callable[[bytes], int],
               decompress: Callable[..., bytes], span: Buffer | None = None, span_lo: int = 0,

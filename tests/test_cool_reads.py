@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from rune_fast import _pages
 from rune_fast.conversation_state import ConversationStateRepository
 from rune_fast.cool import CoolArchive, index_dir_for
-from rune_fast.cool.schema import _COLS, _row_key, cool_loc
+from rune_fast.cool.schema import _COLS, _COMPRESSION, _PAGE_BATCH_ROWS, _PAGE_BYTES, _row_key, cool_loc
 from rune_fast.errors import CorruptStateCheckpointError
 from rune_fast.pages import page_directories
 from rune_fast.records import ConversationMessageRecord, message_from_stored
@@ -163,8 +163,9 @@ def rewrite_keeping_layout(path: str, row: int, content: str) -> None:
     col[row] = content
     import pyarrow as pa
     t = t.set_column(t.schema.get_field_index("content"), t.schema.field("content"), pa.array(col, pa.string()))
-    pq.write_table(t, path, row_group_size=1024, compression="zstd", write_page_checksum=True,
-                   use_dictionary=False, data_page_version="1.0", data_page_size=4096, write_batch_size=32)
+    pq.write_table(t, path, row_group_size=1024, compression=_COMPRESSION, write_page_checksum=True,
+                   use_dictionary=False, data_page_version="1.0", data_page_size=_PAGE_BYTES,
+                   write_batch_size=_PAGE_BATCH_ROWS)
 
 
 def test_records_at_declines_a_row_that_fails_its_digest(tmp_path):
