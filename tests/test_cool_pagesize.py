@@ -1,8 +1,7 @@
-"""Cool files store ``ts``, ``token_estimate`` and ``ord`` uncompressed
-(``_COMPRESSION``; session 28: their zstd pages were the dearest small
-pages of a cold point read), and files are
-read whatever their pages: older files (``ts`` compressed too), today's, and
-files of other page sizes (1 KiB pages were measured) mix in one archive,
+"""Cool files are read whatever their pages: files with every column zstd
+(today's), files with some columns stored uncompressed (``_COMPRESSION``
+takes a choice per column; session 28 measured ``ts``, ``token_estimate``
+and ``ord`` uncompressed), and files of other page sizes (1 KiB pages were measured) mix in one archive,
 which reads, searches, merges and verifies as one: the reader takes each
 column chunk's compression and any page size, and the sidecar's page
 directories say where each page lies. Damage in any page is caught as
@@ -35,6 +34,8 @@ from test_cool import cool_rows, rec
 
 N = 600
 GROUP = 256
+#: the columns the second file of ``mixed`` stores uncompressed
+RAW = ("ts", "token_estimate", "ord")
 
 
 def _rows(lo: int, hi: int) -> list[dict]:
@@ -56,19 +57,20 @@ def _pages_per_column(path: str) -> list[int]:
 
 @pytest.fixture
 def mixed(tmp_path, monkeypatch):
-    """An archive of three files: the first in the older layout (every
-    column zstd), the second in today's, the third with 1 KiB pages;
+    """An archive of three files: the first with every column zstd, the
+    second and third with ``RAW`` uncompressed, the third with 1 KiB pages;
     (archive, rows by msg_id)."""
     d = str(tmp_path / "cool")
     a = CoolArchive(d, row_group_rows=GROUP, durable=False)
     parts = [_rows(0, N), _rows(N, 2 * N), _rows(2 * N, 3 * N)]
     monkeypatch.setattr(cool_files, "_COMPRESSION", "zstd")
     cool_rows(a, parts[0], range(N))
-    monkeypatch.setattr(cool_files, "_COMPRESSION", _COMPRESSION)
+    monkeypatch.setattr(cool_files, "_COMPRESSION", {c: "none" if c in RAW else "zstd" for c in _COLS})
     cool_rows(a, parts[1], range(N, 2 * N))
     monkeypatch.setattr(cool_files, "_PAGE_BYTES", 1 << 10)
     cool_rows(a, parts[2], range(2 * N, 3 * N))
     monkeypatch.setattr(cool_files, "_PAGE_BYTES", _PAGE_BYTES)
+    monkeypatch.setattr(cool_files, "_COMPRESSION", _COMPRESSION)
     return a, {r["msg_id"]: r for part in parts for r in part}
 
 
@@ -88,10 +90,9 @@ def _got(rec_: R) -> dict:
 def test_old_and_new_layouts_read_alike(mixed):
     a, by_id = mixed
     f_old, f_new, f_1k = (os.path.join(a.cool_dir, f) for f in a.files())
-    raw = ("ts", "token_estimate", "ord")
     assert [_compression(f_old, c) for c in _COLS] == ["ZSTD"] * len(_COLS)
     for f in (f_new, f_1k):
-        assert [_compression(f, c) for c in _COLS] == ["UNCOMPRESSED" if c in raw else "ZSTD" for c in _COLS]
+        assert [_compression(f, c) for c in _COLS] == ["UNCOMPRESSED" if c in RAW else "ZSTD" for c in _COLS]
     ords = _COLS.index("ord")
     assert _pages_per_column(f_1k)[ords] > _pages_per_column(f_new)[ords]     # smaller pages
     for no in (1, 2, 3):
@@ -116,7 +117,8 @@ def test_a_merge_of_every_layout_writes_todays(mixed):
     a.unlink_files(ch.removed)
     (name,) = a.files()
     path = os.path.join(a.cool_dir, name)
-    assert _compression(path, "ts") == "UNCOMPRESSED" and _compression(path, "content") == "ZSTD"
+    assert [_compression(path, c) for c in _COLS] == \
+        ["UNCOMPRESSED" if _COMPRESSION[c] == "none" else "ZSTD" for c in _COLS]
     rows = a.rows_at([cool_loc(int(name[5:13]), r) for r in range(3 * N)])
     assert sorted(r.record["msg_id"] for r in rows) == sorted(by_id)
     for r in rows:

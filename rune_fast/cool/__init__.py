@@ -2,7 +2,7 @@
 
 A :class:`CoolArchive` owns the folder ``state_dir/hot/conversation_cool/``.
 Each cooling run writes one immutable Parquet file ``cool-<n:08d>.parquet``
-(zstd but for three 8-byte columns, page checksums on) holding plain record dicts (the output of
+(zstd, page checksums on) holding plain record dicts (the output of
 ``ConversationMessageRecord.to_dict()``) sorted by channel, then task, plus a sidecar
 ``cool-<n:08d>.idx`` that lets the archive answer id, channel and task queries
 without reading every file. The Parquet file is the truth: a missing or
