@@ -103,6 +103,8 @@ class Cooling(Host):
         assert self._tail is not None       # a writer always has its tail
         t0 = time.perf_counter()
         job, merge = self._bg, self._bg_merge
+        if job is not None and job.feeding():
+            self._feed_cooling(job)     # (the next part of the run's lines; nothing else moves)
         chore = self._chore
         finished = any(j is not None and j.done.is_set() for j in (job, merge))
         if chore is not None and chore.running() and not finished:
@@ -149,9 +151,14 @@ class Cooling(Host):
                 if self._tail.size < tuning.ROLL_BYTES:
                     # at most BG_COOL_MAX_ROWS a run (each channel's oldest
                     # first, channel by channel, channels in code point
-                    # order): its lines are copied here
-                    # (in file order: its table is written as it is, not taken row by row)
-                    self._bg = self._stage_cooling(self._in_file_order(excess, tuning.BG_COOL_MAX_ROWS))
+                    # order): its first lines are copied here, the rest by
+                    # the compactions that follow. Not clustered by task
+                    # here (that order costs a look at every hot task's
+                    # postings: 40 ms of CPU, up to 190 ms of one append at
+                    # 1,000,000 messages): the thread's writer puts the
+                    # rows in file order (``_channel_order``)
+                    self._bg = self._stage_cooling(
+                        self._in_file_order(excess, tuning.BG_COOL_MAX_ROWS, by_task=False))
                     self._fold(CompactionReport(), t0)
                 else:
                     self._compact(full=False, cool_excess=False, settle=False)
@@ -171,6 +178,8 @@ class Cooling(Host):
             if job is None or not (wait or job.done.is_set()):
                 out.append(None)
                 continue
+            while job.feeding():
+                self._feed_cooling(job)     # (the rest of its lines, so that it can finish)
             job.thread.join()
             self._drop_staged(job)
             if job.error is not None:
@@ -191,17 +200,26 @@ class Cooling(Host):
 
     def _stage_cooling(self, locs: list[int]) -> _Staged:
         """Start the background cooling run of the hot lines at ``locs``
-        (lock held). Only their copy is made here (each line checked); the
-        thread makes their table, a few hundred lines at a time (the parser
-        holds the GIL: an appender waits for a part, not the whole, which
-        took 10 ms of an append at 1,000,000 messages), and writes it."""
-        data, starts = self._gather(locs)
+        (lock held). Their copy (each line checked) is made under the lock,
+        ``tuning.BG_COOL_PART_ROWS`` lines at a time: the first part here,
+        the next by each compaction that follows (:meth:`_feed_cooling`),
+        the rest by one that waits for the run; the lines stay where they
+        are meanwhile (no segment moves while a run is in flight). The
+        thread makes their table as the parts come, a few hundred lines a
+        call (the parser holds the GIL: an appender waits for a call, not
+        the whole), and writes it. A run's copy made whole took 46-86 ms of
+        CPU (16,384 lines; up to 145 ms of one append_many on the shared
+        machine) at 1,000,000 messages."""
         durable = self.durability != "none"
 
         def work(job: _Staged) -> Any:
-            nonlocal data
-            job.table = self._lines_table(locs, data, starts, tuning.PARSE_PART)
-            del data            # (the lines, once parsed)
+            tables = []
+            while (part := job.next_part()) is not None:
+                a, data, starts = part
+                tables.append(self._lines_table(locs[a:a + len(starts)], data, starts, tuning.PARSE_PART))
+                del part, data      # (the lines, once parsed)
+            job.table = pa.concat_tables(tables) if len(tables) != 1 else tables[0]
+            del tables
             result = self._cool.stage_table(job.table, durable=durable)
             # the adoption needs these columns only: the content goes now
             # (a run waits for the next compaction to adopt it)
@@ -211,15 +229,34 @@ class Cooling(Host):
             job.ids = ids
             return result
 
-        return _Staged("cool", work, locs)
+        job = _Staged("cool", work, locs, fed=True)
+        self._feed_cooling(job)
+        return job
 
-    def _in_file_order(self, excess: list[int], limit: int | None = None) -> list[int]:
+    def _feed_cooling(self, job: _Staged) -> None:
+        """Copy the next ``tuning.BG_COOL_PART_ROWS`` lines of the cooling
+        run ``job`` (lock held; each checked) and hand them to its thread.
+        A line that fails its check gives the run up (the thread ends, the
+        next compaction drops the job and cools inline, where the damage is
+        raised again) and raises."""
+        a = job.fed_to
+        assert a is not None
+        b = min(len(job.locs), a + max(1, tuning.BG_COOL_PART_ROWS))
+        try:
+            data, starts = self._gather(job.locs[a:b])
+        except BaseException:
+            job.stop_feeding()
+            raise
+        job.feed((a, data, starts), b)
+
+    def _in_file_order(self, excess: list[int], limit: int | None = None, *, by_task: bool = True) -> list[int]:
         """``excess`` (what :meth:`_excess` gave, the index unchanged since)
         in the order of a cool file's rows: grouped by channel, channels in
         code point order, each channel's locations clustered by task in
         their given order (the order ``_channel_order`` gives a table of
         them: :meth:`_by_task`); of each channel's, its oldest up to the
-        first ``limit`` in all (None: all). Its first part is
+        first ``limit`` in all (None: all); ``by_task=False``: not
+        clustered by task (each channel's in their given order). Its first part is
         ``HotIndex.excess``: each channel's oldest messages, the channels
         in the index's order; what follows (late messages that sort before
         a cool row) is placed by reading each one's channel."""
@@ -245,7 +282,7 @@ class Cooling(Host):
             chans.append(len(out))
             if len(out) >= want:
                 break
-        return self._by_task(out, chans)
+        return self._by_task(out, chans) if by_task else out
 
     def _by_task(self, out: list[int], chans: list[int]) -> list[int]:
         """``out`` (locations grouped by channel, channel c's ending at
