@@ -169,3 +169,4 @@ def test_a_run_fed_over_batches_of_append_many(tmp_path, fed):
     with open_repo(tmp_path, compact_every=16, hot_window=8) as repo:
         check_reads(repo, stored)
         assert repo.verify().ok
+

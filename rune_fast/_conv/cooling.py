@@ -151,14 +151,10 @@ class Cooling(Host):
                 if self._tail.size < tuning.ROLL_BYTES:
                     # at most BG_COOL_MAX_ROWS a run (each channel's oldest
                     # first, channel by channel, channels in code point
-                    # order): its first lines are copied here, the rest by
-                    # the compactions that follow. Not clustered by task
-                    # here (that order costs a look at every hot task's
-                    # postings: 40 ms of CPU, up to 190 ms of one append at
-                    # 1,000,000 messages): the thread's writer puts the
-                    # rows in file order (``_channel_order``)
-                    self._bg = self._stage_cooling(
-                        self._in_file_order(excess, tuning.BG_COOL_MAX_ROWS, by_task=False))
+                    # order; in file order: its table is written as it
+                    # is, not taken row by row): its first lines are
+                    # copied here, the rest by the compactions that follow
+                    self._bg = self._stage_cooling(self._in_file_order(excess, tuning.BG_COOL_MAX_ROWS))
                     self._fold(CompactionReport(), t0)
                 else:
                     self._compact(full=False, cool_excess=False, settle=False)
@@ -249,14 +245,13 @@ class Cooling(Host):
             raise
         job.feed((a, data, starts), b)
 
-    def _in_file_order(self, excess: list[int], limit: int | None = None, *, by_task: bool = True) -> list[int]:
+    def _in_file_order(self, excess: list[int], limit: int | None = None) -> list[int]:
         """``excess`` (what :meth:`_excess` gave, the index unchanged since)
         in the order of a cool file's rows: grouped by channel, channels in
         code point order, each channel's locations clustered by task in
         their given order (the order ``_channel_order`` gives a table of
         them: :meth:`_by_task`); of each channel's, its oldest up to the
-        first ``limit`` in all (None: all); ``by_task=False``: not
-        clustered by task (each channel's in their given order). Its first part is
+        first ``limit`` in all (None: all). Its first part is
         ``HotIndex.excess``: each channel's oldest messages, the channels
         in the index's order; what follows (late messages that sort before
         a cool row) is placed by reading each one's channel."""
@@ -282,7 +277,7 @@ class Cooling(Host):
             chans.append(len(out))
             if len(out) >= want:
                 break
-        return self._by_task(out, chans) if by_task else out
+        return self._by_task(out, chans)
 
     def _by_task(self, out: list[int], chans: list[int]) -> list[int]:
         """``out`` (locations grouped by channel, channel c's ending at
@@ -296,21 +291,25 @@ class Cooling(Host):
         if len(out) < 2:
             return out
         names = sorted((_unkey(k), k) for k in self._index.task_keys())
-        locs, ranks = [], []
-        for r, (_t, k) in enumerate(names):
-            got = self._index.task_locs(k)
-            if len(got):
-                locs.append(got)
-                ranks.append(np.full(len(got), r, dtype=np.int64))
-        if not locs:
+        locs = [self._index.task_locs(k) for _t, k in names]
+        sizes = np.fromiter((len(g) for g in locs), dtype=np.int64, count=len(locs))
+        if not sizes.sum():
             return out
+        # (each hot task location looked up among the run's, sorted: the
+        # run is a few thousand locations, the hot tier's task postings up
+        # to hundreds of thousands during a bulk load, which a sort of
+        # those cost 40 ms of CPU a run at 1,000,000 messages)
         all_locs = np.concatenate(locs)
-        all_ranks = np.concatenate(ranks)
-        o = np.argsort(all_locs, kind="stable")
-        all_locs, all_ranks = all_locs[o], all_ranks[o]
+        all_ranks = np.repeat(np.arange(len(locs), dtype=np.int64), sizes)
         arr = np.asarray(out, dtype=np.int64)
-        i = np.minimum(np.searchsorted(all_locs, arr), len(all_locs) - 1)
-        rank = np.where(all_locs[i] == arr, all_ranks[i], -1)
+        o = np.argsort(arr, kind="stable")
+        run = arr[o]
+        at = np.minimum(np.searchsorted(run, all_locs), len(run) - 1)
+        hit = run[at] == all_locs
+        ranked = np.full(len(run), -1, dtype=np.int64)
+        ranked[at[hit]] = all_ranks[hit]
+        rank = np.empty(len(arr), dtype=np.int64)
+        rank[o] = ranked
         chan = np.repeat(np.arange(len(chans), dtype=np.int64), np.diff(np.concatenate([[0], chans])))
         order = np.lexsort((rank, chan))        # (stable: each task's locations keep their order)
         return arr[order].tolist()
