@@ -38,7 +38,8 @@ REWRITE_RUN_BYTES = 2 << 20
 #: append in mode "none" 75-88 -> 37-43 us at 128, on the shared machine).
 BG_COOL_MIN_ROWS = 128
 #: At most this many messages a background cooling run: its lines are
-#: copied (and checked) under the lock on an appender's time, and a bulk load
+#: copied (and checked) under the lock on appenders' time (a
+#: BG_COOL_PART_ROWS part a compaction), and a bulk load
 #: of 1,000,000 messages let one run grow to tens of thousands (0.1-0.6 s of
 #: one append on a loaded machine). The rest of the excess goes in the next
 #: runs (each channel's excess is oldest first, channel by channel, so a run
