@@ -27,12 +27,13 @@ sys.path.insert(0, os.path.dirname(HERE))
 import pyarrow.parquet as pq  # noqa: E402
 
 from rune_fast import conversation_state as cs  # noqa: E402
-from rune_fast._conv import cooling  # noqa: E402
+from rune_fast._conv import compaction, cooling  # noqa: E402
 from rune_fast.bench import workload as wl  # noqa: E402
 from rune_fast.cool import files, tables, writer  # noqa: E402
 
 _STATS: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
 _PHASE = ["load"]
+SLOW = 8        # slowest calls shown (wall/cpu ms per function of the main thread)
 
 
 def _thread() -> str:
@@ -63,13 +64,18 @@ def _instrument() -> None:
     for attr in ("append_many", "_auto_compact", "_compact_now", "_settle_bg", "_stage_cooling",
                  "_lines_table", "_cooled", "_excess", "_compact_segments", "_rewrite_segments",
                  "_write_snapshot", "_write_manifest", "_cool_table_at", "_cool_in_files", "_join_chore",
-                 "_roll_tail"):
+                 "_roll_tail", "_in_file_order", "_by_task", "_gather", "_fold", "_write_messages",
+                 "_index_written", "_unindex_many", "_forget_decoded_many", "_remove_files",
+                 "_set_segment_order", "_bound_maps", "_forget_interleaving", "_plan_merge", "_mergeable",
+                 "_index_attach", "_index_relocate", "_move_decoded", "_add_segment", "_line_seq",
+                 "_new_seg_no", "_index_detach"):
         _wrap(R, attr)
     A = writer._Writer
     for attr in ("stage_table", "cool_table", "cool_parts", "_write_file", "stage_merge", "adopt", "adopt_merge",
                  "_write_tmp", "unlink_files"):
         _wrap(A, attr)
     _wrap(files._FileSet, "_write_parts")
+    _wrap(compaction, "write_file", "compaction.write_file")
     _wrap(writer, "_index_of_keys")
     _wrap(writer, "_file_digest")
     _wrap(writer, "_footer_hash")
@@ -133,19 +139,20 @@ def main() -> None:
     store = cs.ConversationStateRepository(args.dir, durability="fsync", compact_every=64, hot_window=512)
     peak = _Peak(store)
     calls = []
-    slowest: list[tuple[float, dict]] = []     # the 3 slowest calls: main thread's time per function
+    slowest: list[tuple[float, dict]] = []     # the SLOW slowest calls: main thread's time per function
     t_load = time.perf_counter()
     for batch in batches:
         recs = [wl.default_message_factory(m) for m in batch]
-        before = {k: v[1] for k, v in _STATS.items() if k[1] == "main"}
+        before = {k: (v[1], v[2]) for k, v in _STATS.items() if k[1] == "main"}
         t0 = time.perf_counter()
         store.append_many(recs)
         calls.append(time.perf_counter() - t0)
-        if len(slowest) < 3 or calls[-1] > slowest[-1][0]:
-            spent = {k[2]: v[1] - before.get(k, 0.0) for k, v in _STATS.items() if k[1] == "main"}
-            slowest.append((calls[-1], {f: w for f, w in spent.items() if w > 0.005}))
+        if len(slowest) < SLOW or calls[-1] > slowest[-1][0]:
+            spent = {k[2]: (v[1] - before.get(k, (0.0, 0.0))[0], v[2] - before.get(k, (0.0, 0.0))[1])
+                     for k, v in _STATS.items() if k[1] == "main"}
+            slowest.append((calls[-1], {f: w for f, w in spent.items() if w[0] > 0.005}))
             slowest.sort(key=lambda x: -x[0])
-            del slowest[3:]
+            del slowest[SLOW:]
     load = time.perf_counter() - t_load
     excess = len(store._index.excess(store.hot_window))
     job = store._bg
@@ -172,7 +179,8 @@ def main() -> None:
           f"compact() {comp:.2f} s ({rep})")
     for took, spent in slowest:
         print(f"slow append_many {took * 1e3:.0f} ms: "
-              + ", ".join(f"{f} {w * 1e3:.0f}" for f, w in sorted(spent.items(), key=lambda x: -x[1])))
+              + ", ".join(f"{f.split('.')[-1]} {w * 1e3:.0f}/{c * 1e3:.0f}"
+                         for f, (w, c) in sorted(spent.items(), key=lambda x: -x[1][0])))
     _report("inclusive times")
 
 

@@ -483,6 +483,7 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
             if job is None:
                 continue
             # a staged run nobody adopted (close failed): its file is a stray
+            job.stop_feeding()          # (a cooling run still waiting for lines ends)
             job.thread.join()
             self._drop_staged(job)
             try:

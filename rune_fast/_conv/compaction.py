@@ -159,8 +159,10 @@ class Compaction(Host):
                           old_segs: list[int], max_runs: int | None = None) -> tuple[list[int], bool]:
         """Steps 3-4 of a compaction (lock held); returns the new segment
         order and whether segments to rewrite were left for the next one
-        (``max_runs``: rewrite at most that many runs; an automatic
-        compaction rewrites one, about 8 MiB, so no append waits for more)."""
+        (``max_runs``: rewrite at most that many runs, each of at most
+        ``tuning.REWRITE_RUN_BYTES`` live bytes unless one segment holds
+        more; an automatic compaction rewrites one, so no append waits for
+        more)."""
         assert self._tail is not None       # a writer always has its tail
         # 3. segments: roll the tail if it holds deleted lines or grew large
         stats = self._index.seg_stats()
@@ -183,6 +185,7 @@ class Compaction(Host):
 
         runs = 0
         more = False
+        run_cap = tuning.ROLL_BYTES if max_runs is None else min(tuning.ROLL_BYTES, tuning.REWRITE_RUN_BYTES)
 
         def end_run() -> None:
             nonlocal run, run_bytes, runs
@@ -209,7 +212,7 @@ class Compaction(Host):
                     continue
                 locs = self._index.seg_locs(seg)
                 first = self._line_seq(int(locs[0]))
-                if run and (run_bytes + live_bytes > tuning.ROLL_BYTES or run_seq is None
+                if run and (run_bytes + live_bytes > run_cap or run_seq is None
                             or first is None or first <= run_seq):
                     end_run()
                 run.append((seg, locs))

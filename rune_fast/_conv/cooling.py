@@ -103,6 +103,8 @@ class Cooling(Host):
         assert self._tail is not None       # a writer always has its tail
         t0 = time.perf_counter()
         job, merge = self._bg, self._bg_merge
+        if job is not None and job.feeding():
+            self._feed_cooling(job)     # (the next part of the run's lines; nothing else moves)
         chore = self._chore
         finished = any(j is not None and j.done.is_set() for j in (job, merge))
         if chore is not None and chore.running() and not finished:
@@ -149,8 +151,9 @@ class Cooling(Host):
                 if self._tail.size < tuning.ROLL_BYTES:
                     # at most BG_COOL_MAX_ROWS a run (each channel's oldest
                     # first, channel by channel, channels in code point
-                    # order): its lines are copied here
-                    # (in file order: its table is written as it is, not taken row by row)
+                    # order; in file order: its table is written as it
+                    # is, not taken row by row): its first lines are
+                    # copied here, the rest by the compactions that follow
                     self._bg = self._stage_cooling(self._in_file_order(excess, tuning.BG_COOL_MAX_ROWS))
                     self._fold(CompactionReport(), t0)
                 else:
@@ -171,6 +174,8 @@ class Cooling(Host):
             if job is None or not (wait or job.done.is_set()):
                 out.append(None)
                 continue
+            while job.feeding():
+                self._feed_cooling(job)     # (the rest of its lines, so that it can finish)
             job.thread.join()
             self._drop_staged(job)
             if job.error is not None:
@@ -191,17 +196,26 @@ class Cooling(Host):
 
     def _stage_cooling(self, locs: list[int]) -> _Staged:
         """Start the background cooling run of the hot lines at ``locs``
-        (lock held). Only their copy is made here (each line checked); the
-        thread makes their table, a few hundred lines at a time (the parser
-        holds the GIL: an appender waits for a part, not the whole, which
-        took 10 ms of an append at 1,000,000 messages), and writes it."""
-        data, starts = self._gather(locs)
+        (lock held). Their copy (each line checked) is made under the lock,
+        ``tuning.BG_COOL_PART_ROWS`` lines at a time: the first part here,
+        the next by each compaction that follows (:meth:`_feed_cooling`),
+        the rest by one that waits for the run; the lines stay where they
+        are meanwhile (no segment moves while a run is in flight). The
+        thread makes their table as the parts come, a few hundred lines a
+        call (the parser holds the GIL: an appender waits for a call, not
+        the whole), and writes it. A run's copy made whole took 46-86 ms of
+        CPU (16,384 lines; up to 145 ms of one append_many on the shared
+        machine) at 1,000,000 messages."""
         durable = self.durability != "none"
 
         def work(job: _Staged) -> Any:
-            nonlocal data
-            job.table = self._lines_table(locs, data, starts, tuning.PARSE_PART)
-            del data            # (the lines, once parsed)
+            tables = []
+            while (part := job.next_part()) is not None:
+                a, data, starts = part
+                tables.append(self._lines_table(locs[a:a + len(starts)], data, starts, tuning.PARSE_PART))
+                del part, data      # (the lines, once parsed)
+            job.table = pa.concat_tables(tables) if len(tables) != 1 else tables[0]
+            del tables
             result = self._cool.stage_table(job.table, durable=durable)
             # the adoption needs these columns only: the content goes now
             # (a run waits for the next compaction to adopt it)
@@ -211,7 +225,25 @@ class Cooling(Host):
             job.ids = ids
             return result
 
-        return _Staged("cool", work, locs)
+        job = _Staged("cool", work, locs, fed=True)
+        self._feed_cooling(job)
+        return job
+
+    def _feed_cooling(self, job: _Staged) -> None:
+        """Copy the next ``tuning.BG_COOL_PART_ROWS`` lines of the cooling
+        run ``job`` (lock held; each checked) and hand them to its thread.
+        A line that fails its check gives the run up (the thread ends, the
+        next compaction drops the job and cools inline, where the damage is
+        raised again) and raises."""
+        a = job.fed_to
+        assert a is not None
+        b = min(len(job.locs), a + max(1, tuning.BG_COOL_PART_ROWS))
+        try:
+            data, starts = self._gather(job.locs[a:b])
+        except BaseException:
+            job.stop_feeding()
+            raise
+        job.feed((a, data, starts), b)
 
     def _in_file_order(self, excess: list[int], limit: int | None = None) -> list[int]:
         """``excess`` (what :meth:`_excess` gave, the index unchanged since)
@@ -259,29 +291,25 @@ class Cooling(Host):
         if len(out) < 2:
             return out
         names = sorted((_unkey(k), k) for k in self._index.task_keys())
-        locs, ranks = [], []
-        for r, (_t, k) in enumerate(names):
-            got = self._index.task_locs(k)
-            if len(got):
-                locs.append(got)
-                ranks.append(r)
-        if not locs:
+        locs = [self._index.task_locs(k) for _t, k in names]
+        sizes = np.fromiter((len(g) for g in locs), dtype=np.int64, count=len(locs))
+        if not sizes.sum():
             return out
-        # each hot location of a task, with the task's rank, looked up among
-        # the (few) locations cooled, sorted: no sort of every hot location
-        # (at 1,000,000 messages, 51,200 hot rows: 7-13 ms of the appending
-        # thread at each cooling run, against 1-3 ms)
+        # (each hot task location looked up among the run's, sorted: the
+        # run is a few thousand locations, the hot tier's task postings up
+        # to hundreds of thousands during a bulk load, which a sort of
+        # those cost 40 ms of CPU a run at 1,000,000 messages)
         all_locs = np.concatenate(locs)
-        all_ranks = np.repeat(np.asarray(ranks, dtype=np.int64), [len(g) for g in locs])
+        all_ranks = np.repeat(np.arange(len(locs), dtype=np.int64), sizes)
         arr = np.asarray(out, dtype=np.int64)
-        by_loc = np.argsort(arr, kind="stable")
-        sorted_out = arr[by_loc]
-        at = np.minimum(np.searchsorted(sorted_out, all_locs), len(arr) - 1)
-        hit = sorted_out[at] == all_locs
-        rank_sorted = np.full(len(arr), -1, dtype=np.int64)
-        rank_sorted[at[hit]] = all_ranks[hit]
+        o = np.argsort(arr, kind="stable")
+        run = arr[o]
+        at = np.minimum(np.searchsorted(run, all_locs), len(run) - 1)
+        hit = run[at] == all_locs
+        ranked = np.full(len(run), -1, dtype=np.int64)
+        ranked[at[hit]] = all_ranks[hit]
         rank = np.empty(len(arr), dtype=np.int64)
-        rank[by_loc] = rank_sorted
+        rank[o] = ranked
         chan = np.repeat(np.arange(len(chans), dtype=np.int64), np.diff(np.concatenate([[0], chans])))
         order = np.lexsort((rank, chan))        # (stable: each task's locations keep their order)
         return arr[order].tolist()

@@ -3,26 +3,36 @@ object a compaction starts and the next one adopts or discards."""
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 from typing import Any, Callable, Sequence
 
 from ..cool import CoolArchive
+from ..errors import RuneError
 
 log = logging.getLogger("rune_fast")
 
 
 class _Staged:
     """Archive work done by a background thread: a cooling run (``kind``
-    "cool": the lines were copied under the repository lock; the thread
-    makes their table and :meth:`CoolArchive.stage_table` writes and syncs
-    their Parquet file without it)
+    "cool": its lines are copied under the repository lock, a part at a
+    time by the compactions that follow its start (:meth:`feed`); the
+    thread makes their table as they come and :meth:`CoolArchive.stage_table`
+    writes and syncs their Parquet file without it)
     or a merge of cool files ("merge": :meth:`CoolArchive.stage_merge`). The
     next compaction adopts the result, or discards it. Until then its files
     are strays that no manifest names (a crash leaves them to the next open)."""
 
-    def __init__(self, kind: str, work: Callable[["_Staged"], Any], locs: Sequence[int] = ()) -> None:
+    def __init__(self, kind: str, work: Callable[["_Staged"], Any], locs: Sequence[int] = (),
+                 fed: bool = False) -> None:
         self.kind = kind
         self.locs = locs
+        # a fed job (a cooling run): its input comes a part at a time through
+        # feed(), from compactions that hold the repository lock (see
+        # Cooling._feed_cooling); ``fed_to``: how many of ``locs`` were fed,
+        # None once the input is complete (or given up)
+        self.fed_to: int | None = 0 if fed else None
+        self._parts: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self.table: Any = None  # a cooling run's rows, in the order of locs (set by its thread)
         # their msg_ids and index keys (set by its thread too: the adoption,
         # under the lock, then need not make them)
@@ -44,6 +54,35 @@ class _Staged:
             self.error = exc
         finally:
             self.done.set()
+
+    def feeding(self) -> bool:
+        """Whether the job still waits for parts of its input."""
+        return self.fed_to is not None
+
+    def feed(self, part: Any, upto: int) -> None:
+        """Hand the thread the next part of its input (``locs[fed_to:upto]``)."""
+        assert self.fed_to is not None
+        self._parts.put(part)
+        self.fed_to = upto
+        if upto >= len(self.locs):
+            self._parts.put(None)
+            self.fed_to = None
+
+    def stop_feeding(self) -> None:
+        """Give up the input: the thread ends (its error says so; the job is
+        cancelled, so the compaction that settles it does not log it)."""
+        if self.fed_to is not None:
+            self.cancel.set()
+            self._parts.put(None)
+            self.fed_to = None
+
+    def next_part(self) -> Any:
+        """The next part fed (in the job's thread; blocks until there is
+        one); None once the input is complete. RuneError if it was given up."""
+        part = self._parts.get()
+        if part is None and self.cancel.is_set():
+            raise RuneError(f"background {self.kind}: its input was given up")
+        return part
 
     def discard(self, cool: CoolArchive) -> None:
         if self.result is not None:

@@ -19,6 +19,13 @@ ROLL_BYTES = 8 << 20
 #: messages the hot tier is under a tenth of the store.
 SPARSE_FRACTION = 0.3
 SPARSE_MIN_BYTES = 64 << 10
+#: An automatic compaction rewrites one run of sparse segments, of at most
+#: this many live bytes (a single segment holding more is rewritten whole;
+#: compact() and erasures run up to ROLL_BYTES). Measured at 1,000,000
+#: messages (bench/cooling_profile.py, 2 shared cores): runs of up to
+#: ROLL_BYTES (8 MiB) took 33-84 ms of CPU, 92-356 ms of one append_many;
+#: the bytes copied are the same in smaller runs, spread over more calls.
+REWRITE_RUN_BYTES = 2 << 20
 #: An automatic cooling run of at least this many messages is written by a
 #: background thread (appends go on meanwhile); smaller runs, and every run of
 #: an explicit compact(), are written inline. A quarter of the default
@@ -31,12 +38,21 @@ SPARSE_MIN_BYTES = 64 << 10
 #: append in mode "none" 75-88 -> 37-43 us at 128, on the shared machine).
 BG_COOL_MIN_ROWS = 128
 #: At most this many messages a background cooling run: its lines are
-#: copied (and checked) under the lock on an appender's time, and a bulk load
+#: copied (and checked) under the lock on appenders' time (a
+#: BG_COOL_PART_ROWS part a compaction), and a bulk load
 #: of 1,000,000 messages let one run grow to tens of thousands (0.1-0.6 s of
 #: one append on a loaded machine). The rest of the excess goes in the next
 #: runs (each channel's excess is oldest first, channel by channel, so a run
 #: cools a prefix of each channel it reaches).
 BG_COOL_MAX_ROWS = 16384
+#: A background cooling run's lines are copied (and checked) under the
+#: lock this many at a time: the compaction that starts the run copies the
+#: first part, each automatic compaction after it the next (an append_many
+#: of 1,000 runs one), one that waits for the run the rest. Measured at
+#: 1,000,000 messages (bench/cooling_profile.py, 2 shared cores): a run of
+#: 16,384 lines copied whole took 46-86 ms of CPU, up to 145 ms of one
+#: append_many.
+BG_COOL_PART_ROWS = 4096
 #: At most this many messages a part of a compaction's inline cooling (its
 #: files are written a part at a time, see COOL_FILE_ROWS): a part's lines
 #: are copied and parsed whole. Measured with bench/memory_probe.py on a bulk

@@ -1,0 +1,172 @@
+"""A background cooling run's lines copied a part at a time: the compaction
+that starts the run copies the first part, each automatic compaction after it
+the next, one that waits for the run (compact(), close(), an erasure) the
+rest. Reads stay exact meanwhile, a deletion of a message whose part is not
+copied yet still discards the run, a failed copy gives the run up, and
+nothing is left behind."""
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+
+from rune_fast._conv import cooling, tuning
+from rune_fast.conversation_state import ReadStatus
+from rune_fast.errors import CorruptStateCheckpointError
+
+from test_background_compaction import check_reads, cool_files_on_disk, msg, open_repo
+
+
+@pytest.fixture
+def fed(monkeypatch):
+    """Runs of 8 or more messages in the background, copied 3 lines a part."""
+    monkeypatch.setattr(tuning, "BG_COOL_MIN_ROWS", 8)
+    monkeypatch.setattr(tuning, "BG_COOL_PART_ROWS", 3)
+
+
+def _append_until_feeding(repo, start: int, stored: dict) -> int:
+    """Append msg(start), ... until a cooling run waits for more of its lines."""
+    i = start
+    while repo._bg is None or not repo._bg.feeding():
+        m = msg(i)
+        repo.append(m)
+        stored[m.msg_id] = m
+        i += 1
+        assert i < start + 1000, "no cooling run fed in parts"
+    return i
+
+
+def test_a_run_is_copied_a_part_per_compaction(tmp_path, fed):
+    stored: dict = {}
+    fed_at: list[int] = []
+    with open_repo(tmp_path) as repo:
+        for i in range(600):
+            m = msg(i)
+            assert repo.append(m)
+            stored[m.msg_id] = m
+            job = repo._bg
+            if job is not None and job.feeding():
+                fed_at.append(job.fed_to)
+            if i % 89 == 0:
+                check_reads(repo, stored)
+        check_reads(repo, stored)
+        assert repo.stats()["cool"] > 0
+    # each part of 3 lines came with a compaction of its own (every 8 appends)
+    assert len(fed_at) >= 8 and any(b - a == 3 for a, b in zip(fed_at, fed_at[1:]))
+    with open_repo(tmp_path) as repo:
+        check_reads(repo, stored)
+        assert {n for n in cool_files_on_disk(tmp_path) if n.endswith(".parquet")} == set(repo._cool.files())
+        assert repo.verify().ok
+
+
+def test_compact_copies_the_rest_and_adopts_the_run(tmp_path, fed):
+    stored: dict = {}
+    with open_repo(tmp_path) as repo:
+        _append_until_feeding(repo, 0, stored)
+        job = repo._bg
+        locs = list(job.locs)
+        ids = [repo._read_loc(loc).msg_id for loc in locs]
+        check_reads(repo, stored)
+        assert {repo.get_message(m).tier for m in ids} != {"cool"}     # nothing moved yet
+        rep = repo.compact()
+        assert rep.cooled >= len(ids) and repo._bg is None
+        assert {repo.get_message(m).tier for m in ids} == {"cool"}
+        check_reads(repo, stored)
+    with open_repo(tmp_path) as repo:
+        check_reads(repo, stored)
+
+
+def test_close_while_a_run_is_fed(tmp_path, fed):
+    stored: dict = {}
+    repo = open_repo(tmp_path)
+    _append_until_feeding(repo, 0, stored)
+    ids = [repo._read_loc(loc).msg_id for loc in repo._bg.locs]
+    repo.close()
+    with open_repo(tmp_path) as repo:
+        check_reads(repo, stored)
+        assert {repo.get_message(m).tier for m in ids} == {"cool"}
+        assert {n for n in cool_files_on_disk(tmp_path) if n.endswith(".parquet")} == set(repo._cool.files())
+
+
+def test_deleting_a_message_not_yet_copied_discards_the_run(tmp_path, fed):
+    stored: dict = {}
+    with open_repo(tmp_path) as repo:
+        i = _append_until_feeding(repo, 0, stored)
+        job = repo._bg
+        victim = repo._read_loc(job.locs[-1]).msg_id      # (its part is copied last)
+        assert repo.delete(victim)
+        del stored[victim]
+        for j in range(i, i + 40):
+            m = msg(j)
+            repo.append(m)
+            stored[m.msg_id] = m
+        check_reads(repo, stored)
+        repo.compact()
+        assert repo.get_message(victim).status is ReadStatus.NOT_FOUND_CONFIRMED
+        check_reads(repo, stored)
+    needle = f"note {int(victim[1:])} about".encode()
+    for root, _dirs, names in os.walk(tmp_path):
+        for n in names:
+            with open(os.path.join(root, n), "rb") as f:
+                assert needle not in f.read(), f"deleted content left in {n}"
+    with open_repo(tmp_path) as repo:
+        check_reads(repo, stored)
+
+
+def test_a_failed_copy_gives_the_run_up(tmp_path, fed, monkeypatch, caplog):
+    real = cooling.Cooling._gather
+    failed: list[int] = []
+
+    def flaky(self, locs):
+        job = self._bg
+        if not failed and job is not None and job.feeding() and job.fed_to > 0:
+            failed.append(job.fed_to)
+            raise CorruptStateCheckpointError("line check failed (injected)", path="seg", offset=0)
+        return real(self, locs)
+    monkeypatch.setattr(cooling.Cooling, "_gather", flaky)
+    stored: dict = {}
+    with caplog.at_level(logging.WARNING, logger="rune_fast"):
+        with open_repo(tmp_path) as repo:
+            i = 0
+            raised = False
+            while not failed:
+                m = msg(i)
+                stored[m.msg_id] = m
+                i += 1
+                try:
+                    repo.append(m)
+                except CorruptStateCheckpointError:
+                    raised = True       # (stored, then the compaction after it met the damage)
+                assert i < 1000
+            assert raised
+            job = repo._bg
+            job.thread.join(30)
+            assert not job.thread.is_alive() and job.cancel.is_set()
+            for j in range(i, i + 200):
+                m = msg(j)
+                repo.append(m)
+                stored[m.msg_id] = m
+            assert repo._bg is not job
+            check_reads(repo, stored)
+            assert repo.stats()["cool"] > 0
+    assert not any("background cool failed" in r.getMessage() for r in caplog.records)
+    with open_repo(tmp_path) as repo:
+        check_reads(repo, stored)
+        assert repo.verify().ok
+
+
+def test_a_run_fed_over_batches_of_append_many(tmp_path, fed):
+    stored: dict = {}
+    with open_repo(tmp_path, compact_every=16, hot_window=8) as repo:
+        for b in range(40):
+            batch = [msg(b * 25 + k) for k in range(25)]
+            assert repo.append_many(batch) == 25
+            stored.update((m.msg_id, m) for m in batch)
+            if b % 9 == 0:
+                check_reads(repo, stored)
+        check_reads(repo, stored)
+    with open_repo(tmp_path, compact_every=16, hot_window=8) as repo:
+        check_reads(repo, stored)
+        assert repo.verify().ok
+
