@@ -310,18 +310,74 @@ class _Reads(_RowCache):
     def task_locs(self, task_id: str) -> list[int]:
         """The locations (:func:`cool_loc`) of every archived message of the
         task (as the sidecars say; :meth:`rows_at` reads and verifies them)."""
+        return list(self.task_parts(task_id)[0])
+
+    def task_parts(self, task_id: str) -> tuple[list[int], list[tuple[int, list[int]]]]:
+        """:meth:`task_locs` (not a copy: the caller does not change it) and
+        the same rows by file: ``(file number, its rows ascending)``, in the
+        order of the locations (what :meth:`task_records` reads). Kept per
+        task (at most _TASK_LOCS_KEPT; forgotten when files come or go)."""
         with self._lock:
             kept = self._task_locs_d.get(task_id) if not self._unloaded else None
             if kept is not None:
-                return list(kept)
+                return kept
             out: list[int] = []
+            parts: list[tuple[int, list[int]]] = []
             for no in self._task_map().get(task_id, ()):
+                rows = self._files[no].tasks[task_id]
+                if len(rows) > 1 and not bool(np.all(rows[1:] > rows[:-1])):
+                    rows = np.unique(rows)      # (a sidecar writes them ascending; reads take them so)
+                rl = rows.tolist()
                 base = no << 32     # (a task's rows are few: Python ints beat numpy's calls)
-                out += [base | r for r in self._files[no].tasks[task_id].tolist()]
+                out += [base | r for r in rl]
+                parts.append((no, rl))
             if len(self._task_locs_d) >= _TASK_LOCS_KEPT:
                 self._task_locs_d.clear()
-            self._task_locs_d[task_id] = out
-            return list(out)
+            got = self._task_locs_d[task_id] = (out, parts)
+            return got
+
+    def task_records(self, parts: list[tuple[int, list[int]]], record_type: type,
+                     task_id: str) -> tuple[list[tuple[tuple, Any]], list[int]]:
+        """``(keyed, declined)`` of the rows ``parts`` (:meth:`task_parts`)
+        of the task ``task_id``: ``(order key, record)`` of each row read
+        straight from the pages holding it (as :meth:`records_at` reads,
+        each file's rows of a group in one ``PageReader.take`` and one
+        compiled pass that checks every row's digest and that the row is of
+        the task; the key as :func:`rune_fast._order.order_key` makes it),
+        and the locations of the rows that path declines (damage, another
+        task's row, an unusual spelling, a group the row-group cache holds
+        whole), for the caller's :meth:`rows_at`, which names any damage.
+        Nothing is cached: each record is new, the caller's to hand out."""
+        keyed: list[tuple[tuple, Any]] = []
+        declined: list[int] = []
+        with self._lock:
+            for no, rows in parts:
+                if no not in self._files:
+                    raise CorruptStateCheckpointError(f"cool file number {no} is not live", path=self._dir)
+                base = no << 32
+                for rg, sel, local in self._by_group(no, rows):
+                    g = self._cache.get((no, rg))
+                    cols = None
+                    if g is None or g.acc is None:
+                        try:
+                            cols = self._with_reader(no, lambda reader: reader.take(rg, local))
+                        except PageError:
+                            cols = None     # damage: rows_at reads the group through pyarrow and names it
+                    if cols is None:
+                        declined += [base | r for r in sel]
+                        continue
+                    got, _ords = records_from_columns(
+                        [cols[c] for c in _STRING_COLS], cols[_TS], cols[_TOK], cols[_SV], cols[_ORD],
+                        record_type, _calls_read, False, task_id, True)
+                    if None in got:
+                        for r, hit in zip(sel, got):
+                            if hit is None:
+                                declined.append(base | r)
+                            else:
+                                keyed.append(hit)
+                    else:
+                        keyed += cast("list[tuple[tuple, Any]]", got)
+        return keyed, declined
 
     def id_locs(self, msg_id: str) -> list[int]:
         """The locations (:func:`cool_loc`) of the archived rows whose id
