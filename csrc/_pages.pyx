@@ -818,6 +818,43 @@ cdef inline void _put(PyObject **at, Py_ssize_t k, object v) noexcept:
     at[_lay[k]] = <PyObject *>v
 
 
+import orjson
+
+cdef object _loads = orjson.loads
+cdef object _dumps = orjson.dumps
+cdef object _SORTED = orjson.OPT_SORT_KEYS
+
+
+cdef object _calls_of(const unsigned char *s, Py_ssize_t n):
+    """``(calls tuple, canonical JSON)`` of a stored non-empty tool-call
+    list in the common shape -- a JSON list of objects, each with an
+    ASCII str ``id``, a str ``name`` and an ``arguments`` -- as the
+    caller's ``calls_read`` (rune_fast.cool.reads._calls_read) makes it,
+    without its Python frames; None for anything else, which
+    ``calls_read`` then decides."""
+    cdef object calls, c, v
+    cdef Py_ssize_t i
+    try:
+        calls = _loads(PyBytes_FromStringAndSize(<const char *>s, n))
+    except ValueError:
+        return None
+    if type(calls) is not list or not calls:
+        return None
+    for i in range(len(<list>calls)):
+        c = (<list>calls)[i]
+        if type(c) is not dict:
+            return None
+        v = (<dict>c).get("id")
+        if type(v) is not str or not (<str>v).isascii():
+            return None
+        if type((<dict>c).get("name")) is not str or "arguments" not in <dict>c:
+            return None
+    try:
+        return tuple(<list>calls), _dumps(calls, option=_SORTED)
+    except (TypeError, ValueError):
+        return None
+
+
 cdef object _same_or_new(object prev, const unsigned char *pb, Py_ssize_t plen,
                          const unsigned char *s, Py_ssize_t n):
     """The str of the UTF-8 bytes ``s[:n]``: ``prev`` itself when its bytes
@@ -935,9 +972,11 @@ def records_from_columns(list strings, ts, tok, sv, ords, type record_type, obje
         canon_calls = None
         a, ln = so[S_TOOL_CALLS][i], so[S_TOOL_CALLS][i + 1] - so[S_TOOL_CALLS][i]
         if not (ln == 2 and memcmp(sp[S_TOOL_CALLS] + a, b"[]", 2) == 0):
-            got = calls_read(PyBytes_FromStringAndSize(<const char *>sp[S_TOOL_CALLS] + a, ln))
+            got = _calls_of(sp[S_TOOL_CALLS] + a, ln)
             if got is None:
-                continue
+                got = calls_read(PyBytes_FromStringAndSize(<const char *>sp[S_TOOL_CALLS] + a, ln))
+                if got is None:
+                    continue
             calls, canon_calls = got
         # the canonical JSON, keys sorted (the digest's input, schema.record_digest)
         b.n = 0
