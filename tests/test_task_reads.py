@@ -195,3 +195,15 @@ def test_task_reads_over_many_files_merge_their_runs(tmp_path):
                             key=lambda m: order_key(m.hlc, m.msg_id, want.index(m)))
             for _ in range(3):
                 assert repo.messages_for_task(t) == expect
+
+
+def test_a_task_named_by_a_str_subclass_reads_plain_str_ids(tmp_path):
+    class Name(str):
+        pass
+
+    with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=2, cache_bytes=4 << 20) as repo:
+        want = [msg(i, "t") for i in range(300)]
+        repo.append_many(want)
+        repo.compact()
+        got = repo.messages_for_task(Name("t"))
+        assert got == want and {type(m.task_id) for m in got} == {str}

@@ -415,6 +415,8 @@ class HotReads(Host):
     def _messages_for_task(self, task_id: str) -> list[ConversationMessageRecord]:
         if task_id == "":
             return []
+        if type(task_id) is not str:
+            task_id = str(task_id)      # (a str subclass: the records share the task's str)
         locs, hot, misses = self._index.task_hits(codec.key(task_id), self._decoded)
         if misses:
             hot = [h if h is not None else self._read_loc_seq(loc) for loc, h in zip(locs, hot)]
