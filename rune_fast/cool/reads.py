@@ -540,24 +540,34 @@ class _Reads(_RowCache):
 
     def latest_task_row(self, channel_id: str) -> CoolRow | None:
         """The newest archived message of the channel that has a task, or
-        None. Public API: the repository does not call it."""
+        None. Public API: the repository does not call it.
+
+        The candidates are each file's newest row with a task (key order)
+        or each task run's last row (clustered by task): their order-key
+        columns alone choose the newest (as :meth:`channel_tail_locs`
+        does: the digest covers hlc and msg_id, the page checksums ord),
+        and that row alone is read whole and checked."""
         with self._lock:
-            best: CoolRow | None = None
+            keyed: list[tuple[tuple, int]] = []
             for no in self._channels.get(channel_id, ()):
                 s, e, lt = self._files[no].channels[channel_id]
                 runs = self._task_runs(no, channel_id)
                 # key order: the sidecar's newest row with a task; clustered
                 # by task: the newest of each task's last row
                 last = [lt] if runs is None else (runs[0][runs[1]] - 1).tolist()
-                for row in (x for x in last if x >= 0):
-                    r = self._row(no, row)
-                    if r.record["channel_id"] != channel_id or r.record["task_id"] == "":
-                        raise CorruptStateCheckpointError(
-                            f"cool index says row {row} is a task message of channel {channel_id!r}",
-                            path=self._path(r.file), offset=row)
-                    if best is None or _row_key(r) > _row_key(best):
-                        best = r
-            return best
+                rows = sorted(x for x in last if x >= 0)
+                if rows:
+                    keyed += self._keys_of(no, rows)
+            if not keyed:
+                return None
+            key, loc = max(keyed, key=_first)
+            no, row = loc >> 32, loc & 0xFFFFFFFF
+            r = self._row(no, row)
+            if r.record["channel_id"] != channel_id or r.record["task_id"] == "" or _row_key(r) != key:
+                raise CorruptStateCheckpointError(
+                    f"cool index says row {row} is a task message of channel {channel_id!r}",
+                    path=self._path(r.file), offset=row)
+            return r
 
     def latest_task(self, channel_id: str) -> str | None:
         """task_id of the newest archived message of the channel that has
