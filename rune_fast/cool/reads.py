@@ -324,13 +324,11 @@ class _Reads(_RowCache):
             out: list[int] = []
             parts: list[tuple[int, list[int]]] = []
             for no in self._task_map().get(task_id, ()):
-                rows = self._files[no].tasks[task_id]
-                if len(rows) > 1 and not bool(np.all(rows[1:] > rows[:-1])):
+                rows = self._files[no].tasks[task_id].astype(np.int64)
+                if len(rows) > 1 and not bool((rows[1:] > rows[:-1]).all()):
                     rows = np.unique(rows)      # (a sidecar writes them ascending; reads take them so)
-                rl = rows.tolist()
-                base = no << 32     # (a task's rows are few: Python ints beat numpy's calls)
-                out += [base | r for r in rl]
-                parts.append((no, rl))
+                out += (rows | (no << 32)).tolist()
+                parts.append((no, rows.tolist()))
             if len(self._task_locs_d) >= _TASK_LOCS_KEPT:
                 self._task_locs_d.clear()
             got = self._task_locs_d[task_id] = (out, parts)
