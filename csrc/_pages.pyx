@@ -769,36 +769,43 @@ cdef extern from *:
 
 # The layout of the last record type records_from_columns made (a derived
 # constant of that type, found once: which of its pointer slots holds each
-# field), or _lay_direct False: the fields are set by name.
+# field), or _lay_direct False: the fields are set by name. Each call takes
+# a copy (_layout) before its loop: a call in another thread, for another
+# type, may replace it while this one waits on the GIL.
 cdef type _lay_type = None
 cdef bint _lay_direct = False
 cdef Py_ssize_t _lay[N_F]
 
 
-cdef int _layout(type t) except -1:
-    """Find where an instance of ``t`` keeps each field of _FIELDS: when
-    the instance is its header and eleven field pointers (slots, no
+cdef bint _layout(type t, Py_ssize_t *out) except -1:
+    """Whether an instance of ``t`` is filled by storing each field of
+    _FIELDS in its pointer slot (``out[k]``: the slot of field k): when the
+    instance is its header and eleven field pointers (slots, no
     ``__dict__``, no weak references), a probe's fields are set to
     sentinels by name and each is looked for. Records are then filled by
     storing the pointers (a dozen descriptor lookups and calls a row, a
     fifth of its assembly, saved); any other type by name, as before."""
     global _lay_type, _lay_direct
     cdef Py_ssize_t k, j, found
+    cdef Py_ssize_t found_at[N_F]
     cdef PyObject **at
     cdef list sentinels
     if t is _lay_type:
-        return 0
-    _lay_type, _lay_direct = t, False
+        for k in range(N_F):
+            out[k] = _lay[k]
+        return _lay_direct
     if (t.__dictoffset__ != 0 or t.__weakrefoffset__ != 0 or t.__itemsize__ != 0
             or t.__basicsize__ != _HEAD + N_F * <Py_ssize_t>sizeof(void *)):
-        return 0
+        _lay_type, _lay_direct = t, False
+        return False
     probe = rf_pages_blank(t)
     sentinels = [object() for k in range(N_F)]
     try:
         for k in range(N_F):
             PyObject_GenericSetAttr(probe, _FIELDS[k], sentinels[k])
     except (AttributeError, TypeError):
-        return 0
+        _lay_type, _lay_direct = t, False
+        return False
     at = <PyObject **>(<char *><void *>probe + _HEAD)
     for k in range(N_F):
         found = -1
@@ -806,16 +813,21 @@ cdef int _layout(type t) except -1:
             if at[j] == <PyObject *>sentinels[k]:
                 found = j
         if found < 0:
-            return 0
-        _lay[k] = found
-    _lay_direct = True
-    return 0
+            _lay_type, _lay_direct = t, False
+            return False
+        found_at[k] = found
+    # (published and copied out with no Python code between: no thread switch)
+    for k in range(N_F):
+        _lay[k] = found_at[k]
+        out[k] = found_at[k]
+    _lay_type, _lay_direct = t, True
+    return True
 
 
-cdef inline void _put(PyObject **at, Py_ssize_t k, object v) noexcept:
-    """Store ``v`` (a new reference taken) in the blank slot ``k``."""
+cdef inline void _put(PyObject **at, const Py_ssize_t *lay, Py_ssize_t k, object v) noexcept:
+    """Store ``v`` (a new reference taken) in the blank slot of field ``k``."""
     Py_INCREF(v)
-    at[_lay[k]] = <PyObject *>v
+    at[lay[k]] = <PyObject *>v
 
 
 import orjson
@@ -928,7 +940,8 @@ def records_from_columns(list strings, ts, tok, sv, ords, type record_type, obje
         raise ValueError("records_from_columns: keyed=True takes pairs=False")
     if task is not None:
         task_p = PyUnicode_AsUTF8AndSize(task, &task_n)
-    _layout(record_type)
+    cdef Py_ssize_t lay[N_F]
+    cdef bint direct = _layout(record_type, lay)
     cdef Py_ssize_t size[N_S]
     for k in range(N_S):
         data, offs = strings[k]
@@ -1043,15 +1056,15 @@ def records_from_columns(list strings, ts, tok, sv, ords, type record_type, obje
                     vals[k] = PyUnicode_DecodeUTF8(<const char *>sp[_FIELD_COL[k]] + a, ln, NULL)
         except UnicodeDecodeError:
             continue
-        if _lay_direct:
+        if direct:
             rec = rf_pages_blank(record_type)
             at = <PyObject **>(<char *><void *>rec + _HEAD)
             for k in range(7):
-                _put(at, k, vals[k])
-            _put(at, F_TS, PyFloat_FromDouble(t[i]))
-            _put(at, F_ROLE, role)
-            _put(at, F_TOK, PyLong_FromLongLong(tk[i]))
-            _put(at, F_CALLS, calls)
+                _put(at, lay, k, vals[k])
+            _put(at, lay, F_TS, PyFloat_FromDouble(t[i]))
+            _put(at, lay, F_ROLE, role)
+            _put(at, lay, F_TOK, PyLong_FromLongLong(tk[i]))
+            _put(at, lay, F_CALLS, calls)
         else:
             rec = record_type.__new__(record_type)
             for k in range(7):

@@ -207,3 +207,55 @@ def test_a_task_named_by_a_str_subclass_reads_plain_str_ids(tmp_path):
         repo.compact()
         got = repo.messages_for_task(Name("t"))
         assert got == want and {type(m.task_id) for m in got} == {str}
+
+
+def test_records_of_two_layouts_built_in_two_threads_stay_apart(tmp_path):
+    """Each records_from_columns call fills its records by the layout of
+    its own record type, also while a call in another thread (switching at
+    the tool-call reader, Python code) builds records of a type whose slots
+    lie in another order."""
+    import threading
+    import time
+
+    a = CoolArchive(str(tmp_path / "cool"), row_group_rows=64)
+    # (a non-ASCII call id: the compiled reader leaves the calls to calls_read)
+    rows = [rec(i, "c1", task="t1", tool_calls=[{"id": "\u00e9x", "name": "f", "arguments": [i]}])
+            for i in range(40)]
+    cool_rows(a, rows, list(range(40)))
+    (name,) = a.files()
+    cols = a._reader(int(name[5:13])).take(0, list(range(40)))
+
+    class Base:
+        __slots__ = ("ts",)
+
+    class Reversed(Base):       # (its ts slot first: CPython lays a class's own slots out sorted)
+        SCHEMA_VERSION = 1
+        __slots__ = ("tool_calls", "token_estimate", "role", "origin", "tool_call_id", "content", "hlc",
+                     "task_id", "channel_id", "msg_id")
+
+    def slow_calls(raw):
+        time.sleep(0)                   # (a thread switch here, mid-call)
+        return _calls_read(raw)
+
+    def build(record_type):
+        return _pages.records_from_columns([(bytes(cols[c][0]) + b"", cols[c][1]) for c in _STRING_COLS],
+                                           cols[_TS], cols[_TOK], cols[_SV], cols[_ORD], record_type, slow_calls)
+
+    want = {R: [fields(h[0]) for h in build(R)], Reversed: [fields(h[0]) for h in build(Reversed)]}
+    assert want[R] == want[Reversed]
+    bad = []
+    both = threading.Barrier(2)
+
+    def loop(record_type):
+        both.wait()
+        for _ in range(150):
+            got = [fields(h[0]) for h in build(record_type)]
+            if got != want[record_type]:
+                bad.append(record_type)
+
+    threads = [threading.Thread(target=loop, args=(t,)) for t in (R, Reversed)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert bad == []
