@@ -17,7 +17,7 @@ from rune_fast._conv import tuning
 from rune_fast._order import order_key
 from rune_fast.conversation_state import ConversationStateRepository
 from rune_fast.cool import CoolArchive
-from rune_fast.cool.reads import _ORD, _STRING_COLS, _SV, _TOK, _TS, _calls_read
+from rune_fast.cool.reads import _ORD, _STRING_COLS, _SV, _TOK, _TS, _calls_read, parts_locs
 from rune_fast.errors import CorruptStateCheckpointError
 from rune_fast.records import ConversationMessageRecord, message_from_stored
 from test_cool import cool_rows, rec, records
@@ -59,7 +59,8 @@ def test_task_records_is_the_dict_path(tmp_path_factory, rows, tasks, data):
     a = CoolArchive(d, row_group_rows=data.draw(st.sampled_from([2, 4, 64])))
     cool_rows(a, rows, list(range(len(rows))))
     for t in {r["task_id"] for r in rows} - {""}:
-        locs, parts = a.task_parts(t)
+        parts = a.task_parts(t)
+        locs = parts_locs(parts)
         keyed, declined = a.task_records(parts, R, t)
         assert len(keyed) + len(declined) == len(locs)
         by_id = {getattr(m, "msg_id", m): (k, m) for k, m in dict_path(a, locs)}

@@ -7,12 +7,15 @@ import os
 import sys
 from typing import Any
 
+import numpy as np
+
 
 from .. import _encode, _index, codec
 from ..errors import CorruptStateCheckpointError
 from ..records import ConversationMessageRecord, message_from_stored
 from .._index import LocCache
 from .._order import order_key
+from ..cool.reads import parts_locs
 from ..segments import seg_name
 from . import tuning
 from .common import (_COOL_RANK, _HOT_RANK, _MAX_N, _OFF_MASK, MessageRead, ReadStatus,
@@ -420,10 +423,10 @@ class HotReads(Host):
         locs, hot, misses = self._index.task_hits(codec.key(task_id), self._decoded)
         if misses:
             hot = [h if h is not None else self._read_loc_seq(loc) for loc, h in zip(locs, hot)]
-        cool_locs, parts = self._cool.task_parts(task_id)
-        if not cool_locs:
+        parts = self._cool.task_parts(task_id)
+        if not parts:
             return own_calls([r for r, _seq in hot])       # the index keeps them in order
-        keyed = self._cool_task(task_id, cool_locs, parts)
+        keyed = self._cool_task(task_id, parts)
         if hot:
             recs = own_calls([r for r, _seq in hot])
             keyed += [(_xkey(r, seq), r) for r, (_r, seq) in zip(recs, hot)]
@@ -431,18 +434,19 @@ class HotReads(Host):
         keyed.sort(key=_first)
         return [r for _k, r in keyed]
 
-    def _cool_task(self, task_id: str, locs: list[int],
-                   parts: list[tuple[int, list[int]]]) -> list[tuple[tuple, ConversationMessageRecord]]:
+    def _cool_task(self, task_id: str,
+                   parts: list[tuple[int, np.ndarray]]) -> list[tuple[tuple, ConversationMessageRecord]]:
         """``(order key, record)`` of the task's live archived messages
-        (``locs``, and the same by file: CoolArchive.task_parts), each
-        record the caller's to hand out. A task read again soon
+        (their rows by file: CoolArchive.task_parts), each record the
+        caller's to hand out. A task read again soon
         (:meth:`_admit_task`) is read through the cache of verified cool
         records and kept there; any other is read straight from its pages,
         every row's digest and task checked in one compiled pass a row
         group, and not kept: a read of hundreds of rows would push out what
         the cache holds, for rows nobody may ask again."""
         deleted = self._cool_deleted
-        if self._admit_task(task_id, len(locs)):
+        if self._admit_task(task_id, sum(len(rows) for _no, rows in parts)):
+            locs = parts_locs(parts)
             cool = self._cool_records(locs)
             self._check_task(task_id, locs, [rec for rec, _o in cool])
             recs = own_calls([rec for rec, _o in cool])

@@ -48,6 +48,15 @@ def _calls_read(raw: bytes) -> tuple[tuple, bytes] | None:
     return None
 
 
+def parts_locs(parts: list[tuple[int, np.ndarray]]) -> list[int]:
+    """The locations (:func:`cool_loc`) of the rows of ``parts``
+    (:meth:`_Reads.task_parts`), in their order."""
+    out: list[int] = []
+    for no, rows in parts:
+        out += (rows.astype(np.int64) | (no << 32)).tolist()
+    return out
+
+
 class _Reads(_RowCache):
     """Queries by id, channel and task (the layer above the row cache).
     """
@@ -310,31 +319,31 @@ class _Reads(_RowCache):
     def task_locs(self, task_id: str) -> list[int]:
         """The locations (:func:`cool_loc`) of every archived message of the
         task (as the sidecars say; :meth:`rows_at` reads and verifies them)."""
-        return list(self.task_parts(task_id)[0])
+        return parts_locs(self.task_parts(task_id))
 
-    def task_parts(self, task_id: str) -> tuple[list[int], list[tuple[int, list[int]]]]:
-        """:meth:`task_locs` (not a copy: the caller does not change it) and
-        the same rows by file: ``(file number, its rows ascending)``, in the
-        order of the locations (what :meth:`task_records` reads). Kept per
-        task (at most _TASK_LOCS_KEPT; forgotten when files come or go)."""
+    def task_parts(self, task_id: str) -> list[tuple[int, np.ndarray]]:
+        """The rows of every archived message of the task by file: ``(file
+        number, its rows ascending)`` (what :meth:`task_records` reads;
+        :func:`parts_locs` makes their locations). Kept per task (at most
+        _TASK_LOCS_KEPT; forgotten when files come or go): the sidecar's own
+        arrays, no copy (a task read over every task keeps no list of
+        Python ints a message)."""
         with self._lock:
             kept = self._task_locs_d.get(task_id) if not self._unloaded else None
             if kept is not None:
                 return kept
-            out: list[int] = []
-            parts: list[tuple[int, list[int]]] = []
+            parts: list[tuple[int, np.ndarray]] = []
             for no in self._task_map().get(task_id, ()):
-                rows = self._files[no].tasks[task_id].astype(np.int64)
+                rows = self._files[no].tasks[task_id]
                 if len(rows) > 1 and not bool((rows[1:] > rows[:-1]).all()):
                     rows = np.unique(rows)      # (a sidecar writes them ascending; reads take them so)
-                out += (rows | (no << 32)).tolist()
-                parts.append((no, rows.tolist()))
+                parts.append((no, rows))
             if len(self._task_locs_d) >= _TASK_LOCS_KEPT:
                 self._task_locs_d.clear()
-            got = self._task_locs_d[task_id] = (out, parts)
-            return got
+            self._task_locs_d[task_id] = parts
+            return parts
 
-    def task_records(self, parts: list[tuple[int, list[int]]], record_type: type,
+    def task_records(self, parts: list[tuple[int, np.ndarray]], record_type: type,
                      task_id: str) -> tuple[list[tuple[tuple, Any]], list[int]]:
         """``(keyed, declined)`` of the rows ``parts`` (:meth:`task_parts`)
         of the task ``task_id``: ``(order key, record)`` of each row read
@@ -349,9 +358,10 @@ class _Reads(_RowCache):
         keyed: list[tuple[tuple, Any]] = []
         declined: list[int] = []
         with self._lock:
-            for no, rows in parts:
+            for no, arr in parts:
                 if no not in self._files:
                     raise CorruptStateCheckpointError(f"cool file number {no} is not live", path=self._dir)
+                rows = arr.tolist()
                 base = no << 32
                 for rg, sel, local in self._by_group(no, rows):
                     g = self._cache.get((no, rg))
