@@ -541,7 +541,6 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBuffer_Release, PyObject_GetBuffer
 from cpython.mem cimport PyMem_Free
 from libc.stdlib cimport realloc
-from libc.stdio cimport snprintf
 from libc.string cimport memcmp, strlen
 
 cimport _xxh
@@ -555,6 +554,8 @@ cdef extern from "Python.h":
                                 int *ptype) except NULL
     int Py_DTSF_ADD_DOT_0
     const char *PyUnicode_AsUTF8(object o) except NULL
+    const char *PyUnicode_AsUTF8AndSize(object o, Py_ssize_t *size) except NULL
+    void Py_INCREF(object o)
     void PyObject_GC_UnTrack(void *op)
     int PyObject_GC_IsTracked(object op)
 
@@ -664,8 +665,28 @@ cdef int _jstr(_Buf *b, const unsigned char *s, Py_ssize_t n) except -1:
 
 
 cdef int _jint(_Buf *b, long long v) except -1:
+    """``v`` in decimal (as ``%lld`` spells it; printf's machinery cost
+    more than the rest of a row's integers)."""
+    cdef char tmp[24]
+    cdef int k = 0
+    cdef unsigned long long u
     _grow(b, 24)
-    b.n += snprintf(<char *>b.p + b.n, 24, "%lld", v)
+    if v < 0:
+        b.p[b.n] = c'-'
+        b.n += 1
+        u = <unsigned long long>(-(v + 1)) + 1
+    else:
+        u = <unsigned long long>v
+    while True:
+        tmp[k] = <char>(c'0' + <int>(u % 10))
+        k += 1
+        u //= 10
+        if u == 0:
+            break
+    while k > 0:
+        k -= 1
+        b.p[b.n] = <unsigned char>tmp[k]
+        b.n += 1
     return 0
 
 
@@ -720,17 +741,160 @@ cdef tuple _STR_SLOTS = (("msg_id", S_MSG_ID), ("channel_id", S_CHANNEL), ("task
                          ("hlc", S_HLC), ("content", S_CONTENT), ("tool_call_id", S_TOOL_CALL_ID),
                          ("origin", S_ORIGIN))
 
+# The record's fields, in the order of _FIELDS: where records_from_columns
+# puts each value (see _layout).
+cdef enum:
+    F_MSG_ID, F_CHANNEL, F_TASK, F_HLC, F_CONTENT, F_TOOL_CALL_ID, F_ORIGIN, F_TS, F_ROLE, F_TOK,
+    F_CALLS, N_F
+
+cdef tuple _FIELDS = ("msg_id", "channel_id", "task_id", "hlc", "content", "tool_call_id", "origin",
+                      "ts", "role", "token_estimate", "tool_calls")
+# the string column of each of the first seven fields
+cdef int _FIELD_COL[7]
+_FIELD_COL[:] = [S_MSG_ID, S_CHANNEL, S_TASK, S_HLC, S_CONTENT, S_TOOL_CALL_ID, S_ORIGIN]
+#: Bytes of an object's header: where the first slot of a slotted instance lies.
+cdef Py_ssize_t _HEAD = object.__basicsize__
+cdef object _ZERO = 0
+cdef object _ONE = 1
+
+cdef extern from *:
+    """
+    /* a blank instance of the type t, as object.__new__(t) makes it */
+    static PyObject *rf_pages_blank(PyObject *t) {
+        PyTypeObject *tp = (PyTypeObject *)t;
+        return tp->tp_alloc(tp, 0);
+    }
+    """
+    object rf_pages_blank(object t)
+
+# The layout of the last record type records_from_columns made (a derived
+# constant of that type, found once: which of its pointer slots holds each
+# field), or _lay_direct False: the fields are set by name. Each call takes
+# a copy (_layout) before its loop: a call in another thread, for another
+# type, may replace it while this one waits on the GIL.
+cdef type _lay_type = None
+cdef bint _lay_direct = False
+cdef Py_ssize_t _lay[N_F]
+
+
+cdef bint _layout(type t, Py_ssize_t *out) except -1:
+    """Whether an instance of ``t`` is filled by storing each field of
+    _FIELDS in its pointer slot (``out[k]``: the slot of field k): when the
+    instance is its header and eleven field pointers (slots, no
+    ``__dict__``, no weak references), a probe's fields are set to
+    sentinels by name and each is looked for. Records are then filled by
+    storing the pointers (a dozen descriptor lookups and calls a row, a
+    fifth of its assembly, saved); any other type by name, as before."""
+    global _lay_type, _lay_direct
+    cdef Py_ssize_t k, j, found
+    cdef Py_ssize_t found_at[N_F]
+    cdef PyObject **at
+    cdef list sentinels
+    if t is _lay_type:
+        for k in range(N_F):
+            out[k] = _lay[k]
+        return _lay_direct
+    if (t.__dictoffset__ != 0 or t.__weakrefoffset__ != 0 or t.__itemsize__ != 0
+            or t.__basicsize__ != _HEAD + N_F * <Py_ssize_t>sizeof(void *)):
+        _lay_type, _lay_direct = t, False
+        return False
+    probe = rf_pages_blank(t)
+    sentinels = [object() for k in range(N_F)]
+    try:
+        for k in range(N_F):
+            PyObject_GenericSetAttr(probe, _FIELDS[k], sentinels[k])
+    except (AttributeError, TypeError):
+        _lay_type, _lay_direct = t, False
+        return False
+    at = <PyObject **>(<char *><void *>probe + _HEAD)
+    for k in range(N_F):
+        found = -1
+        for j in range(N_F):
+            if at[j] == <PyObject *>sentinels[k]:
+                found = j
+        if found < 0:
+            _lay_type, _lay_direct = t, False
+            return False
+        found_at[k] = found
+    # (published and copied out with no Python code between: no thread switch)
+    for k in range(N_F):
+        _lay[k] = found_at[k]
+        out[k] = found_at[k]
+    _lay_type, _lay_direct = t, True
+    return True
+
+
+cdef inline void _put(PyObject **at, const Py_ssize_t *lay, Py_ssize_t k, object v) noexcept:
+    """Store ``v`` (a new reference taken) in the blank slot of field ``k``."""
+    Py_INCREF(v)
+    at[lay[k]] = <PyObject *>v
+
+
+import orjson
+
+cdef object _loads = orjson.loads
+cdef object _dumps = orjson.dumps
+cdef object _SORTED = orjson.OPT_SORT_KEYS
+
+
+cdef object _calls_of(const unsigned char *s, Py_ssize_t n):
+    """``(calls tuple, canonical JSON)`` of a stored non-empty tool-call
+    list in the common shape -- a JSON list of objects, each with an
+    ASCII str ``id``, a str ``name`` and an ``arguments`` -- as the
+    caller's ``calls_read`` (rune_fast.cool.reads._calls_read) makes it,
+    without its Python frames; None for anything else, which
+    ``calls_read`` then decides."""
+    cdef object calls, c, v
+    cdef Py_ssize_t i
+    try:
+        calls = _loads(PyBytes_FromStringAndSize(<const char *>s, n))
+    except ValueError:
+        return None
+    if type(calls) is not list or not calls:
+        return None
+    for i in range(len(<list>calls)):
+        c = (<list>calls)[i]
+        if type(c) is not dict:
+            return None
+        v = (<dict>c).get("id")
+        if type(v) is not str or not (<str>v).isascii():
+            return None
+        if type((<dict>c).get("name")) is not str or "arguments" not in <dict>c:
+            return None
+    try:
+        return tuple(<list>calls), _dumps(calls, option=_SORTED)
+    except (TypeError, ValueError):
+        return None
+
+
+cdef object _same_or_new(object prev, const unsigned char *pb, Py_ssize_t plen,
+                         const unsigned char *s, Py_ssize_t n):
+    """The str of the UTF-8 bytes ``s[:n]``: ``prev`` itself when its bytes
+    ``pb[:plen]`` are the same (a run of rows of one channel, one task,
+    one device shares one object), else decoded."""
+    if prev is not None and plen == n and memcmp(pb, s, <size_t>n) == 0:
+        return prev
+    return PyUnicode_DecodeUTF8(<const char *>s, n, NULL)
+
 
 @cython.boundscheck(False)
 @cython.wraparound(False)
 def records_from_columns(list strings, ts, tok, sv, ords, type record_type, object calls_read,
-                         bint pairs=True):
+                         bint pairs=True, str task=None, bint keyed=False):
     """``(record, ord)`` of each row of cool columns already gathered for
     just the rows a read returns, or None for a row left to the caller's
     Python path (see the section comment). ``pairs=False``: two lists
     instead, the records (None for a row left) and their ords (a search's
     hundreds of thousands of hits then make no tuple each that holds a
     record: the cyclic collector walks every such tuple while it lives).
+    ``keyed=True`` (with ``pairs=False``): the first list holds ``(order
+    key, record)`` instead, the key as ``rune_fast._order.order_key(hlc,
+    msg_id, ord)`` makes it (a task read sorts its rows by it).
+
+    ``task``: the rows must be of this task; a row of another is left to
+    the caller (whose Python path names the damage), and the rows of the
+    task share this str as their ``task_id``. The channel and origin of
+    consecutive rows that spell them alike share one str too.
 
     ``strings``: the eleven string columns msg_id, channel_id, task_id, hlc,
     content, role, tool_calls, tool_call_id, origin, extra, digest, each
@@ -749,7 +913,13 @@ def records_from_columns(list strings, ts, tok, sv, ords, type record_type, obje
     cdef const int32_t *so[N_S]
     cdef list keep = []
     cdef list out
-    cdef object rec, role, calls, got, s
+    cdef object rec, role, calls, got, s, ordv, key
+    cdef list vals = [None] * 7
+    cdef object prev_ch = None, prev_origin = None
+    cdef Py_ssize_t prev_ch_i = 0, prev_origin_i = 0
+    cdef const char *task_p = NULL
+    cdef Py_ssize_t task_n = 0
+    cdef PyObject **at
     cdef bytes canon_calls
     cdef _Scratch sc = _Scratch()
     cdef _Buf *b = &sc.buf
@@ -766,6 +936,12 @@ def records_from_columns(list strings, ts, tok, sv, ords, type record_type, obje
     if (len(strings) != N_S or views.n[1] != 8 * m or views.n[2] != 4 * m
             or views.n[3] != 8 * m):
         raise ValueError("records_from_columns: columns of different lengths")
+    if keyed and pairs:
+        raise ValueError("records_from_columns: keyed=True takes pairs=False")
+    if task is not None:
+        task_p = PyUnicode_AsUTF8AndSize(task, &task_n)
+    cdef Py_ssize_t lay[N_F]
+    cdef bint direct = _layout(record_type, lay)
     cdef Py_ssize_t size[N_S]
     for k in range(N_S):
         data, offs = strings[k]
@@ -794,6 +970,9 @@ def records_from_columns(list strings, ts, tok, sv, ords, type record_type, obje
             continue
         if so[S_DIGEST][i + 1] - so[S_DIGEST][i] != 32:
             continue
+        if task_p != NULL and (so[S_TASK][i + 1] - so[S_TASK][i] != task_n
+                               or memcmp(sp[S_TASK] + so[S_TASK][i], task_p, <size_t>task_n) != 0):
+            continue        # another task's row where the index said this one's: the caller names it
         role = None
         a, ln = so[S_ROLE][i], so[S_ROLE][i + 1] - so[S_ROLE][i]
         for s in _READ_ROLES:
@@ -806,9 +985,11 @@ def records_from_columns(list strings, ts, tok, sv, ords, type record_type, obje
         canon_calls = None
         a, ln = so[S_TOOL_CALLS][i], so[S_TOOL_CALLS][i + 1] - so[S_TOOL_CALLS][i]
         if not (ln == 2 and memcmp(sp[S_TOOL_CALLS] + a, b"[]", 2) == 0):
-            got = calls_read(PyBytes_FromStringAndSize(<const char *>sp[S_TOOL_CALLS] + a, ln))
+            got = _calls_of(sp[S_TOOL_CALLS] + a, ln)
             if got is None:
-                continue
+                got = calls_read(PyBytes_FromStringAndSize(<const char *>sp[S_TOOL_CALLS] + a, ln))
+                if got is None:
+                    continue
             calls, canon_calls = got
         # the canonical JSON, keys sorted (the digest's input, schema.record_digest)
         b.n = 0
@@ -857,23 +1038,54 @@ def records_from_columns(list strings, ts, tok, sv, ords, type record_type, obje
         if memcmp(hexd, sp[S_DIGEST] + so[S_DIGEST][i], 32) != 0:
             continue        # damage, or a spelling this path does not make: the caller decides
         try:
-            rec = record_type.__new__(record_type)
-            for name, k in _STR_SLOTS:
-                PyObject_GenericSetAttr(rec, name, PyUnicode_DecodeUTF8(
-                    <const char *>sp[k] + so[k][i], so[k][i + 1] - so[k][i], NULL))
+            for k in range(7):
+                a, ln = so[_FIELD_COL[k]][i], so[_FIELD_COL[k]][i + 1] - so[_FIELD_COL[k]][i]
+                if k == F_TASK and task_p != NULL:
+                    vals[k] = task
+                elif k == F_CHANNEL:
+                    vals[k] = prev_ch = _same_or_new(prev_ch, sp[S_CHANNEL] + so[S_CHANNEL][prev_ch_i],
+                                                     so[S_CHANNEL][prev_ch_i + 1] - so[S_CHANNEL][prev_ch_i],
+                                                     sp[S_CHANNEL] + a, ln)
+                    prev_ch_i = i
+                elif k == F_ORIGIN:
+                    vals[k] = prev_origin = _same_or_new(
+                        prev_origin, sp[S_ORIGIN] + so[S_ORIGIN][prev_origin_i],
+                        so[S_ORIGIN][prev_origin_i + 1] - so[S_ORIGIN][prev_origin_i], sp[S_ORIGIN] + a, ln)
+                    prev_origin_i = i
+                else:
+                    vals[k] = PyUnicode_DecodeUTF8(<const char *>sp[_FIELD_COL[k]] + a, ln, NULL)
         except UnicodeDecodeError:
             continue
-        PyObject_GenericSetAttr(rec, "ts", PyFloat_FromDouble(t[i]))
-        PyObject_GenericSetAttr(rec, "role", role)
-        PyObject_GenericSetAttr(rec, "token_estimate", PyLong_FromLongLong(tk[i]))
-        PyObject_GenericSetAttr(rec, "tool_calls", calls)
+        if direct:
+            rec = rf_pages_blank(record_type)
+            at = <PyObject **>(<char *><void *>rec + _HEAD)
+            for k in range(7):
+                _put(at, lay, k, vals[k])
+            _put(at, lay, F_TS, PyFloat_FromDouble(t[i]))
+            _put(at, lay, F_ROLE, role)
+            _put(at, lay, F_TOK, PyLong_FromLongLong(tk[i]))
+            _put(at, lay, F_CALLS, calls)
+        else:
+            rec = record_type.__new__(record_type)
+            for k in range(7):
+                PyObject_GenericSetAttr(rec, _FIELDS[k], vals[k])
+            PyObject_GenericSetAttr(rec, "ts", PyFloat_FromDouble(t[i]))
+            PyObject_GenericSetAttr(rec, "role", role)
+            PyObject_GenericSetAttr(rec, "token_estimate", PyLong_FromLongLong(tk[i]))
+            PyObject_GenericSetAttr(rec, "tool_calls", calls)
         if untrack and canon_calls is None:
             PyObject_GC_UnTrack(<void *>rec)
+        ordv = PyLong_FromLongLong(od[i])
         if pairs:
-            out[i] = (rec, PyLong_FromLongLong(od[i]))
-        else:
+            out[i] = (rec, ordv)
+            continue
+        ords_out[i] = ordv
+        if not keyed:
             out[i] = rec
-            ords_out[i] = PyLong_FromLongLong(od[i])
+        elif so[S_HLC][i + 1] > so[S_HLC][i]:
+            out[i] = ((_ONE, vals[F_HLC], vals[F_MSG_ID]), rec)
+        else:
+            out[i] = ((_ZERO, ordv, ""), rec)
     return out if pairs else (out, ords_out)
 
 

@@ -92,6 +92,8 @@ class RepoState:
     _cache_rescale_left: int
     _maps: MapBudget
     _interleaved: dict[str, bool]
+    _task_asks: dict[str, int]
+    _task_clock: int
 
     # search.py: what search has checked and kept
     _lines_checked: set[int]

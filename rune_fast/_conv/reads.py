@@ -7,12 +7,15 @@ import os
 import sys
 from typing import Any
 
+import numpy as np
+
 
 from .. import _encode, _index, codec
 from ..errors import CorruptStateCheckpointError
 from ..records import ConversationMessageRecord, message_from_stored
 from .._index import LocCache
 from .._order import order_key
+from ..cool.reads import parts_locs
 from ..segments import seg_name
 from . import tuning
 from .common import (_COOL_RANK, _HOT_RANK, _MAX_N, _OFF_MASK, MessageRead, ReadStatus,
@@ -121,6 +124,10 @@ class HotReads(Host):
         self._cool_decoded = LocCache(tuning.DECODE_CACHE, cache_budgets(self._cache_now)[1])
         # channel -> whether a hot message sorts before a cool one (computed lazily)
         self._interleaved = {}
+        # task -> _task_clock after its last bulk read of archived rows, and
+        # the archived rows such reads returned so far (_admit_task)
+        self._task_asks = {}
+        self._task_clock = 0
 
     def _forget_interleaving(self) -> None:
         """The order verdicts no longer hold (rows moved between tiers)."""
@@ -411,23 +418,82 @@ class HotReads(Host):
     def _messages_for_task(self, task_id: str) -> list[ConversationMessageRecord]:
         if task_id == "":
             return []
+        if type(task_id) is not str:
+            task_id = str(task_id)      # (a str subclass: the records share the task's str)
         locs, hot, misses = self._index.task_hits(codec.key(task_id), self._decoded)
         if misses:
             hot = [h if h is not None else self._read_loc_seq(loc) for loc, h in zip(locs, hot)]
-        cool_locs = self._cool.task_locs(task_id)
-        if not cool_locs:
+        parts = self._cool.task_parts(task_id)
+        if not parts:
             return own_calls([r for r, _seq in hot])       # the index keeps them in order
-        cool = self._cool_records(cool_locs)
-        if {rec.task_id for rec, _o in cool} != {task_id}:
-            rec = next(rec for rec, _o in cool if rec.task_id != task_id)
-            raise CorruptStateCheckpointError(
-                f"cool index says {rec.msg_id!r} is a message of task {task_id!r}, "
-                f"the file says {rec.task_id!r}", path=self._cool.cool_dir)
-        deleted = self._cool_deleted
-        keyed = [(_xkey(r, seq), r) for r, seq in hot]
-        keyed += [(_xkey(rec, o), rec) for rec, o in cool if rec.msg_id not in deleted]
+        keyed = self._cool_task(task_id, parts)
+        if hot:
+            recs = own_calls([r for r, _seq in hot])
+            keyed += [(_xkey(r, seq), r) for r, (_r, seq) in zip(recs, hot)]
+        # (each file's rows of the task come in key order: the sort merges a few runs)
         keyed.sort(key=_first)
-        return own_calls([r for _k, r in keyed])
+        return [r for _k, r in keyed]
+
+    def _cool_task(self, task_id: str,
+                   parts: list[tuple[int, np.ndarray]]) -> list[tuple[tuple, ConversationMessageRecord]]:
+        """``(order key, record)`` of the task's live archived messages
+        (their rows by file: CoolArchive.task_parts), each record the
+        caller's to hand out. A task read again soon
+        (:meth:`_admit_task`) is read through the cache of verified cool
+        records and kept there; any other is read straight from its pages,
+        every row's digest and task checked in one compiled pass a row
+        group, and not kept: a read of hundreds of rows would push out what
+        the cache holds, for rows nobody may ask again."""
+        deleted = self._cool_deleted
+        if self._admit_task(task_id, sum(len(rows) for _no, rows in parts)):
+            locs = parts_locs(parts)
+            cool = self._cool_records(locs)
+            self._check_task(task_id, locs, [rec for rec, _o in cool])
+            recs = own_calls([rec for rec, _o in cool])
+            keyed = [(_xkey(r, o), r) for r, (_r, o) in zip(recs, cool)]
+        else:
+            keyed, declined = self._cool.task_records(parts, ConversationMessageRecord, task_id)
+            if declined:
+                # rows the compiled pass left: read whole, which names any damage
+                slow = [(self._cool_record(row), row.ord) for row in self._cool.rows_at(declined)]
+                self._check_task(task_id, declined, [rec for rec, _o in slow])
+                keyed += [(_xkey(r, o), r) for r, o in slow]
+        if deleted:
+            keyed = [kr for kr in keyed if kr[1].msg_id not in deleted]
+        return keyed
+
+    def _check_task(self, task_id: str, locs: list[int], recs: list[ConversationMessageRecord]) -> None:
+        """Raise if a record the cool index listed under ``task_id`` (at
+        ``locs``) is another task's: the index is damaged."""
+        for loc, rec in zip(locs, recs):
+            if rec.task_id != task_id:
+                raise CorruptStateCheckpointError(
+                    f"cool index says {rec.msg_id!r} is a message of task {task_id!r}, "
+                    f"the file says {rec.task_id!r}", path=self._cool.loc_path(loc), offset=loc & 0xFFFFFFFF)
+
+    def _admit_task(self, task_id: str, rows: int) -> bool:
+        """Whether a bulk read of the task's ``rows`` archived messages goes
+        through the cache of verified cool records (and keeps them): when
+        the same task was read lately enough that its rows would still be
+        there, had they been kept -- fewer rows read by task reads since
+        its last one than the cache holds (its entries, and its bytes at
+        tuning.TASK_ROW_BYTES a record). A read that is not asked again
+        within that reach is not kept (it would only push out what is
+        there): a loop over more tasks than the cache holds costs each task
+        its pages, not its pages and a cache's churn, and a task asked
+        again and again is served from the cache from its third read on.
+        A task of at most 1/TASK_FEW_ROWS of that reach is kept at once."""
+        self._task_clock += rows
+        last = self._task_asks.get(task_id)
+        if last is None and len(self._task_asks) >= tuning.TASK_ASKS_KEPT:
+            self._task_asks.clear()
+        self._task_asks[task_id] = self._task_clock
+        cache = self._cool_decoded
+        reach = cache.capacity if cache.max_bytes is None else \
+            min(cache.capacity, cache.max_bytes // tuning.TASK_ROW_BYTES)
+        if rows * tuning.TASK_FEW_ROWS <= reach:
+            return True         # (a small task is kept at once: it costs the cache little)
+        return last is not None and self._task_clock - last <= reach
 
     def _cool_records(self, locs: list[int]) -> list[tuple[ConversationMessageRecord, int]]:
         """(record, ord) of the cool rows at ``locs`` (cool_loc): from the

@@ -212,6 +212,21 @@ CACHE_STORE_SHARE = 4
 #: memory about 1,600 (window reads of 7,583 records: 31 MiB).
 RECORD_OVERHEAD = 1024
 TOOL_CALL_BYTES = 512
+#: A bulk task read keeps its archived rows in the cache of verified cool
+#: records only when the same task was read lately enough that they would
+#: still be there (``HotReads._admit_task``): fewer archived rows read by
+#: task reads since than the cache holds, counting this many bytes a row
+#: (RECORD_OVERHEAD and a content of ~450 characters, as the caches count
+#: them). Reads spread over more tasks than the cache holds (a loop over a
+#: few hundred tasks of ~900 messages: the cool share of a 48 MiB budget
+#: holds ~4,000 rows) read each from its pages without churning the cache
+#: (~1 us a row of insertion and eviction saved). A task of at most
+#: 1/TASK_FEW_ROWS of the cache's reach is kept at its first read (a few
+#: rows cost the cache little). At most TASK_ASKS_KEPT tasks are remembered
+#: (then forgotten all at once).
+TASK_ROW_BYTES = 1536
+TASK_FEW_ROWS = 16
+TASK_ASKS_KEPT = 4096
 #: Resident file pages (the segment and tail maps' share) that the hot reads
 #: may add before the pages they mapped are released (see ``_release_maps``),
 #: looked at every MAP_RELEASE_READS lines decoded from the maps. A read

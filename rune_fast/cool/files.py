@@ -103,7 +103,8 @@ class _FileSet:
         self._filters = _PageFilters()
         self._channels_d: dict[str, list[int]] = {}
         self._tasks_d: dict[str, list[int]] | None = None   # built at the first task query
-        self._task_locs_d: dict[str, list[int]] = {}         # task_locs' answers (see _TASK_LOCS_KEPT)
+        # task_parts' answers (each task's rows by file; see _TASK_LOCS_KEPT)
+        self._task_locs_d: dict[str, list[tuple[int, np.ndarray]]] = {}
         # per live file, read once (files never change; those gone are
         # forgotten): each channel's task runs (_Reads._task_runs) and
         # the order tops of its rows (_Search._kept_ord_tops)

@@ -48,6 +48,15 @@ def _calls_read(raw: bytes) -> tuple[tuple, bytes] | None:
     return None
 
 
+def parts_locs(parts: list[tuple[int, np.ndarray]]) -> list[int]:
+    """The locations (:func:`cool_loc`) of the rows of ``parts``
+    (:meth:`_Reads.task_parts`), in their order."""
+    out: list[int] = []
+    for no, rows in parts:
+        out += (rows.astype(np.int64) | (no << 32)).tolist()
+    return out
+
+
 class _Reads(_RowCache):
     """Queries by id, channel and task (the layer above the row cache).
     """
@@ -311,18 +320,73 @@ class _Reads(_RowCache):
     def task_locs(self, task_id: str) -> list[int]:
         """The locations (:func:`cool_loc`) of every archived message of the
         task (as the sidecars say; :meth:`rows_at` reads and verifies them)."""
+        return parts_locs(self.task_parts(task_id))
+
+    def task_parts(self, task_id: str) -> list[tuple[int, np.ndarray]]:
+        """The rows of every archived message of the task by file: ``(file
+        number, its rows ascending)`` (what :meth:`task_records` reads;
+        :func:`parts_locs` makes their locations). Kept per task (at most
+        _TASK_LOCS_KEPT; forgotten when files come or go): the sidecar's own
+        arrays, no copy (a task read over every task keeps no list of
+        Python ints a message)."""
         with self._lock:
             kept = self._task_locs_d.get(task_id) if not self._unloaded else None
             if kept is not None:
-                return list(kept)
-            out: list[int] = []
+                return kept
+            parts: list[tuple[int, np.ndarray]] = []
             for no in self._task_map().get(task_id, ()):
-                base = no << 32     # (a task's rows are few: Python ints beat numpy's calls)
-                out += [base | r for r in self._files[no].tasks[task_id].tolist()]
+                rows = self._files[no].tasks[task_id]
+                if len(rows) > 1 and not bool((rows[1:] > rows[:-1]).all()):
+                    rows = np.unique(rows)      # (a sidecar writes them ascending; reads take them so)
+                parts.append((no, rows))
             if len(self._task_locs_d) >= _TASK_LOCS_KEPT:
                 self._task_locs_d.clear()
-            self._task_locs_d[task_id] = out
-            return list(out)
+            self._task_locs_d[task_id] = parts
+            return parts
+
+    def task_records(self, parts: list[tuple[int, np.ndarray]], record_type: type,
+                     task_id: str) -> tuple[list[tuple[tuple, Any]], list[int]]:
+        """``(keyed, declined)`` of the rows ``parts`` (:meth:`task_parts`)
+        of the task ``task_id``: ``(order key, record)`` of each row read
+        straight from the pages holding it (as :meth:`records_at` reads,
+        each file's rows of a group in one ``PageReader.take`` and one
+        compiled pass that checks every row's digest and that the row is of
+        the task; the key as :func:`rune_fast._order.order_key` makes it),
+        and the locations of the rows that path declines (damage, another
+        task's row, an unusual spelling, a group the row-group cache holds
+        whole), for the caller's :meth:`rows_at`, which names any damage.
+        Nothing is cached: each record is new, the caller's to hand out."""
+        keyed: list[tuple[tuple, Any]] = []
+        declined: list[int] = []
+        with self._lock:
+            for no, arr in parts:
+                if no not in self._files:
+                    raise CorruptStateCheckpointError(f"cool file number {no} is not live", path=self._dir)
+                rows = arr.tolist()
+                base = no << 32
+                for rg, sel, local in self._by_group(no, rows):
+                    g = self._cache.get((no, rg))
+                    cols = None
+                    if g is None or g.acc is None:
+                        try:
+                            cols = self._with_reader(no, lambda reader: reader.take(rg, local))
+                        except PageError:
+                            cols = None     # damage: rows_at reads the group through pyarrow and names it
+                    if cols is None:
+                        declined += [base | r for r in sel]
+                        continue
+                    got, _ords = records_from_columns(
+                        [cols[c] for c in _STRING_COLS], cols[_TS], cols[_TOK], cols[_SV], cols[_ORD],
+                        record_type, _calls_read, False, task_id, True)
+                    if None in got:
+                        for r, hit in zip(sel, got):
+                            if hit is None:
+                                declined.append(base | r)
+                            else:
+                                keyed.append(hit)
+                    else:
+                        keyed += cast("list[tuple[tuple, Any]]", got)
+        return keyed, declined
 
     def id_locs(self, msg_id: str) -> list[int]:
         """The locations (:func:`cool_loc`) of the archived rows whose id
@@ -485,24 +549,34 @@ class _Reads(_RowCache):
 
     def latest_task_row(self, channel_id: str) -> CoolRow | None:
         """The newest archived message of the channel that has a task, or
-        None. Public API: the repository does not call it."""
+        None. Public API: the repository does not call it.
+
+        The candidates are each file's newest row with a task (key order)
+        or each task run's last row (clustered by task): their order-key
+        columns alone choose the newest (as :meth:`channel_tail_locs`
+        does: the digest covers hlc and msg_id, the page checksums ord),
+        and that row alone is read whole and checked."""
         with self._lock:
-            best: CoolRow | None = None
+            keyed: list[tuple[tuple, int]] = []
             for no in self._channels.get(channel_id, ()):
                 s, e, lt = self._files[no].channels[channel_id]
                 runs = self._task_runs(no, channel_id)
                 # key order: the sidecar's newest row with a task; clustered
                 # by task: the newest of each task's last row
                 last = [lt] if runs is None else (runs[0][runs[1]] - 1).tolist()
-                for row in (x for x in last if x >= 0):
-                    r = self._row(no, row)
-                    if r.record["channel_id"] != channel_id or r.record["task_id"] == "":
-                        raise CorruptStateCheckpointError(
-                            f"cool index says row {row} is a task message of channel {channel_id!r}",
-                            path=self._path(r.file), offset=row)
-                    if best is None or _row_key(r) > _row_key(best):
-                        best = r
-            return best
+                rows = sorted(x for x in last if x >= 0)
+                if rows:
+                    keyed += self._keys_of(no, rows)
+            if not keyed:
+                return None
+            key, loc = max(keyed, key=_first)
+            no, row = loc >> 32, loc & 0xFFFFFFFF
+            r = self._row(no, row)
+            if r.record["channel_id"] != channel_id or r.record["task_id"] == "" or _row_key(r) != key:
+                raise CorruptStateCheckpointError(
+                    f"cool index says row {row} is a task message of channel {channel_id!r}",
+                    path=self._path(r.file), offset=row)
+            return r
 
     def latest_task(self, channel_id: str) -> str | None:
         """task_id of the newest archived message of the channel that has
