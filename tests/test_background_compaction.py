@@ -55,6 +55,15 @@ def check_reads(repo, stored: dict[str, ConversationMessageRecord]) -> None:
     assert sorted(hits) == sorted(mid for mid, m in stored.items() if "topic3" in m.content)
 
 
+def assert_erased(root, msg_id: str) -> None:
+    """No file under ``root`` holds the content ``msg`` gave ``msg_id``."""
+    needle = f"note {int(msg_id[1:])} about".encode()
+    for d, _dirs, names in os.walk(root):
+        for n in names:
+            with open(os.path.join(d, n), "rb") as f:
+                assert needle not in f.read(), f"deleted content left in {n}"
+
+
 def cool_files_on_disk(state) -> set[str]:
     d = os.path.join(state, "hot", cs.COOL_DIR)
     return {n for n in os.listdir(d)} if os.path.isdir(d) else set()
@@ -186,11 +195,7 @@ def test_deleting_a_staged_message_discards_the_run(tmp_path, small_bg, monkeypa
         assert rep.cooled > 0
         assert repo.get_message(victim).status is ReadStatus.NOT_FOUND_CONFIRMED
         check_reads(repo, stored)
-    needle = f"note {int(victim[1:])} about".encode()
-    for root, _dirs, names in os.walk(tmp_path):
-        for n in names:
-            with open(os.path.join(root, n), "rb") as f:
-                assert needle not in f.read(), f"deleted content left in {n}"
+    assert_erased(tmp_path, victim)
     with open_repo(tmp_path) as repo:
         check_reads(repo, stored)
 

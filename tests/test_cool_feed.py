@@ -7,7 +7,6 @@ nothing is left behind."""
 from __future__ import annotations
 
 import logging
-import os
 
 import pytest
 
@@ -15,7 +14,7 @@ from rune_fast._conv import cooling, tuning
 from rune_fast.conversation_state import ReadStatus
 from rune_fast.errors import CorruptStateCheckpointError
 
-from test_background_compaction import check_reads, cool_files_on_disk, msg, open_repo
+from test_background_compaction import assert_erased, check_reads, cool_files_on_disk, msg, open_repo
 
 
 @pytest.fixture
@@ -105,11 +104,7 @@ def test_deleting_a_message_not_yet_copied_discards_the_run(tmp_path, fed):
         repo.compact()
         assert repo.get_message(victim).status is ReadStatus.NOT_FOUND_CONFIRMED
         check_reads(repo, stored)
-    needle = f"note {int(victim[1:])} about".encode()
-    for root, _dirs, names in os.walk(tmp_path):
-        for n in names:
-            with open(os.path.join(root, n), "rb") as f:
-                assert needle not in f.read(), f"deleted content left in {n}"
+    assert_erased(tmp_path, victim)
     with open_repo(tmp_path) as repo:
         check_reads(repo, stored)
 
