@@ -250,8 +250,12 @@ def _scan_archives(state: str, add: Callable[..., None], checked: dict[str, Any]
     """Read every Parquet archive under hot/conversation_cool/ (footer, schema,
     every row group; Parquet's page checksums are verified) -- for when the
     store cannot open and so cannot check their digests itself."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
+    # (pyarrow raises more than OSError and ValueError for a damaged footer:
+    # ArrowNotImplementedError, say, for an integer type of 4 bits)
+    unreadable = (OSError, ValueError, pa.ArrowException)
     cool = os.path.join(state, HOT_DIR, COOL_DIR)
     if not os.path.isdir(cool):
         return
@@ -263,14 +267,14 @@ def _scan_archives(state: str, add: Callable[..., None], checked: dict[str, Any]
         n += 1
         try:
             pf = pq.ParquetFile(path, page_checksum_verification=True)
-        except (OSError, ValueError) as exc:
+        except unreadable as exc:
             add(path, None, f"unreadable Parquet archive: {exc}")
             continue
         try:
             for i in range(pf.num_row_groups):
                 try:
                     pf.read_row_group(i)
-                except (OSError, ValueError) as exc:
+                except unreadable as exc:
                     add(path, None, f"row group {i} unreadable: {exc}")
         finally:
             pf.close()
