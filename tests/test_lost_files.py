@@ -518,3 +518,35 @@ def test_lines_moved_or_repeated_across_a_segment_boundary_are_refused(tmp_path,
             assert not rep.ok
             raise CorruptStateCheckpointError("verify: " + "; ".join(map(str, rep.problems)))
     assert e.value.path in (str(a), str(b), None)
+
+
+def test_a_footer_changed_after_open_is_refused_before_pyarrow_parses_it(tmp_path):
+    """Open checks each cool file's footer against the manifest; pyarrow
+    parses a footer only later, when a read needs it (verify, a search with
+    a limit that asks the row groups' ord statistics, a handle evicted and
+    opened again).
+    A footer changed in between (here a byte of its writer's name, which
+    pyarrow reads without a word; other bytes make its metadata accessors
+    abort the process) is checked again first: verify reports the file,
+    a read raises naming it, nothing is parsed."""
+    state = str(tmp_path / "state")
+    msgs = [ConversationMessageRecord(role="user", content=f"note {i}", channel_id=f"c{i % 3}")
+            for i in range(300)]
+    with ConversationStateRepository(state, hot_window=4) as repo:
+        repo.append_many(msgs)
+        repo.compact()
+    cool = os.path.join(state, "hot", "conversation_cool")
+    (name,) = [n for n in os.listdir(cool) if n.endswith(".parquet")]
+    path = os.path.join(cool, name)
+    with ConversationStateRepository(state, hot_window=4) as repo:
+        assert repo.get_message(msgs[0].msg_id).status is ReadStatus.FOUND_VERIFIED   # (no footer parsed)
+        with open(path, "r+b") as f:
+            data = f.read()
+            at = data.rindex(b"parquet-cpp-arrow") + 2
+            f.seek(at)
+            f.write(bytes([data[at] ^ 0x20]))
+        with pytest.raises(CorruptStateCheckpointError) as e:
+            repo._cool.max_ord()       # (what a search with a limit asks: the footer's statistics)
+        assert e.value.path == path
+        report = repo.verify()
+        assert not report.ok and any(p.file == path for p in report.problems), report.problems
