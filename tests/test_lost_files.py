@@ -550,3 +550,59 @@ def test_a_footer_changed_after_open_is_refused_before_pyarrow_parses_it(tmp_pat
         assert e.value.path == path
         report = repo.verify()
         assert not report.ok and any(p.file == path for p in report.problems), report.problems
+
+
+_ABORT_PROBE = """
+import sys, pyarrow.parquet as pq
+from rune_fast.pages import page_directories
+src, tmp = sys.argv[1], sys.argv[2]
+data = open(src, "rb").read()
+start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+cols = [(f.name, f.type) for f in pq.ParquetFile(src).schema_arrow]
+for p in range(start, len(data) - 8):
+    for bit in range(8):
+        b = bytearray(data); b[p] ^= 1 << bit
+        with open(tmp, "wb") as f:
+            f.write(b)
+        print(p, bit, flush=True)
+        try:        # what verify() reads of a footer, in its order
+            pf = pq.ParquetFile(tmp)
+            if [(f.name, f.type) for f in pf.schema_arrow] != cols:
+                continue
+            md = pf.metadata
+            [md.row_group(g).num_rows for g in range(md.num_row_groups)]
+            page_directories(tmp, md)
+        except Exception:
+            pass
+"""
+
+
+def test_verify_does_not_parse_a_footer_changed_after_open(tmp_path):
+    """Some flipped footer bits make pyarrow's metadata accessors throw a
+    C++ exception that aborts the process (found by flipping each bit of a
+    footer in turn, in a child process here). verify() of an open store
+    whose footer was changed so reports the file without parsing it."""
+    import subprocess
+    import sys
+
+    state = str(tmp_path / "state")
+    msgs = [ConversationMessageRecord(role="user", content=f"note {i}", channel_id=f"c{i % 3}")
+            for i in range(300)]
+    with ConversationStateRepository(state, hot_window=4) as repo:
+        repo.append_many(msgs)
+        repo.compact()
+    cool = os.path.join(state, "hot", "conversation_cool")
+    (name,) = [n for n in os.listdir(cool) if n.endswith(".parquet")]
+    path = os.path.join(cool, name)
+    child = subprocess.run([sys.executable, "-c", _ABORT_PROBE, path, str(tmp_path / "probe.parquet")],
+                           capture_output=True, text=True, timeout=300)
+    assert child.returncode != 0, "no footer flip aborts pyarrow here"
+    p, bit = map(int, child.stdout.split()[-2:])
+    with ConversationStateRepository(state, hot_window=4) as repo:
+        with open(path, "r+b") as f:
+            f.seek(p)
+            byte = f.read(1)[0]
+            f.seek(p)
+            f.write(bytes([byte ^ (1 << bit)]))
+        report = repo.verify()
+        assert not report.ok and any(pr.file == path for pr in report.problems), report.problems
