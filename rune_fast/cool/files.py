@@ -416,7 +416,8 @@ class _FileSet:
             # the footer again, as at open, before pyarrow parses it: some
             # damaged footers make pyarrow's metadata accessors abort the
             # process (an uncaught C++ exception), and the file may have
-            # changed since open (about 0.1 ms a file at 1,000,000 messages)
+            # changed since open (52 us for the largest file at 1,000,000
+            # messages, 84 MiB: the footer is hashed where it is mapped)
             try:
                 size, footer = _footer_hash(path)
             except OSError as exc:
