@@ -520,6 +520,20 @@ def test_lines_moved_or_repeated_across_a_segment_boundary_are_refused(tmp_path,
     assert e.value.path in (str(a), str(b), None)
 
 
+def one_cool_file(tmp_path) -> tuple[str, list[ConversationMessageRecord], str]:
+    """A closed store of 300 messages over 3 channels, all but the newest
+    few in one cool file: (state dir, the messages, the file's path)."""
+    state = str(tmp_path / "state")
+    msgs = [ConversationMessageRecord(role="user", content=f"note {i}", channel_id=f"c{i % 3}")
+            for i in range(300)]
+    with ConversationStateRepository(state, hot_window=4) as repo:
+        repo.append_many(msgs)
+        repo.compact()
+    cool = os.path.join(state, "hot", "conversation_cool")
+    (name,) = [n for n in os.listdir(cool) if n.endswith(".parquet")]
+    return state, msgs, os.path.join(cool, name)
+
+
 def test_a_footer_changed_after_open_is_refused_before_pyarrow_parses_it(tmp_path):
     """Open checks each cool file's footer against the manifest; pyarrow
     parses a footer only later, when a read needs it (verify, a search with
@@ -529,15 +543,7 @@ def test_a_footer_changed_after_open_is_refused_before_pyarrow_parses_it(tmp_pat
     pyarrow reads without a word; other bytes make its metadata accessors
     abort the process) is checked again first: verify reports the file,
     a read raises naming it, nothing is parsed."""
-    state = str(tmp_path / "state")
-    msgs = [ConversationMessageRecord(role="user", content=f"note {i}", channel_id=f"c{i % 3}")
-            for i in range(300)]
-    with ConversationStateRepository(state, hot_window=4) as repo:
-        repo.append_many(msgs)
-        repo.compact()
-    cool = os.path.join(state, "hot", "conversation_cool")
-    (name,) = [n for n in os.listdir(cool) if n.endswith(".parquet")]
-    path = os.path.join(cool, name)
+    state, msgs, path = one_cool_file(tmp_path)
     with ConversationStateRepository(state, hot_window=4) as repo:
         assert repo.get_message(msgs[0].msg_id).status is ReadStatus.FOUND_VERIFIED   # (no footer parsed)
         with open(path, "r+b") as f:
@@ -585,15 +591,7 @@ def test_verify_does_not_parse_a_footer_changed_after_open(tmp_path):
     import subprocess
     import sys
 
-    state = str(tmp_path / "state")
-    msgs = [ConversationMessageRecord(role="user", content=f"note {i}", channel_id=f"c{i % 3}")
-            for i in range(300)]
-    with ConversationStateRepository(state, hot_window=4) as repo:
-        repo.append_many(msgs)
-        repo.compact()
-    cool = os.path.join(state, "hot", "conversation_cool")
-    (name,) = [n for n in os.listdir(cool) if n.endswith(".parquet")]
-    path = os.path.join(cool, name)
+    state, _msgs, path = one_cool_file(tmp_path)
     child = subprocess.run([sys.executable, "-c", _ABORT_PROBE, path, str(tmp_path / "probe.parquet")],
                            capture_output=True, text=True, timeout=300)
     assert child.returncode != 0, "no footer flip aborts pyarrow here"

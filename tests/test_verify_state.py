@@ -91,14 +91,9 @@ def test_an_archive_footer_pyarrow_cannot_read_is_reported_not_raised(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    state = str(tmp_path / "state")
-    with ConversationStateRepository(state, hot_window=4) as repo:
-        repo.append_many([ConversationMessageRecord(role="user", content=f"note {i}", channel_id=f"c{i % 3}",
-                                                    task_id=f"t{i % 4}") for i in range(300)])
-        repo.compact()
-    cool = os.path.join(state, "hot", "conversation_cool")
-    (name,) = [n for n in os.listdir(cool) if n.endswith(".parquet")]
-    path = os.path.join(cool, name)
+    from test_lost_files import one_cool_file
+
+    state, _msgs, path = one_cool_file(tmp_path)
     with open(path, "rb") as f:
         data = f.read()
     start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
