@@ -40,6 +40,9 @@ log = logging.getLogger("rune_fast.cool")
 _GRAMS_BUDGET = 64 << 20
 #: the most bytes one value of a cool column can take (it came from a line)
 _MAX_VALUE = MAX_LINE
+#: row groups whose checked page directory views a file index keeps
+#: (_FileIndex.page_dir; ~0.5 KB each: 2 MiB at most a file)
+_MAX_DIR_VIEWS = 4096
 
 
 class _PageFilters:
@@ -214,9 +217,12 @@ class _FileIndex:
     # whether the sidecar says what pagedir is: False for one read from a
     # version 1 or 2 sidecar (a writer adds them: _FileSet._upgrade)
     dirs_known: bool = True
-    # (the pagedir, a byte per row group: 1 once page_dir checked its
-    # directory): check_dir walks every page of a group (~15 ns a page,
-    # 250 pages of 1 KiB), once per group, not at every read of it
+    # (the pagedir, {row group: its checked directory's four views}):
+    # check_dir walks every page of a group (~15 ns a page, 250 pages of
+    # 1 KiB), once per group, not at every read of it; the views are kept
+    # too, as slicing them out of the words again cost ~2.5 us a point read
+    # (~0.5 KB a group touched, views of the words, no copy; at most
+    # _MAX_DIR_VIEWS groups, then they are checked and sliced again)
     _dirs_ok: tuple | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -229,6 +235,11 @@ class _FileIndex:
         words do not hold together (``_pages.check_dir``, ~1 us: they are
         covered by the sidecar's digest, so that is a writer's bug, not
         damage; the reader then goes through pyarrow)."""
+        ok = self._dirs_ok
+        if ok is not None and ok[0] is self.pagedir:
+            got = ok[1].get(rg)
+            if got is not None:
+                return got
         if self.pagedir is None:
             return None
         index, words = self.pagedir
@@ -246,15 +257,13 @@ class _FileIndex:
         # or an allocation of gigabytes; in the compiled loop, as numpy's
         # steps over each group's few hundred words cost ~10 us a read;
         # once per group and pagedir: the words are not changed in place)
-        ok = self._dirs_ok
-        if ok is None or ok[0] is not self.pagedir:
-            ok = self._dirs_ok = (self.pagedir, bytearray(len(index) - 1))
-        if not ok[1][rg]:
-            bad = check_dir(out[0], out[3], out[1], out[2], self.rg_list[rg + 1] - self.rg_list[rg],
-                            self.size, _MAX_VALUE)
-            if bad:
-                raise ValueError(f"page directory of row group {rg}: {bad}")
-            ok[1][rg] = 1
+        bad = check_dir(out[0], out[3], out[1], out[2], self.rg_list[rg + 1] - self.rg_list[rg],
+                        self.size, _MAX_VALUE)
+        if bad:
+            raise ValueError(f"page directory of row group {rg}: {bad}")
+        if ok is None or ok[0] is not self.pagedir or len(ok[1]) >= _MAX_DIR_VIEWS:
+            ok = self._dirs_ok = (self.pagedir, {})
+        ok[1][rg] = out
         return out
 
     @property
