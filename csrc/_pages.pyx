@@ -219,6 +219,22 @@ cdef inline Py_ssize_t _plain_value(const unsigned char *page, Py_ssize_t n, Py_
     return pos
 
 
+cdef extern from *:
+    """
+    #include <string.h>
+    /* a little-endian u32 at p, in one load (a PLAIN length prefix) */
+    static inline uint32_t rf_le32(const unsigned char *p) {
+        uint32_t v;
+        memcpy(&v, p, 4);
+    #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        v = __builtin_bswap32(v);
+    #endif
+        return v;
+    }
+    """
+    uint32_t rf_le32(const unsigned char *p) noexcept nogil
+
+
 @cython.boundscheck(False)
 @cython.wraparound(False)
 cdef inline Py_ssize_t _plain_skip(const unsigned char *page, Py_ssize_t n, Py_ssize_t pos, Py_ssize_t k,
@@ -232,8 +248,7 @@ cdef inline Py_ssize_t _plain_skip(const unsigned char *page, Py_ssize_t n, Py_s
     while True:
         if n - pos < 4:
             return -1
-        v = (<uint32_t>page[pos] | (<uint32_t>page[pos + 1] << 8)
-             | (<uint32_t>page[pos + 2] << 16) | (<uint32_t>page[pos + 3] << 24))
+        v = rf_le32(page + pos)
         pos += 4
         if <uint64_t>v > <uint64_t>(n - pos):
             return -1

@@ -449,8 +449,14 @@ class _Reads(_RowCache):
         filled here: a task of hundreds of rows costs one pass over the
         pages of each file holding them, not a group decoded per row."""
         with self._lock:
-            by_file = self._by_file(locs)
             got: dict[int, tuple[Any, int]] = {}
+            if len(locs) == 1:      # an exact read: no grouping by file and row group
+                loc = locs[0]
+                if loc >> 32 not in self._files:
+                    raise CorruptStateCheckpointError(f"cool file number {loc >> 32} is not live", path=self._dir)
+                self._records_of(loc >> 32, [loc & 0xFFFFFFFF], record_type, got)
+                return [got.get(loc)]
+            by_file = self._by_file(locs)
             for no, rows in by_file.items():
                 self._records_of(no, rows, record_type, got)
             return [got.get(loc) for loc in locs]
