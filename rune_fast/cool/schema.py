@@ -30,6 +30,18 @@ ROW_GROUP_ROWS = 1024
 #: ~25% more CPU for every file written: pyarrow compresses each page with a
 #: fresh zstd context, ~9 us a page, and a 1,024-row group would hold ~220
 #: compressed pages instead of ~85. Readers take any page size.)
+#: Session 29 measured where a cold point read's ~100 us in take_rows go
+#: (1,000,000-message bench store): ~60 us zstd (content's ~14 KB page ~15,
+#: every other column's page 1-7, the table setup of each block counting),
+#: ~10 us reads, ~5 us CRCs. The same 204,800 rows rewritten by pyarrow, per
+#: row on disk (this layout 273 B): RLE_DICTIONARY stored raw for channel_id,
+#: task_id, hlc, role, origin, schema_version and extra -2.4 B (their zstd,
+#: ~15 us, gone; tool_call_id too: +3.6 B), token_estimate and ord
+#: DELTA_BINARY_PACKED raw -0.3 B (~10 us) -- but the page reader, the
+#: sidecar's directories (dictionary pages) and check_dir would have to
+#: take those encodings first; ts raw +2.6 B (~5 us); content pages of 16
+#: rows +41 B (~5 us); zstd level 3 / 6 -4.5 / -11 B, decompression 7% /
+#: 30% slower; libzstd called directly no faster than zstandard's.
 _PAGE_BYTES = 4 << 10
 _PAGE_BATCH_ROWS = 32
 #: row groups remembered as missed once (see CoolArchive._direct)
