@@ -78,12 +78,13 @@ COOL_SCHEMA = pa.schema([
 
 #: Each column's compression (pyarrow's ``compression`` per column): zstd
 #: for every column but those named here, stored as they are. Readers take
-#: either, chunk by chunk. Session 28 measured ``ts``, ``token_estimate``
-#: and ``ord`` uncompressed: a cold point read ~10% cheaper (their 8-byte
-#: pages were its dearest small pages, ~5-6 us each) for ~16 bytes a row
-#: more on disk, written again at each merge (write amplification +0.03 to
-#: +0.1, against a margin of 0.14 under its target of 3): not taken.
-_RAW_COLUMNS: frozenset[str] = frozenset()
+#: either, chunk by chunk. ``ts`` (8-byte doubles that zstd shrinks only to
+#: ~5.3 B) is stored raw: a cold point read ~5% cheaper (its page was ~5 us
+#: of zstd) for ~2.8 B a row more (+1% of a cool file; write amplification
+#: +~0.003, the cool files being ~0.3-0.5 of its ~2.9 B/B). Session 28
+#: measured ``token_estimate`` and ``ord`` raw too: ~7% more of a read for
+#: ~13 B a row more (zstd shrinks them to ~1.4 B): not taken.
+_RAW_COLUMNS: frozenset[str] = frozenset({"ts"})
 _COMPRESSION = {f.name: ("none" if f.name in _RAW_COLUMNS else "zstd") for f in COOL_SCHEMA}
 
 _COLS = COOL_SCHEMA.names
