@@ -331,3 +331,27 @@ def test_limited_search_skips_archived_groups_older_than_its_hits(tmp_path, monk
         searched.clear()
         assert [h.record.msg_id for h in repo.search("needle", limit=3)] == [h.record.msg_id for h in full[-3:]]
         assert len(searched) < every, (searched, every)
+
+
+def test_a_full_search_keeps_only_its_newest_hits_decoded(tmp_path, monkeypatch):
+    """An unlimited search of a needle in more messages than the decode
+    cache holds keeps the records of its newest SEARCH_KEEP_HITS hits (it
+    used to put every hit in, leaving the cache its oldest): the windows'
+    records and the next limited search's hits are still there."""
+    monkeypatch.setattr(tuning, "DECODE_CACHE", 64)
+    monkeypatch.setattr(tuning, "SEARCH_KEEP_HITS", 16)
+    msgs = [ConversationMessageRecord(msg_id=f"m{i:04d}", channel_id="c", content=f"an error #{i}")
+            for i in range(300)]
+    with ConversationStateRepository(tmp_path, hot_window=1000, compact_every=100_000,
+                                     durability="none") as repo:
+        repo.append_many(msgs)
+        repo.compact()
+    with ConversationStateRepository(tmp_path, hot_window=1000, compact_every=100_000,
+                                     durability="none") as repo:
+        assert [r.msg_id for r in repo.window("c", 8)] == [m.msg_id for m in msgs[-8:]]
+        assert [h.record.msg_id for h in repo.search("ERROR")] == [m.msg_id for m in msgs]
+        calls = _decodes(monkeypatch)
+        assert [r.msg_id for r in repo.window("c", 8)] == [m.msg_id for m in msgs[-8:]]
+        assert [h.record.msg_id for h in repo.search("error", limit=10)] == [m.msg_id for m in msgs[-10:]]
+        assert calls["hot"] == 0
+        assert [h.record.msg_id for h in repo.search("ERROR")] == [m.msg_id for m in msgs]   # again, whole

@@ -201,16 +201,17 @@ class _Search(_Reads):
         search with a limit, which reads the cool tier only when one of its
         rows may sort after the hot hits it has."""
         with self._lock:
+            files = self._files         # (a property: read once)
             if channel_id is None:
-                targets = [(no, 0, fi.rows) for no, fi in self._files.items()]
+                targets = [(no, 0, fi.rows) for no, fi in files.items()]
             else:
-                targets = [(no, *self._files[no].channels[channel_id][:2])
+                targets = [(no, *files[no].channels[channel_id][:2])
                            for no in self._channels.get(channel_id, ())]
             best: int | None = None
             for no, s, e in targets:
                 if e <= s:
                     continue
-                fi = self._files[no]
+                fi = files[no]
                 tops, whole = self._kept_ord_tops(no)
                 if s == 0 and e >= fi.rows:
                     top = whole
