@@ -206,9 +206,11 @@ class _Search(_Reads):
             # reused and files never change): a limited search asks at each
             # call, and the loop below cost ~15-40 us at 1,000,000 messages
             key = tuple(files)
-            memo = getattr(self, "_max_ord_memo", None)
+            memo: tuple[tuple[int, ...], dict[str | None, int | None]] | None = \
+                getattr(self, "_max_ord_memo", None)
             if memo is None or memo[0] != key:
-                memo = self._max_ord_memo = (key, {})
+                memo = (key, {})
+                self._max_ord_memo = memo
             if channel_id in memo[1]:
                 return memo[1][channel_id]
             memo[1][channel_id] = best = self._max_ord(files, channel_id)
