@@ -27,7 +27,8 @@ from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.mem cimport PyMem_Free
 from cpython.ref cimport Py_INCREF
-from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_New, PyTuple_SET_ITEM
+from cpython.pycapsule cimport PyCapsule_New
+from cpython.tuple cimport PyTuple_CheckExact, PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_New, PyTuple_SET_ITEM
 from cpython.unicode cimport PyUnicode_AsUTF8String
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
@@ -1370,10 +1371,18 @@ def own_calls(list recs):
     (in place; the list is returned): the same fields, the tool-call dicts
     and everything in them copied, so a reader that edits them edits its
     copy only. Records without tool calls stay as they are."""
+    _own_list(recs)
+    return recs
+
+
+cdef int _own_list(list recs) except -1:
+    # (own_calls' body; the compiled window calls it through the capsule
+    # OWN_CALLS_C, without a Python call)
     cdef Py_ssize_t i, k
     cdef object rec, calls, n
     cdef PyObject **src
     cdef PyObject **dst
+    cdef PyObject *c
     if _own_type is None:
         raise RuntimeError("own_calls: own_calls_setup was not called")
     for i in range(len(recs)):
@@ -1384,7 +1393,11 @@ def own_calls(list recs):
             continue
         if _own_slots > 0:
             src = <PyObject **>(<char *><void *>rec + _HEAD)
-            calls = <object>src[_own_calls_at]
+            c = src[_own_calls_at]
+            # (most records have none: an empty tuple, read without a call)
+            if c == NULL or (PyTuple_CheckExact(<object>c) and PyTuple_GET_SIZE(<object>c) == 0):
+                continue
+            calls = <object>c
             if not calls:
                 continue
             # the instance is its header and its field pointers: copy them
@@ -1410,9 +1423,18 @@ def own_calls(list recs):
             n = _own_type.__new__(_own_type)
             for name in _RECORD_SLOTS:
                 PyObject_GenericSetAttr(n, name, getattr(rec, name))
-        PyObject_GenericSetAttr(n, "tool_calls", tuple([_json_copy(c) for c in calls]))
+        PyObject_GenericSetAttr(n, "tool_calls", tuple([_json_copy(x) for x in calls]))
         recs[i] = n
-    return recs
+    return 0
+
+
+cdef int _own_list_c(object recs) except -1:
+    return _own_list(<list>recs)
+
+
+#: ``int (*)(object list) except -1``: own_calls in place, for compiled
+#: callers (rune_fast._index.repo_window_setup)
+OWN_CALLS_C = PyCapsule_New(<void *>_own_list_c, b"rune_fast._encode.own_calls", NULL)
 
 
 # ------------------------------------------------------- the record's constructor

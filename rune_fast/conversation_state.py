@@ -54,9 +54,10 @@ from ._conv.tombstones import Tombstones
 from ._conv.verify import Verify
 from ._conv.viewer import ReadOnlyViewer, viewer_of
 from ._conv.writes import WritePath
+from ._encode import OWN_CALLS_C
 from ._index import repo_window, repo_window_setup
 
-repo_window_setup(own_calls)     # (each window's records get copies of their tool calls)
+repo_window_setup(own_calls, OWN_CALLS_C)     # (each window's records get copies of their tool calls)
 
 __all__ = [
     "ConversationStateRepository",

@@ -153,3 +153,45 @@ def test_whole_store_passes_release_what_they_mapped(tmp_path, monkeypatch):
             repo.get_message(m.msg_id)
         assert segments_kib(tmp_path / "s") > 0
     assert segments_kib(tmp_path / "s") == 0       # closed (repo still referenced: its maps live on)
+
+
+def test_the_kept_statm_reads_this_process_and_a_forked_childs_own():
+    """_resident_file_bytes keeps /proc/self/statm open and reads it again
+    from its start: each look is the process's count now, and a forked child
+    reads its own file, not its parent's."""
+    from rune_fast._conv.common import _resident_file_bytes
+
+    def fresh() -> int:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[2]) * mmap.PAGESIZE
+
+    if not os.path.exists("/proc/self/statm"):
+        pytest.skip("no /proc/self/statm")
+    before = _resident_file_bytes()
+    assert before is not None and abs(before - fresh()) <= 64 * mmap.PAGESIZE
+    with open(__file__, "rb") as f:                  # map and touch pages: the count grows
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            big = fresh()
+            assert abs(_resident_file_bytes() - big) <= 64 * mmap.PAGESIZE
+        finally:
+            m.close()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                     # the child: its count, not the parent's
+        try:
+            os.close(r)
+            # (a child's count starts small and grows as it touches pages:
+            # its look lies between two fresh reads around it; the parent's
+            # count is far above)
+            lo = fresh()
+            got = _resident_file_bytes()
+            hi = fresh()
+            ok = got is not None and lo - 16 * mmap.PAGESIZE <= got <= hi + 16 * mmap.PAGESIZE
+            os.write(w, b"ok" if ok else b"no")
+        finally:
+            os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    assert os.read(r, 2) == b"ok"
+    os.close(r)

@@ -1067,7 +1067,8 @@ def test_each_read_hands_out_tool_calls_of_its_own(tmp_path, tier):
                 for item in call["arguments"].get("deep", []):
                     item["k"] = "edited"
         reads = [lambda: repo.window("c", 3)[:2], lambda: [repo.get_message(m.msg_id).record for m in orig],
-                 lambda: repo.messages_for_task("t")[:2], lambda: [h.record for h in repo.search("calls")]]
+                 lambda: repo.messages_for_task("t")[:2], lambda: [h.record for h in repo.search("calls")],
+                 lambda: [h.record for h in repo.search("calls", limit=2)]]
         for read_ in reads:
             for rec in read_():
                 edit(rec)

@@ -45,6 +45,9 @@ def test_fold_find_is_casefold_containment(texts, needle):
     # the hot lines' form: JSON-escaped content
     hits, unsure = fold_find_list([codec.key(t) for t in texts], folded, True)
     assert (hits.tolist(), unsure.tolist()) == (want, [])
+    # (a list of bytes is read value by value, anything else joined first)
+    hits, unsure = fold_find_list(tuple(codec.key(t) for t in texts), folded, True)
+    assert (hits.tolist(), unsure.tolist()) == (want, [])
 
 
 @settings(max_examples=500)

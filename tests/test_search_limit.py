@@ -331,3 +331,52 @@ def test_limited_search_skips_archived_groups_older_than_its_hits(tmp_path, monk
         searched.clear()
         assert [h.record.msg_id for h in repo.search("needle", limit=3)] == [h.record.msg_id for h in full[-3:]]
         assert len(searched) < every, (searched, every)
+
+
+def test_a_full_search_keeps_only_its_newest_hits_decoded(tmp_path, monkeypatch):
+    """An unlimited search of a needle in more messages than the decode
+    cache holds keeps the records of its newest SEARCH_KEEP_HITS hits (it
+    used to put every hit in, leaving the cache its oldest): the windows'
+    records and the next limited search's hits are still there."""
+    monkeypatch.setattr(tuning, "DECODE_CACHE", 64)
+    monkeypatch.setattr(tuning, "SEARCH_KEEP_HITS", 16)
+    msgs = [ConversationMessageRecord(msg_id=f"m{i:04d}", channel_id="c", content=f"an error #{i}")
+            for i in range(300)]
+    with ConversationStateRepository(tmp_path, hot_window=1000, compact_every=100_000,
+                                     durability="none") as repo:
+        repo.append_many(msgs)
+        repo.compact()
+    with ConversationStateRepository(tmp_path, hot_window=1000, compact_every=100_000,
+                                     durability="none") as repo:
+        assert [r.msg_id for r in repo.window("c", 8)] == [m.msg_id for m in msgs[-8:]]
+        assert [h.record.msg_id for h in repo.search("ERROR")] == [m.msg_id for m in msgs]
+        calls = _decodes(monkeypatch)
+        assert [r.msg_id for r in repo.window("c", 8)] == [m.msg_id for m in msgs[-8:]]
+        assert [h.record.msg_id for h in repo.search("error", limit=10)] == [m.msg_id for m in msgs[-10:]]
+        assert calls["hot"] == 0
+        assert [h.record.msg_id for h in repo.search("ERROR")] == [m.msg_id for m in msgs]   # again, whole
+
+
+def test_max_ord_answers_for_the_live_file_set(tmp_path):
+    """max_ord keeps its answers for the archive's live file set: a cooling
+    that adds a file, or a merge that replaces files, is seen at once."""
+    with ConversationStateRepository(tmp_path, hot_window=20, compact_every=100_000,
+                                     durability="none") as repo:
+        cool = repo._cool
+        tops = []
+        for round_ in range(3):
+            repo.append_many([ConversationMessageRecord(msg_id=f"m{round_}-{i:03d}", channel_id=f"c{i % 2}",
+                                                        content=f"x {i}") for i in range(100)])
+            repo.compact()
+            for ch in (None, "c0", "c1", "nope"):
+                got = cool.max_ord(ch)
+                assert got == cool._max_ord(cool._files, ch)        # computed afresh
+                assert cool.max_ord(ch) == got
+            tops.append(cool.max_ord())
+        assert tops == sorted(tops) and len(set(tops)) == 3
+        before = tuple(cool._files)
+        cool.merge(fanout=2)
+        assert tuple(cool._files) != before
+        assert cool.max_ord() == cool._max_ord(cool._files, None) == tops[-1]
+        for ch in ("c0", "c1"):
+            assert cool.max_ord(ch) == cool._max_ord(cool._files, ch)

@@ -40,6 +40,10 @@ cdef struct rf_seg:
     bint growing        # a file still written: no filters
 
 
+#: own_calls as a C function (rune_fast._encode.OWN_CALLS_C; HotIndex._window_cached)
+ctypedef int (*own_fn)(object) except -1
+
+
 cdef class HashIndex:
     cdef uint64_t *_c_keys
     cdef int64_t *_c_vals
@@ -165,7 +169,7 @@ cdef class HotIndex:
     cdef object _read_records(self, const int64_t *locs, const uint32_t *lens, Py_ssize_t k,
                               LocCache cache, object decode, object cost, Py_ssize_t *decoded)
     cdef object _window_cached(self, str channel_id, Py_ssize_t n, LocCache cache, dict verdicts,
-                               object own)
+                               object own, own_fn own_c)
     cdef int _grow_entries(self, uint64_t nc) except -1
     cdef int _cmp_entry(self, uint32_t x, const unsigned char *hp, size_t hl,
                         const unsigned char *ip, size_t il, int *out) noexcept nogil

@@ -2,6 +2,7 @@
 of characters that fold to ASCII) and the cool tier."""
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from typing import Any, Callable, Sequence, cast
@@ -107,6 +108,15 @@ class _Plan:
             self.probes = [codec.key(f) for f in anchors]
 
 
+@functools.lru_cache(maxsize=256)
+def _plan(text: str, case_sensitive: bool) -> _Plan:
+    """The _Plan of a needle, kept for the last 256 (a plan is never
+    changed once made): ~3 us warm, but 60-90 us right after a pass that
+    left the caches cold (a common needle's unlimited search), a fifth of a
+    limited search of it."""
+    return _Plan(text, case_sensitive)
+
+
 def _hit_order(hot_keys: list[tuple], recs: list[ConversationMessageRecord], ords: list[int]) -> list[int]:
     """The order of a whole search's hits (:func:`order_key`'s, stable):
     the hot hits (their order keys ``hot_keys``) numbered first, then the
@@ -179,10 +189,11 @@ class Search(Host):
         if limit == 0:
             return []
         ch_key = codec.key(channel_id) if channel_id is not None else None
-        plan = _Plan(text, case_sensitive)
-        newest = self._hot_newest(plan, ch_key, limit) if limit is not None else None
+        plan = _plan(text, case_sensitive)
+        newest, walked = self._hot_newest(plan, ch_key, limit) if limit is not None else (None, 0)
         if newest is None:
             newest = self._hot_scanned(plan, ch_key, limit)
+            walked = -1
         if not self.read_only:
             self._keep_seg_filters()
         keyed = newest[::-1]            # oldest first
@@ -199,15 +210,22 @@ class Search(Host):
                                    [keyed[i][2] if i < n_hot else "cool" for i in order])
             elif len(keyed) < limit or self._cool_may_follow(keyed[0][0], channel_id):
                 keyed = self._with_cool_newest(keyed, text, channel_id, case_sensitive, plan.check, limit)
+                walked = -1
         recs = own_calls([r for _k, r, _t in keyed])
-        self._bound_maps()          # the pass mapped every block its filters passed
+        if walked < 0 or self._maps.read(walked):
+            # a scan mapped every block its filters passed; a walk mapped the
+            # pages of the lines it reached, counted as reads (a look at the
+            # budget reads /proc/self/statm: ~25 us, a tenth of a limited
+            # search of a common needle)
+            self._bound_maps()
         return [SearchHit(r, t) for r, (_k, _r, t) in zip(recs, keyed)]
 
-    def _hot_newest(self, plan: _Plan, ch_key: bytes | None, limit: int) -> list[tuple] | None:
+    def _hot_newest(self, plan: _Plan, ch_key: bytes | None, limit: int) -> tuple[list[tuple] | None, int]:
         """The newest ``limit`` hot hits, newest first, as (order key,
         record, tier), by a walk of the channels from their newest lines
-        (NewestWalk); None when the walk spent its budget of lines first or
-        met lines out of order: the caller scans instead."""
+        (NewestWalk), and the lines the walk reached; None for the hits
+        when the walk spent its budget of lines first or met lines out of
+        order: the caller scans instead."""
         limit = min(limit, _MAX_N)
         # a first look at a few lines: a needle none of them holds is
         # likely rare, and a scan finds it faster
@@ -216,10 +234,13 @@ class Search(Host):
         out: list[tuple] = []
         while True:
             need = limit - len(out)
-            locs, exact, state = walk.next(need if not plan.fold_all and not plan.probes else max(need, 32))
+            # a needle's own candidates are hits (the lines of specials are
+            # checked, and few): as many as are missing; the other plans'
+            # candidates are checked, and many fail: more at once
+            locs, exact, state = walk.next(need if plan.needle is not None else max(need, 32))
             if state == WALK_UNORDERED:
-                return None
-            self._take(locs.tolist(), exact.tolist(), plan, need, out)
+                return None, walk.visited
+            self._take(locs.tolist(), exact.tolist(), plan, need, out, True)
             if state == WALK_BUDGET and out and walk.budget < tuning.SEARCH_WALK_LINES:
                 # the probe's hits foretell the lines the rest would take: go
                 # on only when twice that fits the budget (a needle in one
@@ -231,8 +252,8 @@ class Search(Host):
             if len(out) >= limit or state != WALK_MORE:
                 break
         if len(out) < limit and state == WALK_BUDGET:
-            return None
-        return out
+            return None, walk.visited
+        return out, walk.visited
 
     def _hot_scanned(self, plan: _Plan, ch_key: bytes | None, limit: int | None) -> list[tuple]:
         """The hot hits (the newest ``limit``, or all), newest first, as
@@ -291,28 +312,57 @@ class Search(Host):
                 break
         return out
 
-    def _take(self, locs: list[int], exact: list[bool], plan: _Plan, need: int, out: list[tuple]) -> None:
+    def _take(self, locs: list[int], exact: list[bool], plan: _Plan, need: int, out: list[tuple],
+              walked: bool = False, keep: int | None = None) -> None:
         """Check the candidate lines ``locs`` (newest first) in order until
         ``need`` of them are hits, each appended to ``out`` as (order key,
         record, tier): a candidate that is not ``exact`` is checked on its
         content alone first (no record is built for a line that is not a
-        hit), every hit decoded (its checksum checked) and checked again."""
+        hit; those from the first one reached on, in one call), every hit
+        decoded (its checksum checked) and checked again (but a walk's exact
+        candidates, hits by their bytes). ``walked``: the
+        lines were checked by the NewestWalk that gave them, under the lock
+        held since, so a record the decode cache holds for one is taken as
+        it is (a line it does not hold is decoded from its checked bytes).
+        The records decoded for the first ``keep`` hits of ``out`` join the
+        decode cache (see tuning.SEARCH_KEEP_HITS)."""
         if need <= 0 or not locs:
             return
         sure: set[int] | None = None
-        unsure = [loc for loc, ex in zip(locs, exact) if not ex]
         check = plan.check
         got = 0
-        for loc, ex in zip(locs, exact):
+        cached = self._decoded
+        if keep is None:
+            keep = tuning.SEARCH_KEEP_HITS
+        tail_seg, covered = self._tail_seg, self._covered       # (_tier_of's, read once)
+        for i, (loc, ex) in enumerate(zip(locs, exact)):
             if not ex:
                 if sure is None:
-                    sure = self._fold_candidates(unsure, plan)
+                    sure = self._fold_candidates([c for c, e in zip(locs[i:], exact[i:]) if not e], plan)
                 if loc not in sure:
                     continue
-            rec, seq = self._read_loc_seq(loc)
-            if not check(rec.content):
+            hit = cached.get(loc) if walked else None
+            if hit is not None:
+                rec, seq = hit
+            elif len(out) < keep:
+                rec, seq = self._read_loc_seq(loc)
+            else:
+                # (checked as _read_loc_seq checks it, not kept)
+                hit = cached.get(loc)
+                if hit is None:
+                    rec, seq = self._decode_loc(loc)
+                else:
+                    self._index.line(loc)
+                    rec, seq = hit
+            # (a walk's exact candidate holds the needle's escaped bytes,
+            # ASCII-case-blind for an ASCII folded needle, within its content
+            # from a character's first byte: its content holds the needle,
+            # and the needle ASCII-case-blind is in its lower(), which the
+            # check asks -- ~2 us a hit of non-ASCII text spared)
+            if not (walked and ex) and not check(rec.content):
                 continue
-            out.append((_xkey(rec, seq), rec, self._tier_of(loc)))
+            out.append((_xkey(rec, seq), rec, "tail" if loc >> 40 == tail_seg and loc & _OFF_MASK >= covered
+                        else "hot"))
             got += 1
             if got >= need:
                 return

@@ -145,6 +145,12 @@ SNAPSHOT_EVERY = 1.0
 #: 1,000 channels: measured on a 1,000,000-message store, window(ch, 8) over
 #: random channels takes 7.7 us with it and 52 us with 1,024.
 DECODE_CACHE = 8192
+#: A search keeps in the decode cache the records of its newest this many
+#: hot hits, and decodes the older ones without keeping them: a common
+#: needle's unlimited search (33,000 hot hits at 1,000,000 messages) put
+#: every hit in, leaving the cache its oldest 8,192 -- neither the next
+#: limited search's hits (the newest) nor the windows' records.
+SEARCH_KEEP_HITS = 1024
 #: append_many keeps at most this many of a batch's records in the decode
 #: cache (its newest): a window on the channel of a one-channel batch then
 #: stays cached, and a batch of 1,000 over many channels does not put (and
