@@ -29,15 +29,11 @@ cdef extern from *:
         unsigned long rlock_count;
         PyObject *in_weakreflist;
     } rf_rlock;
-    /* the dict's version (PEP 509; CPython 3.11 keeps it in every dict):
-       changed by every change of the dict, unique across dicts */
-    static inline uint64_t rf_dict_version(PyObject *d) { return ((PyDictObject *)d)->ma_version_tag; }
     """
     ctypedef struct rf_rlock:
         void *rlock_lock
         unsigned long rlock_owner
         unsigned long rlock_count
-    uint64_t rf_dict_version(object d)
 
 
 cdef inline uint32_t _len(rf_list *L) noexcept nogil:
@@ -2161,21 +2157,6 @@ cdef str _W_INDEX = "_index"
 cdef str _W_DECODED = "_decoded"
 cdef str _W_VERDICTS = "_interleaved"
 
-# The last instance dict's state as read at its version (borrowed: the
-# dict holds them while its version stays the same; a version is given to
-# one dict state only, so a dict freed and another made at its address
-# never matches): a loop of windows on one repository reads its five
-# attributes once. No reference to the dict is kept: a repository dropped
-# unclosed goes as before.
-cdef PyObject *_w_dict = NULL      # (compared, never dereferenced: see _w_cached)
-cdef uint64_t _w_version = 0
-cdef PyObject *_w_lock = NULL
-cdef PyObject *_w_idx = NULL
-cdef PyObject *_w_cache = NULL
-cdef PyObject *_w_verdicts = NULL
-cdef bint _w_open = False
-
-
 cdef inline object _w_get(object d, str key):
     """d[key] (a new reference) or None."""
     cdef PyObject *p = PyDict_GetItem(d, key)
@@ -2237,62 +2218,48 @@ def repo_window_setup(own, own_c=None) -> None:
     """The copy of tool calls each window's records get (codec.own_calls),
     and the same as a C function (a capsule of
     ``_encode.OWN_CALLS_C``), used when given."""
-    global _w_own, _w_own_c, _w_rlock_type, _w_dict
+    global _w_own, _w_own_c, _w_rlock_type
     import _thread
     _w_own = own
     _w_own_c = NULL if own_c is None else <own_fn>PyCapsule_GetPointer(own_c, b"rune_fast._encode.own_calls")
     _w_rlock_type = _thread.RLock if _rlock_probe() else None
-    _w_dict = NULL
 
 
 cdef object _w_cached(object self, str channel_id, Py_ssize_t n):
     """The common window from the instance's state, or None (see
     repo_window): the lock taken without blocking where it is free (else
-    as the lock's own acquire() takes it)."""
-    global _w_dict, _w_version, _w_lock, _w_idx, _w_cache, _w_verdicts, _w_open
+    as the lock's own acquire() takes it), the state read under it (a
+    reload or a close replaces it under the lock; five dict lookups, ~60 ns,
+    no reference kept between calls)."""
     cdef object d = PyObject_GenericGetDict(self, NULL)
-    cdef PyObject *lock
+    cdef PyObject *lock = _w_borrow(d, _W_LOCK)
+    cdef PyObject *idx
+    cdef PyObject *cache
+    cdef PyObject *verdicts
     cdef PyObject *closed
-    cdef uint64_t ver = rf_dict_version(d)
     cdef bint fast
-    cdef object got
-    if <PyObject *>d != _w_dict or ver != _w_version:
-        _w_dict = NULL
-        lock = _w_borrow(d, _W_LOCK)
-        if lock == NULL:
-            return None
-        _w_lock = lock
-        _w_idx = _w_borrow(d, _W_INDEX)
-        _w_cache = _w_borrow(d, _W_DECODED)
-        _w_verdicts = _w_borrow(d, _W_VERDICTS)
-        closed = _w_borrow(d, _W_CLOSED)
-        _w_open = (closed == Py_False and _w_idx != NULL and type(<object>_w_idx) is HotIndex
-                   and _w_cache != NULL and type(<object>_w_cache) is LocCache
-                   and _w_verdicts != NULL and type(<object>_w_verdicts) is dict)
-        _w_version = ver
-        _w_dict = <PyObject *>d
-    if not _w_open:
-        # closed, or a state this path does not read: the general path
-        # (which takes the lock) answers
+    if lock == NULL:
         return None
-    # (references of our own, taken while no Python code has run since the
-    # version was compared: what the dict held at version `ver`)
-    lock_o = <object>_w_lock
-    idx = <object>_w_idx
-    cache = <object>_w_cache
-    verdicts = <object>_w_verdicts
-    fast = type(lock_o) is _w_rlock_type and _rlock_try(<PyObject *>lock_o)
+    lock_o = <object>lock
+    fast = type(lock_o) is _w_rlock_type and _rlock_try(lock)
     if not fast:
         lock_o.acquire()
     try:
-        if rf_dict_version(d) != ver:
-            # the state changed while this thread waited for the lock: the
-            # general path reads it (under the lock)
+        idx = _w_borrow(d, _W_INDEX)
+        cache = _w_borrow(d, _W_DECODED)
+        verdicts = _w_borrow(d, _W_VERDICTS)
+        closed = _w_borrow(d, _W_CLOSED)
+        if not (closed == Py_False and idx != NULL and type(<object>idx) is HotIndex
+                and cache != NULL and type(<object>cache) is LocCache
+                and verdicts != NULL and type(<object>verdicts) is dict):
+            # closed, or a state this path does not read: the general path
+            # (which takes the lock) answers
             return None
-        return (<HotIndex>idx)._window_cached(channel_id, n, <LocCache>cache, <dict>verdicts, _w_own, _w_own_c)
+        return (<HotIndex><object>idx)._window_cached(channel_id, n, <LocCache><object>cache,
+                                                      <dict><object>verdicts, _w_own, _w_own_c)
     finally:
         if fast:
-            _rlock_release(<PyObject *>lock_o)
+            _rlock_release(lock)
         else:
             lock_o.release()
 
