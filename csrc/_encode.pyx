@@ -179,6 +179,8 @@ cdef tuple _STRING_FIELDS = (("msg_id", R_MSG_ID), ("channel_id", R_CHANNEL), ("
                              ("tool_call_id", R_TOOL_CALL_ID), ("origin", R_ORIGIN))
 # ... and each one's place in _INIT_FIELDS (the constructor's order)
 cdef Py_ssize_t[8] _STRING_INIT = [0, 4, 5, 10, 3, 2, 8, 9]
+# ... and their raw values' places (the second items of _STRING_FIELDS)
+cdef int[8] _STRING_RAW = [R_MSG_ID, R_CHANNEL, R_TASK, R_HLC, R_CONTENT, R_ROLE, R_TOOL_CALL_ID, R_ORIGIN]
 
 
 cdef inline object _field(object rec, Py_ssize_t k, bint direct):
@@ -194,18 +196,42 @@ cdef inline object _field(object rec, Py_ssize_t k, bint direct):
     return getattr(rec, _INIT_FIELDS[k])
 
 
-cdef int _assemble(Buf *o, tuple layout, const char *base, Py_ssize_t *rs, Py_ssize_t *rl,
-                   const char *calls, Py_ssize_t calls_n) except -1:
-    """Write ``layout`` onto o (room reserved): each key, then its raw value
-    ``base[rs[f]:rs[f] + rl[f]]`` -- or, for the tool calls, ``calls[0:calls_n]``
-    when ``calls_n`` >= 0 -- then the closing brace."""
+# The two layouts as C arrays (the bytes stay alive in the tuples above):
+# _assemble writes 2 x 12 keys a record, and a tuple's items cost a type
+# check and a reference each
+cdef struct _Key:
+    const char *lit
+    Py_ssize_t n
+    int f
+
+cdef _Key _BODY_C[N_RAW]
+cdef _Key _CANON_C[N_RAW]
+
+
+cdef void _layout_c(tuple layout, _Key *out) noexcept:
+    cdef Py_ssize_t m
+    cdef bytes lit
+    for m in range(N_RAW):
+        lit = layout[m][0]
+        out[m].lit = PyBytes_AS_STRING(lit)
+        out[m].n = PyBytes_GET_SIZE(lit)
+        out[m].f = layout[m][1]
+
+
+_layout_c(_BODY_KEYS, _BODY_C)
+_layout_c(_CANON_KEYS, _CANON_C)
+
+
+cdef inline int _assemble(Buf *o, const _Key *layout, const char *base, Py_ssize_t *rs, Py_ssize_t *rl,
+                          const char *calls, Py_ssize_t calls_n) except -1:
+    """Write ``layout`` (N_RAW keys) onto o (room reserved): each key, then
+    its raw value ``base[rs[f]:rs[f] + rl[f]]`` -- or, for the tool calls,
+    ``calls[0:calls_n]`` when ``calls_n`` >= 0 -- then the closing brace."""
     cdef Py_ssize_t m
     cdef int f
-    cdef bytes lit
-    for m in range(len(layout)):
-        lit = layout[m][0]
-        f = layout[m][1]
-        _put(o, PyBytes_AS_STRING(lit), PyBytes_GET_SIZE(lit))
+    for m in range(N_RAW):
+        f = layout[m].f
+        _put(o, layout[m].lit, layout[m].n)
         if f == R_TOOL_CALLS and calls_n >= 0:
             _put(o, calls, calls_n)
         else:
@@ -420,8 +446,8 @@ def encode_messages(list msgs, type record_type, object slow, object calls_json,
         # -- the raw values: each string quoted and escaped
         sc.esc.n = 0
         k = 0
-        while not bad and k < len(_STRING_FIELDS):
-            f = _STRING_FIELDS[k][1]
+        while not bad and k < 8:
+            f = _STRING_RAW[k]
             rs[f] = sc.esc.n
             _reserve(&sc.esc, 1)
             _put(&sc.esc, b'"', 1)
@@ -456,13 +482,13 @@ def encode_messages(list msgs, type record_type, object slow, object calls_json,
         # -- the line's record JSON, then the canonical JSON, from them
         sc.out.n = 0
         _reserve(&sc.out, sc.esc.n + 256 + sc.cc.n)
-        _assemble(&sc.out, _BODY_KEYS, sc.esc.p, rs, rl, NULL, -1)
+        _assemble(&sc.out, _BODY_C, sc.esc.p, rs, rl, NULL, -1)
         if sc.out.n > max_record_bytes:
             bodies[i], hashes[i], keys[i] = slow(rec)    # raises RecordTooLargeError
             continue
         body = PyBytes_FromStringAndSize(sc.out.p, sc.out.n)
         sc.out.n = 0
-        _assemble(&sc.out, _CANON_KEYS, sc.esc.p, rs, rl, sc.cc.p, sc.cc.n)
+        _assemble(&sc.out, _CANON_C, sc.esc.p, rs, rl, sc.cc.p, sc.cc.n)
         bodies[i] = body
         if job is not None:
             job._add(i, sc.out.p, sc.out.n)
@@ -1343,9 +1369,9 @@ def cool_columns(data, starts, object calls_texts):
             cb.canon.n = 0
             _reserve(&cb.canon, n + 256 + (0 if calls_canon is None else PyBytes_GET_SIZE(calls_canon)))
             if calls_canon is None:
-                _assemble(&cb.canon, _CANON_KEYS, <const char *>p, ln.rs, ln.rl, NULL, -1)
+                _assemble(&cb.canon, _CANON_C, <const char *>p, ln.rs, ln.rl, NULL, -1)
             else:
-                _assemble(&cb.canon, _CANON_KEYS, <const char *>p, ln.rs, ln.rl,
+                _assemble(&cb.canon, _CANON_C, <const char *>p, ln.rs, ln.rl,
                           PyBytes_AS_STRING(calls_canon), PyBytes_GET_SIZE(calls_canon))
             h = _xxh.XXH3_128bits(cb.canon.p, <size_t>cb.canon.n)
             rf_write_hex16(h.high64, <unsigned char *>hexd)
