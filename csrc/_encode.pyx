@@ -375,7 +375,8 @@ def encode_messages(list msgs, type record_type, object slow, object calls_json,
     index. ``slow(record) -> (body, hash, key)``
     encodes a record this path does not spell; ``calls_json(record) ->
     (body_json, canonical_json)`` gives the two JSON forms of a non-empty
-    ``tool_calls``. Each record's raw JSON values are written once (strings
+    ``tool_calls`` that _calls_out does not spell (its common shape is
+    written here). Each record's raw JSON values are written once (strings
     escaped, the time as repr() writes it), then both layouts from them.
 
     ``hash_job`` (None, or a bool: whether threaded): ``hashes`` comes back

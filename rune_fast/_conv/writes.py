@@ -27,7 +27,7 @@ class WritePath(Host):
 
     #: the room a batch's lines are framed in, reused by the next batch
     #: (lock held; made at the first batch: see _encode.FrameBuffer)
-    _frame_buf: FrameBuffer | None = None
+    _frame_buf = None
 
     def _fresh(self, msgs: list[ConversationMessageRecord], keys: list[bytes]) -> list[int]:
         """Indexes of the messages of a batch to write: the first of each id
