@@ -24,6 +24,7 @@ from typing import Callable, TypeVar
 
 import xxhash
 
+from ._encode import FrameBuffer
 from ._log import BackgroundSync, data_end, map_file, punch_hole, pwrite_all, start_writeback, warm_ahead
 from ._names import MARK_NAME, TAIL_NAME, filters_name, seg_name
 from .errors import DurabilityError, FramingError, StoreClosedError, RecoveryWarning
@@ -282,7 +283,7 @@ class TailFile:
         self.buf = _map(self._fd, new_size)
         return True
 
-    def append(self, data: bytes) -> tuple[int, bool]:
+    def append(self, data: bytes | FrameBuffer) -> tuple[int, bool]:
         """Write ``data`` at the logical end. Returns (offset, remapped).
 
         Not durable until :meth:`sync`. A failed write leaves the tail refusing

@@ -494,3 +494,99 @@ def test_json_safe_refuses_deep_nesting_and_json_then_judges():
         v = [v]
     assert json_safe_py(v) and not json_safe(v)
     assert fast_canonical_json(v) == b"[" * 300 + b"[]" + b"]" * 300
+
+
+#: tool calls of the shape the encoder spells itself (ASCII keys at every
+#: level, str/int/bool/None values, lists and dicts): many keys to sort,
+#: ints at the edges of int64, escapes in keys and values
+_ascii_key = st.text(st.sampled_from('ab_Z09"\\\n\x00~'), max_size=6)
+_plain_leaf = (st.none() | st.booleans() | st.sampled_from([0, -1, 2**63 - 1, -2**63, 2**63, -2**63 - 1, 2**64])
+               | st.integers(-2**64, 2**64) | text | wide_text)
+_plain_value = st.recursive(_plain_leaf, lambda inner: st.lists(inner, max_size=4)
+                            | st.dictionaries(_ascii_key, inner, max_size=6), max_leaves=12)
+_plain_call = st.fixed_dictionaries({"id": text, "name": ascii_text, "arguments": _plain_value},
+                                    optional={"type": ascii_text, "zeta": _plain_value, "Alpha": _plain_value,
+                                              "a b": st.booleans()})
+
+
+@settings(max_examples=EXAMPLES, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_plain_call, min_size=1, max_size=4).map(tuple), st.data())
+def test_tool_calls_spelled_in_c_are_the_python_encoding(calls, data):
+    m = ConversationMessageRecord(content="x", channel_id="c", tool_calls=calls)
+    bodies, hashes, keys = codec.encode_batch([m])
+    assert (bodies[0], hashes[0], keys[0]) == _python(m)
+    # the dicts edited past the constructor (they are the record's own):
+    # a value or key the C path does not spell, or one the check refuses
+    edit = data.draw(st.sampled_from(["float", "tuple", "surrogate", "key", "nested_float", "none_id", "drop_args"]))
+    call = m.tool_calls[data.draw(st.integers(0, len(m.tool_calls) - 1))]
+    if edit == "float":
+        call["arguments"] = 1.5
+    elif edit == "tuple":
+        call["arguments"] = (1, 2)
+    elif edit == "surrogate":
+        call["name"] = "a\ud800"
+    elif edit == "key":
+        call["\xe9t\xe9"] = {"b": 1, "a": 2}
+    elif edit == "nested_float":
+        call["arguments"] = {"z": [1, {"y": 2.25, "x": True}]}
+    elif edit == "none_id":
+        call["id"] = None
+    else:
+        del call["arguments"]
+    try:
+        want = _python(m)
+    except (TypeError, ValueError) as exc:
+        with pytest.raises(type(exc)) as got:
+            codec.encode_batch([m])
+        assert str(got.value) == str(exc)
+    else:
+        bodies, hashes, keys = codec.encode_batch([m])
+        assert (bodies[0], hashes[0], keys[0]) == want
+
+
+def test_the_common_tool_calls_take_no_python_call(monkeypatch):
+    m = ConversationMessageRecord(content="x", channel_id="c", tool_calls=(
+        {"id": "call_1", "name": "read_file", "arguments": '{"path": "a \\"b\\"", "n": 3}'},
+        {"name": "f", "id": "2", "arguments": {"z": [1, None, True], "a": {"y": "\xe9", "b": -7}}}))
+    want = _python(m)
+
+    def no(_record):
+        raise AssertionError("calls_json called")
+    monkeypatch.setattr(codec, "_calls_json", no)
+    bodies, hashes, keys = codec.encode_batch([m])
+    assert (bodies[0], hashes[0], keys[0]) == want
+
+
+@settings(max_examples=EXAMPLES, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.lists(messages, min_size=1, max_size=5, unique_by=lambda m: m.msg_id), min_size=1, max_size=4),
+       st.integers(0, 2**50))
+def test_frames_into_a_reused_frame_buffer_are_the_bytes_ones(batches, seq0):
+    room = _encode.FrameBuffer()
+    held = None
+    for i, msgs in enumerate(batches):
+        bodies, _hashes, _keys = codec.encode_batch(msgs)
+        order = list(range(len(msgs)))[::-1]
+        want, want_lengths = _encode.frame_messages(bodies, order, seq0 + i)
+        data, lengths = _encode.frame_messages(bodies, order, seq0 + i, room)
+        assert lengths == want_lengths and len(data) == len(want) and bytes(data) == want
+        if held is not None:
+            # a view of the last batch's lines is still held: this batch's
+            # lines went into bytes of their own, the view's bytes are intact
+            assert type(data) is bytes
+            assert held[1].tobytes() == held[0]
+            held[1].release()
+            held = None
+        elif i % 2 == 0:
+            assert data is room
+            held = (want, memoryview(data))
+
+
+def test_a_frame_buffer_is_read_only_and_keeps_no_large_batch():
+    room = _encode.FrameBuffer()
+    data, _ = _encode.frame_messages([b'{"a":1}'], [0], 7, room)
+    assert data is room and bytes(data) == _encode.frame_messages([b'{"a":1}'], [0], 7)[0]
+    with pytest.raises(TypeError, match="read-only"):
+        memoryview(data)[0:1] = b"y"
+    big = [b'{"c":"' + b"x" * (1 << 20) + b'"}'] * 17     # past the 16 MiB it keeps
+    data, _ = _encode.frame_messages(big, list(range(17)), 0, room)
+    assert type(data) is bytes and len(data) > 16 << 20

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import threading
+    from .._encode import FrameBuffer
     from .._index import HotIndex, LocCache
     from ..atomic import AtomicStore
     from ..cool import CoolArchive
@@ -120,6 +121,9 @@ class RepoState:
 
     # exchange.py: fold-order verdicts of resume_messages
     _fold_order: dict[str, list]
+
+    # writes.py: the room a batch's tail lines are framed in (see WritePath)
+    _frame_buf: FrameBuffer | None
 
 
 if TYPE_CHECKING:

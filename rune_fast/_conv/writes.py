@@ -9,7 +9,7 @@ from typing import Any, cast
 
 
 from .. import codec
-from .._encode import HashJob, frame_messages, message_envelopes
+from .._encode import FrameBuffer, HashJob, frame_messages, message_envelopes
 from ..errors import DurabilityError, RuneError
 from ..events import EventStore
 from ..records import ConversationMessageRecord
@@ -24,6 +24,10 @@ log = logging.getLogger("rune_fast")
 
 class WritePath(Host):
     """Appends (a mixin of the repository); group commit is WriteThread's."""
+
+    #: the room a batch's lines are framed in, reused by the next batch
+    #: (lock held; made at the first batch: see _encode.FrameBuffer)
+    _frame_buf = None
 
     def _fresh(self, msgs: list[ConversationMessageRecord], keys: list[bytes]) -> list[int]:
         """Indexes of the messages of a batch to write: the first of each id
@@ -70,7 +74,13 @@ class WritePath(Host):
         if not fresh:
             return 0, 0, None
         seq0 = self._take_seqs(len(fresh))
-        data, lengths = frame_messages(bodies, fresh, seq0)
+        if len(fresh) == 1:
+            data, lengths = frame_messages(bodies, fresh, seq0)
+        else:
+            room = self._frame_buf
+            if room is None:
+                room = self._frame_buf = FrameBuffer()
+            data, lengths = frame_messages(bodies, fresh, seq0, room)
         # a writer always has its tail and event store (None only in a viewer)
         tail = cast("TailFile", self._tail)
         try:
