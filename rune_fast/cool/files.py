@@ -110,6 +110,9 @@ class _FileSet:
         # the order tops of its rows (_Search._kept_ord_tops)
         self._task_runs_d: dict[int, dict] = {}
         self._ord_max_d: dict[int, tuple[np.ndarray, int]] = {}
+        # max_ord's answers by channel (None: all) for the live file set
+        # named by the tuple of its numbers (_Search.max_ord)
+        self._max_ord_memo: tuple[tuple[int, ...], dict[str | None, int | None]] = ((), {})
         # channel_tail_locs' answers by (channel, n): emptied with _task_locs_d
         self._tail_locs_d: dict[tuple[str, int], list[int]] = {}
         # id index: xxh3_64(msg_id) -> (file no << 32) | row, every live file:

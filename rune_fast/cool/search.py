@@ -206,9 +206,8 @@ class _Search(_Reads):
             # reused and files never change): a limited search asks at each
             # call, and the loop below cost ~15-40 us at 1,000,000 messages
             key = tuple(files)
-            memo: tuple[tuple[int, ...], dict[str | None, int | None]] | None = \
-                getattr(self, "_max_ord_memo", None)
-            if memo is None or memo[0] != key:
+            memo = self._max_ord_memo
+            if memo[0] != key:
                 memo = (key, {})
                 self._max_ord_memo = memo
             if channel_id in memo[1]:
