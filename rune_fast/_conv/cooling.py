@@ -155,6 +155,7 @@ class Cooling(Host):
                     # is, not taken row by row): its first lines are
                     # copied here, the rest by the compactions that follow
                     self._bg = self._stage_cooling(self._in_file_order(excess, tuning.BG_COOL_MAX_ROWS))
+                    self._cool_backlog = len(excess) - len(self._bg.locs)
                     self._fold(CompactionReport(), t0)
                 else:
                     self._compact(full=False, cool_excess=False, settle=False)

@@ -39,12 +39,26 @@ REWRITE_RUN_BYTES = 2 << 20
 BG_COOL_MIN_ROWS = 128
 #: At most this many messages a background cooling run: its lines are
 #: copied (and checked) under the lock on appenders' time (a
-#: BG_COOL_PART_ROWS part a compaction), and a bulk load
-#: of 1,000,000 messages let one run grow to tens of thousands (0.1-0.6 s of
-#: one append on a loaded machine). The rest of the excess goes in the next
-#: runs (each channel's excess is oldest first, channel by channel, so a run
-#: cools a prefix of each channel it reaches).
-BG_COOL_MAX_ROWS = 16384
+#: BG_COOL_PART_ROWS part a compaction), and its thread writes each part
+#: as it is parsed (``CoolArchive.stage_parts``: the run is never held
+#: whole; what it keeps is the columns its adoption reads, ~100 bytes a
+#: row). A run takes every channel's excess up to this, so runs grow
+#: this large only while cooling is behind the appends (a bulk load): a
+#: file of 65,536 rows is a merge tier above the 16,384 of the former
+#: cap, whose files a bulk load of 1,000,000 messages merged again 4 by 4
+#: (merges were 12-14 s of CPU of that load, cooling 6-7). The rest of
+#: the excess goes in the next runs (each channel's excess is oldest
+#: first, channel by channel, so a run cools a prefix of each channel it
+#: reaches).
+BG_COOL_MAX_ROWS = 65536
+#: While the last background cooling run left more than this many rows of
+#: the excess for the next (cooling is behind the appends), no merge of cool
+#: files is started in the background: on 2 cores the merges (12-14 s of
+#: CPU in a bulk load of 1,000,000 messages) took the core the cooling runs
+#: needed, and the final compact() paid the backlog inline (10 s). The
+#: merges go on once cooling caught up, and at compact() and in an idle
+#: writer (``IDLE_MERGE_SECONDS``), which need no cooling run.
+MERGE_BACKLOG_ROWS = 0
 #: A background cooling run's lines are copied (and checked) under the
 #: lock this many at a time: the compaction that starts the run copies the
 #: first part, each automatic compaction after it the next (an append_many
