@@ -149,12 +149,18 @@ class Cooling(Host):
             excess = self._excess(False)
             if len(excess) >= tuning.BG_COOL_MIN_ROWS:
                 if self._tail.size < tuning.ROLL_BYTES:
-                    # at most BG_COOL_MAX_ROWS a run (each channel's oldest
+                    # at most BG_COOL_RUN_ROWS a run (each channel's oldest
                     # first, channel by channel, channels in code point
                     # order; in file order: its table is written as it
                     # is, not taken row by row): its first lines are
                     # copied here, the rest by the compactions that follow
-                    self._bg = self._stage_cooling(self._in_file_order(excess, tuning.BG_COOL_MAX_ROWS))
+                    # (BG_COOL_RUN_ROWS a run, BG_COOL_MAX_ROWS once the
+                    # excess holds that many: a file of one merge tier or
+                    # of the next, never one between, which its merge
+                    # would rewrite for nothing)
+                    n = tuning.BG_COOL_MAX_ROWS if len(excess) >= tuning.BG_COOL_MAX_ROWS \
+                        else tuning.BG_COOL_RUN_ROWS
+                    self._bg = self._stage_cooling(self._in_file_order(excess, n))
                     self._cool_backlog = len(excess) - len(self._bg.locs)
                     self._fold(CompactionReport(), t0)
                 else:
