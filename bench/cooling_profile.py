@@ -71,7 +71,7 @@ def _instrument() -> None:
                  "_new_seg_no", "_index_detach"):
         _wrap(R, attr)
     A = writer._Writer
-    for attr in ("stage_table", "cool_table", "cool_parts", "_write_file", "stage_merge", "adopt", "adopt_merge",
+    for attr in ("stage_table", "stage_parts", "cool_table", "cool_parts", "_write_file", "stage_merge", "adopt", "adopt_merge",
                  "_write_tmp", "unlink_files"):
         _wrap(A, attr)
     _wrap(files._FileSet, "_write_parts")

@@ -149,7 +149,7 @@ def _map(fd: int, size: int):
     return mmap.mmap(fd, size, access=mmap.ACCESS_READ)
 
 
-def write_kept(path: str, data: bytes, *, tmp: str, sync: bool) -> bool:
+def write_kept(path: str, data: bytes | bytearray, *, tmp: str, sync: bool) -> bool:
     """Write the kept cache file ``path`` (search filters): temp file ``tmp``
     (0600; fsynced when ``sync``), renamed over it; the folder is not synced
     (a cache: one a crash loses or cuts is built again). A failed write is
@@ -491,7 +491,7 @@ class DurableMark:
 _WORDS = struct.Struct("<QQ")
 
 
-def write_file(path: str, data: bytes, *, exclusive: bool = False, sync: bool = True) -> None:
+def write_file(path: str, data: bytes | bytearray, *, exclusive: bool = False, sync: bool = True) -> None:
     """Create ``path`` (0600; ``exclusive``: it must not exist) holding
     ``data``, fsynced unless ``sync`` is false. The caller fsyncs the folder."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if exclusive else os.O_TRUNC)

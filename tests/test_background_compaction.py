@@ -101,7 +101,7 @@ def test_background_runs_keep_every_read_exact(tmp_path, small_bg):
 
 def test_background_merges_reduce_the_file_count(tmp_path, small_bg, monkeypatch):
     threads = []
-    for name in ("stage_table", "stage_merge"):
+    for name in ("stage_parts", "stage_merge"):
         real = getattr(CoolArchive, name)
 
         def spy(self, *a, _real=real, _name=name, **kw):
@@ -112,7 +112,7 @@ def test_background_merges_reduce_the_file_count(tmp_path, small_bg, monkeypatch
         for i in range(1500):
             repo.append(msg(i))
         kinds = {name for name, thread in threads if thread.startswith("rune-fast-")}
-        assert kinds == {"stage_table", "stage_merge"}, threads[-20:]
+        assert kinds == {"stage_parts", "stage_merge"}, threads[-20:]
         repo.compact()
         # an explicit compact() does not wait for a merge the thread is
         # writing (its files stay in their tier until it is adopted): on a
@@ -134,7 +134,7 @@ def test_background_merges_reduce_the_file_count(tmp_path, small_bg, monkeypatch
         assert len(repo) == 1500
 
 
-def _gate_stage(monkeypatch, name: str = "stage_table"):
+def _gate_stage(monkeypatch, name: str = "stage_parts"):
     """Make CoolArchive.<name> wait until released; returns (entered, release)."""
     entered, release = threading.Event(), threading.Event()
     real = getattr(CoolArchive, name)
@@ -164,6 +164,11 @@ def _append_until_merging(repo, entered: threading.Event, stored: dict, *, limit
 
 
 
+def _run_ids(repo) -> list[str]:
+    """The msg_ids of the cooling run in flight (its lines stay where it read them)."""
+    return [repo._read_loc(loc).msg_id for loc in repo._bg.locs]
+
+
 def _append_until_staged(repo, start: int, stored: dict) -> int:
     i = start
     while repo._bg is None:
@@ -181,7 +186,7 @@ def test_deleting_a_staged_message_discards_the_run(tmp_path, small_bg, monkeypa
     with open_repo(tmp_path) as repo:
         i = _append_until_staged(repo, 0, stored)
         assert entered.wait(30)
-        victim = repo._bg.table.column("msg_id")[0].as_py()
+        victim = _run_ids(repo)[0]
         assert repo.delete(victim)
         del stored[victim]
         # appends and reads go on while the job waits
@@ -202,7 +207,7 @@ def test_deleting_a_staged_message_discards_the_run(tmp_path, small_bg, monkeypa
 
 def test_a_failed_background_run_is_reported_and_done_inline(tmp_path, small_bg, monkeypatch, caplog):
     calls = []
-    real = CoolArchive.stage_table
+    real = CoolArchive.stage_parts
 
     def flaky(self, *a, **kw):
         if threading.current_thread().name.startswith("rune-fast-"):
@@ -210,7 +215,7 @@ def test_a_failed_background_run_is_reported_and_done_inline(tmp_path, small_bg,
             if len(calls) == 1:
                 raise OSError(28, "No space left on device (injected)")
         return real(self, *a, **kw)
-    monkeypatch.setattr(CoolArchive, "stage_table", flaky)
+    monkeypatch.setattr(CoolArchive, "stage_parts", flaky)
     stored: dict = {}
     with caplog.at_level(logging.WARNING, logger="rune_fast"):
         with open_repo(tmp_path) as repo:
@@ -232,7 +237,7 @@ def test_close_adopts_a_run_in_flight(tmp_path, small_bg, monkeypatch):
     repo = open_repo(tmp_path)
     _append_until_staged(repo, 0, stored)
     assert entered.wait(30)
-    staged_ids = repo._bg.table.column("msg_id").to_pylist()
+    staged_ids = _run_ids(repo)
     threading.Timer(0.2, release.set).start()
     repo.close()
     with open_repo(tmp_path) as repo:

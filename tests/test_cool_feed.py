@@ -10,7 +10,7 @@ import logging
 
 import pytest
 
-from rune_fast._conv import cooling, tuning
+from rune_fast._conv import compaction, cooling, tuning
 from rune_fast.conversation_state import ReadStatus
 from rune_fast.errors import CorruptStateCheckpointError
 
@@ -165,3 +165,53 @@ def test_a_run_fed_over_batches_of_append_many(tmp_path, fed):
         check_reads(repo, stored)
         assert repo.verify().ok
 
+
+
+def test_no_merge_starts_while_cooling_is_behind(tmp_path, monkeypatch):
+    """A cooling run that could not take the whole excess (a bulk load
+    outran it) holds back the merges of cool files: the core they would
+    take is the cooling runs'. Once the excess is cooled (here: compact())
+    merges start again, and reads stay exact throughout."""
+    monkeypatch.setattr(tuning, "BG_COOL_MIN_ROWS", 8)
+    monkeypatch.setattr(tuning, "BG_COOL_MAX_ROWS", 12)
+    monkeypatch.setattr(tuning, "BG_COOL_PART_ROWS", 4)
+    started: list[int] = []         # the backlog when each background merge started
+    backlogs: list[int] = []
+    holder: dict = {}
+
+    class Spy(compaction._Staged):
+        def __init__(self, kind, *a, **kw):
+            if kind == "merge":
+                started.append(holder["repo"]._cool_backlog)
+            super().__init__(kind, *a, **kw)
+    monkeypatch.setattr(compaction, "_Staged", Spy)
+    monkeypatch.setattr(cooling, "_Staged", Spy)
+    stored: dict = {}
+    with open_repo(tmp_path, hot_window=2) as repo:
+        holder["repo"] = repo
+        for b in range(40):
+            batch = [msg(i) for i in range(b * 40, b * 40 + 40)]
+            repo.append_many(batch)
+            stored.update((m.msg_id, m) for m in batch)
+            backlogs.append(repo._cool_backlog)
+        assert max(backlogs) > tuning.MERGE_BACKLOG_ROWS      # (cooling fell behind)
+        assert all(b <= tuning.MERGE_BACKLOG_ROWS for b in started), started
+        check_reads(repo, stored)
+        before = len(started)
+        repo.compact()
+        assert repo._cool_backlog == 0
+        # (runs that take the whole excess: cooling keeps up from here)
+        monkeypatch.setattr(tuning, "BG_COOL_MAX_ROWS", 10_000)
+        monkeypatch.setattr(tuning, "BG_COOL_PART_ROWS", 10_000)
+        for i in range(1600, 1900):
+            m = msg(i)
+            repo.append(m)
+            stored[m.msg_id] = m
+            job = repo._bg
+            if job is not None and not job.feeding():
+                assert job.done.wait(30)    # (each run adopted by the next compaction, however loaded the machine)
+        assert len(started) > before       # caught up: merges go on
+        check_reads(repo, stored)
+    with open_repo(tmp_path) as repo:
+        check_reads(repo, stored)
+        assert repo.verify().ok

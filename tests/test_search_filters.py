@@ -373,3 +373,24 @@ def test_scan_segment_reads_only_the_blocks_its_filters_pass():
     # needle after it is still found: its match starts in the bytes read)
     assert set(got.tolist()) < set(want.tolist()) and end == len(data)
     assert all(loc >= blocks * block - 70_000 for loc in got.tolist())
+
+
+@given(st.lists(st.text(alphabet="abcäßZ xyzΣς量子🙂", max_size=60), min_size=1, max_size=300),
+       st.integers(1, 90))
+@settings(max_examples=60, deadline=None)
+def test_a_sinks_one_buffer_file_is_the_encoded_filters(texts, piece):
+    """GramSink.encode (the writer's: one buffer, the blocks let go as
+    copied) makes the very bytes of grams.encode over finish()."""
+    import pyarrow as pa
+    from rune_fast.cool import grams
+    col = pa.array(texts)
+    a, b = grams.GramSink(), grams.GramSink()
+    for x in range(0, len(texts), piece):
+        a.add(col.slice(x, piece))
+        b.add(col.slice(x, piece))
+    got = a.encode(4096, "0123456789abcdef", len(texts))
+    assert bytes(got) == grams.encode(4096, "0123456789abcdef", len(texts), b.finish())
+    assert len(grams.check(bytes(got), 4096, "0123456789abcdef", len(texts))) == \
+        grams.blocks_for(len(texts)) * grams.BLOCK_BYTES
+    with pytest.raises(ValueError, match="bytes of filters"):
+        grams.GramSink().encode(1, "0123456789abcdef", 1)

@@ -41,6 +41,7 @@ class Compaction(Host):
         self._last_compaction = None
         self._bg = None                 # a cooling run in a thread (see Cooling._auto_compact)
         self._bg_merge = None           # a merge of cool files in another, beside it
+        self._cool_backlog = 0          # (see Cooling._auto_compact: merges wait while cooling is behind)
         self._chore = None              # file work a compaction left to a thread (see _Chore)
         self._rewrite_due = False       # (see Cooling._auto_compact)
         self._idle_stop = threading.Event()     # set: the idle watcher ends (see _watch_idle)
@@ -243,7 +244,7 @@ class Compaction(Host):
         """Whether an automatic compaction has files to merge: a group to
         start in the thread, or (while it writes one) a small group to merge
         inline."""
-        if self._bg_merge is None:
+        if self._bg_merge is None and self._cool_backlog <= tuning.MERGE_BACKLOG_ROWS:
             return bool(self._plan_merge())
         return bool(self._within(self._mergeable(), tuning.BG_COOL_MIN_ROWS - 1))
 
@@ -356,6 +357,8 @@ class Compaction(Host):
             # cools what the background runs left, holds a part's lines at
             # a time, not every line it cools, and leaves a few large files,
             # not tens of small ones to merge)
+            if cool_excess and not cooling:
+                self._cool_backlog = 0      # (every channel's excess cooled, or none due)
             if excess:
                 cooled_files = self._cool_in_files(excess, rep)
                 if cooled_files is not None:
@@ -369,6 +372,7 @@ class Compaction(Host):
                 rep.cool_files_written += len(change.added)
             groups = self._mergeable()
             if groups and not full and start_bg and self._bg_merge is None \
+                    and self._cool_backlog <= tuning.MERGE_BACKLOG_ROWS \
                     and self._merge_rows(groups[:1]) >= tuning.BG_COOL_MIN_ROWS:
                 groups = groups[:1]         # (one group a job: adopted sooner, planned again then)
                 # merged in the background; a compaction after it finishes

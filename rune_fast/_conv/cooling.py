@@ -149,12 +149,19 @@ class Cooling(Host):
             excess = self._excess(False)
             if len(excess) >= tuning.BG_COOL_MIN_ROWS:
                 if self._tail.size < tuning.ROLL_BYTES:
-                    # at most BG_COOL_MAX_ROWS a run (each channel's oldest
+                    # at most BG_COOL_RUN_ROWS a run (each channel's oldest
                     # first, channel by channel, channels in code point
                     # order; in file order: its table is written as it
                     # is, not taken row by row): its first lines are
                     # copied here, the rest by the compactions that follow
-                    self._bg = self._stage_cooling(self._in_file_order(excess, tuning.BG_COOL_MAX_ROWS))
+                    # (BG_COOL_RUN_ROWS a run, BG_COOL_MAX_ROWS once the
+                    # excess holds that many: a file of one merge tier or
+                    # of the next, never one between, which its merge
+                    # would rewrite for nothing)
+                    n = tuning.BG_COOL_MAX_ROWS if len(excess) >= tuning.BG_COOL_MAX_ROWS \
+                        else tuning.BG_COOL_RUN_ROWS
+                    self._bg = self._stage_cooling(self._in_file_order(excess, n))
+                    self._cool_backlog = len(excess) - len(self._bg.locs)
                     self._fold(CompactionReport(), t0)
                 else:
                     self._compact(full=False, cool_excess=False, settle=False)
@@ -201,25 +208,36 @@ class Cooling(Host):
         the next by each compaction that follows (:meth:`_feed_cooling`),
         the rest by one that waits for the run; the lines stay where they
         are meanwhile (no segment moves while a run is in flight). The
-        thread makes their table as the parts come, a few hundred lines a
-        call (the parser holds the GIL: an appender waits for a call, not
-        the whole), and writes it. A run's copy made whole took 46-86 ms of
-        CPU (16,384 lines; up to 145 ms of one append_many on the shared
-        machine) at 1,000,000 messages."""
+        thread parses each part as it comes, a few hundred lines a call
+        (the parser holds the GIL: an appender waits for a call, not the
+        whole), and writes it to the run's file at once
+        (``CoolArchive.stage_parts``): what the run holds is a part and
+        the columns its adoption reads. A run's copy made whole took 46-86
+        ms of CPU (16,384 lines; up to 145 ms of one append_many on the
+        shared machine) at 1,000,000 messages."""
         durable = self.durability != "none"
 
         def work(job: _Staged) -> Any:
-            tables = []
-            while (part := job.next_part()) is not None:
-                a, data, starts = part
-                tables.append(self._lines_table(locs[a:a + len(starts)], data, starts, tuning.PARSE_PART))
-                del part, data      # (the lines, once parsed)
-            job.table = pa.concat_tables(tables) if len(tables) != 1 else tables[0]
-            del tables
-            result = self._cool.stage_table(job.table, durable=durable)
-            # the adoption needs these columns only: the content goes now
-            # (a run waits for the next compaction to adopt it)
-            job.table = job.table.select(_ADOPT_COLUMNS)
+            kept: list[pa.Table] = []
+
+            def parts() -> Any:
+                while (part := job.next_part()) is not None:
+                    a, data, starts = part
+                    t = self._lines_table(locs[a:a + len(starts)], data, starts, tuning.PARSE_PART)
+                    del part, data      # (the lines, once parsed)
+                    # the adoption needs these columns only: the content
+                    # goes once written (a run waits for the next
+                    # compaction to adopt it)
+                    kept.append(t.select(_ADOPT_COLUMNS))
+                    yield t
+                    del t
+
+            # (each part written as it is parsed: the run's rows are never
+            # held whole, see CoolArchive.stage_parts; its locations are in
+            # file order, see _in_file_order)
+            result = self._cool.stage_parts(parts(), durable=durable)
+            job.table = pa.concat_tables(kept) if len(kept) != 1 else kept[0]
+            del kept
             ids = job.table.column("msg_id").to_pylist()
             job.keys = [codec.key(m) for m in ids]
             job.ids = ids

@@ -113,6 +113,7 @@ class RepoState:
     _last_compaction: CompactionReport | None
     _bg: _Staged | None         # a cooling run written by a thread
     _bg_merge: _Staged | None   # a merge of cool files written by another
+    _cool_backlog: int          # excess the last cooling run left for the next (0: caught up)
     _chore: _Chore | None
     _behind: set[str] | None
     _clock_nows: int

@@ -17,8 +17,8 @@ class _Staged:
     """Archive work done by a background thread: a cooling run (``kind``
     "cool": its lines are copied under the repository lock, a part at a
     time by the compactions that follow its start (:meth:`feed`); the
-    thread makes their table as they come and :meth:`CoolArchive.stage_table`
-    writes and syncs their Parquet file without it)
+    thread parses each as it comes and :meth:`CoolArchive.stage_parts`
+    writes it to the run's Parquet file, synced at the end, without it)
     or a merge of cool files ("merge": :meth:`CoolArchive.stage_merge`). The
     next compaction adopts the result, or discards it. Until then its files
     are strays that no manifest names (a crash leaves them to the next open)."""
@@ -33,7 +33,7 @@ class _Staged:
         # None once the input is complete (or given up)
         self.fed_to: int | None = 0 if fed else None
         self._parts: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
-        self.table: Any = None  # a cooling run's rows, in the order of locs (set by its thread)
+        self.table: Any = None  # a cooling run's adoption columns, in the order of locs (set by its thread)
         # their msg_ids and index keys (set by its thread too: the adoption,
         # under the lock, then need not make them)
         self.ids: list[str] | None = None

@@ -37,14 +37,33 @@ REWRITE_RUN_BYTES = 2 << 20
 #: costs beyond its write and fdatasync (session 27: the appender's CPU per
 #: append in mode "none" 75-88 -> 37-43 us at 128, on the shared machine).
 BG_COOL_MIN_ROWS = 128
-#: At most this many messages a background cooling run: its lines are
-#: copied (and checked) under the lock on appenders' time (a
-#: BG_COOL_PART_ROWS part a compaction), and a bulk load
-#: of 1,000,000 messages let one run grow to tens of thousands (0.1-0.6 s of
-#: one append on a loaded machine). The rest of the excess goes in the next
-#: runs (each channel's excess is oldest first, channel by channel, so a run
-#: cools a prefix of each channel it reaches).
-BG_COOL_MAX_ROWS = 16384
+#: At most this many messages a background cooling run (BG_COOL_MAX_ROWS
+#: once the excess holds that many): its lines are copied (and checked)
+#: under the lock on appenders' time (a BG_COOL_PART_ROWS part a
+#: compaction), and its thread writes each part as it is parsed
+#: (``CoolArchive.stage_parts``: the run is never held whole; what it
+#: keeps is the columns its adoption reads, ~100 bytes a row). A run takes
+#: every channel's excess up to this. The rest of the excess goes in the
+#: next runs (each channel's excess is oldest first, channel by channel,
+#: so a run cools a prefix of each channel it reaches).
+BG_COOL_RUN_ROWS = 16384
+#: A run takes this many messages when the excess holds that many (cooling
+#: fell far behind the appends: a bulk load on a machine whose cores the
+#: merges and the appender share): its file lands a merge tier above
+#: BG_COOL_RUN_ROWS (fanout 4), the merge of four of those saved (merges
+#: were 12-14 s of CPU of a bulk load of 1,000,000 messages, cooling 6-7).
+#: Runs between the two sizes are not made: a file of, say, 40,000 rows
+#: is in the tier of 16,384 (floor(log4(rows)) = 7), and its merge would
+#: write its extra rows again for nothing.
+BG_COOL_MAX_ROWS = 65536
+#: While the last background cooling run left more than this many rows of
+#: the excess for the next (cooling is behind the appends), no merge of cool
+#: files is started in the background: on 2 cores the merges (12-14 s of
+#: CPU in a bulk load of 1,000,000 messages) took the core the cooling runs
+#: needed, and the final compact() paid the backlog inline (10 s). The
+#: merges go on once cooling caught up, and at compact() and in an idle
+#: writer (``IDLE_MERGE_SECONDS``), which need no cooling run.
+MERGE_BACKLOG_ROWS = 0
 #: A background cooling run's lines are copied (and checked) under the
 #: lock this many at a time: the compaction that starts the run copies the
 #: first part, each automatic compaction after it the next (an append_many

@@ -201,7 +201,7 @@ class _Writer(_Search):
         # the search filters: a cache (one missing is built by the file's first search)
         gname = _grams_name(no)
         try:
-            write_kept(self._ipath(gname), _grams.encode(size, footer, fi.rows, sink.finish()),
+            write_kept(self._ipath(gname), sink.encode(size, footer, fi.rows),
                        tmp=self._ipath(tmp_name(gname)), sync=False)
         except ValueError as exc:
             log.warning("%s: search filters not written: %s", self._ipath(gname), exc)
@@ -236,6 +236,20 @@ class _Writer(_Search):
             fi = self._write_file(None, durable=self._dur(durable), parts=self._checked_parts(parts))
             _release_arrow()
             return self._serve(fi)
+
+    def stage_parts(self, parts: Iterable[pa.Table], *, durable: bool | None = None) -> "_FileIndex":
+        """Write the rows of ``parts`` as :meth:`cool_parts` does (each part
+        as it comes, checked the same way), but do not serve the file yet:
+        :meth:`adopt` serves it, :meth:`discard` removes it (a stray until
+        then, as :meth:`stage_table`'s). Meant for a background cooling run
+        whose lines arrive a part at a time: the run's rows are never held
+        whole (a table of 16,384 rows of the bench's workload is ~16 MB),
+        so a run may be as large as the excess it cools. Only the file
+        number and the duplicate checks take the lock."""
+        self._writable()
+        fi = self._write_file(None, durable=self._dur(durable), parts=self._checked_parts(parts))
+        _release_arrow()
+        return fi
 
     def _checked_parts(self, parts: Iterable[pa.Table]) -> Iterator[pa.Table]:
         """``parts`` as :meth:`cool_parts` takes them, each checked as it
