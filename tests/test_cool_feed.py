@@ -215,3 +215,39 @@ def test_no_merge_starts_while_cooling_is_behind(tmp_path, monkeypatch):
     with open_repo(tmp_path) as repo:
         check_reads(repo, stored)
         assert repo.verify().ok
+
+
+def test_merges_go_on_while_behind_past_the_file_cap(tmp_path, monkeypatch):
+    """Merges wait for cooling only while the archive holds at most
+    MERGE_WAIT_FILES files: past it they start even with excess left (a
+    long bulk load does not pile up files), and reads stay exact."""
+    monkeypatch.setattr(tuning, "BG_COOL_MIN_ROWS", 8)
+    monkeypatch.setattr(tuning, "BG_COOL_MAX_ROWS", 12)
+    monkeypatch.setattr(tuning, "BG_COOL_PART_ROWS", 4)
+    monkeypatch.setattr(tuning, "MERGE_WAIT_FILES", 1)
+    monkeypatch.setattr(tuning, "MERGE_FANOUT", 2)       # (files of a tier pair up soon)
+    started: list[tuple[int, int]] = []     # (backlog, files) when each background merge started
+    holder: dict = {}
+
+    class Spy(compaction._Staged):
+        def __init__(self, kind, *a, **kw):
+            if kind == "merge":
+                repo = holder["repo"]
+                started.append((repo._cool_backlog, len(repo._cool.file_rows())))
+            super().__init__(kind, *a, **kw)
+    monkeypatch.setattr(compaction, "_Staged", Spy)
+    monkeypatch.setattr(cooling, "_Staged", Spy)
+    stored: dict = {}
+    with open_repo(tmp_path, hot_window=2) as repo:
+        holder["repo"] = repo
+        for b in range(60):
+            batch = [msg(i) for i in range(b * 40, b * 40 + 40)]
+            repo.append_many(batch)
+            stored.update((m.msg_id, m) for m in batch)
+        behind = [f for b, f in started if b > tuning.MERGE_BACKLOG_ROWS]
+        assert behind, started          # (merges started while cooling was behind...)
+        assert all(f > tuning.MERGE_WAIT_FILES for f in behind), started    # (...only past the cap)
+        check_reads(repo, stored)
+    with open_repo(tmp_path) as repo:
+        check_reads(repo, stored)
+        assert repo.verify().ok

@@ -244,9 +244,17 @@ class Compaction(Host):
         """Whether an automatic compaction has files to merge: a group to
         start in the thread, or (while it writes one) a small group to merge
         inline."""
-        if self._bg_merge is None and self._cool_backlog <= tuning.MERGE_BACKLOG_ROWS:
+        if self._bg_merge is None and not self._merges_wait():
             return bool(self._plan_merge())
         return bool(self._within(self._mergeable(), tuning.BG_COOL_MIN_ROWS - 1))
+
+    def _merges_wait(self) -> bool:
+        """Whether background merges wait for cooling: the last cooling run
+        left excess for the next (``tuning.MERGE_BACKLOG_ROWS``) and the
+        archive holds at most ``tuning.MERGE_WAIT_FILES`` files (a long
+        bulk load does not pile up files every search and open visits)."""
+        return (self._cool_backlog > tuning.MERGE_BACKLOG_ROWS
+                and len(self._cool.file_rows()) <= tuning.MERGE_WAIT_FILES)
 
     def _plan_merge(self) -> list[list[str]]:
         """The groups of cool files to merge: ``tuning.MERGE_FANOUT`` files of
@@ -371,8 +379,7 @@ class Compaction(Host):
                 old_cool.extend(change.removed)
                 rep.cool_files_written += len(change.added)
             groups = self._mergeable()
-            if groups and not full and start_bg and self._bg_merge is None \
-                    and self._cool_backlog <= tuning.MERGE_BACKLOG_ROWS \
+            if groups and not full and start_bg and self._bg_merge is None and not self._merges_wait() \
                     and self._merge_rows(groups[:1]) >= tuning.BG_COOL_MIN_ROWS:
                 groups = groups[:1]         # (one group a job: adopted sooner, planned again then)
                 # merged in the background; a compaction after it finishes

@@ -64,6 +64,12 @@ BG_COOL_MAX_ROWS = 65536
 #: merges go on once cooling caught up, and at compact() and in an idle
 #: writer (``IDLE_MERGE_SECONDS``), which need no cooling run.
 MERGE_BACKLOG_ROWS = 0
+#: ... unless the archive holds more than this many files: then merges go on
+#: while cooling is behind (without a bound a bulk load of 10,000,000
+#: messages would end with ~150 files of 65,536 rows, each visited by every
+#: search and by open, until compact() or an idle writer merged them; the
+#: bench's load of 1,000,000 ends with 14-22)
+MERGE_WAIT_FILES = 32
 #: A background cooling run's lines are copied (and checked) under the
 #: lock this many at a time: the compaction that starts the run copies the
 #: first part, each automatic compaction after it the next (an append_many
