@@ -408,7 +408,9 @@ class _Reads(_RowCache):
         locations in a few numpy steps, not a Python step each); a file
         that is not live is CorruptStateCheckpointError."""
         files = self._files
-        if len(locs) < 16:
+        if len(locs) == 1:      # an exact read: nothing to group
+            by_file = {locs[0] >> 32: [locs[0] & 0xFFFFFFFF]}
+        elif len(locs) < 16:
             small: dict[int, set[int]] = {}
             for loc in locs:
                 small.setdefault(loc >> 32, set()).add(loc & 0xFFFFFFFF)
@@ -450,12 +452,6 @@ class _Reads(_RowCache):
         pages of each file holding them, not a group decoded per row."""
         with self._lock:
             got: dict[int, tuple[Any, int]] = {}
-            if len(locs) == 1:      # an exact read: no grouping by file and row group
-                loc = locs[0]
-                if loc >> 32 not in self._files:
-                    raise CorruptStateCheckpointError(f"cool file number {loc >> 32} is not live", path=self._dir)
-                self._records_of(loc >> 32, [loc & 0xFFFFFFFF], record_type, got)
-                return [got.get(loc)]
             by_file = self._by_file(locs)
             for no, rows in by_file.items():
                 self._records_of(no, rows, record_type, got)
