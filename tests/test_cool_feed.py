@@ -166,36 +166,50 @@ def test_a_run_fed_over_batches_of_append_many(tmp_path, fed):
         assert repo.verify().ok
 
 
+def _spy_merges(monkeypatch) -> tuple[list[tuple[int, int]], dict]:
+    """Small cooling runs (a bulk load outruns them), and a record of
+    (backlog, live files) when each background merge starts; the test puts
+    its repository in the returned holder's "repo"."""
+    monkeypatch.setattr(tuning, "BG_COOL_MIN_ROWS", 8)
+    monkeypatch.setattr(tuning, "BG_COOL_MAX_ROWS", 12)
+    monkeypatch.setattr(tuning, "BG_COOL_PART_ROWS", 4)
+    started: list[tuple[int, int]] = []
+    holder: dict = {}
+
+    class Spy(compaction._Staged):
+        def __init__(self, kind, *a, **kw):
+            if kind == "merge":
+                repo = holder["repo"]
+                started.append((repo._cool_backlog, len(repo._cool.file_rows())))
+            super().__init__(kind, *a, **kw)
+    monkeypatch.setattr(compaction, "_Staged", Spy)
+    monkeypatch.setattr(cooling, "_Staged", Spy)
+    return started, holder
+
+
+def _load_batches(repo, stored: dict, batches: int) -> list[int]:
+    """``batches`` append_many calls of 40 messages; the backlog after each."""
+    backlogs = []
+    for b in range(batches):
+        batch = [msg(i) for i in range(b * 40, b * 40 + 40)]
+        repo.append_many(batch)
+        stored.update((m.msg_id, m) for m in batch)
+        backlogs.append(repo._cool_backlog)
+    return backlogs
+
 
 def test_no_merge_starts_while_cooling_is_behind(tmp_path, monkeypatch):
     """A cooling run that could not take the whole excess (a bulk load
     outran it) holds back the merges of cool files: the core they would
     take is the cooling runs'. Once the excess is cooled (here: compact())
     merges start again, and reads stay exact throughout."""
-    monkeypatch.setattr(tuning, "BG_COOL_MIN_ROWS", 8)
-    monkeypatch.setattr(tuning, "BG_COOL_MAX_ROWS", 12)
-    monkeypatch.setattr(tuning, "BG_COOL_PART_ROWS", 4)
-    started: list[int] = []         # the backlog when each background merge started
-    backlogs: list[int] = []
-    holder: dict = {}
-
-    class Spy(compaction._Staged):
-        def __init__(self, kind, *a, **kw):
-            if kind == "merge":
-                started.append(holder["repo"]._cool_backlog)
-            super().__init__(kind, *a, **kw)
-    monkeypatch.setattr(compaction, "_Staged", Spy)
-    monkeypatch.setattr(cooling, "_Staged", Spy)
+    started, holder = _spy_merges(monkeypatch)
     stored: dict = {}
     with open_repo(tmp_path, hot_window=2) as repo:
         holder["repo"] = repo
-        for b in range(40):
-            batch = [msg(i) for i in range(b * 40, b * 40 + 40)]
-            repo.append_many(batch)
-            stored.update((m.msg_id, m) for m in batch)
-            backlogs.append(repo._cool_backlog)
+        backlogs = _load_batches(repo, stored, 40)
         assert max(backlogs) > tuning.MERGE_BACKLOG_ROWS      # (cooling fell behind)
-        assert all(b <= tuning.MERGE_BACKLOG_ROWS for b in started), started
+        assert all(b <= tuning.MERGE_BACKLOG_ROWS for b, _f in started), started
         check_reads(repo, stored)
         before = len(started)
         repo.compact()
@@ -221,29 +235,13 @@ def test_merges_go_on_while_behind_past_the_file_cap(tmp_path, monkeypatch):
     """Merges wait for cooling only while the archive holds at most
     MERGE_WAIT_FILES files: past it they start even with excess left (a
     long bulk load does not pile up files), and reads stay exact."""
-    monkeypatch.setattr(tuning, "BG_COOL_MIN_ROWS", 8)
-    monkeypatch.setattr(tuning, "BG_COOL_MAX_ROWS", 12)
-    monkeypatch.setattr(tuning, "BG_COOL_PART_ROWS", 4)
+    started, holder = _spy_merges(monkeypatch)
     monkeypatch.setattr(tuning, "MERGE_WAIT_FILES", 1)
     monkeypatch.setattr(tuning, "MERGE_FANOUT", 2)       # (files of a tier pair up soon)
-    started: list[tuple[int, int]] = []     # (backlog, files) when each background merge started
-    holder: dict = {}
-
-    class Spy(compaction._Staged):
-        def __init__(self, kind, *a, **kw):
-            if kind == "merge":
-                repo = holder["repo"]
-                started.append((repo._cool_backlog, len(repo._cool.file_rows())))
-            super().__init__(kind, *a, **kw)
-    monkeypatch.setattr(compaction, "_Staged", Spy)
-    monkeypatch.setattr(cooling, "_Staged", Spy)
     stored: dict = {}
     with open_repo(tmp_path, hot_window=2) as repo:
         holder["repo"] = repo
-        for b in range(60):
-            batch = [msg(i) for i in range(b * 40, b * 40 + 40)]
-            repo.append_many(batch)
-            stored.update((m.msg_id, m) for m in batch)
+        _load_batches(repo, stored, 60)
         behind = [f for b, f in started if b > tuning.MERGE_BACKLOG_ROWS]
         assert behind, started          # (merges started while cooling was behind...)
         assert all(f > tuning.MERGE_WAIT_FILES for f in behind), started    # (...only past the cap)
