@@ -192,9 +192,19 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
         bodies, hashing, keys = codec.encode_batch(msgs, hash_job=len(msgs) >= tuning.SYNC_OVERLAP_MIN)
         with self._lock:
             self._check_writable()
-            target, added, sync = self._write_messages(msgs, bodies, hashing, keys)
+            target, added, sync, journal = self._write_messages(msgs, bodies, hashing, keys)
         if sync is not None:
-            self._writes.sync_end(sync)     # started after the write (see _write_messages)
+            try:
+                self._writes.sync_end(sync)     # started after the write (see _write_messages)
+            except BaseException:
+                if journal is not None:
+                    try:
+                        self._journal_end(journal, added)
+                    except DurabilityError:
+                        pass        # (the sync's error is raised)
+                raise
+        if journal is not None:
+            self._journal_end(journal, added)   # (begun after the tail's write, see there)
         if added:
             self._writes.wait_durable(target)
             if self._since_compact >= self.compact_every:
