@@ -234,3 +234,71 @@ def test_a_kill_right_after_batches_keeps_every_envelope(tmp_path):
         assert repo.stats()["lost"] == []
     appended = [i for t, i in journal(tmp_path) if t == "conversation.message"]
     assert sorted(appended) == ids
+
+
+# ---------------------------------------------------------------- the compaction beside the sync
+
+def test_the_automatic_compaction_runs_while_the_batch_sync_is_in_flight(tmp_path, monkeypatch):
+    """A large batch's automatic compaction runs before its sync is ended
+    (the fold, a cooling run's part, the start of a run need none); one
+    that writes the manifest ends the sync first, so the manifest vouches
+    only for durable lines."""
+    monkeypatch.setattr(tuning, "BG_COOL_MIN_ROWS", 8)
+    seen = {"auto": 0, "in_flight": 0, "manifests": 0, "manifest_unsynced": 0}
+    repo = ConversationStateRepository(tmp_path, compact_every=64, hot_window=8)
+    auto, record = type(repo)._auto_compact, type(repo)._record_manifest
+
+    def spy_auto(self):
+        seen["auto"] += 1
+        seen["in_flight"] += self._writes._begun is not None
+        return auto(self)
+
+    def spy_manifest(self, *a, **k):
+        seen["manifests"] += 1
+        w = self._writes
+        seen["manifest_unsynced"] += w._begun is not None or w._syncing or w._synced < w._wpos
+        return record(self, *a, **k)
+
+    monkeypatch.setattr(type(repo), "_auto_compact", spy_auto)
+    monkeypatch.setattr(type(repo), "_record_manifest", spy_manifest)
+    try:
+        for b in range(30):
+            assert repo.append_many([msg(b * 100 + i) for i in range(100)]) == 100
+        assert seen["auto"] == 30 and seen["in_flight"] == 30
+        assert seen["manifests"] > 3 and seen["manifest_unsynced"] == 0
+        assert repo.verify().ok
+    finally:
+        repo.close()
+    with ConversationStateRepository(tmp_path, hot_window=8) as repo:
+        assert len(repo) == 3000 and repo.verify().ok
+        assert repo.get_message(msg(2999).msg_id).record == msg(2999)
+
+
+@pytest.mark.parametrize("durability", ["fsync", "batch"])
+def test_compactions_and_flushes_of_other_threads_beside_large_batches(tmp_path, durability):
+    """Another thread's compact() and flush() (each syncs under the
+    repository lock) while batches compact beside their syncs: nothing
+    waits for ever, nothing is lost."""
+    done = threading.Event()
+    errors: list[BaseException] = []
+    with ConversationStateRepository(tmp_path, compact_every=50, hot_window=20, durability=durability) as repo:
+        def other():
+            try:
+                while not done.is_set():
+                    repo.flush()
+                    repo.compact()
+            except BaseException as exc:     # (reported below)
+                errors.append(exc)
+
+        t = threading.Thread(target=other)
+        t.start()
+        try:
+            for b in range(25):
+                repo.append_many([msg(b * 100 + i) for i in range(100)])
+        finally:
+            done.set()
+            t.join(60)
+        assert not t.is_alive() and not errors
+        assert len(repo) == 2500
+    with ConversationStateRepository(tmp_path, hot_window=20) as repo:
+        assert len(repo) == 2500 and repo.verify().ok

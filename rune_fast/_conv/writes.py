@@ -120,11 +120,8 @@ class WritePath(Host):
                     self._writes.sync_end(token)
                 except (OSError, DurabilityError):
                     pass                # (recorded for every waiter; the first error is raised)
-            if journal is not None and not isinstance(journal, BaseException):
-                try:
-                    self._journal_end(journal, len(fresh))
-                except DurabilityError:
-                    pass
+            if not isinstance(journal, BaseException):
+                self._journal_given_up(journal, len(fresh))
             raise
         return target, len(fresh), token, journal
 
@@ -205,6 +202,16 @@ class WritePath(Host):
                               "the store refuses writes until reopened")
         err.__cause__ = exc
         return err
+
+    def _journal_given_up(self, journal: Any, n: int) -> None:
+        """End the journal write :meth:`_write_messages` began when the call
+        fails anyway (its sync or its compaction raised, which is what the
+        caller raises)."""
+        if journal is not None:
+            try:
+                self._journal_end(journal, n)
+            except DurabilityError:
+                pass
 
     def _journal_end(self, journal: Any, n: int) -> None:
         """End the journal write :meth:`_write_messages` began (outside the
