@@ -336,13 +336,11 @@ class FramedLog:
             return None if end is None else end - written
 
     def append_bytes_begin(self, data: bytes) -> "_Pending":
-        """:meth:`append_bytes` of ``data`` (no offset) run in a C thread
-        (``_log.BackgroundWrite``): its write makes a new page-cache page
-        every 4 KiB, 1.5 ms of kernel time for the 200 KB of the envelopes
-        of append_many(1,000), which then overlaps the caller's indexing and
-        its wait for the tail's sync. Every other call of this log first
-        waits for it (the file keeps the order of the calls); the caller
-        ends it with :meth:`append_bytes_end`, which raises what
+        """:meth:`append_bytes` of ``data`` (no offset) in a C thread
+        (``_log.BackgroundWrite``; its new page-cache pages cost 1.5 ms for
+        append_many(1,000)'s envelopes, now beside the caller's work). Every
+        other call of this log waits for it first (the file keeps the order
+        of the calls); :meth:`append_bytes_end` raises what
         :meth:`append_bytes` would have."""
         with self._lock:
             self._settle()
