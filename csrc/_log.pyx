@@ -530,6 +530,110 @@ def locked_write(int fd, data) -> int:
         PyBuffer_Release(&view)
 
 
+cdef extern from "<signal.h>" nogil:
+    ctypedef struct sigset_t:
+        pass
+    int sigfillset(sigset_t *s)
+    int pthread_sigmask(int how, const sigset_t *s, sigset_t *old)
+    int SIG_BLOCK
+
+
+cdef struct _WriteJob:
+    int fd
+    const char *buf
+    Py_ssize_t length
+    Py_ssize_t written
+    int err
+    int step
+
+
+cdef void *_write_run(void *arg) noexcept nogil:
+    cdef _WriteJob *job = <_WriteJob *>arg
+    cdef sigset_t every
+    cdef Py_ssize_t w
+    # (no signal is delivered to this thread: the process's handlers run
+    # in the main thread, and no system call here ends early with EINTR)
+    sigfillset(&every)
+    pthread_sigmask(SIG_BLOCK, &every, NULL)
+    job.step = 0
+    while flock(job.fd, LOCK_SH) != 0:
+        if errno != EINTR:
+            job.err = errno
+            return NULL
+    job.step = 1
+    while True:
+        w = c_write(job.fd, job.buf, <size_t>job.length)
+        if w >= 0 or errno != EINTR:
+            break
+    if w < 0:
+        job.err = errno
+    else:
+        job.written = w
+    if flock(job.fd, LOCK_UN) != 0 and job.err == 0:
+        job.err = errno
+        job.step = 2
+    return NULL
+
+
+cdef class BackgroundWrite:
+    """:func:`locked_write` of ``data`` to ``fd`` (flock(LOCK_SH), one
+    write(2), flock(LOCK_UN)) run in a C thread of its own, without the
+    GIL: the event store's journal of a large batch, whose write makes a
+    new page-cache page for every 4 KiB (1.5 ms of kernel time for the 200
+    KB of 1,000 envelopes on the shared machine), overlaps the caller's
+    indexing and its wait for the tail's sync. ``data`` is kept until the
+    thread is joined; ``fd`` must stay open until then. :meth:`wait` joins
+    it and returns the bytes written (fewer than ``len(data)``: the caller
+    decides), or raises OSError with the errno and a ``step`` attribute as
+    locked_write does. The thread is joined, whatever happens, before the
+    object goes away."""
+    cdef pthread_t _th
+    cdef _WriteJob _job
+    cdef Py_buffer _view
+    cdef bint _running
+    cdef bint _held
+
+    def __cinit__(self, int fd, data):
+        cdef int rc
+        self._running = False
+        self._held = False
+        _get_buffer(data, &self._view, "data")
+        self._held = True
+        self._job.fd = fd
+        self._job.buf = <const char *>self._view.buf
+        self._job.length = self._view.len
+        self._job.written = 0
+        self._job.err = 0
+        self._job.step = 0
+        rc = pthread_create(&self._th, NULL, _write_run, &self._job)
+        if rc != 0:
+            raise OSError(rc, f"{os.strerror(rc)} (thread of a background write)")
+        self._running = True
+
+    cdef void _join(self) noexcept:
+        if self._running:
+            with nogil:
+                pthread_join(self._th, NULL)
+            self._running = False
+        if self._held:
+            PyBuffer_Release(&self._view)
+            self._held = False
+
+    def wait(self) -> int:
+        """Join the write; the bytes written, or OSError (each call after
+        the first reports the same)."""
+        self._join()
+        if self._job.err:
+            what = ("flock(LOCK_SH)", f"write of {self._job.length} bytes", "flock(LOCK_UN)")[self._job.step]
+            exc = OSError(self._job.err, f"{os.strerror(self._job.err)} ({what})")
+            exc.step = self._job.step
+            raise exc
+        return self._job.written
+
+    def __dealloc__(self):
+        self._join()
+
+
 cdef class TailWriter:
     """Append-only writer of one file (``O_WRONLY|O_APPEND|O_CREAT|O_CLOEXEC``,
     mode 0600). Safe to share between threads: appends are serialised, and the

@@ -190,14 +190,41 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
         # encoded outside the lock (compiled: csrc/_encode.pyx); a large
         # batch's payload hashes are computed by a C thread meanwhile
         bodies, hashing, keys = codec.encode_batch(msgs, hash_job=len(msgs) >= tuning.SYNC_OVERLAP_MIN)
+        failed: BaseException | None = None
+        compacted = False
         with self._lock:
             self._check_writable()
-            target, added, sync = self._write_messages(msgs, bodies, hashing, keys)
+            target, added, sync, journal = self._write_messages(msgs, bodies, hashing, keys)
+            if sync is not None and added and self._since_compact >= self.compact_every:
+                # the automatic compaction runs while the batch's sync is in
+                # flight: what needs no sync (the fold, a cooling run's next
+                # part, the start of the next run: most of them) overlaps
+                # the disk's work; one that syncs ends the batch's sync
+                # first (WriteThread.sync_now), so the manifest it writes
+                # vouches only for durable lines
+                compacted = True
+                try:
+                    self._auto_compact()
+                except BaseException as exc:
+                    failed = exc        # (raised once the sync and the journal are ended)
         if sync is not None:
-            self._writes.sync_end(sync)     # started after the write (see _write_messages)
+            try:
+                # started after the write (see _write_messages); nothing to
+                # do if the compaction ended it
+                self._writes.sync_end(sync)
+            except BaseException:
+                self._journal_given_up(journal, added)
+                raise
+        if journal is not None:
+            if failed is not None:
+                self._journal_given_up(journal, added)
+            else:
+                self._journal_end(journal, added)   # (begun after the tail's write, see there)
+        if failed is not None:
+            raise failed
         if added:
             self._writes.wait_durable(target)
-            if self._since_compact >= self.compact_every:
+            if not compacted and self._since_compact >= self.compact_every:
                 with self._lock:
                     if self._since_compact >= self.compact_every and not self._closed:
                         self._auto_compact()

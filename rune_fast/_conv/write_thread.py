@@ -49,6 +49,9 @@ class WriteThread:
         self._synced = 0
         self._syncing = False
         self._error: BaseException | None = None
+        # the token of a sync sync_begin started that nobody ended yet
+        # (its caller, or a sync_now that came first: see there)
+        self._begun: tuple | None = None
 
     @property
     def error(self) -> BaseException | None:
@@ -145,12 +148,21 @@ class WriteThread:
                 self._syncing = False
                 cond.notify_all()
             return None
-        return job, upto, mark, tail
+        token = (job, upto, mark, tail)
+        with cond:
+            self._begun = token
+        return token
 
     def sync_end(self, token: tuple) -> None:
         """Finish the sync :meth:`sync_begin` started: count what it made
         durable, publish it to viewers, wake the waiters; a failure is
-        recorded for every waiter (the store then refuses writes) and raised."""
+        recorded for every waiter (the store then refuses writes) and raised.
+        Nothing to do if a :meth:`sync_now` ended it first (its failure is
+        then what :meth:`wait_durable` raises)."""
+        with self._lk:
+            if self._begun is not token:
+                return
+            self._begun = None
         job, upto, mark, tail = token
         try:
             tail.sync_end(job)
@@ -176,6 +188,14 @@ class WriteThread:
         tail = self._tail()
         if tail is None:
             return
+        with self._lk:
+            begun = self._begun
+        if begun is not None:
+            # a sync begun by an append_many that has not ended it yet: it
+            # may be this very thread (its automatic compaction runs while
+            # its sync is in flight), or one waiting for the repository
+            # lock held here, so it is ended here (sync_end: once only)
+            self.sync_end(begun)
         with self._lk:
             while self._syncing:
                 self._wait()

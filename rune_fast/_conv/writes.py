@@ -59,7 +59,7 @@ class WritePath(Host):
         return fresh
 
     def _write_messages(self, msgs: list[ConversationMessageRecord], bodies: list[bytes],
-                        hashes: HashJob, keys: list[bytes]) -> tuple[int, int, tuple | None]:
+                        hashes: HashJob, keys: list[bytes]) -> tuple[int, int, tuple | None, Any]:
         """Write the new ones among ``msgs`` to the tail and index them (lock
         held); ``hashes`` gives their payload hashes (the HashJob of
         ``codec.encode_batch(..., hash_job=...)``). Returns (the count to
@@ -69,10 +69,16 @@ class WritePath(Host):
         starts right after the write (WriteThread.sync_begin), so the
         indexing, caching and journaling here overlap it; the caller passes
         the token to ``self._writes.sync_end`` (outside the lock), then waits
-        as usual: nothing is acknowledged before it is durable."""
+        as usual: nothing is acknowledged before it is durable. Such a
+        batch's envelopes are written to the journal by a thread of their
+        own from right after the tail's write (EventStore.append_encoded,
+        ``background``): the fourth value, which the caller ends
+        (:meth:`_journal_end`, outside the lock; every other use of the
+        event store waits for it first, so the journal keeps the order of
+        the calls), else None."""
         fresh = self._fresh(msgs, keys)
         if not fresh:
-            return 0, 0, None
+            return 0, 0, None, None
         seq0 = self._take_seqs(len(fresh))
         if len(fresh) == 1:
             data, lengths = frame_messages(bodies, fresh, seq0)
@@ -90,8 +96,12 @@ class WritePath(Host):
             raise
         seg = self._tail_seg
         target = self._writes.wrote((seg << 40) | (off + len(data)), len(data))
+        journal = None
         if len(fresh) >= tuning.SYNC_OVERLAP_MIN:
             token = self._writes.sync_begin()
+            # (after the tail's write: recovery reads an envelope whose line
+            # no tier holds as a lost acknowledged append)
+            journal = self._journal(keys, hashes, fresh, background=True)
         else:
             token = None
             if self.durability != "none":
@@ -100,22 +110,28 @@ class WritePath(Host):
                 # acknowledges them waits for less (TailFile.start_writeback)
                 tail.start_writeback(off, len(data))
         try:
-            self._index_written(msgs, fresh, keys, hashes, seq0, lengths, seg, off, len(data), remapped)
+            self._index_written(msgs, fresh, keys, hashes, seq0, lengths, seg, off, len(data), remapped,
+                                journal=journal is None)
+            if isinstance(journal, BaseException):
+                raise journal           # (the batch is indexed: "maybe stored", as below)
         except BaseException:
             if token is not None:
                 try:
                     self._writes.sync_end(token)
                 except (OSError, DurabilityError):
                     pass                # (recorded for every waiter; the first error is raised)
+            if not isinstance(journal, BaseException):
+                self._journal_given_up(journal, len(fresh))
             raise
-        return target, len(fresh), token
+        return target, len(fresh), token, journal
 
     def _index_written(self, msgs: list[ConversationMessageRecord], fresh: list[int], keys: list[bytes],
                        hashes: HashJob, seq0: int, lengths: list[int], seg: int, off: int, n: int,
-                       remapped: bool) -> None:
+                       remapped: bool, journal: bool = True) -> None:
         """The rest of _write_messages once the lines ``fresh`` of ``msgs``
         are written at ``off`` of the tail (``n`` bytes): index and cache
-        them, move the clock past their stamps, journal their envelopes."""
+        them, move the clock past their stamps, journal their envelopes
+        (unless ``journal`` is false: begun by the caller)."""
         tail = cast("TailFile", self._tail)
         data_end = off + n
         if remapped:
@@ -154,19 +170,56 @@ class WritePath(Host):
         self._count_uncompacted(len(fresh))
         self._count_changes(len(fresh))
         self._count_stored(n)
-        # journaled with one write; durable by the next checkpoint, re-derived
-        # from the tail by recovery if a crash loses it first
+        if journal:
+            exc = self._journal(keys, hashes, fresh, background=False)
+            if exc is not None:
+                raise exc
+
+    def _journal(self, keys: list[bytes], hashes: HashJob, fresh: list[int], *, background: bool) -> Any:
+        """Journal the envelopes of the new messages ``fresh`` with one
+        write (durable by the next checkpoint, re-derived from the tail by
+        recovery if a crash loses it first). ``background``: in a thread of
+        its own, returns what :meth:`_journal_end` ends. A failure makes the
+        store refuse writes and is returned as a DurabilityError naming the
+        journal (the lines are in the tail: "maybe stored", as after a
+        failed sync)."""
         events = cast("EventStore", self._events)
         try:
             # (the payload hashes: a large batch's were computed by a C thread
             # since its encoding, overlapping the write and the indexing)
             envelopes = message_envelopes(keys, hashes, fresh, codec.dumps(time.time()))
+            if background:
+                return events.append_encoded(envelopes, offset=False, background=True)
             events.append_encoded(envelopes, offset=False)
+            return None
         except (OSError, DurabilityError) as exc:
-            # (the lines are in the tail: "maybe stored", as after a failed sync)
-            self._writes.fail(exc)
-            raise DurabilityError(f"journal of {len(fresh)} message(s) in {events.path} failed: {exc}; "
-                                  "the store refuses writes until reopened") from exc
+            return self._journal_failed(exc, len(fresh))
+
+    def _journal_failed(self, exc: BaseException, n: int) -> DurabilityError:
+        self._writes.fail(exc)
+        events = cast("EventStore", self._events)
+        err = DurabilityError(f"journal of {n} message(s) in {events.path} failed: {exc}; "
+                              "the store refuses writes until reopened")
+        err.__cause__ = exc
+        return err
+
+    def _journal_given_up(self, journal: Any, n: int) -> None:
+        """End the journal write :meth:`_write_messages` began when the call
+        fails anyway (its sync or its compaction raised, which is what the
+        caller raises)."""
+        if journal is not None:
+            try:
+                self._journal_end(journal, n)
+            except DurabilityError:
+                pass
+
+    def _journal_end(self, journal: Any, n: int) -> None:
+        """End the journal write :meth:`_write_messages` began (outside the
+        lock); DurabilityError as :meth:`_journal` gives."""
+        try:
+            journal.end()
+        except DurabilityError as exc:
+            raise self._journal_failed(exc, n) from exc
 
     def _observe_stamps(self, recs: list[ConversationMessageRecord]) -> None:
         """Let the clock observe the stamps of stored records: each ``hlc``,
