@@ -40,7 +40,8 @@ from .errors import (
     StoreClosedError,
     UnknownTaskError,
 )
-from .events import EventStore, FramedLog, ensure_private_dir, frame_object, fsync_dir, parse_checked
+from .events import EventStore, ensure_private_dir, fsync_dir
+from .framed_log import FramedLog, frame_object, parse_checked
 from ._names import EVENTS_NAME, HOT_DIR, TASK_LOG_RE, TASK_STATE_NAME, task_log_name
 from .locking import DirLock
 from .records import (

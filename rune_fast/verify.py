@@ -165,7 +165,7 @@ def _verify_tasks(state: str, add: Callable[..., None], checked: dict[str, Any])
     """Check the task checkpoint and log read-only; return the folded
     records (task_id -> record) of what parsed."""
     from .atomic import AtomicStore
-    from .events import FramedLog, parse_line
+    from .framed_log import FramedLog, parse_line
     from .records import TaskStateRecord
 
     hot = os.path.join(state, HOT_DIR)
@@ -223,7 +223,7 @@ def _good_lines(log: Any, bad: set[int]) -> Iterator[tuple[int, bytes]]:
 def _scan_framed_files(state: str, add: Callable[..., None], checked: dict[str, Any], *, conversation: bool) -> None:
     """Frame check of events.jsonl (always: the store's verify may not own it)
     and, when ``conversation``, of every other framed file under hot/."""
-    from .events import FramedLog
+    from .framed_log import FramedLog
 
     paths = []
     events = os.path.join(state, EVENTS_NAME)

@@ -17,7 +17,7 @@ import time
 import orjson
 import pytest
 
-from rune_fast import events as events_mod
+from rune_fast import framed_log as framed_log_mod
 from rune_fast._conv import tuning
 from rune_fast._log import BackgroundWrite
 from rune_fast.conversation_state import ConversationStateRepository, ReadStatus
@@ -104,7 +104,7 @@ def test_a_failed_background_write_fails_the_log(tmp_path, monkeypatch):
             exc.step = 1
             raise exc
 
-    monkeypatch.setattr(events_mod, "BackgroundWrite", Failing)
+    monkeypatch.setattr(framed_log_mod, "BackgroundWrite", Failing)
     store = EventStore(tmp_path / "events.jsonl")
     try:
         token = store.append_encoded(EventStore.encode("conversation.message", "m", "0" * 64),
@@ -167,7 +167,7 @@ def test_the_journal_keeps_the_order_of_the_calls(tmp_path, monkeypatch):
     """A deletion made by another thread while a batch's journal write is in
     flight journals its envelope after the batch's (a reader of the journal,
     and recovery, see the message appended before it is deleted)."""
-    monkeypatch.setattr(events_mod, "BackgroundWrite", _SlowWrite)
+    monkeypatch.setattr(framed_log_mod, "BackgroundWrite", _SlowWrite)
     with ConversationStateRepository(tmp_path, compact_every=10**9) as repo:
         batch = [msg(i) for i in range(BIG)]
         t = threading.Thread(target=repo.append_many, args=(batch,))
@@ -195,7 +195,7 @@ def test_a_failed_journal_write_fails_the_call_and_stops_writes(tmp_path, monkey
             raise exc
 
     with ConversationStateRepository(tmp_path, compact_every=10**9) as repo:
-        monkeypatch.setattr(events_mod, "BackgroundWrite", Failing)
+        monkeypatch.setattr(framed_log_mod, "BackgroundWrite", Failing)
         with pytest.raises(DurabilityError) as info:
             repo.append_many([msg(i) for i in range(BIG)])
         assert "journal" in str(info.value) and "events.jsonl" in str(info.value)

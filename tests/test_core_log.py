@@ -333,19 +333,20 @@ def test_locked_write_waiting_for_the_lock_runs_signal_handlers(tmp_path):
 
 
 def test_a_lock_that_cannot_be_taken_leaves_the_event_store_writable(tmp_path, monkeypatch):
-    from rune_fast import events as ev_mod
+    from rune_fast import framed_log
     from rune_fast.errors import DurabilityError as DE
-    store = ev_mod.EventStore(tmp_path / "events.jsonl")
-    real = ev_mod.locked_write
+    from rune_fast.events import EventStore
+    store = EventStore(tmp_path / "events.jsonl")
+    real = framed_log.locked_write
 
     def no_lock(fd, data):
         exc = OSError(37, "No locks available (flock(LOCK_SH))")
         exc.step = 0
         raise exc
-    monkeypatch.setattr(ev_mod, "locked_write", no_lock)
+    monkeypatch.setattr(framed_log, "locked_write", no_lock)
     with pytest.raises(DE, match="No locks available"):
         store.append("conversation.message", "id1", "0" * 64)
-    monkeypatch.setattr(ev_mod, "locked_write", real)
+    monkeypatch.setattr(framed_log, "locked_write", real)
     store.append("conversation.message", "id2", "0" * 64)      # nothing was written: it goes on
     store.sync()
     store.close()

@@ -359,9 +359,9 @@ def test_torn_line_followed_by_zero_padding(tmp_path):
 
 
 def test_long_garbage_without_newline_is_damage(tmp_path, monkeypatch):
-    import rune_fast.events as events
-    monkeypatch.setattr(events, "MAX_LINE", 1000)
-    monkeypatch.setattr(events, "_READ_CHUNK", 256)
+    import rune_fast.framed_log as framed_log
+    monkeypatch.setattr(framed_log, "MAX_LINE", 1000)
+    monkeypatch.setattr(framed_log, "_READ_CHUNK", 256)
     path = tmp_path / "events.jsonl"
     good = _three_lines(path)
     _write(path, good + b"y" * 3000)
@@ -370,9 +370,9 @@ def test_long_garbage_without_newline_is_damage(tmp_path, monkeypatch):
 
 
 def test_large_zero_padding_read_only(tmp_path, monkeypatch):
-    import rune_fast.events as events
-    monkeypatch.setattr(events, "MAX_LINE", 1000)
-    monkeypatch.setattr(events, "_READ_CHUNK", 256)
+    import rune_fast.framed_log as framed_log
+    monkeypatch.setattr(framed_log, "MAX_LINE", 1000)
+    monkeypatch.setattr(framed_log, "_READ_CHUNK", 256)
     path = tmp_path / "events.jsonl"
     good = _three_lines(path)
     _write(path, good + b"\0" * 5000)

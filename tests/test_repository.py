@@ -529,28 +529,28 @@ def test_a_failed_journal_or_tombstone_write_makes_the_store_refuse_writes(tmp_p
     tombstone is cut again: the next open does not apply it either)."""
     import errno
 
-    import rune_fast.events as events_mod
+    import rune_fast.framed_log as log_mod
     with ConversationStateRepository(tmp_path) as repo:
         repo.append_many([msg(i) for i in range(3)])
-    real = events_mod.locked_write
+    real = log_mod.locked_write
 
     def full(fd, data):
         raise OSError(errno.ENOSPC, "No space left on device")
     repo = ConversationStateRepository(tmp_path)
-    monkeypatch.setattr(events_mod, "locked_write", full)
+    monkeypatch.setattr(log_mod, "locked_write", full)
     with pytest.raises(DurabilityError, match="journal of 1 message"):
         repo.append(msg(10))
-    monkeypatch.setattr(events_mod, "locked_write", real)
+    monkeypatch.setattr(log_mod, "locked_write", real)
     for write in (lambda: repo.append(msg(11)), lambda: repo.delete("msg_00000000")):
         with pytest.raises(DurabilityError, match="refuses writes"):
             write()
     assert repo.get_message("msg_00000011").status is ReadStatus.NOT_FOUND_CONFIRMED
     repo.close()
     repo = ConversationStateRepository(tmp_path)
-    monkeypatch.setattr(events_mod, "locked_write", full)
+    monkeypatch.setattr(log_mod, "locked_write", full)
     with pytest.raises(DurabilityError, match="journal of 1 deletion"):
         repo.delete("msg_00000001")
-    monkeypatch.setattr(events_mod, "locked_write", real)
+    monkeypatch.setattr(log_mod, "locked_write", real)
     assert repo.get_message("msg_00000001").status is ReadStatus.FOUND_VERIFIED
     assert "msg_00000001" in [m.msg_id for m in repo.window("ch", 10)] and len(repo) == 4
     with pytest.raises(DurabilityError):

@@ -58,7 +58,7 @@ class TaskLedgerView:
 
     def __init__(self, state_dir: str) -> None:
         from ..atomic import AtomicStore
-        from ..events import FramedLog, parse_checked
+        from ..framed_log import FramedLog, parse_checked
         from ..records import TERMINAL_STATUSES, TaskStateRecord
 
         self._terminal = TERMINAL_STATUSES
