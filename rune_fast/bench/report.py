@@ -97,7 +97,9 @@ DESCRIPTIONS = {
                               "repeat and side, likewise.",
     **_SDESC,
     "search_limit_flatness": "search(common needle, limit=20) on the N-message store / the same on the "
-                             "small store: flat means about 1. Ratio column: SQLite's growth / rune_fast's.",
+                             "small store: flat means about 1. Each sample (two calls) follows one call of "
+                             "each other side, never the per-repeat collection; at least 15 samples. "
+                             "Ratio column: SQLite's growth / rune_fast's.",
     "search_first": "search of the rare ASCII needle, the first after opening the store (close not "
                     "timed): rune_fast builds or reads its search filters then, SQLite has no such step.",
     "open_first_window": "open the N-message store and read its first window(ch, 8) (page cache warm; "
