@@ -20,8 +20,9 @@ _SEARCH_DESC = ("search(q) with Unicode case folding over every message (hot and
                 "run: the faster of glibc memmem (through ctypes, one call per occurrence) and "
                 "bytes.count (CPython's fastsearch){extra}.")
 _LIMIT_DESC = ("search(q, limit=20): the newest 20 hits of the same needle ({about}); vs SQLite "
-               "ORDER BY seq DESC LIMIT 20 over the same instr(lower()) condition. Plain loop: the "
-               "same full scan.")
+               "ORDER BY seq DESC LIMIT 20 over the same instr(lower()) condition, the two sides "
+               "taking turns (each sample after one call of the other side; at least 15). Plain "
+               "loop: the same full scan.")
 
 
 def _search_lines() -> tuple[dict[str, str], tuple[str, ...]]:
