@@ -256,3 +256,36 @@ def test_python_m_rune_fast_bench_runs_from_any_folder(tmp_path, monkeypatch, ca
     assert report.rune_store == compare.RUNE_REF
     assert compare.format_table(report) in printed
     assert os.listdir(work) == []                                       # nothing left in the caller's folder
+
+
+def test_even_turns_gives_every_job_the_same_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The limit=20 growth line's samples (searches.even_turns): no timed call
+    right after the per-repeat collection (it leaves the caches cold), and
+    between a job's timed call and its own call before it, one call of each
+    other job -- for any number of repeats (interleaved's turns gave the
+    first job the cold turn in 2 of 3 repeats)."""
+    from rune_fast.bench import searches
+
+    log: list[tuple[str, int]] = []
+    monkeypatch.setattr(searches.gc, "collect", lambda *a: log.append(("collect", 0)) or 0)
+
+    def job(name: str) -> Any:
+        def run(i: int) -> float:
+            log.append((name, i))
+            return float(len(log))
+        return run
+
+    names = ["rune", "sql", "rune_s", "sql_s"]
+    for repeats in (1, 3, 5, 8):
+        log.clear()
+        out = searches.even_turns({n: job(n) for n in names}, repeats)
+        assert {n: len(v) for n, v in out.items()} == {n: repeats for n in names}
+        for at, (name, i) in enumerate(log):
+            if name == "collect":
+                assert log[at + 1][1] == -1          # an untimed call first
+            elif i >= 0:
+                before = max(k for k in range(at) if log[k][0] == name)
+                between = sorted(n for n, _i in log[before + 1:at])
+                assert between == sorted(set(names) - {name})
+        firsts = [log[at + 1 + len(names)][0] for at, (n, _i) in enumerate(log) if n == "collect"]
+        assert len(set(firsts)) == min(repeats, len(names))     # the first timed turn rotates

@@ -20,8 +20,9 @@ _SEARCH_DESC = ("search(q) with Unicode case folding over every message (hot and
                 "run: the faster of glibc memmem (through ctypes, one call per occurrence) and "
                 "bytes.count (CPython's fastsearch){extra}.")
 _LIMIT_DESC = ("search(q, limit=20): the newest 20 hits of the same needle ({about}); vs SQLite "
-               "ORDER BY seq DESC LIMIT 20 over the same instr(lower()) condition. Plain loop: the "
-               "same full scan.")
+               "ORDER BY seq DESC LIMIT 20 over the same instr(lower()) condition, the two sides "
+               "taking turns (each sample after one call of the other side; at least 15). Plain "
+               "loop: the same full scan.")
 
 
 def _search_lines() -> tuple[dict[str, str], tuple[str, ...]]:
@@ -97,7 +98,9 @@ DESCRIPTIONS = {
                               "repeat and side, likewise.",
     **_SDESC,
     "search_limit_flatness": "search(common needle, limit=20) on the N-message store / the same on the "
-                             "small store: flat means about 1. Ratio column: SQLite's growth / rune_fast's.",
+                             "small store: flat means about 1. Each sample (two calls) follows one call of "
+                             "each other side, never the per-repeat collection; at least 15 samples. "
+                             "Ratio column: SQLite's growth / rune_fast's.",
     "search_first": "search of the rare ASCII needle, the first after opening the store (close not "
                     "timed): rune_fast builds or reads its search filters then, SQLite has no such step.",
     "open_first_window": "open the N-message store and read its first window(ch, 8) (page cache warm; "
