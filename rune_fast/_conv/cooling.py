@@ -103,8 +103,10 @@ class Cooling(Host):
         assert self._tail is not None       # a writer always has its tail
         t0 = time.perf_counter()
         job, merge = self._bg, self._bg_merge
-        if job is not None and job.feeding():
-            self._feed_cooling(job)     # (the next part of the run's lines; nothing else moves)
+        if job is not None and job.wants_part():
+            # the next part of the run's lines (nothing else moves), unless
+            # its thread has not taken the parts fed before
+            self._feed_cooling(job)
         chore = self._chore
         finished = any(j is not None and j.done.is_set() for j in (job, merge))
         if chore is not None and chore.running() and not finished:
@@ -132,6 +134,12 @@ class Cooling(Host):
             self._compact(full=False, cool_excess=False, segments=False, settle=False)
             return
         if job is not None:
+            if self._tail.size >= tuning.ROLL_BYTES and not (self._pending_erase or self._dirty_segs):
+                # the tail is sealed (its lines stay where the run reads
+                # them: a roll moves none), so that the segments the run
+                # leaves sparse stay small (see Compaction._compact_now)
+                self._compact(full=False, cool_excess=False, settle=False)
+                return
             self._fold(CompactionReport(), t0)    # a cooling run's lines stay put meanwhile
             return
         if self._rewrite_due and not self._pending_erase:

@@ -78,6 +78,16 @@ MERGE_WAIT_FILES = 32
 #: 16,384 lines copied whole took 46-86 ms of CPU, up to 145 ms of one
 #: append_many.
 BG_COOL_PART_ROWS = 4096
+#: An automatic compaction copies the next part of a background cooling
+#: run only while its thread holds fewer than this many parts it has not
+#: taken yet: the parts otherwise piled up behind a slower thread (a part
+#: a call, the thread ~2.5 s a run of 65,536 rows on the shared cores),
+#: up to 11 parts of ~2.5 MB of lines each waiting at the peak of a bulk
+#: load of 1,000,000 messages (bench/cooling_profile.py). A run still
+#: gets a part every call while it keeps up: its parts are copied on
+#: appenders' time either way, and one that waits for the run copies
+#: the rest.
+BG_COOL_QUEUED_PARTS = 2
 #: At most this many messages a part of a compaction's inline cooling (its
 #: files are written a part at a time, see COOL_FILE_ROWS): a part's lines
 #: are copied and parsed whole. Measured with bench/memory_probe.py on a bulk
