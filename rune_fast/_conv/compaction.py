@@ -316,7 +316,8 @@ class Compaction(Host):
         """A compaction (lock held). ``settle=False`` (nothing to erase):
         adopt the background jobs that finished and leave those still
         running: while a cooling run is written nothing is cooled and no
-        segment moves (its lines stay where it read them); while a merge is
+        segment is rewritten (its lines stay where it read them; a tail past
+        ROLL_BYTES is sealed, which moves no line); while a merge is
         written no other merge starts. ``cool_excess=False``: adopt what the
         background staged, but leave the excess to the caller.
         ``segments=False`` (nothing to erase): leave the segments (the

@@ -215,7 +215,9 @@ class Cooling(Host):
         ``tuning.BG_COOL_PART_ROWS`` lines at a time: the first part here,
         the next by each compaction that follows (:meth:`_feed_cooling`),
         the rest by one that waits for the run; the lines stay where they
-        are meanwhile (no segment moves while a run is in flight). The
+        are meanwhile (no segment is rewritten while a run is in flight; a
+        roll of the tail keeps each line's location), and a part is copied
+        only while the thread holds fewer than BG_COOL_QUEUED_PARTS. The
         thread parses each part as it comes, a few hundred lines a call
         (the parser holds the GIL: an appender waits for a call, not the
         whole), and writes it to the run's file at once
