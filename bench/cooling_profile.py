@@ -12,6 +12,7 @@ Inclusive times (a function's callees count in it too); one line per
 from __future__ import annotations
 
 import argparse
+import ctypes
 import functools
 import os
 import shutil
@@ -24,6 +25,7 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
+import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from rune_fast import conversation_state as cs  # noqa: E402
@@ -89,6 +91,28 @@ def _instrument() -> None:
     _wrap(os, "fdatasync")
 
 
+_SIZES: dict[str, list[int]] = defaultdict(list)
+
+
+def _sizes() -> None:
+    """Record the bytes a segment rewrite writes and the tail's size at each roll."""
+    wf = compaction.write_file
+
+    def write_file(path: str, data: Any, **k: Any) -> Any:
+        _SIZES["segment rewrite MB"].append(len(data) >> 20)
+        return wf(path, data, **k)
+
+    compaction.write_file = write_file
+    R = cs.ConversationStateRepository
+    roll = R._roll_tail
+
+    def _roll_tail(self: Any) -> Any:
+        _SIZES["tail at roll MB"].append(self._tail.size >> 20)
+        return roll(self)
+
+    R._roll_tail = _roll_tail
+
+
 def _report(title: str) -> None:
     print(f"\n== {title}")
     rows = sorted(_STATS.items(), key=lambda kv: (kv[0][0], kv[0][1], -kv[1][1]))
@@ -105,26 +129,52 @@ def _rss_anon() -> int:
     return 0
 
 
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                               "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+_LIBC = ctypes.CDLL("libc.so.6")
+_LIBC.mallinfo2.restype = _Mallinfo2
+
+
+def _malloc_used() -> int:
+    """glibc malloc's bytes in use (small chunks + mmapped blocks)."""
+    m = _LIBC.mallinfo2()
+    return m.uordblks + m.hblkhd
+
+
 class _Peak:
     """RssAnon sampled every 5 ms, with what ran at its peak."""
 
     def __init__(self, store: Any) -> None:
         self.store, self.base, self.peak, self.at = store, _rss_anon(), 0, ""
+        self.timeline: list[tuple] = []     # (s, RssAnon growth, pyarrow pool bytes, call no, jobs)
+        self.calls = 0
+        self.t0 = time.perf_counter()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
+        n = 0
         while not self.stop.wait(0.005):
             v = _rss_anon() - self.base
-            if v > self.peak:
+            n += 1
+            if v > self.peak or n % 20 == 0:
                 jobs = []
                 for name in ("_bg", "_bg_merge"):
                     job = getattr(self.store, name, None)
                     if job is not None and not job.done.is_set():
                         rows = self.store._cool.file_rows()
                         jobs.append(f"{job.kind}({len(job.locs) or sum(rows.get(n, 0) for n in getattr(job, 'sources', ()))})")
-                self.peak, self.at = v, f"{_PHASE[0]} {' '.join(jobs) or 'no job'}"
+                        if job.kind == "cool":
+                            jobs.append(f"queued {job._parts.qsize()}")
+                at = f"{_PHASE[0]} {' '.join(jobs) or 'no job'} malloc in use {_malloc_used() >> 20} MiB"
+                self.timeline.append((round(time.perf_counter() - self.t0, 3), v, pa.total_allocated_bytes(),
+                                      self.calls, at))
+                if v > self.peak:
+                    self.peak, self.at = v, at
 
 
 def main() -> None:
@@ -132,10 +182,23 @@ def main() -> None:
     p.add_argument("--n", type=int, default=200_000)
     p.add_argument("--dir", required=True)
     p.add_argument("--batch", type=int, default=1000)
+    p.add_argument("--timeline", help="write the RssAnon samples (JSON) here")
+    p.add_argument("--workload", help="a pickled list of message dicts (bench/bulk_ab.py's workload.pkl)")
+    p.add_argument("--bare", action="store_true", help="no function wrapped (timings as the bench's)")
     args = p.parse_args()
     shutil.rmtree(args.dir, ignore_errors=True)
-    _instrument()
-    _c, _t, batches = wl.iter_batches(args.n, args.batch, seed=0)
+    _sizes()
+    if not args.bare:
+        _instrument()
+    if args.workload:
+        # (the bench's bulk probe: the messages generated beforehand, as
+        # plain dicts in memory, each batch's records built before its call)
+        import pickle
+        with open(args.workload, "rb") as f:
+            dicts = pickle.load(f)[:args.n]
+        batches = (dicts[a:a + args.batch] for a in range(0, len(dicts), args.batch))
+    else:
+        _c, _t, batches = wl.iter_batches(args.n, args.batch, seed=0)
     store = cs.ConversationStateRepository(args.dir, durability="fsync", compact_every=64, hot_window=512)
     peak = _Peak(store)
     calls = []
@@ -147,6 +210,16 @@ def main() -> None:
         t0 = time.perf_counter()
         store.append_many(recs)
         calls.append(time.perf_counter() - t0)
+        peak.calls = len(calls)
+        if len(calls) % 100 == 0:
+            c = store._cool
+            ids = getattr(c, "_ids_d", None)
+            print(f"call {len(calls)}: RssAnon {(_rss_anon() - peak.base) >> 20} MiB, malloc in use "
+                  f"{_malloc_used() >> 20} MiB, hot index {len(store._index):,} ids {store._index.nbytes >> 20} MiB, "
+                  f"decoded {len(store._decoded)} {store._decoded.nbytes >> 20} MiB, cool decoded "
+                  f"{store._cool_decoded.nbytes >> 20} MiB, cool ids "
+                  f"{(ids.nbytes + ids.memo_bytes + ids.filter_bytes) >> 20 if ids is not None else '?'} MiB, "
+                  f"pyarrow {pa.total_allocated_bytes() >> 20} MiB, tail {store._tail.size >> 20} MiB", flush=True)
         if len(slowest) < SLOW or calls[-1] > slowest[-1][0]:
             spent = {k[2]: (v[1] - before.get(k, (0.0, 0.0))[0], v[2] - before.get(k, (0.0, 0.0))[1])
                      for k, v in _STATS.items() if k[1] == "main"}
@@ -181,7 +254,13 @@ def main() -> None:
         print(f"slow append_many {took * 1e3:.0f} ms: "
               + ", ".join(f"{f.split('.')[-1]} {w * 1e3:.0f}/{c * 1e3:.0f}"
                          for f, (w, c) in sorted(spent.items(), key=lambda x: -x[1][0])))
+    for k, v in _SIZES.items():
+        print(f"{k}: {len(v)}, largest {sorted(v)[-8:]}")
     _report("inclusive times")
+    if args.timeline:
+        import json
+        with open(args.timeline, "w") as f:
+            json.dump({"calls": calls, "samples": peak.timeline}, f)
 
 
 if __name__ == "__main__":

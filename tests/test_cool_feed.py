@@ -249,3 +249,77 @@ def test_merges_go_on_while_behind_past_the_file_cap(tmp_path, monkeypatch):
     with open_repo(tmp_path) as repo:
         check_reads(repo, stored)
         assert repo.verify().ok
+
+
+@pytest.fixture
+def held_parts(monkeypatch):
+    """A cooling run's thread takes no part until the test sets the event
+    it returns (set at the test's end whatever happened)."""
+    import threading
+    gate = threading.Event()
+    real = compaction._Staged.next_part
+
+    def slow_next_part(self):
+        gate.wait(120)
+        return real(self)
+
+    monkeypatch.setattr(compaction._Staged, "next_part", slow_next_part)
+    yield gate
+    gate.set()
+
+
+def test_parts_wait_for_the_thread_to_take_them(tmp_path, fed, held_parts):
+    """A compaction copies the next part of a run only while its thread
+    holds fewer than BG_COOL_QUEUED_PARTS parts it has not taken: the
+    parts do not pile up behind a slow thread (here: one that takes none
+    until let go). One that waits for the run copies the rest."""
+    stored: dict = {}
+    with open_repo(tmp_path) as repo:
+        try:
+            i = _append_until_feeding(repo, 0, stored)
+            job = repo._bg
+            for j in range(i, i + 80):
+                m = msg(j)
+                repo.append(m)
+                stored[m.msg_id] = m
+                assert job._parts.qsize() <= tuning.BG_COOL_QUEUED_PARTS
+            assert job.feeding() and job._parts.qsize() == tuning.BG_COOL_QUEUED_PARTS
+        finally:
+            held_parts.set()
+        rep = repo.compact()
+        assert rep.cooled >= len(job.locs) and repo._bg is None
+        check_reads(repo, stored)
+    with open_repo(tmp_path) as repo:
+        check_reads(repo, stored)
+        assert repo.verify().ok
+
+
+def test_the_tail_rolls_while_a_run_is_written(tmp_path, fed, held_parts, monkeypatch):
+    """A tail past ROLL_BYTES is sealed while a cooling run is in flight
+    (its lines keep their locations: the run reads them where they are),
+    so the segment the run leaves sparse is no larger than a roll; the
+    run is adopted and every read stays exact, also after a reopen."""
+    monkeypatch.setattr(tuning, "ROLL_BYTES", 2048)
+    stored: dict = {}
+    with open_repo(tmp_path) as repo:
+        try:
+            i = _append_until_feeding(repo, 0, stored)
+            job = repo._bg
+            tails = {repo._tail_seg}
+            for j in range(i, i + 120):
+                m = msg(j)
+                repo.append(m)
+                stored[m.msg_id] = m
+                assert repo._bg is job and not job.done.is_set()
+                tails.add(repo._tail_seg)
+                assert repo._tail.size < 4 * tuning.ROLL_BYTES
+            assert len(tails) > 2       # (rolled while the run was in flight)
+            check_reads(repo, stored)
+        finally:
+            held_parts.set()
+        repo.compact()
+        assert repo._bg is None and repo.stats()["cool"] >= len(job.locs)
+        check_reads(repo, stored)
+    with open_repo(tmp_path) as repo:
+        check_reads(repo, stored)
+        assert repo.verify().ok

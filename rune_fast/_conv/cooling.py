@@ -103,8 +103,10 @@ class Cooling(Host):
         assert self._tail is not None       # a writer always has its tail
         t0 = time.perf_counter()
         job, merge = self._bg, self._bg_merge
-        if job is not None and job.feeding():
-            self._feed_cooling(job)     # (the next part of the run's lines; nothing else moves)
+        if job is not None and job.wants_part():
+            # the next part of the run's lines (nothing else moves), unless
+            # its thread has not taken the parts fed before
+            self._feed_cooling(job)
         chore = self._chore
         finished = any(j is not None and j.done.is_set() for j in (job, merge))
         if chore is not None and chore.running() and not finished:
@@ -132,6 +134,12 @@ class Cooling(Host):
             self._compact(full=False, cool_excess=False, segments=False, settle=False)
             return
         if job is not None:
+            if self._tail.size >= tuning.ROLL_BYTES and not (self._pending_erase or self._dirty_segs):
+                # the tail is sealed (its lines stay where the run reads
+                # them: a roll moves none), so that the segments the run
+                # leaves sparse stay small (see Compaction._compact_now)
+                self._compact(full=False, cool_excess=False, settle=False)
+                return
             self._fold(CompactionReport(), t0)    # a cooling run's lines stay put meanwhile
             return
         if self._rewrite_due and not self._pending_erase:
@@ -207,7 +215,9 @@ class Cooling(Host):
         ``tuning.BG_COOL_PART_ROWS`` lines at a time: the first part here,
         the next by each compaction that follows (:meth:`_feed_cooling`),
         the rest by one that waits for the run; the lines stay where they
-        are meanwhile (no segment moves while a run is in flight). The
+        are meanwhile (no segment is rewritten while a run is in flight; a
+        roll of the tail keeps each line's location), and a part is copied
+        only while the thread holds fewer than BG_COOL_QUEUED_PARTS. The
         thread parses each part as it comes, a few hundred lines a call
         (the parser holds the GIL: an appender waits for a call, not the
         whole), and writes it to the run's file at once
@@ -330,7 +340,9 @@ class Cooling(Host):
         rank[o] = ranked
         chan = np.repeat(np.arange(len(chans), dtype=np.int64), np.diff(np.concatenate([[0], chans])))
         order = np.lexsort((rank, chan))        # (stable: each task's locations keep their order)
-        return arr[order].tolist()
+        # (the given int objects, reordered: a list of new ones is 40 bytes
+        # a location more, 10 MB of a compact() that cools 250,000)
+        return np.asarray(out, dtype=object)[order].tolist()
 
     def _cool_in_files(self, excess: list[int], rep: CompactionReport) -> list[str] | None:
         """Cool the hot messages at ``excess`` (lock held): files of at most
@@ -418,20 +430,25 @@ class Cooling(Host):
         appends may have overtaken (a late one can sort before its rows; an
         inline run cools the oldest messages and those already behind a
         cool row)."""
-        if staged is not None:
-            ids, keys = self._staged_keys(staged)
-        else:
-            ids = table.column("msg_id").to_pylist()
-            keys = [codec.key(m) for m in ids]
         behind = self._behind if staged is not None else None
         stamped = table.filter(pc.not_equal(table.column("hlc"), ""))    # (order kept)
-        if stamped.num_rows:
-            for hlc, mid, ch in zip(stamped.column("hlc").to_pylist(), stamped.column("msg_id").to_pylist(),
-                                    stamped.column("channel_id").to_pylist()):
+        # (a part at a time: the Python strings of a file's rows -- up to
+        # COOL_FILE_ROWS in a compact() -- made at once were ~120 bytes a
+        # row of its peak of resident memory)
+        part = tuning.COOL_RUN_MAX_ROWS
+        for a in range(0, stamped.num_rows, part):
+            piece = stamped.slice(a, part)
+            for hlc, mid, ch in zip(piece.column("hlc").to_pylist(), piece.column("msg_id").to_pylist(),
+                                    piece.column("channel_id").to_pylist()):
                 if self._raise_cool_max(ch, (hlc, mid)):
                     if behind is not None:
                         behind.add(ch)      # a late append may sort before the new maximum
-        self._unindex_many(keys)
+        if staged is not None:
+            self._unindex_many(self._staged_keys(staged)[1])
+        else:
+            ids = table.column("msg_id")
+            for a in range(0, table.num_rows, part):
+                self._unindex_many([codec.key(m) for m in ids.slice(a, part).to_pylist()])
         self._forget_decoded_many(locs)
-        self._count_changes(len(ids))
+        self._count_changes(table.num_rows)
         self._forget_interleaving()     # the verdicts read the cool rows' maxima just moved

@@ -9,6 +9,7 @@ from typing import Any, Callable, Sequence
 
 from ..cool import CoolArchive
 from ..errors import RuneError
+from . import tuning
 
 log = logging.getLogger("rune_fast")
 
@@ -58,6 +59,12 @@ class _Staged:
     def feeding(self) -> bool:
         """Whether the job still waits for parts of its input."""
         return self.fed_to is not None
+
+    def wants_part(self) -> bool:
+        """Whether the job waits for parts and its thread has fewer than
+        ``tuning.BG_COOL_QUEUED_PARTS`` fed parts not taken yet (a part a
+        compaction would otherwise pile up behind a slower thread)."""
+        return self.fed_to is not None and self._parts.qsize() < tuning.BG_COOL_QUEUED_PARTS
 
     def feed(self, part: Any, upto: int) -> None:
         """Hand the thread the next part of its input (``locs[fed_to:upto]``)."""

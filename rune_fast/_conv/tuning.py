@@ -78,13 +78,29 @@ MERGE_WAIT_FILES = 32
 #: 16,384 lines copied whole took 46-86 ms of CPU, up to 145 ms of one
 #: append_many.
 BG_COOL_PART_ROWS = 4096
+#: An automatic compaction copies the next part of a background cooling
+#: run only while its thread holds fewer than this many parts it has not
+#: taken yet: the parts otherwise piled up behind a slower thread (a part
+#: a call, the thread ~2.5 s a run of 65,536 rows on the shared cores),
+#: up to 11 parts of ~2.5 MB of lines each waiting at the peak of a bulk
+#: load of 1,000,000 messages (bench/cooling_profile.py). A run still
+#: gets a part every call while it keeps up: its parts are copied on
+#: appenders' time either way, and one that waits for the run copies
+#: the rest.
+BG_COOL_QUEUED_PARTS = 2
 #: At most this many messages a part of a compaction's inline cooling (its
 #: files are written a part at a time, see COOL_FILE_ROWS): a part's lines
 #: are copied and parsed whole. Measured with bench/memory_probe.py on a bulk
 #: load of 1,000,000 messages: the final compact() cooled what the
 #: background runs had left in one run and peaked at 641 bytes a message
-#: of resident memory (the appends before it: 204).
-COOL_RUN_MAX_ROWS = 16384
+#: of resident memory (the appends before it: 204). The file's row groups
+#: do not depend on it (the writer cuts them, ``_FileSet._write_parts``),
+#: nor does the adoption (``Cooling._cooled`` unindexes a part of this
+#: many at a time). 16,384 -> 4,096 (session 30, bench/cooling_profile.py's
+#: compact() of 248,800 hot lines on copies of one store, 3 pairs): peak
+#: RssAnon growth of the compact() 16-17 -> 14 MiB with the other changes
+#: of that session (24 before them), CPU 3.2-3.9 s either way.
+COOL_RUN_MAX_ROWS = 4096
 #: At most this many messages a file of a compaction's inline cooling, written
 #: COOL_RUN_MAX_ROWS lines at a time (``CoolArchive.cool_parts``): a file
 #: holds only its index keys whole (12 bytes a row: 3 MB at this size, see
