@@ -11,8 +11,8 @@ line is a JSON object by itself and a flipped byte anywhere in it is caught.
 an ``O_APPEND`` descriptor (so several processes may append to one file), a
 sync makes everything appended so far durable, and opening recovers from a
 crash (a torn final line is quarantined, never silently dropped). The event
-store (:mod:`rune_fast.events`), the task store and the conversation tail
-build on it.
+store (:mod:`rune_fast.events`) and the task store build on it; the
+conversation tail writes the same frames through the compiled core.
 """
 from __future__ import annotations
 
