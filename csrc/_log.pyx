@@ -486,10 +486,40 @@ def warm_ahead(int fd, int64_t offset, int64_t length) -> bool:
     return True
 
 
+cdef Py_ssize_t _locked_write_once(int fd, const char *buf, Py_ssize_t n, int *err, int *step) noexcept nogil:
+    """One try of :func:`locked_write` (no GIL): flock(LOCK_SH), write(2),
+    flock(LOCK_UN). The bytes written; ``err`` the errno of a failure (0
+    if none), ``step`` where it happened (0 the lock, 1 the write, 2 the
+    release after the write); the lock is released either way."""
+    cdef Py_ssize_t w = 0
+    err[0] = 0
+    step[0] = 0
+    if flock(fd, LOCK_SH) != 0:
+        err[0] = errno
+        return 0
+    step[0] = 1
+    w = c_write(fd, buf, <size_t>n)
+    if w < 0:
+        err[0] = errno
+    if flock(fd, LOCK_UN) != 0 and not err[0]:
+        err[0] = errno
+        step[0] = 2
+    return w
+
+
+cdef object _write_error(int err, int step, Py_ssize_t n):
+    """The OSError of a failed :func:`_locked_write_once` of ``n`` bytes,
+    its ``step`` attribute saying where."""
+    what = ("flock(LOCK_SH)", f"write of {n} bytes", "flock(LOCK_UN)")[step]
+    exc = OSError(err, f"{os.strerror(err)} ({what})")
+    exc.step = step
+    return exc
+
+
 def locked_write(int fd, data) -> int:
     """One write(2) of ``data`` to ``fd`` under a shared flock(2) of ``fd``,
     taken and released in the same call, with one release of the GIL: the
-    shared event store's append (see rune_fast/events.py). EINTR (a signal
+    shared event store's append (see rune_fast/framed_log.py). EINTR (a signal
     while waiting for the lock) runs the signal handlers (an exception of one
     is raised, nothing written) and tries again. Returns the bytes written,
     which may be fewer than ``len(data)`` (the caller decides). OSError with
@@ -498,33 +528,17 @@ def locked_write(int fd, data) -> int:
     write; the lock is released either way."""
     cdef Py_buffer view
     cdef Py_ssize_t w = 0
-    cdef int err = 0, rc, step = 0
+    cdef int err = 0, step = 0
     _get_buffer(data, &view, "data")
     try:
         while True:
-            step = 0
             with nogil:
-                rc = flock(fd, LOCK_SH)
-                if rc != 0:
-                    err = errno
-                else:
-                    step = 1
-                    w = c_write(fd, view.buf, <size_t>view.len)
-                    if w < 0:
-                        err = errno
-                    rc = flock(fd, LOCK_UN)
-                    if rc != 0 and not err:
-                        err = errno
-                        step = 2
+                w = _locked_write_once(fd, <const char *>view.buf, view.len, &err, &step)
             if err != EINTR or step == 2:
                 break
-            err = 0             # (a write cut by a signal before any byte: nothing written)
-            PyErr_CheckSignals()
+            PyErr_CheckSignals()    # (a write cut by a signal before any byte: nothing written)
         if err:
-            what = ("flock(LOCK_SH)", f"write of {view.len} bytes", "flock(LOCK_UN)")[step]
-            exc = OSError(err, f"{os.strerror(err)} ({what})")
-            exc.step = step
-            raise exc
+            raise _write_error(err, step, view.len)
         return w
     finally:
         PyBuffer_Release(&view)
@@ -550,28 +564,14 @@ cdef struct _WriteJob:
 cdef void *_write_run(void *arg) noexcept nogil:
     cdef _WriteJob *job = <_WriteJob *>arg
     cdef sigset_t every
-    cdef Py_ssize_t w
     # (no signal is delivered to this thread: the process's handlers run
-    # in the main thread, and no system call here ends early with EINTR)
+    # in the main thread; a call that still ends with EINTR is tried again)
     sigfillset(&every)
     pthread_sigmask(SIG_BLOCK, &every, NULL)
-    job.step = 0
-    while flock(job.fd, LOCK_SH) != 0:
-        if errno != EINTR:
-            job.err = errno
-            return NULL
-    job.step = 1
     while True:
-        w = c_write(job.fd, job.buf, <size_t>job.length)
-        if w >= 0 or errno != EINTR:
+        job.written = _locked_write_once(job.fd, job.buf, job.length, &job.err, &job.step)
+        if job.err != EINTR or job.step == 2:
             break
-    if w < 0:
-        job.err = errno
-    else:
-        job.written = w
-    if flock(job.fd, LOCK_UN) != 0 and job.err == 0:
-        job.err = errno
-        job.step = 2
     return NULL
 
 
@@ -624,10 +624,7 @@ cdef class BackgroundWrite:
         the first reports the same)."""
         self._join()
         if self._job.err:
-            what = ("flock(LOCK_SH)", f"write of {self._job.length} bytes", "flock(LOCK_UN)")[self._job.step]
-            exc = OSError(self._job.err, f"{os.strerror(self._job.err)} ({what})")
-            exc.step = self._job.step
-            raise exc
+            raise _write_error(self._job.err, self._job.step, self._job.length)
         return self._job.written
 
     def __dealloc__(self):

@@ -300,15 +300,24 @@ class FramedLog:
                 written = locked_write(fd, data)
                 end = os.lseek(fd, 0, os.SEEK_CUR) if offset or written != len(data) else None
             except OSError as exc:
-                if getattr(exc, "step", 1) >= 1:     # (a lock not taken wrote nothing)
-                    self._failed = str(exc)
-                raise DurabilityError(f"append to {self.path} failed: {exc}") from exc
+                raise self._write_failed(exc) from exc
             if written != len(data):
-                self._failed = f"short write {written} of {len(data)} bytes"
                 # (end is known: a short write takes the lseek)
-                raise DurabilityError(f"append to {self.path}: {self._failed} at offset "
-                                      f"{cast(int, end) - written}")
+                raise self._short_write(written, len(data), f" at offset {cast(int, end) - written}")
             return None if end is None else end - written
+
+    def _write_failed(self, exc: OSError) -> DurabilityError:
+        """The error of a locked write that raised (lock held); the log then
+        refuses writes, unless the lock was not taken (nothing written)."""
+        if getattr(exc, "step", 1) >= 1:
+            self._failed = str(exc)
+        return DurabilityError(f"append to {self.path} failed: {exc}")
+
+    def _short_write(self, written: int, n: int, where: str = "") -> DurabilityError:
+        """The error of a write of ``n`` bytes that wrote ``written`` (lock
+        held); the log then refuses writes."""
+        self._failed = f"short write {written} of {n} bytes"
+        return DurabilityError(f"append to {self.path}: {self._failed}{where}")
 
     def append_bytes_begin(self, data: bytes) -> "_Pending":
         """:meth:`append_bytes` of ``data`` (no offset) in a C thread
@@ -352,13 +361,10 @@ class FramedLog:
         try:
             written = job.wait()
         except OSError as exc:
-            if getattr(exc, "step", 1) >= 1:     # (a lock not taken wrote nothing)
-                self._failed = str(exc)
-            token.error = DurabilityError(f"append to {self.path} failed: {exc}")
+            token.error = self._write_failed(exc)
             return
         if written != token.n:
-            self._failed = f"short write {written} of {token.n} bytes"
-            token.error = DurabilityError(f"append to {self.path}: {self._failed}")
+            token.error = self._short_write(written, token.n)
 
     def sync(self) -> None:
         """Make every append so far durable (one ``fdatasync``).
