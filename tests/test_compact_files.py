@@ -280,3 +280,64 @@ def test_an_index_built_part_by_part_is_the_index_built_whole(rows, cuts):
     assert list(parts._tasks) == list(whole._tasks)
     assert all(np.array_equal(parts._tasks[t], whole._tasks[t]) for t in whole._tasks)
     assert keys.id_range == (min(ids), max(ids))
+
+
+def _parts() -> list[pa.Table]:
+    return [_table(range(0, 10), "a"), _table(range(10, 45), "a"), _table(range(45, 70), "b")]
+
+
+def test_a_foreground_run_writes_the_file_a_background_run_writes(tmp_path):
+    """cool_parts hands its row groups to a thread of their own (compact()'s
+    cooling keeps both cores busy); the file is byte for byte the one
+    stage_parts writes on its caller's thread, with the same sidecar."""
+    fore = CoolArchive(str(tmp_path / "fore"), row_group_rows=8)
+    back = CoolArchive(str(tmp_path / "back"), row_group_rows=8)
+    run = fore.cool_parts(_parts())
+    fi = back.stage_parts(_parts())
+    back.adopt(fi)
+    for a, b in ((fore.cool_dir, back.cool_dir), (fore._idx_dir, back._idx_dir)):
+        names = sorted(os.listdir(a))
+        assert names == sorted(os.listdir(b)) and run.file in os.listdir(fore.cool_dir)
+        for name in names:
+            with open(os.path.join(a, name), "rb") as fa, open(os.path.join(b, name), "rb") as fb:
+                assert fa.read() == fb.read(), name
+    assert all_rows(fore) == all_rows(back)
+    fore.close()
+    back.close()
+
+
+def test_a_failed_row_group_write_fails_the_run_and_leaves_nothing(tmp_path, monkeypatch):
+    """An error of the writing thread (a full disk, say) is raised on the
+    caller's thread; the thread is gone, no file is left, and the archive
+    takes the same rows afterwards."""
+    import threading
+
+    from rune_fast.cool import files
+
+    archive = CoolArchive(str(tmp_path / "cool"), row_group_rows=8)
+    real = files._FileSet._parquet_writer
+    calls = []
+
+    class Failing:
+        def __init__(self, w):
+            self._w, self.schema = w, w.schema
+
+        def write_table(self, table, row_group_size):
+            calls.append(threading.current_thread().name)
+            if len(calls) == 3:
+                raise OSError(28, "No space left on device")
+            self._w.write_table(table, row_group_size=row_group_size)
+
+        def close(self):
+            self._w.close()
+
+    monkeypatch.setattr(files._FileSet, "_parquet_writer", staticmethod(lambda f, schema: Failing(real(f, schema))))
+    with pytest.raises(OSError, match="No space left"):
+        archive.cool_parts(_parts())
+    assert calls and set(calls) == {"rune-fast-parquet"}
+    assert not [t for t in threading.enumerate() if t.name == "rune-fast-parquet"]
+    assert archive.files() == [] and os.listdir(archive.cool_dir) == []
+    monkeypatch.setattr(files._FileSet, "_parquet_writer", staticmethod(real))
+    run = archive.cool_parts(_parts())
+    assert run.rows == 70 and len(all_rows(archive)) == 70
+    archive.close()

@@ -32,7 +32,7 @@ from .sidecar import (
     _FileIndex, _PageFilters, _build_index, _close, _footer_hash, _footer_start, _map_file,
     _open_checked, _read_all, _release_arrow, _sidecar_names, _unlink_quiet, _use_system_arrow_pool,
 )
-from .tables import _RowTaker, _widened
+from .tables import _GroupWriter, _RowTaker, _widened
 
 
 log = logging.getLogger("rune_fast.cool")
@@ -562,7 +562,7 @@ class _FileSet:
 
     def _write_tmp(self, name: str, data: bytes | None = None, table: pa.Table | None = None,
                    *, durable: bool, folder: str | None = None, order: pa.Array | None = None,
-                   parts: Iterable[pa.Table] | None = None) -> str:
+                   parts: Iterable[pa.Table] | None = None, overlap: bool = False) -> str:
         """Write ``name``'s temp file (0600) in ``folder`` (default: the
         archive folder), fsynced when ``durable``; returns its path. A
         ``table`` is written one row group at a time, row i of the file
@@ -571,7 +571,8 @@ class _FileSet:
         holds the source table and one row group. ``parts`` instead: the
         file's rows as tables, one after the other, each written as it
         comes. Either way the file's layout is what one ``write_table``
-        with ``row_group_size`` makes of all its rows."""
+        with ``row_group_size`` makes of all its rows. ``overlap``: see
+        :meth:`_write_parts`."""
         tmp = os.path.join(folder or self._dir, tmp_name(name))
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
@@ -579,10 +580,10 @@ class _FileSet:
                 if data is not None:
                     f.write(data)
                 elif parts is not None:
-                    self._write_parts(f, parts)
+                    self._write_parts(f, parts, overlap=overlap)
                 else:
                     assert table is not None
-                    self._write_parts(f, self._row_groups(table, order), table.schema)
+                    self._write_parts(f, self._row_groups(table, order), table.schema, overlap)
                 f.flush()
                 if durable:
                     os.fsync(f.fileno())
@@ -603,12 +604,16 @@ class _FileSet:
         for a in range(0, table.num_rows, rg):
             yield taker.take(where[a:a + rg])
 
-    def _write_parts(self, f: Any, parts: Iterable[pa.Table], schema: pa.Schema | None = None) -> None:
+    def _write_parts(self, f: Any, parts: Iterable[pa.Table], schema: pa.Schema | None = None,
+                     overlap: bool = False) -> None:
         """The Parquet file of the rows of ``parts`` (in order) into ``f``:
         row groups of ``_rg_rows`` rows, each written once its rows came, so
-        that at most a row group and the last part are held."""
+        that at most a row group and the last part are held. ``overlap``:
+        the row groups are encoded and compressed by a thread of their own
+        (pyarrow does it without the GIL) while this one makes the next
+        parts (see :class:`_GroupWriter`)."""
         rg = self._rg_rows
-        w: pq.ParquetWriter | None = None
+        w: Any = None
         pending: list[pa.Table] = []
         held = 0
         try:
@@ -616,6 +621,8 @@ class _FileSet:
                 if w is None:
                     schema = t.schema if schema is None else schema
                     w = self._parquet_writer(f, schema)
+                    if overlap:
+                        w = _GroupWriter(w)
                 pending.append(t)
                 held += t.num_rows
                 while held >= rg:

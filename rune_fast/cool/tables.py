@@ -4,7 +4,9 @@ schema, and the orders rows are kept in.
 from __future__ import annotations
 
 import heapq
-from typing import Callable, cast
+import queue
+import threading
+from typing import Any, Callable, cast
 
 import numpy as np
 import orjson
@@ -205,3 +207,48 @@ def _merge_order(table: pa.Table, by_task: bool = True) -> pa.Array:
         cols["t"] = table.column("task_id")
     cols.update({"s": stamped, "o": ord_key, "h": table.column("hlc"), "m": table.column("msg_id")})
     return pc.sort_indices(pa.table(cols), sort_keys=[(k, "ascending") for k in cols])
+
+
+class _GroupWriter:
+    """A ``pq.ParquetWriter`` whose ``write_table`` calls run on a thread of
+    their own, in order, while the caller makes the next row groups:
+    pyarrow encodes and compresses a row group without the GIL, so a
+    foreground cooling run (parsing lines, holding the GIL) keeps both
+    cores busy. At most ``depth`` row groups wait for the thread. The first
+    error of the thread is raised by the next ``write_table`` or by
+    ``close``, which always stops the thread and closes the writer."""
+
+    def __init__(self, writer: Any, depth: int = 2) -> None:
+        self._w = writer
+        self.schema = writer.schema
+        self._q: queue.Queue = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="rune-fast-parquet", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            job = self._q.get()
+            if job is None:
+                return
+            if self._error is None:
+                try:
+                    self._w.write_table(job[0], row_group_size=job[1])
+                except BaseException as exc:    # raised on the caller's thread
+                    self._error = exc
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def write_table(self, table: pa.Table, row_group_size: int) -> None:
+        self._raise()
+        self._q.put((table, row_group_size))
+
+    def close(self) -> None:
+        self._q.put(None)
+        self._thread.join()
+        try:
+            self._raise()
+        finally:
+            self._w.close()

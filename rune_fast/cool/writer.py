@@ -138,13 +138,15 @@ class _Writer(_Search):
             return no
 
     def _write_file(self, table: pa.Table | None, *, durable: bool, order: pa.Array | None = None,
-                    parts: Iterable[pa.Table] | None = None) -> _FileIndex:
+                    parts: Iterable[pa.Table] | None = None, overlap: bool = False) -> _FileIndex:
         """Write ``table`` (its rows in ``order``), or the rows of ``parts``
         (see ``_write_tmp``), as the next numbered file plus its sidecar:
         both temp files written and fsynced, both renamed, one folder fsync
         (three fsyncs in all; none unless ``durable``), and its search
         filters (``.grams``, a cache: not synced; see rune_fast.cool.grams),
-        built from the content as it is written."""
+        built from the content as it is written. ``overlap``: a foreground
+        write, whose row groups a thread of their own compresses
+        (``_FileSet._write_parts``)."""
         no = self._take_no()
         name, iname = _parquet_name(no), _idx_name(no)
         keys = _KeyParts()          # (the index's keys, part by part: 12 bytes a row)
@@ -157,7 +159,7 @@ class _Writer(_Search):
                 yield t
 
         tmp = self._write_tmp(name, table=table, durable=durable, order=order,
-                              parts=None if parts is None else keep_keys(parts))
+                              parts=None if parts is None else keep_keys(parts), overlap=overlap)
         itmp = None
         try:
             size, footer = _footer_hash(tmp)
@@ -233,7 +235,8 @@ class _Writer(_Search):
         file is not written then."""
         self._writable()
         with self._lock:
-            fi = self._write_file(None, durable=self._dur(durable), parts=self._checked_parts(parts))
+            fi = self._write_file(None, durable=self._dur(durable), parts=self._checked_parts(parts),
+                                  overlap=True)
             _release_arrow()
             return self._serve(fi)
 
