@@ -198,6 +198,22 @@ def _line_seq_ending(buf: Any, end: int) -> int:
         return _line_seq_of(view[:end - 1])
 
 
+def _first_line_seq(buf: Any, size: int) -> int:
+    """The append sequence of the first line in the first ``size`` bytes of
+    ``buf`` (a sealed segment); -1 if no line ends there or it has none
+    (the ingest that reads the segment names any damage)."""
+    if buf is None or size <= 0:
+        return -1
+    with memoryview(buf) as view:
+        at = 0
+        while at < size:
+            nl = bytes(view[at:min(size, at + 65536)]).find(b"\n")
+            if nl >= 0:
+                return _line_seq_of(view[:at + nl])
+            at += 65536
+    return -1
+
+
 def _line_seq_of(line: Any) -> int:
     """The append sequence at the end of a message line (bytes-like, without
     its newline); -1 if it has none."""

@@ -207,7 +207,7 @@ class Compaction(Host):
                 rep.segments_reclaimed += 1
                 continue
             if seg in self._dirty_segs or self._sparse(size, live_bytes):
-                if max_runs is not None and runs >= max_runs:
+                if max_runs is not None and runs >= max_runs and not run:
                     more = True             # (left for the next compaction)
                     new_order.append(seg)
                     continue
@@ -216,6 +216,13 @@ class Compaction(Host):
                 if run and (run_bytes + live_bytes > run_cap or run_seq is None
                             or first is None or first <= run_seq):
                     end_run()
+                    if max_runs is not None and runs >= max_runs:
+                        # left for the next compaction, after the run's new
+                        # segment: the order stays the lines' sequence, which
+                        # a rebuild of the index checks
+                        more = True
+                        new_order.append(seg)
+                        continue
                 run.append((seg, locs))
                 run_bytes += live_bytes
                 run_seq = self._line_seq(int(locs[-1]))

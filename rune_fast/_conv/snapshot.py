@@ -13,7 +13,7 @@ from .. import _index, codec
 from .._index import HotIndex
 from ..errors import CorruptStateCheckpointError
 from . import tuning
-from .common import (SNAPSHOT_NAME, _EVENTS_MARK, _SYNCED_MARK, _TAIL_MARK, _cool_no)
+from .common import (SNAPSHOT_NAME, _EVENTS_MARK, _SYNCED_MARK, _TAIL_MARK, _cool_no, _first_line_seq)
 
 from .host import Host
 
@@ -103,6 +103,7 @@ class IndexSnapshot(Host):
                     return index        # (it names a segment gone empty: close writes a new one)
                 log.warning("index snapshot %s names a segment that is gone; rebuilding", snap_path)
         index = HotIndex()
+        self._seg_order_by_sequence()
         seq = -1        # the append sequence rises across the segments too
         for seg in self._seg_order:
             index.attach(seg, self._segs[seg].buf, self._segs[seg].path)
@@ -118,6 +119,23 @@ class IndexSnapshot(Host):
         index = self._finish_index(index, 0, list(self._manifest["cool_files"]), seq)
         self._bound_maps()          # the rebuild read every line through the maps
         return index
+
+    def _seg_order_by_sequence(self) -> None:
+        """Put the sealed segments in the order of their lines' append
+        sequence, which a rebuild checks, if the manifest lists them
+        otherwise: a bounded rewrite of earlier versions placed a run's new
+        segment after a segment it left for later (each segment's own
+        lines, and the ranges they cover, are checked as they are read).
+        The next manifest lists the order found."""
+        firsts = [_first_line_seq(self._segs[seg].buf, self._segs[seg].size) for seg in self._seg_order]
+        if min(firsts, default=0) < 0 or firsts == sorted(firsts):
+            return      # (a segment without a sequence: the manifest's order stands)
+        order = [seg for _f, seg in sorted(zip(firsts, self._seg_order))]
+        log.warning("%s: the manifest lists %d of %d sealed segments out of their lines' order; "
+                    "read in that order", self.hot_dir, sum(a != b for a, b in zip(order, self._seg_order)),
+                    len(order))
+        self._set_segment_order(order)
+        self._mark_manifest_dirty()
 
     def _finish_index(self, index: HotIndex, start: int, cooled_files: list[str],
                       min_seq: int | None = None) -> HotIndex:
