@@ -207,7 +207,12 @@ class Cooling(Host):
                 out.append(None)
                 continue
             while job.feeding():
-                self._feed_cooling(job)     # (the rest of its lines, so that it can finish)
+                # the rest of its lines, so that it can finish: a part as
+                # the thread takes one (fed at once, up to a run's 65,536
+                # lines, ~30-60 MB, waited in its queue at the start of the
+                # compact() after a bulk load of 1,000,000 messages)
+                if job.wait_for_room(0.05):
+                    self._feed_cooling(job)
             job.thread.join()
             self._drop_staged(job)
             if job.error is not None:
