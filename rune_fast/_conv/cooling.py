@@ -407,19 +407,19 @@ class Cooling(Host):
             del table
         return files
 
-    def _cool_table_at(self, locs: Sequence[int]) -> pa.Table:
+    def _cool_table_at(self, locs: "Sequence[int] | np.ndarray") -> pa.Table:
         """The cool-schema table of the hot lines at ``locs`` (each checked
         against its checksum), row i from ``locs[i]``."""
         data, starts = self._gather(locs)
         return self._lines_table(locs, data, starts, tuning.PARSE_PART)
 
-    def _gather(self, locs: Sequence[int]) -> tuple[bytes, np.ndarray]:
+    def _gather(self, locs: "Sequence[int] | np.ndarray") -> tuple[bytes, np.ndarray]:
         """A copy of the hot lines at ``locs``, each checked (lock held):
         ``HotIndex.gather_lines``."""
         self._maps.read(len(locs))
         return self._index.gather_lines(locs)
 
-    def _lines_table(self, locs: Sequence[int], data: bytes, starts: np.ndarray,
+    def _lines_table(self, locs: "Sequence[int] | np.ndarray", data: bytes, starts: np.ndarray,
                      part: int | None = None) -> pa.Table:
         """The cool-schema table of the lines :meth:`_gather` copied from
         ``locs``, row i from line i, parsed ``part`` lines a call (all at
@@ -457,7 +457,7 @@ class Cooling(Host):
             job.keys = [codec.key(m) for m in job.ids]
         return job.ids, job.keys
 
-    def _cooled(self, locs: Sequence[int], table: pa.Table, *, staged: "_Staged | None" = None,
+    def _cooled(self, locs: "Sequence[int] | np.ndarray", table: pa.Table, *, staged: "_Staged | None" = None,
                 maxima: "dict[str, tuple[str, str]] | None" = None) -> None:
         """Drop messages now served by the cool tier from the hot index.
         ``staged``: the job of a run written in the background, which

@@ -7,6 +7,8 @@ import queue
 import threading
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from ..cool import CoolArchive
 from ..errors import RuneError
 from . import tuning
@@ -24,7 +26,7 @@ class _Staged:
     next compaction adopts the result, or discards it. Until then its files
     are strays that no manifest names (a crash leaves them to the next open)."""
 
-    def __init__(self, kind: str, work: Callable[["_Staged"], Any], locs: Sequence[int] = (),
+    def __init__(self, kind: str, work: Callable[["_Staged"], Any], locs: "Sequence[int] | np.ndarray" = (),
                  fed: bool = False) -> None:
         self.kind = kind
         self.locs = locs

@@ -510,7 +510,7 @@ def _index_of_keys(no: int, size: int, footer: str, keys: _KeyParts,
         last_task[~has_task] = -1
         np.maximum.accumulate(last_task, out=last_task)
     else:
-        last_task = has_task
+        last_task = np.zeros(0, dtype=np.int32)
     channels: dict[str, tuple[int, int, int]] = {}
     start = 0
     for ch, rows in keys.runs:
