@@ -149,8 +149,9 @@ def _map(fd: int, size: int):
     return mmap.mmap(fd, size, access=mmap.ACCESS_READ)
 
 
-def write_kept(path: str, data: bytes | bytearray, *, tmp: str, sync: bool) -> bool:
-    """Write the kept cache file ``path`` (search filters): temp file ``tmp``
+def write_kept(path: str, data: "bytes | bytearray | list[bytes]", *, tmp: str, sync: bool) -> bool:
+    """Write the kept cache file ``path`` (search filters; ``data``: its
+    bytes, or their pieces, see ``write_file``): temp file ``tmp``
     (0600; fsynced when ``sync``), renamed over it; the folder is not synced
     (a cache: one a crash loses or cuts is built again). A failed write is
     named in a log warning and False returned: the search that built the
@@ -491,15 +492,18 @@ class DurableMark:
 _WORDS = struct.Struct("<QQ")
 
 
-def write_file(path: str, data: bytes | bytearray, *, exclusive: bool = False, sync: bool = True) -> None:
+def write_file(path: str, data: "bytes | bytearray | list[bytes]", *, exclusive: bool = False,
+               sync: bool = True) -> None:
     """Create ``path`` (0600; ``exclusive``: it must not exist) holding
-    ``data``, fsynced unless ``sync`` is false. The caller fsyncs the folder."""
+    ``data`` (or its pieces, one after the other), fsynced unless ``sync``
+    is false. The caller fsyncs the folder."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if exclusive else os.O_TRUNC)
     fd = os.open(path, flags, 0o600)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        for piece in data if isinstance(data, list) else (data,):
+            view = memoryview(piece)
+            while view:
+                view = view[os.write(fd, view):]
         if sync:
             os.fsync(fd)
     except OSError as exc:

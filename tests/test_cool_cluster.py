@@ -200,7 +200,7 @@ def test_a_cooling_runs_order_clusters_each_channels_rows_by_task(tmp_path_facto
             take = data.draw(st.integers(0, len(locs)))
             out += locs[:take]
             chans.append(len(out))
-        got = repo._by_task(list(out), chans)
+        got = repo._by_task(list(out), chans).tolist()
         tasks = {loc: repo._read_loc(loc).task_id for loc in out}
         names = sorted({t for t in tasks.values() if t})
         ch_of = {loc: c for c, (a, b) in enumerate(zip([0] + chans, chans)) for loc in out[a:b]}

@@ -323,3 +323,41 @@ def test_the_tail_rolls_while_a_run_is_written(tmp_path, fed, held_parts, monkey
     with open_repo(tmp_path) as repo:
         check_reads(repo, stored)
         assert repo.verify().ok
+
+
+def test_a_compaction_that_waits_for_a_run_feeds_it_as_it_takes_parts(tmp_path, fed, monkeypatch):
+    """compact() waits for a cooling run, which still needs most of its
+    lines: it copies them a part as the thread takes one (its queue never
+    holds more than BG_COOL_QUEUED_PARTS, and the end), not all at once
+    (a run's 65,536 lines, 30-60 MB, waited there after a bulk load)."""
+    import time
+    real_next, real_feed = compaction._Staged.next_part, compaction._Staged.feed
+    queued: list[int] = []
+    settling = [False]
+
+    def slow_next_part(self):
+        if settling[0]:
+            time.sleep(0.002)      # (a thread slower than the copies)
+        return real_next(self)
+
+    def feed(self, part, upto):
+        real_feed(self, part, upto)
+        if settling[0]:
+            queued.append(self._parts.qsize())
+    monkeypatch.setattr(compaction._Staged, "next_part", slow_next_part)
+    monkeypatch.setattr(compaction._Staged, "feed", feed)
+    monkeypatch.setattr(tuning, "BG_COOL_PART_ROWS", 1)      # (a run of 8 parts or more)
+    stored: dict = {}
+    with open_repo(tmp_path) as repo:
+        _append_until_feeding(repo, 0, stored)
+        job = repo._bg
+        assert len(job.locs) - job.fed_to >= 6       # (parts left to feed)
+        settling[0] = True
+        rep = repo.compact()
+        settling[0] = False
+        assert len(queued) >= 6 and max(queued) <= tuning.BG_COOL_QUEUED_PARTS + 1     # (+ the end)
+        assert rep.cooled >= len(job.locs) and repo._bg is None
+        check_reads(repo, stored)
+    with open_repo(tmp_path) as repo:
+        check_reads(repo, stored)
+        assert repo.verify().ok

@@ -388,9 +388,16 @@ def test_a_sinks_one_buffer_file_is_the_encoded_filters(texts, piece):
     for x in range(0, len(texts), piece):
         a.add(col.slice(x, piece))
         b.add(col.slice(x, piece))
+    c = grams.GramSink()
+    for x in range(0, len(texts), piece):
+        c.add(col.slice(x, piece))
     got = a.encode(4096, "0123456789abcdef", len(texts))
     assert bytes(got) == grams.encode(4096, "0123456789abcdef", len(texts), b.finish())
+    # (the writer's: the same bytes as pieces, no buffer of the whole)
+    assert b"".join(c.pieces(4096, "0123456789abcdef", len(texts))) == bytes(got)
     assert len(grams.check(bytes(got), 4096, "0123456789abcdef", len(texts))) == \
         grams.blocks_for(len(texts)) * grams.BLOCK_BYTES
     with pytest.raises(ValueError, match="bytes of filters"):
         grams.GramSink().encode(1, "0123456789abcdef", 1)
+    with pytest.raises(ValueError, match="bytes of filters"):
+        grams.GramSink().pieces(1, "0123456789abcdef", 1)

@@ -367,7 +367,9 @@ class Compaction(Host):
             # (nothing inline while a cooling run is written: it holds the
             # oldest excess, and its lines must stay where it read them)
             cooling = self._bg is not None
-            excess = self._excess(full) if cool_excess and not cooling else []
+            # (int64 locations: see _excess)
+            excess = self._excess(full) if cool_excess and not cooling else np.zeros(0, dtype=np.int64)
+            cooled_inline = len(excess) > 0
             # (files of up to COOL_FILE_ROWS, each written COOL_RUN_MAX_ROWS
             # lines at a time: the final compact() of a bulk load, which
             # cools what the background runs left, holds a part's lines at
@@ -375,7 +377,7 @@ class Compaction(Host):
             # not tens of small ones to merge)
             if cool_excess and not cooling:
                 self._cool_backlog = 0      # (every channel's excess cooled, or none due)
-            if excess:
+            if cooled_inline:
                 cooled_files = self._cool_in_files(excess, rep)
                 if cooled_files is not None:
                     manifest_cool = cooled_files
@@ -441,7 +443,7 @@ class Compaction(Host):
                 if rest and self._merge_rows(rest) >= tuning.BG_COOL_MIN_ROWS:
                     self._bg_merge = _Staged("merge", functools.partial(self._merge_work, rest, durable))
                     self._bg_merge.sources = {n for g in rest for n in g}
-            if staged is not None or merged_bg is not None or excess or cool_erase or merged:
+            if staged is not None or merged_bg is not None or cooled_inline or cool_erase or merged:
                 self._forget_interleaving()
             # 3-4. segments (only when live lines moved: cooling, deletion, a
             # fresh open, or a tail past ROLL_BYTES): roll the tail if it holds
@@ -461,9 +463,9 @@ class Compaction(Host):
                     self._roll_tail()
                     new_order = list(self._seg_order)
             elif not (segments or self._pending_erase or self._dirty_segs):
-                if staged is not None or excess:
+                if staged is not None or cooled_inline:
                     self._segs_unchecked = self._rewrite_due = True
-            elif (staged is not None or excess or self._pending_erase or self._segs_unchecked
+            elif (staged is not None or cooled_inline or self._pending_erase or self._segs_unchecked
                     or self._tail.size >= tuning.ROLL_BYTES):
                 bounded = not (full or self._pending_erase or self._dirty_segs)
                 new_order, more = self._compact_segments(

@@ -24,6 +24,9 @@ log = logging.getLogger("rune_fast")
 
 #: the columns of a cooling run's table that its adoption reads (``_cooled``)
 _ADOPT_COLUMNS = ["msg_id", "channel_id", "hlc"]
+#: no locations (an empty excess)
+_NO_LOCS = np.zeros(0, dtype=np.int64)
+_NO_LOCS.flags.writeable = False
 
 
 class Cooling(Host):
@@ -40,43 +43,57 @@ class Cooling(Host):
         rows = self._cool.file_rows()
         return sum(rows.get(name, 0) for g in groups for name in g)
 
-    def _excess(self, full: bool) -> list[int]:
-        """Locations to cool: every channel's messages beyond its newest
+    def _excess(self, full: bool) -> np.ndarray:
+        """Locations to cool (int64): every channel's messages beyond its newest
         ``hot_window``. The automatic compaction (``full=False``) cools only
         once some channel's excess reaches a quarter window (windows of 64
         messages or more; smaller ones: any excess), and then cools
         every channel's excess: one larger Parquet run now and then instead
-        of a small run (and its merges) every few ``compact_every``."""
+        of a small run (and its merges) every few ``compact_every``. (An
+        array, not a list of ints: 8 bytes a location, not ~36 -- the
+        compact() after a bulk load of 1,000,000 messages cools ~450,000,
+        and held them, a set of them and their file order through its peak
+        of resident memory.)"""
         if not full and not self._cooling_due():
-            return []
-        excess = self._index.excess(self.hot_window).tolist()
+            return _NO_LOCS
+        excess = self._index.excess(self.hot_window)
         cands = list(self._cool_max) if self._behind is None else list(self._behind)
         behind: set[str] = set()
         if cands:
-            counted = set(excess)
+            counted: list[np.ndarray] = []      # (the excess sorted, made when first needed)
+            extras = [excess]
             for ch in cands:
-                extra, still = self._excess_behind_cool(ch, counted)
-                excess.extend(extra)
+                extra, still = self._excess_behind_cool(ch, excess, counted)
+                if len(extra):
+                    extras.append(np.asarray(extra, dtype=np.int64))
                 if still:
                     behind.add(ch)
+            if len(extras) > 1:
+                excess = np.concatenate(extras)
         self._behind = behind
         return excess
 
-    def _excess_behind_cool(self, channel_id: str, counted: set[int]) -> tuple[list[int], bool]:
+    def _excess_behind_cool(self, channel_id: str, excess: np.ndarray,
+                            counted: list[np.ndarray]) -> tuple[list[int], bool]:
         """(hot locations beyond the channel's newest ``hot_window`` once its
         cool rows are counted too, whether a hot message sorts before its
         newest stamped cool row). Such a message arrived late (or unstamped)
         after newer ones were cooled; once a newer hot one is deleted it can
         lie beyond the window although ``HotIndex.excess``, which counts the
-        hot ones only, keeps it. ``counted``: what that excess already cools."""
+        hot ones only, keeps it. ``excess``: what that excess already cools
+        (``counted``: empty, or holding it sorted, which this makes once)."""
         last = self._cool_max.get(channel_id)
-        locs = self._index.channel_locs(codec.key(channel_id), -1).tolist()
-        if last is None or not locs:
+        locs = self._index.channel_locs(codec.key(channel_id), -1)
+        if last is None or not len(locs):
             return [], False
-        first = self._read_loc(locs[0])
+        first = self._read_loc(int(locs[0]))
         if not _sorts_before(first, last):
             return [], False            # every hot message sorts after every cool row
-        kept = [loc for loc in locs if loc not in counted]
+        if not counted:
+            counted.append(np.sort(excess))
+        done = counted[0]
+        at = np.minimum(np.searchsorted(done, locs), max(0, len(done) - 1))
+        kept = locs[done[at] != locs].tolist() if len(done) else locs.tolist()
         if not kept:
             return [], True
         oldest = self._read_loc(kept[0])
@@ -190,7 +207,12 @@ class Cooling(Host):
                 out.append(None)
                 continue
             while job.feeding():
-                self._feed_cooling(job)     # (the rest of its lines, so that it can finish)
+                # the rest of its lines, so that it can finish: a part as
+                # the thread takes one (fed at once, up to a run's 65,536
+                # lines, ~30-60 MB, waited in its queue at the start of the
+                # compact() after a bulk load of 1,000,000 messages)
+                if job.wait_for_room(0.05):
+                    self._feed_cooling(job)
             job.thread.join()
             self._drop_staged(job)
             if job.error is not None:
@@ -209,7 +231,7 @@ class Cooling(Host):
             out.append(job)
         return out[0], out[1]
 
-    def _stage_cooling(self, locs: list[int]) -> _Staged:
+    def _stage_cooling(self, locs: np.ndarray) -> _Staged:
         """Start the background cooling run of the hot lines at ``locs``
         (lock held). Their copy (each line checked) is made under the lock,
         ``tuning.BG_COOL_PART_ROWS`` lines at a time: the first part here,
@@ -273,9 +295,9 @@ class Cooling(Host):
             raise
         job.feed((a, data, starts), b)
 
-    def _in_file_order(self, excess: list[int], limit: int | None = None) -> list[int]:
+    def _in_file_order(self, excess: np.ndarray, limit: int | None = None) -> np.ndarray:
         """``excess`` (what :meth:`_excess` gave, the index unchanged since)
-        in the order of a cool file's rows: grouped by channel, channels in
+        in the order of a cool file's rows (int64): grouped by channel, channels in
         code point order, each channel's locations clustered by task in
         their given order (the order ``_channel_order`` gives a table of
         them: :meth:`_by_task`); of each channel's, its oldest up to the
@@ -283,6 +305,7 @@ class Cooling(Host):
         ``HotIndex.excess``: each channel's oldest messages, the channels
         in the index's order; what follows (late messages that sort before
         a cool row) is placed by reading each one's channel."""
+        excess = np.asarray(excess, dtype=np.int64)
         spans: dict[str, list[tuple[int, int]]] = {}
         at = 0
         w = self.hot_window
@@ -295,56 +318,59 @@ class Cooling(Host):
             raise RuneError(f"{self.hot_dir}: cooling order: the hot index shows {at} messages beyond "
                             f"the window, the compaction chose {len(excess)} (not read from this index)")
         for i in range(at, len(excess)):
-            spans.setdefault(self._read_loc(excess[i]).channel_id, []).append((i, i + 1))
-        out: list[int] = []
+            spans.setdefault(self._read_loc(int(excess[i])).channel_id, []).append((i, i + 1))
+        pieces: list[np.ndarray] = []
         chans: list[int] = []       # where each channel's locations end in out
         want = len(excess) if limit is None else limit
+        got = 0
         for ch in sorted(spans):
             for a, b in spans[ch]:
-                out += excess[a:min(b, a + want - len(out))]
-            chans.append(len(out))
-            if len(out) >= want:
+                piece = excess[a:min(b, a + want - got)]
+                pieces.append(piece)
+                got += len(piece)
+            chans.append(got)
+            if got >= want:
                 break
-        return self._by_task(out, chans)
+        return self._by_task(np.concatenate(pieces) if pieces else _NO_LOCS, chans)
 
-    def _by_task(self, out: list[int], chans: list[int]) -> list[int]:
+    def _by_task(self, out: np.ndarray, chans: list[int]) -> np.ndarray:
         """``out`` (locations grouped by channel, channel c's ending at
         ``chans[c]``, each channel's in key order) with each channel's
         locations clustered by task, tasks in code point order, no task
         first, each task's in their order: the row order of a cool file
-        (``_channel_order``; docs/FORMAT.md). Each location's task comes
+        (``_channel_order``; docs/FORMAT.md), an int64 array. Each location's task comes
         from the index's task postings, not from its line. The locations
         cooled are the same (the oldest of each channel): only their order
         in the file changes."""
-        if len(out) < 2:
-            return out
+        arr = np.asarray(out, dtype=np.int64)
+        if len(arr) < 2:
+            return arr
         names = sorted((_unkey(k), k) for k in self._index.task_keys())
         locs = [self._index.task_locs(k) for _t, k in names]
         sizes = np.fromiter((len(g) for g in locs), dtype=np.int64, count=len(locs))
         if not sizes.sum():
-            return out
+            return arr
         # (each hot task location looked up among the run's, sorted: the
         # run is a few thousand locations, the hot tier's task postings up
         # to hundreds of thousands during a bulk load, which a sort of
         # those cost 40 ms of CPU a run at 1,000,000 messages)
         all_locs = np.concatenate(locs)
         all_ranks = np.repeat(np.arange(len(locs), dtype=np.int64), sizes)
-        arr = np.asarray(out, dtype=np.int64)
         o = np.argsort(arr, kind="stable")
         run = arr[o]
         at = np.minimum(np.searchsorted(run, all_locs), len(run) - 1)
         hit = run[at] == all_locs
         ranked = np.full(len(run), -1, dtype=np.int64)
         ranked[at[hit]] = all_ranks[hit]
+        del all_locs, all_ranks, at, hit, run
         rank = np.empty(len(arr), dtype=np.int64)
         rank[o] = ranked
+        del o, ranked
         chan = np.repeat(np.arange(len(chans), dtype=np.int64), np.diff(np.concatenate([[0], chans])))
         order = np.lexsort((rank, chan))        # (stable: each task's locations keep their order)
-        # (the given int objects, reordered: a list of new ones is 40 bytes
-        # a location more, 10 MB of a compact() that cools 250,000)
-        return np.asarray(out, dtype=object)[order].tolist()
+        return arr[order]
 
-    def _cool_in_files(self, excess: list[int], rep: CompactionReport) -> list[str] | None:
+    def _cool_in_files(self, excess: np.ndarray, rep: CompactionReport) -> list[str] | None:
         """Cool the hot messages at ``excess`` (lock held): files of at most
         COOL_FILE_ROWS rows, each written a COOL_RUN_MAX_ROWS lines at a
         time as they are read and parsed (what a file holds whole is its
@@ -355,38 +381,45 @@ class Cooling(Host):
         order = self._in_file_order(excess)
         for a in range(0, len(order), tuning.COOL_FILE_ROWS):
             locs = order[a:a + tuning.COOL_FILE_ROWS]
-            kept: list[pa.Table] = []
+            ids: list[pa.Table] = []
+            maxima: dict[str, tuple[str, str]] = {}
 
-            def parts(locs: list[int] = locs, kept: list[pa.Table] = kept) -> Any:
+            def parts(locs: np.ndarray = locs, ids: list[pa.Table] = ids,
+                      maxima: dict[str, tuple[str, str]] = maxima) -> Any:
                 for b in range(0, len(locs), tuning.COOL_RUN_MAX_ROWS):
                     t = self._cool_table_at(locs[b:b + tuning.COOL_RUN_MAX_ROWS])
-                    kept.append(t.select(_ADOPT_COLUMNS))
+                    # (what the adoption reads, a part at a time: each
+                    # channel's newest stamp, and the ids; the channel and
+                    # stamp strings of a file's rows held to its end were
+                    # ~40 bytes a row of the peak of a bulk load)
+                    _stamp_maxima(t, maxima)
+                    ids.append(t.select(["msg_id"]))
                     yield t
                     del t
 
             run = self._cool.cool_parts(parts())
             files = list(run.files)
-            table = pa.concat_tables(kept)
-            del kept[:]
-            self._cooled(locs, table)
+            table = pa.concat_tables(ids)
+            del ids[:]
+            self._cooled(locs, table, maxima=maxima)
             rep.cooled += table.num_rows
             rep.cool_files_written += 1
             del table
         return files
 
-    def _cool_table_at(self, locs: Sequence[int]) -> pa.Table:
+    def _cool_table_at(self, locs: "Sequence[int] | np.ndarray") -> pa.Table:
         """The cool-schema table of the hot lines at ``locs`` (each checked
         against its checksum), row i from ``locs[i]``."""
         data, starts = self._gather(locs)
         return self._lines_table(locs, data, starts, tuning.PARSE_PART)
 
-    def _gather(self, locs: Sequence[int]) -> tuple[bytes, np.ndarray]:
+    def _gather(self, locs: "Sequence[int] | np.ndarray") -> tuple[bytes, np.ndarray]:
         """A copy of the hot lines at ``locs``, each checked (lock held):
         ``HotIndex.gather_lines``."""
         self._maps.read(len(locs))
         return self._index.gather_lines(locs)
 
-    def _lines_table(self, locs: Sequence[int], data: bytes, starts: np.ndarray,
+    def _lines_table(self, locs: "Sequence[int] | np.ndarray", data: bytes, starts: np.ndarray,
                      part: int | None = None) -> pa.Table:
         """The cool-schema table of the lines :meth:`_gather` copied from
         ``locs``, row i from line i, parsed ``part`` lines a call (all at
@@ -399,7 +432,7 @@ class Cooling(Host):
             # row i of the part that starts at line ``first``
             i += first
             end = int(starts[i + 1]) if i + 1 < n else len(data)
-            loc = locs[i]
+            loc = int(locs[i])
             d = codec.decode_body(memoryview(data)[int(starts[i]):end - 1],
                                   path=self._path_of(loc >> 40), offset=loc & ((1 << 40) - 1))
             return d["r"], d.get("s")
@@ -424,25 +457,24 @@ class Cooling(Host):
             job.keys = [codec.key(m) for m in job.ids]
         return job.ids, job.keys
 
-    def _cooled(self, locs: Sequence[int], table: pa.Table, *, staged: "_Staged | None" = None) -> None:
+    def _cooled(self, locs: "Sequence[int] | np.ndarray", table: pa.Table, *, staged: "_Staged | None" = None,
+                maxima: "dict[str, tuple[str, str]] | None" = None) -> None:
         """Drop messages now served by the cool tier from the hot index.
         ``staged``: the job of a run written in the background, which
         appends may have overtaken (a late one can sort before its rows; an
         inline run cools the oldest messages and those already behind a
-        cool row)."""
+        cool row). ``maxima``: each channel's newest stamp among the rows
+        (:func:`_stamp_maxima`; None: read from ``table``'s columns, else
+        ``table`` need hold only ``msg_id``)."""
         behind = self._behind if staged is not None else None
-        stamped = table.filter(pc.not_equal(table.column("hlc"), ""))    # (order kept)
-        # (a part at a time: the Python strings of a file's rows -- up to
-        # COOL_FILE_ROWS in a compact() -- made at once were ~120 bytes a
-        # row of its peak of resident memory)
+        if maxima is None:
+            maxima = {}
+            _stamp_maxima(table, maxima)
+        for ch, stamp in maxima.items():
+            if self._raise_cool_max(ch, stamp):
+                if behind is not None:
+                    behind.add(ch)      # a late append may sort before the new maximum
         part = tuning.COOL_RUN_MAX_ROWS
-        for a in range(0, stamped.num_rows, part):
-            piece = stamped.slice(a, part)
-            for hlc, mid, ch in zip(piece.column("hlc").to_pylist(), piece.column("msg_id").to_pylist(),
-                                    piece.column("channel_id").to_pylist()):
-                if self._raise_cool_max(ch, (hlc, mid)):
-                    if behind is not None:
-                        behind.add(ch)      # a late append may sort before the new maximum
         if staged is not None:
             self._unindex_many(self._staged_keys(staged)[1])
         else:
@@ -452,3 +484,22 @@ class Cooling(Host):
         self._forget_decoded_many(locs)
         self._count_changes(table.num_rows)
         self._forget_interleaving()     # the verdicts read the cool rows' maxima just moved
+
+
+def _stamp_maxima(table: pa.Table, maxima: "dict[str, tuple[str, str]]") -> None:
+    """Raise ``maxima`` (channel -> newest (hlc, msg_id)) to the stamped rows
+    of ``table`` (its ``channel_id``, ``hlc`` and ``msg_id`` columns), a
+    part at a time: the Python strings of a file's rows -- up to
+    COOL_FILE_ROWS in a compact() -- made at once were ~120 bytes a row of
+    its peak of resident memory."""
+    stamped = table.select(_ADOPT_COLUMNS).filter(pc.not_equal(table.column("hlc"), ""))    # (order kept)
+    part = tuning.COOL_RUN_MAX_ROWS
+    get = maxima.get
+    for a in range(0, stamped.num_rows, part):
+        piece = stamped.slice(a, part)
+        for hlc, mid, ch in zip(piece.column("hlc").to_pylist(), piece.column("msg_id").to_pylist(),
+                                piece.column("channel_id").to_pylist()):
+            stamp = (hlc, mid)
+            last = get(ch)
+            if last is None or stamp > last:
+                maxima[ch] = stamp

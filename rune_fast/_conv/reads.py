@@ -138,6 +138,13 @@ class HotReads(Host):
 
     def _forget_decoded_many(self, locs: Any) -> None:
         pop = self._decoded.pop
+        if isinstance(locs, np.ndarray):
+            # (a piece at a time as ints: a list of them whole is ~36 bytes
+            # a location, numpy scalars one by one are slower)
+            for a in range(0, len(locs), 4096):
+                for loc in locs[a:a + 4096].tolist():
+                    pop(loc, None)
+            return
         for loc in locs:
             pop(loc, None)
 

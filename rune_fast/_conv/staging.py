@@ -7,6 +7,8 @@ import queue
 import threading
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from ..cool import CoolArchive
 from ..errors import RuneError
 from . import tuning
@@ -24,7 +26,7 @@ class _Staged:
     next compaction adopts the result, or discards it. Until then its files
     are strays that no manifest names (a crash leaves them to the next open)."""
 
-    def __init__(self, kind: str, work: Callable[["_Staged"], Any], locs: Sequence[int] = (),
+    def __init__(self, kind: str, work: Callable[["_Staged"], Any], locs: "Sequence[int] | np.ndarray" = (),
                  fed: bool = False) -> None:
         self.kind = kind
         self.locs = locs
@@ -34,6 +36,7 @@ class _Staged:
         # None once the input is complete (or given up)
         self.fed_to: int | None = 0 if fed else None
         self._parts: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self._taken = threading.Event()     # set each time the thread takes a part
         self.table: Any = None  # a cooling run's adoption columns, in the order of locs (set by its thread)
         # their msg_ids and index keys (set by its thread too: the adoption,
         # under the lock, then need not make them)
@@ -66,6 +69,16 @@ class _Staged:
         compaction would otherwise pile up behind a slower thread)."""
         return self.fed_to is not None and self._parts.qsize() < tuning.BG_COOL_QUEUED_PARTS
 
+    def wait_for_room(self, timeout: float) -> bool:
+        """Wait (up to ``timeout`` s) until the thread holds fewer than
+        ``tuning.BG_COOL_QUEUED_PARTS`` untaken parts, or has ended;
+        whether it has room (or ended) now."""
+        self._taken.clear()
+        if self.wants_part() or self.done.is_set():
+            return True
+        self._taken.wait(timeout)
+        return self.wants_part() or self.done.is_set()
+
     def feed(self, part: Any, upto: int) -> None:
         """Hand the thread the next part of its input (``locs[fed_to:upto]``)."""
         assert self.fed_to is not None
@@ -87,6 +100,7 @@ class _Staged:
         """The next part fed (in the job's thread; blocks until there is
         one); None once the input is complete. RuneError if it was given up."""
         part = self._parts.get()
+        self._taken.set()
         if part is None and self.cancel.is_set():
             raise RuneError(f"background {self.kind}: its input was given up")
         return part

@@ -560,7 +560,7 @@ class _FileSet:
     def _dur(self, durable: bool | None) -> bool:
         return self._durable if durable is None else bool(durable)
 
-    def _write_tmp(self, name: str, data: bytes | None = None, table: pa.Table | None = None,
+    def _write_tmp(self, name: str, data: bytes | bytearray | None = None, table: pa.Table | None = None,
                    *, durable: bool, folder: str | None = None, order: pa.Array | None = None,
                    parts: Iterable[pa.Table] | None = None, overlap: bool = False) -> str:
         """Write ``name``'s temp file (0600) in ``folder`` (default: the
@@ -648,7 +648,7 @@ class _FileSet:
             data_page_version="1.0", data_page_size=_PAGE_BYTES, write_batch_size=_PAGE_BATCH_ROWS,
             write_statistics=["channel_id", "ts", "ord"])
 
-    def _write_atomic(self, name: str, data: bytes, *, durable: bool | None = None,
+    def _write_atomic(self, name: str, data: bytes | bytearray, *, durable: bool | None = None,
                       folder: str | None = None) -> None:
         """Write ``name`` in ``folder`` (default: the archive folder)
         atomically: temp file (0600), fsync, rename, fsync of the folder (no

@@ -280,7 +280,7 @@ class _FileIndex:
             self._tasks, self._task_src = tasks, None
         return self._tasks
 
-    def encode(self) -> bytes:
+    def encode(self) -> bytearray:
         task_names = list(self.tasks)
         task_rows = [self.tasks[t] for t in task_names]
         offs = np.cumsum([0] + [len(r) for r in task_rows]).tolist()
@@ -297,17 +297,35 @@ class _FileIndex:
         hb = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         hb += b" " * (-(len(hb) + 4) % 8)
         tb += b" " * (-len(tb) % 8)
-        all_task_rows = (np.concatenate(task_rows) if task_rows else np.zeros(0, np.uint32)).astype("<u4")
-        body = b"".join([
-            struct.pack("<I", len(hb)), hb, tb,
-            self.hashes.astype("<u8").tobytes(),
-            self.hrows.astype("<u4").tobytes(),
-            b"\0" * (4 if self.rows % 2 else 0),
-            all_task_rows.tobytes(),
-            b"\0" * (4 if len(all_task_rows) % 2 else 0),
-        ] + ([] if self.pagedir is None else [
-            self.pagedir[0].astype("<i8").tobytes(), self.pagedir[1].astype("<i8").tobytes()]))
-        return _IDX_MAGIC + xxhash.xxh3_128_digest(body) + body
+        # (built in one buffer, each array copied in once: the join of the
+        # arrays' bytes and the digest's concatenation each made a copy of
+        # the whole -- 16 bytes a row, its arrays' copies another 16: the
+        # index of the last file of a compact() was the top of a bulk
+        # load's resident memory)
+        pieces: list[Any] = [struct.pack("<I", len(hb)), hb, tb,
+                             np.ascontiguousarray(self.hashes, dtype="<u8"),
+                             np.ascontiguousarray(self.hrows, dtype="<u4"),
+                             b"\0" * (4 if self.rows % 2 else 0)]
+        total = 0
+        for rows in task_rows:
+            pieces.append(np.ascontiguousarray(rows, dtype="<u4"))
+            total += len(rows)
+        pieces.append(b"\0" * (4 if total % 2 else 0))
+        if self.pagedir is not None:
+            pieces += [np.ascontiguousarray(self.pagedir[0], dtype="<i8"),
+                       np.ascontiguousarray(self.pagedir[1], dtype="<i8")]
+        views = [memoryview(p).cast("B") for p in pieces]
+        head = len(_IDX_MAGIC) + 16
+        out = bytearray(head + sum(v.nbytes for v in views))
+        out[:len(_IDX_MAGIC)] = _IDX_MAGIC
+        at = head
+        for v in views:
+            out[at:at + v.nbytes] = v
+            at += v.nbytes
+        del views, pieces
+        with memoryview(out) as mv:
+            out[len(_IDX_MAGIC):head] = xxhash.xxh3_128_digest(mv[head:])
+        return out
 
     @classmethod
     def decode(cls, data: Any, no: int, path: str) -> "_FileIndex":
@@ -442,6 +460,18 @@ class _KeyParts:
     def codes(self) -> np.ndarray:
         return np.concatenate(self._codes) if self._codes else np.zeros(0, dtype=np.int32)
 
+    def take_hashes(self) -> np.ndarray:
+        """:meth:`hashes`, its parts let go (they are not kept twice)."""
+        out = self.hashes()
+        self._hashes = []
+        return out
+
+    def take_codes(self) -> np.ndarray:
+        """:meth:`codes`, its parts let go."""
+        out = self.codes()
+        self._codes = []
+        return out
+
 
 def _build_index(no: int, size: int, footer: str, msg_ids: Any, channel_ids: Any,
                  task_ids: Any, rg_counts: Sequence[int], path: str) -> _FileIndex:
@@ -466,12 +496,21 @@ def _index_of_keys(no: int, size: int, footer: str, keys: _KeyParts,
     if sum(rg_counts) != n:
         raise CorruptStateCheckpointError(f"cool archive row groups hold {sum(rg_counts)} rows, "
                                           f"its columns {n}", path=path)
-    hashes = keys.hashes()
-    order = np.argsort(hashes, kind="stable")
-    codes = keys.codes()
+    # (the parts let go as they are joined, and each temporary as soon as
+    # it is used: the index of the last file of a compact() was the top of
+    # a bulk load's resident memory, ~50 bytes a row of temporaries)
+    hashes = keys.take_hashes()
+    order = np.argsort(hashes, kind="stable").astype(np.uint32)
+    hashes = hashes[order]
+    codes = keys.take_codes()
     has_task = codes >= 0
     # newest row with a task at or before each row (-1: none yet)
-    last_task = np.maximum.accumulate(np.where(has_task, np.arange(n), -1)) if n else has_task
+    if n:
+        last_task = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
+        last_task[~has_task] = -1
+        np.maximum.accumulate(last_task, out=last_task)
+    else:
+        last_task = np.zeros(0, dtype=np.int32)
     channels: dict[str, tuple[int, int, int]] = {}
     start = 0
     for ch, rows in keys.runs:
@@ -482,17 +521,22 @@ def _index_of_keys(no: int, size: int, footer: str, keys: _KeyParts,
         latest = int(last_task[end - 1])
         channels[ch] = (start, end, latest if latest >= start else -1)
         start = end
+    del last_task
     tasks: dict[str, np.ndarray] = {}
-    rows = np.flatnonzero(has_task)
+    rows = np.flatnonzero(has_task).astype(np.uint32)
+    del has_task
     if len(rows):
         tcodes = codes[rows]
+        del codes
         by_task = rows[np.argsort(tcodes, kind="stable")]
         bounds = np.cumsum(np.bincount(tcodes, minlength=len(keys.task_names)))[:-1]
-        tasks = {t: part.astype(np.uint32) for t, part in zip(keys.task_names, np.split(by_task, bounds))}
+        del rows, tcodes
+        tasks = {t: part.copy() for t, part in zip(keys.task_names, np.split(by_task, bounds))}
+        del by_task
     rg_starts = np.concatenate([[0], np.cumsum(np.asarray(rg_counts, dtype=np.int64))]).astype(np.int64)
     return _FileIndex(
         no=no, name=_parquet_name(no), rows=n, size=size, footer=footer, rg_starts=rg_starts,
-        hashes=hashes[order], hrows=order.astype(np.uint32), channels=channels, _tasks=tasks,
+        hashes=hashes, hrows=order, channels=channels, _tasks=tasks,
     )
 
 

@@ -203,7 +203,7 @@ class _Writer(_Search):
         # the search filters: a cache (one missing is built by the file's first search)
         gname = _grams_name(no)
         try:
-            write_kept(self._ipath(gname), sink.encode(size, footer, fi.rows),
+            write_kept(self._ipath(gname), sink.pieces(size, footer, fi.rows),
                        tmp=self._ipath(tmp_name(gname)), sync=False)
         except ValueError as exc:
             log.warning("%s: search filters not written: %s", self._ipath(gname), exc)
