@@ -325,9 +325,11 @@ class PageReader:
         ``given``: column -> the UTF-8 values of a string column for those
         rows, already read (a search's scan), decoded instead of read again.
         The pages are read, checked and decoded by :meth:`take`."""
+        if not local:
+            return []
         ncols = len(self._kinds)
         cols = [c for c in range(ncols) if given is None or c not in given]
-        got = dict(zip(cols, self.take(rg, local, cols))) if local else {}
+        got = dict(zip(cols, self.take(rg, local, cols)))
         out: list[list] = [[] for _ in local]
         for c in range(ncols):
             kind = self._kinds[c]

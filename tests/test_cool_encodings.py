@@ -297,3 +297,23 @@ def test_spark_reads_todays_cool_file(tmp_path):
         spark.stop()
     assert pyspark.__version__
     assert got == sorted(tuple(r.values()) for r in pq.read_table(path).to_pylist())
+
+
+def test_rows_of_a_group_through_take(two_layouts):
+    """PageReader.rows (the dict path's direct read) gives pyarrow's values
+    for both layouts, a given column decoded from what it is given, and
+    nothing for no rows."""
+    a, _by_id = two_layouts
+    for name in a.files():
+        path = os.path.join(a.cool_dir, name)
+        reader = PageReader(path, pq.read_metadata(path))
+        try:
+            want = pq.read_table(path).slice(0, 128).to_pylist()
+            local = [0, 5, 77, 127]
+            assert reader.rows(0, local) == [list(want[i].values()) for i in local]
+            c = _COLS.index("content")
+            got = reader.rows(0, local, {c: [b"x%d" % i for i in local]})
+            assert [r[c] for r in got] == [f"x{i}" for i in local]
+            assert reader.rows(0, []) == []
+        finally:
+            reader.close()

@@ -91,7 +91,9 @@ COOL_SCHEMA = pa.schema([
 #: their data pages hold a few bytes (a bit width and RLE runs, or deltas)
 #: that take_rows decodes in C, where a point read decompressed a zstd page
 #: of ~4 KB each (1-9 us apiece); per row on disk -2.5 B (the 1,000,000-
-#: message bench store's largest file rewritten). ``hlc`` stays PLAIN and
+#: message bench store's largest file rewritten; a 1M store built with it:
+#: cool files 225.0 -> 223.2 MB, each id once in a fresh process ~13% less
+#: wall, ~16% less CPU, with the msg_id page an exact read skips). ``hlc`` stays PLAIN and
 #: compressed: stamped messages each have their own (a dictionary stored
 #: raw would cost their full length), and ``""`` compresses to nothing.
 #: Files written before (PLAIN, zstd but ``ts``) are read as they are.
