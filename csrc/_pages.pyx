@@ -161,7 +161,9 @@ cdef int _header(const unsigned char *p, Py_ssize_t n, Py_ssize_t pos, int64_t *
             csize = c.zigzag()
         elif fid == 4 and t == T_I32:
             crc = c.zigzag() & 0xFFFFFFFF
-        elif fid == 5 and t == T_STRUCT:
+        elif (fid == 5 or fid == 7) and t == T_STRUCT:
+            # a v1 data page's header, or a dictionary page's: the same two
+            # first fields (num_values, encoding)
             sfid = 0
             while True:
                 st = c.field(&sfid)
@@ -195,7 +197,7 @@ def page_header(const unsigned char[::1] buf, Py_ssize_t pos=0):
     Returns ``(header_len, page_type, uncompressed_size, compressed_size, crc,
     num_values, encoding)``: ``crc`` is the unsigned CRC-32 or -1 when the
     header has none; ``num_values`` and ``encoding`` come from a v1 data page
-    header (-1 for other page types). ValueError when the bytes are not a
+    header or a dictionary page header (-1 for other page types). ValueError when the bytes are not a
     complete header (also when ``buf`` ends inside it: read more and retry)."""
     cdef int64_t h[7]
     _header(&buf[0] if buf.shape[0] else NULL, buf.shape[0], pos, h)
@@ -462,7 +464,24 @@ cdef enum:
     # chunk of small pages all lie in them
     CHUNK_WINDOW = 16 * 1024
     DATA_PAGE = 0
+    DICTIONARY_PAGE = 2
     PLAIN = 0
+    PLAIN_DICTIONARY = 2
+    DELTA_BINARY_PACKED = 5
+    RLE_DICTIONARY = 8
+    # a page's kind, in a directory's sixth field above its zstd bit
+    # (``flags = zstd | kind << 1``; 0 or 1 before there were kinds)
+    K_PLAIN = 0         # a PLAIN data page
+    K_DICT = 1          # a column chunk's dictionary page (PLAIN values)
+    K_RLE_DICT = 2      # a data page of dictionary indices (RLE/bit-packed hybrid)
+    K_DELTA = 3         # a DELTA_BINARY_PACKED data page (INT32/INT64)
+    K_MAX = 3
+
+
+def page_kinds():
+    """The page kinds a directory's sixth field holds above its zstd bit:
+    ``{"plain": 0, "dictionary": 1, "rle_dictionary": 2, "delta": 3}``."""
+    return {"plain": K_PLAIN, "dictionary": K_DICT, "rle_dictionary": K_RLE_DICT, "delta": K_DELTA}
 
 
 cdef Py_ssize_t _read_at(int fd, unsigned char *buf, Py_ssize_t size, int64_t offset) except -1:
@@ -483,34 +502,56 @@ cdef Py_ssize_t _read_at(int fd, unsigned char *buf, Py_ssize_t size, int64_t of
 
 
 cdef int _check_page(const int64_t *h, int64_t pos, int64_t end, int64_t rows, int64_t first,
-                     bint zstd) except -1:
-    """The checks of one page header ``h`` (at ``pos``, in a column chunk
-    ending at ``end`` of ``rows`` values, ``first`` of them before it) that
-    both walks of a chunk's headers make: a PLAIN data page with a CRC, a
-    count that fits what is left, bytes that stay in the chunk (checked
-    before they are added: no sum can overflow)."""
-    if h[1] != DATA_PAGE or h[6] != PLAIN or h[4] < 0:
-        raise Unsupported(f"page at offset {pos} (type {h[1]}, encoding {h[6]}, "
-                          f"crc {h[4] >= 0})")
+                     bint zstd, Py_ssize_t npage, bint has_dict) except -1:
+    """The checks of one page header ``h`` (at ``pos``, page ``npage`` of a
+    column chunk ending at ``end`` of ``rows`` values, ``first`` of them
+    before it; ``has_dict``: the chunk began with a dictionary page) that
+    both walks of a chunk's headers make, and the page's kind: a page with
+    a CRC, either a dictionary page (PLAIN values; only as the chunk's
+    first) or a v1 data page PLAIN, of dictionary indices (only after a
+    dictionary page) or DELTA_BINARY_PACKED; a count that fits what is
+    left, bytes that stay in the chunk (checked before they are added: no
+    sum can overflow)."""
+    cdef int kind
+    if h[4] < 0:
+        raise Unsupported(f"page at offset {pos} has no CRC")
+    if h[1] == DICTIONARY_PAGE and npage == 0 and (h[6] == PLAIN or h[6] == PLAIN_DICTIONARY):
+        kind = K_DICT
+    elif h[1] != DATA_PAGE:
+        raise Unsupported(f"page at offset {pos} (type {h[1]}, encoding {h[6]})")
+    elif h[6] == PLAIN:
+        kind = K_PLAIN
+    elif (h[6] == RLE_DICTIONARY or h[6] == PLAIN_DICTIONARY) and has_dict:
+        kind = K_RLE_DICT
+    elif h[6] == DELTA_BINARY_PACKED:
+        kind = K_DELTA
+    else:
+        raise Unsupported(f"page at offset {pos} (type {h[1]}, encoding {h[6]})")
     if h[5] <= 0 or (not zstd and h[2] != h[3]):
         raise ValueError(f"page header at offset {pos} has {h[5]} values")
-    if h[5] > rows - first:
+    if h[5] > (rows if kind == K_DICT else rows - first):
         raise ValueError(f"page at offset {pos} holds {h[5]} values, {rows - first} "
                          f"left of the chunk's {rows}")
     if h[3] > end - pos - h[0]:
         raise ValueError(f"page at offset {pos} ({h[0]} + {h[3]} bytes) runs past its "
                          f"column chunk, which ends at {end}")
-    return 0
+    return kind
 
 
 def chunk_pages(int fd, int64_t offset, int64_t total, int64_t rows, bint zstd):
     """The pages of one column chunk, from their headers: ``total`` bytes at
-    ``offset`` of the file open as ``fd``, holding ``rows`` values. Returns
+    ``offset`` of the file open as ``fd``, holding ``rows`` values (the
+    chunk's first page: its dictionary page if it has one). Returns
     ``(firsts, pages)``: the first row of each page, and ``(first, data
-    offset, compressed size, uncompressed size, crc, zstd, values)`` of each.
+    offset, compressed size, uncompressed size, crc, flags, values)`` of
+    each, ``flags`` being 1 if zstd-compressed plus the page's kind
+    (:func:`page_kinds`) times 2. A dictionary page (the chunk's first, if
+    any) has first row 0 and its dictionary's values; it holds no rows.
 
-    Only PLAIN v1 data pages with a CRC are read here: any other page raises
-    :class:`Unsupported` (the caller reads the file another way). A chunk
+    Only pages with a CRC, v1 data pages PLAIN, RLE_DICTIONARY or
+    DELTA_BINARY_PACKED and a PLAIN dictionary page are read here: any
+    other page raises :class:`Unsupported` (the caller reads the file
+    another way). A chunk
     that runs past the end of the file, a header that does not parse, a
     page of no values (or, uncompressed, of two sizes), or pages that do
     not fill the chunk exactly with ``rows`` values raise ValueError naming
@@ -518,6 +559,7 @@ def chunk_pages(int fd, int64_t offset, int64_t total, int64_t rows, bint zstd):
     cdef list firsts = [], pages = []
     cdef int64_t end, pos = offset, first = 0, base = offset
     cdef int64_t h[7]
+    cdef int kind
     cdef Py_ssize_t have = 0, want
     cdef struct_stat st
     cdef unsigned char *buf
@@ -551,10 +593,12 @@ def chunk_pages(int fd, int64_t offset, int64_t total, int64_t rows, bint zstd):
                     _header(buf, have, 0, h)
                 except ValueError as exc:
                     raise ValueError(f"page header at offset {pos}: {exc}") from None
-            _check_page(h, pos, end, rows, first, zstd)
+            kind = _check_page(h, pos, end, rows, first, zstd, len(pages),
+                               len(pages) > 0 and pages[0][5] >> 1 == K_DICT)
             firsts.append(first)
-            pages.append((first, pos + h[0], h[3], h[2], h[4], zstd, h[5]))
-            first += h[5]
+            pages.append((first, pos + h[0], h[3], h[2], h[4], <int>zstd | kind << 1, h[5]))
+            if kind != K_DICT:
+                first += h[5]
             pos += h[0] + h[3]
     finally:
         free(buf)
@@ -1171,6 +1215,7 @@ def chunk_pages_mem(const unsigned char[::1] mem, int64_t base, int64_t offset, 
     cdef list firsts = [], pages = []
     cdef int64_t end, pos = offset, first = 0
     cdef int64_t h[7]
+    cdef int kind
     cdef Py_ssize_t n = mem.shape[0]
     cdef const unsigned char *p = &mem[0] if n else NULL
     if offset < 0 or total < 0 or rows < 0 or total > INT64_MAX - offset:
@@ -1184,10 +1229,12 @@ def chunk_pages_mem(const unsigned char[::1] mem, int64_t base, int64_t offset, 
             _header(p, <Py_ssize_t>(end - base), <Py_ssize_t>(pos - base), h)
         except ValueError as exc:
             raise ValueError(f"page header at offset {pos}: {exc}") from None
-        _check_page(h, pos, end, rows, first, zstd)
+        kind = _check_page(h, pos, end, rows, first, zstd, len(pages),
+                           len(pages) > 0 and pages[0][5] >> 1 == K_DICT)
         firsts.append(first)
-        pages.append((first, pos + h[0], h[3], h[2], h[4], zstd, h[5]))
-        first += h[5]
+        pages.append((first, pos + h[0], h[3], h[2], h[4], <int>zstd | kind << 1, h[5]))
+        if kind != K_DICT:
+            first += h[5]
         pos += h[0] + h[3]
     if pos != end or first != rows:
         raise ValueError(f"column chunk at offset {offset} holds {first} values "
@@ -1236,6 +1283,189 @@ cdef int64_t _frame_size(bytes comp) noexcept:
     return <int64_t>v if v <= <uint64_t>INT64_MAX else -1
 
 
+# ---------------------------------------------------------------- encoded pages
+#
+# The cool files store their low-cardinality columns dictionary-encoded
+# (a dictionary page of PLAIN values, then data pages of indices in the
+# RLE/bit-packed hybrid) and their integer columns DELTA_BINARY_PACKED,
+# both uncompressed: a point read then decodes a few bytes instead of
+# decompressing a zstd page of ~4 KB per column. These decode such pages
+# (the Parquet format's definitions) for take_rows; every malformed input
+# is a ValueError, never a read out of bounds.
+
+cdef inline uint64_t _bits(const unsigned char *p, Py_ssize_t nbytes, uint64_t bitpos, int bw) noexcept nogil:
+    """The ``bw``-bit value (bw <= 64) at bit ``bitpos`` of ``p``, packed
+    least significant bit first; the caller checks ``bitpos + bw`` bits lie
+    within ``nbytes`` bytes."""
+    cdef Py_ssize_t at = <Py_ssize_t>(bitpos >> 3), t
+    cdef int sh = <int>(bitpos & 7)
+    cdef uint64_t acc = 0, v
+    if bw == 0:
+        return 0
+    if at + 8 <= nbytes:
+        memcpy(&acc, p + at, 8)
+    else:
+        for t in range(nbytes - at):
+            acc |= (<uint64_t>p[at + t]) << (8 * t)
+    v = acc >> sh
+    if sh + bw > 64:
+        v |= (<uint64_t>p[at + 8]) << (64 - sh)
+    if bw < 64:
+        v &= ((<uint64_t>1) << bw) - 1
+    return v
+
+
+cdef uint64_t _uleb(const unsigned char *p, Py_ssize_t n, Py_ssize_t *pos) except? 0xFFFFFFFFFFFFFFFF:
+    cdef uint64_t r = 0
+    cdef int shift = 0
+    cdef unsigned char b
+    while True:
+        if pos[0] >= n:
+            raise ValueError("encoded page ends inside a varint")
+        b = p[pos[0]]
+        pos[0] += 1
+        r |= (<uint64_t>(b & 0x7F)) << shift
+        if b < 0x80:
+            return r
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long in an encoded page")
+
+
+cdef int _rle_indices(const unsigned char *p, Py_ssize_t n, Py_ssize_t count, uint32_t *out) except -1:
+    """The first ``count`` dictionary indices of a v1 RLE_DICTIONARY data
+    page's bytes ``p[:n]`` (its bit width, then RLE and bit-packed runs)."""
+    cdef Py_ssize_t pos = 1, got = 0, k, take, nbytes, width, t
+    cdef uint64_t h, groups, rep
+    cdef uint32_t v
+    cdef int bw
+    if n < 1:
+        raise ValueError("dictionary-index page is empty")
+    bw = p[0]
+    if bw > 32:
+        raise ValueError(f"dictionary-index page has bit width {bw}")
+    width = (bw + 7) >> 3
+    while got < count:
+        h = _uleb(p, n, &pos)
+        if h & 1:
+            groups = h >> 1
+            if groups == 0 or groups > <uint64_t>(n - pos):
+                raise ValueError(f"bit-packed run of {groups} groups runs past its page")
+            nbytes = <Py_ssize_t>groups * bw
+            if nbytes > n - pos:
+                raise ValueError(f"bit-packed run of {groups} groups runs past its page")
+            take = min(<Py_ssize_t>groups * 8, count - got)
+            for k in range(take):
+                out[got + k] = <uint32_t>_bits(p + pos, nbytes, <uint64_t>k * bw, bw)
+            got += take
+            pos += nbytes
+        else:
+            rep = h >> 1
+            if rep == 0 or width > n - pos:
+                raise ValueError("RLE run is empty or runs past its page")
+            v = 0
+            for t in range(width):
+                v |= (<uint32_t>p[pos + t]) << (8 * t)
+            pos += width
+            take = <Py_ssize_t>min(rep, <uint64_t>(count - got))
+            for k in range(take):
+                out[got + k] = v
+            got += take
+    return 0
+
+
+cdef int _delta_values(const unsigned char *p, Py_ssize_t n, Py_ssize_t count, int64_t nvals, int w,
+                       unsigned char *out) except -1:
+    """The first ``count`` values of a DELTA_BINARY_PACKED page's bytes
+    ``p[:n]`` (whose header says ``nvals``), as ``w``-byte little-endian
+    integers (4 or 8) into ``out``. Arithmetic wraps, as the format's."""
+    cdef Py_ssize_t pos = 0, got, m, k, take, mbytes, avail
+    cdef uint64_t block, minis, total, zz, last, md, per, mask, bit, acc = 0
+    cdef uint32_t v32
+    cdef int bw
+    cdef const unsigned char *widths
+    block = _uleb(p, n, &pos)
+    minis = _uleb(p, n, &pos)
+    total = _uleb(p, n, &pos)
+    zz = _uleb(p, n, &pos)
+    if (block == 0 or block % 128 or minis == 0 or block % minis or (block // minis) % 32
+            or block > 1 << 20 or <int64_t>total != nvals or count > nvals):
+        raise ValueError(f"DELTA_BINARY_PACKED header: block {block}, {minis} miniblocks, "
+                         f"{total} values (the page says {nvals})")
+    per = block // minis
+    last = (zz >> 1) ^ (-(zz & 1))
+    got = 0
+
+    if count > 0:
+        if w == 8:
+            memcpy(out, &last, 8)
+        else:
+            v32 = <uint32_t>last
+            memcpy(out, &v32, 4)
+        got = 1
+    while got < count:
+        zz = _uleb(p, n, &pos)
+        md = (zz >> 1) ^ (-(zz & 1))
+        if <uint64_t>(n - pos) < minis:
+            raise ValueError("DELTA_BINARY_PACKED block ends inside its bit widths")
+        widths = p + pos
+        pos += <Py_ssize_t>minis
+        for m in range(<Py_ssize_t>minis):
+            if got >= count:
+                break
+            bw = widths[m]
+            if bw > 64:
+                raise ValueError(f"DELTA_BINARY_PACKED miniblock of bit width {bw}")
+            mbytes = <Py_ssize_t>(per * bw // 8)
+            avail = min(mbytes, n - pos)
+            take = <Py_ssize_t>min(per, <uint64_t>(count - got))
+            if <uint64_t>take * bw > <uint64_t>avail * 8:
+                raise ValueError("DELTA_BINARY_PACKED miniblock runs past its page")
+            if bw <= 56 and w == 8:
+                # (the common case in one tight loop: an 8-byte load a value)
+                mask = ((<uint64_t>1) << bw) - 1
+                for k in range(take):
+                    bit = <uint64_t>k * bw
+                    if (bit >> 3) + 8 <= avail:
+                        memcpy(&acc, p + pos + (bit >> 3), 8)
+                        last = last + md + ((acc >> (bit & 7)) & mask)
+                    else:
+                        last = last + md + _bits(p + pos, avail, bit, bw)
+                    memcpy(out + 8 * (got + k), &last, 8)
+            else:
+                for k in range(take):
+                    last = last + md + _bits(p + pos, avail, <uint64_t>k * bw, bw)
+                    if w == 8:
+                        memcpy(out + 8 * (got + k), &last, 8)
+                    else:
+                        v32 = <uint32_t>last
+                        memcpy(out + 4 * (got + k), &v32, 4)
+            got += take
+            pos += mbytes
+    return 0
+
+
+def decode_rle_indices(bytes page, Py_ssize_t count):
+    """The first ``count`` indices of a dictionary-index page's bytes, as a
+    list (tests; take_rows decodes in place)."""
+    cdef bytes buf = PyBytes_FromStringAndSize(NULL, max(count, 1) * 4)
+    cdef uint32_t *o = <uint32_t *>PyBytes_AS_STRING(buf)
+    _rle_indices(<const unsigned char *>PyBytes_AS_STRING(page), PyBytes_GET_SIZE(page), count, o)
+    return [o[k] for k in range(count)]
+
+
+def decode_delta(bytes page, Py_ssize_t count, int64_t nvals, int w=8):
+    """The first ``count`` values of a DELTA_BINARY_PACKED page's bytes
+    (whose header says ``nvals``) as ``w``-byte little-endian integers
+    (tests; take_rows decodes in place)."""
+    if w != 4 and w != 8:
+        raise ValueError("decode_delta: w is 4 or 8")
+    cdef bytes buf = PyBytes_FromStringAndSize(NULL, count * w)
+    _delta_values(<const unsigned char *>PyBytes_AS_STRING(page), PyBytes_GET_SIZE(page), count, nvals, w,
+                  <unsigned char *>PyBytes_AS_STRING(buf))
+    return buf
+
+
 cdef enum:
     # a point read of one row (take_rows of one row) reads the pages of
     # its columns in runs: pages of different columns at most GAP_BYTES
@@ -1258,8 +1488,9 @@ cdef list _row_runs(int fd, const int64_t[::1] counts, const int64_t[::1] starts
     cdef int64_t *offs
     cdef int64_t *ends
     cdef list sel = list(range(ncols)) if cols is None else list(cols)
-    offs = <int64_t *>malloc((len(sel) + 1) * sizeof(int64_t))
-    ends = <int64_t *>malloc((len(sel) + 1) * sizeof(int64_t))
+    cdef list want = []
+    offs = <int64_t *>malloc((2 * len(sel) + 1) * sizeof(int64_t))
+    ends = <int64_t *>malloc((2 * len(sel) + 1) * sizeof(int64_t))
     if offs == NULL or ends == NULL:
         free(offs); free(ends)
         raise MemoryError()
@@ -1277,7 +1508,11 @@ cdef list _row_runs(int fd, const int64_t[::1] counts, const int64_t[::1] starts
                     a = mid
                 else:
                     hi = mid - 1
-            off, sz = flat[7 * (lo + a) + 1], flat[7 * (lo + a) + 2]
+            want.append(lo + a)
+            if flat[7 * (lo + a) + 5] >> 1 == K_RLE_DICT:
+                want.append(lo)         # (its dictionary page: the chunk's first)
+        for a in want:
+            off, sz = flat[7 * a + 1], flat[7 * a + 2]
             if off < 0 or sz < 0 or sz > RUN_BYTES or off > INT64_MAX - sz:
                 continue
             # insertion by offset (a row's columns are few)
@@ -1335,6 +1570,34 @@ cdef object _run_bytes(int fd, object span, int64_t span_lo, int64_t off, int64_
     return buf
 
 
+cdef object _np_empty = np.empty
+cdef object _I32 = np.dtype(np.int32)
+
+
+cdef bytes _page_bytes(int fd, object span, int64_t span_lo, list runs, const int64_t[::1] flat,
+                       Py_ssize_t j, object crc32, object decompress):
+    """Page ``j`` of a directory read (from ``span`` or ``runs`` when they
+    hold it), its CRC-32 checked and, when compressed, decompressed to its
+    size: what take_rows reads a page alone for (a dictionary page)."""
+    cdef int64_t off = flat[7 * j + 1], csize = flat[7 * j + 2]
+    cdef bytes comp, raw
+    if off < 0 or csize < 0:
+        raise ValueError(f"take_rows: page at offset {off} is out of place")
+    comp = _run_bytes(fd, span, span_lo, off, csize, runs)
+    if crc32(comp) != flat[7 * j + 4]:
+        raise ValueError(f"page at offset {off} fails its CRC-32")
+    if not flat[7 * j + 5] & 1:
+        return comp
+    if _frame_size(comp) == flat[7 * j + 3]:
+        raw = decompress(comp)
+    else:
+        raw = decompress(comp, max_output_size=flat[7 * j + 3])
+    if PyBytes_GET_SIZE(raw) != flat[7 * j + 3]:
+        raise ValueError(f"page at offset {off} decompresses to {PyBytes_GET_SIZE(raw)} bytes, "
+                         f"its header says {flat[7 * j + 3]}")
+    return raw
+
+
 @cython.boundscheck(False)
 @cython.wraparound(False)
 def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, const int64_t[::1] flat,
@@ -1350,11 +1613,15 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
     The directory is ``rune_fast.pages._pack_dir``'s: ``counts[c]`` pages
     of column c starting at page ``starts[c]``, page j's 7 fields at
     ``flat[7 * j:]`` (first row, data offset, compressed size, uncompressed
-    size, crc, zstd, values) and its first row at ``firsts[j]``. Each page
-    read is checked with ``crc32(bytes)`` against its CRC and, when
-    compressed, decompressed with ``decompress(bytes)`` if its zstd frame
-    declares the page's size (zstandard then allocates just that), else
-    ``decompress(bytes, max_output_size=n)``.
+    size, crc, flags, values) and its first row at ``firsts[j]``; flags: 1
+    if zstd-compressed, plus the page's kind times 2 (:func:`page_kinds`:
+    a PLAIN data page; the column's dictionary page, its first; a data page
+    of dictionary indices; a DELTA_BINARY_PACKED one). Each page read is
+    checked with ``crc32(bytes)`` against its CRC and, when compressed,
+    decompressed with ``decompress(bytes)`` if its zstd frame declares the
+    page's size (zstandard then allocates just that), else
+    ``decompress(bytes, max_output_size=n)``; an encoded page's values are
+    decoded up to the last row asked of it.
     ``span``: the group's bytes read at ``span_lo`` (pages inside it are
     sliced from it). Without one, the pages of a single row are read in
     runs across columns first (:func:`_row_runs`). ValueError (naming the
@@ -1362,18 +1629,24 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
     in the group, a CRC mismatch, a page that decompresses to another size
     or whose values do not parse; OSError if a read fails."""
     cdef Py_ssize_t m = rows.shape[0], ncols = counts.shape[0], npg = flat.shape[0] // 7
-    cdef Py_ssize_t i, j, q, u, lo, n, a, b, nk, w, total, hi, mid
+    cdef Py_ssize_t i, j, q, u, lo, n, a, b, nk, w, total, hi, mid, cnt, ndict = 0, dk
     cdef int64_t base, end, off, csize
     cdef Py_ssize_t *page_of
     cdef Py_ssize_t *ks
     cdef Py_ssize_t *vpos
     cdef uint32_t *vlen
+    cdef Py_ssize_t *need
     cdef uint32_t ln
     cdef Py_ssize_t k = 0, pos = 0, plen = 0
     cdef int64_t pfirst = 0, nvals = 0
+    cdef int kind
     cdef const unsigned char *pb = NULL
-    cdef list out = [], raws, runs = None
-    cdef bytes run, comp, raw, data
+    cdef const unsigned char *db = NULL
+    cdef const uint32_t *ix = NULL
+    cdef Py_ssize_t *dpos = NULL
+    cdef uint32_t *dlen = NULL
+    cdef list out = [], raws, idxs, runs = None
+    cdef bytes run, comp, raw, data, dict_raw, dict_at, got, idx
     cdef unsigned char *dp
     cdef int32_t[::1] ov
     cdef Py_ssize_t c
@@ -1388,8 +1661,9 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
     ks = <Py_ssize_t *>malloc(m * sizeof(Py_ssize_t))
     vpos = <Py_ssize_t *>malloc(m * sizeof(Py_ssize_t))
     vlen = <uint32_t *>malloc(m * sizeof(uint32_t))
-    if page_of == NULL or ks == NULL or vpos == NULL or vlen == NULL:
-        free(page_of); free(ks); free(vpos); free(vlen)
+    need = <Py_ssize_t *>malloc(m * sizeof(Py_ssize_t))
+    if page_of == NULL or ks == NULL or vpos == NULL or vlen == NULL or need == NULL:
+        free(page_of); free(ks); free(vpos); free(vlen); free(need)
         raise MemoryError()
     try:
         if m == 1 and span is None:
@@ -1420,8 +1694,11 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
                     ks[nk] = a
                     nk += 1
                 page_of[i] = nk - 1
+                need[nk - 1] = rows[i] - firsts[lo + a] + 1     # (an encoded page: decoded this far)
             # read, check and decompress each page once (a run of adjacent ones in one read)
             raws = []
+            idxs = []
+            dict_raw = None
             q = 0
             while q < nk:
                 u = q
@@ -1435,13 +1712,14 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
                 for k in range(q, u + 1):
                     j = 7 * (lo + ks[k])
                     off, csize = flat[j + 1], flat[j + 2]
+                    kind = <int>(flat[j + 5] >> 1)
                     if q == u:
                         comp = run
                     else:
                         comp = PyBytes_FromStringAndSize(PyBytes_AS_STRING(run) + (off - base), csize)
                     if crc32(comp) != flat[j + 4]:
                         raise ValueError(f"page at offset {off} fails its CRC-32")
-                    if flat[j + 5]:
+                    if flat[j + 5] & 1:
                         if _frame_size(comp) == flat[j + 3]:
                             raw = decompress(comp)
                         else:
@@ -1451,10 +1729,77 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
                                              f"{PyBytes_GET_SIZE(raw)} bytes, its header says {flat[j + 3]}")
                     else:
                         raw = comp
-                    if w and PyBytes_GET_SIZE(raw) != w * flat[j + 6]:
-                        raise ValueError(f"page at offset {off} holds {PyBytes_GET_SIZE(raw)} bytes "
-                                         f"for {flat[j + 6]} values of {w}")
-                    raws.append(raw)
+                    cnt = need[k]
+                    if kind == K_PLAIN:
+                        if w and PyBytes_GET_SIZE(raw) != w * flat[j + 6]:
+                            raise ValueError(f"page at offset {off} holds {PyBytes_GET_SIZE(raw)} bytes "
+                                             f"for {flat[j + 6]} values of {w}")
+                        raws.append(raw)
+                        idxs.append(None)
+                    elif kind == K_DELTA:
+                        if w != 4 and w != 8:
+                            raise ValueError(f"page at offset {off}: DELTA_BINARY_PACKED values "
+                                             f"of a column of {w}-byte values")
+                        got = PyBytes_FromStringAndSize(NULL, cnt * w)
+                        try:
+                            _delta_values(<const unsigned char *>PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw),
+                                          cnt, flat[j + 6], <int>w, <unsigned char *>PyBytes_AS_STRING(got))
+                        except ValueError as exc:
+                            raise ValueError(f"page at offset {off}: {exc}") from None
+                        raws.append(got)
+                        idxs.append(None)
+                    elif kind == K_RLE_DICT:
+                        if dict_raw is None:
+                            # the column's dictionary: its first page
+                            if flat[7 * lo + 5] >> 1 != K_DICT:
+                                raise ValueError(f"page at offset {off} holds dictionary indices, "
+                                                 f"its column no dictionary")
+                            dict_raw = _page_bytes(fd, span, span_lo, runs, flat, lo, crc32, decompress)
+                            ndict = flat[7 * lo + 6]
+                            db = <const unsigned char *>PyBytes_AS_STRING(dict_raw)
+                            if w:
+                                if PyBytes_GET_SIZE(dict_raw) != w * ndict:
+                                    raise ValueError(f"dictionary page at offset {flat[7 * lo + 1]} holds "
+                                                     f"{PyBytes_GET_SIZE(dict_raw)} bytes for {ndict} values of {w}")
+                            else:
+                                # where each of its values starts, and its length
+                                dict_at = PyBytes_FromStringAndSize(NULL, ndict * (sizeof(Py_ssize_t) + 4))
+                                dpos = <Py_ssize_t *>PyBytes_AS_STRING(dict_at)
+                                dlen = <uint32_t *>(dpos + ndict)
+                                pos = 0
+                                for dk in range(ndict):
+                                    pos = _plain_skip(db, PyBytes_GET_SIZE(dict_raw), pos, dk, dk, &ln)
+                                    if pos < 0:
+                                        raise ValueError(f"dictionary page at offset {flat[7 * lo + 1]}: PLAIN "
+                                                         f"page ends before value {dk} or a value runs past it")
+                                    dpos[dk], dlen[dk] = pos, ln
+                                    pos += ln
+                        if cnt > flat[j + 6]:
+                            raise ValueError(f"row {cnt - 1} is past the page at offset {off}")
+                        idx = PyBytes_FromStringAndSize(NULL, cnt * 4)
+                        ix = <const uint32_t *>PyBytes_AS_STRING(idx)
+                        try:
+                            _rle_indices(<const unsigned char *>PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw),
+                                         cnt, <uint32_t *>ix)
+                        except ValueError as exc:
+                            raise ValueError(f"page at offset {off}: {exc}") from None
+                        for dk in range(cnt):
+                            if ix[dk] >= ndict:
+                                raise ValueError(f"page at offset {off}: dictionary index {ix[dk]} "
+                                                 f"of a dictionary of {ndict}")
+                        if w:
+                            got = PyBytes_FromStringAndSize(NULL, cnt * w)
+                            dp = <unsigned char *>PyBytes_AS_STRING(got)
+                            for dk in range(cnt):
+                                memcpy(dp + dk * w, db + ix[dk] * w, w)
+                            raws.append(got)
+                            idxs.append(None)
+                        else:
+                            raws.append(dict_raw)
+                            idxs.append(idx)
+                    else:
+                        raise ValueError(f"page at offset {off} is a dictionary page, "
+                                         f"not a page of rows")
                 q = u + 1
             if w:
                 data = PyBytes_FromStringAndSize(NULL, m * w)
@@ -1465,7 +1810,8 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
                     memcpy(dp + i * w, PyBytes_AS_STRING(raw) + (rows[i] - pfirst) * w, w)
                 out.append(data)
                 continue
-            # strings: walk each page's values up to the rows asked (rows ascending)
+            # strings: walk each page's values up to the rows asked (rows
+            # ascending), or look each row's index up in the dictionary
             total = 0
             b = -1
             for i in range(m):
@@ -1476,9 +1822,14 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
                     plen = PyBytes_GET_SIZE(raw)
                     pfirst = flat[7 * (lo + ks[b])]
                     nvals = flat[7 * (lo + ks[b]) + 6]
+                    ix = NULL if idxs[b] is None else <const uint32_t *>PyBytes_AS_STRING(<bytes>idxs[b])
                     k, pos = 0, 0
                 if rows[i] - pfirst >= nvals:
                     raise ValueError(f"row {rows[i]} is past the page at offset {flat[7 * (lo + ks[b]) + 1]}")
+                if ix != NULL:
+                    vpos[i], vlen[i] = dpos[ix[rows[i] - pfirst]], dlen[ix[rows[i] - pfirst]]
+                    total += vlen[i]
+                    continue
                 pos = _plain_skip(pb, plen, pos, k, rows[i] - pfirst, &ln)
                 if pos < 0:
                     raise ValueError(f"page at offset {flat[7 * (lo + ks[b]) + 1]}: PLAIN page ends "
@@ -1492,7 +1843,7 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
                 raise ValueError(f"take_rows: column {c} values hold 2 GiB or more")
             data = PyBytes_FromStringAndSize(NULL, total)
             dp = <unsigned char *>PyBytes_AS_STRING(data)
-            offs = np.empty(m + 1, dtype=np.int32)
+            offs = _np_empty(m + 1, _I32)
             ov = offs
             total = 0
             ov[0] = 0
@@ -1508,6 +1859,7 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
         free(ks)
         free(vpos)
         free(vlen)
+        free(need)
     return out
 
 
@@ -1521,35 +1873,43 @@ def check_dir(const int64_t[::1] counts, const int64_t[::1] starts, const int64_
     the first starting at row 0, each next one where the one before ends
     (first row + values) and the last at ``rows``; ``firsts`` holds each
     page's first row; sizes are not negative (an uncompressed page's both
-    the same), the zstd flag 0 or 1, the CRC 32 bits. (Each page read is
+    the same), the flags a zstd bit and a known kind (:func:`page_kinds`:
+    a dictionary page only as a column's first, at row 0, followed by a
+    page of rows; dictionary indices only in a column with a dictionary),
+    the CRC 32 bits. (Each page read is
     still checked by its CRC-32 and its size; this keeps a page from being
     taken for another row's.) ``file_size`` (>= 0): no page runs past it;
     ``max_value`` (>= 0): no page unpacks to more than its values can hold
     (``values * max_value + 4096`` bytes), so that a wrong size becomes
     no read or allocation of gigabytes."""
     cdef Py_ssize_t ncols = counts.shape[0], npg = firsts.shape[0], c, j, at = 0
-    cdef int64_t want
+    cdef int64_t want, kind
+    cdef bint has_dict
     if starts.shape[0] != ncols or flat.shape[0] != 7 * npg:
         return f"{ncols} columns, {starts.shape[0]} column starts, {flat.shape[0]} words for {npg} pages"
     for c in range(ncols):
         if starts[c] != at or counts[c] <= 0 or counts[c] > npg - at:
             return f"column {c}: {counts[c]} pages from page {starts[c]} (expected from page {at})"
         want = 0
+        has_dict = counts[c] > 1 and flat[7 * at + 5] >> 1 == K_DICT
         for j in range(at, at + counts[c]):
             if flat[7 * j] != want or firsts[j] != want:
                 return f"column {c}: page {j - at} starts at row {flat[7 * j]}, not {want}"
+            kind = flat[7 * j + 5] >> 1
             if (flat[7 * j + 1] < 0 or flat[7 * j + 2] < 0 or flat[7 * j + 3] < 0
-                    or not 0 <= flat[7 * j + 4] <= 0xFFFFFFFF or not 0 <= flat[7 * j + 5] <= 1
-                    or flat[7 * j + 6] <= 0 or flat[7 * j + 6] > rows - want):
+                    or not 0 <= flat[7 * j + 4] <= 0xFFFFFFFF or not 0 <= flat[7 * j + 5] <= 2 * K_MAX + 1
+                    or (kind == K_DICT and j != at) or (kind == K_RLE_DICT and not has_dict)
+                    or flat[7 * j + 6] <= 0 or flat[7 * j + 6] > (rows if kind == K_DICT else rows - want)):
                 return f"column {c}: page {j - at} has fields {list(flat[7 * j:7 * j + 7])}"
-            if flat[7 * j + 5] == 0 and flat[7 * j + 2] != flat[7 * j + 3]:
+            if flat[7 * j + 5] & 1 == 0 and flat[7 * j + 2] != flat[7 * j + 3]:
                 return (f"column {c}: page {j - at} is stored uncompressed in {flat[7 * j + 2]} bytes "
                         f"for {flat[7 * j + 3]}")
             if file_size >= 0 and flat[7 * j + 1] > file_size - flat[7 * j + 2]:
                 return f"a page runs past the end of the file ({file_size} bytes)"
             if max_value >= 0 and flat[7 * j + 3] > flat[7 * j + 6] * max_value + 4096:
                 return "a page unpacks to more bytes than its values can hold"
-            want += flat[7 * j + 6]
+            if kind != K_DICT:
+                want += flat[7 * j + 6]
         if want != rows:
             return f"column {c}: its pages hold {want} rows, the group {rows}"
         at += counts[c]

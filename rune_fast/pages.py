@@ -9,8 +9,10 @@ decompressed, the value found (``rune_fast._pages`` parses the page header and
 walks PLAIN byte arrays in C).
 
 It reads the layout :class:`~rune_fast.cool.CoolArchive` writes: required
-columns, PLAIN-encoded v1 data pages with CRCs, zstd or no compression, no
-dictionary pages. A file in any other layout (an archive written before this
+columns, v1 data pages with CRCs, zstd or no compression, PLAIN-encoded
+(and, since session 31, uncompressed columns dictionary-encoded or
+DELTA_BINARY_PACKED: their values are decoded in C, ``_pages.take_rows``).
+A file in any other layout (an archive written before this
 layout, a file rewritten by another tool) raises :class:`Unsupported` and the
 caller reads through pyarrow. Damage (a CRC mismatch, a header or value that
 does not parse, a page that does not decompress to its size) raises
@@ -28,15 +30,15 @@ from array import array
 import struct
 import threading
 import zlib
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import zstandard
 
 import numpy as np
 import pyarrow as pa
 
-from ._pages import (Unsupported, byte_array_at, chunk_pages, chunk_pages_mem, plain_find, plain_strings,
-                     take_rows)
+from ._pages import (Unsupported, byte_array_at, chunk_pages, chunk_pages_mem, page_kinds, plain_find,
+                     plain_strings, take_rows)
 
 __all__ = ["PageError", "PageReader", "Unsupported", "page_directories"]
 
@@ -55,6 +57,8 @@ _ARROW = {"INT64": pa.int64(), "INT32": pa.int32(), "DOUBLE": pa.float64()}
 _PHYSICAL = {pa.string(): "BYTE_ARRAY", pa.int64(): "INT64", pa.int32(): "INT32", pa.float64(): "DOUBLE"}
 _DATA_PAGE = 0
 _PLAIN = 0
+#: a dictionary page's kind (a directory's sixth field >> 1)
+_K_DICT = page_kinds()["dictionary"]
 
 
 class PageError(ValueError):
@@ -80,12 +84,13 @@ def _pack_dir(d: list[tuple[list[int], list[tuple]]]) -> tuple[array, array, arr
 
 def _unpack_dir(packed: tuple[array, array, array, array]) -> list[tuple[list[int], list[tuple]]]:
     """:func:`_pack_dir`'s arrays as the directory again (a page's first
-    field is its first row; its sixth, whether it is zstd-compressed)."""
+    field is its first row; its sixth, its flags: 1 if zstd-compressed,
+    plus its kind times 2, see ``_pages.page_kinds``)."""
     counts, flat = packed[0], packed[1]
     out, at = [], 0
     for n in counts:
         f = flat[at:at + 7 * n].tolist()
-        pages = [(f[j], f[j + 1], f[j + 2], f[j + 3], f[j + 4], bool(f[j + 5]), f[j + 6])
+        pages = [(f[j], f[j + 1], f[j + 2], f[j + 3], f[j + 4], f[j + 5], f[j + 6])
                  for j in range(0, 7 * n, 7)]
         out.append(([p[0] for p in pages], pages))
         at += 7 * n
@@ -147,7 +152,7 @@ class _Pages:
             raise IndexError(k)
         j = 7 * (self._at + k)
         f = self._flat[j:j + 7].tolist()
-        return (f[0], f[1], f[2], f[3], f[4], bool(f[5]), f[6])
+        return (f[0], f[1], f[2], f[3], f[4], f[5], f[6])
 
     def __iter__(self) -> Any:
         return (self[k] for k in range(self._n))
@@ -288,21 +293,21 @@ class PageReader:
         d = []
         ccs = [meta.column(c) for c in range(len(self._kinds))]
         for c, cc in enumerate(ccs):
-            if cc.has_dictionary_page or cc.compression not in ("ZSTD", "UNCOMPRESSED"):
-                raise Unsupported(f"row group {rg} column {c}: {cc.compression}, "
-                                  f"dictionary {cc.has_dictionary_page}")
-        lo = min(cc.data_page_offset for cc in ccs) if ccs else 0
-        hi = max(cc.data_page_offset + cc.total_compressed_size for cc in ccs) if ccs else 0
+            if cc.compression not in ("ZSTD", "UNCOMPRESSED"):
+                raise Unsupported(f"row group {rg} column {c}: {cc.compression}")
+        # where each chunk starts: its dictionary page, if it has one
+        at = [cc.dictionary_page_offset if cc.has_dictionary_page else cc.data_page_offset for cc in ccs]
+        lo = min(at) if ccs else 0
+        hi = max(a + cc.total_compressed_size for a, cc in zip(at, ccs)) if ccs else 0
         span = None
         if 0 <= lo < hi and hi - lo <= _SPAN_BYTES:
             span = self._pread(hi - lo, lo)
-        for cc in ccs:
+        for a, cc in zip(at, ccs):
             if span is None:
-                d.append(self._chunk_pages(cc.data_page_offset, cc.total_compressed_size, rows,
-                                           cc.compression == "ZSTD"))
+                d.append(self._chunk_pages(a, cc.total_compressed_size, rows, cc.compression == "ZSTD"))
                 continue
             try:
-                d.append(chunk_pages_mem(span, lo, cc.data_page_offset, cc.total_compressed_size, rows,
+                d.append(chunk_pages_mem(span, lo, a, cc.total_compressed_size, rows,
                                          cc.compression == "ZSTD"))
             except ValueError as exc:
                 raise PageError(f"{self.path}: {exc}") from None
@@ -318,43 +323,32 @@ class PageReader:
         """Column values (15 Python values, in column order) of the rows
         ``local`` (ascending, within the row group) of row group ``rg``.
         ``given``: column -> the UTF-8 values of a string column for those
-        rows, already read (a search's scan), decoded instead of read again."""
-        d = self._dir(rg)
+        rows, already read (a search's scan), decoded instead of read again.
+        The pages are read, checked and decoded by :meth:`take`."""
+        if not local:
+            return []
+        ncols = len(self._kinds)
+        cols = [c for c in range(ncols) if given is None or c not in given]
+        got = dict(zip(cols, self.take(rg, local, cols)))
         out: list[list] = [[] for _ in local]
-        # one row (an exact read): walk to its value in the page's bytes; more
-        # rows: split each page they touch into its values once
-        single = len(local) == 1
-        for c, (firsts, pages) in enumerate(d):
+        for c in range(ncols):
             kind = self._kinds[c]
-            if given is not None and c in given:
-                try:
-                    for n, v in enumerate(given[c]):
-                        out[n].append(v.decode("utf-8"))
-                except UnicodeDecodeError as exc:
-                    raise PageError(f"{self.path}: row group {rg}, column {c}: {exc}") from None
-                continue
-            vals: Any       # one page's bytes (one row of a string column), else _values' form
-            k_open, vals, first = -1, None, 0
-            for n, i in enumerate(local):
-                k = bisect.bisect_right(firsts, i) - 1
-                if k != k_open:
-                    if k < 0:
-                        raise PageError(f"{self.path}: row {i} of row group {rg} precedes its pages")
-                    vals = self._page(pages[k]) if single and kind is None else \
-                        self._values(pages[k], kind, rg, c)
-                    k_open, first = k, pages[k][0]
-                j = i - first
-                try:
-                    if kind is None and single:
-                        a, b = byte_array_at(vals, j)
-                        out[n].append(vals[a:b].decode("utf-8"))
-                    elif kind is None:
-                        data, offs = vals
-                        out[n].append(data[offs[j]:offs[j + 1]].decode("utf-8"))
-                    else:
-                        out[n].append(kind.unpack_from(vals, kind.size * j)[0])
-                except (ValueError, IndexError, struct.error) as exc:   # UnicodeDecodeError is a ValueError
-                    raise PageError(f"{self.path}: row {i} of row group {rg}, column {c}: {exc}") from None
+            try:
+                if c not in got:
+                    vals = [v.decode("utf-8") for v in cast("dict", given)[c]]
+                elif kind is None:
+                    data, offs = got[c]
+                    o = offs.tolist()
+                    vals = [data[o[n]:o[n + 1]].decode("utf-8") for n in range(len(local))]
+                else:
+                    vals = np.frombuffer(got[c], dtype=_DTYPE[kind.format[-1]]).tolist()
+            except UnicodeDecodeError as exc:
+                raise PageError(f"{self.path}: row group {rg}, column {c}: {exc}") from None
+            if len(vals) != len(local):
+                raise PageError(f"{self.path}: row group {rg}, column {c}: {len(vals)} values "
+                                f"for {len(local)} rows")
+            for n, v in enumerate(vals):
+                out[n].append(v)
         return out
 
     def take(self, rg: int, local: list[int], cols: list[int] | None = None) -> list[Any]:
@@ -387,6 +381,14 @@ class PageReader:
         checked and decompressed here; no pyarrow decoding)."""
         _firsts, pages = self._dir(rg)[c]
         kind = self._kinds[c]
+        if any(p[5] >> 1 for p in pages):
+            # encoded pages (a dictionary, DELTA_BINARY_PACKED): decoded in C
+            n = sum(p[6] for p in pages if p[5] >> 1 != _K_DICT)
+            got = self.take(rg, list(range(n)), [c])[0]
+            if kind is not None:
+                return pa.Array.from_buffers(self._types[c], n, [None, pa.py_buffer(got)])
+            data, offs = got
+            return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offs), pa.py_buffer(data)])
         n = sum(p[6] for p in pages)
         if kind is not None:
             raw = b"".join(self._values(p, kind, rg, c) for p in pages)
@@ -434,6 +436,8 @@ class PageReader:
         firsts, pages = self._col_dir(rg, c)
         if self._kinds[c] is not None:
             raise Unsupported(f"column {c} is not a string column")
+        if any(p[5] >> 1 for p in pages):
+            raise Unsupported(f"column {c} is not PLAIN-encoded")
         out: list[list[tuple[int, bytes]]] = [[] for _ in probes]
         if not pages:
             return out
@@ -492,10 +496,12 @@ class PageReader:
 
     def _unpack(self, comp: Any, page: tuple, dctx: Any = None) -> bytes:
         """A page's values from its stored bytes: CRC-32 checked, decompressed."""
-        _first, off, csize, usize, crc, zstd, _n = page
+        _first, off, csize, usize, crc, flags, _n = page
+        if flags >> 1:
+            raise Unsupported(f"{self.path}: page at offset {off} is not a PLAIN data page")
         if zlib.crc32(comp) != crc:
             raise PageError(f"{self.path}: page at offset {off} fails its CRC-32")
-        if not zstd:
+        if not flags & 1:
             return bytes(comp)
         try:
             raw = (dctx or self._dctx()).decompress(comp, max_output_size=usize)

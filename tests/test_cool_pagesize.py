@@ -63,14 +63,15 @@ def mixed(tmp_path, monkeypatch):
     d = str(tmp_path / "cool")
     a = CoolArchive(d, row_group_rows=GROUP, durable=False)
     parts = [_rows(0, N), _rows(N, 2 * N), _rows(2 * N, 3 * N)]
+    monkeypatch.setattr(cool_files, "_DICT_COLUMNS", ())      # (PLAIN, as before session 31)
+    monkeypatch.setattr(cool_files, "_ENCODING", {})
     monkeypatch.setattr(cool_files, "_COMPRESSION", "zstd")
     cool_rows(a, parts[0], range(N))
     monkeypatch.setattr(cool_files, "_COMPRESSION", {c: "none" if c in RAW else "zstd" for c in _COLS})
     cool_rows(a, parts[1], range(N, 2 * N))
     monkeypatch.setattr(cool_files, "_PAGE_BYTES", 1 << 10)
     cool_rows(a, parts[2], range(2 * N, 3 * N))
-    monkeypatch.setattr(cool_files, "_PAGE_BYTES", _PAGE_BYTES)
-    monkeypatch.setattr(cool_files, "_COMPRESSION", _COMPRESSION)
+    monkeypatch.undo()
     return a, {r["msg_id"]: r for part in parts for r in part}
 
 

@@ -19,7 +19,7 @@ from rune_fast.conversation_state import ConversationStateRepository
 from rune_fast.cool import CoolArchive, index_dir_for
 from rune_fast.cool.schema import _COLS, _COMPRESSION, _PAGE_BATCH_ROWS, _PAGE_BYTES, _row_key, cool_loc
 from rune_fast.errors import CorruptStateCheckpointError
-from rune_fast.pages import page_directories
+from rune_fast.pages import PageReader, page_directories
 from rune_fast.records import ConversationMessageRecord, message_from_stored
 from test_cool import cool_rows, records, rec
 
@@ -281,3 +281,49 @@ def test_repository_window_into_many_cool_files(tmp_path):
         want = [r for ch in ("x", "y") for r, _t in repo._channel_all(ch) if r.task_id == "t"]
         got = repo.messages_for_task("t")
         assert sorted(r.msg_id for r in got) == sorted(r.msg_id for r in want)
+
+
+def test_id_records_at_reads_no_id_column_and_checks_the_id(tmp_path, monkeypatch):
+    """An exact read's rows come from every column but msg_id (the digest
+    covers the id asked): the same records as records_at; a row of another
+    id (a hash collision) fails its digest and is left to rows_at."""
+    a = CoolArchive(str(tmp_path / "cool"), row_group_rows=16)
+    rows = [rec(i, f"c{i % 2}", task=f"t{i % 3}", content=f"m {i}") for i in range(60)]
+    rows.sort(key=lambda r: r["channel_id"])
+    cool_rows(a, rows, [int(r["msg_id"][4:]) for r in rows])
+    fresh = CoolArchive.open(a.cool_dir, a.files())
+    asked = []
+    real_take = PageReader.take
+
+    def take(self, rg, local, cols=None):
+        asked.append(cols)
+        return real_take(self, rg, local, cols)
+
+    monkeypatch.setattr(PageReader, "take", take)
+    ref = CoolArchive.open(a.cool_dir, a.files())
+    for k, r in enumerate(rows):
+        locs = fresh.id_locs(r["msg_id"])
+        want = dict_path(ref, locs)
+        asked.clear()
+        other = rows[(k + 1) % len(rows)]["msg_id"]
+        assert fresh.id_records_at(other, locs, R) == [None]
+        assert fresh.id_records_at(r["msg_id"], locs, R) == want
+        assert fresh._cache == {}       # (nothing cached: every read went by pages)
+        assert asked and all(c is not None and _COLS.index("msg_id") not in c for c in asked)
+
+
+def test_get_message_reads_archived_rows_by_id(tmp_path, monkeypatch):
+    repo = ConversationStateRepository(str(tmp_path / "s"), durability="none", compact_every=10_000, hot_window=4)
+    try:
+        msgs = [R(msg_id=f"msg_{i:08d}", channel_id="c", content=f"m {i}", role="user") for i in range(40)]
+        for m in msgs:
+            repo.append(m)
+        repo.compact()
+        seen = []
+        real = repo._cool.id_records_at
+        monkeypatch.setattr(repo._cool, "id_records_at", lambda mid, locs, rt: seen.append(mid) or real(mid, locs, rt))
+        got = repo.get_message("msg_00000003")
+        assert got.tier == "cool" and got.record == msgs[3]
+        assert seen == ["msg_00000003"]
+    finally:
+        repo.close()

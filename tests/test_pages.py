@@ -273,15 +273,30 @@ def _walk_model(data: bytes, offset: int, total: int, rows: int, zstd: bool):
             hlen, ptype, usize, csize, crc, nvals, enc = page_header(data[:end], pos)
         except ValueError:
             return ValueError
-        if ptype != 0 or enc != 0 or crc < 0:
+        # kinds (_pages.page_kinds): 0 PLAIN, 1 the chunk's dictionary page,
+        # 2 dictionary indices (after one), 3 DELTA_BINARY_PACKED
+        if crc < 0:
+            return Unsupported
+        if ptype == 2 and not pages and enc in (0, 2):
+            kind = 1
+        elif ptype != 0:
+            return Unsupported
+        elif enc == 0:
+            kind = 0
+        elif enc in (2, 8) and pages and pages[0][5] >> 1 == 1:
+            kind = 2
+        elif enc == 5:
+            kind = 3
+        else:
             return Unsupported
         if nvals <= 0 or (not zstd and usize != csize):
             return ValueError
-        if nvals > rows - first or pos + hlen + csize > end:
+        if nvals > (rows if kind == 1 else rows - first) or pos + hlen + csize > end:
             return ValueError       # (a page past the chunk's values or bytes: refused at once)
         firsts.append(first)
-        pages.append((first, pos + hlen, csize, usize, crc, zstd, nvals))
-        first += nvals
+        pages.append((first, pos + hlen, csize, usize, crc, int(zstd) | kind << 1, nvals))
+        if kind != 1:
+            first += nvals
         pos += hlen + csize
     if pos != end or first != rows:
         return ValueError
@@ -299,8 +314,8 @@ def chunk_file(tmp_path_factory):
     cool_rows(a, rows, list(range(len(rows))))
     path = _parquet_path(a)
     md = pq.ParquetFile(path).metadata
-    chunks = [(cc.data_page_offset, cc.total_compressed_size, md.row_group(g).num_rows,
-               cc.compression == "ZSTD")
+    chunks = [(cc.dictionary_page_offset if cc.has_dictionary_page else cc.data_page_offset,
+               cc.total_compressed_size, md.row_group(g).num_rows, cc.compression == "ZSTD")
               for g in range(md.num_row_groups) for cc in map(md.row_group(g).column, range(md.num_columns))]
     with open(path, "rb") as f:
         return f.read(), chunks
@@ -500,8 +515,9 @@ def test_archive_page_damage_is_loud(archive):
 
 
 def test_old_layout_still_reads_past_the_cache(tmp_path, monkeypatch):
-    """Files written with dictionary pages (earlier releases): the page
-    reader declines them and the direct read goes through pyarrow."""
+    """Files written with dictionary pages, compressed, and pages of
+    pyarrow's default size (earlier releases): read page by page too
+    (their dictionary pages decompressed), the rows as written."""
 
     def old_layout(f, schema):
         # (the archive's writer of row groups, as earlier releases set it up)
@@ -519,7 +535,7 @@ def test_old_layout_still_reads_past_the_cache(tmp_path, monkeypatch):
     b = CoolArchive(d, a.files(), row_group_rows=128, cache_bytes=1)
     for r in rows[::37]:
         assert b.get_row(r["msg_id"]).record == r
-    assert all(reader is None for reader in b._readers.values())
+    assert b._readers and all(reader is not None for reader in b._readers.values())
 
 
 @settings(max_examples=int(os.environ.get("RUNE_FLIP_EXAMPLES", "60")), deadline=None)
@@ -629,15 +645,16 @@ def test_search_reads_pages_of_the_groups_the_cache_does_not_hold(archive):
     assert set(b._filters.by_file) == {no}
 
 
-@given(st.lists(st.lists(st.tuples(*[st.integers(0, 2**62)] * 5, st.booleans(), st.integers(0, 2**31)),
+@given(st.lists(st.lists(st.tuples(*[st.integers(0, 2**62)] * 5, st.integers(0, 7), st.integers(0, 2**31)),
                          max_size=6), max_size=16))
 def test_packed_page_directory_is_the_directory(cols):
     """A page directory is kept as int64 arrays (its tuples of Python ints
-    stayed resident for every row group read) and given back as it was."""
+    stayed resident for every row group read) and given back as it was
+    (the sixth field: the page's flags, zstd bit and kind)."""
     from rune_fast.pages import _pack_dir, _unpack_dir
     d = [([p[0] for p in pages], pages) for pages in cols]
     got = _unpack_dir(_pack_dir(d))
-    assert got == d and all(type(p[5]) is bool for _f, pages in got for p in pages)
+    assert got == d and all(type(p[5]) is int for _f, pages in got for p in pages)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -142,7 +142,8 @@ def _flip(path: str, column: str, *, back: int, mask: int) -> None:
     """XOR ``mask`` into the byte ``back`` bytes before the end of
     ``column``'s chunk in the first row group of the Parquet file ``path``."""
     cc = pq.read_metadata(path).row_group(0).column(_COLS.index(column))
-    at = cc.data_page_offset + cc.total_compressed_size - back
+    start = cc.dictionary_page_offset if cc.has_dictionary_page else cc.data_page_offset
+    at = start + cc.total_compressed_size - back
     with open(path, "r+b") as f:
         f.seek(at)
         b = f.read(1)

@@ -307,7 +307,7 @@ class HotReads(Host):
             locs = self._cool.id_locs(msg_id)
             kept, misses = self._cool_decoded.get_many(locs)
             rec = None
-            for r, _o in (self._cool_records(locs) if misses else kept):
+            for r, _o in (self._cool_records(locs, msg_id) if misses else kept):
                 if r.msg_id == msg_id:
                     rec = r
                     break
@@ -502,17 +502,19 @@ class HotReads(Host):
             return True         # (a small task is kept at once: it costs the cache little)
         return last is not None and self._task_clock - last <= reach
 
-    def _cool_records(self, locs: list[int]) -> list[tuple[ConversationMessageRecord, int]]:
+    def _cool_records(self, locs: list[int], msg_id: str | None = None) -> list[tuple[ConversationMessageRecord, int]]:
         """(record, ord) of the cool rows at ``locs`` (cool_loc): from the
         cache of rows verified before, the others read (and verified) now
-        and kept."""
+        and kept. ``msg_id``: the id all of them are under (an exact read),
+        not read from the file (the digest checks it)."""
         got, misses = self._cool_decoded.get_many(locs)
         if not misses:
             return got
         miss = [loc for loc, hit in zip(locs, got) if hit is None]
         # straight from the pages holding them (compiled; digests checked);
         # the rows that path declines, through the rows' dicts (which name damage)
-        fast = self._cool.records_at(miss, ConversationMessageRecord)
+        fast = (self._cool.records_at(miss, ConversationMessageRecord) if msg_id is None
+                else self._cool.id_records_at(msg_id, miss, ConversationMessageRecord))
         read = {loc: hit for loc, hit in zip(miss, fast) if hit is not None}
         slow = [loc for loc, hit in zip(miss, fast) if hit is None]
         if slow:

@@ -25,8 +25,8 @@ from ..events import fsync_dir
 from ..pages import PageError, PageReader, page_directories
 from .rows import _Group, _Located, _assemble_at, _row_digest, _table_group
 from .schema import (
-    COOL_SCHEMA, ROW_GROUP_ROWS, _COMPRESSION, _OURS_RE, _PAGE_BATCH_ROWS, _PAGE_BYTES, _file_no, _grams_name,
-    _id_hash, _idx_name, _parquet_name, index_dir_for,
+    COOL_SCHEMA, ROW_GROUP_ROWS, _COMPRESSION, _DICT_COLUMNS, _ENCODING, _OURS_RE, _PAGE_BATCH_ROWS, _PAGE_BYTES,
+    _file_no, _grams_name, _id_hash, _idx_name, _parquet_name, index_dir_for,
 )
 from .sidecar import (
     _FileIndex, _PageFilters, _build_index, _close, _footer_hash, _footer_start, _map_file,
@@ -644,7 +644,8 @@ class _FileSet:
     @staticmethod
     def _parquet_writer(f: Any, schema: pa.Schema) -> pq.ParquetWriter:
         return pq.ParquetWriter(
-            f, schema, compression=_COMPRESSION, write_page_checksum=True, use_dictionary=False,
+            f, schema, compression=_COMPRESSION, write_page_checksum=True,
+            use_dictionary=list(_DICT_COLUMNS) or False, column_encoding=dict(_ENCODING) or None,
             data_page_version="1.0", data_page_size=_PAGE_BYTES, write_batch_size=_PAGE_BATCH_ROWS,
             write_statistics=["channel_id", "ts", "ord"])
 
