@@ -222,16 +222,53 @@ cdef tuple _ro_tuple(object calls):
 
 cdef extern from *:
     """
-    /* o's type set to t, an instance layout the same as o's type's (a
-       subclass that adds no field): a static type is not counted by its
-       instances, a heap type is */
-    static void rf_retype(PyObject *o, PyTypeObject *t) {
+    /* A decoder's fresh JSON value (exact dicts, lists, str, int, float,
+       bool, None; no one else holds its containers) made read-only in
+       place: each dict's and list's type set to rd / rl (their layout is
+       the base's; a static type is not counted by its instances, a heap
+       type is), children first, so a container set is read-only through
+       and through. -1 (no exception set) at anything else or nesting past
+       256 levels: what was set so far stays set, the rest does not. */
+    static int rf_ro_retype(PyObject *v, PyTypeObject *rd, PyTypeObject *rl, int depth) {
+        PyTypeObject *t = Py_TYPE(v), *tx;
+        PyObject *k, *x;
+        Py_ssize_t pos = 0, i, n;
+        if (t != &PyDict_Type && t != &PyList_Type)
+            return -1;
+        if (depth >= 256)
+            return -1;
+        if (t == &PyDict_Type) {
+            while (PyDict_Next(v, &pos, &k, &x)) {
+                tx = Py_TYPE(x);
+                if (tx == &PyDict_Type || tx == &PyList_Type) {
+                    if (rf_ro_retype(x, rd, rl, depth + 1) < 0)
+                        return -1;
+                } else if (!(tx == &PyUnicode_Type || tx == &PyLong_Type || tx == &PyFloat_Type
+                             || tx == &PyBool_Type || x == Py_None))
+                    return -1;
+            }
+            t = rd;
+        } else {
+            n = PyList_GET_SIZE(v);
+            for (i = 0; i < n; i++) {
+                x = PyList_GET_ITEM(v, i);
+                tx = Py_TYPE(x);
+                if (tx == &PyDict_Type || tx == &PyList_Type) {
+                    if (rf_ro_retype(x, rd, rl, depth + 1) < 0)
+                        return -1;
+                } else if (!(tx == &PyUnicode_Type || tx == &PyLong_Type || tx == &PyFloat_Type
+                             || tx == &PyBool_Type || x == Py_None))
+                    return -1;
+            }
+            t = rl;
+        }
         if (t->tp_flags & Py_TPFLAGS_HEAPTYPE)
             Py_INCREF(t);
-        Py_SET_TYPE(o, t);
+        Py_SET_TYPE(v, t);
+        return 0;
     }
     """
-    void rf_retype(object o, type t)
+    int rf_ro_retype(object v, type rd, type rl, int depth)
 
 
 # Whether a fresh dict or list may become read-only in place (the subclasses
@@ -243,52 +280,18 @@ cdef bint _ro_retype_ok = (
     and ReadOnlyDict.__weakrefoffset__ == 0 and ReadOnlyList.__weakrefoffset__ == 0)
 
 
-cdef bint _ro_fresh_ok(object v, int depth):
-    """Whether ``v`` is a JSON value of exact types (a decoder's output)."""
-    cdef object t = type(v)
-    if t is str or t is int or t is float or t is bool or v is None:
-        return True
-    if depth >= _JSON_SAFE_DEPTH:
-        return False
-    if t is dict:
-        for x in (<dict>v).values():
-            if not _ro_fresh_ok(x, depth + 1):
-                return False
-        return True
-    if t is list:
-        for x in <list>v:
-            if not _ro_fresh_ok(x, depth + 1):
-                return False
-        return True
-    return False
-
-
-cdef void _ro_retype(object v):
-    """Make a value _ro_fresh_ok accepted read-only in place."""
-    cdef object t = type(v)
-    if t is dict:
-        for x in (<dict>v).values():
-            _ro_retype(x)
-        rf_retype(v, ReadOnlyDict)
-    elif t is list:
-        for x in <list>v:
-            _ro_retype(x)
-        rf_retype(v, ReadOnlyList)
-
-
 def fresh_read_only_calls(list calls):
     """:func:`read_only_calls` of a decoder's fresh output, which no one else
     holds (``orjson.loads``'s list of call dicts): its dicts and lists made
-    read-only in place, without a copy (~0.3 us a record with tool calls
-    saved on every decode); anything but exact JSON types is copied."""
+    read-only in place, without a copy (a copy and its frees cost a decode
+    ~0.3 us a record with tool calls); a call holding anything else (no
+    decoder's output) is copied."""
     cdef Py_ssize_t i, k = len(calls)
-    cdef tuple out
-    if not _ro_retype_ok or not _ro_fresh_ok(calls, 0):
-        return _ro_tuple(calls)
-    out = PyTuple_New(k)
+    cdef tuple out = PyTuple_New(k)
     for i in range(k):
         c = calls[i]
-        _ro_retype(c)
+        if type(c) is not dict or not _ro_retype_ok or rf_ro_retype(c, ReadOnlyDict, ReadOnlyList, 1) < 0:
+            c = _ro_json(c)
         Py_INCREF(c)
         PyTuple_SET_ITEM(out, i, c)
     return out

@@ -152,3 +152,22 @@ def test_reads_hand_out_the_cached_records_as_they_are(tmp_path, tier):
                         assert x is y and is_read_only_calls(x.tool_calls)
     assert appended == [_with_calls(i) for i in range(32, 40)]
     assert all(is_read_only_calls(r.tool_calls) for r in appended if r.tool_calls)
+
+
+def test_a_fresh_value_is_made_read_only_in_place_and_anything_else_is_copied():
+    fresh = orjson.loads(b'[{"id":"a","name":"n","arguments":{"l":[1,{"d":null}]}}]')
+    inner = fresh[0]["arguments"]["l"]
+    got = fresh_read_only_calls(fresh)
+    assert got[0] is fresh[0] and got[0]["arguments"]["l"] is inner and type(inner) is ReadOnlyList
+    # a value no decoder gives (a tuple), or nesting past 256 levels: copied
+    deep: list = []
+    for _ in range(300):
+        deep = [deep]
+    odd = [{"id": "b", "name": "n", "arguments": {"t": (1, {"a": [2]}), "keep": [3]}},
+           {"id": "c", "name": "n", "arguments": deep}]
+    got = fresh_read_only_calls(odd)
+    assert got == ({"id": "b", "name": "n", "arguments": {"t": [1, {"a": [2]}], "keep": [3]}},
+                   {"id": "c", "name": "n", "arguments": deep})
+    assert is_read_only_calls(got) and got[0] is not odd[0]
+    _check_read_only(got[:1], ({"id": "b", "name": "n", "arguments": {"t": [1, {"a": [2]}], "keep": [3]}},))
+    assert all(type(c) in (ReadOnlyDict, ReadOnlyList) for c in _containers(got[1]))
