@@ -257,7 +257,7 @@ cdef int _put_lit(Buf *b, const char *s, Py_ssize_t n) except -1:
 cdef int _calls_value(Buf *b, object v, bint sort, int depth) except -1:
     """Write the JSON value ``v`` onto b as orjson.dumps does (keys sorted
     at every level if ``sort``, as with OPT_SORT_KEYS): 0; 1 where this
-    does not spell it (a float, a subclass, a key that is not an ASCII str,
+    does not spell it (a float, a subclass but the read-only ones, a key that is not an ASCII str,
     a lone surrogate, an int past int64, nesting past 256 levels): the
     caller discards what it wrote and takes calls_json."""
     cdef object t = type(v)
@@ -294,7 +294,7 @@ cdef int _calls_value(Buf *b, object v, bint sort, int depth) except -1:
         return 0
     if depth >= _CALLS_DEPTH:
         return 1
-    if t is list:
+    if t is list or t is ReadOnlyList:
         n = len(<list>v)
         _put_lit(b, b"[", 1)
         for i in range(n):
@@ -304,7 +304,7 @@ cdef int _calls_value(Buf *b, object v, bint sort, int depth) except -1:
                 return 1
         _put_lit(b, b"]", 1)
         return 0
-    if t is dict:
+    if t is dict or t is ReadOnlyDict:
         if sort and len(<dict>v) > 1:
             ks = list(<dict>v)
             for k in ks:
@@ -333,14 +333,14 @@ cdef int _calls_value(Buf *b, object v, bint sort, int depth) except -1:
 
 cdef int _calls_out(Buf *b, tuple calls, bint sort) except -1:
     """The JSON of a record's tool calls onto b (see _calls_value) when
-    each is a plain dict with str ``id`` and ``name`` and an ``arguments``
+    each is a plain (or read-only) dict with str ``id`` and ``name`` and an ``arguments``
     key (what records._stored_calls_ok asks): 0; else 1."""
     cdef Py_ssize_t i
     cdef object call
     _put_lit(b, b"[", 1)
     for i in range(PyTuple_GET_SIZE(calls)):
         call = <object>PyTuple_GET_ITEM(calls, i)
-        if type(call) is not dict or "arguments" not in <dict>call \
+        if (type(call) is not dict and type(call) is not ReadOnlyDict) or "arguments" not in <dict>call \
                 or type((<dict>call).get("id")) is not str or type((<dict>call).get("name")) is not str:
             return 1
         if i:
@@ -1513,12 +1513,12 @@ cdef bint _json_safe(object v, int depth) except -1:
         return d == 0.0 or (1e-4 <= fabs(d) < 1e16)
     if depth >= _JSON_SAFE_DEPTH:
         return False        # json, which the caller falls back to, judges it
-    if t is list:
+    if t is list or t is ReadOnlyList:
         for x in <list>v:
             if not _json_safe(x, depth + 1):
                 return False
         return True
-    if t is dict:
+    if t is dict or t is ReadOnlyDict:
         for k, x in (<dict>v).items():
             if type(k) is not str or not _json_safe(x, depth + 1):
                 return False
@@ -1528,7 +1528,7 @@ cdef bint _json_safe(object v, int depth) except -1:
 
 def json_safe(v) -> bool:
     """True if orjson spells ``v`` exactly as json.dumps does: plain str,
-    int, bool, None, lists and str-keyed dicts of them (nested at most 256
+    int, bool, None, lists and str-keyed dicts of them (read-only ones too) (nested at most 256
     deep), and floats that both write without an exponent (shortest
     round-trip digits)."""
     return _json_safe(v, 0)
@@ -1536,36 +1536,7 @@ def json_safe(v) -> bool:
 
 # ---------------------------------------------------------------- own_calls
 
-cdef inline bint _json_scalar(object v):
-    cdef object t = type(v)
-    return t is str or t is int or t is float or t is bool or v is None
-
-
-cdef object _json_copy(object v):
-    """A copy of a stored JSON value that shares no dict or list with it. A
-    value that is no plain dict, list, str, int, float, bool or None (a
-    tuple or a Mapping a caller put in a record's tool calls after building
-    it, which the store accepted) goes to ``_own_value``: it returns the
-    plain JSON value stored for it (a list, a dict)."""
-    cdef object t = type(v)
-    cdef object c
-    cdef Py_ssize_t i
-    if _json_scalar(v):
-        return v
-    if t is dict:
-        c = PyDict_Copy(v)
-        for k, x in (<dict>v).items():
-            if not _json_scalar(x):
-                c[k] = _json_copy(x)
-        return c
-    if t is list:
-        c = PyList_GetSlice(v, 0, len(<list>v))
-        for i in range(len(<list>v)):
-            x = (<list>v)[i]
-            if not _json_scalar(x):
-                (<list>c)[i] = _json_copy(x)
-        return c
-    return _own_value(v)
+include "_readonly.pxi"
 
 
 cdef tuple _RECORD_SLOTS = ("msg_id", "ts", "role", "content", "channel_id", "task_id",
@@ -1588,7 +1559,7 @@ def own_calls_setup(type record_type, object fallback, object value):
     """Set what :func:`own_calls` copies: instances of ``record_type``, each
     field as it is but the tool calls; another type's record by
     ``fallback(record)``; a tool-call value that is no plain JSON value by
-    ``value(v)`` (see _json_copy)."""
+    ``value(v)`` (see _ro_json)."""
     global _own_type, _own_fallback, _own_value, _own_slots, _own_calls_at
     cdef tuple slots = getattr(record_type, "__slots__", ())
     cdef Py_ssize_t n = len(_RECORD_SLOTS) + 1, k
@@ -1609,26 +1580,13 @@ def own_calls_setup(type record_type, object fallback, object value):
                 _own_slots, _own_calls_at = n, k
 
 
-cdef object _copy_calls(object calls):
-    """A tuple of copies of the tool calls ``calls`` (see _json_copy)."""
-    cdef Py_ssize_t i, k
-    cdef object out
-    if type(calls) is not tuple:
-        return tuple([_json_copy(c) for c in calls])
-    k = PyTuple_GET_SIZE(calls)
-    out = PyTuple_New(k)
-    for i in range(k):
-        c = _json_copy(<object>PyTuple_GET_ITEM(calls, i))
-        Py_INCREF(c)
-        PyTuple_SET_ITEM(out, i, c)
-    return out
-
-
 def own_calls(list recs):
-    """Give every record of ``recs`` that has tool calls a copy of its own
-    (in place; the list is returned): the same fields, the tool-call dicts
-    and everything in them copied, so a reader that edits them edits its
-    copy only. Records without tool calls stay as they are."""
+    """Give every record of ``recs`` whose tool calls are not read-only yet
+    (:class:`ReadOnlyDict`) a copy with read-only ones (in place; the list
+    is returned): the same fields, the tool-call dicts and everything in
+    them copied read-only, so no reader can change what another reads.
+    Records without tool calls, and records whose tool calls are read-only
+    (every record a cache holds), stay as they are."""
     _own_list(recs)
     return recs
 
@@ -1646,7 +1604,8 @@ cdef int _own_list(list recs) except -1:
     for i in range(len(recs)):
         rec = recs[i]
         if type(rec) is not _own_type:
-            if rec.tool_calls:
+            calls = rec.tool_calls
+            if calls and not _ro_calls(calls):
                 recs[i] = _own_fallback(rec)
             continue
         if _own_slots > 0:
@@ -1656,13 +1615,12 @@ cdef int _own_list(list recs) except -1:
             if c == NULL or (PyTuple_CheckExact(<object>c) and PyTuple_GET_SIZE(<object>c) == 0):
                 continue
             calls = <object>c
-            if not calls:
+            if not calls or _ro_calls(calls):
                 continue
             # the instance is its header and its field pointers: copy them
             # (the new object's are NULL) but the tool calls, which get a
-            # copy (a window's reads pay this for each record with calls:
-            # ~0.5 us through __new__, a list and setattr; ~0.2 us so)
-            copied = _copy_calls(calls)
+            # read-only copy
+            copied = _ro_tuple(calls)
             n = rf_blank(_own_type)
             dst = <PyObject **>(<char *><void *>n + _HEAD)
             for k in range(_own_slots):
@@ -1676,12 +1634,12 @@ cdef int _own_list(list recs) except -1:
             continue
         else:
             calls = rec.tool_calls
-            if not calls:
+            if not calls or _ro_calls(calls):
                 continue
             n = _own_type.__new__(_own_type)
             for name in _RECORD_SLOTS:
                 PyObject_GenericSetAttr(n, name, getattr(rec, name))
-        PyObject_GenericSetAttr(n, "tool_calls", tuple([_json_copy(x) for x in calls]))
+        PyObject_GenericSetAttr(n, "tool_calls", _ro_tuple(calls))
         recs[i] = n
     return 0
 
@@ -1806,7 +1764,8 @@ cdef object _NOT_PLAIN = object()
 
 cdef object _plain_json(object v, int depth):
     """A detached copy of a plain JSON value (dicts with str keys, lists, and
-    tuples as lists, of str, int, finite float, bool, None), what
+    tuples as lists, read-only ones as plain ones, of str, int, finite
+    float, bool, None), what
     records._json_value returns for it; None for anything else (a subclass,
     a Mapping, a non-finite float, a lone surrogate, nesting past 256
     levels) ``_NOT_PLAIN``: the Python path normalises or refuses it by
@@ -1822,7 +1781,7 @@ cdef object _plain_json(object v, int depth):
         return v if isfinite(<double>v) else _NOT_PLAIN
     if depth >= _JSON_SAFE_DEPTH:
         return _NOT_PLAIN
-    if t is dict:
+    if t is dict or t is ReadOnlyDict:
         c = {}
         for k, x in (<dict>v).items():
             if not _plain_str(k):
@@ -1832,7 +1791,7 @@ cdef object _plain_json(object v, int depth):
                 return _NOT_PLAIN
             c[k] = x
         return c
-    if t is list or t is tuple:
+    if t is list or t is tuple or t is ReadOnlyList:
         n = len(v)
         c = [None] * n
         for i in range(n):
@@ -1846,14 +1805,14 @@ cdef object _plain_json(object v, int depth):
 
 cdef object _plain_calls_copy(object calls):
     """The tool calls as the constructor stores them (a tuple of detached
-    dict copies) when each is a plain dict with str ``id`` and ``name`` and
+    dict copies) when each is a plain (or read-only) dict with str ``id`` and ``name`` and
     an ``arguments`` key, of plain JSON values; None otherwise."""
     cdef Py_ssize_t i, n = len(calls)
     cdef list out = [None] * n
     cdef object call, c
     for i in range(n):
         call = calls[i]
-        if type(call) is not dict or "arguments" not in <dict>call:
+        if (type(call) is not dict and type(call) is not ReadOnlyDict) or "arguments" not in <dict>call:
             return None
         c = (<dict>call).get("id")
         if type(c) is not str:

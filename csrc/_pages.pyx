@@ -916,14 +916,19 @@ cdef inline void _put(PyObject **at, const Py_ssize_t *lay, Py_ssize_t k, object
 
 import orjson
 
+from rune_fast._encode import fresh_read_only_calls
+
 cdef object _loads = orjson.loads
 cdef object _dumps = orjson.dumps
+#: the calls as a record read from the store holds them (read-only: the
+#: caches hand the record out as it is)
+cdef object _read_only = fresh_read_only_calls
 cdef object _SORTED = orjson.OPT_SORT_KEYS
 
 
 cdef object _calls_of(const unsigned char *s, Py_ssize_t n):
-    """``(calls tuple, canonical JSON)`` of a stored non-empty tool-call
-    list in the common shape -- a JSON list of objects, each with an
+    """``(calls tuple, canonical JSON)`` (the calls read-only) of a stored
+    non-empty tool-call list in the common shape -- a JSON list of objects, each with an
     ASCII str ``id``, a str ``name`` and an ``arguments`` -- as the
     caller's ``calls_read`` (rune_fast.cool.reads._calls_read) makes it,
     without its Python frames; None for anything else, which
@@ -946,9 +951,10 @@ cdef object _calls_of(const unsigned char *s, Py_ssize_t n):
         if type((<dict>c).get("name")) is not str or "arguments" not in <dict>c:
             return None
     try:
-        return tuple(<list>calls), _dumps(calls, option=_SORTED)
+        canonical = _dumps(calls, option=_SORTED)
     except (TypeError, ValueError):
         return None
+    return _read_only(calls), canonical
 
 
 cdef object _same_or_new(object prev, const unsigned char *pb, Py_ssize_t plen,

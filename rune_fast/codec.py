@@ -159,7 +159,7 @@ hash_canonical: Callable[[list], list] = _encode.hash_canonical
 def _copy_record(record: ConversationMessageRecord) -> ConversationMessageRecord:
     """own_calls' copy of a subclass's instance (the store caches an appended
     record as given): every slot of every class and the instance dict, if
-    any, as they are; the tool calls as their stored JSON values."""
+    any, as they are; the tool calls as their stored JSON values, read-only."""
     cls = type(record)
     new = object.__new__(cls)
     for klass in cls.__mro__:
@@ -169,7 +169,8 @@ def _copy_record(record: ConversationMessageRecord) -> ConversationMessageRecord
                 object.__setattr__(new, name, getattr(record, name))
     if hasattr(record, "__dict__"):
         new.__dict__.update(record.__dict__)
-    object.__setattr__(new, "tool_calls", tuple(_stored_value(c) for c in record.tool_calls))
+    calls = _encode.read_only_calls([_stored_value(c) for c in record.tool_calls])
+    object.__setattr__(new, "tool_calls", calls)
     return new
 
 
@@ -186,7 +187,7 @@ def _calls_from_json(raw: bytes) -> tuple | None:
     except orjson.JSONDecodeError:
         return None
     if type(calls) is list and calls and _stored_calls_ok(calls):
-        return tuple(calls)
+        return _encode.fresh_read_only_calls(calls)     # (read-only: the caches hand it out as it is)
     return None
 
 
@@ -217,12 +218,14 @@ def _calls_json(record: ConversationMessageRecord) -> tuple[bytes, bytes]:
 _encode.max_record_bytes = MAX_RECORD_BYTES
 _encode.own_calls_setup(ConversationMessageRecord, _copy_record, _stored_value)
 
-#: ``own_calls(records) -> records``: give every record that has tool calls
-#: a copy of its own, in place (the list is returned). The reads hand out
-#: records from their caches, and the dicts inside ``tool_calls`` are the
-#: one mutable part of a record, so each read's caller gets dicts no one
-#: else holds (about 0.3 us a record that has tool calls; the others are
-#: handed out as cached). Compiled: csrc/_encode.pyx.
+#: ``own_calls(records) -> records``: give every record whose tool calls
+#: are not read-only a copy with read-only ones, in place (the list is
+#: returned). The reads hand out records from their caches, and the dicts
+#: inside ``tool_calls`` would be the one mutable part of a record: the
+#: decoders and the append's cache make them read-only once
+#: (:func:`_encode.read_only_calls`), so a read hands a cached record out as
+#: it is (a check of each call's type); a copy (~0.3 us a record) is left
+#: for a record that entered a cache another way. Compiled: csrc/_encode.pyx.
 own_calls: Callable[[list], list] = _encode.own_calls
 
 

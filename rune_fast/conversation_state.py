@@ -57,7 +57,7 @@ from ._conv.writes import WritePath
 from ._encode import OWN_CALLS_C
 from ._index import repo_window, repo_window_setup
 
-repo_window_setup(own_calls, OWN_CALLS_C)     # (each window's records get copies of their tool calls)
+repo_window_setup(own_calls, OWN_CALLS_C)     # (each window's records with read-only tool calls)
 
 __all__ = [
     "ConversationStateRepository",

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import orjson
 
-from ._encode import MISSING, json_safe, message_init, message_init_setup
+from ._encode import MISSING, ReadOnlyDict, ReadOnlyList, json_safe, message_init, message_init_setup, read_only_calls
 
 __all__ = [
     "new_id",
@@ -271,11 +271,13 @@ def _plain_calls(calls: Iterable[Any]) -> bool:
 
 
 def _copy_json(value: Any) -> Any:
-    """A detached copy of an already validated JSON value (for to_dict)."""
+    """A detached copy of an already validated JSON value (for to_dict):
+    plain dicts and lists, read-only ones (a record read from the store)
+    copied as plain ones."""
     tp = type(value)
-    if tp is dict:
+    if tp is dict or tp is ReadOnlyDict:
         return {k: _copy_json(v) for k, v in value.items()}
-    if tp is list:
+    if tp is list or tp is ReadOnlyList:
         return [_copy_json(v) for v in value]
     return value
 
@@ -300,9 +302,9 @@ def json_safe_py(v: Any) -> bool:
         return True
     if t is float:
         return v == 0.0 or 1e-4 <= abs(v) < 1e16
-    if t is list:
+    if t is list or t is ReadOnlyList:
         return all(json_safe_py(x) for x in v)
-    if t is dict:
+    if t is dict or t is ReadOnlyDict:
         return all(type(k) is str and json_safe_py(x) for k, x in v.items())
     return False
 
@@ -621,7 +623,7 @@ class ConversationMessageRecord(OrchestrationRecord):
 
 def _stored_calls_ok(calls: Iterable[Any]) -> bool:
     for c in calls:
-        if type(c) is not dict or type(c.get("id")) is not str or type(c.get("name")) is not str \
+        if (type(c) is not dict and type(c) is not ReadOnlyDict) or type(c.get("id")) is not str or type(c.get("name")) is not str \
                 or "arguments" not in c or not c["id"].isascii() and not _utf8_ok(c["id"]):
             return False
     return True
@@ -658,7 +660,8 @@ def message_from_stored(d: dict, *, fresh_json: bool) -> ConversationMessageReco
                 _set_channel(rec, ch)
                 _set_task(rec, task)
                 _set_tok(rec, tok)
-                _set_calls(rec, tuple(calls) if calls else ())
+                # (read-only: the caches hand the record out as it is)
+                _set_calls(rec, read_only_calls(calls) if calls else ())
                 _set_tcid(rec, tcid)
                 _set_origin(rec, origin)
                 _set_hlc(rec, hlc)

@@ -328,9 +328,10 @@ class HotReadsModel(RuleBasedStateMachine):
     def window(self, channel, n):
         got = self.repo.window(channel, n)
         assert got == (self._channel(channel)[-n:] if n > 0 else [])
-        for r in got:                     # a reader's edit stays in its copy
+        for r in got:                     # a reader cannot edit what others read
             for c in r.tool_calls:
-                c["name"] = "edited"
+                with pytest.raises(TypeError, match="read-only"):
+                    c["name"] = "edited"
 
     @rule(data=st.data())
     @precondition(lambda self: self.stored or self.deleted)
@@ -342,7 +343,8 @@ class HotReadsModel(RuleBasedStateMachine):
                 assert r.status is ReadStatus.FOUND_VERIFIED and r.record == self.stored[mid]
                 assert r.tier in ("tail", "hot", "cool")
                 for c in r.record.tool_calls:
-                    c["arguments"] = "edited"
+                    with pytest.raises(TypeError, match="read-only"):
+                        c["arguments"] = "edited"
             else:
                 assert r.status is ReadStatus.NOT_FOUND_CONFIRMED and r.record is None
 
@@ -434,8 +436,9 @@ def test_a_byte_flipped_on_disk_under_a_cached_window_is_reported(tmp_path, wher
 
 def test_own_calls_copies_leak_no_reference():
     """own_calls' copy (a blank instance, the field pointers, a tuple of
-    copied calls) takes one reference to each field of the record and gives
-    it back when the copy goes."""
+    read-only copies of the calls) takes one reference to each field of the
+    record and gives it back when the copy goes; a record whose calls are
+    read-only already is handed back as it is."""
     import sys
 
     from rune_fast import codec
@@ -450,8 +453,12 @@ def test_own_calls_copies_leak_no_reference():
         assert type(got.tool_calls) is tuple and got.tool_calls is not m.tool_calls
         assert all(a == b and a is not b for a, b in zip(got.tool_calls, m.tool_calls))
         assert got.tool_calls[1]["arguments"] is not m.tool_calls[1]["arguments"]
-        got.tool_calls[0]["name"] = "edited"
-        assert m.tool_calls[0]["name"] == "n"
+        with pytest.raises(TypeError, match="read-only"):
+            got.tool_calls[0]["name"] = "edited"
+        m.tool_calls[0]["name"] = "edited"        # the caller's own record stays its to edit
+        assert got.tool_calls[0]["name"] == "n"
+        m.tool_calls[0]["name"] = "n"
+        assert codec.own_calls([got])[0] is got
         del got
     assert (sys.getrefcount(content), sys.getrefcount(m.tool_calls), sys.getrefcount(m)) == before
 

@@ -1008,20 +1008,23 @@ def test_deeply_nested_arguments_in_every_tier(tmp_path, depth):
 
 
 def test_a_readers_edit_of_a_cached_record_never_reaches_disk_verify_or_export(tmp_path):
-    """Records come from a read cache and their tool-call dicts are plain
-    dicts: a reader that edits one in place must not change what cooling
-    writes, what verify() compares with the envelopes or what export_ops()
-    sends. Cooling used to copy the edited record into the archive (with a
-    digest of the edit), and verify() then reported a damaged envelope."""
+    """Records come from a read cache: a reader that tries to edit one's
+    tool calls in place (they are read-only: TypeError) must not change what
+    cooling writes, what verify() compares with the envelopes or what
+    export_ops() sends. Cooling used to copy the edited record into the
+    archive (with a digest of the edit), and verify() then reported a
+    damaged envelope."""
     calls = [{"id": "i", "name": "n", "arguments": {"a": 1, "big": 2**70}}]
     m = ConversationMessageRecord(msg_id="m", content="x", channel_id="c", ts=1.0, tool_calls=calls)
     with ConversationStateRepository(tmp_path, compact_every=10**6, hot_window=0) as repo:
         repo.append(m)
-        repo.get_message("m").record.tool_calls[0]["arguments"]["a"] = 2
+        with pytest.raises(TypeError, match="read-only"):
+            repo.get_message("m").record.tool_calls[0]["arguments"]["a"] = 2
         assert repo.verify().ok
         assert [op.payload["tool_calls"] for op in repo.export_ops()] == [calls]
         repo.compact()
-        repo.get_message("m").record.tool_calls[0]["arguments"]["a"] = 3
+        with pytest.raises(TypeError, match="read-only"):
+            repo.get_message("m").record.tool_calls[0]["arguments"]["a"] = 3
         assert [op.payload["tool_calls"] for op in repo.export_ops()] == [calls]
     with ConversationStateRepository(tmp_path) as repo:
         assert repo.get_message("m").record == ConversationMessageRecord.from_dict({**m.to_dict(), "tool_calls": calls})
@@ -1038,9 +1041,10 @@ def _call_msg(mid: str, ts: float, args: dict) -> ConversationMessageRecord:
 @pytest.mark.parametrize("tier", ["tail", "hot", "cool"])
 def test_each_read_hands_out_tool_calls_of_its_own(tmp_path, tier):
     """The reads serve records from caches, and the dicts inside tool_calls
-    are the mutable part of a record: a caller that edits what window(),
-    get_message(), messages_for_task() or search() returned (or the record
-    it appended) must change nothing that a later read returns, in either
+    would be the mutable part of a record: a caller that tries to edit what
+    window(), get_message(), messages_for_task() or search() returned gets
+    TypeError at every level (they are read-only), and an edit of the
+    record it appended changes nothing that a later read returns, in either
     tier. They used to hand out the cached record itself, so an edit showed
     in every later read and in resume_messages(), which then disagreed with
     the fold of export_ops()."""
@@ -1061,11 +1065,17 @@ def test_each_read_hands_out_tool_calls_of_its_own(tmp_path, tier):
         assert resumed == repair(fold(repo.export_ops(), "c"))
 
         def edit(rec):
+            assert rec.tool_calls
             for call in rec.tool_calls:
-                call["name"] = "edited"
-                call["arguments"]["q"] = "edited"
+                attempts = [lambda: call.__setitem__("name", "edited"), lambda: call.pop("id"),
+                            lambda: call["arguments"].__setitem__("q", "edited"),
+                            lambda: call["arguments"].update(q="edited")]
                 for item in call["arguments"].get("deep", []):
-                    item["k"] = "edited"
+                    attempts += [lambda: call["arguments"]["deep"].append({}),
+                                 lambda: item.__setitem__("k", "edited")]
+                for attempt in attempts:
+                    with pytest.raises(TypeError, match="read-only"):
+                        attempt()
         reads = [lambda: repo.window("c", 3)[:2], lambda: [repo.get_message(m.msg_id).record for m in orig],
                  lambda: repo.messages_for_task("t")[:2], lambda: [h.record for h in repo.search("calls")],
                  lambda: [h.record for h in repo.search("calls", limit=2)]]
@@ -1100,8 +1110,9 @@ def test_a_tool_call_value_edited_into_a_tuple_or_mapping_is_cached_as_stored(tm
         inner["k"] = "edited by the caller after append"
         got = repo.window("c", 1)[0]
         assert got.tool_calls[0]["arguments"] == stored
-        (got.tool_calls[0]["arguments"]["t"][0] if kind == "tuple"
-         else got.tool_calls[0]["arguments"]["t"]["k"])["k"] = "edited by a reader"
+        with pytest.raises(TypeError, match="read-only"):
+            (got.tool_calls[0]["arguments"]["t"][0] if kind == "tuple"
+             else got.tool_calls[0]["arguments"]["t"]["k"])["k"] = "edited by a reader"
         assert repo.get_message("a").record.tool_calls[0]["arguments"] == stored
     with ConversationStateRepository(tmp_path, durability="none") as repo:
         assert repo.get_message("a").record.tool_calls[0]["arguments"] == stored

@@ -242,9 +242,9 @@ def _cooled_store(d, n=300):
 
 
 def test_hits_are_the_callers_own(tmp_path):
-    """A caller may edit the tool-call dicts of the hits it got: no later
-    read (a search asked again, with hits the decode cache now holds, or
-    an exact read) sees the edit. Archived hits without tool calls are
+    """A caller that tries to edit the tool-call dicts of the hits it got
+    gets TypeError (read-only): no later read (a search asked again, with
+    hits the decode cache now holds, or an exact read) sees an edit. Archived hits without tool calls are
     left out of the cyclic collector's walks, with their records."""
     first = _cooled_store(tmp_path)
     with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=10) as repo:
@@ -256,7 +256,8 @@ def test_hits_are_the_callers_own(tmp_path):
             assert gc.is_tracked(h) == gc.is_tracked(h.record) == bool(h.record.tool_calls)
         for h in hits:
             for c in h.record.tool_calls:
-                c["arguments"]["q"] = "edited"
+                with pytest.raises(TypeError, match="read-only"):
+                    c["arguments"]["q"] = "edited"
         again = repo.search("needle")
         assert [h.record for h in again] == [h.record for h in first]
         assert all(c["arguments"]["q"] != "edited" for h in again for c in h.record.tool_calls)

@@ -119,8 +119,8 @@ def test_a_task_read_once_is_not_kept_and_one_read_again_is(tmp_path, monkeypatc
     """A task of more than a few rows is read from its pages and not kept
     at its first read; asked again within the cache's reach its rows are
     kept, and from then on served from the cache. Every read returns the
-    same records, and a caller that edits what it read changes no later
-    read (tool calls copied out of the cache)."""
+    same records, and a caller cannot edit what it read (tool calls
+    read-only, whether kept or not)."""
     monkeypatch.setattr(tuning, "TASK_ASKS_KEPT", 3)
     with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=2, cache_bytes=8 << 20) as repo:
         want = [msg(i, "big" if i % 4 else "small", calls=i % 5 == 0) for i in range(400)]
@@ -133,14 +133,17 @@ def test_a_task_read_once_is_not_kept_and_one_read_again_is(tmp_path, monkeypatc
         assert 2 * len(big) <= reach < len(big) * tuning.TASK_FEW_ROWS
         got = repo.messages_for_task("big")
         assert got == big and len(repo._cool_decoded) == 0          # (read, not kept)
+        assert sum(1 for m in got if m.tool_calls) > 20
         for m in got:
             for c in m.tool_calls:
-                c["arguments"]["n"].append("edited")
+                with pytest.raises(TypeError, match="read-only"):
+                    c["arguments"]["n"].append("edited")
         kept = repo.messages_for_task("big")
         assert kept == big and len(repo._cool_decoded) == cool        # (read again soon: kept)
         for m in kept:
             for c in m.tool_calls:
-                c["name"] = "edited"
+                with pytest.raises(TypeError, match="read-only"):
+                    c["name"] = "edited"
         calls = []
         real = repo._cool.task_records
         monkeypatch.setattr(repo._cool, "task_records", lambda *a: calls.append(1) or real(*a))

@@ -145,9 +145,9 @@ def _unkey(k: bytes) -> str:
 
 _first = operator.itemgetter(0)
 
-#: Reads hand out records from their caches: one that has tool calls is
-#: handed out with dicts of its own (see codec.own_calls), so a caller that
-#: edits them changes nothing another read returns.
+#: Reads hand out records from their caches: one that has tool calls holds
+#: them read-only (see codec.own_calls), so no caller can change what
+#: another read returns.
 own_calls = codec.own_calls
 
 

@@ -9,6 +9,7 @@ from typing import Any, Iterator, Sequence, cast
 import numpy as np
 import orjson
 
+from .._encode import fresh_read_only_calls
 from .._order import order_key
 from .._pages import records_from_columns
 from ..errors import CorruptStateCheckpointError
@@ -34,7 +35,7 @@ _NOT_ID = list(range(1, len(_COLS)))
 
 def _calls_read(raw: bytes) -> tuple[tuple, bytes] | None:
     """A stored non-empty tool-call list as records_from_columns takes it:
-    (the calls, as message_from_stored keeps them from a fresh decode; their
+    (the calls, read-only, as message_from_stored keeps them from a fresh decode; their
     canonical JSON for the digest), or None: the row takes the Python path.
     A spelling orjson does not give back (a long integer, a float json
     spells otherwise) fails the digest and takes that path too."""
@@ -44,7 +45,8 @@ def _calls_read(raw: bytes) -> tuple[tuple, bytes] | None:
         return None
     if type(calls) is list and calls and _stored_calls_ok(calls):
         try:
-            return tuple(calls), orjson.dumps(calls, option=orjson.OPT_SORT_KEYS)
+            canonical = orjson.dumps(calls, option=orjson.OPT_SORT_KEYS)
+            return fresh_read_only_calls(calls), canonical
         except (orjson.JSONEncodeError, TypeError):
             return None
     return None
