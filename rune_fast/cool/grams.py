@@ -147,54 +147,25 @@ class GramSink:
             if full < len(arr):
                 self._carry = arr.slice(full)
 
-    def finish(self) -> bytes:
-        if self._carry is not None:
-            self._parts.append(_grams_of(self._carry))
-            self._carry = None
-        out = b"".join(self._parts)
-        self._parts = []
-        return out
-
-
-    def encode(self, size: int, footer: str, rows: int) -> bytearray:
-        """``encode(size, footer, rows, self.finish())`` built in one buffer:
-        the blocks' filters (32 bytes a row: 8 MB for a merged file of
-        262,144 rows) are copied in and let go one by one, where the
-        join, the header's concatenation and the seal each made a copy of
-        them (a large merge's peak of resident memory was that end)."""
+    def _taken(self) -> list[bytes]:
+        """The blocks' filters made so far (the carried rows' too), handed over."""
         if self._carry is not None:
             self._parts.append(_grams_of(self._carry))
             self._carry = None
         parts, self._parts = self._parts, []
-        n = sum(len(p) for p in parts)
-        if n != blocks_for(rows) * BLOCK_BYTES:
-            raise ValueError(f"{n} bytes of filters for {rows} rows")
-        out = bytearray(HEAD.size + n + _SEAL.size)
-        HEAD.pack_into(out, 0, MAGIC, VERSION, BLOCK_ROWS, GRAM_BITS, size, footer.encode("ascii"), rows)
-        at = HEAD.size
-        parts.reverse()
-        while parts:
-            p = parts.pop()
-            out[at:at + len(p)] = p
-            at += len(p)
-        del p
-        view = memoryview(out)
-        _SEAL.pack_into(out, at, xxhash.xxh3_64_intdigest(view[:at]))
-        view.release()
-        return out
+        return parts
 
+    def finish(self) -> bytes:
+        return b"".join(self._taken())
 
     def pieces(self, size: int, footer: str, rows: int) -> list[bytes]:
-        """The bytes of :meth:`encode` as pieces to write one after the
-        other (``segments.write_kept`` takes them): the header, the blocks'
-        filters as they were made, the seal. No buffer of the whole is made:
-        encode()'s (32 bytes a row, 8 MB for a file of 262,144 rows), made at
-        the end of the last file of a compact() after a bulk load, was the
-        top of its resident memory (the blocks it let go stay on the heap)."""
-        if self._carry is not None:
-            self._parts.append(_grams_of(self._carry))
-            self._carry = None
-        parts, self._parts = self._parts, []
+        """The bytes of :func:`encode` over :meth:`finish` as pieces to
+        write one after the other (``segments.write_kept`` takes them): the
+        header, the blocks' filters as they were made, the seal. No buffer
+        of the whole is made: one (32 bytes a row, 8 MB for a file of
+        262,144 rows), made at the end of the last file of a compact() after
+        a bulk load, was the top of its resident memory."""
+        parts = self._taken()
         n = sum(len(p) for p in parts)
         if n != blocks_for(rows) * BLOCK_BYTES:
             raise ValueError(f"{n} bytes of filters for {rows} rows")
