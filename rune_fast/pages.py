@@ -436,8 +436,9 @@ class PageReader:
         firsts, pages = self._col_dir(rg, c)
         if self._kinds[c] is not None:
             raise Unsupported(f"column {c} is not a string column")
-        if any(p[5] >> 1 for p in pages):
-            raise Unsupported(f"column {c} is not PLAIN-encoded")
+        # (a page that is not PLAIN raises Unsupported where it is read,
+        # _unpack: looking at every page first made each page of a chunk a
+        # tuple, ~35 ms of a rare search's 130 at 1,000,000 messages)
         out: list[list[tuple[int, bytes]]] = [[] for _ in probes]
         if not pages:
             return out

@@ -152,6 +152,8 @@ def test_other_layouts_are_left_to_pyarrow(tmp_path):
     reader = PageReader(p, pq.ParquetFile(p).metadata)
     with pytest.raises(Unsupported):
         reader.rows(0, [0])
+    with pytest.raises(Unsupported):            # a search's scan: the page it reads is not PLAIN
+        reader.find(0, 1, [(rows[0]["content"][:5].encode(), False)])
     reader.close()
     pq.write_table(table.cast(schema), p, use_dictionary=False)  # no CRCs
     reader = PageReader(p, pq.ParquetFile(p).metadata)
