@@ -162,5 +162,5 @@ def test_filters_written_as_pieces_are_the_encoded_bytes(tmp_path):
     assert segments.write_kept(path, pieces, tmp=path + ".tmp", sync=True)
     with open(path, "rb") as f:
         data = f.read()
-    assert data == bytes(b.encode(777, "0123456789abcdef", len(col)))
+    assert data == grams.encode(777, "0123456789abcdef", len(col), b.finish())
     assert len(grams.check(data, 777, "0123456789abcdef", len(col))) == grams.blocks_for(len(col)) * grams.BLOCK_BYTES
