@@ -370,6 +370,14 @@ cdef extern from "<unistd.h>" nogil:
     int dup(int fd)
 
 
+cdef inline void _join_once(pthread_t *th, bint *running) noexcept:
+    # join a background job's thread once; later calls do nothing
+    if running[0]:
+        with nogil:
+            pthread_join(th[0], NULL)
+        running[0] = False
+
+
 cdef struct _SyncJob:
     int fd
     int err
@@ -414,10 +422,7 @@ cdef class BackgroundSync:
         self._running = True
 
     cdef void _join(self) noexcept:
-        if self._running:
-            with nogil:
-                pthread_join(self._th, NULL)
-            self._running = False
+        _join_once(&self._th, &self._running)
         if self._job.fd >= 0:
             c_close(self._job.fd)
             self._job.fd = -1
@@ -611,10 +616,7 @@ cdef class BackgroundWrite:
         self._running = True
 
     cdef void _join(self) noexcept:
-        if self._running:
-            with nogil:
-                pthread_join(self._th, NULL)
-            self._running = False
+        _join_once(&self._th, &self._running)
         if self._held:
             PyBuffer_Release(&self._view)
             self._held = False
