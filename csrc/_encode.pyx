@@ -1168,6 +1168,42 @@ cdef Py_ssize_t _int_end(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, int
     return j
 
 
+# 10**k, k <= 22: each exact in a double
+cdef double _POW10[23]
+_POW10[:] = [1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+             1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22]
+
+
+cdef bint _float_fast(const unsigned char *p, Py_ssize_t i, Py_ssize_t j, Py_ssize_t dot,
+                      double *out) noexcept:
+    """The value of the float text p[i:j) (``-?digits.digits``, its dot at
+    ``dot``) without strtod, where exact double arithmetic gives it; False:
+    the caller asks strtod. The text is M / 10**k with M < 2**53 and
+    k <= 22, both exact doubles, so their quotient, correctly rounded, is
+    what strtod reads (Clinger's fast path; a time of the epoch with
+    microseconds is one)."""
+    cdef Py_ssize_t q, k = j - dot - 1
+    cdef uint64_t m = 0
+    cdef int sig = 0
+    cdef bint neg = p[i] == c'-'
+    if k > 22:
+        return False
+    for q in range(i + 1 if neg else i, j):
+        if q == dot:
+            continue
+        if sig or p[q] != c'0':
+            sig += 1
+            if sig > 16:
+                return False
+        m = m * 10 + (p[q] - c'0')
+    if m >= (<uint64_t>1 << 53):
+        return False
+    out[0] = <double>m / _POW10[k]
+    if neg:
+        out[0] = -out[0]
+    return True
+
+
 cdef Py_ssize_t _float_end(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, double *out,
                            bint exact) except -2:
     """A float spelled as repr() spells it inside the range where orjson and
@@ -1179,6 +1215,8 @@ cdef Py_ssize_t _float_end(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, d
     cdef double x
     cdef bint same
     cdef Py_ssize_t dot = -1
+    cdef char fast[48]
+    cdef int k
     # -?digits.digits: what repr writes for a float in that range
     if j < n and p[j] == c'-':
         j += 1
@@ -1190,10 +1228,20 @@ cdef Py_ssize_t _float_end(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, d
         return -1
     memcpy(tmp, p + i, <size_t>(j - i))
     tmp[j - i] = 0
-    x = PyOS_string_to_double(tmp, &end, None)
-    if end != tmp + (j - i) or not (x == 0.0 or 1e-4 <= abs(x) < 1e16):
+    if not _float_fast(p, i, j, dot, &x):
+        x = PyOS_string_to_double(tmp, &end, None)
+        if end != tmp + (j - i):
+            return -1
+    if not (x == 0.0 or 1e-4 <= abs(x) < 1e16):
         return -1
     if not exact:
+        out[0] = x
+        return j
+    # (repr(x) from rf_float_repr where it decides it, else from dtoa)
+    k = rf_float_repr(x, fast)
+    if k >= 0:
+        if k != j - i or memcmp(fast, tmp, <size_t>k) != 0:
+            return -1
         out[0] = x
         return j
     rep = PyOS_double_to_string(x, b'r', 0, Py_DTSF_ADD_DOT_0, NULL)

@@ -405,6 +405,55 @@ def test_lines_spelled_otherwise_take_the_dict_path():
     assert got.to_pylist() == want.to_pylist()
 
 
+def _ts_texts():
+    """Time texts: repr's own (epoch times of 0-9 places, their neighbours
+    an ulp away, random doubles in the fixed range, small and negative
+    ones), and spellings repr does not write (a trailing zero, a leading
+    zero, a digit more or less, an exponent, past 2**53 and 22 places)."""
+    import random
+    import struct
+    rng = random.Random(32)
+    xs = [round(rng.uniform(1.0e9, 4.0e9), rng.randint(0, 9)) for _ in range(3000)]
+    xs += [struct.unpack("<d", struct.pack("<Q", struct.unpack("<Q", struct.pack("<d", x))[0] + 1))[0]
+           for x in xs[:1000]]
+    xs += [x for x in (struct.unpack("<d", struct.pack("<Q", rng.getrandbits(64)))[0] for _ in range(3000))
+           if x == x and 1e-4 <= abs(x) < 1e16]
+    xs += [0.0, -0.0, 1e-4, 0.0001234, -2.5, 9007199254740992.0, 9007199254740993.0, 0.1, 0.3]
+    texts = [repr(x) for x in xs]
+    texts += [t + "0" for t in texts[:500]] + ["0" + t for t in texts[:200]]
+    texts += [t[:-1] for t in texts[:500] if len(t.split(".")[1]) > 1]
+    texts += [t + "1" for t in texts[:500]]
+    texts += ["1764000004.3220570", "00.5", "1.5e3", "0.0000000000000000000001", "12345678901234567.0",
+              "1764000004.32205700000000000001", "-0.0000", "5."]
+    return texts
+
+
+def test_cool_columns_takes_a_time_exactly_where_repr_writes_it():
+    # (the reader's value and exactness check -- Clinger's exact quotient,
+    # then rf_float_repr, then dtoa -- against float() and repr())
+    base = ConversationMessageRecord(content="t", channel_id="c").to_dict()
+    texts = _ts_texts()
+    bodies = [codec.dumps({**base, "ts": 1.5}).replace(b'"ts":1.5', b'"ts":' + t.encode()) for t in texts]
+    lines = [frame(codec.rest_from_body(b, 1))[:-1] for b in bodies]
+    taken, cols = _columns(lines)
+
+    def exact(t):
+        try:
+            x = float(t)
+        except ValueError:
+            return False
+        return repr(x) == t and (x == 0.0 or 1e-4 <= abs(x) < 1e16)
+    assert [texts[i] for i in taken] == [t for t in texts if exact(t)]
+    assert len(taken) > 4500
+    got = np.frombuffer(cols["ts"], dtype=np.float64)
+    assert [struct_bits(x) for x in got] == [struct_bits(float(texts[i])) for i in taken]
+
+
+def struct_bits(x):
+    import struct
+    return struct.pack("<d", x)
+
+
 def test_invalid_utf8_goes_the_dict_path_which_names_it():
     m = ConversationMessageRecord(content="abc", channel_id="c")
     body = codec.dumps(m.to_dict()).replace(b"abc", b"a\xffc")

@@ -562,7 +562,8 @@ class _FileSet:
 
     def _write_tmp(self, name: str, data: bytes | bytearray | None = None, table: pa.Table | None = None,
                    *, durable: bool, folder: str | None = None, order: pa.Array | None = None,
-                   parts: Iterable[pa.Table] | None = None, overlap: bool = False) -> str:
+                   parts: Iterable[pa.Table] | None = None, overlap: bool = False,
+                   feed: Callable[[pa.Table], None] | None = None) -> str:
         """Write ``name``'s temp file (0600) in ``folder`` (default: the
         archive folder), fsynced when ``durable``; returns its path. A
         ``table`` is written one row group at a time, row i of the file
@@ -571,8 +572,8 @@ class _FileSet:
         holds the source table and one row group. ``parts`` instead: the
         file's rows as tables, one after the other, each written as it
         comes. Either way the file's layout is what one ``write_table``
-        with ``row_group_size`` makes of all its rows. ``overlap``: see
-        :meth:`_write_parts`."""
+        with ``row_group_size`` makes of all its rows. ``overlap``, ``feed``:
+        see :meth:`_write_parts`."""
         tmp = os.path.join(folder or self._dir, tmp_name(name))
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
@@ -580,10 +581,10 @@ class _FileSet:
                 if data is not None:
                     f.write(data)
                 elif parts is not None:
-                    self._write_parts(f, parts, overlap=overlap)
+                    self._write_parts(f, parts, overlap=overlap, feed=feed)
                 else:
                     assert table is not None
-                    self._write_parts(f, self._row_groups(table, order), table.schema, overlap)
+                    self._write_parts(f, self._row_groups(table, order), table.schema, overlap, feed)
                 f.flush()
                 if durable:
                     os.fsync(f.fileno())
@@ -605,13 +606,15 @@ class _FileSet:
             yield taker.take(where[a:a + rg])
 
     def _write_parts(self, f: Any, parts: Iterable[pa.Table], schema: pa.Schema | None = None,
-                     overlap: bool = False) -> None:
+                     overlap: bool = False, feed: Callable[[pa.Table], None] | None = None) -> None:
         """The Parquet file of the rows of ``parts`` (in order) into ``f``:
         row groups of ``_rg_rows`` rows, each written once its rows came, so
         that at most a row group and the last part are held. ``overlap``:
         the row groups are encoded and compressed by a thread of their own
         (pyarrow does it without the GIL) while this one makes the next
-        parts (see :class:`_GroupWriter`)."""
+        parts (see :class:`_GroupWriter`). ``feed(row_group)`` is called
+        with each row group, in file order, before it is written (on the
+        writer's thread with ``overlap``)."""
         rg = self._rg_rows
         w: Any = None
         pending: list[pa.Table] = []
@@ -622,11 +625,14 @@ class _FileSet:
                     schema = t.schema if schema is None else schema
                     w = self._parquet_writer(f, schema)
                     if overlap:
-                        w = _GroupWriter(w)
+                        w = _GroupWriter(w, each=feed)
+                        feed = None     # (the thread feeds)
                 pending.append(t)
                 held += t.num_rows
                 while held >= rg:
                     buf = pa.concat_tables(pending)
+                    if feed is not None:
+                        feed(buf.slice(0, rg))
                     w.write_table(buf.slice(0, rg), row_group_size=rg)
                     rest = buf.slice(rg)
                     pending, held = [rest], rest.num_rows
@@ -634,8 +640,10 @@ class _FileSet:
             if w is None:
                 w = self._parquet_writer(f, COOL_SCHEMA if schema is None else schema)
             if held or not pending:
-                w.write_table(pa.concat_tables(pending) if pending else w.schema.empty_table(),
-                              row_group_size=rg)
+                last = pa.concat_tables(pending) if pending else w.schema.empty_table()
+                if feed is not None:
+                    feed(last)
+                w.write_table(last, row_group_size=rg)
         finally:
             pending.clear()
             if w is not None:

@@ -214,12 +214,17 @@ class _GroupWriter:
     their own, in order, while the caller makes the next row groups:
     pyarrow encodes and compresses a row group without the GIL, so a
     foreground cooling run (parsing lines, holding the GIL) keeps both
-    cores busy. At most ``depth`` row groups wait for the thread. The first
-    error of the thread is raised by the next ``write_table`` or by
-    ``close``, which always stops the thread and closes the writer."""
+    cores busy. At most ``depth`` row groups wait for the thread.
+    ``each(table)``, if given, is called on the thread with each row group
+    before it is written (the file's search filters: ``GramSink.add``
+    folds the content without the GIL too). The first error of the thread
+    is raised by the next ``write_table`` or by ``close``, which always
+    stops the thread and closes the writer."""
 
-    def __init__(self, writer: Any, depth: int = 2) -> None:
+    def __init__(self, writer: Any, depth: int = 2,
+                 each: Callable[[pa.Table], None] | None = None) -> None:
         self._w = writer
+        self._each = each
         self.schema = writer.schema
         self._q: queue.Queue = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
@@ -233,6 +238,8 @@ class _GroupWriter:
                 return
             if self._error is None:
                 try:
+                    if self._each is not None:
+                        self._each(job[0])
                     self._w.write_table(job[0], row_group_size=job[1])
                 except BaseException as exc:    # raised on the caller's thread
                     self._error = exc

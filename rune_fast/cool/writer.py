@@ -145,8 +145,8 @@ class _Writer(_Search):
         (three fsyncs in all; none unless ``durable``), and its search
         filters (``.grams``, a cache: not synced; see rune_fast.cool.grams),
         built from the content as it is written. ``overlap``: a foreground
-        write, whose row groups a thread of their own compresses
-        (``_FileSet._write_parts``)."""
+        write, whose row groups a thread of their own compresses and folds
+        into the filters (``_FileSet._write_parts``)."""
         no = self._take_no()
         name, iname = _parquet_name(no), _idx_name(no)
         keys = _KeyParts()          # (the index's keys, part by part: 12 bytes a row)
@@ -155,11 +155,16 @@ class _Writer(_Search):
         def keep_keys(tables: Iterable[pa.Table]) -> Iterable[pa.Table]:
             for t in tables:
                 keys.add(*(t.column(c) for c in _KEY_COLUMNS))
-                sink.add(t.column("content"))
                 yield t
 
+        def feed(row_group: pa.Table) -> None:
+            # (each row group as it is written: with ``overlap`` on the
+            # writer's thread, which folds the content without the GIL)
+            sink.add(row_group.column("content"))
+
         tmp = self._write_tmp(name, table=table, durable=durable, order=order,
-                              parts=None if parts is None else keep_keys(parts), overlap=overlap)
+                              parts=None if parts is None else keep_keys(parts), overlap=overlap,
+                              feed=None if parts is None else feed)
         itmp = None
         try:
             size, footer = _footer_hash(tmp)
