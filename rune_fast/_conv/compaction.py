@@ -378,7 +378,11 @@ class Compaction(Host):
             if cool_excess and not cooling:
                 self._cool_backlog = 0      # (every channel's excess cooled, or none due)
             if cooled_inline:
-                cooled_files = self._cool_in_files(excess, rep)
+                # (the excess let go once in file order: 8 bytes a location)
+                order = self._in_file_order(excess)
+                del excess
+                cooled_files = self._cool_in_files(order, rep)
+                del order
                 if cooled_files is not None:
                     manifest_cool = cooled_files
             # 2. erasure in the cool tier
