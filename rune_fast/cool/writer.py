@@ -192,7 +192,7 @@ class _Writer(_Search):
             fi.id_range = keys.id_range
             fi.digest = _file_digest(tmp)
             fi.pagedir = _dirs_of(tmp, md)      # (kept in the sidecar: no reader parses them again)
-            itmp = self._write_tmp(iname, fi.encode(), durable=durable, folder=self._idx_dir)
+            itmp = self._write_tmp(iname, fi.pieces(), durable=durable, folder=self._idx_dir)
             os.replace(itmp, self._ipath(iname))
             os.replace(tmp, self._path(name))
         except BaseException:
