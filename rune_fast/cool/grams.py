@@ -161,23 +161,6 @@ class GramSink:
     def finish(self) -> bytes:
         return b"".join(self._taken())
 
-    def pieces(self, size: int, footer: str, rows: int) -> list[bytes]:
-        """The bytes of :func:`encode` over :meth:`finish` as pieces to
-        write one after the other (``segments.write_kept`` takes them): the
-        header, the blocks' filters as they were made, the seal. No buffer
-        of the whole is made: one (32 bytes a row, 8 MB for a file of
-        262,144 rows), made at the end of the last file of a compact() after
-        a bulk load, was the top of its resident memory."""
-        parts = self._taken()
-        n = sum(len(p) for p in parts)
-        if n != blocks_for(rows) * BLOCK_BYTES:
-            raise ValueError(f"{n} bytes of filters for {rows} rows")
-        head = HEAD.pack(MAGIC, VERSION, BLOCK_ROWS, GRAM_BITS, size, footer.encode("ascii"), rows)
-        h = xxhash.xxh3_64(head)
-        for p in parts:
-            h.update(p)
-        return [head, *parts, _SEAL.pack(h.intdigest())]
-
 
 class GramFile(GramSink):
     """A :class:`GramSink` whose filters go to the temp file ``tmp`` as
@@ -185,7 +168,7 @@ class GramFile(GramSink):
     rows, held to the end of each large file of the compact() after a
     bulk load, were the top of its resident memory. :meth:`keep` puts the
     header in front, appends the seal and renames it over the filters
-    file; the bytes are :meth:`GramSink.pieces`'. A cache, written as
+    file; the bytes are :func:`encode` over :meth:`GramSink.finish`. A cache, written as
     ``segments.write_kept`` writes one: not synced, and a failed write is
     a log warning (the file it serves is written all the same)."""
 
