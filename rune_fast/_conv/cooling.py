@@ -225,14 +225,19 @@ class Cooling(Host):
             elif job.result is None:
                 job = None
             elif job.kind == "cool":
-                ids, keys = self._staged_keys(job)
-                found = self._index.find_many(keys)
-                if not self._tombstones.keys().isdisjoint(ids) \
+                found = self._index.find_many(self._staged_keys(job))
+                if self._any_tombstoned(job.table.column("msg_id")) \
                         or not np.array_equal(found, np.asarray(job.locs, dtype=np.int64)):
                     job.discard(self._cool)
                     job = None
             out.append(job)
         return out[0], out[1]
+
+    def _any_tombstoned(self, ids: Any) -> bool:
+        """Whether one of ``ids`` (an Arrow string column) has a tombstone."""
+        if not self._tombstones:
+            return False
+        return bool(pc.any(pc.is_in(ids, value_set=pa.array(list(self._tombstones), pa.string()))).as_py())
 
     def _stage_cooling(self, locs: np.ndarray) -> _Staged:
         """Start the background cooling run of the hot lines at ``locs``
@@ -254,16 +259,21 @@ class Cooling(Host):
 
         def work(job: _Staged) -> Any:
             kept: list[pa.Table] = []
+            maxima: dict[str, tuple[str, str]] = {}
 
             def parts() -> Any:
                 while (part := job.next_part()) is not None:
                     a, data, starts = part
                     t = self._lines_table(locs[a:a + len(starts)], data, starts, tuning.PARSE_PART)
                     del part, data      # (the lines, once parsed)
-                    # the adoption needs these columns only: the content
-                    # goes once written (a run waits for the next
-                    # compaction to adopt it)
-                    kept.append(t.select(_ADOPT_COLUMNS))
+                    # what the adoption needs, a part at a time: each
+                    # channel's newest stamp and the ids; the content goes
+                    # once written (a run waits for the next compaction to
+                    # adopt it: its channel and stamp columns and its ids
+                    # as Python strings, held meanwhile, were ~90 bytes a
+                    # row at the top of a bulk load's resident memory)
+                    _stamp_maxima(t, maxima)
+                    kept.append(t.select(["msg_id"]))
                     yield t
                     del t
 
@@ -273,9 +283,8 @@ class Cooling(Host):
             result = self._cool.stage_parts(parts(), durable=durable)
             job.table = pa.concat_tables(kept) if len(kept) != 1 else kept[0]
             del kept
-            ids = job.table.column("msg_id").to_pylist()
-            job.keys = [codec.key(m) for m in ids]
-            job.ids = ids
+            job.maxima = maxima
+            job.keys = _keys_of(job.table.column("msg_id"))
             return result
 
         job = _Staged("cool", work, locs, fed=True)
@@ -465,13 +474,12 @@ class Cooling(Host):
         return pa.concat_tables(parts)
 
     @staticmethod
-    def _staged_keys(job: _Staged) -> tuple[list[str], list[bytes]]:
-        """The msg_ids of a staged cooling run and their index keys (made
-        by its thread; here if it failed before)."""
-        if job.ids is None or job.keys is None:
-            job.ids = job.table.column("msg_id").to_pylist()
-            job.keys = [codec.key(m) for m in job.ids]
-        return job.ids, job.keys
+    def _staged_keys(job: _Staged) -> list[bytes]:
+        """The index keys of a staged cooling run's msg_ids (made by its
+        thread; here if it failed before)."""
+        if job.keys is None:
+            job.keys = _keys_of(job.table.column("msg_id"))
+        return job.keys
 
     def _cooled(self, locs: "Sequence[int] | np.ndarray", table: pa.Table | None, *,
                 staged: "_Staged | None" = None, maxima: "dict[str, tuple[str, str]] | None" = None) -> None:
@@ -484,6 +492,8 @@ class Cooling(Host):
         ``table`` None: the rows are the lines at ``locs``, still where
         they were read, and their ids are read from them."""
         behind = self._behind if staged is not None else None
+        if maxima is None and staged is not None:
+            maxima = staged.maxima
         if maxima is None:
             assert table is not None
             maxima = {}
@@ -494,7 +504,7 @@ class Cooling(Host):
                     behind.add(ch)      # a late append may sort before the new maximum
         part = tuning.COOL_RUN_MAX_ROWS
         if staged is not None:
-            self._unindex_many(self._staged_keys(staged)[1])
+            self._unindex_many(self._staged_keys(staged))
         elif table is None:
             for a in range(0, len(locs), part):
                 self._unindex_lines(locs[a:a + part])
@@ -505,6 +515,16 @@ class Cooling(Host):
         self._forget_decoded_many(locs)
         self._count_changes(len(locs) if table is None else table.num_rows)
         self._forget_interleaving()     # the verdicts read the cool rows' maxima just moved
+
+
+def _keys_of(ids: Any) -> list[bytes]:
+    """The index keys (``codec.key``) of an Arrow column of msg_ids, a part
+    at a time (no list of all the ids as Python strings)."""
+    part = tuning.COOL_RUN_MAX_ROWS
+    keys: list[bytes] = []
+    for a in range(0, len(ids), part):
+        keys.extend(codec.key(m) for m in ids.slice(a, part).to_pylist())
+    return keys
 
 
 def _stamp_maxima(table: pa.Table, maxima: "dict[str, tuple[str, str]]") -> None:
