@@ -581,3 +581,39 @@ def test_close_that_adopts_a_merge_leaves_a_snapshot_that_serves(tmp_path, small
     with open_repo(tmp_path) as repo:
         assert scanned == []
         check_reads(repo, stored)
+
+
+def test_a_finished_run_holds_its_ids_and_each_channels_newest_stamp_only(tmp_path, small_bg, monkeypatch):
+    # (a run waits for the next compaction to adopt it: its channel and
+    # stamp columns and its ids as Python strings, held meanwhile, were
+    # ~90 bytes a row at the top of a bulk load's resident memory)
+    seen = []
+    real = cooling.Cooling._cooled
+
+    def cooled(self, locs, table, *, staged=None, maxima=None):
+        if staged is not None:
+            seen.append((table.column_names, dict(staged.maxima), len(staged.keys), hasattr(staged, "ids")))
+        return real(self, locs, table, staged=staged, maxima=maxima)
+    monkeypatch.setattr(cooling.Cooling, "_cooled", cooled)
+    stored: dict = {}
+    with open_repo(tmp_path) as repo:
+        i = 0
+        while repo._bg is None:
+            m = ConversationMessageRecord(msg_id=f"m{i:06d}", role="user", content=f"note {i}",
+                                          channel_id=CHANNELS[i % 3], ts=1_700_000_000.0 + i,
+                                          hlc="" if i % 5 == 4 else f"{1000 + (i * 37) % 101:015d}-0000000000-dev")
+            repo.append(m)
+            stored[m.msg_id] = m
+            i += 1
+            assert i < 1000, "no background job started"
+        run = [repo._read_loc(int(loc)) for loc in repo._bg.locs]
+        want: dict = {}
+        for r in run:
+            if r.hlc:
+                want[r.channel_id] = max((r.hlc, r.msg_id), want.get(r.channel_id, ("", "")))
+        repo.compact()
+        assert seen[0] == (["msg_id"], want, len(run), False)
+        assert all(repo._cool_max[ch] >= stamp for ch, stamp in want.items())
+        assert len(repo) == len(stored)
+        for mid, m in stored.items():
+            assert repo.get_message(mid).record == m

@@ -180,6 +180,42 @@ def test_compact_leaves_a_large_merge_to_the_thread(tmp_path, merges_left):
         assert on_disk == set(repo._cool.files())
 
 
+def test_compacts_merge_thread_starts_after_its_segments_and_snapshot(tmp_path, merges_left, monkeypatch):
+    # (the merge's working set beside the compaction's own segment rewrites
+    # and snapshot was the top of a bulk load's resident memory)
+    from rune_fast._conv import compaction
+    seen: list[str] = []
+    real_staged, real_snap = compaction._Staged, ConversationStateRepository._write_snapshot
+    real_manifest = ConversationStateRepository._write_manifest
+
+    def staged(kind, *a, **k):
+        seen.append(kind)
+        return real_staged(kind, *a, **k)
+
+    def snap(self, *a, **k):
+        seen.append("snapshot")
+        return real_snap(self, *a, **k)
+
+    def manifest(self, *a, **k):
+        seen.append("manifest")
+        return real_manifest(self, *a, **k)
+    monkeypatch.setattr(compaction, "_Staged", staged)
+    monkeypatch.setattr(ConversationStateRepository, "_write_snapshot", snap)
+    monkeypatch.setattr(ConversationStateRepository, "_write_manifest", manifest)
+    stored: dict = {}
+    with ConversationStateRepository(tmp_path, compact_every=10**6, hot_window=1) as repo:
+        for k in range(4):
+            _append(repo, stored, range(k * 15, (k + 1) * 15))
+            seen.clear()
+            repo.compact()
+        assert repo._bg_merge is not None and "merge" in seen
+        assert seen.index("merge") > seen.index("manifest")
+        if "snapshot" in seen:
+            assert seen.index("merge") > seen.index("snapshot")
+        repo._bg_merge.thread.join()
+        check_reads(repo, stored)
+
+
 def test_a_store_closed_right_after_compact_reopens_whole(tmp_path, merges_left, monkeypatch):
     # close() gives up the merge compact() left running: no merged file
     # stays behind, every message is read back, and the next session's

@@ -1,18 +1,20 @@
 """What the compact() after a bulk load holds while it cools (the top of the
 load's resident memory was the end of its last file): the excess and its
-file order as int64 arrays, not lists of ints; a file's adoption kept as its
-ids and each channel's newest stamp, not its id, channel and stamp strings;
-the file's index built with its key parts let go, its sidecar and its search
-filters written without a copy of the whole -- the same bytes on disk."""
+file order as int64 arrays, not lists of ints, put in file order a batch of
+task postings at a time; a file's adoption kept as each channel's newest
+stamp only, its ids read from the lines (not its id, channel and stamp
+strings); the file's index built with its key parts let go, its sidecar
+written without a copy of the whole, its search filters written to their
+temp file as they are made -- the same bytes on disk."""
 from __future__ import annotations
 
+import os
 import struct
 
 import numpy as np
 import pyarrow as pa
 import xxhash
 
-from rune_fast import segments
 from rune_fast._conv import cooling
 from rune_fast.conversation_state import ConversationStateRepository
 from rune_fast.cool import grams
@@ -56,13 +58,15 @@ def test_the_excess_and_its_file_order_are_int64_arrays(tmp_path, small_files, m
         assert repo.verify().ok
 
 
-def test_an_inline_files_adoption_keeps_ids_and_each_channels_newest_stamp(tmp_path, small_files,  # noqa: F811
-                                                                          monkeypatch):
+def test_an_inline_files_adoption_keeps_each_channels_newest_stamp_only(tmp_path, small_files,  # noqa: F811
+                                                                         monkeypatch):
+    # (no table, not even its ids: the hot index drops them read from the
+    # lines cooled, HotIndex.remove_lines)
     adopted: list[tuple[list[str], dict]] = []
     real = cooling.Cooling._cooled
 
     def cooled(self, locs, table, *, staged=None, maxima=None):
-        adopted.append((table.column_names, dict(maxima or {})))
+        adopted.append((None if table is None else table.column_names, dict(maxima or {})))
         return real(self, locs, table, staged=staged, maxima=maxima)
     monkeypatch.setattr(cooling.Cooling, "_cooled", cooled)
     stored: dict = {}
@@ -70,7 +74,7 @@ def test_an_inline_files_adoption_keeps_ids_and_each_channels_newest_stamp(tmp_p
         # stamped, unstamped every 4th; newest stamps not in append order
         _append(repo, stored, range(160), lambda i: "" if i % 4 == 3 else _stamp((i * 37) % 160))
         repo.compact()
-        assert adopted and all(cols == ["msg_id"] for cols, _m in adopted)
+        assert adopted and all(cols is None for cols, _m in adopted)
         hot = {r.msg_id for ch in CHANNELS for r in repo.window(ch, 3)}
         for ch in CHANNELS:
             cool = [m for m in stored.values() if m.channel_id == ch and m.msg_id not in hot and m.hlc]
@@ -144,23 +148,63 @@ def test_a_files_index_lets_its_key_parts_go_and_its_sidecar_is_the_same_bytes()
         fi.pagedir = pagedir
         got = fi.encode()
         assert bytes(got) == _old_encode(fi)
+        # (written as pieces: the arrays' own bytes, no buffer of the whole)
+        pieces = fi.pieces()
+        assert b"".join(pieces) == bytes(got)
+        assert any(np.shares_memory(np.frombuffer(p, dtype=np.uint8), fi.hashes) for p in pieces[1:])
     fi.pagedir = None
     back = _FileIndex.decode(bytes(fi.encode()), 3, "/nowhere")
     assert back.hashes.tolist() == fi.hashes.tolist() and back.hrows.tolist() == fi.hrows.tolist()
     assert {t: r.tolist() for t, r in back.tasks.items()} == {t: r.tolist() for t, r in fi.tasks.items()}
 
 
-def test_filters_written_as_pieces_are_the_encoded_bytes(tmp_path):
+def test_filters_go_to_their_temp_file_as_they_are_made(tmp_path, caplog):
     col = pa.array([f"row {i} about zürich and topic{i % 11}" * (1 + i % 4) for i in range(9000)])
-    a, b = grams.GramSink(), grams.GramSink()
+    ref = grams.GramSink()
+    tmp, path = str(tmp_path / ".f.grams.tmp"), str(tmp_path / "f.grams")
+    f = grams.GramFile(tmp)
     for x in range(0, len(col), 1234):
-        a.add(col.slice(x, 1234))
-        b.add(col.slice(x, 1234))
-    pieces = a.pieces(777, "0123456789abcdef", len(col))
-    assert len(pieces) > 3          # (the header, the blocks' filters as made, the seal)
-    path = str(tmp_path / "f.grams")
-    assert segments.write_kept(path, pieces, tmp=path + ".tmp", sync=True)
-    with open(path, "rb") as f:
-        data = f.read()
-    assert data == grams.encode(777, "0123456789abcdef", len(col), b.finish())
+        ref.add(col.slice(x, 1234))
+        f.add(col.slice(x, 1234))
+        # (nothing held but the carried rows' block: the filters are on disk)
+        assert f._parts == [] and os.path.getsize(tmp) == grams.HEAD.size + (x + 1234) // 32 * 1024 \
+            or x + 1234 > len(col)
+    assert f.keep(path, 777, "0123456789abcdef", len(col))
+    assert not os.path.exists(tmp)
+    with open(path, "rb") as fh:
+        data = fh.read()
+    assert data == grams.encode(777, "0123456789abcdef", len(col), ref.finish())
     assert len(grams.check(data, 777, "0123456789abcdef", len(col))) == grams.blocks_for(len(col)) * grams.BLOCK_BYTES
+    # too few rows for the filters made: ValueError, nothing kept
+    g = grams.GramFile(tmp)
+    g.add(col.slice(0, 100))
+    try:
+        g.keep(str(tmp_path / "g.grams"), 1, "0123456789abcdef", 5000)
+        raise AssertionError("kept")
+    except ValueError:
+        pass
+    assert not os.path.exists(tmp) and not os.path.exists(tmp_path / "g.grams")
+    # a temp that cannot be written: a warning naming it, nothing kept
+    h = grams.GramFile(str(tmp_path / "no-such-folder" / ".h.grams.tmp"))
+    h.add(col.slice(0, 100))
+    assert not h.keep(str(tmp_path / "h.grams"), 1, "0123456789abcdef", 100)
+    assert "no-such-folder" in caplog.text and not os.path.exists(tmp_path / "h.grams")
+
+
+def test_a_runs_file_order_is_the_same_a_few_task_postings_at_a_time(tmp_path, small_files,  # noqa: F811
+                                                                     monkeypatch):
+    orders = []
+    real = cooling.Cooling._in_file_order
+
+    def in_file_order(self, excess, limit=None):
+        orders.append(real(self, excess, limit))
+        return orders[-1]
+    monkeypatch.setattr(cooling.Cooling, "_in_file_order", in_file_order)
+    for batch in (1 << 16, 1, 7):
+        monkeypatch.setattr(cooling, "_TASK_BATCH", batch)
+        stored: dict = {}
+        with ConversationStateRepository(tmp_path / str(batch), compact_every=10**6, hot_window=3) as repo:
+            _append(repo, stored, range(160), _stamp)
+            repo.compact()
+            check_reads(repo, stored)
+    assert len(orders) == 3 and orders[0].tolist() == orders[1].tolist() == orders[2].tolist()

@@ -582,6 +582,35 @@ def test_remove_and_remove_many_keep_arrays_consistent():
     assert d[0] in ("m2", "m10") or d.index("m0") < len(d)
 
 
+def test_remove_lines_unindexes_the_ids_read_from_the_lines():
+    # (what remove_many does with the ids, read from the lines at the
+    # locations: a compact() need not hold a file's ids to its adoption)
+    ls = [line(f"m{i}", "c" if i % 2 else "d", "t" if i % 3 == 0 else "", "" if i % 4 else f"{i:04d}")
+          for i in range(40)]
+    ix, data, _ = build(ls)
+    off = offsets(ls)
+    ref, _, _ = build(ls)
+    gone = list(range(0, 40, 3))
+    assert ix.remove_lines(np.array([off[i] for i in gone], dtype=np.int64)).tolist() == [off[i] for i in gone]
+    assert ref.remove_many([f"m{i}".encode() for i in gone]).tolist() == [off[i] for i in gone]
+    for k in (b"c", b"d", b"t"):
+        assert ix.channel_locs(k).tolist() == ref.channel_locs(k).tolist()
+        assert ix.task_locs(k).tolist() == ref.task_locs(k).tolist()
+    assert len(ix) == len(ref) == 40 - len(gone)
+    # an id no longer indexed: -1; the others still go
+    assert ix.remove_lines(np.array([off[0], off[1]], dtype=np.int64)).tolist() == [-1, off[1]]
+    assert ix.remove_lines(np.zeros(0, dtype=np.int64)).tolist() == []
+    # a line that fails its check is named, by file and offset
+    bad = bytearray(data)
+    bad[off[5] + 60] ^= 1
+    ix2, _, _ = build(ls)
+    ix2.attach(0, bytes(bad), path="/state/seg-0")
+    with pytest.raises(CorruptStateCheckpointError) as ei:
+        ix2.remove_lines(np.array([off[2], off[5]], dtype=np.int64))
+    assert ei.value.path == "/state/seg-0" and ei.value.offset == off[5]
+    assert ix2.find(b"m2") == -1 and ix2.find(b"m5") == off[5]
+
+
 def test_channels_exclude_emptied_and_excess():
     ls = [line(f"a{i}", "A") for i in range(5)] + [line(f"b{i}", "B") for i in range(2)] + [line("c0", "C")]
     ix, _, _ = build(ls)

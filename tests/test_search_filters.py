@@ -4,6 +4,7 @@ and a plain-Python casefold model for the cool tier and the repository.
 (Written by the review of the twelfth session's change; it found no bug.)"""
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -378,19 +379,26 @@ def test_scan_segment_reads_only_the_blocks_its_filters_pass():
 @given(st.lists(st.text(alphabet="abcäßZ xyzΣς量子🙂", max_size=60), min_size=1, max_size=300),
        st.integers(1, 90))
 @settings(max_examples=60, deadline=None)
-def test_a_sinks_pieces_are_the_encoded_filters(texts, piece):
-    """GramSink.pieces (the writer's: no buffer of the whole) makes the
-    very bytes of grams.encode over finish()."""
+def test_a_files_filters_are_the_encoded_filters(texts, piece):
+    """GramFile (the writer's: the filters to their temp file as they are
+    made) keeps the very bytes of grams.encode over finish()."""
+    import tempfile
+
     import pyarrow as pa
     from rune_fast.cool import grams
     col = pa.array(texts)
-    b, c = grams.GramSink(), grams.GramSink()
-    for x in range(0, len(texts), piece):
-        b.add(col.slice(x, piece))
-        c.add(col.slice(x, piece))
-    got = b"".join(c.pieces(4096, "0123456789abcdef", len(texts)))
-    assert got == grams.encode(4096, "0123456789abcdef", len(texts), b.finish())
-    assert len(grams.check(got, 4096, "0123456789abcdef", len(texts))) == \
-        grams.blocks_for(len(texts)) * grams.BLOCK_BYTES
-    with pytest.raises(ValueError, match="bytes of filters"):
-        grams.GramSink().pieces(1, "0123456789abcdef", 1)
+    with tempfile.TemporaryDirectory() as d:
+        tmp, path = os.path.join(d, ".f.grams.tmp"), os.path.join(d, "f.grams")
+        b, c = grams.GramSink(), grams.GramFile(tmp)
+        for x in range(0, len(texts), piece):
+            b.add(col.slice(x, piece))
+            c.add(col.slice(x, piece))
+        assert c.keep(path, 4096, "0123456789abcdef", len(texts))
+        with open(path, "rb") as f:
+            got = f.read()
+        assert got == grams.encode(4096, "0123456789abcdef", len(texts), b.finish())
+        assert len(grams.check(got, 4096, "0123456789abcdef", len(texts))) == \
+            grams.blocks_for(len(texts)) * grams.BLOCK_BYTES
+        with pytest.raises(ValueError, match="bytes of filters"):
+            grams.GramFile(tmp).keep(path + "2", 1, "0123456789abcdef", 1)
+        assert sorted(os.listdir(d)) == ["f.grams"]

@@ -27,6 +27,9 @@ _ADOPT_COLUMNS = ["msg_id", "channel_id", "hlc"]
 #: no locations (an empty excess)
 _NO_LOCS = np.zeros(0, dtype=np.int64)
 _NO_LOCS.flags.writeable = False
+#: hot task postings looked up at a time when a run is put in file order
+#: (``Cooling._by_task``)
+_TASK_BATCH = 1 << 16
 
 
 class Cooling(Host):
@@ -222,14 +225,19 @@ class Cooling(Host):
             elif job.result is None:
                 job = None
             elif job.kind == "cool":
-                ids, keys = self._staged_keys(job)
-                found = self._index.find_many(keys)
-                if not self._tombstones.keys().isdisjoint(ids) \
+                found = self._index.find_many(self._staged_keys(job))
+                if self._any_tombstoned(job.table.column("msg_id")) \
                         or not np.array_equal(found, np.asarray(job.locs, dtype=np.int64)):
                     job.discard(self._cool)
                     job = None
             out.append(job)
         return out[0], out[1]
+
+    def _any_tombstoned(self, ids: Any) -> bool:
+        """Whether one of ``ids`` (an Arrow string column) has a tombstone."""
+        if not self._tombstones:
+            return False
+        return bool(pc.any(pc.is_in(ids, value_set=pa.array(list(self._tombstones), pa.string()))).as_py())
 
     def _stage_cooling(self, locs: np.ndarray) -> _Staged:
         """Start the background cooling run of the hot lines at ``locs``
@@ -251,16 +259,21 @@ class Cooling(Host):
 
         def work(job: _Staged) -> Any:
             kept: list[pa.Table] = []
+            maxima: dict[str, tuple[str, str]] = {}
 
             def parts() -> Any:
                 while (part := job.next_part()) is not None:
                     a, data, starts = part
                     t = self._lines_table(locs[a:a + len(starts)], data, starts, tuning.PARSE_PART)
                     del part, data      # (the lines, once parsed)
-                    # the adoption needs these columns only: the content
-                    # goes once written (a run waits for the next
-                    # compaction to adopt it)
-                    kept.append(t.select(_ADOPT_COLUMNS))
+                    # what the adoption needs, a part at a time: each
+                    # channel's newest stamp and the ids; the content goes
+                    # once written (a run waits for the next compaction to
+                    # adopt it: its channel and stamp columns and its ids
+                    # as Python strings, held meanwhile, were ~90 bytes a
+                    # row at the top of a bulk load's resident memory)
+                    _stamp_maxima(t, maxima)
+                    kept.append(t.select(["msg_id"]))
                     yield t
                     del t
 
@@ -270,9 +283,8 @@ class Cooling(Host):
             result = self._cool.stage_parts(parts(), durable=durable)
             job.table = pa.concat_tables(kept) if len(kept) != 1 else kept[0]
             del kept
-            col = job.table.column("msg_id")
-            job.keys = _id_keys(col)
-            job.ids = col.to_pylist()
+            job.maxima = maxima
+            job.keys = _keys_of(job.table.column("msg_id"))
             return result
 
         job = _Staged("cool", work, locs, fed=True)
@@ -338,73 +350,86 @@ class Cooling(Host):
         ``chans[c]``, each channel's in key order) with each channel's
         locations clustered by task, tasks in code point order, no task
         first, each task's in their order: the row order of a cool file
-        (``_channel_order``; docs/FORMAT.md), an int64 array. Each location's task comes
-        from the index's task postings, not from its line. The locations
-        cooled are the same (the oldest of each channel): only their order
-        in the file changes."""
+        (``_channel_order``; docs/FORMAT.md), an int64 array (``out``
+        itself, reordered in place, when it is one). Each location's task
+        comes from the index's task postings, not from its line. The
+        locations cooled are the same (the oldest of each channel): only
+        their order in the file changes."""
         arr = np.asarray(out, dtype=np.int64)
         if len(arr) < 2:
             return arr
         names = sorted((_unkey(k), k) for k in self._index.task_keys())
-        locs = [self._index.task_locs(k) for _t, k in names]
-        sizes = np.fromiter((len(g) for g in locs), dtype=np.int64, count=len(locs))
-        if not sizes.sum():
+        if not names:
             return arr
         # (each hot task location looked up among the run's, sorted: the
         # run is a few thousand locations, the hot tier's task postings up
         # to hundreds of thousands during a bulk load, which a sort of
-        # those cost 40 ms of CPU a run at 1,000,000 messages)
-        all_locs = np.concatenate(locs)
-        all_ranks = np.repeat(np.arange(len(locs), dtype=np.int64), sizes)
+        # those cost 40 ms of CPU a run at 1,000,000 messages. The
+        # postings a batch of tasks at a time, ranks int32, each channel
+        # sorted apart: all the postings and their ranks at once, with
+        # int64 temporaries of the whole run, were 44 MB of the peak of
+        # resident memory of the compact() after a bulk load of 1,000,000)
         o = np.argsort(arr, kind="stable")
         run = arr[o]
-        at = np.minimum(np.searchsorted(run, all_locs), len(run) - 1)
-        hit = run[at] == all_locs
-        ranked = np.full(len(run), -1, dtype=np.int64)
-        ranked[at[hit]] = all_ranks[hit]
-        del all_locs, all_ranks, at, hit, run
-        rank = np.empty(len(arr), dtype=np.int64)
+        ranked = np.zeros(len(run), dtype=np.int32)     # 0: no task, else 1 + the task's rank
+        batch: list[np.ndarray] = []
+        ranks: list[int] = []
+        held = 0
+        for r, (_t, k) in enumerate(names, 1):
+            locs = self._index.task_locs(k)
+            if len(locs):
+                batch.append(locs)
+                ranks.append(r)
+                held += len(locs)
+            if held >= _TASK_BATCH or (r == len(names) and batch):
+                got = np.concatenate(batch)
+                at = np.minimum(np.searchsorted(run, got), len(run) - 1)
+                hit = run[at] == got
+                ranked[at[hit]] = np.repeat(np.array(ranks, dtype=np.int32),
+                                            [len(x) for x in batch])[hit]
+                batch, ranks, held = [], [], 0
+                del got, at, hit
+        del run
+        rank = np.empty(len(arr), dtype=np.int32)
         rank[o] = ranked
         del o, ranked
-        chan = np.repeat(np.arange(len(chans), dtype=np.int64), np.diff(np.concatenate([[0], chans])))
-        order = np.lexsort((rank, chan))        # (stable: each task's locations keep their order)
-        return arr[order]
+        a = 0
+        for b in chans:
+            if b - a > 1:
+                # (stable: each task's locations keep their order)
+                arr[a:b] = arr[a:b][np.argsort(rank[a:b], kind="stable")]
+            a = b
+        return arr
 
-    def _cool_in_files(self, excess: np.ndarray, rep: CompactionReport) -> list[str] | None:
-        """Cool the hot messages at ``excess`` (lock held): files of at most
-        COOL_FILE_ROWS rows, each written a COOL_RUN_MAX_ROWS lines at a
-        time as they are read and parsed (what a file holds whole is its
-        id, channel and task columns, for its index, and the columns the
-        adoption reads). Returns the archive's files after the last (None:
-        nothing cooled)."""
+    def _cool_in_files(self, order: np.ndarray, rep: CompactionReport) -> list[str] | None:
+        """Cool the hot messages at ``order`` (lock held; locations in file
+        order: :meth:`_in_file_order`): files of at most COOL_FILE_ROWS
+        rows, each written a COOL_RUN_MAX_ROWS lines at a time as they are
+        read and parsed (what a file holds whole is its index's keys; the
+        adoption reads each channel's newest stamp, gathered a part at a
+        time, and unindexes the ids from the lines themselves). Returns
+        the archive's files after the last (None: nothing cooled)."""
         files = None
-        order = self._in_file_order(excess)
         for a in range(0, len(order), tuning.COOL_FILE_ROWS):
             locs = order[a:a + tuning.COOL_FILE_ROWS]
-            ids: list[pa.Table] = []
             maxima: dict[str, tuple[str, str]] = {}
 
-            def parts(locs: np.ndarray = locs, ids: list[pa.Table] = ids,
-                      maxima: dict[str, tuple[str, str]] = maxima) -> Any:
+            def parts(locs: np.ndarray = locs, maxima: dict[str, tuple[str, str]] = maxima) -> Any:
                 for b in range(0, len(locs), tuning.COOL_RUN_MAX_ROWS):
                     t = self._cool_table_at(locs[b:b + tuning.COOL_RUN_MAX_ROWS])
                     # (what the adoption reads, a part at a time: each
-                    # channel's newest stamp, and the ids; the channel and
-                    # stamp strings of a file's rows held to its end were
-                    # ~40 bytes a row of the peak of a bulk load)
+                    # channel's newest stamp; the channel and stamp strings
+                    # of a file's rows held to its end were ~40 bytes a row
+                    # of the peak of a bulk load, its ids ~34)
                     _stamp_maxima(t, maxima)
-                    ids.append(t.select(["msg_id"]))
                     yield t
                     del t
 
             run = self._cool.cool_parts(parts())
             files = list(run.files)
-            table = pa.concat_tables(ids)
-            del ids[:]
-            self._cooled(locs, table, maxima=maxima)
-            rep.cooled += table.num_rows
+            self._cooled(locs, None, maxima=maxima)
+            rep.cooled += len(locs)
             rep.cool_files_written += 1
-            del table
         return files
 
     def _cool_table_at(self, locs: "Sequence[int] | np.ndarray") -> pa.Table:
@@ -449,25 +474,28 @@ class Cooling(Host):
         return pa.concat_tables(parts)
 
     @staticmethod
-    def _staged_keys(job: _Staged) -> tuple[list[str], list[bytes]]:
-        """The msg_ids of a staged cooling run and their index keys (made
-        by its thread; here if it failed before)."""
-        if job.ids is None or job.keys is None:
-            job.ids = job.table.column("msg_id").to_pylist()
-            job.keys = [codec.key(m) for m in job.ids]
-        return job.ids, job.keys
+    def _staged_keys(job: _Staged) -> list[bytes]:
+        """The index keys of a staged cooling run's msg_ids (made by its
+        thread; here if it failed before)."""
+        if job.keys is None:
+            job.keys = _keys_of(job.table.column("msg_id"))
+        return job.keys
 
-    def _cooled(self, locs: "Sequence[int] | np.ndarray", table: pa.Table, *, staged: "_Staged | None" = None,
-                maxima: "dict[str, tuple[str, str]] | None" = None) -> None:
+    def _cooled(self, locs: "Sequence[int] | np.ndarray", table: pa.Table | None, *,
+                staged: "_Staged | None" = None, maxima: "dict[str, tuple[str, str]] | None" = None) -> None:
         """Drop messages now served by the cool tier from the hot index.
         ``staged``: the job of a run written in the background, which
         appends may have overtaken (a late one can sort before its rows; an
         inline run cools the oldest messages and those already behind a
         cool row). ``maxima``: each channel's newest stamp among the rows
-        (:func:`_stamp_maxima`; None: read from ``table``'s columns, else
-        ``table`` need hold only ``msg_id``)."""
+        (:func:`_stamp_maxima`; None: read from ``table``'s columns).
+        ``table`` None: the rows are the lines at ``locs``, still where
+        they were read, and their ids are read from them."""
         behind = self._behind if staged is not None else None
+        if maxima is None and staged is not None:
+            maxima = staged.maxima
         if maxima is None:
+            assert table is not None
             maxima = {}
             _stamp_maxima(table, maxima)
         for ch, stamp in maxima.items():
@@ -476,14 +504,28 @@ class Cooling(Host):
                     behind.add(ch)      # a late append may sort before the new maximum
         part = tuning.COOL_RUN_MAX_ROWS
         if staged is not None:
-            self._unindex_many(self._staged_keys(staged)[1])
+            self._unindex_many(self._staged_keys(staged))
+        elif table is None:
+            for a in range(0, len(locs), part):
+                self._unindex_lines(locs[a:a + part])
         else:
             ids = table.column("msg_id")
             for a in range(0, table.num_rows, part):
                 self._unindex_many(_id_keys(ids.slice(a, part)))
         self._forget_decoded_many(locs)
-        self._count_changes(table.num_rows)
+        self._count_changes(len(locs) if table is None else table.num_rows)
         self._forget_interleaving()     # the verdicts read the cool rows' maxima just moved
+
+
+def _keys_of(ids: Any) -> list[bytes]:
+    """The index keys (``codec.key``) of an Arrow column of msg_ids, a part
+    at a time (no list of all the ids as Python strings, no copy of the
+    whole column)."""
+    part = tuning.COOL_RUN_MAX_ROWS
+    keys: list[bytes] = []
+    for a in range(0, len(ids), part):
+        keys.extend(_id_keys(ids.slice(a, part)))
+    return keys
 
 
 def _id_keys(ids: "pa.Array | pa.ChunkedArray") -> list[bytes]:

@@ -61,6 +61,11 @@ class IndexSnapshot(Host):
         """Drop the ids ``keys`` (codec.key) from the hot index; their locations."""
         return self._index.remove_many(keys)
 
+    def _unindex_lines(self, locs: Any) -> Any:
+        """Drop the ids of the hot lines at ``locs`` from the hot index (read
+        from the lines: ``HotIndex.remove_lines``); their locations."""
+        return self._index.remove_lines(locs)
+
     def _index_one(self, loc: int) -> bool:
         """Index the message line at ``loc``; False if its id is indexed already."""
         return self._index.add(loc)

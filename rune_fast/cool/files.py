@@ -560,12 +560,14 @@ class _FileSet:
     def _dur(self, durable: bool | None) -> bool:
         return self._durable if durable is None else bool(durable)
 
-    def _write_tmp(self, name: str, data: bytes | bytearray | None = None, table: pa.Table | None = None,
+    def _write_tmp(self, name: str, data: "bytes | bytearray | list[Any] | None" = None,
+                   table: pa.Table | None = None,
                    *, durable: bool, folder: str | None = None, order: pa.Array | None = None,
                    parts: Iterable[pa.Table] | None = None, overlap: bool = False,
                    feed: Callable[[pa.Table], None] | None = None) -> str:
         """Write ``name``'s temp file (0600) in ``folder`` (default: the
-        archive folder), fsynced when ``durable``; returns its path. A
+        archive folder), fsynced when ``durable``; returns its path. ``data``:
+        its bytes, or their pieces one after the other. A
         ``table`` is written one row group at a time, row i of the file
         from ``table`` row ``order[i]`` (default: the table's order), so
         that the rows in their file order are never copied whole: Arrow
@@ -579,7 +581,8 @@ class _FileSet:
         try:
             with os.fdopen(fd, "wb", closefd=True) as f:
                 if data is not None:
-                    f.write(data)
+                    for piece in data if isinstance(data, list) else (data,):
+                        f.write(piece)
                 elif parts is not None:
                     self._write_parts(f, parts, overlap=overlap, feed=feed)
                 else:

@@ -22,6 +22,7 @@ Mapped read-only from disk: the page cache holds them, not the process.
 """
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import struct
@@ -33,6 +34,8 @@ import xxhash
 
 from .._search import fold_block_grams, gram_blocks_any
 from ..segments import seal, unseal
+
+log = logging.getLogger("rune_fast.cool")
 
 #: rows a filter covers (a content page holds 32 rows or fewer)
 BLOCK_ROWS = 32
@@ -158,22 +161,97 @@ class GramSink:
     def finish(self) -> bytes:
         return b"".join(self._taken())
 
-    def pieces(self, size: int, footer: str, rows: int) -> list[bytes]:
-        """The bytes of :func:`encode` over :meth:`finish` as pieces to
-        write one after the other (``segments.write_kept`` takes them): the
-        header, the blocks' filters as they were made, the seal. No buffer
-        of the whole is made: one (32 bytes a row, 8 MB for a file of
-        262,144 rows), made at the end of the last file of a compact() after
-        a bulk load, was the top of its resident memory."""
-        parts = self._taken()
-        n = sum(len(p) for p in parts)
-        if n != blocks_for(rows) * BLOCK_BYTES:
-            raise ValueError(f"{n} bytes of filters for {rows} rows")
-        head = HEAD.pack(MAGIC, VERSION, BLOCK_ROWS, GRAM_BITS, size, footer.encode("ascii"), rows)
-        h = xxhash.xxh3_64(head)
-        for p in parts:
-            h.update(p)
-        return [head, *parts, _SEAL.pack(h.intdigest())]
+
+class GramFile(GramSink):
+    """A :class:`GramSink` whose filters go to the temp file ``tmp`` as
+    they are made, not held: 32 bytes a row, 8 MB for a file of 262,144
+    rows, held to the end of each large file of the compact() after a
+    bulk load, were the top of its resident memory. :meth:`keep` puts the
+    header in front, appends the seal and renames it over the filters
+    file; the bytes are :func:`encode` over :meth:`GramSink.finish`. A cache, written as
+    ``segments.write_kept`` writes one: not synced, and a failed write is
+    a log warning (the file it serves is written all the same)."""
+
+    def __init__(self, tmp: str) -> None:
+        super().__init__()
+        self.tmp = tmp
+        self._fd = -1
+        self._n = 0                                 # bytes of filters written
+        self._failed: OSError | None = None
+
+    def add(self, content: Any) -> None:
+        super().add(content)
+        self._spill()
+
+    def _spill(self) -> None:
+        parts, self._parts = self._parts, []
+        if self._failed is not None:
+            return
+        try:
+            if self._fd < 0:
+                self._fd = os.open(self.tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+                self._write(bytes(HEAD.size))       # (the header's place)
+            for p in parts:
+                self._write(p)
+                self._n += len(p)
+        except OSError as exc:
+            self._failed = exc if exc.filename else OSError(exc.errno, exc.strerror, self.tmp)
+            self.discard()
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view):]
+
+    def keep(self, path: str, size: int, footer: str, rows: int) -> bool:
+        """Complete the filters of the file of ``size`` bytes, footer hash
+        ``footer`` and ``rows`` rows and rename them to ``path``; False
+        (logged) if a write failed. ValueError (nothing kept) if the
+        filters made do not cover ``rows``."""
+        if self._carry is not None or self._fd < 0:
+            self._parts = self._taken()     # (the carried rows' block too)
+            self._spill()
+        try:
+            if self._failed is not None:
+                raise self._failed
+            if self._n != blocks_for(rows) * BLOCK_BYTES:
+                self.discard()
+                raise ValueError(f"{self._n} bytes of filters for {rows} rows")
+            head = HEAD.pack(MAGIC, VERSION, BLOCK_ROWS, GRAM_BITS, size, footer.encode("ascii"), rows)
+            os.pwrite(self._fd, head, 0)
+            # (the seal covers the header first: the filters read back,
+            # from the page cache, a MB at a time)
+            h = xxhash.xxh3_64(head)
+            at, end = HEAD.size, HEAD.size + self._n
+            while at < end:
+                chunk = os.pread(self._fd, min(1 << 20, end - at), at)
+                if not chunk:
+                    raise OSError(f"{self.tmp}: {end - at} bytes short when read back")
+                h.update(chunk)
+                at += len(chunk)
+            os.lseek(self._fd, end, os.SEEK_SET)
+            self._write(_SEAL.pack(h.intdigest()))
+            os.close(self._fd)
+            self._fd = -1
+            os.replace(self.tmp, path)
+        except OSError as exc:
+            log.warning("%s: search filters not kept: %s", path, exc)
+            self.discard()
+            return False
+        return True
+
+    def discard(self) -> None:
+        """Close and remove the temp file (a file not written, or failed)."""
+        if self._fd >= 0:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = -1
+        try:
+            os.unlink(self.tmp)
+        except FileNotFoundError:
+            pass
 
 
 #: the seal's checksum (``segments.seal``: the xxh3_64 of the body after it)

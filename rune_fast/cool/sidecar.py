@@ -280,7 +280,10 @@ class _FileIndex:
             self._tasks, self._task_src = tasks, None
         return self._tasks
 
-    def encode(self) -> bytearray:
+    def pieces(self) -> list[Any]:
+        """The sidecar's bytes as pieces to write one after the other: the
+        magic and the digest, then the header and the arrays' bytes (views
+        of the arrays, not copies)."""
         task_names = list(self.tasks)
         task_rows = [self.tasks[t] for t in task_names]
         offs = np.cumsum([0] + [len(r) for r in task_rows]).tolist()
@@ -297,11 +300,12 @@ class _FileIndex:
         hb = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         hb += b" " * (-(len(hb) + 4) % 8)
         tb += b" " * (-len(tb) % 8)
-        # (built in one buffer, each array copied in once: the join of the
-        # arrays' bytes and the digest's concatenation each made a copy of
-        # the whole -- 16 bytes a row, its arrays' copies another 16: the
-        # index of the last file of a compact() was the top of a bulk
-        # load's resident memory)
+        # (the arrays' bytes as they are, no join: the join of the arrays'
+        # bytes and the digest's concatenation each made a copy of the
+        # whole -- 16 bytes a row, its arrays' copies another 16: the index
+        # of the last file of a compact() was the top of a bulk load's
+        # resident memory; one buffer of the whole, 4 MB for a file of
+        # 262,144 rows, was still at the top after that)
         pieces: list[Any] = [struct.pack("<I", len(hb)), hb, tb,
                              np.ascontiguousarray(self.hashes, dtype="<u8"),
                              np.ascontiguousarray(self.hrows, dtype="<u4"),
@@ -314,17 +318,20 @@ class _FileIndex:
         if self.pagedir is not None:
             pieces += [np.ascontiguousarray(self.pagedir[0], dtype="<i8"),
                        np.ascontiguousarray(self.pagedir[1], dtype="<i8")]
-        views = [memoryview(p).cast("B") for p in pieces]
-        head = len(_IDX_MAGIC) + 16
-        out = bytearray(head + sum(v.nbytes for v in views))
-        out[:len(_IDX_MAGIC)] = _IDX_MAGIC
-        at = head
+        views = [memoryview(p).cast("B") for p in pieces if len(p)]
+        h = xxhash.xxh3_128()
         for v in views:
-            out[at:at + v.nbytes] = v
-            at += v.nbytes
-        del views, pieces
-        with memoryview(out) as mv:
-            out[len(_IDX_MAGIC):head] = xxhash.xxh3_128_digest(mv[head:])
+            h.update(v)
+        return [_IDX_MAGIC + h.digest(), *views]
+
+    def encode(self) -> bytearray:
+        """The sidecar's bytes (:meth:`pieces` joined)."""
+        pieces = self.pieces()
+        out = bytearray(sum(len(p) for p in pieces))
+        at = 0
+        for p in pieces:
+            out[at:at + len(p)] = p
+            at += len(p)
         return out
 
     @classmethod

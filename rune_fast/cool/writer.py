@@ -16,7 +16,6 @@ import pyarrow.parquet as pq
 from .._names import tmp_name
 from ..errors import CorruptStateCheckpointError
 from ..events import fsync_dir
-from ..segments import write_kept
 from . import grams as _grams
 from .files import _dirs_of
 from .search import _Search
@@ -150,7 +149,9 @@ class _Writer(_Search):
         no = self._take_no()
         name, iname = _parquet_name(no), _idx_name(no)
         keys = _KeyParts()          # (the index's keys, part by part: 12 bytes a row)
-        sink = _grams.GramSink()
+        gname = _grams_name(no)
+        # (the search filters go to their temp file as they are made)
+        sink = _grams.GramFile(self._ipath(tmp_name(gname)))
 
         def keep_keys(tables: Iterable[pa.Table]) -> Iterable[pa.Table]:
             for t in tables:
@@ -162,9 +163,13 @@ class _Writer(_Search):
             # writer's thread, which folds the content without the GIL)
             sink.add(row_group.column("content"))
 
-        tmp = self._write_tmp(name, table=table, durable=durable, order=order,
-                              parts=None if parts is None else keep_keys(parts), overlap=overlap,
-                              feed=None if parts is None else feed)
+        try:
+            tmp = self._write_tmp(name, table=table, durable=durable, order=order,
+                                  parts=None if parts is None else keep_keys(parts), overlap=overlap,
+                                  feed=None if parts is None else feed)
+        except BaseException:
+            sink.discard()
+            raise
         itmp = None
         try:
             size, footer = _footer_hash(tmp)
@@ -192,10 +197,11 @@ class _Writer(_Search):
             fi.id_range = keys.id_range
             fi.digest = _file_digest(tmp)
             fi.pagedir = _dirs_of(tmp, md)      # (kept in the sidecar: no reader parses them again)
-            itmp = self._write_tmp(iname, fi.encode(), durable=durable, folder=self._idx_dir)
+            itmp = self._write_tmp(iname, fi.pieces(), durable=durable, folder=self._idx_dir)
             os.replace(itmp, self._ipath(iname))
             os.replace(tmp, self._path(name))
         except BaseException:
+            sink.discard()
             _unlink_quiet(tmp)
             if itmp is not None:
                 _unlink_quiet(itmp)
@@ -206,10 +212,8 @@ class _Writer(_Search):
             # takes is rebuilt from its file, which this sync keeps)
             fsync_dir(self._dir)
         # the search filters: a cache (one missing is built by the file's first search)
-        gname = _grams_name(no)
         try:
-            write_kept(self._ipath(gname), sink.pieces(size, footer, fi.rows),
-                       tmp=self._ipath(tmp_name(gname)), sync=False)
+            sink.keep(self._ipath(gname), size, footer, fi.rows)
         except ValueError as exc:
             log.warning("%s: search filters not written: %s", self._ipath(gname), exc)
         return self._remapped(fi)     # (its arrays from the mapped sidecar: off the heap)
