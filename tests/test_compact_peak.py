@@ -191,20 +191,30 @@ def test_filters_go_to_their_temp_file_as_they_are_made(tmp_path, caplog):
     assert "no-such-folder" in caplog.text and not os.path.exists(tmp_path / "h.grams")
 
 
-def test_a_runs_file_order_is_the_same_a_few_task_postings_at_a_time(tmp_path, small_files,  # noqa: F811
-                                                                     monkeypatch):
-    orders = []
-    real = cooling.Cooling._in_file_order
+def test_task_ranks_are_the_task_postings_looked_up_in_the_run(tmp_path):
+    """HotIndex.task_ranks (the compiled pass cooling orders a run by task
+    with) gives each location of the run 1 + the position of the task whose
+    postings hold it, 0 for none: the same as looking each task's
+    task_locs up in the run, for tasks the index does not know too."""
+    stored: dict = {}
+    with ConversationStateRepository(tmp_path, compact_every=10**6, hot_window=1000) as repo:
+        _append(repo, stored, range(300), _stamp)
+        index = repo._index
+        every = np.sort(np.concatenate([index.channel_locs(ch) for ch in index.channels()]))
+        known = sorted(index.task_keys())
+        assert len(known) == 9
+        with_unknown = [known[0], b"another-unknown"] + known[1:] + [b"no-such-task"]
+        for keys in (with_unknown, known[1:]):      # (known[1:]: the first task's locations get 0)
+            for run in (every, every[::3], every[:1], every[:0]):
+                want = np.zeros(len(run), dtype=np.int32)
+                for r, k in enumerate(keys, 1):
+                    posted = index.task_locs(k)
+                    at = np.searchsorted(run, posted)
+                    inside = at < len(run)
+                    want[at[inside][run[at[inside]] == posted[inside]]] = r
+                got = index.task_ranks(run, keys)
+                assert got.dtype == np.int32 and got.tolist() == want.tolist()
+        some = index.task_ranks(every, known[1:])
+        assert (some > 0).any() and (some == 0).any()
 
-    def in_file_order(self, excess, limit=None):
-        orders.append(real(self, excess, limit))
-        return orders[-1]
-    monkeypatch.setattr(cooling.Cooling, "_in_file_order", in_file_order)
-    for batch in (1 << 16, 1, 7):
-        monkeypatch.setattr(cooling, "_TASK_BATCH", batch)
-        stored: dict = {}
-        with ConversationStateRepository(tmp_path / str(batch), compact_every=10**6, hot_window=3) as repo:
-            _append(repo, stored, range(160), _stamp)
-            repo.compact()
-            check_reads(repo, stored)
-    assert len(orders) == 3 and orders[0].tolist() == orders[1].tolist() == orders[2].tolist()
+

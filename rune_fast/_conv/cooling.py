@@ -27,9 +27,6 @@ _ADOPT_COLUMNS = ["msg_id", "channel_id", "hlc"]
 #: no locations (an empty excess)
 _NO_LOCS = np.zeros(0, dtype=np.int64)
 _NO_LOCS.flags.writeable = False
-#: hot task postings looked up at a time when a run is put in file order
-#: (``Cooling._by_task``)
-_TASK_BATCH = 1 << 16
 
 
 class Cooling(Host):
@@ -361,35 +358,15 @@ class Cooling(Host):
         names = sorted((_unkey(k), k) for k in self._index.task_keys())
         if not names:
             return arr
-        # (each hot task location looked up among the run's, sorted: the
-        # run is a few thousand locations, the hot tier's task postings up
-        # to hundreds of thousands during a bulk load, which a sort of
-        # those cost 40 ms of CPU a run at 1,000,000 messages. The
-        # postings a batch of tasks at a time, ranks int32, each channel
-        # sorted apart: all the postings and their ranks at once, with
-        # int64 temporaries of the whole run, were 44 MB of the peak of
-        # resident memory of the compact() after a bulk load of 1,000,000)
+        # (each hot task location looked up among the run's, sorted, in
+        # the compiled index: the run is a few thousand locations, the hot
+        # tier's task postings up to hundreds of thousands during a bulk
+        # load; ranks int32, each channel sorted apart: all the postings
+        # and their ranks as int64 temporaries of the whole run were 44 MB
+        # of the peak of resident memory of the compact() after a bulk
+        # load of 1,000,000)
         o = np.argsort(arr, kind="stable")
-        run = arr[o]
-        ranked = np.zeros(len(run), dtype=np.int32)     # 0: no task, else 1 + the task's rank
-        batch: list[np.ndarray] = []
-        ranks: list[int] = []
-        held = 0
-        for r, (_t, k) in enumerate(names, 1):
-            locs = self._index.task_locs(k)
-            if len(locs):
-                batch.append(locs)
-                ranks.append(r)
-                held += len(locs)
-            if held >= _TASK_BATCH or (r == len(names) and batch):
-                got = np.concatenate(batch)
-                at = np.minimum(np.searchsorted(run, got), len(run) - 1)
-                hit = run[at] == got
-                ranked[at[hit]] = np.repeat(np.array(ranks, dtype=np.int32),
-                                            [len(x) for x in batch])[hit]
-                batch, ranks, held = [], [], 0
-                del got, at, hit
-        del run
+        ranked = self._index.task_ranks(arr[o], [k for _t, k in names])
         rank = np.empty(len(arr), dtype=np.int32)
         rank[o] = ranked
         del o, ranked
