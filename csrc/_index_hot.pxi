@@ -1581,6 +1581,18 @@ cdef class HotIndex:
                 return PyBytes_FromStringAndSize(<const char *>p + m.task_off, m.task_len)
         return None
 
+    def excess_len(self, Py_ssize_t hot_window) -> int:
+        """How many locations :meth:`excess` would give (no array made: the
+        automatic compaction asks at every ``compact_every``)."""
+        cdef uint32_t i
+        cdef uint64_t n = 0
+        if hot_window < 0:
+            raise FramingError(f"excess_len: hot_window must be >= 0, got {hot_window}")
+        for i in range(self._n_chan):
+            if _len(&self._c_chan[i]) > <uint64_t>hot_window:
+                n += _len(&self._c_chan[i]) - <uint64_t>hot_window
+        return n
+
     def excess(self, Py_ssize_t hot_window):
         """Locations beyond each channel's newest `hot_window` messages, grouped
         by channel (in channel order), oldest first: what cooling moves out."""

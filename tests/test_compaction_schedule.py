@@ -137,12 +137,40 @@ def test_a_kill_after_an_adoption_keeps_every_message_once(tmp_path, stop):
         check(repo, n)
 
 
-def test_single_appends_stage_the_quarter_window_run_in_the_thread(tmp_path, monkeypatch):
-    """With the shipped tuning, the run an automatic compaction starts when a
-    channel's excess reaches a quarter of the default window (128 of 512) is
+def test_automatic_cooling_waits_for_the_due_total_excess(tmp_path, monkeypatch):
+    """From a window of 64 messages on, an automatic compaction cools once
+    the excess of all channels together reaches tuning.COOL_DUE_ROWS, and
+    then every channel's excess: runs of a few hundred rows every few
+    batches paid a cooling cycle's fixed costs (start, syncs, manifest,
+    segment pass) each time. Until then every read is exact."""
+    monkeypatch.setattr(tuning, "COOL_DUE_ROWS", 300)
+    monkeypatch.setattr(tuning, "BG_COOL_MIN_ROWS", 10**9)     # (runs inline: adopted at once)
+    def m(i: int) -> ConversationMessageRecord:
+        return ConversationMessageRecord(msg_id=f"m{i:06d}", content=f"note {i}", channel_id=f"c{i % 4}",
+                                         ts=1_700_000_000.0 + i)
+    with ConversationStateRepository(tmp_path, compact_every=8, hot_window=64, durability="none") as repo:
+        n = 4 * 64 + 296            # 74 beyond each channel's window: a whole window's excess is not due
+        repo.append_many([m(i) for i in range(n)])
+        for i in range(n, n + 16):
+            repo.append(m(i))       # (automatic compactions, excess 296-311: due from 300)
+            if i < n + 4:
+                assert repo.stats()["cool"] == 0, i
+        n += 16
+        assert repo.stats()["cool"] >= 300
+        assert repo.stats()["cool"] + repo.stats()["hot_and_tail"] == n
+        for ch in range(4):
+            assert repo.window(f"c{ch}", 10_000) == [m(i) for i in range(n) if i % 4 == ch]
+        assert repo.verify().ok
+
+
+def test_single_appends_stage_the_due_run_in_the_thread(tmp_path, monkeypatch):
+    """With the shipped tuning an automatic run is never smaller than what a
+    thread writes, and such a run (here due at 128 rows, one channel) is
     written by the thread: a durable append pays for copying its lines, not
     for its Parquet file and syncs (a store taking single appends cooled
     about 250 messages every 250 appends, each run inline)."""
+    assert tuning.COOL_DUE_ROWS >= tuning.BG_COOL_MIN_ROWS
+    monkeypatch.setattr(tuning, "COOL_DUE_ROWS", tuning.BG_COOL_MIN_ROWS)
     inline: list[int] = []
     real = ConversationStateRepository._cool_in_files
 

@@ -1225,6 +1225,16 @@ def test_max_channel_len():
     assert ix.max_channel_len() == 4 == ix.channel_len(b"b")
 
 
+def test_excess_len_counts_what_excess_gives():
+    assert _index.HotIndex().excess_len(0) == 0
+    ix, _data, _rep = build([line(f"m{i}", "abc"[i % 3] if i < 9 else "a") for i in range(20)])
+    for w in range(0, 15):
+        assert ix.excess_len(w) == len(ix.excess(w)), w
+    assert ix.excess_len(2) == (14 - 2) + (3 - 2) + (3 - 2)
+    with pytest.raises(FramingError, match="hot_window"):
+        ix.excess_len(-1)
+
+
 def assert_same_index(got, want, n_ids):
     """``got`` answers as ``want`` for channels a-c, tasks t0-t3 and ids m0..m{n_ids - 1}."""
     for ch in (b"a", b"b", b"c"):

@@ -1189,7 +1189,7 @@ def _tiers(repo, msgs):
 def test_automatic_compaction_cools_what_compact_would(tmp_path):
     """SPEC: compaction runs by itself every compact_every messages and cools
     each channel's messages beyond its newest hot_window. A small window
-    cools any excess (a quarter-window batching applies from 64 messages on),
+    cools any excess (from 64 messages on it waits for tuning.COOL_DUE_ROWS),
     and a small merge of archive files runs inline: it used to run in a
     thread during which automatic compactions cooled nothing, so the tiers
     of a small store depended on the thread's timing."""

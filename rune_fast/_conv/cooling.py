@@ -33,11 +33,15 @@ class Cooling(Host):
     """Choosing and staging what cools (a mixin of the repository)."""
 
     def _cooling_due(self) -> bool:
-        """Whether some channel's excess over ``hot_window`` reaches a quarter
-        window (any excess for a window under 64 messages, whose runs are
-        small anyway): the automatic compaction's reason to cool."""
-        due = 1 if self.hot_window < 64 else self.hot_window // 4
-        return self._index.max_channel_len() - self.hot_window >= due
+        """Whether the automatic compaction cools: the excess over
+        ``hot_window`` of every channel together reaches
+        ``tuning.COOL_DUE_ROWS``, or one channel's reaches a whole window
+        (any excess for a window under 64 messages, whose runs are small
+        anyway). See ``tuning.COOL_DUE_ROWS`` for why not sooner."""
+        w = self.hot_window
+        if w < 64:
+            return self._index.max_channel_len() > w
+        return self._index.excess_len(w) >= tuning.COOL_DUE_ROWS
 
     def _merge_rows(self, groups: list[list[str]]) -> int:
         rows = self._cool.file_rows()
@@ -46,10 +50,9 @@ class Cooling(Host):
     def _excess(self, full: bool) -> np.ndarray:
         """Locations to cool (int64): every channel's messages beyond its newest
         ``hot_window``. The automatic compaction (``full=False``) cools only
-        once some channel's excess reaches a quarter window (windows of 64
-        messages or more; smaller ones: any excess), and then cools
-        every channel's excess: one larger Parquet run now and then instead
-        of a small run (and its merges) every few ``compact_every``. (An
+        once :meth:`_cooling_due`, and then cools every channel's excess:
+        one larger Parquet run now and then instead of a small run (and its
+        merges) every few ``compact_every``. (An
         array, not a list of ints: 8 bytes a location, not ~36 -- the
         compact() after a bulk load of 1,000,000 messages cools ~450,000,
         and held them, a set of them and their file order through its peak

@@ -28,9 +28,8 @@ SPARSE_MIN_BYTES = 64 << 10
 REWRITE_RUN_BYTES = 2 << 20
 #: An automatic cooling run of at least this many messages is written by a
 #: background thread (appends go on meanwhile); smaller runs, and every run of
-#: an explicit compact(), are written inline. A quarter of the default
-#: hot_window: the run an automatic compaction starts when some channel's
-#: excess reaches a quarter window is at least that. At 512, on a store of
+#: an explicit compact(), are written inline (every automatic run with the
+#: shipped COOL_DUE_ROWS; smaller windows' runs can be smaller). At 512, on a store of
 #: 1,000,000 messages taking single appends (100 channels, the bench's
 #: workload) every run (about 250 messages every 250 appends) was written
 #: inline, 10-15 ms of one append's time: most of what a durable append
@@ -47,6 +46,18 @@ BG_COOL_MIN_ROWS = 128
 #: next runs (each channel's excess is oldest first, channel by channel,
 #: so a run cools a prefix of each channel it reaches).
 BG_COOL_RUN_ROWS = 16384
+#: An automatic compaction cools once the excess over hot_window of every
+#: channel together reaches this many messages (windows of 64 or more),
+#: in one run of BG_COOL_RUN_ROWS: a file of its merge tier from the start.
+#: Each cooling cycle has costs that do not grow with its rows (the run's
+#: start and task order, its adoption's syncs and manifest, the segment
+#: passes after it: 40-60 ms of appenders' time at 1,000,000 messages).
+#: Cooling once a channel's excess reached a quarter window made runs of
+#: 1,000-5,000 rows on the bench's store (100 channels, the busiest with
+#: 12% of the messages): a cycle every ~4 append_many(1,000) calls, whose
+#: mean was 13-16 ms against 10-12 ms with this (/work/s33 A/B, 1M store).
+#: The hot tier then holds up to this many messages beyond the windows.
+COOL_DUE_ROWS = 16384
 #: A run takes this many messages when the excess holds that many (cooling
 #: fell far behind the appends: a bulk load on a machine whose cores the
 #: merges and the appender share): its file lands a merge tier above
