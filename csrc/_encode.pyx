@@ -1791,36 +1791,20 @@ def message_init_setup(type record_type, object new_id, object now, object slow)
         rf_set_tp_init(record_type, _mi_tp_init)
 
 
-cdef bint _utf8_str(object s) noexcept:
-    """Whether a str encodes as UTF-8 (holds no lone surrogate). The scan
-    ORs a whole run of characters before it looks (a loop the compiler
-    vectorises): about 0.1 ns a character."""
+cdef extern from "rf_utf8.h" nogil:
+    bint rf_ucs_no_surrogate(int kind, const void *data, size_t n)
+
+
+cdef inline bint _utf8_str(object s) noexcept:
+    """Whether a str encodes as UTF-8 (holds no lone surrogate): the code
+    points scanned as they lie (rf_utf8.h), about 0.05 ns a byte in cache."""
     cdef int kind
-    cdef Py_ssize_t i, j, n, end
-    cdef const uint16_t *p2
-    cdef const uint32_t *p4
-    cdef unsigned int bad = 0
     if PyUnicode_IS_ASCII(s):
         return True
     kind = PyUnicode_KIND(s)
-    n = PyUnicode_GET_LENGTH(s)
-    if kind == PyUnicode_2BYTE_KIND:
-        p2 = <const uint16_t *>PyUnicode_DATA(s)
-        for i in range(0, n, 512):
-            end = min(n, i + 512)
-            for j in range(i, end):
-                bad |= (p2[j] >> 11) == 0x1B        # 0xD800-0xDFFF: a surrogate
-            if bad:
-                return False
-    elif kind == PyUnicode_4BYTE_KIND:
-        p4 = <const uint32_t *>PyUnicode_DATA(s)
-        for i in range(0, n, 512):
-            end = min(n, i + 512)
-            for j in range(i, end):
-                bad |= (p4[j] >> 11) == 0x1B
-            if bad:
-                return False
-    return True
+    if kind == 1:
+        return True
+    return rf_ucs_no_surrogate(kind, PyUnicode_DATA(s), <size_t>PyUnicode_GET_LENGTH(s))
 
 
 cdef inline bint _plain_str(object s) noexcept:

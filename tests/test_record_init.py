@@ -219,3 +219,17 @@ def test_setting_init_puts_the_generic_slot_back():
     o = Own(msg_id="m", ts=1.0, channel_id="c")
     assert seen == [{"msg_id": "m", "ts": 1.0, "channel_id": "c"}] and o.channel_id == "c"
 
+
+@pytest.mark.parametrize("wide", ["€", "😀"])
+def test_lone_surrogate_found_anywhere_in_a_long_content(wide):
+    # the compiled scan ORs blocks of 512 code points (32 a step with AVX2):
+    # a surrogate at any place of a block, its edges, or the tail is found
+    for n in (1, 15, 16, 17, 511, 512, 513, 1030):
+        base = (wide + "ab" * n)[:n] if n > 1 else wide
+        kw = {"msg_id": "m", "ts": 1.0, "channel_id": "c", "content": base}
+        assert built(kw) == reference(kw) and built(kw)[3] == base
+        for at in sorted({0, n // 2, n - 1, min(n - 1, 511), min(n - 1, 512)}):
+            for bad in ("\ud800", "\udfff"):
+                kw["content"] = base[:at] + bad + base[at + 1:]
+                assert built(kw) == reference(kw)
+                assert built(kw)[0] is ValueError
