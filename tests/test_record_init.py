@@ -121,3 +121,115 @@ def test_subclass_and_positional_arguments():
     assert (s.msg_id, s.ts, s.role, s.content, s.channel_id, s.token_estimate) == ("m1", 2.0, "assistant", "hi", "c", 1)
     with pytest.raises(TypeError):
         R("m1", 2.0, "user", "", "c", "", None, (), "", "", "", "one too many")   # type: ignore[call-arg]
+
+
+# ``R(...)`` runs the compiled tp_init (_encode._mi_tp_init), which matches
+# the arguments itself; ``R.__init__`` (message_init) takes them through
+# Cython's own parsing. Both must agree with each other and with the Python
+# reference for every way of passing the fields.
+class Key(str):
+    pass
+
+
+def _outcome(make):
+    try:
+        r = make()
+    except (TypeError, ValueError) as exc:
+        return type(exc), str(exc)
+    return tuple(getattr(r, f) for f in FIELDS)
+
+
+def _through_init(args, kw):
+    r = R.__new__(R)
+    r.__init__(*args, **kw)
+    return r
+
+
+arg_lists = st.lists(st.sampled_from(FIELDS), unique=True).flatmap(
+    lambda names: st.tuples(st.just(names), st.permutations(names), st.integers(0, len(names))))
+
+
+@settings(max_examples=400, deadline=None)
+@given(arg_lists, st.data())
+def test_compiled_tp_init_matches_message_init(spec, data):
+    names, order, npos = spec
+    values = {"msg_id": "m1", "ts": 2.5, "role": "tool", "content": "héllo 😀", "channel_id": "c",
+              "task_id": "t", "token_estimate": 7, "tool_calls": [{"id": "i", "name": "n", "arguments": [1]}],
+              "tool_call_id": "x", "origin": "o", "hlc": "h"}
+    given_ = {f: values[f] for f in names}
+    positional = [given_.get(f) for f in FIELDS[:npos]]
+    # keywords in a drawn order; some keys equal to the names but not the
+    # interned objects, sometimes a str subclass, a duplicate or an unknown one
+    kw = {}
+    for f in order:
+        if FIELDS.index(f) < npos and not data.draw(st.booleans(), label="dup"):
+            continue
+        how = data.draw(st.sampled_from(["same", "copy", "sub"]), label="key")
+        key = f if how == "same" else "".join(list(f)) if how == "copy" else Key(f)
+        kw[key] = values[f]
+    if data.draw(st.booleans(), label="unknown"):
+        kw[data.draw(st.sampled_from(["bogus", "self", "msg_id "]), label="name")] = 1
+    got = _outcome(lambda: R(*positional, **kw))
+    other = _outcome(lambda: _through_init(positional, kw))
+    if isinstance(got, tuple) and len(got) == len(FIELDS) and isinstance(other, tuple) and len(other) == len(FIELDS):
+        # a left-out msg_id or ts is drawn fresh each time: its type must agree
+        assert [type(v) for v in got] == [type(v) for v in other] and got[2:] == other[2:]
+        for k, f in enumerate(FIELDS[:2]):
+            assert got[k] == other[k] or f not in given_
+    else:
+        assert got == other
+    if isinstance(got, tuple) and len(got) == len(FIELDS) and "msg_id" in names and "ts" in names:
+        want = dict(DEFAULTS)
+        want.update(given_)
+        assert got == records._checked_message(*(want[f] for f in FIELDS))
+
+
+def test_compiled_tp_init_refuses_as_message_init():
+    for args, kw in [((), {"bogus": 1}), (("m",), {"msg_id": "m2"}), (tuple(range(12)), {}),
+                     ((), {Key("msg_id"): "m", "ts": 1.0, "channel_id": "c"}), ((), {"ts": float("nan"), "channel_id": "c"}),
+                     ((), {"content": "\ud800", "channel_id": "c"}), ((), {"channel_id": ""})]:
+        assert _outcome(lambda: R(*args, **kw)) == _outcome(lambda: _through_init(args, kw))
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
+        R(bogus=1)
+    with pytest.raises(TypeError, match="multiple values for keyword argument 'msg_id'"):
+        R("m", msg_id="m2")
+
+
+def test_compiled_tp_init_holds_its_arguments():
+    # a kwargs dict that is not a fresh copy (functools.partial hands its
+    # own over) and the defaults filled in for what was left out
+    import functools
+    make = functools.partial(R, msg_id="m", ts=1.0, channel_id="c", content="abcde")
+    r = make()
+    assert (r.msg_id, r.ts, r.role, r.content, r.token_estimate, r.tool_calls) == ("m", 1.0, "user", "abcde", 2, ())
+    assert make() == r and make.keywords == {"msg_id": "m", "ts": 1.0, "channel_id": "c", "content": "abcde"}
+
+
+def test_setting_init_puts_the_generic_slot_back():
+    class Own(R):
+        __slots__ = ()
+
+    seen = []
+
+    def init(self, *a, **k):
+        seen.append(k)
+        R.__init__(self, *a, **k)
+
+    Own.__init__ = init
+    o = Own(msg_id="m", ts=1.0, channel_id="c")
+    assert seen == [{"msg_id": "m", "ts": 1.0, "channel_id": "c"}] and o.channel_id == "c"
+
+
+@pytest.mark.parametrize("wide", ["€", "😀"])
+def test_lone_surrogate_found_anywhere_in_a_long_content(wide):
+    # the compiled scan ORs blocks of 512 code points (32 a step with AVX2):
+    # a surrogate at any place of a block, its edges, or the tail is found
+    for n in (1, 15, 16, 17, 511, 512, 513, 1030):
+        base = (wide + "ab" * n)[:n] if n > 1 else wide
+        kw = {"msg_id": "m", "ts": 1.0, "channel_id": "c", "content": base}
+        assert built(kw) == reference(kw) and built(kw)[3] == base
+        for at in sorted({0, n // 2, n - 1, min(n - 1, 511), min(n - 1, 512)}):
+            for bad in ("\ud800", "\udfff"):
+                kw["content"] = base[:at] + bad + base[at + 1:]
+                assert built(kw) == reference(kw)
+                assert built(kw)[0] is ValueError
