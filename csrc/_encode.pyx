@@ -1271,6 +1271,7 @@ cdef int _KIND_C[N_RAW]
 for _k in range(N_RAW):
     assert _BODY_C[_k].f == _k and _BODY_C[_k].lit == <const char *>PyBytes_AS_STRING(_RECORD_KEYS[_k][0])
     _KIND_C[_k] = _RECORD_KEYS[_k][1]
+del _k
 
 
 cdef struct _Cols:
