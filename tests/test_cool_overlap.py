@@ -195,3 +195,36 @@ def test_folded_filters_are_the_casefolds_trigrams(texts, block, nbits, broken):
             raw[i] = raw[i] + b"\xc3"       # (cut inside a code point: does not decode)
     offs = np.cumsum([0] + [len(r) for r in raw]).astype(np.int32)
     assert fold_block_grams(b"".join(raw), offs, block, nbits) == _model(raw, block, nbits)
+
+
+def test_filters_fold_on_a_thread_of_their_own_and_its_error_is_raised(tmp_path, monkeypatch):
+    """compact()'s filters are folded beside the row groups' writes, on a
+    thread of their own (on the writer's, they made it the longer of the
+    two threads); an error there is raised by the compaction, which cools
+    nothing then."""
+    from rune_fast.cool import grams
+    names = []
+    add = grams.GramFile.add
+
+    def spy(self, content):
+        names.append(threading.current_thread().name)
+        return add(self, content)
+
+    monkeypatch.setattr(grams.GramFile, "add", spy)
+    msgs = [ConversationMessageRecord(content=f"m{i}", channel_id="c") for i in range(300)]
+    with ConversationStateRepository(str(tmp_path / "a"), hot_window=8, compact_every=10**9) as repo:
+        repo.append_many(msgs)
+        assert repo.compact().cooled == 292
+    assert names and set(names) == {"rune-fast-filters"}
+
+    def boom(self, content):
+        raise RuntimeError("filters: boom")
+
+    monkeypatch.setattr(grams.GramFile, "add", boom)
+    with ConversationStateRepository(str(tmp_path / "b"), hot_window=8, compact_every=10**9) as repo:
+        repo.append_many(msgs)
+        with pytest.raises(RuntimeError, match="filters: boom"):
+            repo.compact()
+        assert [r.content for r in repo.window("c", 300)] == [f"m{i}" for i in range(300)]
+    cdir = tmp_path / "b" / "hot" / "conversation_cool"
+    assert not cdir.exists() or not [n for n in os.listdir(cdir) if n.endswith(".parquet")]

@@ -622,8 +622,8 @@ class _FileSet:
         the row groups are encoded and compressed by a thread of their own
         (pyarrow does it without the GIL) while this one makes the next
         parts (see :class:`_GroupWriter`). ``feed(row_group)`` is called
-        with each row group, in file order, before it is written (on the
-        writer's thread with ``overlap``)."""
+        with each row group, in file order (with ``overlap`` on a thread of
+        its own, beside the row group's write; else before it)."""
         rg = self._rg_rows
         w: Any = None
         pending: list[pa.Table] = []
