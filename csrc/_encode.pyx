@@ -98,7 +98,7 @@ cdef struct Buf:
     Py_ssize_t cap
 
 
-cdef int _reserve(Buf *b, Py_ssize_t extra) except -1:
+cdef int _reserve(Buf *b, Py_ssize_t extra) except -1 nogil:
     cdef Py_ssize_t cap
     cdef char *p
     if b.n + extra <= b.cap:
@@ -106,13 +106,14 @@ cdef int _reserve(Buf *b, Py_ssize_t extra) except -1:
     cap = max(b.cap * 2, b.n + extra, 4096)
     p = <char *>realloc(b.p, <size_t>cap)
     if p == NULL:
-        raise MemoryError("encode_messages: scratch buffer")
+        with gil:
+            raise MemoryError("encode_messages: scratch buffer")
     b.p = p
     b.cap = cap
     return 0
 
 
-cdef inline void _put(Buf *b, const char *s, Py_ssize_t n) noexcept:
+cdef inline void _put(Buf *b, const char *s, Py_ssize_t n) noexcept nogil:
     # room was reserved by the caller
     memcpy(b.p + b.n, s, <size_t>n)
     b.n += n
@@ -223,8 +224,8 @@ _layout_c(_BODY_KEYS, _BODY_C)
 _layout_c(_CANON_KEYS, _CANON_C)
 
 
-cdef inline int _assemble(Buf *o, const _Key *layout, const char *base, Py_ssize_t *rs, Py_ssize_t *rl,
-                          const char *calls, Py_ssize_t calls_n) except -1:
+cdef inline int _assemble(Buf *o, const _Key *layout, const char *base, const Py_ssize_t *rs,
+                          const Py_ssize_t *rl, const char *calls, Py_ssize_t calls_n) except -1 nogil:
     """Write ``layout`` (N_RAW keys) onto o (room reserved): each key, then
     its raw value ``base[rs[f]:rs[f] + rl[f]]`` -- or, for the tool calls,
     ``calls[0:calls_n]`` when ``calls_n`` >= 0 -- then the closing brace."""
@@ -1030,15 +1031,15 @@ _RAW_TO_COL[:] = [C_MSG_ID, C_CHANNEL, C_TASK, C_HLC, C_CONTENT, -1, C_ROLE, -1,
                   C_TOOL_CALL_ID, C_ORIGIN, -1]
 
 
-cdef inline bint _hexlow(unsigned char c) noexcept:
+cdef inline bint _hexlow(unsigned char c) noexcept nogil:
     return (c'0' <= c <= c'9') or (c'a' <= c <= c'f')
 
 
-cdef inline int _hexval(unsigned char c) noexcept:
+cdef inline int _hexval(unsigned char c) noexcept nogil:
     return c - c'0' if c <= c'9' else c - c'a' + 10
 
 
-cdef Py_ssize_t _canon_string_end(const unsigned char *p, Py_ssize_t i, Py_ssize_t n) noexcept:
+cdef Py_ssize_t _canon_string_end(const unsigned char *p, Py_ssize_t i, Py_ssize_t n) noexcept nogil:
     """p[i] opens a JSON string; the index after its closing quote, or -1 if
     it is not spelled as the encoder spells it (a raw control byte, an escape
     it does not write, the end of the line first)."""
@@ -1075,7 +1076,7 @@ cdef Py_ssize_t _canon_string_end(const unsigned char *p, Py_ssize_t i, Py_ssize
     return -1
 
 
-cdef Py_ssize_t _json_value_end(const unsigned char *p, Py_ssize_t i, Py_ssize_t n) noexcept:
+cdef Py_ssize_t _json_value_end(const unsigned char *p, Py_ssize_t i, Py_ssize_t n) noexcept nogil:
     """p[i] opens a JSON array or object; the index after its close, or -1
     (brackets are counted outside strings; the caller parses the value).
     Also -1 for a run of 19 digits anywhere in it: a number that may not fit
@@ -1116,7 +1117,7 @@ cdef Py_ssize_t _json_value_end(const unsigned char *p, Py_ssize_t i, Py_ssize_t
     return -1
 
 
-cdef void _unescape(Buf *b, const unsigned char *s, Py_ssize_t n) noexcept:
+cdef void _unescape(Buf *b, const unsigned char *s, Py_ssize_t n) noexcept nogil:
     """Append the value of the canonical string body s[0:n) (room reserved)."""
     cdef Py_ssize_t i = 0
     cdef unsigned char c
@@ -1154,7 +1155,7 @@ cdef void _unescape(Buf *b, const unsigned char *s, Py_ssize_t n) noexcept:
 
 
 cdef Py_ssize_t _int_end(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, int max_digits,
-                         int64_t *out) noexcept:
+                         int64_t *out) noexcept nogil:
     """A non-negative integer as json writes it (no sign, no leading zero)
     at p[i]; the index after it, or -1."""
     cdef Py_ssize_t j = i
@@ -1175,7 +1176,7 @@ _POW10[:] = [1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12,
 
 
 cdef bint _float_fast(const unsigned char *p, Py_ssize_t i, Py_ssize_t j, Py_ssize_t dot,
-                      double *out) noexcept:
+                      double *out) noexcept nogil:
     """The value of the float text p[i:j) (``-?digits.digits``, its dot at
     ``dot``) without strtod, where exact double arithmetic gives it; False:
     the caller asks strtod. The text is M / 10**k with M < 2**53 and
@@ -1205,7 +1206,7 @@ cdef bint _float_fast(const unsigned char *p, Py_ssize_t i, Py_ssize_t j, Py_ssi
 
 
 cdef Py_ssize_t _float_end(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, double *out,
-                           bint exact) except -2:
+                           bint exact) except -2 nogil:
     """A float spelled as repr() spells it inside the range where orjson and
     json agree (no exponent); the index after it, or -1."""
     cdef Py_ssize_t j = i
@@ -1229,7 +1230,8 @@ cdef Py_ssize_t _float_end(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, d
     memcpy(tmp, p + i, <size_t>(j - i))
     tmp[j - i] = 0
     if not _float_fast(p, i, j, dot, &x):
-        x = PyOS_string_to_double(tmp, &end, None)
+        with gil:
+            x = PyOS_string_to_double(tmp, &end, None)
         if end != tmp + (j - i):
             return -1
     if not (x == 0.0 or 1e-4 <= abs(x) < 1e16):
@@ -1244,43 +1246,60 @@ cdef Py_ssize_t _float_end(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, d
             return -1
         out[0] = x
         return j
-    rep = PyOS_double_to_string(x, b'r', 0, Py_DTSF_ADD_DOT_0, NULL)
-    try:
-        same = strlen(rep) == <size_t>(j - i) and memcmp(rep, tmp, <size_t>(j - i)) == 0
-    finally:
-        PyMem_Free(rep)
+    with gil:
+        rep = PyOS_double_to_string(x, b'r', 0, Py_DTSF_ADD_DOT_0, NULL)
+        try:
+            same = strlen(rep) == <size_t>(j - i) and memcmp(rep, tmp, <size_t>(j - i)) == 0
+        finally:
+            PyMem_Free(rep)
     if not same:
         return -1
     out[0] = x
     return j
 
 
-cdef inline bint _lit_at(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, bytes lit) noexcept:
-    cdef Py_ssize_t m = PyBytes_GET_SIZE(lit)
-    return i + m <= n and memcmp(p + i, PyBytes_AS_STRING(lit), <size_t>m) == 0
+cdef inline bint _lit_at(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, const char *lit,
+                         Py_ssize_t m) noexcept nogil:
+    return i + m <= n and memcmp(p + i, lit, <size_t>m) == 0
+
+
+# the key literals of a message line (_RECORD_KEYS) and their kinds, as C
+# arrays: a line is parsed without the GIL (cool_columns)
+cdef const char *_MSG_PREFIX_C = PyBytes_AS_STRING(_MSG_PREFIX)
+cdef Py_ssize_t _MSG_PREFIX_N = PyBytes_GET_SIZE(_MSG_PREFIX)
+cdef int _KIND_C[N_RAW]
+for _k in range(N_RAW):
+    assert _BODY_C[_k].f == _k and _BODY_C[_k].lit == <const char *>PyBytes_AS_STRING(_RECORD_KEYS[_k][0])
+    _KIND_C[_k] = _RECORD_KEYS[_k][1]
+del _k
+
+
+cdef struct _Cols:
+    Buf data[N_SCOL]
+    Buf offs[N_SCOL]
+    Buf ts, tok, ver, ords, canon
 
 
 cdef class _ColumnBufs:
-    cdef Buf data[N_SCOL]
-    cdef Buf offs[N_SCOL]
-    cdef Buf ts, tok, ver, ords, canon
+    cdef _Cols c
 
     def __dealloc__(self):
         cdef int k
         for k in range(N_SCOL):
-            free(self.data[k].p)
-            free(self.offs[k].p)
-        free(self.ts.p)
-        free(self.tok.p)
-        free(self.ver.p)
-        free(self.ords.p)
-        free(self.canon.p)
+            free(self.c.data[k].p)
+            free(self.c.offs[k].p)
+        free(self.c.ts.p)
+        free(self.c.tok.p)
+        free(self.c.ver.p)
+        free(self.c.ords.p)
+        free(self.c.canon.p)
 
 
-cdef int _push_offset(Buf *offs, Py_ssize_t v) except -1:
+cdef int _push_offset(Buf *offs, Py_ssize_t v) except -1 nogil:
     cdef int32_t x
     if v > 0x7FFFFFFF:
-        raise OverflowError("cool_columns: a column passed 2 GiB")
+        with gil:
+            raise OverflowError("cool_columns: a column passed 2 GiB")
     x = <int32_t>v
     _reserve(offs, 4)
     _put(offs, <const char *>&x, 4)
@@ -1295,34 +1314,31 @@ cdef struct _Line:
     bint calls                  # a non-empty tool-call list (raw value at rs/rl[R_TOOL_CALLS])
 
 
-cdef bint _parse_line(const unsigned char *p, Py_ssize_t n, _Line *r, bint exact_ts) except -1:
+cdef bint _parse_line(const unsigned char *p, Py_ssize_t n, _Line *r, bint exact_ts) except -1 nogil:
     """Whether the verified line p[0:n) is a message line spelled as the
     encoder spells it: the record's twelve keys in to_dict() order, strings
     escaped as json escapes them, non-negative integers, a float without an
     exponent (with ``exact_ts``: exactly as repr() writes it), the tool-call
     list either empty or a JSON value without a run of 19 digits, then the
     append sequence. Fills ``r``."""
-    cdef Py_ssize_t prefix = RF_PREFIX_LEN + PyBytes_GET_SIZE(_MSG_PREFIX), i, e
+    cdef Py_ssize_t prefix = RF_PREFIX_LEN + _MSG_PREFIX_N, i, e
     cdef int k, kind
-    cdef bytes lit
-    if n <= prefix or memcmp(p + RF_PREFIX_LEN, PyBytes_AS_STRING(_MSG_PREFIX),
-                             <size_t>PyBytes_GET_SIZE(_MSG_PREFIX)) != 0:
+    if n <= prefix or memcmp(p + RF_PREFIX_LEN, _MSG_PREFIX_C, <size_t>_MSG_PREFIX_N) != 0:
         return False
     i = prefix
     r.calls = False
     for k in range(N_RAW):
-        lit = _RECORD_KEYS[k][0]
-        kind = _RECORD_KEYS[k][1]
-        if not _lit_at(p, i, n, lit):
+        kind = _KIND_C[k]
+        if not _lit_at(p, i, n, _BODY_C[k].lit, _BODY_C[k].n):
             return False
-        i += PyBytes_GET_SIZE(lit)
+        i += _BODY_C[k].n
         r.rs[k] = i
         if kind == S:
             e = _canon_string_end(p, i, n)
         elif kind == F:
             e = _float_end(p, i, n, &r.ts, exact_ts)
         elif kind == L:
-            if _lit_at(p, i, n, b'[]'):
+            if _lit_at(p, i, n, b'[]', 2):
                 e = i + 2
             else:
                 e = _json_value_end(p, i, n)
@@ -1335,10 +1351,103 @@ cdef bint _parse_line(const unsigned char *p, Py_ssize_t n, _Line *r, bint exact
             return False
         r.rl[k] = e - i
         i = e
-    if not _lit_at(p, i, n, b'},"s":'):
+    if not _lit_at(p, i, n, b'},"s":', 6):
         return False
     e = _int_end(p, i + 6, n, 18, &r.seq)
     return e >= 0 and e + 1 == n and p[e] == c'}' and r.ver <= 0x7FFFFFFF
+
+
+# lines cool_columns parses (and writes out) at a time without the GIL
+cdef enum:
+    _COOL_BLOCK = 256
+
+cdef struct _Cooled:
+    _Line ln
+    int state                   # 0: not taken, 1: taken, 2: taken, tool calls given
+    const char *calls_col       # (state 2) the tool-call column text and canonical JSON
+    Py_ssize_t calls_col_n
+    const char *calls_canon
+    Py_ssize_t calls_canon_n
+
+
+cdef Py_ssize_t _cool_parse(const unsigned char *base, Py_ssize_t size, const int64_t *st, Py_ssize_t nl,
+                            Py_ssize_t a, Py_ssize_t b, _Cooled *blk) except -2 nogil:
+    """Parse lines ``[a, b)`` into ``blk`` (state 1: spelled as the encoder
+    spells them; 2: also holding tool calls, their texts still to be
+    given); the first line not followed by a newline where the next starts
+    (its index), or -1."""
+    cdef Py_ssize_t li, end, n
+    cdef _Cooled *c
+    for li in range(a, b):
+        end = st[li + 1] - 1 if li + 1 < nl else size - 1
+        if st[li] < 0 or end < st[li] or end >= size or base[end] != 10:
+            return li
+        c = &blk[li - a]
+        n = end - st[li]
+        c.state = 0
+        if _parse_line(base + st[li], n, &c.ln, True):
+            c.state = 2 if c.ln.calls else 1
+    return -1
+
+
+cdef int _cool_emit(_Cols *cb, const unsigned char *base, Py_ssize_t size, const int64_t *st,
+                    Py_ssize_t nl, Py_ssize_t a, Py_ssize_t b, const _Cooled *blk) except -1 nogil:
+    """Write the columns of the lines of ``[a, b)`` taken (state 1 or 2)."""
+    cdef Py_ssize_t li, k, n
+    cdef const _Cooled *c
+    cdef const unsigned char *p
+    cdef int col
+    cdef _xxh.XXH128_hash_t h
+    cdef char hexd[33]
+    cdef int32_t ver32
+    for li in range(a, b):
+        c = &blk[li - a]
+        if c.state == 0:
+            continue
+        p = base + st[li]
+        n = (st[li + 1] - 1 if li + 1 < nl else size - 1) - st[li]
+        # the string columns: each value unescaped
+        for k in range(N_RAW):
+            col = _RAW_TO_COL[k]
+            if col < 0:
+                continue
+            _reserve(&cb.data[col], c.ln.rl[k])
+            _unescape(&cb.data[col], p + c.ln.rs[k] + 1, c.ln.rl[k] - 2)
+            _push_offset(&cb.offs[col], cb.data[col].n)
+        if c.state == 1:
+            _reserve(&cb.data[C_TOOL_CALLS], 2)
+            _put(&cb.data[C_TOOL_CALLS], b"[]", 2)
+        else:
+            _reserve(&cb.data[C_TOOL_CALLS], c.calls_col_n)
+            _put(&cb.data[C_TOOL_CALLS], c.calls_col, c.calls_col_n)
+        _push_offset(&cb.offs[C_TOOL_CALLS], cb.data[C_TOOL_CALLS].n)
+        _reserve(&cb.data[C_EXTRA], 2)
+        _put(&cb.data[C_EXTRA], b"{}", 2)
+        _push_offset(&cb.offs[C_EXTRA], cb.data[C_EXTRA].n)
+        # the digest: xxh3_128 of the canonical JSON, from the raw values
+        cb.canon.n = 0
+        _reserve(&cb.canon, n + 256 + c.calls_canon_n)
+        if c.state == 1:
+            _assemble(&cb.canon, _CANON_C, <const char *>p, c.ln.rs, c.ln.rl, NULL, -1)
+        else:
+            _assemble(&cb.canon, _CANON_C, <const char *>p, c.ln.rs, c.ln.rl, c.calls_canon, c.calls_canon_n)
+        h = _xxh.XXH3_128bits(cb.canon.p, <size_t>cb.canon.n)
+        rf_write_hex16(h.high64, <unsigned char *>hexd)
+        rf_write_hex16(h.low64, <unsigned char *>hexd + 16)
+        _reserve(&cb.data[C_DIGEST], 32)
+        _put(&cb.data[C_DIGEST], hexd, 32)
+        _push_offset(&cb.offs[C_DIGEST], cb.data[C_DIGEST].n)
+        # the numbers
+        _reserve(&cb.ts, 8)
+        _put(&cb.ts, <const char *>&c.ln.ts, 8)
+        _reserve(&cb.tok, 8)
+        _put(&cb.tok, <const char *>&c.ln.tok, 8)
+        ver32 = <int32_t>c.ln.ver
+        _reserve(&cb.ver, 4)
+        _put(&cb.ver, <const char *>&ver32, 4)
+        _reserve(&cb.ords, 8)
+        _put(&cb.ords, <const char *>&c.ln.seq, 8)
+    return 0
 
 
 def cool_columns(data, starts, object calls_texts):
@@ -1356,100 +1465,77 @@ def cool_columns(data, starts, object calls_texts):
     record_digest of the decoded dict). Every other line is left to the
     caller's Python path; the values' UTF-8 is for the caller to validate.
     A line with tool calls hands their raw JSON to ``calls_texts(raw) ->
-    (column text, canonical JSON)`` (None: the line takes the Python path)."""
+    (column text, canonical JSON)`` (None: the line takes the Python path).
+    The lines are parsed and their columns written without the GIL, a
+    block of ``_COOL_BLOCK`` lines at a time (the tool-call texts of a
+    block asked in between): a thread that writes the row groups made of
+    them (compact()'s ``_GroupWriter``) or an appender beside a
+    background cooling run gets the GIL meanwhile."""
     cdef _ColumnBufs cb = _ColumnBufs()
     cdef const int64_t[::1] st = np.ascontiguousarray(starts, dtype=np.int64)
-    cdef Py_ssize_t nl = st.shape[0], li, n, k, end
-    cdef _Line ln
-    cdef const unsigned char *p
+    cdef Py_ssize_t nl = st.shape[0], li, k, a, b, bad
+    cdef const int64_t *stp = &st[0] if nl else NULL
     cdef const unsigned char *base
+    cdef Py_ssize_t size
     cdef Py_buffer view
     cdef object texts
-    cdef bytes calls_col = None, calls_canon = None
-    cdef bint ok
-    cdef int col
-    cdef _xxh.XXH128_hash_t h
-    cdef char hexd[33]
-    cdef int32_t ver32
+    cdef bytes calls_col, calls_canon
+    cdef _Cooled *blk = NULL
+    cdef _Cooled *c
+    cdef list keep
     cdef list taken = []
-    memset(&ln, 0, sizeof(ln))
     for k in range(N_SCOL):
-        _push_offset(&cb.offs[k], 0)
+        _push_offset(&cb.c.offs[k], 0)
     PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
     try:
+        blk = <_Cooled *>malloc(sizeof(_Cooled) * _COOL_BLOCK)
+        if blk == NULL:
+            raise MemoryError("cool_columns: line table")
         base = <const unsigned char *>view.buf
-        for li in range(nl):
-            end = st[li + 1] - 1 if li + 1 < nl else view.len - 1
-            if st[li] < 0 or end < st[li] or end >= view.len or base[end] != 10:
-                raise ValueError(f"cool_columns: line {li} (at {st[li]}) is not followed by a "
+        size = view.len
+        a = 0
+        while a < nl:
+            b = min(nl, a + _COOL_BLOCK)
+            with nogil:
+                bad = _cool_parse(base, size, stp, nl, a, b, blk)
+            if bad >= 0:
+                raise ValueError(f"cool_columns: line {bad} (at {st[bad]}) is not followed by a "
                                  f"newline where the next starts")
-            p = base + st[li]
-            n = end - st[li]
-            calls_col = calls_canon = None
-            ok = _parse_line(p, n, &ln, True)
-            if ok and ln.calls:
-                # tool calls: their two JSON forms from the caller (None: the dict path)
-                texts = calls_texts(PyBytes_FromStringAndSize(<const char *>p + ln.rs[R_TOOL_CALLS],
-                                                              ln.rl[R_TOOL_CALLS]))
-                if texts is None:
-                    ok = False
-                else:
+            keep = []           # (the tool-call texts of the block, alive until written)
+            for li in range(a, b):
+                c = &blk[li - a]
+                c.calls_canon_n = 0
+                if c.state == 2:
+                    # tool calls: their two JSON forms from the caller (None: the dict path)
+                    texts = calls_texts(PyBytes_FromStringAndSize(
+                        <const char *>base + st[li] + c.ln.rs[R_TOOL_CALLS], c.ln.rl[R_TOOL_CALLS]))
+                    if texts is None:
+                        c.state = 0
+                        continue
                     calls_col, calls_canon = texts
-            if not ok:
-                continue
-            # the string columns: each value unescaped
-            for k in range(N_RAW):
-                col = _RAW_TO_COL[k]
-                if col < 0:
-                    continue
-                _reserve(&cb.data[col], ln.rl[k])
-                _unescape(&cb.data[col], p + ln.rs[k] + 1, ln.rl[k] - 2)
-                _push_offset(&cb.offs[col], cb.data[col].n)
-            if calls_col is None:
-                _reserve(&cb.data[C_TOOL_CALLS], 2)
-                _put(&cb.data[C_TOOL_CALLS], b"[]", 2)
-            else:
-                _reserve(&cb.data[C_TOOL_CALLS], PyBytes_GET_SIZE(calls_col))
-                _put(&cb.data[C_TOOL_CALLS], PyBytes_AS_STRING(calls_col), PyBytes_GET_SIZE(calls_col))
-            _push_offset(&cb.offs[C_TOOL_CALLS], cb.data[C_TOOL_CALLS].n)
-            _reserve(&cb.data[C_EXTRA], 2)
-            _put(&cb.data[C_EXTRA], b"{}", 2)
-            _push_offset(&cb.offs[C_EXTRA], cb.data[C_EXTRA].n)
-            # the digest: xxh3_128 of the canonical JSON, from the raw values
-            cb.canon.n = 0
-            _reserve(&cb.canon, n + 256 + (0 if calls_canon is None else PyBytes_GET_SIZE(calls_canon)))
-            if calls_canon is None:
-                _assemble(&cb.canon, _CANON_C, <const char *>p, ln.rs, ln.rl, NULL, -1)
-            else:
-                _assemble(&cb.canon, _CANON_C, <const char *>p, ln.rs, ln.rl,
-                          PyBytes_AS_STRING(calls_canon), PyBytes_GET_SIZE(calls_canon))
-            h = _xxh.XXH3_128bits(cb.canon.p, <size_t>cb.canon.n)
-            rf_write_hex16(h.high64, <unsigned char *>hexd)
-            rf_write_hex16(h.low64, <unsigned char *>hexd + 16)
-            _reserve(&cb.data[C_DIGEST], 32)
-            _put(&cb.data[C_DIGEST], hexd, 32)
-            _push_offset(&cb.offs[C_DIGEST], cb.data[C_DIGEST].n)
-            # the numbers
-            _reserve(&cb.ts, 8)
-            _put(&cb.ts, <const char *>&ln.ts, 8)
-            _reserve(&cb.tok, 8)
-            _put(&cb.tok, <const char *>&ln.tok, 8)
-            ver32 = <int32_t>ln.ver
-            _reserve(&cb.ver, 4)
-            _put(&cb.ver, <const char *>&ver32, 4)
-            _reserve(&cb.ords, 8)
-            _put(&cb.ords, <const char *>&ln.seq, 8)
-            taken.append(li)
+                    keep.append(calls_col)
+                    keep.append(calls_canon)
+                    c.calls_col = PyBytes_AS_STRING(calls_col)
+                    c.calls_col_n = PyBytes_GET_SIZE(calls_col)
+                    c.calls_canon = PyBytes_AS_STRING(calls_canon)
+                    c.calls_canon_n = PyBytes_GET_SIZE(calls_canon)
+                if c.state:
+                    taken.append(li)
+            with nogil:
+                _cool_emit(&cb.c, base, size, stp, nl, a, b, blk)
+            del keep
+            a = b
     finally:
+        free(blk)
         PyBuffer_Release(&view)
     cols = {}
     for k in range(N_SCOL):
-        cols[_SCOL_NAMES[k]] = (PyBytes_FromStringAndSize(cb.offs[k].p, cb.offs[k].n),
-                                PyBytes_FromStringAndSize(cb.data[k].p, cb.data[k].n))
-    cols["ts"] = PyBytes_FromStringAndSize(cb.ts.p, cb.ts.n)
-    cols["token_estimate"] = PyBytes_FromStringAndSize(cb.tok.p, cb.tok.n)
-    cols["schema_version"] = PyBytes_FromStringAndSize(cb.ver.p, cb.ver.n)
-    cols["ord"] = PyBytes_FromStringAndSize(cb.ords.p, cb.ords.n)
+        cols[_SCOL_NAMES[k]] = (PyBytes_FromStringAndSize(cb.c.offs[k].p, cb.c.offs[k].n),
+                                PyBytes_FromStringAndSize(cb.c.data[k].p, cb.c.data[k].n))
+    cols["ts"] = PyBytes_FromStringAndSize(cb.c.ts.p, cb.c.ts.n)
+    cols["token_estimate"] = PyBytes_FromStringAndSize(cb.c.tok.p, cb.c.tok.n)
+    cols["schema_version"] = PyBytes_FromStringAndSize(cb.c.ver.p, cb.c.ver.n)
+    cols["ord"] = PyBytes_FromStringAndSize(cb.c.ords.p, cb.c.ords.n)
     return taken, cols
 
 

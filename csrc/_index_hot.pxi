@@ -36,6 +36,11 @@ cdef extern from *:
         unsigned long rlock_count
 
 
+# lines remove_lines asks for ahead of the one it checks
+cdef enum:
+    _REMOVE_AHEAD = 16
+
+
 cdef inline uint32_t _len(rf_list *L) noexcept nogil:
     return L.nu + L.ns
 
@@ -1208,6 +1213,8 @@ cdef class HotIndex:
             self._sweep()
         return out
 
+    @cython.boundscheck(False)
+    @cython.wraparound(False)
     def remove_lines(self, locs):
         """Unindex the messages whose lines are at `locs` (int64s, each
         checked as :meth:`line` checks it): :meth:`remove_many` of their
@@ -1229,8 +1236,14 @@ cdef class HotIndex:
         cdef int64_t slot, loc
         self._guard()
         try:
+            for i in range(min(k, _REMOVE_AHEAD)):
+                self._prefetch_line(ls[i])
             for i in range(k):
                 loc = ls[i]
+                if i + _REMOVE_AHEAD < k:
+                    # (the lines lie far apart: each asked for a few lines
+                    # ahead, so that their memory latencies overlap)
+                    self._prefetch_line(ls[i + _REMOVE_AHEAD])
                 self._checked_line(loc, &p, &n)
                 v = rf_parse_msg(p, n, &m, 0)
                 if v != RF_OK:

@@ -6,13 +6,13 @@ decodes only those.
 """
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
-from libc.stdlib cimport free, malloc, realloc
+from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 
 cimport cython
-from rf_core cimport (rf_find, rf_gram_acc, rf_gram_acc_add, rf_gram_acc_done, rf_gram_acc_init, rf_gram_may,
-                      rf_has_nonascii, rf_lower, rf_pow2_log)
+from rf_core cimport (rf_find, rf_find_nonascii, rf_gram_acc, rf_gram_acc_add, rf_gram_acc_done,
+                      rf_gram_acc_init, rf_gram_acc_roll, rf_gram_may, rf_has_nonascii, rf_lower, rf_pow2_log)
 
 import numpy as np
 
@@ -493,25 +493,42 @@ cdef inline Py_ssize_t _put_utf8(uint32_t cp, unsigned char *o) noexcept nogil:
     return 4
 
 
-cdef Py_ssize_t _fold_utf8(const unsigned char *p, Py_ssize_t n, unsigned char *out) noexcept nogil:
-    """The UTF-8 of the casefold of the UTF-8 text p[0:n) into out (room
-    for 12 * n bytes); its length, or -1 if p does not decode."""
-    cdef Py_ssize_t i = 0, k = 0, j, c
-    cdef uint32_t cp
+cdef int _fold_gram_add(rf_gram_acc *acc, const unsigned char *p, Py_ssize_t n) noexcept nogil:
+    """rf_gram_acc_add of the UTF-8 of the casefold of the UTF-8 text
+    p[0:n) (each code point folded alone, as str.casefold does), fed as it
+    is folded, without a copy of the text: the bytes as they are up to
+    each code point whose fold is not itself (the filter lowers ASCII
+    letters itself; a code point that folds to itself has the same UTF-8,
+    which _next_cp only takes in its shortest form), then that fold's
+    UTF-8. (A row folded into a buffer first, code point by code point,
+    was half the filters' time.) -1 if p does not decode (the caller sets
+    every bit of the block), else 0."""
+    cdef Py_ssize_t i = 0, at = 0, nx, j, c, k
+    cdef const unsigned char *q
+    cdef uint32_t cp, x = 0
     cdef uint32_t f[3]
+    cdef unsigned char u[12]
+    cdef int seen = 0
     while i < n:
-        if p[i] < 0x80:
-            out[k] = p[i] | 0x20 if 0x41 <= p[i] <= 0x5A else p[i]
-            k += 1
-            i += 1
-            continue
-        i = _next_cp(p, i, n, False, &cp)
-        if i < 0:
+        q = rf_find_nonascii(p + i, <size_t>(n - i))
+        if q == NULL:
+            break
+        i = q - p
+        nx = _next_cp(p, i, n, False, &cp)
+        if nx < 0:
             return -1
-        c = _fold_cp(cp, f)
-        for j in range(c):
-            k += _put_utf8(f[j], out + k)
-    return k
+        if (_f_bits[cp >> 3] >> (cp & 7)) & 1:
+            c = _fold_cp(cp, f)
+            if c != 1 or f[0] != cp:
+                rf_gram_acc_roll(acc, &x, &seen, p + at, <size_t>(i - at))
+                k = 0
+                for j in range(c):
+                    k += _put_utf8(f[j], u + k)
+                rf_gram_acc_roll(acc, &x, &seen, u, <size_t>k)
+                at = nx
+        i = nx
+    rf_gram_acc_roll(acc, &x, &seen, p + at, <size_t>(n - at))
+    return 0
 
 
 @cython.boundscheck(False)
@@ -536,13 +553,11 @@ cdef bytes _grams_of(data, offsets, Py_ssize_t block_rows, Py_ssize_t nbits, bin
     cdef const int32_t[::1] o = np.ascontiguousarray(np.frombuffer(offsets, dtype=np.int32)
                                                      if not isinstance(offsets, np.ndarray) else offsets,
                                                      dtype=np.int32)
-    cdef Py_ssize_t n = o.shape[0] - 1, nblocks, r, s, e, k, cap = 0, blk
+    cdef Py_ssize_t n = o.shape[0] - 1, nblocks, r, s, e, blk
     cdef size_t words, q
     cdef const unsigned char *p
-    cdef unsigned char *buf = NULL
-    cdef unsigned char *nbuf
     cdef uint64_t *w
-    cdef bint full = False, oom = False
+    cdef bint full = False
     if block_rows < 1:
         raise FramingError(f"block_rows must be >= 1, got {block_rows}")
     if n < 0:
@@ -577,28 +592,14 @@ cdef bytes _grams_of(data, offsets, Py_ssize_t block_rows, Py_ssize_t nbits, bin
                     if not fold or not rf_has_nonascii(p + s, <size_t>(e - s)):
                         # (as they are; the filter lowers ASCII letters itself)
                         rf_gram_acc_add(&acc, p + s, <size_t>(e - s))
-                    else:
-                        if 12 * (e - s) + 16 > cap:
-                            cap = 12 * (e - s) + 16
-                            nbuf = <unsigned char *>realloc(buf, <size_t>cap)
-                            if nbuf == NULL:
-                                oom = True
-                                break
-                            buf = nbuf
-                        k = _fold_utf8(p + s, e - s, buf)
-                        if k < 0:
-                            full = True
-                        else:
-                            rf_gram_acc_add(&acc, buf, <size_t>k)
+                    elif _fold_gram_add(&acc, p + s, e - s) < 0:
+                        full = True
                 if r % block_rows == block_rows - 1 or r == n - 1:
                     rf_gram_acc_done(&acc)
                     if full:
                         for q in range(words):
                             w[blk * words + q] = ~(<uint64_t>0)
-        if oom:
-            raise MemoryError("block grams: out of memory")
     finally:
-        free(buf)
         PyBuffer_Release(&dv)
     return bytes(out)
 

@@ -395,24 +395,72 @@ static inline void rf_gram_acc_init(rf_gram_acc *a, uint64_t *w, int lg)
         memset(a->m, 0, (size_t)1 << lg);
 }
 
-static inline void rf_gram_acc_add(rf_gram_acc *a, const unsigned char *p, size_t n)
+/* rf_gram_acc_add of a text fed in pieces: p[0:n) continues the bytes fed
+ * before, whose last two (rolled, lowered) are in *x and whose count
+ * (capped at 2) is in *seen; trigrams span the pieces. Pieces of one text
+ * give the bits rf_gram_acc_add gives the whole. With the byte map, the
+ * trigrams that lie inside the piece are taken six at a time from an
+ * 8-byte word lowered at once (no chain through the rolled key: about
+ * twice as fast as byte by byte). */
+static inline void rf_gram_acc_roll(rf_gram_acc *a, uint32_t *x, int *seen, const unsigned char *p, size_t n)
 {
-    uint32_t x, h;
+    uint32_t v = *x;
     int sh = 32 - a->lg;
-    if (n < 3) return;
-    x = ((uint32_t)rf_lower(p[0]) << 8) | rf_lower(p[1]);   /* rf_gram's key, rolled */
-    if (rf_gram_acc_mapped(a)) {
-        for (size_t j = 2; j < n; j++) {
-            x = (x << 8) | rf_lower(p[j]);
-            a->m[((x & 0xFFFFFFu) * 2654435761u) >> sh] = 0xFF;
+    size_t j = 0;
+    if (!rf_gram_acc_mapped(a)) {
+        for (; j < n && *seen < 2; j++, (*seen)++)
+            v = (v << 8) | rf_lower(p[j]);
+        for (; j < n; j++) {
+            uint32_t h;
+            v = (v << 8) | rf_lower(p[j]);
+            h = ((v & 0xFFFFFFu) * 2654435761u) >> sh;
+            a->w[h >> 6] |= (uint64_t)1 << (h & 63);
         }
+        *x = v;
         return;
     }
-    for (size_t j = 2; j < n; j++) {
-        x = (x << 8) | rf_lower(p[j]);
-        h = ((x & 0xFFFFFFu) * 2654435761u) >> sh;
-        a->w[h >> 6] |= (uint64_t)1 << (h & 63);
+    /* the trigrams ending at p[0] and p[1] start in the bytes fed before */
+    for (; j < n && j < 2; j++) {
+        v = (v << 8) | rf_lower(p[j]);
+        if (*seen >= 2)
+            a->m[((v & 0xFFFFFFu) * 2654435761u) >> sh] = 0xFF;
+        else
+            (*seen)++;
     }
+    if (j < 2) {
+        *x = v;
+        return;
+    }
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    for (; j + 6 <= n; j += 6) {
+        uint64_t w, up;
+        memcpy(&w, p + j - 2, 8);
+        /* ASCII 'A'..'Z' bytes (high bit clear, heptet in [0x41, 0x5A]) get 0x20 */
+        up = ((w & 0x7F7F7F7F7F7F7F7Full) + 0x3F3F3F3F3F3F3F3Full)
+             & ~((w & 0x7F7F7F7F7F7F7F7Full) + 0x2525252525252525ull) & ~w & 0x8080808080808080ull;
+        w = __builtin_bswap64(w | (up >> 2));      /* p[j - 2] in the top byte */
+        a->m[(((uint32_t)(w >> 40) & 0xFFFFFFu) * 2654435761u) >> sh] = 0xFF;
+        a->m[(((uint32_t)(w >> 32) & 0xFFFFFFu) * 2654435761u) >> sh] = 0xFF;
+        a->m[(((uint32_t)(w >> 24) & 0xFFFFFFu) * 2654435761u) >> sh] = 0xFF;
+        a->m[(((uint32_t)(w >> 16) & 0xFFFFFFu) * 2654435761u) >> sh] = 0xFF;
+        a->m[(((uint32_t)(w >> 8) & 0xFFFFFFu) * 2654435761u) >> sh] = 0xFF;
+        a->m[(((uint32_t)w & 0xFFFFFFu) * 2654435761u) >> sh] = 0xFF;
+    }
+#endif
+    v = ((uint32_t)rf_lower(p[j - 2]) << 8) | rf_lower(p[j - 1]);
+    for (; j < n; j++) {
+        v = (v << 8) | rf_lower(p[j]);
+        a->m[((v & 0xFFFFFFu) * 2654435761u) >> sh] = 0xFF;
+    }
+    *x = v;
+}
+
+/* Add the bits of the trigrams of p[0:n) (none if n < 3). */
+static inline void rf_gram_acc_add(rf_gram_acc *a, const unsigned char *p, size_t n)
+{
+    uint32_t x = 0;
+    int seen = 0;
+    rf_gram_acc_roll(a, &x, &seen, p, n);
 }
 
 /* OR the byte map's bits into the filter (nothing to do bit by bit). */

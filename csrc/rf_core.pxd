@@ -51,6 +51,7 @@ cdef extern from "rf_core.h" nogil:
         int lg
     void rf_gram_acc_init(rf_gram_acc *a, uint64_t *w, int lg)
     void rf_gram_acc_add(rf_gram_acc *a, const unsigned char *p, size_t n)
+    void rf_gram_acc_roll(rf_gram_acc *a, uint32_t *x, int *seen, const unsigned char *p, size_t n)
     void rf_gram_acc_done(rf_gram_acc *a)
     int rf_pow2_log(int64_t n, int64_t lo)
     int rf_gram_may(const uint64_t *w, const unsigned char *nd, size_t m, int lg)

@@ -583,11 +583,17 @@ class _FileSet:
                 if data is not None:
                     for piece in data if isinstance(data, list) else (data,):
                         f.write(piece)
-                elif parts is not None:
-                    self._write_parts(f, parts, overlap=overlap, feed=feed)
                 else:
-                    assert table is not None
-                    self._write_parts(f, self._row_groups(table, order), table.schema, overlap, feed)
+                    # (Parquet goes through Arrow's own file, not the Python
+                    # one: each write of a Python file takes the GIL, about
+                    # 40 a row group, and a cooling thread waited for it
+                    # while the caller parsed the next lines holding it)
+                    with pa.OSFile(tmp, "w") as sink:
+                        if parts is not None:
+                            self._write_parts(sink, parts, overlap=overlap, feed=feed)
+                        else:
+                            assert table is not None
+                            self._write_parts(sink, self._row_groups(table, order), table.schema, overlap, feed)
                 f.flush()
                 if durable:
                     os.fsync(f.fileno())
@@ -616,8 +622,8 @@ class _FileSet:
         the row groups are encoded and compressed by a thread of their own
         (pyarrow does it without the GIL) while this one makes the next
         parts (see :class:`_GroupWriter`). ``feed(row_group)`` is called
-        with each row group, in file order, before it is written (on the
-        writer's thread with ``overlap``)."""
+        with each row group, in file order (with ``overlap`` on a thread of
+        its own, beside the row group's write; else before it)."""
         rg = self._rg_rows
         w: Any = None
         pending: list[pa.Table] = []

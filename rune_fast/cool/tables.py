@@ -213,36 +213,47 @@ class _GroupWriter:
     """A ``pq.ParquetWriter`` whose ``write_table`` calls run on a thread of
     their own, in order, while the caller makes the next row groups:
     pyarrow encodes and compresses a row group without the GIL, so a
-    foreground cooling run (parsing lines, holding the GIL) keeps both
-    cores busy. At most ``depth`` row groups wait for the thread.
-    ``each(table)``, if given, is called on the thread with each row group
-    before it is written (the file's search filters: ``GramSink.add``
-    folds the content without the GIL too). The first error of the thread
-    is raised by the next ``write_table`` or by ``close``, which always
-    stops the thread and closes the writer."""
+    foreground cooling run (parsing lines) keeps both cores busy. At most
+    ``depth`` row groups wait for the thread. ``each(table)``, if given, is
+    called with each row group, in order, on a third thread (the file's
+    search filters: ``GramSink.add`` folds the content without the GIL
+    too; on the writer's thread it made that thread the longer of the two,
+    while the caller waited for it). The first error of either thread is
+    raised by the next ``write_table`` or by ``close``, which always stops
+    the threads and closes the writer."""
 
     def __init__(self, writer: Any, depth: int = 2,
                  each: Callable[[pa.Table], None] | None = None) -> None:
         self._w = writer
         self._each = each
         self.schema = writer.schema
-        self._q: queue.Queue = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="rune-fast-parquet", daemon=True)
+        self._q: queue.Queue = queue.Queue(maxsize=depth)
+        self._thread = threading.Thread(target=self._run, args=(self._q, self._write),
+                                        name="rune-fast-parquet", daemon=True)
+        self._each_q: queue.Queue | None = None
+        self._each_thread: threading.Thread | None = None
+        if each is not None:
+            self._each_q = queue.Queue(maxsize=depth)
+            self._each_thread = threading.Thread(target=self._run, args=(self._each_q, each),
+                                                 name="rune-fast-filters", daemon=True)
+            self._each_thread.start()
         self._thread.start()
 
-    def _run(self) -> None:
+    def _write(self, job: tuple[pa.Table, int]) -> None:
+        self._w.write_table(job[0], row_group_size=job[1])
+
+    def _run(self, q: queue.Queue, work: Callable[[Any], None]) -> None:
         while True:
-            job = self._q.get()
+            job = q.get()
             if job is None:
                 return
             if self._error is None:
                 try:
-                    if self._each is not None:
-                        self._each(job[0])
-                    self._w.write_table(job[0], row_group_size=job[1])
+                    work(job)
                 except BaseException as exc:    # raised on the caller's thread
-                    self._error = exc
+                    if self._error is None:
+                        self._error = exc
 
     def _raise(self) -> None:
         if self._error is not None:
@@ -250,11 +261,17 @@ class _GroupWriter:
 
     def write_table(self, table: pa.Table, row_group_size: int) -> None:
         self._raise()
+        if self._each_q is not None:
+            self._each_q.put(table)
         self._q.put((table, row_group_size))
 
     def close(self) -> None:
         self._q.put(None)
+        if self._each_q is not None:
+            self._each_q.put(None)
         self._thread.join()
+        if self._each_thread is not None:
+            self._each_thread.join()
         try:
             self._raise()
         finally:
