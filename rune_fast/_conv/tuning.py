@@ -54,8 +54,8 @@ BG_COOL_RUN_ROWS = 16384
 #: passes after it: 40-60 ms of appenders' time at 1,000,000 messages).
 #: Cooling once a channel's excess reached a quarter window made runs of
 #: 1,000-5,000 rows on the bench's store (100 channels, the busiest with
-#: 12% of the messages): a cycle every ~4 append_many(1,000) calls, whose
-#: mean was 13-16 ms against 10-12 ms with this (/work/s33 A/B, 1M store).
+#: 12% of the messages): a cycle every ~4 append_many(1,000) calls (the
+#: bench's line at 1,000,000: 10.7 -> 8.0 ms a batch with this).
 #: The hot tier then holds up to this many messages beyond the windows.
 COOL_DUE_ROWS = 16384
 #: A run takes this many messages when the excess holds that many (cooling
