@@ -25,36 +25,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from _cool_lines import dict_table, framed_lines, lines_blob
 from rune_fast import ConversationMessageRecord, ConversationStateRepository, _encode, codec
 from rune_fast import cool
 from rune_fast._search import fold_block_grams
-
-
-def _lines(msgs, seq0=0):
-    bodies, _h, _k = codec.encode_batch(msgs)
-    data, lengths = _encode.frame_messages(bodies, list(range(len(msgs))), seq0)
-    out, pos = [], 0
-    for n in lengths:
-        out.append(data[pos:pos + n - 1])      # without the newline, as the index gives them
-        pos += n
-    return out
-
-
-def _blob(lines):
-    starts, pos = [], 0
-    for ln in lines:
-        starts.append(pos)
-        pos += len(ln) + 1
-    return b"".join(bytes(ln) + b"\n" for ln in lines), np.array(starts, dtype=np.int64)
-
-
-def _dict_table(lines):
-    rows, ords = [], []
-    for ln in lines:
-        d = codec.decode_body(ln, path="t", offset=0)
-        rows.append(d["r"])
-        ords.append(d.get("s", -1))
-    return cool._table_from_records(rows, ords, [cool.record_digest(r) for r in rows])
 
 
 def _messages(n):
@@ -78,22 +52,22 @@ def test_cool_columns_blocks_give_the_dict_path():
     reader leaves: the same taken lines and the same table as the dict
     path."""
     msgs = _messages(700)
-    lines = _lines(msgs, 11)
+    lines = framed_lines(msgs, 11)
 
     def calls_texts(raw):
         return None if b'"skip"' in raw else cool._calls_texts(raw)
 
-    taken, _cols = _encode.cool_columns(*_blob(lines), calls_texts)
+    taken, _cols = _encode.cool_columns(*lines_blob(lines), calls_texts)
     want = [i for i, m in enumerate(msgs)
             if m.ts < 1e16 and not (m.tool_calls and m.tool_calls[0]["name"] == "skip")]
     assert taken == want
     assert 0 < len(want) < 700
-    data, starts = _blob(lines)
+    data, starts = lines_blob(lines)
 
     def fallback(i):
         d = codec.decode_body(lines[i], path="t", offset=0)
         return d["r"], d.get("s")
-    assert cool.table_from_lines(data, starts, fallback).to_pylist() == _dict_table(lines).to_pylist()
+    assert cool.table_from_lines(data, starts, fallback).to_pylist() == dict_table(lines).to_pylist()
     # a line not followed by a newline in a later block is still named
     bad = starts.copy()
     bad[600] += 1
@@ -105,9 +79,9 @@ def test_cool_columns_lets_other_threads_run():
     """With no forced switch (a switch interval of 100 s) a thread runs only
     where another lets go of the GIL: it runs while cool_columns parses
     (the old reader held the GIL for the whole call)."""
-    lines = _lines([ConversationMessageRecord(content=f"plain {i} " * 20, channel_id="c")
+    lines = framed_lines([ConversationMessageRecord(content=f"plain {i} " * 20, channel_id="c")
                     for i in range(20000)])
-    data, starts = _blob(lines)
+    data, starts = lines_blob(lines)
     inside = threading.Event()
     stop = threading.Event()
     ran: list[int] = []

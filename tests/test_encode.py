@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from _cool_lines import dict_table, framed_lines, lines_blob
 from rune_fast import _encode, codec
 from rune_fast._log import check_line, frame
 from rune_fast.errors import FramingError, RecordTooLargeError
@@ -268,9 +269,9 @@ def test_token_estimate_past_int64_takes_the_python_path():
         m = ConversationMessageRecord(msg_id=f"t{tok}", token_estimate=tok, content="a", channel_id="c")
         b, h, k = codec.encode_batch([m])
         assert (b[0], h[0], k[0]) == _python(m)
-        line = _lines([m])[0]
+        line = framed_lines([m])[0]
         assert codec.record_from_line(line, path="t", offset=0)[0] == m
-        assert _from_lines([line]).to_pylist() == _dict_table([line]).to_pylist()
+        assert _from_lines([line]).to_pylist() == dict_table([line]).to_pylist()
 
 
 def test_type_errors_name_the_index():
@@ -300,55 +301,24 @@ def test_frame_messages_refuses_bad_input():
 import json  # noqa: E402
 
 import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
 
 from rune_fast import cool  # noqa: E402
 
 
-def _dict_table(lines: list[bytes]) -> pa.Table:
-    """The cool table of ``lines`` by the dict path only (the reference)."""
-    rows, ords = [], []
-    for ln in lines:
-        d = codec.decode_body(ln, path="t", offset=0)
-        rows.append(d["r"])
-        ords.append(d.get("s", -1))
-    return cool._table_from_records(rows, ords, [cool.record_digest(r) for r in rows])
-
-
-def _lines(msgs, seq0=0):
-    bodies, _h, _k = codec.encode_batch(msgs)
-    data, lengths = _encode.frame_messages(bodies, list(range(len(msgs))), seq0)
-    out, pos = [], 0
-    for n in lengths:
-        out.append(data[pos:pos + n - 1])      # without the newline, as the index gives them
-        pos += n
-    return out
-
-
-def _blob(lines):
-    """(data, starts) of lines (without their newlines), as
-    HotIndex.gather_lines gives them."""
-    starts, pos = [], 0
-    for ln in lines:
-        starts.append(pos)
-        pos += len(ln) + 1
-    return b"".join(bytes(ln) + b"\n" for ln in lines), np.array(starts, dtype=np.int64)
-
-
 def _columns(lines):
-    return _encode.cool_columns(*_blob(lines), cool._calls_texts)
+    return _encode.cool_columns(*lines_blob(lines), cool._calls_texts)
 
 
 def _from_lines(lines):
     def fallback(i):
         d = codec.decode_body(lines[i], path="t", offset=0)
         return d["r"], d.get("s")
-    return cool.table_from_lines(*_blob(lines), fallback)
+    return cool.table_from_lines(*lines_blob(lines), fallback)
 
 
 def test_cool_columns_refuses_lines_not_where_the_starts_say():
-    lines = _lines([ConversationMessageRecord(content=c, channel_id="c") for c in ("a", "b")])
-    data, starts = _blob(lines)
+    lines = framed_lines([ConversationMessageRecord(content=c, channel_id="c") for c in ("a", "b")])
+    data, starts = lines_blob(lines)
     assert _encode.cool_columns(data, starts, cool._calls_texts)[0] == [0, 1]
     assert _encode.cool_columns(b"", np.array([], dtype=np.int64), cool._calls_texts)[0] == []
     for bad in ([0, starts[1] + 1], [0, starts[1] - 2], [0, len(data) + 5], [-1, starts[1]]):
@@ -361,9 +331,9 @@ def test_cool_columns_refuses_lines_not_where_the_starts_say():
 @settings(max_examples=EXAMPLES, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(messages, min_size=1, max_size=8, unique_by=lambda m: m.msg_id), st.integers(0, 2**50))
 def test_table_from_lines_is_the_dict_path(msgs, seq0):
-    lines = _lines(msgs, seq0)
+    lines = framed_lines(msgs, seq0)
     got = _from_lines(lines)
-    want = _dict_table(lines)
+    want = dict_table(lines)
     assert got.schema == want.schema
     assert got.to_pylist() == want.to_pylist()
     assert got.column("digest").to_pylist() == [cool.record_digest(m.to_dict()) for m in msgs]
@@ -375,10 +345,10 @@ def test_table_from_lines_takes_the_compiled_path_for_plain_lines():
     msgs = [ConversationMessageRecord(content=c, channel_id="c", task_id="t")
             for c in ("plain", 'quo"te \\ \n\t\x01', "é€😀", "")]
     msgs.append(ConversationMessageRecord(content="called", channel_id="c", tool_calls=calls))
-    lines = _lines(msgs, 7)
+    lines = framed_lines(msgs, 7)
     taken, _cols = _columns(lines)
     assert taken == [0, 1, 2, 3, 4]
-    assert _from_lines(lines).to_pylist() == _dict_table(lines).to_pylist()
+    assert _from_lines(lines).to_pylist() == dict_table(lines).to_pylist()
 
 
 def test_lines_spelled_otherwise_take_the_dict_path():
@@ -399,9 +369,9 @@ def test_lines_spelled_otherwise_take_the_dict_path():
     lines.append(frame(codec.MESSAGE_PREFIX + codec.dumps({**base, "msg_id": "no-seq"}) + b"}")[:-1])
     taken, _cols = _columns(lines)
     assert taken == []
-    lines += _lines([ConversationMessageRecord(content="fast", channel_id="c")])
+    lines += framed_lines([ConversationMessageRecord(content="fast", channel_id="c")])
     got = _from_lines(lines)
-    want = _dict_table(lines)
+    want = dict_table(lines)
     assert got.to_pylist() == want.to_pylist()
 
 
@@ -475,7 +445,7 @@ def _python_record(line):
 @settings(max_examples=EXAMPLES, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(messages, min_size=1, max_size=6, unique_by=lambda m: m.msg_id), st.integers(0, 2**50))
 def test_record_from_line_is_the_python_decode(msgs, seq0):
-    for m, line in zip(msgs, _lines(msgs, seq0)):
+    for m, line in zip(msgs, framed_lines(msgs, seq0)):
         got = codec.record_from_line(line, path="t", offset=0)
         want = _python_record(line)
         assert got == want and got[0] == m
@@ -489,7 +459,7 @@ def test_record_from_line_takes_plain_lines_and_leaves_the_rest():
     calls = ({"id": "c1", "name": "f", "arguments": {"z": [1, 2.5]}},)
     plain = [ConversationMessageRecord(content=c, channel_id="c", role=r, tool_calls=t)
              for c, r, t in (("x", "user", ()), ('q"\\\n\x01é😀', "assistant", ()), ("", "tool", calls))]
-    for m, line in zip(plain, _lines(plain, 5)):
+    for m, line in zip(plain, framed_lines(plain, 5)):
         fast = _encode.record_from_line(line, ConversationMessageRecord, codec._calls_from_json)
         assert fast is not None and fast[0] == m and fast[1] >= 5
     m = ConversationMessageRecord(content="é / x", channel_id="c")
