@@ -14,29 +14,26 @@
 
 #define RF_UTF8_BLOCK 512       /* code points ORed before a look */
 
+/* the scan of n code points of type T, a surrogate being (cp & MASK) == 0xD800 */
+#define RF_UTF8_SCAN_KIND(T, MASK)                                              \
+    {                                                                           \
+        const T *p = (const T *)data;                                           \
+        for (i = 0; i < n; i += RF_UTF8_BLOCK) {                                \
+            T bad = 0;                                                          \
+            end = n - i < RF_UTF8_BLOCK ? n : i + RF_UTF8_BLOCK;                \
+            for (j = i; j < end; j++)                                           \
+                bad |= (T)((p[j] & (MASK)) == 0xD800u);                         \
+            if (bad)                                                            \
+                return 0;                                                       \
+        }                                                                       \
+    }
+
 #define RF_UTF8_SCAN_BODY                                                       \
     size_t i, j, end;                                                           \
-    if (kind == 2) {                                                            \
-        const uint16_t *p = (const uint16_t *)data;                             \
-        for (i = 0; i < n; i += RF_UTF8_BLOCK) {                                \
-            uint16_t bad = 0;                                                   \
-            end = n - i < RF_UTF8_BLOCK ? n : i + RF_UTF8_BLOCK;                \
-            for (j = i; j < end; j++)                                           \
-                bad |= (uint16_t)((p[j] & 0xF800u) == 0xD800u);                 \
-            if (bad)                                                            \
-                return 0;                                                       \
-        }                                                                       \
-    } else {                                                                    \
-        const uint32_t *p = (const uint32_t *)data;                             \
-        for (i = 0; i < n; i += RF_UTF8_BLOCK) {                                \
-            uint32_t bad = 0;                                                   \
-            end = n - i < RF_UTF8_BLOCK ? n : i + RF_UTF8_BLOCK;                \
-            for (j = i; j < end; j++)                                           \
-                bad |= (uint32_t)((p[j] & 0xFFFFF800u) == 0xD800u);             \
-            if (bad)                                                            \
-                return 0;                                                       \
-        }                                                                       \
-    }                                                                           \
+    if (kind == 2)                                                              \
+        RF_UTF8_SCAN_KIND(uint16_t, 0xF800u)                                    \
+    else                                                                        \
+        RF_UTF8_SCAN_KIND(uint32_t, 0xFFFFF800u)                                \
     return 1;
 
 typedef int (*rf_ucs_scan_f)(int kind, const void *data, size_t n);
@@ -55,6 +52,7 @@ static int rf_ucs_scan_avx2(int kind, const void *data, size_t n)
 }
 #endif
 #undef RF_UTF8_SCAN_BODY
+#undef RF_UTF8_SCAN_KIND
 
 static rf_ucs_scan_f rf_ucs_scan_fn = NULL;
 
