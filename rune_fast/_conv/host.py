@@ -108,6 +108,7 @@ class RepoState:
     _since_compact: int
     _segs_unchecked: bool
     _rewrite_due: bool      # an adoption left the segment rewrite to the next compactions
+    _sync_owed: bool        # a compaction has yet to end the batch's tail sync (see _sync_first)
     _manifest_dirty: bool
     _compactions: int
     _last_compaction: CompactionReport | None
