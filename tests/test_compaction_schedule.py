@@ -192,3 +192,50 @@ def test_single_appends_stage_the_due_run_in_the_thread(tmp_path, monkeypatch):
         assert repo.stats()["cool"] >= 128
         assert repo.window("c", 10_000) == [one(i) for i in range(n)]
         assert repo.verify().ok
+
+
+def test_the_batch_sync_ends_where_a_step_first_needs_it(tmp_path, small, monkeypatch):
+    # an automatic compaction runs while its append_many's tail sync is in
+    # flight: rewriting sealed segments (into new fsynced files) and
+    # adopting a cooling run go on beside it; a roll (it closes the tail's
+    # file) and the manifest (it vouches for the tail) come after it ended
+    from rune_fast._conv.write_thread import WriteThread
+    monkeypatch.setattr(tuning, "SYNC_OVERLAP_MIN", 8)
+    calls: list[list[str]] = []
+
+    def spy(owner, name, label):
+        fn = getattr(owner, name)
+
+        def wrapped(*a, **k):
+            if calls:
+                calls[-1].append(label)
+            return fn(*a, **k)
+        monkeypatch.setattr(owner, name, wrapped)
+
+    spy(WriteThread, "sync_now", "sync")
+    spy(ConversationStateRepository, "_rewrite_segments", "rewrite")
+    spy(ConversationStateRepository, "_cooled", "adopt")
+    spy(ConversationStateRepository, "_roll_tail", "roll")
+    spy(ConversationStateRepository, "_write_manifest", "manifest")
+    with ConversationStateRepository(tmp_path, compact_every=16, hot_window=8, durability="fsync") as repo:
+        n = 0
+        for _ in range(120):
+            job = repo._bg
+            if job is not None:
+                job.done.wait()
+            calls.append([])
+            repo.append_many([msg(n + k) for k in range(16)])
+            n += 16
+        seen = {"rewrite": 0, "adopt": 0}
+        for steps in calls:
+            first_sync = steps.index("sync") if "sync" in steps else len(steps)
+            for step in ("roll", "manifest"):
+                assert step not in steps or steps.index(step) > first_sync, steps
+            for step in ("rewrite", "adopt"):
+                if step in steps[:first_sync]:
+                    seen[step] += 1
+        assert seen["rewrite"] and seen["adopt"], seen
+        check(repo, n)
+    with ConversationStateRepository(tmp_path, compact_every=16, hot_window=8) as repo:
+        check(repo, n)
+        assert repo.verify().ok
