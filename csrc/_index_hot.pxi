@@ -40,6 +40,10 @@ cdef extern from *:
 cdef enum:
     _REMOVE_AHEAD = 16
 
+# lines gather_lines asks for ahead of the one it checks
+cdef enum:
+    _GATHER_AHEAD = 8
+
 
 cdef inline uint32_t _len(rf_list *L) noexcept nogil:
     return L.nu + L.ns
@@ -1804,9 +1808,15 @@ cdef class HotIndex:
         try:
             if ps == NULL or ns == NULL:
                 raise MemoryError(f"HotIndex.gather_lines: {k} lines")
+            for i in range(min(k, _GATHER_AHEAD)):
+                self._prefetch_line(ls[i], 1024)
             for i in range(k):
-                self._prefetch_line(ls[i])
-            for i in range(k):
+                if i + _GATHER_AHEAD < k:
+                    # (a window of whole lines ahead, not every line's head
+                    # first: a line is ~800 bytes, and a part's heads
+                    # asked at once were out of the cache again by the time
+                    # their lines were checked)
+                    self._prefetch_line(ls[i + _GATHER_AHEAD], 1024)
                 self._checked_line(ls[i], &ps[i], &ns[i])
                 total += ns[i] + 1
                 if want:
