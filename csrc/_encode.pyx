@@ -31,7 +31,7 @@ from cpython.pycapsule cimport PyCapsule_New
 from cpython.tuple cimport PyTuple_CheckExact, PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_New, PyTuple_SET_ITEM
 from cpython.unicode cimport PyUnicode_AsUTF8String
 from libc.stdint cimport INT64_MIN, int32_t, int64_t, uint16_t, uint32_t, uint64_t
-from libc.stdlib cimport free, malloc, realloc
+from libc.stdlib cimport free, malloc, qsort, realloc
 from libc.string cimport memchr, memcmp, memcpy, memset, strlen
 
 from rf_core cimport RF_MAX_LINE, RF_PREFIX_LEN, rf_write_prefix
@@ -1278,6 +1278,8 @@ cdef struct _Cols:
     Buf data[N_SCOL]
     Buf offs[N_SCOL]
     Buf ts, tok, ver, ords, canon
+    Buf calls       # the canonical tool-call JSON of a block's lines (_sorted_value)
+    Buf members     # _sorted_value's stack of object members
 
 
 cdef class _ColumnBufs:
@@ -1293,6 +1295,8 @@ cdef class _ColumnBufs:
         free(self.c.ver.p)
         free(self.c.ords.p)
         free(self.c.canon.p)
+        free(self.c.calls.p)
+        free(self.c.members.p)
 
 
 cdef int _push_offset(Buf *offs, Py_ssize_t v) except -1 nogil:
@@ -1357,27 +1361,265 @@ cdef bint _parse_line(const unsigned char *p, Py_ssize_t n, _Line *r, bint exact
     return e >= 0 and e + 1 == n and p[e] == c'}' and r.ver <= 0x7FFFFFFF
 
 
+# ---- tool calls: their canonical JSON (sorted keys) without orjson
+#
+# cooling needs, of a line's raw tool-call list, the column text and the
+# canonical JSON that orjson writes of what it reads from it
+# (tables._calls_texts: ``orjson.dumps(v)`` and ``orjson.dumps(v,
+# option=OPT_SORT_KEYS)``). For a list spelled as orjson spells what it reads
+# -- no space, strings escaped as json escapes them, integers, true, false,
+# null, no key twice -- the first is the raw text itself and the second the
+# same tokens with each object's members in key order: written here from
+# the line, without a str, dict or list made (a round trip through orjson
+# was ~3 us a line with tool calls). Anything else (a float, -0, an escaped
+# key, ...) is left to _calls_texts.
+
+cdef struct _Member:
+    Py_ssize_t k                # the member's key token (its opening quote)
+    Py_ssize_t kn               # the key's body length (between its quotes)
+    Py_ssize_t v                # its value's first byte
+    const unsigned char *base   # (the line, for the comparison)
+
+# nesting _sorted_value takes (deeper: _calls_texts judges it)
+cdef enum:
+    _SORT_DEPTH = 64
+
+
+cdef int _member_cmp(const void *a, const void *b) noexcept nogil:
+    """Key order: code point order is the UTF-8 bytes' order (as orjson and
+    Python compare keys); a key before every longer key it starts."""
+    cdef const _Member *x = <const _Member *>a
+    cdef const _Member *y = <const _Member *>b
+    cdef Py_ssize_t n = x.kn if x.kn < y.kn else y.kn
+    cdef int c = memcmp(x.base + x.k + 1, y.base + y.k + 1, <size_t>n) if n else 0
+    if c:
+        return c
+    return (x.kn > y.kn) - (x.kn < y.kn)
+
+
+cdef bint _utf8_ok(const unsigned char *s, Py_ssize_t n) noexcept nogil:
+    """Whether s[0:n) is UTF-8 as orjson reads it: no overlong form, no
+    surrogate, nothing past U+10FFFF."""
+    cdef Py_ssize_t i = 0, j, k
+    cdef unsigned char c, lo, hi
+    while i < n:
+        c = s[i]
+        if c < 0x80:
+            i += 1
+            continue
+        lo, hi = 0x80, 0xBF
+        if 0xC2 <= c <= 0xDF:
+            k = 1
+        elif 0xE0 <= c <= 0xEF:
+            k = 2
+            if c == 0xE0:
+                lo = 0xA0
+            elif c == 0xED:
+                hi = 0x9F
+        elif 0xF0 <= c <= 0xF4:
+            k = 3
+            if c == 0xF0:
+                lo = 0x90
+            elif c == 0xF4:
+                hi = 0x8F
+        else:
+            return False
+        if i + k >= n or not (lo <= s[i + 1] <= hi):
+            return False
+        j = 2
+        while j <= k:
+            if not (0x80 <= s[i + j] <= 0xBF):
+                return False
+            j += 1
+        i += k + 1
+    return True
+
+
+cdef inline Py_ssize_t _utf8_string_end(const unsigned char *p, Py_ssize_t i, Py_ssize_t n) noexcept nogil:
+    """_canon_string_end, and -1 also for a string that is not UTF-8."""
+    cdef Py_ssize_t e = _canon_string_end(p, i, n), j
+    if e < 0:
+        return -1
+    for j in range(i + 1, e - 1):
+        if p[j] >= 0x80:
+            return e if _utf8_ok(p + j, e - 1 - j) else -1
+    return e
+
+
+cdef inline int _emit(Buf *out, const char *s, Py_ssize_t n) except -1 nogil:
+    if out != NULL:
+        _reserve(out, n)
+        _put(out, s, n)
+    return 0
+
+
+cdef Py_ssize_t _sorted_value(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, Buf *out,
+                              Buf *mem, int depth) except -2 nogil:
+    """p[i:n) starts with a JSON value: write to ``out`` (NULL: none) what
+    orjson writes, keys sorted, of what it reads from it, and return the
+    index after the value; -1 if the value is not spelled as orjson
+    spells what it reads (see above; then nothing is vouched for and
+    ``out`` holds a partial write). ``mem``: the members of the objects
+    being read, a stack (the objects nest)."""
+    cdef Py_ssize_t j, e, v, cnt, base, m
+    cdef unsigned char c
+    cdef _Member *ms
+    if i >= n:
+        return -1
+    c = p[i]
+    if c == c'"':
+        e = _utf8_string_end(p, i, n)
+        if e >= 0:
+            _emit(out, <const char *>p + i, e - i)
+        return e
+    if c == c'-' or c'0' <= c <= c'9':
+        j = i + 1 if c == c'-' else i
+        if j >= n or not (c'0' <= p[j] <= c'9'):
+            return -1
+        e = j + 1
+        if p[j] == c'0':
+            if c == c'-':
+                return -1           # -0: orjson reads the int 0
+        else:
+            while e < n and c'0' <= p[e] <= c'9':
+                e += 1
+        if e < n and (p[e] == c'.' or p[e] == c'e' or p[e] == c'E' or c'0' <= p[e] <= c'9'):
+            return -1               # a float (orjson spells floats its own way), a leading zero
+        if e - j > 18:
+            return -1               # (past what int64 surely holds)
+        _emit(out, <const char *>p + i, e - i)
+        return e
+    if c == c't' and _lit_at(p, i, n, b"true", 4):
+        _emit(out, <const char *>p + i, 4)
+        return i + 4
+    if c == c'f' and _lit_at(p, i, n, b"false", 5):
+        _emit(out, <const char *>p + i, 5)
+        return i + 5
+    if c == c'n' and _lit_at(p, i, n, b"null", 4):
+        _emit(out, <const char *>p + i, 4)
+        return i + 4
+    if depth >= _SORT_DEPTH or (c != c'[' and c != c'{'):
+        return -1
+    if i + 1 < n and (p[i + 1] == c']' if c == c'[' else p[i + 1] == c'}'):
+        _emit(out, <const char *>p + i, 2)
+        return i + 2
+    if c == c'[':
+        _emit(out, <const char *>p + i, 1)
+        j = i + 1
+        while True:
+            e = _sorted_value(p, j, n, out, mem, depth + 1)
+            if e < 0 or e >= n:
+                return -1 if e >= n else e
+            if p[e] == c']':
+                _emit(out, <const char *>p + e, 1)
+                return e + 1
+            if p[e] != c',':
+                return -1
+            _emit(out, <const char *>p + e, 1)
+            j = e + 1
+    # an object: its members read (and checked) first, then written in key order
+    base = mem.n // <Py_ssize_t>sizeof(_Member)
+    cnt = 0
+    j = i + 1
+    e = -1
+    while True:
+        v = _utf8_string_end(p, j, n)
+        if v < 0 or v >= n or p[v] != c':' or memchr(p + j + 1, c'\\', <size_t>(v - j - 2)) != NULL:
+            e = -1                  # (an escaped key: its order is not its bytes')
+            break
+        v += 1
+        _reserve(mem, <Py_ssize_t>sizeof(_Member))
+        ms = <_Member *>mem.p + base + cnt
+        ms.k = j
+        ms.kn = v - j - 3
+        ms.v = v
+        ms.base = p
+        mem.n += <Py_ssize_t>sizeof(_Member)
+        cnt += 1
+        e = _sorted_value(p, v, n, NULL, mem, depth + 1)
+        if e < 0 or e >= n:
+            e = -1
+            break
+        if p[e] == c'}':
+            e += 1
+            break
+        if p[e] != c',':
+            e = -1
+            break
+        j = e + 1
+    if e >= 0:
+        ms = <_Member *>mem.p + base
+        if cnt > 1:
+            qsort(ms, <size_t>cnt, sizeof(_Member), _member_cmp)
+            for m in range(1, cnt):
+                if _member_cmp(&ms[m - 1], &ms[m]) == 0:
+                    e = -1          # a key twice: orjson keeps the last value
+                    break
+    if e >= 0 and out != NULL:
+        _emit(out, b"{", 1)
+        for m in range(cnt):
+            ms = <_Member *>mem.p + base + m     # (mem may move as the values nest)
+            if m:
+                _emit(out, b",", 1)
+            _emit(out, <const char *>p + ms.k, ms.v - ms.k)
+            if _sorted_value(p, ms.v, n, out, mem, depth + 1) < 0:
+                e = -1
+                break
+        else:
+            _emit(out, b"}", 1)
+    mem.n = base * <Py_ssize_t>sizeof(_Member)
+    return e
+
+
+def canonical_calls(raw):
+    """``(column text, canonical JSON)`` of a raw tool-call list as
+    :func:`cool_columns` makes them without the caller (``raw`` itself, and
+    its tokens with each object's keys in order), or None where it leaves
+    them to the caller's ``calls_texts``. For tests: equal to
+    ``rune_fast.cool.tables._calls_texts`` wherever it is not None."""
+    cdef Buf out
+    cdef Buf mem
+    cdef const unsigned char *p = raw
+    cdef Py_ssize_t n = len(raw), e
+    memset(&out, 0, sizeof(Buf))
+    memset(&mem, 0, sizeof(Buf))
+    try:
+        if n == 0 or p[0] != c'[':
+            return None
+        e = _sorted_value(p, 0, n, &out, &mem, 0)
+        if e != n:
+            return None
+        return bytes(raw), PyBytes_FromStringAndSize(out.p, out.n)
+    finally:
+        free(out.p)
+        free(mem.p)
+
+
 # lines cool_columns parses (and writes out) at a time without the GIL
 cdef enum:
     _COOL_BLOCK = 256
 
 cdef struct _Cooled:
     _Line ln
-    int state                   # 0: not taken, 1: taken, 2: taken, tool calls given
-    const char *calls_col       # (state 2) the tool-call column text and canonical JSON
+    int state                   # 0: not taken, 1: taken, 2: taken, tool calls given, 3: see _cool_parse
+    const char *calls_col       # (state 2, 3) the tool-call column text and canonical JSON
     Py_ssize_t calls_col_n
     const char *calls_canon
     Py_ssize_t calls_canon_n
+    Py_ssize_t calls_at         # (state 3) where the canonical JSON starts in _Cols.calls
 
 
-cdef Py_ssize_t _cool_parse(const unsigned char *base, Py_ssize_t size, const int64_t *st, Py_ssize_t nl,
-                            Py_ssize_t a, Py_ssize_t b, _Cooled *blk) except -2 nogil:
+cdef Py_ssize_t _cool_parse(_Cols *cb, const unsigned char *base, Py_ssize_t size, const int64_t *st,
+                            Py_ssize_t nl, Py_ssize_t a, Py_ssize_t b, _Cooled *blk) except -2 nogil:
     """Parse lines ``[a, b)`` into ``blk`` (state 1: spelled as the encoder
     spells them; 2: also holding tool calls, their texts still to be
-    given); the first line not followed by a newline where the next starts
-    (its index), or -1."""
-    cdef Py_ssize_t li, end, n
+    given; 3: tool calls whose canonical JSON ``_sorted_value`` wrote to
+    ``cb.calls``, emptied first); the first line not followed by a newline
+    where the next starts (its index), or -1."""
+    cdef Py_ssize_t li, end, n, at, e
+    cdef const unsigned char *p
     cdef _Cooled *c
+    cb.calls.n = 0
     for li in range(a, b):
         end = st[li + 1] - 1 if li + 1 < nl else size - 1
         if st[li] < 0 or end < st[li] or end >= size or base[end] != 10:
@@ -1385,14 +1627,28 @@ cdef Py_ssize_t _cool_parse(const unsigned char *base, Py_ssize_t size, const in
         c = &blk[li - a]
         n = end - st[li]
         c.state = 0
-        if _parse_line(base + st[li], n, &c.ln, True):
+        c.calls_canon_n = 0
+        p = base + st[li]
+        if _parse_line(p, n, &c.ln, True):
             c.state = 2 if c.ln.calls else 1
+            if c.state == 2 and p[c.ln.rs[R_TOOL_CALLS]] == c'[':
+                at = cb.calls.n
+                e = _sorted_value(p, c.ln.rs[R_TOOL_CALLS], c.ln.rs[R_TOOL_CALLS] + c.ln.rl[R_TOOL_CALLS],
+                                  &cb.calls, &cb.members, 0)
+                if e == c.ln.rs[R_TOOL_CALLS] + c.ln.rl[R_TOOL_CALLS]:
+                    c.state = 3
+                    c.calls_col = <const char *>p + c.ln.rs[R_TOOL_CALLS]
+                    c.calls_col_n = c.ln.rl[R_TOOL_CALLS]
+                    c.calls_canon_n = cb.calls.n - at
+                    c.calls_at = at         # (cb.calls may move until the block is parsed)
+                else:
+                    cb.calls.n = at
     return -1
 
 
 cdef int _cool_emit(_Cols *cb, const unsigned char *base, Py_ssize_t size, const int64_t *st,
                     Py_ssize_t nl, Py_ssize_t a, Py_ssize_t b, const _Cooled *blk) except -1 nogil:
-    """Write the columns of the lines of ``[a, b)`` taken (state 1 or 2)."""
+    """Write the columns of the lines of ``[a, b)`` taken (state 1, 2 or 3)."""
     cdef Py_ssize_t li, k, n
     cdef const _Cooled *c
     cdef const unsigned char *p
@@ -1465,7 +1721,9 @@ def cool_columns(data, starts, object calls_texts):
     record_digest of the decoded dict). Every other line is left to the
     caller's Python path; the values' UTF-8 is for the caller to validate.
     A line with tool calls hands their raw JSON to ``calls_texts(raw) ->
-    (column text, canonical JSON)`` (None: the line takes the Python path).
+    (column text, canonical JSON)`` (None: the line takes the Python path),
+    unless it is spelled as orjson spells what it reads from it: then both
+    are made here (:func:`canonical_calls`).
     The lines are parsed and their columns written without the GIL, a
     block of ``_COOL_BLOCK`` lines at a time (the tool-call texts of a
     block asked in between): a thread that writes the row groups made of
@@ -1497,15 +1755,16 @@ def cool_columns(data, starts, object calls_texts):
         while a < nl:
             b = min(nl, a + _COOL_BLOCK)
             with nogil:
-                bad = _cool_parse(base, size, stp, nl, a, b, blk)
+                bad = _cool_parse(&cb.c, base, size, stp, nl, a, b, blk)
             if bad >= 0:
                 raise ValueError(f"cool_columns: line {bad} (at {st[bad]}) is not followed by a "
                                  f"newline where the next starts")
             keep = []           # (the tool-call texts of the block, alive until written)
             for li in range(a, b):
                 c = &blk[li - a]
-                c.calls_canon_n = 0
-                if c.state == 2:
+                if c.state == 3:
+                    c.calls_canon = cb.c.calls.p + c.calls_at
+                elif c.state == 2:
                     # tool calls: their two JSON forms from the caller (None: the dict path)
                     texts = calls_texts(PyBytes_FromStringAndSize(
                         <const char *>base + st[li] + c.ln.rs[R_TOOL_CALLS], c.ln.rl[R_TOOL_CALLS]))

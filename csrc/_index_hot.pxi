@@ -40,6 +40,10 @@ cdef extern from *:
 cdef enum:
     _REMOVE_AHEAD = 16
 
+# lines gather_lines asks for ahead of the one it checks
+cdef enum:
+    _GATHER_AHEAD = 8
+
 
 cdef inline uint32_t _len(rf_list *L) noexcept nogil:
     return L.nu + L.ns
@@ -1774,28 +1778,52 @@ cdef class HotIndex:
         for loc in locs:
             self._checked_line(loc, &p, &n)
 
-    def gather_lines(self, locs):
+    def gather_lines(self, locs, id_hashes=None):
         """``(data, starts)``: the lines at `locs` (int64s) in that order, each
         checked as :meth:`line` checks it and followed by its newline, as one
         bytes object, and an int64 array of where each starts in it (what a
-        segment rewrite writes and the locations it moves the lines to)."""
+        segment rewrite writes and the locations it moves the lines to).
+        `id_hashes` (a uint64 array as long as `locs`, or None): filled with
+        the hash of each line's id as the id table keys it, read from the
+        checked line, for :meth:`find_located` and :meth:`remove_located`
+        (a line that is not a message line raises FramingError then)."""
         cdef const int64_t[::1] ls = np.ascontiguousarray(locs, dtype=np.int64)
         cdef Py_ssize_t k = ls.shape[0], i
-        cdef const unsigned char **ps = <const unsigned char **>malloc(<size_t>k * sizeof(void *) + 1)
-        cdef size_t *ns = <size_t *>malloc(<size_t>k * sizeof(size_t) + 1)
+        cdef uint64_t[::1] hv
+        cdef bint want = id_hashes is not None
+        cdef const unsigned char **ps
+        cdef size_t *ns
         cdef size_t total = 0, at = 0
         cdef char *dst
         cdef bytes data
+        cdef rf_msg m
+        if want:
+            hv = id_hashes
+            if hv.shape[0] != k:
+                raise ValueError(f"gather_lines: {k} locations, {hv.shape[0]} id hashes")
+        ps = <const unsigned char **>malloc(<size_t>k * sizeof(void *) + 1)
+        ns = <size_t *>malloc(<size_t>k * sizeof(size_t) + 1)
         starts = np.empty(k, dtype=np.int64)
         cdef int64_t[::1] st = starts
         try:
             if ps == NULL or ns == NULL:
                 raise MemoryError(f"HotIndex.gather_lines: {k} lines")
+            for i in range(min(k, _GATHER_AHEAD)):
+                self._prefetch_line(ls[i], 1024)
             for i in range(k):
-                self._prefetch_line(ls[i])
-            for i in range(k):
+                if i + _GATHER_AHEAD < k:
+                    # (a window of whole lines ahead, not every line's head
+                    # first: a line is ~800 bytes, and a part's heads
+                    # asked at once were out of the cache again by the time
+                    # their lines were checked)
+                    self._prefetch_line(ls[i + _GATHER_AHEAD], 1024)
                 self._checked_line(ls[i], &ps[i], &ns[i])
                 total += ns[i] + 1
+                if want:
+                    if rf_parse_msg(ps[i], ns[i], &m, 0) != RF_OK or m.kind != b'm':
+                        raise FramingError(f"gather_lines: the line at offset {ls[i] & OFF_MASK} of "
+                                           f"{self._where(ls[i] >> 40)} is not a message line")
+                    hv[i] = _xxh.XXH3_64bits(ps[i] + m.id_off, m.id_len)
             data = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>total)
             dst = PyBytes_AS_STRING(data)
             for i in range(k):
@@ -1807,6 +1835,81 @@ cdef class HotIndex:
         finally:
             free(ps)
             free(ns)
+
+    cdef int64_t _located_slot(self, int64_t loc, uint64_t h) noexcept nogil:
+        """Slot of the entry at `loc` whose id hashes to `h`, -1 if none: the
+        id table vouches that the line at `loc` (whose id a caller read,
+        checked, and hashed) is still indexed there, without the line read
+        again (an entry is the only one at its location)."""
+        cdef uint64_t tag = h >> 32, n = self._n_slots
+        cdef uint64_t i, s
+        if n == 0:
+            return -1
+        i = _home(tag, n)
+        while True:
+            s = self._c_slots[i]
+            if s == 0:
+                return -1
+            if (s >> 32) == tag and self._c_locs[(s & 0xFFFFFFFFULL) - 1] == loc:
+                return <int64_t>i
+            i += 1
+            if i == n:
+                i = 0
+
+    @cython.boundscheck(False)
+    @cython.wraparound(False)
+    def find_located(self, locs, id_hashes):
+        """int64 array: ``locs[i]`` where the message of the line at
+        ``locs[i]``, its id hashing to ``id_hashes[i]`` (:meth:`gather_lines`),
+        is indexed there still, else -1 (unindexed, or moved)."""
+        cdef const int64_t[::1] ls = np.ascontiguousarray(locs, dtype=np.int64)
+        cdef const uint64_t[::1] hv = np.ascontiguousarray(id_hashes, dtype=np.uint64)
+        cdef Py_ssize_t k = ls.shape[0], i
+        if hv.shape[0] != k:
+            raise ValueError(f"find_located: {k} locations, {hv.shape[0]} id hashes")
+        out = np.full(k, -1, dtype=np.int64)
+        cdef int64_t[::1] o = out
+        for i in range(k):
+            if i + _REMOVE_AHEAD < k and self._n_slots:
+                rf_prefetch(&self._c_slots[_home(hv[i + _REMOVE_AHEAD] >> 32, self._n_slots)])
+            if self._located_slot(ls[i], hv[i]) >= 0:
+                o[i] = ls[i]
+        return out
+
+    @cython.boundscheck(False)
+    @cython.wraparound(False)
+    def remove_located(self, locs, id_hashes):
+        """Unindex the messages of the lines at `locs`, their ids hashing to
+        `id_hashes` (:meth:`gather_lines` read and checked them): what
+        :meth:`remove_lines` does, without reading and checking each line
+        again. int64 array of where each was indexed (-1: not indexed at
+        that location)."""
+        cdef const int64_t[::1] ls = np.ascontiguousarray(locs, dtype=np.int64)
+        cdef const uint64_t[::1] hv = np.ascontiguousarray(id_hashes, dtype=np.uint64)
+        cdef Py_ssize_t k = ls.shape[0], i
+        cdef int64_t slot
+        if hv.shape[0] != k:
+            raise ValueError(f"remove_located: {k} locations, {hv.shape[0]} id hashes")
+        out = np.full(k, -1, dtype=np.int64)
+        cdef int64_t[::1] o = out
+        self._guard()
+        try:
+            for i in range(min(k, _REMOVE_AHEAD)):
+                self._prefetch_line(ls[i], 128)
+            for i in range(k):
+                if i + _REMOVE_AHEAD < k:
+                    # (the slot and the head of the line _kill parses, a few
+                    # lines ahead: their memory latencies overlap)
+                    self._prefetch_line(ls[i + _REMOVE_AHEAD], 128)
+                    if self._n_slots:
+                        rf_prefetch(&self._c_slots[_home(hv[i + _REMOVE_AHEAD] >> 32, self._n_slots)])
+                slot = self._located_slot(ls[i], hv[i])
+                if slot >= 0:
+                    o[i] = ls[i]
+                    self._kill(<uint64_t>slot)
+        finally:
+            self._sweep()
+        return out
 
     @cython.boundscheck(False)
     @cython.wraparound(False)

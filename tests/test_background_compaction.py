@@ -9,6 +9,7 @@ import os
 import math
 import threading
 
+import numpy as np
 import pytest
 
 from rune_fast._conv import cooling, staging, tuning
@@ -590,10 +591,12 @@ def test_a_finished_run_holds_its_ids_and_each_channels_newest_stamp_only(tmp_pa
     seen = []
     real = cooling.Cooling._cooled
 
-    def cooled(self, locs, table, *, staged=None, maxima=None):
+    def cooled(self, locs, hashes, *, staged=None, maxima=None):
         if staged is not None:
-            seen.append((table.column_names, dict(staged.maxima), len(staged.keys), hasattr(staged, "ids")))
-        return real(self, locs, table, staged=staged, maxima=maxima)
+            # (its ids as their hashes, 8 bytes a row, read from the lines as they were fed)
+            seen.append((staged.table.column_names, dict(staged.maxima), len(staged.hashes),
+                         staged.hashes.dtype == np.uint64, hasattr(staged, "ids") or hasattr(staged, "keys")))
+        return real(self, locs, hashes, staged=staged, maxima=maxima)
     monkeypatch.setattr(cooling.Cooling, "_cooled", cooled)
     stored: dict = {}
     with open_repo(tmp_path) as repo:
@@ -612,7 +615,7 @@ def test_a_finished_run_holds_its_ids_and_each_channels_newest_stamp_only(tmp_pa
             if r.hlc:
                 want[r.channel_id] = max((r.hlc, r.msg_id), want.get(r.channel_id, ("", "")))
         repo.compact()
-        assert seen[0] == (["msg_id"], want, len(run), False)
+        assert seen[0] == (["msg_id"], want, len(run), True, False)
         assert all(repo._cool_max[ch] >= stamp for ch, stamp in want.items())
         assert len(repo) == len(stored)
         for mid, m in stored.items():

@@ -60,14 +60,16 @@ def test_the_excess_and_its_file_order_are_int64_arrays(tmp_path, small_files, m
 
 def test_an_inline_files_adoption_keeps_each_channels_newest_stamp_only(tmp_path, small_files,  # noqa: F811
                                                                          monkeypatch):
-    # (no table, not even its ids: the hot index drops them read from the
-    # lines cooled, HotIndex.remove_lines)
-    adopted: list[tuple[list[str], dict]] = []
+    # (no table, not even its ids: the hot index drops them by their
+    # locations and the hashes of their ids read from the lines cooled,
+    # HotIndex.remove_located, 8 bytes a row)
+    adopted: list[tuple[object, dict]] = []
     real = cooling.Cooling._cooled
 
-    def cooled(self, locs, table, *, staged=None, maxima=None):
-        adopted.append((None if table is None else table.column_names, dict(maxima or {})))
-        return real(self, locs, table, staged=staged, maxima=maxima)
+    def cooled(self, locs, hashes, *, staged=None, maxima=None):
+        adopted.append((None if staged is None and hashes.dtype == np.uint64 and len(hashes) == len(locs)
+                        else "?", dict(maxima or {})))
+        return real(self, locs, hashes, staged=staged, maxima=maxima)
     monkeypatch.setattr(cooling.Cooling, "_cooled", cooled)
     stored: dict = {}
     with ConversationStateRepository(tmp_path, compact_every=10**6, hot_window=3) as repo:

@@ -1011,6 +1011,14 @@ def test_contains_many_matches_contains(tmp_path):
     assert arch.contains_many(probe).tolist() == [True] * 17 + [False] * 3
     again = CoolArchive.open(str(tmp_path / "c"), arch.files())   # the sidecars' runs, mapped
     assert again.contains_many(probe).tolist() == [True] * 17 + [False] * 3
+    # an Arrow column (a cooling run's part) answers as its strs do, inside
+    # and outside the archive's span of ids, chunked or sliced
+    for ids in (probe, ["\x00", "~~~"], ["\xe9", rows[7]["msg_id"], "zz\U0001f600"], [rows[49]["msg_id"]]):
+        want = arch.contains_many(ids).tolist()
+        assert arch.contains_many(pa.array(ids)).tolist() == want
+        assert arch.contains_many(pa.chunked_array([ids[:1], ids[1:]], pa.string())).tolist() == want
+        assert arch.contains_many(pa.array(["x"] + ids).slice(1)).tolist() == want
+    assert arch.contains_many(pa.array([], pa.string())).tolist() == []
 
 
 def test_files_cooled_after_an_open_join_the_id_index_at_once(tmp_path):

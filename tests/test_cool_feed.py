@@ -113,12 +113,12 @@ def test_a_failed_copy_gives_the_run_up(tmp_path, fed, monkeypatch, caplog):
     real = cooling.Cooling._gather
     failed: list[int] = []
 
-    def flaky(self, locs):
+    def flaky(self, locs, hashes):
         job = self._bg
         if not failed and job is not None and job.feeding() and job.fed_to > 0:
             failed.append(job.fed_to)
             raise CorruptStateCheckpointError("line check failed (injected)", path="seg", offset=0)
-        return real(self, locs)
+        return real(self, locs, hashes)
     monkeypatch.setattr(cooling.Cooling, "_gather", flaky)
     stored: dict = {}
     with caplog.at_level(logging.WARNING, logger="rune_fast"):

@@ -31,7 +31,8 @@ MUTATORS = frozenset({
     "setdefault", "sort", "reverse", "difference_update", "intersection_update",
     "symmetric_difference_update", "__setitem__", "__delitem__",
     # the compiled hot index and decode cache (rune_fast/_index.pyi)
-    "attach", "detach", "ingest", "append_bytes", "relocate", "remove_many", "remove_lines", "set_seg_filters",
+    "attach", "detach", "ingest", "append_bytes", "relocate", "remove_many", "remove_lines", "remove_located",
+    "set_seg_filters",
     "move_many", "make_room", "insert", "insert_many",
 })
 

@@ -152,6 +152,7 @@ cdef class HotIndex:
     cdef void _prefetch_line(self, int64_t loc, uint32_t length=*) noexcept nogil
     cdef int _parse_entry(self, uint32_t e, const unsigned char **p, rf_msg *m) noexcept nogil
     cdef int64_t _find_slot(self, uint64_t h, const unsigned char *key, size_t klen) noexcept nogil
+    cdef int64_t _located_slot(self, int64_t loc, uint64_t h) noexcept nogil
     cdef int _table_reserve(self, uint64_t need) except -1
     cdef int _table_fit(self) except -1
     cdef int _table_resize(self, uint64_t nc) except -1

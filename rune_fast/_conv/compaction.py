@@ -373,7 +373,7 @@ class Compaction(Host):
             # 1. cooling: first a run staged in the background, then the rest
             if staged is not None:
                 manifest_cool = self._cool.adopt(staged.result)
-                self._cooled(staged.locs, staged.table, staged=staged)
+                self._cooled(staged.locs, staged.hashes, staged=staged)
                 rep.cooled += staged.table.num_rows
                 rep.cool_files_written += 1
             if merged_bg is not None:

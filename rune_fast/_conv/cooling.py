@@ -225,7 +225,8 @@ class Cooling(Host):
             elif job.result is None:
                 job = None
             elif job.kind == "cool":
-                found = self._index.find_many(self._staged_keys(job))
+                assert job.hashes is not None       # (set when the run was staged)
+                found = self._index.find_located(job.locs, job.hashes)
                 if self._any_tombstoned(job.table.column("msg_id")) \
                         or not np.array_equal(found, np.asarray(job.locs, dtype=np.int64)):
                     job.discard(self._cool)
@@ -284,10 +285,13 @@ class Cooling(Host):
             job.table = pa.concat_tables(kept) if len(kept) != 1 else kept[0]
             del kept
             job.maxima = maxima
-            job.keys = _keys_of(job.table.column("msg_id"))
             return result
 
         job = _Staged("cool", work, locs, fed=True)
+        # (each id's hash, from its line as each part is copied and checked:
+        # the adoption finds and unindexes the rows by them and their
+        # locations, without reading their lines again or keeping their ids)
+        job.hashes = np.zeros(len(locs), dtype=np.uint64)
         self._feed_cooling(job)
         return job
 
@@ -300,8 +304,9 @@ class Cooling(Host):
         a = job.fed_to
         assert a is not None
         b = min(len(job.locs), a + max(1, tuning.BG_COOL_PART_ROWS))
+        assert job.hashes is not None       # (set when the run was staged)
         try:
-            data, starts = self._gather(job.locs[a:b])
+            data, starts = self._gather(job.locs[a:b], job.hashes[a:b])
         except BaseException:
             job.stop_feeding()
             raise
@@ -393,10 +398,16 @@ class Cooling(Host):
         for a in range(0, len(order), tuning.COOL_FILE_ROWS):
             locs = order[a:a + tuning.COOL_FILE_ROWS]
             maxima: dict[str, tuple[str, str]] = {}
+            # (each id's hash, read from its checked line: the rows are
+            # unindexed by them and their locations, not by reading and
+            # checking each line again; 8 bytes a row)
+            hashes = np.zeros(len(locs), dtype=np.uint64)
 
-            def parts(locs: np.ndarray = locs, maxima: dict[str, tuple[str, str]] = maxima) -> Any:
+            def parts(locs: np.ndarray = locs, maxima: dict[str, tuple[str, str]] = maxima,
+                      hashes: np.ndarray = hashes) -> Any:
                 for b in range(0, len(locs), tuning.COOL_RUN_MAX_ROWS):
-                    t = self._cool_table_at(locs[b:b + tuning.COOL_RUN_MAX_ROWS])
+                    e = b + tuning.COOL_RUN_MAX_ROWS
+                    t = self._cool_table_at(locs[b:e], hashes[b:e])
                     # (what the adoption reads, a part at a time: each
                     # channel's newest stamp; the channel and stamp strings
                     # of a file's rows held to its end were ~40 bytes a row
@@ -407,22 +418,24 @@ class Cooling(Host):
 
             run = self._cool.cool_parts(parts())
             files = list(run.files)
-            self._cooled(locs, None, maxima=maxima)
+            self._cooled(locs, hashes, maxima=maxima)
             rep.cooled += len(locs)
             rep.cool_files_written += 1
         return files
 
-    def _cool_table_at(self, locs: "Sequence[int] | np.ndarray") -> pa.Table:
+    def _cool_table_at(self, locs: np.ndarray, hashes: np.ndarray) -> pa.Table:
         """The cool-schema table of the hot lines at ``locs`` (each checked
-        against its checksum), row i from ``locs[i]``."""
-        data, starts = self._gather(locs)
+        against its checksum), row i from ``locs[i]``; ``hashes`` gets the
+        hash of each one's id (:meth:`_gather`)."""
+        data, starts = self._gather(locs, hashes)
         return self._lines_table(locs, data, starts, tuning.COOL_PARSE_PART)
 
-    def _gather(self, locs: "Sequence[int] | np.ndarray") -> tuple[bytes, np.ndarray]:
-        """A copy of the hot lines at ``locs``, each checked (lock held):
+    def _gather(self, locs: "Sequence[int] | np.ndarray", hashes: np.ndarray) -> tuple[bytes, np.ndarray]:
+        """A copy of the hot lines at ``locs``, each checked (lock held), and
+        the hash of each one's id in ``hashes`` (uint64, as long):
         ``HotIndex.gather_lines``."""
         self._maps.read(len(locs))
-        return self._index.gather_lines(locs)
+        return self._index.gather_lines(locs, hashes)
 
     def _lines_table(self, locs: "Sequence[int] | np.ndarray", data: bytes, starts: np.ndarray,
                      part: int | None = None) -> pa.Table:
@@ -453,80 +466,31 @@ class Cooling(Host):
         # parts, so the rows are never copied whole)
         return pa.concat_tables(parts)
 
-    @staticmethod
-    def _staged_keys(job: _Staged) -> list[bytes]:
-        """The index keys of a staged cooling run's msg_ids (made by its
-        thread; here if it failed before)."""
-        if job.keys is None:
-            job.keys = _keys_of(job.table.column("msg_id"))
-        return job.keys
-
-    def _cooled(self, locs: "Sequence[int] | np.ndarray", table: pa.Table | None, *,
-                staged: "_Staged | None" = None, maxima: "dict[str, tuple[str, str]] | None" = None) -> None:
-        """Drop messages now served by the cool tier from the hot index.
-        ``staged``: the job of a run written in the background, which
+    def _cooled(self, locs: "Sequence[int] | np.ndarray", hashes: np.ndarray | None, *,
+                staged: "_Staged | None" = None,
+                maxima: "dict[str, tuple[str, str]] | None" = None) -> None:
+        """Drop messages now served by the cool tier from the hot index: the
+        lines at ``locs``, still where they were read, their ids hashing to
+        ``hashes`` (``HotIndex.gather_lines``). ``staged``: the job of a run
+        written in the background (its locations and hashes), which
         appends may have overtaken (a late one can sort before its rows; an
         inline run cools the oldest messages and those already behind a
         cool row). ``maxima``: each channel's newest stamp among the rows
-        (:func:`_stamp_maxima`; None: read from ``table``'s columns).
-        ``table`` None: the rows are the lines at ``locs``, still where
-        they were read, and their ids are read from them."""
+        (:func:`_stamp_maxima`; None: the staged run's)."""
         behind = self._behind if staged is not None else None
-        if maxima is None and staged is not None:
-            maxima = staged.maxima
-        if maxima is None:
-            assert table is not None
-            maxima = {}
-            _stamp_maxima(table, maxima)
+        if staged is not None:
+            locs, hashes, maxima = staged.locs, staged.hashes, staged.maxima
+        assert maxima is not None and hashes is not None
         for ch, stamp in maxima.items():
             if self._raise_cool_max(ch, stamp):
                 if behind is not None:
                     behind.add(ch)      # a late append may sort before the new maximum
         part = tuning.COOL_RUN_MAX_ROWS
-        if staged is not None:
-            self._unindex_many(self._staged_keys(staged))
-        elif table is None:
-            for a in range(0, len(locs), part):
-                self._unindex_lines(locs[a:a + part])
-        else:
-            ids = table.column("msg_id")
-            for a in range(0, table.num_rows, part):
-                self._unindex_many(_id_keys(ids.slice(a, part)))
+        for a in range(0, len(locs), part):
+            self._unindex_located(locs[a:a + part], hashes[a:a + part])
         self._forget_decoded_many(locs)
-        self._count_changes(len(locs) if table is None else table.num_rows)
+        self._count_changes(len(locs))
         self._forget_interleaving()     # the verdicts read the cool rows' maxima just moved
-
-
-def _keys_of(ids: Any) -> list[bytes]:
-    """The index keys (``codec.key``) of an Arrow column of msg_ids, a part
-    at a time (no list of all the ids as Python strings, no copy of the
-    whole column)."""
-    part = tuning.COOL_RUN_MAX_ROWS
-    keys: list[bytes] = []
-    for a in range(0, len(ids), part):
-        keys.extend(_id_keys(ids.slice(a, part)))
-    return keys
-
-
-def _id_keys(ids: "pa.Array | pa.ChunkedArray") -> list[bytes]:
-    """``codec.key`` of each id of an Arrow string column: its UTF-8 bytes as
-    they are, but for an id holding a byte JSON escapes (a quote, a
-    backslash, a control character), which takes codec.key. No str is made
-    for the others (a str and orjson's copy were ~0.3 us an id of a
-    compact()'s unindexing)."""
-    if isinstance(ids, pa.ChunkedArray):
-        ids = ids.combine_chunks() if ids.num_chunks != 1 else ids.chunk(0)
-    keys = ids.cast(pa.binary()).to_pylist()
-    _valid, offsets, data = ids.buffers()
-    if data is None or not len(ids):
-        return keys
-    o = np.frombuffer(offsets, dtype=np.int32, count=len(ids) + 1, offset=4 * ids.offset)
-    b = np.frombuffer(data, dtype=np.uint8)[o[0]:o[-1]]
-    odd = np.flatnonzero((b < 0x20) | (b == 0x22) | (b == 0x5C))
-    if len(odd):
-        for i in np.unique(np.searchsorted(o, odd + o[0], side="right") - 1).tolist():
-            keys[i] = codec.key(ids[i].as_py())
-    return keys
 
 
 def _stamp_maxima(table: pa.Table, maxima: "dict[str, tuple[str, str]]") -> None:

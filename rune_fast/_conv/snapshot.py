@@ -57,14 +57,12 @@ class IndexSnapshot(Host):
         """Install the kept search filters of sealed segment ``seg``."""
         return self._index.set_seg_filters(seg, data)
 
-    def _unindex_many(self, keys: list[bytes]) -> Any:
-        """Drop the ids ``keys`` (codec.key) from the hot index; their locations."""
-        return self._index.remove_many(keys)
-
-    def _unindex_lines(self, locs: Any) -> Any:
-        """Drop the ids of the hot lines at ``locs`` from the hot index (read
-        from the lines: ``HotIndex.remove_lines``); their locations."""
-        return self._index.remove_lines(locs)
+    def _unindex_located(self, locs: Any, hashes: Any) -> Any:
+        """Drop the messages of the hot lines at ``locs`` from the hot index,
+        their ids hashing to ``hashes`` (read from the checked lines by
+        ``HotIndex.gather_lines``): ``HotIndex.remove_located``; where each
+        was indexed (-1: not at that location)."""
+        return self._index.remove_located(locs, hashes)
 
     def _index_one(self, loc: int) -> bool:
         """Index the message line at ``loc``; False if its id is indexed already."""

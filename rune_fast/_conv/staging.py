@@ -38,11 +38,12 @@ class _Staged:
         self._parts: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self._taken = threading.Event()     # set each time the thread takes a part
         self.table: Any = None  # a cooling run's msg_ids (a table), in the order of locs (set by its thread)
-        # their index keys and each channel's newest stamp among its rows
-        # (set by its thread too: the adoption, under the lock, then need
-        # not make them)
-        self.keys: list[bytes] | None = None
+        # each channel's newest stamp among its rows (set by its thread too:
+        # the adoption, under the lock, then need not make them)
         self.maxima: dict[str, tuple[str, str]] | None = None
+        # a cooling run's id hashes, in the order of locs (filled as its
+        # parts are fed: HotIndex.gather_lines)
+        self.hashes: np.ndarray | None = None
         self.result: Any = None
         self.sources: set[str] = set()  # a merge's source files (set by the compaction that starts it)
         self.error: BaseException | None = None

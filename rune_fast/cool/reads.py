@@ -8,6 +8,8 @@ from typing import Any, Iterator, Sequence, cast
 
 import numpy as np
 import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from .._encode import fresh_read_only_calls
 from .._order import order_key
@@ -186,27 +188,38 @@ class _Reads(_RowCache):
                     return True
             return False
 
-    def contains_many(self, msg_ids: Sequence[str]) -> np.ndarray:
-        """Boolean array: which of ``msg_ids`` are archived. The ids' hashes
-        are looked up at once; only an id whose hash is archived has its
-        stored id read (as :meth:`contains` does)."""
-        msg_ids = list(msg_ids)
+    def contains_many(self, msg_ids: "Sequence[str] | pa.Array | pa.ChunkedArray") -> np.ndarray:
+        """Boolean array: which of ``msg_ids`` (strs, or an Arrow string
+        column: a cooling run's part, whose ids then never become strs)
+        are archived. The ids' hashes are looked up at once; only an id
+        whose hash is archived has its stored id read (as :meth:`contains`
+        does)."""
+        arrow = isinstance(msg_ids, (pa.Array, pa.ChunkedArray))
+        if not arrow:
+            msg_ids = list(msg_ids)
         out = np.zeros(len(msg_ids), dtype=bool)
-        if not msg_ids:
+        if not len(msg_ids):
             return out
         span = self._id_span()
         # (ids of new_id() sort after every archived one: min and max, two
         # loops in C, answer them where a generator compared each id in
-        # Python; ids on both sides of the span are compared one by one)
-        if span is not None and (max(msg_ids) < span[0] or min(msg_ids) > span[1]
-                                 or not any(span[0] <= m <= span[1] for m in msg_ids)):
-            return out
+        # Python; ids on both sides of the span are compared one by one.
+        # Arrow compares strings by their UTF-8 bytes: code point order,
+        # as Python compares them)
+        if span is not None:
+            if arrow:
+                if not pc.any(pc.and_(pc.greater_equal(msg_ids, span[0]),
+                                      pc.less_equal(msg_ids, span[1]))).as_py():
+                    return out
+            elif (max(msg_ids) < span[0] or min(msg_ids) > span[1]
+                  or not any(span[0] <= m <= span[1] for m in msg_ids)):
+                return out
         with self._lock:
             if not self._files:
                 return out
             cand = self._ids.has_many(_id_hashes(msg_ids))
-            for i in np.flatnonzero(cand):
-                out[i] = self.contains(msg_ids[i])
+            for i in np.flatnonzero(cand).tolist():
+                out[i] = self.contains(cast(Any, msg_ids[i]).as_py() if arrow else msg_ids[i])
         return out
 
     def _channel_parts(self, channel_id: str) -> list[list[CoolRow]]:

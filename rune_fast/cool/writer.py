@@ -278,11 +278,11 @@ class _Writer(_Search):
                 if last is not None and ch < last:
                     raise ValueError(f"cool_parts: row {at}: channel {ch!r} after {last!r} (not in file order)")
                 last = ch
-            ids = t.column("msg_id").to_pylist()
-            already = self.contains_many(ids)
+            ids = t.column("msg_id")
+            already = self.contains_many(ids)       # (the Arrow column: no str a row)
             if already.any():
                 i = int(np.flatnonzero(already)[0])
-                raise ValueError(f"cool_parts: row {at + i}: msg_id {ids[i]!r} is already archived")
+                raise ValueError(f"cool_parts: row {at + i}: msg_id {ids[i].as_py()!r} is already archived")
             at += t.num_rows
             yield t
         if at == 0:
