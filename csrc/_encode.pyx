@@ -31,7 +31,7 @@ from cpython.pycapsule cimport PyCapsule_New
 from cpython.tuple cimport PyTuple_CheckExact, PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_New, PyTuple_SET_ITEM
 from cpython.unicode cimport PyUnicode_AsUTF8String
 from libc.stdint cimport INT64_MIN, int32_t, int64_t, uint16_t, uint32_t, uint64_t
-from libc.stdlib cimport free, malloc, qsort, realloc
+from libc.stdlib cimport calloc, free, malloc, qsort, realloc
 from libc.string cimport memchr, memcmp, memcpy, memset, strlen
 
 from rf_core cimport RF_MAX_LINE, RF_PREFIX_LEN, rf_write_prefix
@@ -98,7 +98,8 @@ cdef struct Buf:
     Py_ssize_t cap
 
 
-cdef int _reserve(Buf *b, Py_ssize_t extra) except -1 nogil:
+cdef inline int _grow(Buf *b, Py_ssize_t extra) noexcept nogil:
+    """Room for ``extra`` more bytes on b: 0, or -1 out of memory."""
     cdef Py_ssize_t cap
     cdef char *p
     if b.n + extra <= b.cap:
@@ -106,10 +107,16 @@ cdef int _reserve(Buf *b, Py_ssize_t extra) except -1 nogil:
     cap = max(b.cap * 2, b.n + extra, 4096)
     p = <char *>realloc(b.p, <size_t>cap)
     if p == NULL:
-        with gil:
-            raise MemoryError("encode_messages: scratch buffer")
+        return -1
     b.p = p
     b.cap = cap
+    return 0
+
+
+cdef int _reserve(Buf *b, Py_ssize_t extra) except -1 nogil:
+    if _grow(b, extra) < 0:
+        with gil:
+            raise MemoryError("encode_messages: scratch buffer")
     return 0
 
 
@@ -225,7 +232,7 @@ _layout_c(_CANON_KEYS, _CANON_C)
 
 
 cdef inline int _assemble(Buf *o, const _Key *layout, const char *base, const Py_ssize_t *rs,
-                          const Py_ssize_t *rl, const char *calls, Py_ssize_t calls_n) except -1 nogil:
+                          const Py_ssize_t *rl, const char *calls, Py_ssize_t calls_n) noexcept nogil:
     """Write ``layout`` (N_RAW keys) onto o (room reserved): each key, then
     its raw value ``base[rs[f]:rs[f] + rl[f]]`` -- or, for the tool calls,
     ``calls[0:calls_n]`` when ``calls_n`` >= 0 -- then the closing brace."""
@@ -352,16 +359,378 @@ cdef int _calls_out(Buf *b, tuple calls, bint sort) except -1:
     return 0
 
 
-cdef class _Scratch:
-    """Reusable buffers of one encode_messages call."""
-    cdef Buf esc
-    cdef Buf out
-    cdef Buf cc         # a record's tool calls in canonical JSON
+# encode_messages works in three passes over a batch:
+#   1. with the GIL, in order: each record's values read and checked, its
+#      strs held (a reference each), its tool calls spelled (Python
+#      objects); a record this path does not spell goes to ``slow`` here;
+#   2. in C: each record's strs escaped and both JSONs assembled into a
+#      part's buffer (_spell), by the caller and -- a batch of at least
+#      _parallel_min records -- the worker, a C thread without the GIL, at
+#      once (a str is immutable and held: only its code points are read;
+#      the caller keeps the GIL throughout, as a record at a time does);
+#   3. with the GIL, in order: the bytes objects made; a record pass 2 left
+#      goes to ``slow`` (a lone surrogate, past the size limit: it raises
+#      naming the record) or is spelled again (a time only dtoa writes).
+# An exception in pass 1 (a record's index, slow's, calls_json's) is
+# raised after pass 3 has dealt with the records before it, so the
+# lowest failing index raises, as a record-by-record encoder raises.
 
-    def __dealloc__(self):
-        free(self.esc.p)
-        free(self.out.p)
-        free(self.cc.p)
+cdef enum:
+    # a record's state: to spell in C (and spelled), given by slow() in
+    # pass 1, left by pass 2 to slow(), its time left to dtoa
+    _C, _DONE, _SLOW, _DTOA
+
+cdef struct _Rec:
+    PyObject *s[8]          # the str fields, in _STRING_RAW's order (a reference held on each)
+    PyObject *calls         # its tool calls' JSON then their canonical JSON (bytes, held); NULL: []
+    Py_ssize_t calls_n      # (the first one's length)
+    double ts
+    long long tok
+    Py_ssize_t at           # pass 2's output: the record JSON at out[at:][:body_n], the
+    Py_ssize_t body_n       # canonical JSON after it, in its part's out
+    Py_ssize_t canon_n
+    Py_ssize_t key_n        # (the key: the escaped msg_id, in the record JSON)
+    int state
+    int part
+
+cdef struct _Part:
+    _Rec *recs
+    Py_ssize_t *next        # the first record not claimed (the parts' own, rf_claim)
+    Py_ssize_t hi           # pass 1 stopped here
+    int idx
+    const char *verb        # the schema version's digits
+    Py_ssize_t verb_n
+    Py_ssize_t max_bytes    # max_record_bytes
+    Buf esc                 # a record's raw values
+    Buf out
+    bint failed             # out of memory
+
+#: A batch of this many records is spelled by two threads at once.
+cdef Py_ssize_t _parallel_min = 256
+#: Records a thread claims at a time (~20 us of work): the last claim of
+#: either thread ends at most this much after the other's.
+cdef Py_ssize_t _claim = 16
+
+# the part buffers the last batch left for the next (the GIL guards them):
+# grown anew each batch they came from fresh pages (see HashJob.__dealloc__)
+cdef Buf _kept[4]
+
+
+def _set_parallel(Py_ssize_t min_records, Py_ssize_t claim=16) -> tuple:
+    """(tests) Spell batches of ``min_records`` or more in two threads,
+    ``claim`` records at a time; returns the values it replaces."""
+    global _parallel_min, _claim
+    if claim < 1:
+        raise ValueError("claim must be at least 1")
+    old = (_parallel_min, _claim)
+    _parallel_min, _claim = min_records, claim
+    return old
+
+
+cdef extern from "Python.h" nogil:
+    # a held str read without the GIL
+    Py_ssize_t _str_len "PyUnicode_GET_LENGTH"(PyObject *o)
+    int _str_kind "PyUnicode_KIND"(PyObject *o)
+    const void *_str_data "PyUnicode_DATA"(PyObject *o)
+    bint _str_ascii "PyUnicode_IS_ASCII"(PyObject *o)
+    const char *_bytes_data "PyBytes_AS_STRING"(PyObject *o)
+    Py_ssize_t _bytes_len "PyBytes_GET_SIZE"(PyObject *o)
+
+cdef extern from *:
+    """
+    /* the first of the next k records, claimed */
+    static inline Py_ssize_t rf_claim(Py_ssize_t *next, Py_ssize_t k) {
+        return __atomic_fetch_add(next, k, __ATOMIC_RELAXED);
+    }
+    """
+    Py_ssize_t rf_claim(Py_ssize_t *next, Py_ssize_t k) noexcept nogil
+
+cdef extern from "<unistd.h>" nogil:
+    int getpid()
+
+
+cdef int _escape_c(Buf *b, PyObject *s) noexcept nogil:
+    """The held str ``s`` quoted and escaped onto b, as _escape_str writes
+    it: 0; -1 out of memory; -2 a lone surrogate."""
+    cdef Py_ssize_t n = _str_len(s)
+    cdef size_t w
+    if _grow(b, 6 * n + 18) < 0:
+        return -1
+    _put(b, b'"', 1)
+    if _str_ascii(s):
+        w = rf_json_escape(<const unsigned char *>_str_data(s), <size_t>n, <unsigned char *>b.p + b.n)
+    else:
+        w = rf_json_escape_ucs(_str_kind(s), _str_data(s), <size_t>n, <unsigned char *>b.p + b.n)
+        if w == <size_t>-1:
+            return -2
+    b.n += <Py_ssize_t>w
+    _put(b, b'"', 1)
+    return 0
+
+
+cdef int _spell(_Part *pt, _Rec *r, const char *tsrep, Py_ssize_t tsrep_n) noexcept nogil:
+    """Record r's record JSON and canonical JSON onto pt.out (r.at ...):
+    0; or why not: _SLOW (a lone surrogate, past the size limit), _DTOA (a
+    time rf_float_repr leaves to dtoa; ``tsrep``, if not NULL, is its
+    repr); -1 out of memory."""
+    cdef Py_ssize_t rs[N_RAW]
+    cdef Py_ssize_t rl[N_RAW]
+    cdef char num[48]
+    cdef char tok[24]
+    cdef const char *cb = b"[]"
+    cdef const char *cc = b"[]"
+    cdef Py_ssize_t cbn = 2, ccn = 2, tokn
+    cdef Buf *esc = &pt.esc
+    cdef Buf *out = &pt.out
+    cdef int k, f, e
+    esc.n = 0
+    for k in range(8):
+        f = _STRING_RAW[k]
+        rs[f] = esc.n
+        e = _escape_c(esc, r.s[k])
+        if e == -2:
+            return _SLOW
+        if e:
+            return -1
+        rl[f] = esc.n - rs[f]
+    if tsrep == NULL:
+        # repr(ts) from rf_float_repr where it decides it (a time of the
+        # epoch: about 0.36 us less than dtoa)
+        e = rf_float_repr(r.ts, num)
+        if e < 0:
+            return _DTOA
+        tsrep = num
+        tsrep_n = e
+    tokn = _digits(r.tok, tok)
+    if _grow(esc, tsrep_n + tokn + pt.verb_n) < 0:
+        return -1
+    rs[R_TS] = esc.n
+    rl[R_TS] = tsrep_n
+    _put(esc, tsrep, tsrep_n)
+    rs[R_TOKEN] = esc.n
+    rl[R_TOKEN] = tokn
+    _put(esc, tok, tokn)
+    rs[R_VERSION] = esc.n
+    rl[R_VERSION] = pt.verb_n
+    _put(esc, pt.verb, pt.verb_n)
+    if r.calls != NULL:
+        cb = _bytes_data(r.calls)
+        cbn = r.calls_n
+        cc = cb + cbn
+        ccn = _bytes_len(r.calls) - cbn
+    # both JSONs: the raw values, the keys (under 256 bytes a layout), the calls
+    if _grow(out, 2 * esc.n + 512 + cbn + ccn) < 0:
+        return -1
+    r.at = out.n
+    _assemble(out, _BODY_C, esc.p, rs, rl, cb, cbn)
+    r.body_n = out.n - r.at
+    if r.body_n > pt.max_bytes:
+        out.n = r.at
+        return _SLOW
+    _assemble(out, _CANON_C, esc.p, rs, rl, cc, ccn)
+    r.canon_n = out.n - r.at - r.body_n
+    r.key_n = rl[R_MSG_ID] - 2
+    r.part = pt.idx
+    return 0
+
+
+cdef void _spell_part(_Part *pt) noexcept nogil:
+    """Pass 2: spell the records this part claims, _claim at a time."""
+    cdef Py_ssize_t i, lo
+    cdef int e
+    while not pt.failed:
+        lo = rf_claim(pt.next, _claim)
+        if lo >= pt.hi:
+            return
+        for i in range(lo, min(lo + _claim, pt.hi)):
+            if pt.recs[i].state == _C:
+                e = _spell(pt, &pt.recs[i], NULL, 0)
+                if e < 0:
+                    pt.failed = True
+                    return
+                pt.recs[i].state = e
+
+
+# The worker: one C thread a process, started by the first large batch,
+# that takes the part a batch offers and claims records with the caller.
+# A part it has not taken when the caller's claims run out is taken back
+# (a busy machine: the caller never waits for a thread still to be
+# scheduled); one it took, the caller waits for. One batch at a time: a
+# second caller meanwhile spells its batch alone.
+cdef extern from "<pthread.h>" nogil:
+    ctypedef unsigned long pthread_t
+    int pthread_create(pthread_t *th, const void *attr, void *(*run)(void *) noexcept nogil, void *arg)
+    int pthread_join(pthread_t th, void **ret)
+    int pthread_detach(pthread_t th)
+    ctypedef struct pthread_mutex_t:
+        pass
+    ctypedef struct pthread_cond_t:
+        pass
+    int pthread_mutex_init(pthread_mutex_t *m, const void *attr)
+    int pthread_mutex_lock(pthread_mutex_t *m)
+    int pthread_mutex_unlock(pthread_mutex_t *m)
+    int pthread_cond_init(pthread_cond_t *c, const void *attr)
+    int pthread_cond_wait(pthread_cond_t *c, pthread_mutex_t *m)
+    int pthread_cond_signal(pthread_cond_t *c)
+    int pthread_cond_broadcast(pthread_cond_t *c)
+
+cdef pthread_mutex_t _w_mu
+cdef pthread_cond_t _w_wake             # a part offered
+cdef pthread_cond_t _w_idle             # the worker done with its part
+cdef _Part *_w_offer = NULL             # the part offered, not yet taken
+cdef _Part *_w_running = NULL           # the part the worker spells
+cdef int _w_pid = 0                     # the process whose worker it is (a fork's child starts its own)
+
+
+cdef void *_worker(void *arg) noexcept nogil:
+    global _w_offer, _w_running
+    cdef _Part *pt
+    pthread_mutex_lock(&_w_mu)
+    while True:
+        while _w_offer == NULL:
+            pthread_cond_wait(&_w_wake, &_w_mu)
+        pt = _w_running = _w_offer
+        _w_offer = NULL
+        pthread_mutex_unlock(&_w_mu)
+        _spell_part(pt)
+        pthread_mutex_lock(&_w_mu)
+        _w_running = NULL
+        pthread_cond_broadcast(&_w_idle)
+
+
+cdef bint _offer(_Part *pt) noexcept:
+    """Offer pt to the worker (started if need be: with the GIL, one
+    caller starts it): False if there is none or it is busy."""
+    global _w_pid, _w_offer, _w_running
+    cdef pthread_t th
+    cdef bint ok
+    if _w_pid != getpid():
+        pthread_mutex_init(&_w_mu, NULL)
+        pthread_cond_init(&_w_wake, NULL)
+        pthread_cond_init(&_w_idle, NULL)
+        _w_offer = _w_running = NULL
+        if pthread_create(&th, NULL, _worker, NULL) != 0:
+            return False
+        pthread_detach(th)
+        _w_pid = getpid()
+    pthread_mutex_lock(&_w_mu)
+    ok = _w_offer == NULL and _w_running == NULL
+    if ok:
+        _w_offer = pt
+        pthread_cond_signal(&_w_wake)
+    pthread_mutex_unlock(&_w_mu)
+    return ok
+
+
+cdef void _take_back(_Part *pt) noexcept nogil:
+    """pt back from the worker: taken back if it has not started on it,
+    else once it is done."""
+    global _w_offer
+    pthread_mutex_lock(&_w_mu)
+    if _w_offer == pt:
+        _w_offer = NULL
+    while _w_running == pt:
+        pthread_cond_wait(&_w_idle, &_w_mu)
+    pthread_mutex_unlock(&_w_mu)
+
+
+cdef int _gather(tuple msgs, type record_type, object slow, object calls_json, _Rec *recs,
+                 Buf *calls, list bodies, list hashes, list keys, Py_ssize_t *at) except -1:
+    """Pass 1 (see above); ``at[0]``: the index of the record in hand."""
+    cdef Py_ssize_t i, k
+    cdef bint bad, direct = record_type is _mi_type
+    cdef int overflow
+    cdef long long tok
+    cdef double ts
+    cdef object rec, calls_v, v
+    cdef bytes cb, cc
+    cdef _Rec *r
+    # the fields read straight from the instance's slots (see _field)
+    for k in range(len(_INIT_FIELDS)):
+        direct = direct and _mi_at[k] >= 0
+    for i in range(len(msgs)):
+        at[0] = i
+        rec = msgs[i]
+        r = &recs[i]
+        r.state = _DONE
+        if type(rec) is not record_type:
+            if not isinstance(rec, record_type):
+                raise TypeError(f"msgs[{i}]: expected {record_type.__name__}, got {type(rec).__name__}")
+            bodies[i], hashes[i], keys[i] = slow(rec)       # a subclass: the Python path
+            continue
+        # -- the values this path spells exactly; anything else goes slow
+        v = _field(rec, 1, direct)
+        tok = 0
+        ts = 0.0
+        bad = type(v) is not float
+        if not bad:
+            ts = v
+            bad = not (ts == 0.0 or 1e-4 <= abs(ts) < 1e16)
+        if not bad:
+            v = _field(rec, 6, direct)
+            bad = type(v) is not int
+            if not bad:
+                tok = PyLong_AsLongLongAndOverflow(v, &overflow)
+                bad = overflow != 0 or tok < 0
+        calls_v = _field(rec, 7, direct)
+        if not bad and type(calls_v) is not tuple:
+            bad = True
+        if not bad:
+            # what the constructor's check makes true and a line must hold
+            # (a field set past it takes the slow path, which checks it)
+            v = _field(rec, 2, direct)
+            bad = type(v) is not str or v not in _ROLE_SET
+            if not bad:
+                v = _field(rec, 0, direct)
+                bad = type(v) is not str or not v
+            if not bad:
+                v = _field(rec, 4, direct)
+                bad = type(v) is not str or not v
+        # -- the strs, held for pass 2
+        k = 0
+        while not bad and k < 8:
+            v = _field(rec, _STRING_INIT[k], direct)
+            if type(v) is not str:
+                bad = True
+                break
+            Py_INCREF(v)
+            r.s[k] = <PyObject *>v
+            k += 1
+        if bad:
+            bodies[i], hashes[i], keys[i] = slow(rec)
+            continue
+        r.ts = ts
+        r.tok = tok
+        # -- the tool calls: [] or, in their common shape, spelled here (both
+        # forms); else calls_json's -- unless a str of the record is not
+        # UTF-8, which slow() refuses first (as a record-by-record encoder)
+        if len(calls_v):
+            calls.n = 0
+            if _calls_out(calls, <tuple>calls_v, False):
+                bad = True
+            else:
+                r.calls_n = calls.n
+                bad = _calls_out(calls, <tuple>calls_v, True) != 0
+            if bad:
+                for k in range(8):
+                    if not _utf8_str(<object>r.s[k]):
+                        break
+                else:
+                    bad = False
+                if bad:
+                    bodies[i], hashes[i], keys[i] = slow(rec)
+                    continue
+                cb, cc = calls_json(rec)
+                calls.n = 0
+                _put_lit(calls, PyBytes_AS_STRING(cb), PyBytes_GET_SIZE(cb))
+                _put_lit(calls, PyBytes_AS_STRING(cc), PyBytes_GET_SIZE(cc))
+                r.calls_n = PyBytes_GET_SIZE(cb)
+            v = PyBytes_FromStringAndSize(calls.p, calls.n)
+            Py_INCREF(v)
+            r.calls = <PyObject *>v
+        r.state = _C
+    at[0] = len(msgs)
+    return 0
 
 
 def encode_messages(list msgs, type record_type, object slow, object calls_json, bint defer_hash=False,
@@ -379,130 +748,124 @@ def encode_messages(list msgs, type record_type, object slow, object calls_json,
     (body_json, canonical_json)`` gives the two JSON forms of a non-empty
     ``tool_calls`` that _calls_out does not spell (its common shape is
     written here). Each record's raw JSON values are written once (strings
-    escaped, the time as repr() writes it), then both layouts from them.
+    escaped, the time as repr() writes it), then both layouts from them; a
+    batch of at least ``_parallel_min`` records by two threads (see the
+    passes above).
 
     ``hash_job`` (None, or a bool: whether threaded): ``hashes`` comes back
     as a :class:`HashJob` instead, which has the canonical JSON of every
     record in a buffer of its own (no bytes object a record) and hashes
     them, in a C thread started before this returns if threaded; its
     ``result()`` is the list of hashes."""
-    cdef Py_ssize_t n = len(msgs), i, k
+    cdef tuple batch = tuple(msgs)      # (the list may change while the GIL is let go)
+    cdef Py_ssize_t n = len(batch), i, k
+    cdef object version = record_type.SCHEMA_VERSION
+    if type(version) is not int:
+        raise TypeError(f"encode_messages: {record_type.__name__}.SCHEMA_VERSION must be int")
+    cdef bytes verb = str(version).encode("ascii")
     cdef HashJob job = None if hash_job is None else HashJob()
     if job is not None:
         job._take_spare()
     cdef list bodies = [None] * n
     cdef list hashes = [None] * n
     cdef list keys = [None] * n
-    cdef _Scratch sc = _Scratch()
-    cdef Py_ssize_t rs[N_RAW]
-    cdef Py_ssize_t rl[N_RAW]
-    cdef char tokbuf[24]
-    cdef long long tok
-    cdef int overflow, bad, f
-    cdef double ts = 0.0
-    cdef Py_ssize_t mark
-    cdef bytes body, canon, cb, cc
-    cdef object rec, calls, v
-    cdef object version = record_type.SCHEMA_VERSION
-    cdef bytes verb
-    if type(version) is not int:
-        raise TypeError(f"encode_messages: {record_type.__name__}.SCHEMA_VERSION must be int")
-    verb = str(version).encode("ascii")
-    # the fields read straight from the instance's slots (see _field)
-    cdef bint direct = record_type is _mi_type
-    for k in range(len(_INIT_FIELDS)):
-        direct = direct and _mi_at[k] >= 0
-    for i in range(n):
-        rec = msgs[i]
-        if type(rec) is not record_type:
-            if not isinstance(rec, record_type):
-                raise TypeError(f"msgs[{i}]: expected {record_type.__name__}, got {type(rec).__name__}")
-            bodies[i], hashes[i], keys[i] = slow(rec)       # a subclass: the Python path
-            continue
-        # -- the values this path spells exactly; anything else goes slow
-        v = _field(rec, 1, direct)
-        tok = 0
-        bad = type(v) is not float
-        if not bad:
-            ts = v
-            bad = not (ts == 0.0 or 1e-4 <= abs(ts) < 1e16)
-        if not bad:
-            v = _field(rec, 6, direct)
-            bad = type(v) is not int
-            if not bad:
-                tok = PyLong_AsLongLongAndOverflow(v, &overflow)
-                bad = overflow != 0 or tok < 0
-        calls = _field(rec, 7, direct)
-        if not bad and type(calls) is not tuple:
-            bad = True
-        if not bad:
-            # what the constructor's check makes true and a line must hold
-            # (a field set past it takes the slow path, which checks it)
-            v = _field(rec, 2, direct)
-            bad = type(v) is not str or v not in _ROLE_SET
-            if not bad:
-                v = _field(rec, 0, direct)
-                bad = type(v) is not str or not v
-            if not bad:
-                v = _field(rec, 4, direct)
-                bad = type(v) is not str or not v
-        # -- the raw values: each string quoted and escaped
-        sc.esc.n = 0
-        k = 0
-        while not bad and k < 8:
-            f = _STRING_RAW[k]
-            rs[f] = sc.esc.n
-            _reserve(&sc.esc, 1)
-            _put(&sc.esc, b'"', 1)
-            bad = _escape_str(&sc.esc, _field(rec, _STRING_INIT[k], direct)) != 0
-            _reserve(&sc.esc, 1)
-            _put(&sc.esc, b'"', 1)
-            rl[f] = sc.esc.n - rs[f]
-            k += 1
-        if bad:
-            bodies[i], hashes[i], keys[i] = slow(rec)
-            continue
-        _ts_repr(&sc.esc, ts, rs, rl)
-        _raw(&sc.esc, R_TOKEN, tokbuf, _digits(tok, tokbuf), rs, rl)
-        # the tool calls: [] or, in their common shape, spelled here (both
-        # forms); else calls_json's
-        sc.cc.n = 0
-        if not len(calls):
-            _raw(&sc.esc, R_TOOL_CALLS, b"[]", 2, rs, rl)
-            _put_lit(&sc.cc, b"[]", 2)
-        else:
-            mark = sc.esc.n
-            if _calls_out(&sc.esc, <tuple>calls, False) or _calls_out(&sc.cc, <tuple>calls, True):
-                sc.esc.n = mark
-                sc.cc.n = 0
-                cb, cc = calls_json(rec)
-                _raw(&sc.esc, R_TOOL_CALLS, PyBytes_AS_STRING(cb), PyBytes_GET_SIZE(cb), rs, rl)
-                _put_lit(&sc.cc, PyBytes_AS_STRING(cc), PyBytes_GET_SIZE(cc))
-            else:
-                rs[R_TOOL_CALLS] = mark
-                rl[R_TOOL_CALLS] = sc.esc.n - mark
-        _raw(&sc.esc, R_VERSION, PyBytes_AS_STRING(verb), PyBytes_GET_SIZE(verb), rs, rl)
-        # -- the line's record JSON, then the canonical JSON, from them
-        sc.out.n = 0
-        _reserve(&sc.out, sc.esc.n + 256 + sc.cc.n)
-        _assemble(&sc.out, _BODY_C, sc.esc.p, rs, rl, NULL, -1)
-        if sc.out.n > max_record_bytes:
-            bodies[i], hashes[i], keys[i] = slow(rec)    # raises RecordTooLargeError
-            continue
-        body = PyBytes_FromStringAndSize(sc.out.p, sc.out.n)
-        sc.out.n = 0
-        _assemble(&sc.out, _CANON_C, sc.esc.p, rs, rl, sc.cc.p, sc.cc.n)
-        bodies[i] = body
-        if job is not None:
-            job._add(i, sc.out.p, sc.out.n)
-        else:
-            canon = PyBytes_FromStringAndSize(sc.out.p, sc.out.n)
-            hashes[i] = canon if defer_hash else _sha256(canon).hexdigest()
-        keys[i] = PyBytes_FromStringAndSize(sc.esc.p + rs[R_MSG_ID] + 1, rl[R_MSG_ID] - 2)
+    cdef Py_ssize_t key_at = _BODY_C[0].n + 1       # {"msg_id":"
+    cdef _Rec *recs = <_Rec *>calloc(<size_t>max(n, 1), sizeof(_Rec))
+    cdef _Rec *r
+    cdef _Part parts[2]
+    cdef Py_ssize_t stop = 0, claimed = 0
+    cdef Buf calls
+    cdef Buf *out
+    cdef object err = None
+    cdef bint offered
+    cdef char *rep
+    cdef int e
+    if recs == NULL:
+        raise MemoryError(f"encode_messages: {n} records")
+    memset(parts, 0, sizeof(parts))
+    memset(&calls, 0, sizeof(calls))
+    try:
+        for k in range(2):
+            parts[k].recs = recs
+            parts[k].next = &claimed
+            parts[k].idx = <int>k
+            parts[k].verb = PyBytes_AS_STRING(verb)
+            parts[k].verb_n = PyBytes_GET_SIZE(verb)
+            parts[k].max_bytes = max_record_bytes
+            _take(&parts[k].esc, &_kept[2 * k])
+            _take(&parts[k].out, &_kept[2 * k + 1])
+        # -- pass 1
+        try:
+            _gather(batch, record_type, slow, calls_json, recs, &calls, bodies, hashes, keys, &stop)
+        except BaseException as exc:
+            err = exc               # (raised once the records before it, [0, stop), are done)
+        # -- pass 2: the caller and, for a large batch, the worker (the GIL
+        # kept, as a record at a time keeps it: no other thread runs
+        # meanwhile, nor takes it for a switch interval after)
+        parts[0].hi = parts[1].hi = stop
+        offered = stop >= _parallel_min and _offer(&parts[1])
+        _spell_part(&parts[0])
+        if offered:
+            _take_back(&parts[1])
+        if parts[0].failed or parts[1].failed:
+            raise MemoryError("encode_messages: scratch buffer")
+        # -- pass 3
+        for i in range(stop):
+            r = &recs[i]
+            if r.state == _DTOA:
+                rep = PyOS_double_to_string(r.ts, b'r', 0, Py_DTSF_ADD_DOT_0, NULL)
+                try:
+                    e = _spell(&parts[0], r, rep, <Py_ssize_t>strlen(rep))
+                finally:
+                    PyMem_Free(rep)
+                if e < 0:
+                    raise MemoryError("encode_messages: scratch buffer")
+                r.state = e
+            if r.state == _SLOW:
+                bodies[i], hashes[i], keys[i] = slow(batch[i])
+            elif r.state == _C:
+                out = &parts[r.part].out
+                bodies[i] = PyBytes_FromStringAndSize(out.p + r.at, r.body_n)
+                if job is not None:
+                    job._add(i, out.p + r.at + r.body_n, r.canon_n)
+                elif defer_hash:
+                    hashes[i] = PyBytes_FromStringAndSize(out.p + r.at + r.body_n, r.canon_n)
+                else:
+                    hashes[i] = _sha256(PyBytes_FromStringAndSize(out.p + r.at + r.body_n,
+                                                                  r.canon_n)).hexdigest()
+                keys[i] = PyBytes_FromStringAndSize(out.p + r.at + key_at, r.key_n)
+    finally:
+        for i in range(n):
+            for k in range(8):
+                Py_XDECREF(recs[i].s[k])
+            Py_XDECREF(recs[i].calls)
+        free(recs)
+        free(calls.p)
+        for k in range(2):
+            _keep(&parts[k].esc, &_kept[2 * k])
+            _keep(&parts[k].out, &_kept[2 * k + 1])
+    if err is not None:
+        raise err
     if job is not None:
         job._start(hashes, bool(hash_job))
         return bodies, job, keys
     return bodies, hashes, keys
+
+
+cdef inline void _take(Buf *b, Buf *kept) noexcept:
+    b[0] = kept[0]
+    kept.p = NULL
+    kept.n = kept.cap = 0
+
+
+cdef inline void _keep(Buf *b, Buf *kept) noexcept:
+    """Leave b for the next batch (up to FRAME_KEEP_BYTES), else free it."""
+    if kept.p == NULL and b.cap <= FRAME_KEEP_BYTES:
+        kept[0] = b[0]
+        kept.n = 0
+    else:
+        free(b.p)
+    b.p = NULL
 
 
 def hash_canonical(list hashes) -> list:
@@ -562,12 +925,6 @@ def _use_compiled_sha256(bint on) -> bool:
     global _c_sha256
     _c_sha256 = _c_sha256_found if on else NULL
     return _c_sha256 != NULL
-
-
-cdef extern from "<pthread.h>" nogil:
-    ctypedef unsigned long pthread_t
-    int pthread_create(pthread_t *th, const void *attr, void *(*run)(void *) noexcept nogil, void *arg)
-    int pthread_join(pthread_t th, void **ret)
 
 
 cdef struct _HashWork:
@@ -763,32 +1120,6 @@ cdef class HashJob:
 cdef const char *_HEX = b"0123456789abcdef"
 
 
-cdef int _raw(Buf *b, int f, const char *s, Py_ssize_t n, Py_ssize_t *rs, Py_ssize_t *rl) except -1:
-    """Append the raw value of field ``f`` and note where it lies."""
-    _reserve(b, n)
-    rs[f] = b.n
-    _put(b, s, n)
-    rl[f] = n
-    return 0
-
-
-cdef int _ts_repr(Buf *b, double ts, Py_ssize_t *rs, Py_ssize_t *rl) except -1:
-    """The raw value of the time: ``repr(ts)``, from rf_float_repr where it
-    decides it (a time of the epoch: about 0.36 us less than dtoa), else
-    from dtoa as repr() itself."""
-    cdef char fast[48]
-    cdef char *rep
-    cdef int n = rf_float_repr(ts, fast)
-    if n >= 0:
-        return _raw(b, R_TS, fast, n, rs, rl)
-    rep = PyOS_double_to_string(ts, b'r', 0, Py_DTSF_ADD_DOT_0, NULL)
-    try:
-        _raw(b, R_TS, rep, <Py_ssize_t>strlen(rep), rs, rl)
-    finally:
-        PyMem_Free(rep)
-    return 0
-
-
 def _float_repr(double v):
     """(tests) ``repr(v)`` as rf_float_repr writes it, or None where it
     leaves ``v`` to dtoa."""
@@ -814,7 +1145,7 @@ cdef inline Py_ssize_t _frame_rest(unsigned char *line, Py_ssize_t rl) noexcept:
     return RF_PREFIX_LEN + rl + 1
 
 
-cdef int _digits(int64_t v, char *out) noexcept:
+cdef int _digits(int64_t v, char *out) noexcept nogil:
     """The decimal digits of ``v`` >= 0 at ``out`` (room for 20, no
     terminator); returns how many (what ``%lld`` writes, without printf's
     format parsing: twice a message line)."""
