@@ -212,7 +212,7 @@ def probe_all(jobs: dict[Any, dict[str, Any]], timeout: float, workers: int = 2)
         return {key: f.result() for key, f in futures.items()}
 
 
-def settle_archive(store: Any, timeout: float = 3600.0, poll: float = 0.25) -> "tuple[int, int, float] | None":
+def settle_archive(store: Any, timeout: float = 3600.0) -> "tuple[int, int, float] | None":
     """Wait until the idle watcher of ``store`` (a rune_fast writer just
     opened) merged what a bulk load left: compact() leaves its large merges
     to a thread, and a close right after it gives them up. What a
@@ -224,7 +224,7 @@ def settle_archive(store: Any, timeout: float = 3600.0, poll: float = 0.25) -> "
     before = len(store._cool.files())
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < timeout:
-        time.sleep(poll)
+        time.sleep(0.25)
         with store._lock:
             if store._bg is None and store._bg_merge is None and not store._idle_work_due():
                 break
