@@ -25,6 +25,8 @@ extensions = [
         include_dirs=["csrc", "csrc/vendor/xxhash", numpy.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=cflags,
+        # (_pages: zlib's crc32, dlopen for the system's libzstd: csrc/rf_zstd.h)
+        libraries=["z"] if pyx.endswith("_pages.pyx") else [],
     )
     for pyx in sorted(glob.glob("csrc/*.pyx"))
 ]

@@ -5,8 +5,10 @@ BYTE_ARRAY page, and turning such a page into an Arrow string layout.
 The Python layer (``rune_fast.pages``) asks where a column chunk's pages lie
 (:func:`chunk_pages` walks their headers in C) and decides what to do with
 anything these functions refuse; a point read of rows (:func:`take_rows`)
-reads, checks and decompresses their pages here, through the CRC and zstd
-callables it is given. Every malformed input raises ValueError, never reads
+reads, checks and decompresses their pages here (zlib's CRC-32 and the
+system's libzstd without the GIL, csrc/rf_zstd.h; without libzstd, the zstd
+callable it is given), as does a search's scan of a column's pages
+(:func:`find_pages`). Every malformed input raises ValueError, never reads
 out of bounds.
 """
 from libc.errno cimport EINTR, errno
@@ -20,9 +22,32 @@ cimport cython
 from cpython.object cimport PyObject, PyTypeObject
 from rf_core cimport rf_find, rf_gram_acc, rf_gram_acc_add, rf_gram_acc_done, rf_gram_acc_init, rf_gram_may, rf_pow2_log
 
+cdef extern from "rf_zstd.h" nogil:
+    int rf_zstd_ready()
+    long long rf_zstd_dec(void *dst, size_t cap, const void *src, size_t n, const char **err)
+    uint32_t rf_crc32(const unsigned char *p, size_t n)
+
+
+cdef enum:
+    FP_OK = 0
+    FP_CRC = 1
+    FP_ZSTD = 2
+    FP_SIZE = 3
+    FP_SHORT = 4
+    FP_LONG = 5
+    FP_TAIL = 6
+    FP_READ = 7
+
 import os
 
 import numpy as np
+
+
+def zstd_direct():
+    """Whether pages are decompressed by the system's libzstd without the
+    GIL (else through the zstandard module's callable, holding it)."""
+    return bool(rf_zstd_ready())
+
 
 class Unsupported(Exception):
     """The file's layout is not one the page reader reads (use pyarrow)."""
@@ -334,6 +359,7 @@ def plain_find(const unsigned char[::1] page, Py_ssize_t count, const unsigned c
     if pos != n:
         raise ValueError(f"{n - pos} bytes past the last PLAIN value")
     return hits[:nh]
+
 
 
 
@@ -1253,9 +1279,9 @@ def chunk_pages_mem(const unsigned char[::1] mem, int64_t base, int64_t offset, 
 # PageReader.take's loop (a cool read's rows of one row group, column by
 # column) in one call: find the pages holding the rows in the group's packed
 # directory, read each run of adjacent pages once, check each page's CRC-32
-# and decompress it (the callables given: zlib's crc32 and a zstd context's
-# decompress, so no C library is linked for them), and gather just the rows'
-# values. Every failure is a ValueError naming the page's offset (the caller
+# and decompress it (without the GIL: zlib's crc32, the system's libzstd
+# opened at the first call; without libzstd, the zstd callable given), and
+# gather just the rows' values. Every failure is a ValueError naming the page's offset (the caller
 # turns it into PageError); nothing here is served without the row digest
 # check that follows (records_from_columns).
 
@@ -1479,6 +1505,9 @@ cdef enum:
     # ~15 reads a row become ~8), a run at most RUN_BYTES long
     GAP_BYTES = 4096
     RUN_BYTES = 64 * 1024
+    # a page said to unpack to more is not fetched ahead (read alone: its
+    # size is then checked against what it decompresses to)
+    MAX_PAGE = 16 << 20
 
 
 cdef list _row_runs(int fd, const int64_t[::1] counts, const int64_t[::1] starts, const int64_t[::1] flat,
@@ -1545,6 +1574,170 @@ cdef list _row_runs(int fd, const int64_t[::1] counts, const int64_t[::1] starts
     return runs
 
 
+
+cdef list _rows_pages(const int64_t[::1] counts, const int64_t[::1] starts, const int64_t[::1] flat,
+                      const int64_t[::1] firsts, object cols, const int64_t[::1] rows):
+    """The directory indices of the pages holding ``rows`` (ascending) in
+    each column of ``cols`` (None: all), and of the dictionary page of a
+    column whose page of rows holds dictionary indices. A column whose
+    directory entry looks wrong is left out (take_rows's own checks then
+    name it when it reads it alone)."""
+    cdef Py_ssize_t ncols = counts.shape[0], npg = firsts.shape[0], m = rows.shape[0], lo, n, a, hi, mid, i
+    cdef Py_ssize_t last, c
+    cdef list want = []
+    for c in (range(ncols) if cols is None else cols):
+        if not 0 <= c < ncols:
+            continue
+        lo, n = starts[c], counts[c]
+        if n <= 0 or lo < 0 or lo + n > npg or rows[0] < firsts[lo]:
+            continue
+        a, hi = 0, n - 1
+        while a < hi:
+            mid = (a + hi + 1) // 2
+            if firsts[lo + mid] <= rows[0]:
+                a = mid
+            else:
+                hi = mid - 1
+        last = -1
+        for i in range(m):
+            while a + 1 < n and firsts[lo + a + 1] <= rows[i]:
+                a += 1
+            if a != last:
+                want.append(lo + a)
+                if last == -1 and flat[7 * (lo + a) + 5] >> 1 == K_RLE_DICT:
+                    want.append(lo)         # (its dictionary page: the chunk's first)
+                last = a
+    return want
+
+
+cdef dict _fetch_pages(int fd, const int64_t[::1] flat, list want):
+    """Pages ``want`` (directory indices) read in runs (pages at most
+    GAP_BYTES apart share one pread, a run at most RUN_BYTES long), each
+    CRC-32 checked and, when compressed, decompressed by libzstd to its
+    size, all in one stretch without the GIL: ``{index: page bytes}``. Only
+    with the system's libzstd (:func:`zstd_direct`). A page whose directory
+    entry looks wrong is left out (the caller reads it alone, which names
+    it). ValueError naming the first page (by offset) that fails its CRC or
+    size or does not decompress; OSError if a read fails."""
+    cdef Py_ssize_t n = len(want), i, t, nr = 0, bad = -1, code = FP_OK
+    cdef int64_t a, off, sz, us, total = 0, rlo, rhi
+    cdef int64_t *js = NULL
+    cdef int64_t *run_lo = NULL
+    cdef Py_ssize_t *run_of = NULL
+    cdef int64_t *run_at = NULL
+    cdef char **dst = NULL
+    cdef unsigned char *buf = NULL
+    cdef const unsigned char *p
+    cdef Py_ssize_t got = 0, r, e = 0
+    cdef long long zgot = 0
+    cdef const char *zerr = NULL
+    cdef dict out = {}
+    cdef list keep = []
+    cdef bytes b
+    js = <int64_t *>malloc((n + 1) * sizeof(int64_t))
+    run_lo = <int64_t *>malloc((n + 1) * sizeof(int64_t))
+    run_at = <int64_t *>malloc((n + 1) * sizeof(int64_t))
+    run_of = <Py_ssize_t *>malloc((n + 1) * sizeof(Py_ssize_t))
+    dst = <char **>malloc((n + 1) * sizeof(char *))
+    try:
+        if js == NULL or run_lo == NULL or run_at == NULL or run_of == NULL or dst == NULL:
+            raise MemoryError()
+        # the pages by offset (insertion: a read's pages are few), each once
+        t = 0
+        for a in want:
+            off, sz, us = flat[7 * a + 1], flat[7 * a + 2], flat[7 * a + 3]
+            if off < 0 or sz < 0 or sz > RUN_BYTES or off > INT64_MAX - sz or us < 0 or us > MAX_PAGE:
+                continue
+            if not flat[7 * a + 5] & 1 and us != sz:
+                continue
+            i = t
+            while i > 0 and flat[7 * js[i - 1] + 1] > off:
+                js[i] = js[i - 1]
+                i -= 1
+            if i > 0 and js[i - 1] == a:
+                while i < t:            # (a page asked twice: taken out again)
+                    js[i] = js[i + 1]
+                    i += 1
+                continue
+            js[i] = a
+            t += 1
+        n = t
+        # runs, and where each starts in one buffer
+        i = 0
+        while i < n:
+            rlo = flat[7 * js[i] + 1]
+            rhi = rlo + flat[7 * js[i] + 2]
+            run_of[i] = nr
+            i += 1
+            while (i < n and rhi <= flat[7 * js[i] + 1] <= rhi + GAP_BYTES
+                   and flat[7 * js[i] + 1] + flat[7 * js[i] + 2] - rlo <= RUN_BYTES):
+                rhi = flat[7 * js[i] + 1] + flat[7 * js[i] + 2]
+                run_of[i] = nr
+                i += 1
+            run_lo[nr] = rlo
+            run_at[nr] = total
+            total += rhi - rlo
+            nr += 1
+        run_at[nr] = total
+        buf = <unsigned char *>malloc(total + 1)
+        if buf == NULL:
+            raise MemoryError()
+        for i in range(n):
+            b = PyBytes_FromStringAndSize(NULL, flat[7 * js[i] + 3])
+            keep.append(b)
+            dst[i] = PyBytes_AS_STRING(b)
+        with nogil:
+            for r in range(nr):
+                got = 0
+                sz = run_at[r + 1] - run_at[r]
+                while got < sz:
+                    e = pread(fd, buf + run_at[r] + got, <size_t>(sz - got), run_lo[r] + got)
+                    if e < 0 and errno == EINTR:
+                        continue
+                    if e <= 0:
+                        e = errno if e < 0 else 0
+                        code = FP_READ
+                        bad = r
+                        break
+                    got += e
+                if code != FP_OK:
+                    break
+            i = 0
+            while code == FP_OK and i < n:
+                a = js[i]
+                p = buf + run_at[run_of[i]] + (flat[7 * a + 1] - run_lo[run_of[i]])
+                if rf_crc32(p, <size_t>flat[7 * a + 2]) != <uint32_t>flat[7 * a + 4]:
+                    code, bad = FP_CRC, i
+                elif not flat[7 * a + 5] & 1:
+                    memcpy(dst[i], p, flat[7 * a + 2])
+                else:
+                    zgot = rf_zstd_dec(dst[i], <size_t>flat[7 * a + 3], p, <size_t>flat[7 * a + 2], &zerr)
+                    if zgot < 0:
+                        code, bad = FP_ZSTD, i
+                    elif zgot != flat[7 * a + 3]:
+                        code, bad = FP_SIZE, i
+                i += 1
+        if code == FP_READ:
+            if e:
+                raise OSError(e, os.strerror(e))
+            sz = run_at[bad + 1] - run_at[bad]
+            raise ValueError(f"{sz} bytes at offset {run_lo[bad]} run past the end of the file")
+        if code != FP_OK:
+            off = flat[7 * js[bad] + 1]
+            if code == FP_CRC:
+                raise ValueError(f"page at offset {off} fails its CRC-32")
+            if code == FP_ZSTD:
+                raise ValueError(f"page at offset {off} does not decompress: "
+                                 f"{(<bytes>zerr).decode('utf-8', 'replace')}")
+            raise ValueError(f"page at offset {off} decompresses to {zgot} bytes, "
+                             f"its header says {flat[7 * js[bad] + 3]}")
+        for i in range(n):
+            out[js[i]] = keep[i]
+    finally:
+        free(js); free(run_lo); free(run_at); free(run_of); free(dst); free(buf)
+    return out
+
+
 def zstd_frame_size(bytes comp):
     """The content size the header of the zstd frame ``comp`` declares, or
     -1 (not a frame, no size in its header, a header cut short): what
@@ -1580,36 +1773,65 @@ cdef object _np_empty = np.empty
 cdef object _I32 = np.dtype(np.int32)
 
 
-cdef bytes _page_bytes(int fd, object span, int64_t span_lo, list runs, const int64_t[::1] flat,
-                       Py_ssize_t j, object crc32, object decompress):
-    """Page ``j`` of a directory read (from ``span`` or ``runs`` when they
-    hold it), its CRC-32 checked and, when compressed, decompressed to its
-    size: what take_rows reads a page alone for (a dictionary page)."""
-    cdef int64_t off = flat[7 * j + 1], csize = flat[7 * j + 2]
+cdef bytes _checked_page(bytes run, int64_t at, const int64_t[::1] flat, Py_ssize_t j, object decompress):
+    """Page ``j`` of a directory whose stored bytes are ``run[at:at +
+    size]``: its CRC-32 checked and, when compressed, decompressed to its
+    size -- both without the GIL when the system's libzstd is there
+    (:func:`zstd_direct`), else through ``decompress`` (``bytes`` or
+    ``bytes, max_output_size=n``). ValueError naming the page's offset."""
+    cdef int64_t off = flat[7 * j + 1], csize = flat[7 * j + 2], usize = flat[7 * j + 3]
+    cdef const unsigned char *p
+    cdef char *dst
+    cdef uint32_t crc
+    cdef long long got
+    cdef const char *zerr = NULL
     cdef bytes comp, raw
+    if at < 0 or csize < 0 or usize < 0 or at + csize > PyBytes_GET_SIZE(run):
+        raise ValueError(f"take_rows: page at offset {off} is out of place")
+    p = <const unsigned char *>PyBytes_AS_STRING(run) + at
+    with nogil:
+        crc = rf_crc32(p, <size_t>csize)
+    if crc != <uint32_t>flat[7 * j + 4]:
+        raise ValueError(f"page at offset {off} fails its CRC-32")
+    if not flat[7 * j + 5] & 1 or not rf_zstd_ready():
+        comp = run if at == 0 and csize == PyBytes_GET_SIZE(run) else \
+            PyBytes_FromStringAndSize(<const char *>p, csize)
+        if not flat[7 * j + 5] & 1:
+            return comp
+        if _frame_size(comp) == usize:
+            raw = decompress(comp)
+        else:
+            raw = decompress(comp, max_output_size=usize)
+        got = PyBytes_GET_SIZE(raw)
+    else:
+        raw = PyBytes_FromStringAndSize(NULL, usize)
+        dst = PyBytes_AS_STRING(raw)
+        with nogil:
+            got = rf_zstd_dec(dst, <size_t>usize, p, <size_t>csize, &zerr)
+        if got < 0:
+            raise ValueError(f"page at offset {off} does not decompress: "
+                             f"{(<bytes>zerr).decode('utf-8', 'replace')}")
+    if got != usize:
+        raise ValueError(f"page at offset {off} decompresses to {got} bytes, its header says {usize}")
+    return raw
+
+
+cdef bytes _page_bytes(int fd, object span, int64_t span_lo, list runs, const int64_t[::1] flat,
+                       Py_ssize_t j, object decompress):
+    """Page ``j`` of a directory read (from ``span`` or ``runs`` when they
+    hold it), checked and decompressed (:func:`_checked_page`): what
+    take_rows reads a page alone for (a dictionary page)."""
+    cdef int64_t off = flat[7 * j + 1], csize = flat[7 * j + 2]
     if off < 0 or csize < 0:
         raise ValueError(f"take_rows: page at offset {off} is out of place")
-    comp = _run_bytes(fd, span, span_lo, off, csize, runs)
-    if crc32(comp) != flat[7 * j + 4]:
-        raise ValueError(f"page at offset {off} fails its CRC-32")
-    if not flat[7 * j + 5] & 1:
-        return comp
-    if _frame_size(comp) == flat[7 * j + 3]:
-        raw = decompress(comp)
-    else:
-        raw = decompress(comp, max_output_size=flat[7 * j + 3])
-    if PyBytes_GET_SIZE(raw) != flat[7 * j + 3]:
-        raise ValueError(f"page at offset {off} decompresses to {PyBytes_GET_SIZE(raw)} bytes, "
-                         f"its header says {flat[7 * j + 3]}")
-    return raw
+    return _checked_page(_run_bytes(fd, span, span_lo, off, csize, runs), 0, flat, j, decompress)
 
 
 @cython.boundscheck(False)
 @cython.wraparound(False)
 def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, const int64_t[::1] flat,
               const int64_t[::1] firsts, object cols, const int64_t[::1] rows,
-              const int64_t[::1] widths, object crc32, object decompress,
-              object span=None, int64_t span_lo=0):
+              const int64_t[::1] widths, object decompress, object span=None, int64_t span_lo=0):
     """The values of the rows ``rows`` (ascending, within the row group) of
     one row group, column by column (``cols``: these columns in this order,
     None for all): ``(data, int32 offsets)`` of a string column
@@ -1623,11 +1845,10 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
     if zstd-compressed, plus the page's kind times 2 (:func:`page_kinds`:
     a PLAIN data page; the column's dictionary page, its first; a data page
     of dictionary indices; a DELTA_BINARY_PACKED one). Each page read is
-    checked with ``crc32(bytes)`` against its CRC and, when compressed,
-    decompressed with ``decompress(bytes)`` if its zstd frame declares the
-    page's size (zstandard then allocates just that), else
-    ``decompress(bytes, max_output_size=n)``; an encoded page's values are
-    decoded up to the last row asked of it.
+    checked against its CRC-32 and, when compressed, decompressed
+    (:func:`_checked_page`: both without the GIL where the system's libzstd
+    is, else through ``decompress``); an encoded page's values are decoded
+    up to the last row asked of it.
     ``span``: the group's bytes read at ``span_lo`` (pages inside it are
     sliced from it). Without one, the pages of a single row are read in
     runs across columns first (:func:`_row_runs`). ValueError (naming the
@@ -1636,7 +1857,8 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
     or whose values do not parse; OSError if a read fails."""
     cdef Py_ssize_t m = rows.shape[0], ncols = counts.shape[0], npg = flat.shape[0] // 7
     cdef Py_ssize_t i, j, q, u, lo, n, a, b, nk, w, total, hi, mid, cnt, ndict = 0, dk
-    cdef int64_t base, end, off, csize
+    cdef int64_t base, end, off, csize, stop
+    cdef dict fetched = None
     cdef Py_ssize_t *page_of
     cdef Py_ssize_t *ks
     cdef Py_ssize_t *vpos
@@ -1672,7 +1894,11 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
         free(page_of); free(ks); free(vpos); free(vlen); free(need)
         raise MemoryError()
     try:
-        if m == 1 and span is None:
+        if span is None and rf_zstd_ready():
+            # every page the rows need, read, checked and decompressed in one
+            # stretch without the GIL (a search's scan threads run side by side)
+            fetched = _fetch_pages(fd, flat, _rows_pages(counts, starts, flat, firsts, cols, rows))
+        elif m == 1 and span is None:
             runs = _row_runs(fd, counts, starts, flat, firsts, cols, rows[0])
         for c in (range(ncols) if cols is None else cols):
             if not 0 <= c < ncols:
@@ -1711,30 +1937,19 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
                 while u + 1 < nk and ks[u + 1] == ks[u] + 1:
                     u += 1
                 base = flat[7 * (lo + ks[q]) + 1]
-                off = flat[7 * (lo + ks[u]) + 1] + flat[7 * (lo + ks[u]) + 2]
-                if base < 0 or off < base:
+                stop = flat[7 * (lo + ks[u]) + 1] + flat[7 * (lo + ks[u]) + 2]
+                if base < 0 or stop < base:
                     raise ValueError(f"take_rows: page at offset {base} is out of place")
-                run = _run_bytes(fd, span, span_lo, base, off - base, runs)
+                run = None
                 for k in range(q, u + 1):
                     j = 7 * (lo + ks[k])
                     off, csize = flat[j + 1], flat[j + 2]
                     kind = <int>(flat[j + 5] >> 1)
-                    if q == u:
-                        comp = run
-                    else:
-                        comp = PyBytes_FromStringAndSize(PyBytes_AS_STRING(run) + (off - base), csize)
-                    if crc32(comp) != flat[j + 4]:
-                        raise ValueError(f"page at offset {off} fails its CRC-32")
-                    if flat[j + 5] & 1:
-                        if _frame_size(comp) == flat[j + 3]:
-                            raw = decompress(comp)
-                        else:
-                            raw = decompress(comp, max_output_size=flat[j + 3])
-                        if PyBytes_GET_SIZE(raw) != flat[j + 3]:
-                            raise ValueError(f"page at offset {off} decompresses to "
-                                             f"{PyBytes_GET_SIZE(raw)} bytes, its header says {flat[j + 3]}")
-                    else:
-                        raw = comp
+                    raw = None if fetched is None else fetched.get(lo + ks[k])
+                    if raw is None:
+                        if run is None:
+                            run = _run_bytes(fd, span, span_lo, base, stop - base, runs)
+                        raw = _checked_page(run, off - base, flat, lo + ks[k], decompress)
                     cnt = need[k]
                     if kind == K_PLAIN:
                         if w and PyBytes_GET_SIZE(raw) != w * flat[j + 6]:
@@ -1760,7 +1975,9 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
                             if flat[7 * lo + 5] >> 1 != K_DICT:
                                 raise ValueError(f"page at offset {off} holds dictionary indices, "
                                                  f"its column no dictionary")
-                            dict_raw = _page_bytes(fd, span, span_lo, runs, flat, lo, crc32, decompress)
+                            dict_raw = None if fetched is None else fetched.get(lo)
+                            if dict_raw is None:
+                                dict_raw = _page_bytes(fd, span, span_lo, runs, flat, lo, decompress)
                             ndict = flat[7 * lo + 6]
                             db = <const unsigned char *>PyBytes_AS_STRING(dict_raw)
                             if w:
@@ -1922,3 +2139,203 @@ def check_dir(const int64_t[::1] counts, const int64_t[::1] starts, const int64_
     if at != npg:
         return f"{npg - at} pages after the last column's"
     return ""
+
+
+cdef int _find_page(const unsigned char *b, Py_ssize_t n, int64_t count, const unsigned char **nds,
+                    const size_t *nls, const int *cis, Py_ssize_t np_, int64_t *hits, Py_ssize_t *nh,
+                    int64_t *bad) noexcept nogil:
+    """The values of a PLAIN BYTE_ARRAY page (``count`` values in ``b[:n]``)
+    that hold each probe: ``(probe, value index, start, length)`` appended
+    to ``hits`` (4 words each, ``nh`` of them so far; room for ``count *
+    np_``). FP_SHORT / FP_LONG with the value's index in ``bad``, FP_TAIL
+    with the bytes past the last value."""
+    cdef Py_ssize_t pos = 0, q
+    cdef int64_t k
+    cdef uint32_t ln
+    for k in range(count):
+        if n - pos < 4:
+            bad[0] = k
+            return FP_SHORT
+        ln = rf_le32(b + pos)
+        pos += 4
+        if <uint64_t>ln > <uint64_t>(n - pos):
+            bad[0] = k
+            return FP_LONG
+        for q in range(np_):
+            if rf_find(b + pos, ln, nds[q], nls[q], cis[q]) != NULL:
+                hits[4 * nh[0]] = q
+                hits[4 * nh[0] + 1] = k
+                hits[4 * nh[0] + 2] = pos
+                hits[4 * nh[0] + 3] = ln
+                nh[0] += 1
+        pos += ln
+    if pos != n:
+        bad[0] = n - pos
+        return FP_TAIL
+    return FP_OK
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def find_pages(int fd, const int64_t[::1] flat, const int64_t[::1] firsts, Py_ssize_t at, Py_ssize_t n,
+               object spans, list probes, object decompress, list seen=None):
+    """For each probe ``(needle, ignore_ascii_case)`` (the needle ASCII-
+    lowercased for the latter), the values of one column chunk's pages that
+    hold it: lists of ``(row within the group, the value's bytes)``,
+    ascending -- what ``PageReader.find`` returns. The chunk is pages ``at``
+    to ``at + n`` of a packed directory (``flat``: 7 fields a page, see
+    :func:`take_rows`; ``firsts``: each page's first row).
+
+    ``spans``: int64 ``[lo, hi)`` row pairs (ascending): only the pages
+    holding one of their rows are read; None: every page. Adjacent pages are
+    read in one ``pread``. Each page is CRC-32 checked, decompressed (by
+    libzstd without the GIL when :func:`zstd_direct`, else
+    ``decompress(bytes, max_output_size=size)``) and searched, all but the
+    callback without the GIL. ``seen``: a list the data offset of each page
+    read is appended to (the tests' count). ValueError naming the page's offset for a CRC
+    mismatch, a page that does not decompress to its size or whose values
+    do not parse; Unsupported for a page that is not PLAIN; OSError if a
+    read fails."""
+    cdef Py_ssize_t np_ = len(probes), q, i, a, b, lo_k, hi_k, nsel = 0, r0, r1, nh, k
+    cdef int64_t lo, hi, base, end, off, csize, usize, count, bad = 0
+    cdef int direct = rf_zstd_ready(), err = FP_OK, ci
+    cdef const char *zerr = NULL
+    cdef long long got = 0
+    cdef const int64_t[:, ::1] sp
+    cdef Py_ssize_t *sel = NULL
+    cdef const unsigned char **nds = NULL
+    cdef size_t *nls = NULL
+    cdef int *cis = NULL
+    cdef int64_t *hits = NULL
+    cdef unsigned char *run = NULL
+    cdef unsigned char *raw = NULL
+    cdef const unsigned char *page = NULL
+    cdef Py_ssize_t run_cap = 0, raw_cap = 0, hits_cap = 0
+    cdef list out = [[] for _ in range(np_)], needles = []
+    cdef bytes nb, pyraw
+    if n <= 0:
+        return out
+    if at < 0 or at + n > firsts.shape[0] or 7 * (at + n) > flat.shape[0]:
+        raise ValueError("find_pages: pages outside the directory")
+    sel = <Py_ssize_t *>malloc(n * sizeof(Py_ssize_t))
+    nds = <const unsigned char **>malloc((np_ + 1) * sizeof(char *))
+    nls = <size_t *>malloc((np_ + 1) * sizeof(size_t))
+    cis = <int *>malloc((np_ + 1) * sizeof(int))
+    try:
+        if sel == NULL or nds == NULL or nls == NULL or cis == NULL:
+            raise MemoryError()
+        for q in range(np_):
+            nb, ci = probes[q]
+            needles.append(nb)
+            nds[q] = <const unsigned char *>PyBytes_AS_STRING(nb)
+            nls[q] = <size_t>PyBytes_GET_SIZE(nb)
+            cis[q] = ci
+        # the pages to read: those holding a row of a span (else all)
+        if spans is None:
+            for i in range(n):
+                sel[i] = i
+            nsel = n
+        else:
+            sp = spans
+            for i in range(sp.shape[0]):
+                lo, hi = sp[i, 0], sp[i, 1]
+                # a: the last page starting at or before lo; b: the first starting at or after hi
+                a = 0
+                while a + 1 < n and firsts[at + a + 1] <= lo:
+                    a += 1
+                if nsel and sel[nsel - 1] + 1 > a:
+                    a = sel[nsel - 1] + 1
+                b = a
+                while b < n and firsts[at + b] < hi:
+                    b += 1
+                for k in range(a, b):
+                    sel[nsel] = k
+                    nsel += 1
+        r0 = 0
+        while r0 < nsel:
+            r1 = r0
+            while r1 + 1 < nsel and sel[r1 + 1] == sel[r1] + 1:
+                r1 += 1
+            base = flat[7 * (at + sel[r0]) + 1]
+            end = flat[7 * (at + sel[r1]) + 1] + flat[7 * (at + sel[r1]) + 2]
+            if base < 0 or end < base:
+                raise ValueError(f"page at offset {base} is out of place")
+            if end - base > run_cap:
+                free(run)
+                run = <unsigned char *>malloc(end - base)
+                run_cap = end - base if run != NULL else 0
+                if run == NULL:
+                    raise MemoryError()
+            if end > base:
+                _read_at(fd, run, end - base, base)
+            for i in range(r0, r1 + 1):
+                k = at + sel[i]
+                off, csize, usize, count = flat[7 * k + 1], flat[7 * k + 2], flat[7 * k + 3], flat[7 * k + 6]
+                if flat[7 * k + 5] >> 1:
+                    raise Unsupported(f"page at offset {off} is not a PLAIN data page")
+                if off < base or off + csize > end or usize < 0 or count < 0:
+                    raise ValueError(f"page at offset {off} is out of place")
+                if count * np_ > hits_cap:
+                    free(hits)
+                    hits = <int64_t *>malloc(4 * count * np_ * sizeof(int64_t) + 1)
+                    hits_cap = count * np_ if hits != NULL else 0
+                    if hits == NULL:
+                        raise MemoryError()
+                if (flat[7 * k + 5] & 1) and usize > raw_cap:
+                    free(raw)
+                    raw = <unsigned char *>malloc(usize + 1)
+                    raw_cap = usize if raw != NULL else 0
+                    if raw == NULL:
+                        raise MemoryError()
+                nh = 0
+                pyraw = None
+                if seen is not None:
+                    seen.append(off)
+                with nogil:
+                    if rf_crc32(run + (off - base), <size_t>csize) != <uint32_t>flat[7 * k + 4]:
+                        err = FP_CRC
+                    elif not flat[7 * k + 5] & 1:
+                        page = run + (off - base)
+                        usize = csize
+                    elif direct:
+                        got = rf_zstd_dec(raw, <size_t>usize, run + (off - base), <size_t>csize, &zerr)
+                        page = raw
+                        if got < 0:
+                            err = FP_ZSTD
+                        elif got != usize:
+                            err = FP_SIZE
+                if err == FP_OK and (flat[7 * k + 5] & 1) and not direct:
+                    try:
+                        pyraw = decompress(PyBytes_FromStringAndSize(<const char *>run + (off - base), csize),
+                                           max_output_size=usize)
+                    except Exception as exc:
+                        raise ValueError(f"page at offset {off} does not decompress: {exc}") from None
+                    got = PyBytes_GET_SIZE(pyraw)
+                    page = <const unsigned char *>PyBytes_AS_STRING(pyraw)
+                    if got != usize:
+                        err = FP_SIZE
+                if err == FP_OK:
+                    with nogil:
+                        err = _find_page(page, usize, count, nds, nls, cis, np_, hits, &nh, &bad)
+                if err == FP_CRC:
+                    raise ValueError(f"page at offset {off} fails its CRC-32")
+                if err == FP_ZSTD:
+                    raise ValueError(f"page at offset {off} does not decompress: "
+                                     f"{(<bytes>zerr).decode('utf-8', 'replace')}")
+                if err == FP_SIZE:
+                    raise ValueError(f"page at offset {off} decompresses to {got} bytes, "
+                                     f"its header says {usize}")
+                if err == FP_SHORT:
+                    raise ValueError(f"page at offset {off}: PLAIN page ends before value {bad}")
+                if err == FP_LONG:
+                    raise ValueError(f"page at offset {off}: PLAIN value {bad} runs past its page")
+                if err == FP_TAIL:
+                    raise ValueError(f"page at offset {off}: {bad} bytes past the last PLAIN value")
+                for q in range(nh):
+                    out[hits[4 * q]].append((firsts[k] + hits[4 * q + 1], PyBytes_FromStringAndSize(
+                        <const char *>page + hits[4 * q + 2], hits[4 * q + 3])))
+            r0 = r1 + 1
+    finally:
+        free(sel); free(nds); free(nls); free(cis); free(hits); free(run); free(raw)
+    return out
+

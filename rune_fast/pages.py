@@ -24,7 +24,6 @@ follows it (``rune_fast.cool``).
 
 from __future__ import annotations
 
-import bisect
 import os
 from array import array
 import struct
@@ -37,7 +36,7 @@ import zstandard
 import numpy as np
 import pyarrow as pa
 
-from ._pages import (Unsupported, byte_array_at, chunk_pages, chunk_pages_mem, page_kinds, plain_find,
+from ._pages import (Unsupported, chunk_pages, chunk_pages_mem, find_pages, page_kinds,
                      plain_strings, take_rows)
 
 __all__ = ["PageError", "PageReader", "Unsupported", "page_directories"]
@@ -131,31 +130,6 @@ def page_directories(path: str, metadata: Any) -> tuple[np.ndarray, np.ndarray] 
         return None
     finally:
         reader.close()
-
-
-class _Pages:
-    """The pages of one column of a packed directory (:func:`_pack_dir`),
-    each made a tuple when asked for (a search reads a few of a chunk's)."""
-
-    __slots__ = ("_flat", "_at", "_n")
-
-    def __init__(self, flat: array, at: int, n: int) -> None:
-        self._flat, self._at, self._n = flat, at, n
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __getitem__(self, k: int) -> tuple:
-        if k < 0:
-            k += self._n
-        if not 0 <= k < self._n:
-            raise IndexError(k)
-        j = 7 * (self._at + k)
-        f = self._flat[j:j + 7].tolist()
-        return (f[0], f[1], f[2], f[3], f[4], f[5], f[6])
-
-    def __iter__(self) -> Any:
-        return (self[k] for k in range(self._n))
 
 
 class PageReader:
@@ -372,7 +346,7 @@ class PageReader:
         lo, buf = span if span is not None else (0, None)
         try:
             return take_rows(self._fd, counts, starts, flat, firsts, cols, np.array(local, dtype=np.int64),
-                             self._widths, zlib.crc32, self._dctx().decompress, buf, lo)
+                             self._widths, self._dctx().decompress, buf, lo)
         except (ValueError, zstandard.ZstdError) as exc:
             raise PageError(f"{self.path}: row group {rg}: {exc}") from None
 
@@ -433,58 +407,15 @@ class PageReader:
         other rows in those pages may be returned too). None: every page
         (the chunk's run of pages in one ``pread``). Each page read is
         CRC-checked and decompressed."""
-        firsts, pages = self._col_dir(rg, c)
         if self._kinds[c] is not None:
             raise Unsupported(f"column {c} is not a string column")
-        # (a page that is not PLAIN raises Unsupported where it is read,
-        # _unpack: looking at every page first made each page of a chunk a
-        # tuple, ~35 ms of a rare search's 130 at 1,000,000 messages)
-        out: list[list[tuple[int, bytes]]] = [[] for _ in probes]
-        if not pages:
-            return out
-        ks: Any = range(len(pages))
-        if spans is not None:
-            ks = []
-            for lo, hi in spans:
-                a = max(bisect.bisect_right(firsts, lo) - 1, 0)
-                b = bisect.bisect_left(firsts, hi)
-                for k in range(max(a, ks[-1] + 1 if ks else 0), b):
-                    ks.append(k)
-            if not ks:
-                return out
-        if len(ks) * 4 < len(pages):        # a few pages: read each alone
-            for k in ks:
-                self._find_in(self._page(pages[k]), pages[k], rg, c, probes, out)
-            return out
-        # many: the run of pages from the first to the last in one pread
-        dctx = self._dctx()
-        first, last = pages[ks[0]], pages[ks[-1]]
-        base = first[1]
-        buf = memoryview(self._pread(last[1] + last[2] - base, base))
-        for k in ks:
-            page = pages[k]
-            off, csize = page[1], page[2]
-            raw = self._unpack(buf[off - base:off - base + csize], page, dctx)
-            self._find_in(raw, page, rg, c, probes, out)
-        return out
-
-    def _col_dir(self, rg: int, c: int) -> tuple[list[int], "_Pages"]:
-        """(first row of each page, the pages) of column ``c`` of row group
-        ``rg``: :meth:`_dir`'s entry for it, unpacked alone."""
         (counts, flat, firsts, starts), _span = self._packed(rg)
-        n, at = counts[c], starts[c]
-        return firsts[at:at + n].tolist(), _Pages(flat, at, n)
-
-    def _find_in(self, raw: bytes, page: tuple, rg: int, c: int, probes: list[tuple[bytes, bool]],
-                 out: list[list[tuple[int, bytes]]]) -> None:
-        first = page[0]
         try:
-            for k, (needle, ci) in enumerate(probes):
-                for i in plain_find(raw, page[6], needle, ci).tolist():
-                    a, b = byte_array_at(raw, i)
-                    out[k].append((first + i, raw[a:b]))
-        except ValueError as exc:
-            raise PageError(f"{self.path}: page at offset {page[1]} (row group {rg}, column {c}): {exc}") from None
+            return find_pages(self._fd, flat, firsts, starts[c], counts[c], spans, probes, self._dctx().decompress)
+        except Unsupported as exc:
+            raise Unsupported(f"{self.path}: {exc}") from None
+        except (ValueError, zstandard.ZstdError) as exc:
+            raise PageError(f"{self.path}: row group {rg}, column {c}: {exc}") from None
 
     def _dctx(self) -> Any:
         d = getattr(self._local, "dctx", None)

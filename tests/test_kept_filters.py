@@ -21,7 +21,7 @@ from rune_fast import ConversationMessageRecord, ConversationStateRepository
 from rune_fast._search import fold_block_grams, gram_blocks_any
 from rune_fast.cool import CoolArchive, _decode_grams, _encode_grams, _grams_name
 from rune_fast.cool import grams as cool_grams
-from rune_fast.pages import PageReader
+from rune_fast import pages
 from test_cool import cool_rows
 
 from test_pages import _records
@@ -71,12 +71,11 @@ def kept(tmp_path):
 def _pages_read(monkeypatch) -> list[int]:
     """Notes each content page a search decompresses and looks through."""
     seen: list[int] = []
-    real = PageReader._find_in
+    real = pages.find_pages
 
-    def counted(self, raw, page, rg, c, probes, out):
-        seen.append(page[1])
-        return real(self, raw, page, rg, c, probes, out)
-    monkeypatch.setattr(PageReader, "_find_in", counted)
+    def counted(*args):
+        return real(*args, seen=seen)
+    monkeypatch.setattr(pages, "find_pages", counted)
     return seen
 
 

@@ -750,7 +750,7 @@ def _take_one_page(tmp_path, page: bytes, nvals: int, rows: list[int]) -> list:
         flat = np.array([0, 0, len(page), len(page), zlib.crc32(page), 0, nvals], dtype=np.int64)
         return _pages.take_rows(fd, np.array([1], np.int64), np.array([0], np.int64), flat,
                                 np.array([0], np.int64), None, np.array(rows, np.int64),
-                                np.array([0], np.int64), zlib.crc32, None)
+                                np.array([0], np.int64), None)
     finally:
         os.close(fd)
 
