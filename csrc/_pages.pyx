@@ -37,6 +37,7 @@ cdef enum:
     FP_LONG = 5
     FP_TAIL = 6
     FP_READ = 7
+    FP_NOMEM = 8
 
 import os
 
@@ -1610,18 +1611,74 @@ cdef list _rows_pages(const int64_t[::1] counts, const int64_t[::1] starts, cons
     return want
 
 
+cdef bint _fetchable(int64_t off, int64_t sz, int64_t us, int64_t flags) noexcept:
+    return (0 <= off <= INT64_MAX - sz and 0 <= sz <= RUN_BYTES and 0 <= us <= MAX_PAGE
+            and (flags & 1 or us == sz))
+
+
 cdef dict _fetch_pages(int fd, const int64_t[::1] flat, list want):
-    """Pages ``want`` (directory indices) read in runs (pages at most
-    GAP_BYTES apart share one pread, a run at most RUN_BYTES long), each
-    CRC-32 checked and, when compressed, decompressed by libzstd to its
-    size, all in one stretch without the GIL: ``{index: page bytes}``. Only
-    with the system's libzstd (:func:`zstd_direct`). A page whose directory
-    entry looks wrong is left out (the caller reads it alone, which names
-    it). ValueError naming the first page (by offset) that fails its CRC or
-    size or does not decompress; OSError if a read fails."""
-    cdef Py_ssize_t n = len(want), i, t, nr = 0, bad = -1, code = FP_OK
-    cdef int64_t a, off, sz, us, total = 0, rlo, rhi
-    cdef int64_t *js = NULL
+    """Pages ``want`` (directory indices) fetched by :func:`_fetch_rows`:
+    ``{index: page bytes}``. A page whose directory entry looks wrong is
+    left out (the caller reads it alone, which names it)."""
+    cdef list keep = []
+    cdef int64_t a
+    for a in want:
+        if _fetchable(flat[7 * a + 1], flat[7 * a + 2], flat[7 * a + 3], flat[7 * a + 5]) and a not in keep:
+            keep.append(a)
+    if not keep:
+        return {}
+    return dict(zip(keep, _fetch_rows(fd, page_fields(flat, keep))))
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def page_fields(const int64_t[::1] flat, list pages):
+    """``[data offset, stored size, size, crc, flags]`` of the directory's
+    ``pages`` (indices), a row each: what :func:`fetch_pages` reads."""
+    cdef Py_ssize_t n = len(pages), i, j, npg = flat.shape[0] // 7
+    out = np.empty((n, 5), dtype=np.int64)
+    cdef int64_t[:, ::1] o = out
+    for i in range(n):
+        j = pages[i]
+        if not 0 <= j < npg:
+            raise ValueError(f"page_fields: no page {j}")
+        o[i, 0], o[i, 1], o[i, 2], o[i, 3], o[i, 4] = (flat[7 * j + 1], flat[7 * j + 2], flat[7 * j + 3],
+                                                       flat[7 * j + 4], flat[7 * j + 5])
+    return out
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def fetch_pages(int fd, const int64_t[:, ::1] pages):
+    """The pages described by the rows of ``pages`` (``[data offset,
+    stored size, size, crc, flags]``, the directory's fields 1-5), read,
+    CRC-32 checked and decompressed without the GIL (:func:`_fetch_rows`):
+    their bytes, in the rows' order. Only with the system's libzstd
+    (:func:`zstd_direct`). ValueError naming a page whose fields look wrong
+    or that fails its checks; OSError if a read fails."""
+    cdef Py_ssize_t i
+    if not rf_zstd_ready():
+        raise ValueError("fetch_pages: no libzstd")
+    if pages.shape[1] != 5:
+        raise ValueError("fetch_pages: 5 fields a page")
+    for i in range(pages.shape[0]):
+        if not _fetchable(pages[i, 0], pages[i, 1], pages[i, 2], pages[i, 4]):
+            raise ValueError(f"page at offset {pages[i, 0]} has fields {list(pages[i])}")
+    return _fetch_rows(fd, pages)
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef list _fetch_rows(int fd, const int64_t[:, ::1] pf):
+    """Pages (rows of ``[offset, stored size, size, crc, flags]``, fields
+    :func:`_fetchable`) read in runs (pages at most GAP_BYTES apart share one
+    pread, a run at most RUN_BYTES long), each CRC-32 checked and, when
+    compressed, decompressed by libzstd to its size, all in one stretch
+    without the GIL: their bytes in the rows' order. ValueError naming the
+    first page (by offset) that fails its CRC or size or does not
+    decompress; OSError if a read fails."""
+    cdef Py_ssize_t n = pf.shape[0], i, t, nr = 0, bad = -1, code = FP_OK, a
+    cdef int64_t off, sz, total = 0, rlo, rhi
+    cdef Py_ssize_t *js = NULL
     cdef int64_t *run_lo = NULL
     cdef Py_ssize_t *run_of = NULL
     cdef int64_t *run_at = NULL
@@ -1631,10 +1688,9 @@ cdef dict _fetch_pages(int fd, const int64_t[::1] flat, list want):
     cdef Py_ssize_t got = 0, r, e = 0
     cdef long long zgot = 0
     cdef const char *zerr = NULL
-    cdef dict out = {}
     cdef list keep = []
     cdef bytes b
-    js = <int64_t *>malloc((n + 1) * sizeof(int64_t))
+    js = <Py_ssize_t *>malloc((n + 1) * sizeof(Py_ssize_t))
     run_lo = <int64_t *>malloc((n + 1) * sizeof(int64_t))
     run_at = <int64_t *>malloc((n + 1) * sizeof(int64_t))
     run_of = <Py_ssize_t *>malloc((n + 1) * sizeof(Py_ssize_t))
@@ -1642,52 +1698,41 @@ cdef dict _fetch_pages(int fd, const int64_t[::1] flat, list want):
     try:
         if js == NULL or run_lo == NULL or run_at == NULL or run_of == NULL or dst == NULL:
             raise MemoryError()
-        # the pages by offset (insertion: a read's pages are few), each once
-        t = 0
-        for a in want:
-            off, sz, us = flat[7 * a + 1], flat[7 * a + 2], flat[7 * a + 3]
-            if off < 0 or sz < 0 or sz > RUN_BYTES or off > INT64_MAX - sz or us < 0 or us > MAX_PAGE:
-                continue
-            if not flat[7 * a + 5] & 1 and us != sz:
-                continue
-            i = t
-            while i > 0 and flat[7 * js[i - 1] + 1] > off:
-                js[i] = js[i - 1]
-                i -= 1
-            if i > 0 and js[i - 1] == a:
-                while i < t:            # (a page asked twice: taken out again)
-                    js[i] = js[i + 1]
-                    i += 1
-                continue
-            js[i] = a
-            t += 1
-        n = t
-        # runs, and where each starts in one buffer
-        i = 0
-        while i < n:
-            rlo = flat[7 * js[i] + 1]
-            rhi = rlo + flat[7 * js[i] + 2]
-            run_of[i] = nr
-            i += 1
-            while (i < n and rhi <= flat[7 * js[i] + 1] <= rhi + GAP_BYTES
-                   and flat[7 * js[i] + 1] + flat[7 * js[i] + 2] - rlo <= RUN_BYTES):
-                rhi = flat[7 * js[i] + 1] + flat[7 * js[i] + 2]
-                run_of[i] = nr
-                i += 1
-            run_lo[nr] = rlo
-            run_at[nr] = total
-            total += rhi - rlo
-            nr += 1
-        run_at[nr] = total
-        buf = <unsigned char *>malloc(total + 1)
-        if buf == NULL:
-            raise MemoryError()
         for i in range(n):
-            b = PyBytes_FromStringAndSize(NULL, flat[7 * js[i] + 3])
+            b = PyBytes_FromStringAndSize(NULL, pf[i, 2])
             keep.append(b)
             dst[i] = PyBytes_AS_STRING(b)
         with nogil:
+            # the rows by offset (insertion, from an order that is mostly sorted already)
+            for i in range(n):
+                t = i
+                while t > 0 and pf[js[t - 1], 0] > pf[i, 0]:
+                    js[t] = js[t - 1]
+                    t -= 1
+                js[t] = i
+            # runs, and where each starts in one buffer
+            i = 0
+            while i < n:
+                rlo = pf[js[i], 0]
+                rhi = rlo + pf[js[i], 1]
+                run_of[i] = nr
+                i += 1
+                while i < n and rlo <= pf[js[i], 0] <= rhi + GAP_BYTES and pf[js[i], 0] + pf[js[i], 1] - rlo <= RUN_BYTES:
+                    if pf[js[i], 0] + pf[js[i], 1] > rhi:
+                        rhi = pf[js[i], 0] + pf[js[i], 1]
+                    run_of[i] = nr
+                    i += 1
+                run_lo[nr] = rlo
+                run_at[nr] = total
+                total += rhi - rlo
+                nr += 1
+            run_at[nr] = total
+            buf = <unsigned char *>malloc(total + 1)
+            if buf == NULL:
+                code = FP_NOMEM
             for r in range(nr):
+                if code != FP_OK:
+                    break
                 got = 0
                 sz = run_at[r + 1] - run_at[r]
                 while got < sz:
@@ -1700,43 +1745,40 @@ cdef dict _fetch_pages(int fd, const int64_t[::1] flat, list want):
                         bad = r
                         break
                     got += e
-                if code != FP_OK:
-                    break
             i = 0
             while code == FP_OK and i < n:
                 a = js[i]
-                p = buf + run_at[run_of[i]] + (flat[7 * a + 1] - run_lo[run_of[i]])
-                if rf_crc32(p, <size_t>flat[7 * a + 2]) != <uint32_t>flat[7 * a + 4]:
-                    code, bad = FP_CRC, i
-                elif not flat[7 * a + 5] & 1:
-                    memcpy(dst[i], p, flat[7 * a + 2])
+                p = buf + run_at[run_of[i]] + (pf[a, 0] - run_lo[run_of[i]])
+                if rf_crc32(p, <size_t>pf[a, 1]) != <uint32_t>pf[a, 3]:
+                    code, bad = FP_CRC, a
+                elif not pf[a, 4] & 1:
+                    memcpy(dst[a], p, pf[a, 1])
                 else:
-                    zgot = rf_zstd_dec(dst[i], <size_t>flat[7 * a + 3], p, <size_t>flat[7 * a + 2], &zerr)
+                    zgot = rf_zstd_dec(dst[a], <size_t>pf[a, 2], p, <size_t>pf[a, 1], &zerr)
                     if zgot < 0:
-                        code, bad = FP_ZSTD, i
-                    elif zgot != flat[7 * a + 3]:
-                        code, bad = FP_SIZE, i
+                        code, bad = FP_ZSTD, a
+                    elif zgot != pf[a, 2]:
+                        code, bad = FP_SIZE, a
                 i += 1
+        if code == FP_NOMEM:
+            raise MemoryError()
         if code == FP_READ:
             if e:
                 raise OSError(e, os.strerror(e))
-            sz = run_at[bad + 1] - run_at[bad]
-            raise ValueError(f"{sz} bytes at offset {run_lo[bad]} run past the end of the file")
+            raise ValueError(f"{run_at[bad + 1] - run_at[bad]} bytes at offset {run_lo[bad]} "
+                             f"run past the end of the file")
         if code != FP_OK:
-            off = flat[7 * js[bad] + 1]
+            off = pf[bad, 0]
             if code == FP_CRC:
                 raise ValueError(f"page at offset {off} fails its CRC-32")
             if code == FP_ZSTD:
                 raise ValueError(f"page at offset {off} does not decompress: "
                                  f"{(<bytes>zerr).decode('utf-8', 'replace')}")
             raise ValueError(f"page at offset {off} decompresses to {zgot} bytes, "
-                             f"its header says {flat[7 * js[bad] + 3]}")
-        for i in range(n):
-            out[js[i]] = keep[i]
+                             f"its header says {pf[bad, 2]}")
     finally:
         free(js); free(run_lo); free(run_at); free(run_of); free(dst); free(buf)
-    return out
-
+    return keep
 
 def zstd_frame_size(bytes comp):
     """The content size the header of the zstd frame ``comp`` declares, or
@@ -1831,7 +1873,8 @@ cdef bytes _page_bytes(int fd, object span, int64_t span_lo, list runs, const in
 @cython.wraparound(False)
 def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, const int64_t[::1] flat,
               const int64_t[::1] firsts, object cols, const int64_t[::1] rows,
-              const int64_t[::1] widths, object decompress, object span=None, int64_t span_lo=0):
+              const int64_t[::1] widths, object decompress, object span=None, int64_t span_lo=0,
+              dict fetched=None):
     """The values of the rows ``rows`` (ascending, within the row group) of
     one row group, column by column (``cols``: these columns in this order,
     None for all): ``(data, int32 offsets)`` of a string column
@@ -1849,7 +1892,9 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
     (:func:`_checked_page`: both without the GIL where the system's libzstd
     is, else through ``decompress``); an encoded page's values are decoded
     up to the last row asked of it.
-    ``span``: the group's bytes read at ``span_lo`` (pages inside it are
+    ``fetched``: directory index -> the bytes of a page already read,
+    checked and decompressed (:func:`fetch_pages`), taken instead of reading
+    it. ``span``: the group's bytes read at ``span_lo`` (pages inside it are
     sliced from it). Without one, the pages of a single row are read in
     runs across columns first (:func:`_row_runs`). ValueError (naming the
     page's offset) for a row not
@@ -1858,7 +1903,6 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
     cdef Py_ssize_t m = rows.shape[0], ncols = counts.shape[0], npg = flat.shape[0] // 7
     cdef Py_ssize_t i, j, q, u, lo, n, a, b, nk, w, total, hi, mid, cnt, ndict = 0, dk
     cdef int64_t base, end, off, csize, stop
-    cdef dict fetched = None
     cdef Py_ssize_t *page_of
     cdef Py_ssize_t *ks
     cdef Py_ssize_t *vpos
@@ -1894,7 +1938,7 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
         free(page_of); free(ks); free(vpos); free(vlen); free(need)
         raise MemoryError()
     try:
-        if span is None and rf_zstd_ready():
+        if fetched is None and span is None and rf_zstd_ready():
             # every page the rows need, read, checked and decompressed in one
             # stretch without the GIL (a search's scan threads run side by side)
             fetched = _fetch_pages(fd, flat, _rows_pages(counts, starts, flat, firsts, cols, rows))
@@ -2175,10 +2219,88 @@ cdef int _find_page(const unsigned char *b, Py_ssize_t n, int64_t count, const u
     return FP_OK
 
 
+cdef int _check_unpack(const unsigned char *comp, int64_t csize, uint32_t crc, bint unzstd, unsigned char *raw,
+                       int64_t usize, const unsigned char **page, long long *got, const char **zerr) noexcept nogil:
+    """A stored page's CRC-32 checked (FP_CRC) and, with ``unzstd``, its
+    zstd frame decompressed into ``raw`` (FP_ZSTD, or FP_SIZE with ``got``
+    another size than ``usize``); ``page``: its bytes (``comp`` when not
+    decompressed here)."""
+    if rf_crc32(comp, <size_t>csize) != crc:
+        return FP_CRC
+    page[0] = comp
+    if not unzstd:
+        return FP_OK
+    got[0] = rf_zstd_dec(raw, <size_t>usize, comp, <size_t>csize, zerr)
+    page[0] = raw
+    if got[0] < 0:
+        return FP_ZSTD
+    return FP_OK if got[0] == usize else FP_SIZE
+
+
+cdef Py_ssize_t _span_sel(const int64_t[::1] firsts, Py_ssize_t at, Py_ssize_t n, object spans,
+                          Py_ssize_t *sel) except -1:
+    """Into ``sel`` (room for ``n``), ascending, the pages (0 to n - 1) of
+    the chunk at ``at`` holding a row of one of ``spans`` (int64 ``[lo,
+    hi)`` pairs, ascending; None: every page); their number."""
+    cdef Py_ssize_t nsel = 0, i, a, b, k
+    cdef int64_t lo, hi
+    cdef const int64_t[:, ::1] sp
+    if spans is None:
+        for i in range(n):
+            sel[i] = i
+        return n
+    sp = spans
+    if sp.shape[0] and sp.shape[1] != 2:
+        raise ValueError("spans: [lo, hi) pairs")
+    for i in range(sp.shape[0]):
+        lo, hi = sp[i, 0], sp[i, 1]
+        # a: the last page starting at or before lo; b: the first starting at or after hi
+        a = 0
+        while a + 1 < n and firsts[at + a + 1] <= lo:
+            a += 1
+        if nsel and sel[nsel - 1] + 1 > a:
+            a = sel[nsel - 1] + 1
+        b = a
+        while b < n and firsts[at + b] < hi:
+            b += 1
+        for k in range(a, b):
+            sel[nsel] = k
+            nsel += 1
+    return nsel
+
+
+def span_pages(const int64_t[::1] firsts, Py_ssize_t at, Py_ssize_t n, object spans):
+    """The directory indices (``at`` + k) of the pages of the chunk at
+    ``at`` (``n`` pages) that :func:`find_pages` reads for ``spans``."""
+    cdef Py_ssize_t *sel
+    cdef Py_ssize_t nsel, i
+    if n <= 0:
+        return []
+    if at < 0 or at + n > firsts.shape[0]:
+        raise ValueError("span_pages: pages outside the directory")
+    sel = <Py_ssize_t *>malloc(n * sizeof(Py_ssize_t))
+    if sel == NULL:
+        raise MemoryError()
+    try:
+        nsel = _span_sel(firsts, at, n, spans, sel)
+        return [at + sel[i] for i in range(nsel)]
+    finally:
+        free(sel)
+
+
+def rows_pages(const int64_t[::1] counts, const int64_t[::1] starts, const int64_t[::1] flat,
+               const int64_t[::1] firsts, object cols, const int64_t[::1] rows):
+    """The directory indices of the pages :func:`take_rows` reads for
+    ``rows`` of the columns ``cols`` (None: all), dictionary pages included."""
+    if rows.shape[0] == 0:
+        return []
+    return _rows_pages(counts, starts, flat, firsts, cols, rows)
+
+
 @cython.boundscheck(False)
 @cython.wraparound(False)
 def find_pages(int fd, const int64_t[::1] flat, const int64_t[::1] firsts, Py_ssize_t at, Py_ssize_t n,
-               object spans, list probes, object decompress, list seen=None):
+               object spans, list probes, object decompress, list seen=None, dict fetched=None):
     """For each probe ``(needle, ignore_ascii_case)`` (the needle ASCII-
     lowercased for the latter), the values of one column chunk's pages that
     hold it: lists of ``(row within the group, the value's bytes)``,
@@ -2192,7 +2314,9 @@ def find_pages(int fd, const int64_t[::1] flat, const int64_t[::1] firsts, Py_ss
     libzstd without the GIL when :func:`zstd_direct`, else
     ``decompress(bytes, max_output_size=size)``) and searched, all but the
     callback without the GIL. ``seen``: a list the data offset of each page
-    read is appended to (the tests' count). ValueError naming the page's offset for a CRC
+    read is appended to (the tests' count). ``fetched``: directory index ->
+    the bytes of a page already read, checked and decompressed
+    (:func:`fetch_pages`), taken instead of reading it. ValueError naming the page's offset for a CRC
     mismatch, a page that does not decompress to its size or whose values
     do not parse; Unsupported for a page that is not PLAIN; OSError if a
     read fails."""
@@ -2201,7 +2325,7 @@ def find_pages(int fd, const int64_t[::1] flat, const int64_t[::1] firsts, Py_ss
     cdef int direct = rf_zstd_ready(), err = FP_OK, ci
     cdef const char *zerr = NULL
     cdef long long got = 0
-    cdef const int64_t[:, ::1] sp
+    cdef bint whole
     cdef Py_ssize_t *sel = NULL
     cdef const unsigned char **nds = NULL
     cdef size_t *nls = NULL
@@ -2230,27 +2354,7 @@ def find_pages(int fd, const int64_t[::1] flat, const int64_t[::1] firsts, Py_ss
             nds[q] = <const unsigned char *>PyBytes_AS_STRING(nb)
             nls[q] = <size_t>PyBytes_GET_SIZE(nb)
             cis[q] = ci
-        # the pages to read: those holding a row of a span (else all)
-        if spans is None:
-            for i in range(n):
-                sel[i] = i
-            nsel = n
-        else:
-            sp = spans
-            for i in range(sp.shape[0]):
-                lo, hi = sp[i, 0], sp[i, 1]
-                # a: the last page starting at or before lo; b: the first starting at or after hi
-                a = 0
-                while a + 1 < n and firsts[at + a + 1] <= lo:
-                    a += 1
-                if nsel and sel[nsel - 1] + 1 > a:
-                    a = sel[nsel - 1] + 1
-                b = a
-                while b < n and firsts[at + b] < hi:
-                    b += 1
-                for k in range(a, b):
-                    sel[nsel] = k
-                    nsel += 1
+        nsel = _span_sel(firsts, at, n, spans, sel)
         r0 = 0
         while r0 < nsel:
             r1 = r0
@@ -2260,20 +2364,28 @@ def find_pages(int fd, const int64_t[::1] flat, const int64_t[::1] firsts, Py_ss
             end = flat[7 * (at + sel[r1]) + 1] + flat[7 * (at + sel[r1]) + 2]
             if base < 0 or end < base:
                 raise ValueError(f"page at offset {base} is out of place")
-            if end - base > run_cap:
+            whole = fetched is not None
+            if whole:
+                for i in range(r0, r1 + 1):
+                    if (at + sel[i]) not in fetched:
+                        whole = False
+                        break
+            if whole:
+                pass
+            elif end - base > run_cap:
                 free(run)
                 run = <unsigned char *>malloc(end - base)
                 run_cap = end - base if run != NULL else 0
                 if run == NULL:
                     raise MemoryError()
-            if end > base:
+            if end > base and not whole:
                 _read_at(fd, run, end - base, base)
             for i in range(r0, r1 + 1):
                 k = at + sel[i]
                 off, csize, usize, count = flat[7 * k + 1], flat[7 * k + 2], flat[7 * k + 3], flat[7 * k + 6]
                 if flat[7 * k + 5] >> 1:
                     raise Unsupported(f"page at offset {off} is not a PLAIN data page")
-                if off < base or off + csize > end or usize < 0 or count < 0:
+                if (not whole and (off < base or off + csize > end)) or usize < 0 or count < 0:
                     raise ValueError(f"page at offset {off} is out of place")
                 if count * np_ > hits_cap:
                     free(hits)
@@ -2281,7 +2393,7 @@ def find_pages(int fd, const int64_t[::1] flat, const int64_t[::1] firsts, Py_ss
                     hits_cap = count * np_ if hits != NULL else 0
                     if hits == NULL:
                         raise MemoryError()
-                if (flat[7 * k + 5] & 1) and usize > raw_cap:
+                if (flat[7 * k + 5] & 1) and usize > raw_cap and not whole:
                     free(raw)
                     raw = <unsigned char *>malloc(usize + 1)
                     raw_cap = usize if raw != NULL else 0
@@ -2291,20 +2403,18 @@ def find_pages(int fd, const int64_t[::1] flat, const int64_t[::1] firsts, Py_ss
                 pyraw = None
                 if seen is not None:
                     seen.append(off)
-                with nogil:
-                    if rf_crc32(run + (off - base), <size_t>csize) != <uint32_t>flat[7 * k + 4]:
-                        err = FP_CRC
-                    elif not flat[7 * k + 5] & 1:
-                        page = run + (off - base)
+                if whole:       # (read and checked by fetch_pages)
+                    pyraw = <bytes>fetched[k]
+                    page = <const unsigned char *>PyBytes_AS_STRING(pyraw)
+                    if PyBytes_GET_SIZE(pyraw) != usize:
+                        got, err = PyBytes_GET_SIZE(pyraw), FP_SIZE
+                else:
+                    with nogil:
+                        err = _check_unpack(run + (off - base), csize, <uint32_t>flat[7 * k + 4],
+                                            flat[7 * k + 5] & 1 and direct, raw, usize, &page, &got, &zerr)
+                    if not flat[7 * k + 5] & 1:
                         usize = csize
-                    elif direct:
-                        got = rf_zstd_dec(raw, <size_t>usize, run + (off - base), <size_t>csize, &zerr)
-                        page = raw
-                        if got < 0:
-                            err = FP_ZSTD
-                        elif got != usize:
-                            err = FP_SIZE
-                if err == FP_OK and (flat[7 * k + 5] & 1) and not direct:
+                if err == FP_OK and (flat[7 * k + 5] & 1) and not direct and not whole:
                     try:
                         pyraw = decompress(PyBytes_FromStringAndSize(<const char *>run + (off - base), csize),
                                            max_output_size=usize)

@@ -36,10 +36,13 @@ import zstandard
 import numpy as np
 import pyarrow as pa
 
-from ._pages import (Unsupported, chunk_pages, chunk_pages_mem, find_pages, page_kinds,
-                     plain_strings, take_rows)
+from ._pages import (Unsupported, chunk_pages, chunk_pages_mem, fetch_pages, find_pages, page_fields, page_kinds,
+                     plain_strings, rows_pages, span_pages, take_rows, zstd_direct)
 
-__all__ = ["PageError", "PageReader", "Unsupported", "page_directories"]
+__all__ = ["PageError", "PageReader", "Unsupported", "direct", "page_directories"]
+
+#: pages are fetched without the GIL (the system's libzstd is there: _pages.zstd_direct)
+direct = zstd_direct
 
 #: row groups whose page directories a reader keeps
 _MAX_DIRS = 4096
@@ -293,17 +296,19 @@ class PageReader:
 
     # ------------------------------------------------------------ rows
 
-    def rows(self, rg: int, local: list[int], given: dict[int, list[bytes]] | None = None) -> list[list]:
+    def rows(self, rg: int, local: list[int], given: dict[int, list[bytes]] | None = None,
+             fetched: dict[int, bytes] | None = None) -> list[list]:
         """Column values (15 Python values, in column order) of the rows
         ``local`` (ascending, within the row group) of row group ``rg``.
         ``given``: column -> the UTF-8 values of a string column for those
         rows, already read (a search's scan), decoded instead of read again.
-        The pages are read, checked and decoded by :meth:`take`."""
+        The pages are read, checked and decoded by :meth:`take`
+        (``fetched``: see there)."""
         if not local:
             return []
         ncols = len(self._kinds)
         cols = [c for c in range(ncols) if given is None or c not in given]
-        got = dict(zip(cols, self.take(rg, local, cols)))
+        got = dict(zip(cols, self.take(rg, local, cols, fetched)))
         out: list[list] = [[] for _ in local]
         for c in range(ncols):
             kind = self._kinds[c]
@@ -325,7 +330,8 @@ class PageReader:
                 out[n].append(v)
         return out
 
-    def take(self, rg: int, local: list[int], cols: list[int] | None = None) -> list[Any]:
+    def take(self, rg: int, local: list[int], cols: list[int] | None = None,
+             fetched: dict[int, bytes] | None = None) -> list[Any]:
         """The values of the rows ``local`` (ascending, within the row
         group) of row group ``rg``, column by column: ``(data, int32
         offsets)`` of just those values for a string column (the layout of
@@ -339,14 +345,16 @@ class PageReader:
         The loop is compiled (``_pages.take_rows``) and reads the kept
         directory as it is packed (:func:`_pack_dir`): an exact read of one
         row touches 15 of a group's few hundred pages, and its cost is their
-        reads and decompression, not Python steps around them."""
+        reads and decompression, not Python steps around them. ``fetched``:
+        the group's pages :meth:`fetch` read for them (:meth:`rows_pages`),
+        taken instead of reading them."""
         if not local:
             return []
         (counts, flat, firsts, starts), span = self._packed(rg)
         lo, buf = span if span is not None else (0, None)
         try:
             return take_rows(self._fd, counts, starts, flat, firsts, cols, np.array(local, dtype=np.int64),
-                             self._widths, self._dctx().decompress, buf, lo)
+                             self._widths, self._dctx().decompress, buf, lo, fetched)
         except (ValueError, zstandard.ZstdError) as exc:
             raise PageError(f"{self.path}: row group {rg}: {exc}") from None
 
@@ -394,7 +402,7 @@ class PageReader:
         return raw
 
     def find(self, rg: int, c: int, probes: list[tuple[bytes, bool]],
-             spans: Any = None) -> list[list[tuple[int, bytes]]]:
+             spans: Any = None, fetched: dict[int, bytes] | None = None) -> list[list[tuple[int, bytes]]]:
         """For each probe ``(needle, ignore_ascii_case)`` (the needle ASCII-
         lowercased for the latter), the values of string column ``c`` of row
         group ``rg`` that hold it: ``(row within the group, the value's
@@ -406,16 +414,50 @@ class PageReader:
         rows are read (the search's filters ruled out the others; values of
         other rows in those pages may be returned too). None: every page
         (the chunk's run of pages in one ``pread``). Each page read is
-        CRC-checked and decompressed."""
+        CRC-checked and decompressed (compiled: ``_pages.find_pages``).
+        ``fetched``: the pages :meth:`fetch` read for them
+        (:meth:`span_pages`), taken instead of reading them."""
         if self._kinds[c] is not None:
             raise Unsupported(f"column {c} is not a string column")
         (counts, flat, firsts, starts), _span = self._packed(rg)
         try:
-            return find_pages(self._fd, flat, firsts, starts[c], counts[c], spans, probes, self._dctx().decompress)
+            return find_pages(self._fd, flat, firsts, starts[c], counts[c], spans, probes, self._dctx().decompress,
+                              fetched=fetched)
         except Unsupported as exc:
             raise Unsupported(f"{self.path}: {exc}") from None
         except (ValueError, zstandard.ZstdError) as exc:
             raise PageError(f"{self.path}: row group {rg}, column {c}: {exc}") from None
+
+    # ------------------------------------------------------------ fetched ahead
+    #
+    # A search's scan of many groups with few rows each fetches their pages
+    # in batches (rune_fast.cool.scan): which pages (span_pages, rows_pages),
+    # their fields (fields), then fetch (without the GIL, two batches side by
+    # side), and hands each group's to find and take.
+
+    def span_pages(self, rg: int, c: int, spans: Any) -> list[int]:
+        """The directory indices of the pages :meth:`find` reads for ``spans``."""
+        (counts, _flat, firsts, starts), _span = self._packed(rg)
+        return span_pages(firsts, int(starts[c]), int(counts[c]), spans)
+
+    def rows_pages(self, rg: int, local: list[int], cols: list[int]) -> list[int]:
+        """The directory indices of the pages :meth:`take` reads for ``local``."""
+        (counts, flat, firsts, starts), _span = self._packed(rg)
+        return rows_pages(counts, starts, flat, firsts, cols, np.array(local, dtype=np.int64))
+
+    def fields(self, rg: int, pages: list[int]) -> np.ndarray:
+        """``[offset, stored size, size, crc, flags]`` of the ``pages`` of
+        group ``rg`` (directory indices), a row each: what :meth:`fetch` reads."""
+        (_counts, flat, _firsts, _starts), _span = self._packed(rg)
+        return page_fields(flat, pages)
+
+    def fetch(self, fields: np.ndarray) -> list[bytes]:
+        """The pages ``fields`` names (:meth:`fields`), read, CRC-32 checked
+        and decompressed without the GIL (only where :func:`direct`)."""
+        try:
+            return fetch_pages(self._fd, fields)
+        except ValueError as exc:
+            raise PageError(f"{self.path}: {exc}") from None
 
     def _dctx(self) -> Any:
         d = getattr(self._local, "dctx", None)

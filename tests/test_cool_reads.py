@@ -295,9 +295,9 @@ def test_id_records_at_reads_no_id_column_and_checks_the_id(tmp_path, monkeypatc
     asked = []
     real_take = PageReader.take
 
-    def take(self, rg, local, cols=None):
+    def take(self, rg, local, cols=None, fetched=None):
         asked.append(cols)
-        return real_take(self, rg, local, cols)
+        return real_take(self, rg, local, cols, fetched)
 
     monkeypatch.setattr(PageReader, "take", take)
     ref = CoolArchive.open(a.cool_dir, a.files())

@@ -73,8 +73,8 @@ def _pages_read(monkeypatch) -> list[int]:
     seen: list[int] = []
     real = pages.find_pages
 
-    def counted(*args):
-        return real(*args, seen=seen)
+    def counted(*args, **kwargs):
+        return real(*args, seen=seen, **kwargs)
     monkeypatch.setattr(pages, "find_pages", counted)
     return seen
 

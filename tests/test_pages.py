@@ -419,9 +419,9 @@ def test_search_past_the_cache_scans_the_pages(archive, monkeypatch, needle):
     calls = []
     real = PageReader.find
 
-    def find(self, rg, c, probes, spans=None):
+    def find(self, rg, c, probes, spans=None, fetched=None):
         calls.append((rg, spans is not None))
-        return real(self, rg, c, probes, spans)
+        return real(self, rg, c, probes, spans, fetched)
     monkeypatch.setattr(PageReader, "find", find)
     cached = CoolArchive(a.cool_dir, a.files(), row_group_rows=256, cache_bytes=64 << 20, read_only=True)
     for _miss in range(2):          # a group is cached at its second miss
@@ -461,9 +461,9 @@ def test_search_known_names_the_known_hits_and_reads_the_rest(archive, monkeypat
     read = []
     real = PageReader.rows
 
-    def counted(self, rg, local, have=None):
+    def counted(self, rg, local, have=None, fetched=None):
         read.extend(local)
-        return real(self, rg, local, have)
+        return real(self, rg, local, have, fetched)
     monkeypatch.setattr(PageReader, "rows", counted)
     got, named = a.search_known(needle, ch, case_sensitive=cs, known=known)
     assert set(named) <= known and len(set(named)) == len(named)

@@ -155,13 +155,13 @@ def test_a_search_asked_again_takes_its_cool_hits_from_the_record_cache(tmp_path
         read, named = [], []
         real_rows, real_take, real_search = PageReader.rows, PageReader.take, repo._cool.search_records
 
-        def counted(self, rg, local, have=None):
+        def counted(self, rg, local, have=None, fetched=None):
             read.extend(local)
-            return real_rows(self, rg, local, have)
+            return real_rows(self, rg, local, have, fetched)
 
-        def taken(self, rg, local, cols=None):
+        def taken(self, rg, local, cols=None, fetched=None):
             read.extend(local)
-            return real_take(self, rg, local, cols)
+            return real_take(self, rg, local, cols, fetched)
 
         def search_records(*args, **kw):
             out = real_search(*args, **kw)

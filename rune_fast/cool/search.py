@@ -8,7 +8,6 @@ import functools
 import logging
 import os
 import re
-import threading
 from typing import Any, Callable, Container, Sequence
 
 import numpy as np
@@ -19,7 +18,7 @@ from .._names import tmp_name
 from .._order import order_key
 from ..errors import CorruptStateCheckpointError
 from .._search import find_spans, fold_find_list
-from ..pages import PageError, Unsupported
+from ..pages import PageError, Unsupported, direct
 from ..segments import write_kept
 
 
@@ -44,12 +43,13 @@ _EVERY = _Every()
 EVERY_LOC = _EVERY
 
 
-from .hits import _EXACT_MODES, CoolHits, _hit_records
+from .hits import _EXACT_MODES, _OTHER_COLS, CoolHits, _hit_records
 from .reads import _KEY_COLS, _Reads
 from .rows import SPECIAL_FOLD, _Group, _SPECIAL_UTF8, _assemble_columns
 from .schema import (_PARQUET_ERRORS, CoolRow, _CONTENT_COL, _file_no, _grams_name, _parquet_name, _row_key,
                      cool_loc)
 from . import grams as _grams
+from .scan import Deferred, FewGroups, scan_pool
 from .sidecar import _GRAMS_BUDGET, _FileIndex
 
 
@@ -71,46 +71,6 @@ def _relevant_specials(needle: str) -> tuple[str, ...]:
                 or any(needle.endswith(f[:k]) for k in range(1, len(f)))):
             out.append(c)
     return tuple(out)
-
-
-_SCAN_POOL: Any = None
-_SCAN_POOL_LOCK = threading.Lock()
-
-
-class _Deferred:
-    """A call made when its result is asked for (a future's ``result()``)."""
-
-    __slots__ = ("_fn", "_arg")
-
-    def __init__(self, fn: Callable[[Any], Any], arg: Any) -> None:
-        self._fn = fn
-        self._arg = arg
-
-    def result(self) -> Any:
-        return self._fn(self._arg)
-
-
-def _scan_pool() -> Any:
-    """The threads that decompress and search cool pages for searches (two;
-    made at the first search that scans the files)."""
-    global _SCAN_POOL
-    with _SCAN_POOL_LOCK:
-        if _SCAN_POOL is None:
-            from concurrent.futures import ThreadPoolExecutor
-            _SCAN_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rune-fast-scan")
-        return _SCAN_POOL
-
-
-def _forget_scan_pool() -> None:
-    # A forked child has none of the parent's threads: a pool inherited from
-    # it would queue work that nothing runs. The child makes its own.
-    global _SCAN_POOL, _SCAN_POOL_LOCK
-    _SCAN_POOL = None
-    _SCAN_POOL_LOCK = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_scan_pool)
 
 
 def _ascii_fold_has(raw: bytes, needle: bytes, repl: list[tuple[bytes, bytes]]) -> bool:
@@ -619,9 +579,10 @@ class _Search(_Reads):
         starts = self._files[no].rg_list
         folded = nb.decode("utf-8", "surrogatepass")
 
-        def scan(rg: int) -> tuple[list[int], Any, list[int]]:
+        def found(rg: int, fetched: dict | None = None) -> tuple[list[int], list[int], dict[int, bytes]]:
+            """The group's hits: (rows read, rows only named, row -> content)."""
             lo, hi, base = s - starts[rg], e - starts[rg], cool_loc(no, starts[rg])
-            res = reader.find(rg, _CONTENT_COL, probes, None if spans is None else spans[rg])
+            res = reader.find(rg, _CONTENT_COL, probes, None if spans is None else spans[rg], fetched)
             if mode == "ci-anchor":
                 hits = {i: v for i, v in res[0] if lo <= i < hi} if need else {}
                 cands = dict(sorted((i, v) for part in res[1 if need else 0:] for i, v in part
@@ -639,24 +600,42 @@ class _Search(_Reads):
             named: list[int] = []
             for i in sorted(hits):
                 (named if base + i in known else local).append(i)
+            return local, named, hits
+
+        def built(rg: int, local: list[int], named: list[int], hits: dict[int, bytes],
+                  fetched: dict | None = None) -> tuple[list[int], Any, list[int]]:
             if not local:
                 return local, [], named
             if record_type is not None:
-                return local, _hit_records(reader, rg, local, [hits[i] for i in local], record_type), named
-            vals = reader.rows(rg, local, {_CONTENT_COL: [hits[i] for i in local]})
+                return local, _hit_records(reader, rg, local, [hits[i] for i in local], record_type,
+                                           fetched), named
+            vals = reader.rows(rg, local, {_CONTENT_COL: [hits[i] for i in local]}, fetched)
             return local, _assemble_columns(list(zip(*vals))), named
 
-        # a group whose filters pass few of its rows reads a few pages: scanned
-        # when its turn comes, on this thread (two threads would fight for the
-        # GIL); the others decompress most of their pages, two groups at a time
+        def scan(rg: int) -> tuple[list[int], Any, list[int]]:
+            return built(rg, *found(rg))
+
+        # a group whose filters pass few of its rows reads a few pages: those
+        # groups are read WINDOW at a time on this thread, their pages fetched
+        # in two batches side by side (rune_fast.cool.scan; group by group
+        # without the system's libzstd: two threads would fight for the GIL);
+        # the others decompress most of their pages, two groups at a time
         def few(rg: int) -> bool:
             if spans is None:
                 return False
             p = spans[rg]
             return int((p[:, 1] - p[:, 0]).sum()) * 4 < starts[rg + 1] - starts[rg]
 
-        pool = _scan_pool()
-        return {rg: _Deferred(scan, rg) if few(rg) else pool.submit(scan, rg) for rg in rgs}
+        pool = scan_pool()
+        few_rgs = [rg for rg in rgs if few(rg)]
+        sp = spans if spans is not None else {}     # (a group is few only where there are spans)
+        batch = FewGroups(reader, few_rgs, found, built, scan,
+                          lambda rg: reader.span_pages(rg, _CONTENT_COL, sp[rg]),
+                          lambda rg, local: reader.rows_pages(rg, local, _OTHER_COLS)) \
+            if few_rgs and direct() else None
+        few_set = set(few_rgs)
+        return {rg: (batch.handle(rg) if batch is not None else Deferred(scan, rg)) if rg in few_set
+                else pool.submit(scan, rg) for rg in rgs}
 
     def _filtered_spans(self, no: int, s: int, e: int, probe: bytes) -> dict[int, np.ndarray] | None:
         """(lock held) rg -> int64 ``[lo, hi)`` pairs of the rows (within the
