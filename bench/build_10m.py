@@ -14,13 +14,14 @@ holds them all). Steps:
    and VmHWM; durable single appends (``fsync``) timed when the store holds
    10,000, 100,000, 1,000,000 and N messages (per-append cost against store
    size; they go to a channel of their own and hold no needle): at each such
-   point the load waits for the merges of cool files in flight first (the
-   1,000,000 bench's stores are settled before their appends are timed; the
-   wait is counted in the load's time; a cooling run in flight is fed by the
-   appends and left), then times
-   PROBE_SLICES runs of PROBE_APPENDS // PROBE_SLICES appends (their median:
-   one run of 100 taken beside a merge of the load read 825 us where the
-   next point read 604). The child also
+   point the store is settled first, as the 1,000,000 bench's stores are
+   before their appends are timed: ``compact()`` (N's is the timed one
+   after the load) and the wait for the merges of cool files in flight,
+   both counted in the load's time; then PROBE_SLICES runs of
+   PROBE_APPENDS // PROBE_SLICES appends (their median). Taken mid-load
+   instead, beside the cooling run the load leaves in flight (fed by the
+   appends themselves) and its merges, they read 117/131/210/203 us (one
+   run of 100 beside a merge: 825 us). The child also
    counts every needle's hits with ``str.casefold`` and keeps the newest 20 ids.
 2. **Reads** in this process, on the built store: open + first window,
    window(ch, 8), get_message, messages_for_task (random and the biggest
@@ -110,6 +111,20 @@ def _settle_merges(store: Any, timeout: float = 900.0) -> None:
         time.sleep(0.01)
 
 
+def _probe(store: Any, factory: Any, at: int) -> tuple[float, list[float]]:
+    """(median, runs): PROBE_SLICES runs of PROBE_APPENDS // PROBE_SLICES
+    durable appends, ns an append."""
+    probe_msgs = _probe_messages(factory, at, PROBE_APPENDS)
+    k = PROBE_APPENDS // PROBE_SLICES
+    runs = []
+    for a in range(0, PROBE_APPENDS, k):
+        t0 = time.perf_counter_ns()
+        for m in probe_msgs[a:a + k]:
+            store.append(m)
+        runs.append((time.perf_counter_ns() - t0) / k)
+    return statistics.median(runs), runs
+
+
 def load_child(args: argparse.Namespace) -> None:
     spec = _spec(args.kind)
     factory = wl.default_message_factory
@@ -159,27 +174,23 @@ def load_child(args: argparse.Namespace) -> None:
             store.append_many(recs)
             calls.append(time.perf_counter_ns() - t0)
             del recs, batch
-            at = next((c for c in CHECKPOINTS if c == done), None) or (done if done == args.n else None)
+            at = next((c for c in CHECKPOINTS if c == done and c < args.n), None)
             if at is not None and at not in appends:
                 t0 = time.perf_counter_ns()
+                store.compact()
                 _settle_merges(store)
                 settle_ns += time.perf_counter_ns() - t0
-                probe_msgs = _probe_messages(factory, at, PROBE_APPENDS)
-                k = PROBE_APPENDS // PROBE_SLICES
-                runs = []
-                for a in range(0, PROBE_APPENDS, k):
-                    t0 = time.perf_counter_ns()
-                    for m in probe_msgs[a:a + k]:
-                        store.append(m)
-                    runs.append((time.perf_counter_ns() - t0) / k)
-                appends[at] = statistics.median(runs)
-                append_runs[at] = runs
+                appends[at], append_runs[at] = _probe(store, factory, at)
             if len(calls) % 500 == 0:
                 print(f"  {args.kind}: {done:,} messages, {time.perf_counter() - t_start:.0f} s, "
                       f"RssAnon {_proc_status().get('RssAnon', 0) >> 20} MiB", file=sys.stderr, flush=True)
         t0 = time.perf_counter_ns()
         store.compact()
         compact_ns = time.perf_counter_ns() - t0
+        t0 = time.perf_counter_ns()
+        _settle_merges(store)
+        settle_ns += time.perf_counter_ns() - t0
+        appends[done], append_runs[done] = _probe(store, factory, done)
         store.close()
     after = _proc_status()
     out = {"kind": args.kind, "n": done, "calls": calls, "compact_ns": compact_ns, "appends": appends,
@@ -267,7 +278,7 @@ def drive(args: argparse.Namespace) -> int:
                     "SQLite's slowest batch", ">= 0.5x"))
     tot_r, tot_s = both(lambda b: (sum(b["calls"]) + b["compact_ns"] + b.get("settle_ns", 0)) / b["n"])
     rows.append(Row("bulk_load", f"bulk load of {n:,} incl. compactions, cooling, compact(), per msg "
-                    "(and the waits for merges before the append probes)", tot_r, tot_s,
+                    "(and the compact() + merge waits before the append probes)", tot_r, tot_s,
                     "ns", "SQLite 1 txn/batch + checkpoint", ">= 3x"))
     rows.append(Row("compact_after_bulk", "compact() right after the bulk load", *both(lambda b: float(b["compact_ns"])),
                     "ns", "SQLite wal_checkpoint(TRUNCATE)"))
@@ -280,7 +291,7 @@ def drive(args: argparse.Namespace) -> int:
         r = b0["appends"][str(at)]
         s = sq["appends"].get(str(at)) if sq else None
         rows.append(Row(f"append_at_{at}", f"append, durable (fsync), store of {at:,} (median of "
-                        f"{PROBE_SLICES} runs of {PROBE_APPENDS // PROBE_SLICES}, merges settled)",
+                        f"{PROBE_SLICES} runs of {PROBE_APPENDS // PROBE_SLICES}, store settled)",
                         r, s, "ns", "SQLite FULL (same store size)"))
     first, last = min(b0["appends"], key=int), max(b0["appends"], key=int)
     rows.append(Row("append_flatness", f"append cost growth {int(first):,} -> {int(last):,}",
