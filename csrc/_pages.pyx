@@ -1815,6 +1815,24 @@ cdef object _np_empty = np.empty
 cdef object _I32 = np.dtype(np.int32)
 
 
+cdef inline Py_ssize_t _run_last(const Py_ssize_t *ks, Py_ssize_t q, Py_ssize_t nk) noexcept:
+    """The last of the run of consecutive page numbers ``ks[q:]`` starts."""
+    while q + 1 < nk and ks[q + 1] == ks[q] + 1:
+        q += 1
+    return q
+
+
+cdef int _run_bounds(const int64_t[::1] flat, Py_ssize_t first, Py_ssize_t last, int64_t *base,
+                     int64_t *stop) except -1:
+    """Where the bytes of directory pages ``first`` to ``last`` (adjacent)
+    start and end; ValueError if they do not hold together."""
+    base[0] = flat[7 * first + 1]
+    stop[0] = flat[7 * last + 1] + flat[7 * last + 2]
+    if base[0] < 0 or stop[0] < base[0]:
+        raise ValueError(f"page at offset {base[0]} is out of place")
+    return 0
+
+
 cdef bytes _checked_page(bytes run, int64_t at, const int64_t[::1] flat, Py_ssize_t j, object decompress):
     """Page ``j`` of a directory whose stored bytes are ``run[at:at +
     size]``: its CRC-32 checked and, when compressed, decompressed to its
@@ -1977,13 +1995,8 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
             dict_raw = None
             q = 0
             while q < nk:
-                u = q
-                while u + 1 < nk and ks[u + 1] == ks[u] + 1:
-                    u += 1
-                base = flat[7 * (lo + ks[q]) + 1]
-                stop = flat[7 * (lo + ks[u]) + 1] + flat[7 * (lo + ks[u]) + 2]
-                if base < 0 or stop < base:
-                    raise ValueError(f"take_rows: page at offset {base} is out of place")
+                u = _run_last(ks, q, nk)
+                _run_bounds(flat, lo + ks[q], lo + ks[u], &base, &stop)
                 run = None
                 for k in range(q, u + 1):
                     j = 7 * (lo + ks[k])
@@ -2320,8 +2333,8 @@ def find_pages(int fd, const int64_t[::1] flat, const int64_t[::1] firsts, Py_ss
     mismatch, a page that does not decompress to its size or whose values
     do not parse; Unsupported for a page that is not PLAIN; OSError if a
     read fails."""
-    cdef Py_ssize_t np_ = len(probes), q, i, a, b, lo_k, hi_k, nsel = 0, r0, r1, nh, k
-    cdef int64_t lo, hi, base, end, off, csize, usize, count, bad = 0
+    cdef Py_ssize_t np_ = len(probes), q, i, nsel = 0, r0, r1, nh, k
+    cdef int64_t base, end, off, csize, usize, count, bad = 0
     cdef int direct = rf_zstd_ready(), err = FP_OK, ci
     cdef const char *zerr = NULL
     cdef long long got = 0
@@ -2357,13 +2370,8 @@ def find_pages(int fd, const int64_t[::1] flat, const int64_t[::1] firsts, Py_ss
         nsel = _span_sel(firsts, at, n, spans, sel)
         r0 = 0
         while r0 < nsel:
-            r1 = r0
-            while r1 + 1 < nsel and sel[r1 + 1] == sel[r1] + 1:
-                r1 += 1
-            base = flat[7 * (at + sel[r0]) + 1]
-            end = flat[7 * (at + sel[r1]) + 1] + flat[7 * (at + sel[r1]) + 2]
-            if base < 0 or end < base:
-                raise ValueError(f"page at offset {base} is out of place")
+            r1 = _run_last(sel, r0, nsel)
+            _run_bounds(flat, at + sel[r0], at + sel[r1], &base, &end)
             whole = fetched is not None
             if whole:
                 for i in range(r0, r1 + 1):
