@@ -24,9 +24,12 @@ from ..pages import PageError, Unsupported
 _SCAN_POOL: Any = None
 _SCAN_POOL_LOCK = threading.Lock()
 
-#: groups a FewGroups batch reads at once (their pages: ~2 content pages
-#: of ~14 KB and ~25 small ones a group, ~8 MB at most in flight)
+#: groups a FewGroups batch reads at once (a group's pages: ~2 content
+#: pages of ~14 KB and ~25 small ones; with AHEAD, a few MB in flight)
 WINDOW = 32
+#: windows staged (searched, their hit pages fetching) ahead of the one being
+#: built: 2 kept the scan threads fed (a rare search at 10,000,000 ~5% faster than 1)
+AHEAD = 2
 
 
 class Deferred:
@@ -150,12 +153,14 @@ class FewGroups:
         return Fetch(self._reader, [(rg, self._content_pages(rg)) for rg in self._rgs[at:at + WINDOW]])
 
     def _run(self, at: int) -> None:
-        """Window ``at`` done: staged (and the next one staged, its hit
+        """Window ``at`` done: staged (and the AHEAD next ones, their hit
         pages fetched meanwhile), then built."""
         if at not in self._staged:
             self._stage(at)
-        if at + WINDOW < len(self._rgs) and at + WINDOW not in self._staged:
-            self._stage(at + WINDOW)
+        for ahead in range(1, AHEAD + 1):
+            nxt = at + ahead * WINDOW
+            if nxt < len(self._rgs) and nxt not in self._staged:
+                self._stage(nxt)
         staged = self._staged.pop(at)
         if staged is None:
             return              # (each scanned alone, see result)
