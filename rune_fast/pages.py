@@ -39,10 +39,7 @@ import pyarrow as pa
 from ._pages import (Unsupported, chunk_pages, chunk_pages_mem, fetch_pages, find_pages, page_fields, page_kinds,
                      plain_strings, rows_pages, span_pages, take_rows, zstd_direct)
 
-__all__ = ["PageError", "PageReader", "Unsupported", "direct", "page_directories"]
-
-#: pages are fetched without the GIL (the system's libzstd is there: _pages.zstd_direct)
-direct = zstd_direct
+__all__ = ["PageError", "PageReader", "Unsupported", "page_directories", "zstd_direct"]
 
 #: row groups whose page directories a reader keeps
 _MAX_DIRS = 4096
@@ -453,7 +450,7 @@ class PageReader:
 
     def fetch(self, fields: np.ndarray) -> list[bytes]:
         """The pages ``fields`` names (:meth:`fields`), read, CRC-32 checked
-        and decompressed without the GIL (only where :func:`direct`)."""
+        and decompressed without the GIL (only where :func:`zstd_direct`)."""
         try:
             return fetch_pages(self._fd, fields)
         except ValueError as exc:

@@ -18,7 +18,7 @@ from .._names import tmp_name
 from .._order import order_key
 from ..errors import CorruptStateCheckpointError
 from .._search import find_spans, fold_find_list
-from ..pages import PageError, Unsupported, direct
+from ..pages import PageError, Unsupported, zstd_direct
 from ..segments import write_kept
 
 
@@ -632,7 +632,7 @@ class _Search(_Reads):
         batch = FewGroups(reader, few_rgs, found, built, scan,
                           lambda rg: reader.span_pages(rg, _CONTENT_COL, sp[rg]),
                           lambda rg, local: reader.rows_pages(rg, local, _OTHER_COLS)) \
-            if few_rgs and direct() else None
+            if few_rgs and zstd_direct() else None
         few_set = set(few_rgs)
         return {rg: (batch.handle(rg) if batch is not None else Deferred(scan, rg)) if rg in few_set
                 else pool.submit(scan, rg) for rg in rgs}
