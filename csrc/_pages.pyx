@@ -1511,13 +1511,26 @@ cdef enum:
     MAX_PAGE = 16 << 20
 
 
+cdef inline Py_ssize_t _page_at(const int64_t[::1] firsts, Py_ssize_t lo, Py_ssize_t n, int64_t row) noexcept:
+    """The last of the ``n`` pages from ``lo`` whose first row is at most
+    ``row`` (0 if none is): a binary search of their first rows."""
+    cdef Py_ssize_t a = 0, hi = n - 1, mid
+    while a < hi:
+        mid = (a + hi + 1) // 2
+        if firsts[lo + mid] <= row:
+            a = mid
+        else:
+            hi = mid - 1
+    return a
+
+
 cdef list _row_runs(int fd, const int64_t[::1] counts, const int64_t[::1] starts, const int64_t[::1] flat,
                     const int64_t[::1] firsts, object cols, int64_t row):
     """The bytes of the pages holding ``row`` in each column of ``cols``,
     read in runs (see GAP_BYTES): ``[(file offset, bytes), ...]``. A column
     whose directory entry looks wrong is left out (take_rows's own checks
     then name it when it reads it alone)."""
-    cdef Py_ssize_t ncols = counts.shape[0], npg = firsts.shape[0], nc = 0, i, t, lo, n, a, hi, mid
+    cdef Py_ssize_t ncols = counts.shape[0], npg = firsts.shape[0], nc = 0, i, t, lo, n, a, c
     cdef int64_t off, sz, rlo, rhi
     cdef list runs = []
     cdef bytes buf
@@ -1537,13 +1550,7 @@ cdef list _row_runs(int fd, const int64_t[::1] counts, const int64_t[::1] starts
             lo, n = starts[c], counts[c]
             if n <= 0 or lo < 0 or lo + n > npg or row < firsts[lo]:
                 continue
-            a, hi = 0, n - 1
-            while a < hi:
-                mid = (a + hi + 1) // 2
-                if firsts[lo + mid] <= row:
-                    a = mid
-                else:
-                    hi = mid - 1
+            a = _page_at(firsts, lo, n, row)
             want.append(lo + a)
             if flat[7 * (lo + a) + 5] >> 1 == K_RLE_DICT:
                 want.append(lo)         # (its dictionary page: the chunk's first)
@@ -1583,7 +1590,7 @@ cdef list _rows_pages(const int64_t[::1] counts, const int64_t[::1] starts, cons
     column whose page of rows holds dictionary indices. A column whose
     directory entry looks wrong is left out (take_rows's own checks then
     name it when it reads it alone)."""
-    cdef Py_ssize_t ncols = counts.shape[0], npg = firsts.shape[0], m = rows.shape[0], lo, n, a, hi, mid, i
+    cdef Py_ssize_t ncols = counts.shape[0], npg = firsts.shape[0], m = rows.shape[0], lo, n, a, i
     cdef Py_ssize_t last, c
     cdef list want = []
     for c in (range(ncols) if cols is None else cols):
@@ -1592,13 +1599,7 @@ cdef list _rows_pages(const int64_t[::1] counts, const int64_t[::1] starts, cons
         lo, n = starts[c], counts[c]
         if n <= 0 or lo < 0 or lo + n > npg or rows[0] < firsts[lo]:
             continue
-        a, hi = 0, n - 1
-        while a < hi:
-            mid = (a + hi + 1) // 2
-            if firsts[lo + mid] <= rows[0]:
-                a = mid
-            else:
-                hi = mid - 1
+        a = _page_at(firsts, lo, n, rows[0])
         last = -1
         for i in range(m):
             while a + 1 < n and firsts[lo + a + 1] <= rows[i]:
@@ -1919,7 +1920,7 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
     in the group, a CRC mismatch, a page that decompresses to another size
     or whose values do not parse; OSError if a read fails."""
     cdef Py_ssize_t m = rows.shape[0], ncols = counts.shape[0], npg = flat.shape[0] // 7
-    cdef Py_ssize_t i, j, q, u, lo, n, a, b, nk, w, total, hi, mid, cnt, ndict = 0, dk
+    cdef Py_ssize_t i, j, q, u, lo, n, a, b, nk, w, total, cnt, ndict = 0, dk
     cdef int64_t base, end, off, csize, stop
     cdef Py_ssize_t *page_of
     cdef Py_ssize_t *ks
@@ -1973,13 +1974,7 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
                 raise ValueError(f"rows {rows[0]}..{rows[m - 1]} are not all in the row group "
                                  f"(column {c})")
             # the page of each row: a binary search for the first, then forward
-            a, hi = 0, n - 1
-            while a < hi:
-                mid = (a + hi + 1) // 2
-                if firsts[lo + mid] <= rows[0]:
-                    a = mid
-                else:
-                    hi = mid - 1
+            a = _page_at(firsts, lo, n, rows[0])
             nk = 0
             for i in range(m):
                 while a + 1 < n and firsts[lo + a + 1] <= rows[i]:
