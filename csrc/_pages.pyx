@@ -1587,7 +1587,8 @@ cdef list _rows_pages(const int64_t[::1] counts, const int64_t[::1] starts, cons
                       const int64_t[::1] firsts, object cols, const int64_t[::1] rows):
     """The directory indices of the pages holding ``rows`` (ascending) in
     each column of ``cols`` (None: all), and of the dictionary page of a
-    column whose page of rows holds dictionary indices. A column whose
+    column whose page of rows holds dictionary indices, each once (a
+    column asked twice: its pages twice). A column whose
     directory entry looks wrong is left out (take_rows's own checks then
     name it when it reads it alone)."""
     cdef Py_ssize_t ncols = counts.shape[0], npg = firsts.shape[0], m = rows.shape[0], lo, n, a, i
@@ -1618,13 +1619,14 @@ cdef bint _fetchable(int64_t off, int64_t sz, int64_t us, int64_t flags) noexcep
 
 
 cdef dict _fetch_pages(int fd, const int64_t[::1] flat, list want):
-    """Pages ``want`` (directory indices) fetched by :func:`_fetch_rows`:
-    ``{index: page bytes}``. A page whose directory entry looks wrong is
-    left out (the caller reads it alone, which names it)."""
+    """Pages ``want`` (directory indices, each once: :func:`_rows_pages`)
+    fetched by :func:`_fetch_rows`: ``{index: page bytes}``. A page whose
+    directory entry looks wrong is left out (the caller reads it alone,
+    which names it)."""
     cdef list keep = []
     cdef int64_t a
     for a in want:
-        if _fetchable(flat[7 * a + 1], flat[7 * a + 2], flat[7 * a + 3], flat[7 * a + 5]) and a not in keep:
+        if _fetchable(flat[7 * a + 1], flat[7 * a + 2], flat[7 * a + 3], flat[7 * a + 5]):
             keep.append(a)
     if not keep:
         return {}
