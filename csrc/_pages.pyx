@@ -1348,24 +1348,31 @@ cdef inline uint64_t _bits(const unsigned char *p, Py_ssize_t nbytes, uint64_t b
     return v
 
 
-cdef uint64_t _uleb(const unsigned char *p, Py_ssize_t n, Py_ssize_t *pos) except? 0xFFFFFFFFFFFFFFFF:
+cdef int _uleb(const unsigned char *p, Py_ssize_t n, Py_ssize_t *pos, uint64_t *out,
+               const char **why) noexcept nogil:
+    """The varint at ``pos[0]`` into ``out`` (``pos`` moved past it); -1
+    and ``why`` if it runs past ``n`` or is too long."""
     cdef uint64_t r = 0
     cdef int shift = 0
     cdef unsigned char b
     while True:
         if pos[0] >= n:
-            raise ValueError("encoded page ends inside a varint")
+            why[0] = "encoded page ends inside a varint"
+            return -1
         b = p[pos[0]]
         pos[0] += 1
         r |= (<uint64_t>(b & 0x7F)) << shift
         if b < 0x80:
-            return r
+            out[0] = r
+            return 0
         shift += 7
         if shift > 63:
-            raise ValueError("varint too long in an encoded page")
+            why[0] = "varint too long in an encoded page"
+            return -1
 
 
-cdef int _rle_indices(const unsigned char *p, Py_ssize_t n, Py_ssize_t count, uint32_t *out) except -1:
+cdef int _rle_indices(const unsigned char *p, Py_ssize_t n, Py_ssize_t count, uint32_t *out,
+                      const char **why) noexcept nogil:
     """The first ``count`` dictionary indices of a v1 RLE_DICTIONARY data
     page's bytes ``p[:n]`` (its bit width, then RLE and bit-packed runs)."""
     cdef Py_ssize_t pos = 1, got = 0, k, take, nbytes, width, t
@@ -1373,20 +1380,25 @@ cdef int _rle_indices(const unsigned char *p, Py_ssize_t n, Py_ssize_t count, ui
     cdef uint32_t v
     cdef int bw
     if n < 1:
-        raise ValueError("dictionary-index page is empty")
+        why[0] = "dictionary-index page is empty"
+        return -1
     bw = p[0]
     if bw > 32:
-        raise ValueError(f"dictionary-index page has bit width {bw}")
+        why[0] = "dictionary-index page has a bit width above 32"
+        return -1
     width = (bw + 7) >> 3
     while got < count:
-        h = _uleb(p, n, &pos)
+        if _uleb(p, n, &pos, &h, why) < 0:
+            return -1
         if h & 1:
             groups = h >> 1
             if groups == 0 or groups > <uint64_t>(n - pos):
-                raise ValueError(f"bit-packed run of {groups} groups runs past its page")
+                why[0] = "bit-packed run runs past its page"
+                return -1
             nbytes = <Py_ssize_t>groups * bw
             if nbytes > n - pos:
-                raise ValueError(f"bit-packed run of {groups} groups runs past its page")
+                why[0] = "bit-packed run runs past its page"
+                return -1
             take = min(<Py_ssize_t>groups * 8, count - got)
             for k in range(take):
                 out[got + k] = <uint32_t>_bits(p + pos, nbytes, <uint64_t>k * bw, bw)
@@ -1395,7 +1407,8 @@ cdef int _rle_indices(const unsigned char *p, Py_ssize_t n, Py_ssize_t count, ui
         else:
             rep = h >> 1
             if rep == 0 or width > n - pos:
-                raise ValueError("RLE run is empty or runs past its page")
+                why[0] = "RLE run is empty or runs past its page"
+                return -1
             v = 0
             for t in range(width):
                 v |= (<uint32_t>p[pos + t]) << (8 * t)
@@ -1408,7 +1421,7 @@ cdef int _rle_indices(const unsigned char *p, Py_ssize_t n, Py_ssize_t count, ui
 
 
 cdef int _delta_values(const unsigned char *p, Py_ssize_t n, Py_ssize_t count, int64_t nvals, int w,
-                       unsigned char *out) except -1:
+                       unsigned char *out, const char **why) noexcept nogil:
     """The first ``count`` values of a DELTA_BINARY_PACKED page's bytes
     ``p[:n]`` (whose header says ``nvals``), as ``w``-byte little-endian
     integers (4 or 8) into ``out``. Arithmetic wraps, as the format's."""
@@ -1417,14 +1430,18 @@ cdef int _delta_values(const unsigned char *p, Py_ssize_t n, Py_ssize_t count, i
     cdef uint32_t v32
     cdef int bw
     cdef const unsigned char *widths
-    block = _uleb(p, n, &pos)
-    minis = _uleb(p, n, &pos)
-    total = _uleb(p, n, &pos)
-    zz = _uleb(p, n, &pos)
+    if _uleb(p, n, &pos, &block, why) < 0:
+        return -1
+    if _uleb(p, n, &pos, &minis, why) < 0:
+        return -1
+    if _uleb(p, n, &pos, &total, why) < 0:
+        return -1
+    if _uleb(p, n, &pos, &zz, why) < 0:
+        return -1
     if (block == 0 or block % 128 or minis == 0 or block % minis or (block // minis) % 32
             or block > 1 << 20 or <int64_t>total != nvals or count > nvals):
-        raise ValueError(f"DELTA_BINARY_PACKED header: block {block}, {minis} miniblocks, "
-                         f"{total} values (the page says {nvals})")
+        why[0] = "DELTA_BINARY_PACKED header does not hold together"
+        return -1
     per = block // minis
     last = (zz >> 1) ^ (-(zz & 1))
     got = 0
@@ -1437,10 +1454,12 @@ cdef int _delta_values(const unsigned char *p, Py_ssize_t n, Py_ssize_t count, i
             memcpy(out, &v32, 4)
         got = 1
     while got < count:
-        zz = _uleb(p, n, &pos)
+        if _uleb(p, n, &pos, &zz, why) < 0:
+            return -1
         md = (zz >> 1) ^ (-(zz & 1))
         if <uint64_t>(n - pos) < minis:
-            raise ValueError("DELTA_BINARY_PACKED block ends inside its bit widths")
+            why[0] = "DELTA_BINARY_PACKED block ends inside its bit widths"
+            return -1
         widths = p + pos
         pos += <Py_ssize_t>minis
         for m in range(<Py_ssize_t>minis):
@@ -1448,12 +1467,14 @@ cdef int _delta_values(const unsigned char *p, Py_ssize_t n, Py_ssize_t count, i
                 break
             bw = widths[m]
             if bw > 64:
-                raise ValueError(f"DELTA_BINARY_PACKED miniblock of bit width {bw}")
+                why[0] = "DELTA_BINARY_PACKED miniblock of a bit width above 64"
+                return -1
             mbytes = <Py_ssize_t>(per * bw // 8)
             avail = min(mbytes, n - pos)
             take = <Py_ssize_t>min(per, <uint64_t>(count - got))
             if <uint64_t>take * bw > <uint64_t>avail * 8:
-                raise ValueError("DELTA_BINARY_PACKED miniblock runs past its page")
+                why[0] = "DELTA_BINARY_PACKED miniblock runs past its page"
+                return -1
             if bw <= 56 and w == 8:
                 # (the common case in one tight loop: an 8-byte load a value)
                 mask = ((<uint64_t>1) << bw) - 1
@@ -1483,7 +1504,9 @@ def decode_rle_indices(bytes page, Py_ssize_t count):
     list (tests; take_rows decodes in place)."""
     cdef bytes buf = PyBytes_FromStringAndSize(NULL, max(count, 1) * 4)
     cdef uint32_t *o = <uint32_t *>PyBytes_AS_STRING(buf)
-    _rle_indices(<const unsigned char *>PyBytes_AS_STRING(page), PyBytes_GET_SIZE(page), count, o)
+    cdef const char *why = NULL
+    if _rle_indices(<const unsigned char *>PyBytes_AS_STRING(page), PyBytes_GET_SIZE(page), count, o, &why) < 0:
+        raise ValueError(why.decode())
     return [o[k] for k in range(count)]
 
 
@@ -1494,8 +1517,10 @@ def decode_delta(bytes page, Py_ssize_t count, int64_t nvals, int w=8):
     if w != 4 and w != 8:
         raise ValueError("decode_delta: w is 4 or 8")
     cdef bytes buf = PyBytes_FromStringAndSize(NULL, count * w)
-    _delta_values(<const unsigned char *>PyBytes_AS_STRING(page), PyBytes_GET_SIZE(page), count, nvals, w,
-                  <unsigned char *>PyBytes_AS_STRING(buf))
+    cdef const char *why = NULL
+    if _delta_values(<const unsigned char *>PyBytes_AS_STRING(page), PyBytes_GET_SIZE(page), count, nvals, w,
+                     <unsigned char *>PyBytes_AS_STRING(buf), &why) < 0:
+        raise ValueError(why.decode())
     return buf
 
 
@@ -1943,6 +1968,7 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
     cdef unsigned char *dp
     cdef int32_t[::1] ov
     cdef Py_ssize_t c
+    cdef const char *why = NULL
     if m == 0:
         return out
     if starts.shape[0] != ncols or widths.shape[0] != ncols or firsts.shape[0] != npg:
@@ -2016,11 +2042,10 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
                             raise ValueError(f"page at offset {off}: DELTA_BINARY_PACKED values "
                                              f"of a column of {w}-byte values")
                         got = PyBytes_FromStringAndSize(NULL, cnt * w)
-                        try:
-                            _delta_values(<const unsigned char *>PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw),
-                                          cnt, flat[j + 6], <int>w, <unsigned char *>PyBytes_AS_STRING(got))
-                        except ValueError as exc:
-                            raise ValueError(f"page at offset {off}: {exc}") from None
+                        if _delta_values(<const unsigned char *>PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw),
+                                         cnt, flat[j + 6], <int>w, <unsigned char *>PyBytes_AS_STRING(got),
+                                         &why) < 0:
+                            raise ValueError(f"page at offset {off}: {why.decode()}")
                         raws.append(got)
                         idxs.append(None)
                     elif kind == K_RLE_DICT:
@@ -2055,11 +2080,9 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
                             raise ValueError(f"row {cnt - 1} is past the page at offset {off}")
                         idx = PyBytes_FromStringAndSize(NULL, cnt * 4)
                         ix = <const uint32_t *>PyBytes_AS_STRING(idx)
-                        try:
-                            _rle_indices(<const unsigned char *>PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw),
-                                         cnt, <uint32_t *>ix)
-                        except ValueError as exc:
-                            raise ValueError(f"page at offset {off}: {exc}") from None
+                        if _rle_indices(<const unsigned char *>PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw),
+                                        cnt, <uint32_t *>ix, &why) < 0:
+                            raise ValueError(f"page at offset {off}: {why.decode()}")
                         for dk in range(cnt):
                             if ix[dk] >= ndict:
                                 raise ValueError(f"page at offset {off}: dictionary index {ix[dk]} "
@@ -2138,6 +2161,321 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
         free(vlen)
         free(need)
     return out
+
+
+cdef struct _TGroup:
+    const int64_t *counts
+    const int64_t *starts
+    const int64_t *flat
+    const int64_t *firsts
+    const int64_t *rows
+    Py_ssize_t ncols, npg, m, at       # at: the group's first row in the outputs
+    bint bad
+
+
+cdef inline const int64_t *_i64p(object a, Py_ssize_t *n) except? NULL:
+    cdef const int64_t[::1] v = a
+    n[0] = v.shape[0]
+    return &v[0] if v.shape[0] else NULL
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef int _take_col(_TGroup *g, Py_ssize_t c, Py_ssize_t w, const Py_ssize_t *slots, Py_ssize_t dslot,
+                   const unsigned char **pp, const Py_ssize_t *pn, unsigned char *fixed,
+                   const unsigned char **sp, uint32_t *sl, Py_ssize_t stride, Py_ssize_t ci) noexcept nogil:
+    """Column ``c`` of group ``g``'s rows from its fetched pages (``slots``:
+    each (row, column)'s page among ``pp``/``pn``; ``dslot``: the column's dictionary
+    page, or -1): fixed-width values into ``fixed`` (``w`` bytes a row),
+    strings as (pointer, length) pairs at ``sp``/``sl`` (``stride`` a row,
+    column ``ci``). -1 where the pages do not hold the rows as the
+    directory says (no exception: the caller reads the group alone, which
+    names what is wrong)."""
+    cdef Py_ssize_t lo = g.starts[c], i = 0, a, j, cnt, q, k = 0, pos = 0, plen, ndict = 0, dk
+    cdef int64_t pfirst, nvals
+    cdef int kind
+    cdef uint32_t ln, ix
+    cdef const unsigned char *pb
+    cdef const unsigned char *db = NULL
+    cdef Py_ssize_t dn = 0
+    cdef unsigned char *scratch = NULL
+    cdef Py_ssize_t *dpos = NULL
+    cdef uint32_t *dlen = NULL
+    cdef const char *why = NULL
+    try:
+        while i < g.m:
+            # rows i..q-1 share a page
+            q = i + 1
+            while q < g.m and slots[(g.at + q) * stride + ci] == slots[(g.at + i) * stride + ci]:
+                q += 1
+            a = _page_at_p(g.firsts, lo, g.counts[c], g.rows[i])
+            j = 7 * (lo + a)
+            pfirst, nvals = g.flat[j], g.flat[j + 6]
+            kind = <int>(g.flat[j + 5] >> 1)
+            pb, plen = pp[slots[(g.at + i) * stride + ci]], pn[slots[(g.at + i) * stride + ci]]
+            cnt = g.rows[q - 1] - pfirst + 1
+            if g.rows[i] < pfirst or cnt > nvals:
+                return -1
+            if kind == K_PLAIN and w:
+                if plen != w * nvals:
+                    return -1
+                for k in range(i, q):
+                    memcpy(fixed + (g.at + k) * w, pb + (g.rows[k] - pfirst) * w, w)
+            elif kind == K_PLAIN:
+                k, pos = 0, 0
+                for dk in range(i, q):
+                    pos = _plain_skip(pb, plen, pos, k, g.rows[dk] - pfirst, &ln)
+                    if pos < 0:
+                        return -1
+                    sp[(g.at + dk) * stride + ci] = pb + pos
+                    sl[(g.at + dk) * stride + ci] = ln
+                    k = g.rows[dk] - pfirst + 1
+                    pos += ln
+            elif kind == K_DELTA:
+                if w != 4 and w != 8:
+                    return -1
+                scratch = <unsigned char *>malloc(cnt * w)
+                if scratch == NULL:
+                    return -1
+                if _delta_values(pb, plen, cnt, nvals, <int>w, scratch, &why) < 0:
+                    return -1
+                for k in range(i, q):
+                    memcpy(fixed + (g.at + k) * w, scratch + (g.rows[k] - pfirst) * w, w)
+                free(scratch)
+                scratch = NULL
+            elif kind == K_RLE_DICT:
+                if dslot < 0 or g.flat[7 * lo + 5] >> 1 != K_DICT:
+                    return -1
+                if db == NULL:
+                    db, dn, ndict = pp[dslot], pn[dslot], g.flat[7 * lo + 6]
+                    if w and dn != w * ndict:
+                        return -1
+                    if not w:
+                        dpos = <Py_ssize_t *>malloc((ndict + 1) * sizeof(Py_ssize_t))
+                        dlen = <uint32_t *>malloc((ndict + 1) * sizeof(uint32_t))
+                        if dpos == NULL or dlen == NULL:
+                            return -1
+                        pos = 0
+                        for dk in range(ndict):
+                            pos = _plain_skip(db, dn, pos, dk, dk, &ln)
+                            if pos < 0:
+                                return -1
+                            dpos[dk], dlen[dk] = pos, ln
+                            pos += ln
+                scratch = <unsigned char *>malloc(cnt * 4)
+                if scratch == NULL:
+                    return -1
+                if _rle_indices(pb, plen, cnt, <uint32_t *>scratch, &why) < 0:
+                    return -1
+                for k in range(i, q):
+                    ix = (<uint32_t *>scratch)[g.rows[k] - pfirst]
+                    if ix >= ndict:
+                        return -1
+                    if w:
+                        memcpy(fixed + (g.at + k) * w, db + ix * w, w)
+                    else:
+                        sp[(g.at + k) * stride + ci] = db + dpos[ix]
+                        sl[(g.at + k) * stride + ci] = dlen[ix]
+                free(scratch)
+                scratch = NULL
+            else:
+                return -1
+            i = q
+    finally:
+        free(scratch)
+        free(dpos)
+        free(dlen)
+    return 0
+
+
+cdef inline Py_ssize_t _page_at_p(const int64_t *firsts, Py_ssize_t lo, Py_ssize_t n, int64_t row) noexcept nogil:
+    cdef Py_ssize_t a = 0, hi = n - 1, mid
+    while a < hi:
+        mid = (a + hi + 1) // 2
+        if firsts[lo + mid] <= row:
+            a = mid
+        else:
+            hi = mid - 1
+    return a
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def take_many(int fd, list dirs, list rowss, list cols, const int64_t[::1] widths):
+    """:func:`take_rows` of many row groups of one file at once: group g's
+    directory ``dirs[g]`` (``(counts, flat, firsts, starts)``, as
+    ``PageReader`` keeps it) and rows ``rowss[g]`` (int64, ascending), the
+    columns ``cols`` of each. Every page they need is read, CRC-32 checked
+    and decompressed in one stretch without the GIL (:func:`_fetch_rows`),
+    then the rows' values are found in them, also without the GIL: the
+    search's scan threads read the hits of many groups while its own
+    thread builds records. A list a group: what take_rows returns for it,
+    or None where its directory, its pages or its values do not hold
+    together (the caller reads that group alone, which names the damage).
+    ValueError naming the page (by offset) for a page of the batch that
+    fails its CRC or does not decompress; OSError if a read fails. Only
+    with the system's libzstd (:func:`zstd_direct`)."""
+    cdef Py_ssize_t G = len(dirs), nc = len(cols), gi, ci, c, i, a, n, last, ns = 0, R = 0, w, total
+    cdef Py_ssize_t n1, n2, n3, n4, n5, k
+    cdef _TGroup *gs = NULL
+    cdef Py_ssize_t *slots = NULL          # (row, column) -> its page's slot
+    cdef Py_ssize_t *dslots = NULL         # (group, column) -> its dictionary page's slot, or -1
+    cdef const unsigned char **pp = NULL
+    cdef Py_ssize_t *pn = NULL
+    cdef unsigned char **fixed = NULL
+    cdef const unsigned char **sp = NULL
+    cdef uint32_t *sl = NULL
+    cdef int64_t[:, ::1] fields
+    cdef list want = [], pages, out, res
+    cdef bytes b, data
+    cdef unsigned char *dp
+    cdef int32_t[::1] ov
+    cdef int64_t j
+    cdef int *cs = NULL
+    cdef _TGroup *g
+    cdef object d
+    if not rf_zstd_ready():
+        raise ValueError("take_many: no libzstd")
+    if len(rowss) != G:
+        raise ValueError("take_many: a list of rows a group")
+    try:
+        gs = <_TGroup *>malloc((G + 1) * sizeof(_TGroup))
+        dslots = <Py_ssize_t *>malloc((G * nc + 1) * sizeof(Py_ssize_t))
+        cs = <int *>malloc((nc + 1) * sizeof(int))
+        if gs == NULL or dslots == NULL or cs == NULL:
+            raise MemoryError()
+        for ci in range(nc):
+            c = cols[ci]
+            cs[ci] = <int>c
+        for gi in range(G):
+            d = dirs[gi]
+            gs[gi].counts = _i64p(d[0], &n1)
+            gs[gi].flat = _i64p(d[1], &n2)
+            gs[gi].firsts = _i64p(d[2], &n3)
+            gs[gi].starts = _i64p(d[3], &n4)
+            gs[gi].rows = _i64p(rowss[gi], &n5)
+            gs[gi].ncols, gs[gi].npg, gs[gi].m, gs[gi].at = n1, n3, n5, R
+            gs[gi].bad = n4 != n1 or widths.shape[0] != n1 or n2 != 7 * n3
+            R += n5
+        slots = <Py_ssize_t *>malloc((R * nc + 1) * sizeof(Py_ssize_t))
+        if slots == NULL:
+            raise MemoryError()
+        # which pages: each page of a column once, its dictionary page once
+        for gi in range(G):
+            g = &gs[gi]
+            for i in range(1, g.m):
+                if g.rows[i] <= g.rows[i - 1]:
+                    g.bad = True
+            for ci in range(nc):
+                dslots[gi * nc + ci] = -1
+                if g.bad or g.m == 0:
+                    break
+                c = cs[ci]
+                if not 0 <= c < g.ncols:
+                    g.bad = True
+                    break
+                a, n = g.starts[c], g.counts[c]
+                if n <= 0 or a < 0 or a + n > g.npg or g.rows[0] < g.firsts[a] \
+                        or g.rows[g.m - 1] >= g.flat[7 * (a + n - 1)] + g.flat[7 * (a + n - 1) + 6]:
+                    g.bad = True
+                    break
+                if g.flat[7 * a + 5] >> 1 == K_DICT:
+                    # (the chunk's first page: fetched in file order, before its data pages)
+                    if not _fetchable(g.flat[7 * a + 1], g.flat[7 * a + 2], g.flat[7 * a + 3], g.flat[7 * a + 5]):
+                        g.bad = True
+                        break
+                    want.append((gi, a))
+                    dslots[gi * nc + ci] = ns
+                    ns += 1
+                last = -1
+                for i in range(g.m):
+                    k = a + _page_at_p(g.firsts, a, n, g.rows[i])
+                    if k != last:
+                        if not _fetchable(g.flat[7 * k + 1], g.flat[7 * k + 2], g.flat[7 * k + 3],
+                                          g.flat[7 * k + 5]):
+                            g.bad = True
+                            break
+                        want.append((gi, k))
+                        ns += 1
+                        last = k
+                    slots[(g.at + i) * nc + ci] = ns - 1
+                if g.bad:
+                    break
+        fields = np.empty((ns, 5), dtype=np.int64)
+        for i in range(ns):
+            gi, k = want[i]
+            for a in range(5):
+                fields[i, a] = gs[gi].flat[7 * k + 1 + a]
+        pages = _fetch_rows(fd, fields) if ns else []
+        pp = <const unsigned char **>malloc((ns + 1) * sizeof(char *))
+        pn = <Py_ssize_t *>malloc((ns + 1) * sizeof(Py_ssize_t))
+        fixed = <unsigned char **>malloc((nc + 1) * sizeof(char *))
+        sp = <const unsigned char **>malloc((R * nc + 1) * sizeof(char *))
+        sl = <uint32_t *>malloc((R * nc + 1) * sizeof(uint32_t))
+        if pp == NULL or pn == NULL or fixed == NULL or sp == NULL or sl == NULL:
+            raise MemoryError()
+        for ci in range(nc):
+            fixed[ci] = NULL
+        for ci in range(nc):
+            w = widths[cs[ci]] if 0 <= cs[ci] < widths.shape[0] else 0
+            if w:
+                fixed[ci] = <unsigned char *>malloc(R * w + 1)
+                if fixed[ci] == NULL:
+                    raise MemoryError()
+        for i in range(ns):
+            b = <bytes>pages[i]
+            pp[i] = <const unsigned char *>PyBytes_AS_STRING(b)
+            pn[i] = PyBytes_GET_SIZE(b)
+        with nogil:
+            for gi in range(G):
+                g = &gs[gi]
+                if g.bad or g.m == 0:
+                    continue
+                for ci in range(nc):
+                    w = widths[cs[ci]]
+                    if _take_col(g, cs[ci], w, slots, dslots[gi * nc + ci], pp, pn, fixed[ci], sp, sl,
+                                 nc, ci) < 0:
+                        g.bad = True
+                        break
+        out = []
+        for gi in range(G):
+            g = &gs[gi]
+            if g.m == 0 or g.bad:
+                out.append([] if g.m == 0 else None)    # (no rows: take_rows's [] too)
+                continue
+            res = []
+            for ci in range(nc):
+                w = widths[cs[ci]]
+                if w:
+                    res.append(PyBytes_FromStringAndSize(<char *>fixed[ci] + g.at * w, g.m * w))
+                    continue
+                total = 0
+                for i in range(g.m):
+                    total += sl[(g.at + i) * nc + ci]
+                if total >= 0x7FFFFFFF:
+                    raise ValueError(f"take_many: column {cs[ci]} values hold 2 GiB or more")
+                data = PyBytes_FromStringAndSize(NULL, total)
+                dp = <unsigned char *>PyBytes_AS_STRING(data)
+                offs = _np_empty(g.m + 1, _I32)
+                ov = offs
+                total = 0
+                ov[0] = 0
+                for i in range(g.m):
+                    k = (g.at + i) * nc + ci
+                    if sl[k]:
+                        memcpy(dp + total, sp[k], sl[k])
+                    total += sl[k]
+                    ov[i + 1] = <int32_t>total
+                res.append((data, offs))
+            out.append(res)
+        return out
+    finally:
+        if fixed != NULL:
+            for ci in range(nc):
+                free(fixed[ci])
+        free(gs); free(slots); free(dslots); free(pp); free(pn); free(fixed); free(sp); free(sl); free(cs)
+
+
 
 
 @cython.boundscheck(False)

@@ -37,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 
 from ._pages import (Unsupported, chunk_pages, chunk_pages_mem, fetch_pages, find_pages, page_fields, page_kinds,
-                     plain_strings, rows_pages, span_pages, take_rows, zstd_direct)
+                     plain_strings, rows_pages, span_pages, take_many, take_rows, zstd_direct)
 
 __all__ = ["PageError", "PageReader", "Unsupported", "page_directories", "zstd_direct"]
 
@@ -453,6 +453,28 @@ class PageReader:
         and decompressed without the GIL (only where :func:`zstd_direct`)."""
         try:
             return fetch_pages(self._fd, fields)
+        except ValueError as exc:
+            raise PageError(f"{self.path}: {exc}") from None
+
+    def dirs(self, rgs: list[int]) -> list[Any]:
+        """The page directories of groups ``rgs`` (as kept), for :meth:`take_many`."""
+        return [self._packed(rg)[0] for rg in rgs]
+
+    def take_many(self, rgs: list[int], locals_: list[list[int]], cols: list[int],
+                  dirs: list[Any] | None = None) -> list[list[Any] | None]:
+        """:meth:`take` of the rows ``locals_[g]`` of each group ``rgs[g]``
+        (``cols`` of each), every page they need fetched in one stretch and
+        their values found, both without the GIL (``_pages.take_many``;
+        only where :func:`zstd_direct`). ``dirs``: their directories
+        (:meth:`dirs`), found beforehand on the asking thread. None for a
+        group whose directory, pages or values do not hold together (its
+        own :meth:`take` names what is wrong); PageError for a page that
+        fails its CRC or does not decompress."""
+        if dirs is None:
+            dirs = self.dirs(rgs)
+        try:
+            return take_many(self._fd, dirs, [np.array(loc, dtype=np.int64) for loc in locals_], cols,
+                             self._widths)
         except ValueError as exc:
             raise PageError(f"{self.path}: {exc}") from None
 

@@ -121,3 +121,34 @@ def test_a_flipped_byte_in_a_hit_page_is_named(many, tmp_path, column):
         assert name in str(e.value)
         with pytest.raises(CorruptStateCheckpointError):
             a.search_records("ZEBRACORN", record_type=ConversationMessageRecord)
+
+
+@pytest.mark.skipif(not zstd_direct(), reason="take_many needs the system's libzstd")
+def test_hits_are_read_by_take_many_and_a_group_it_declines_alone(many, monkeypatch):
+    """With a record type, a window's hits are read in one take_many (their
+    other columns, without the GIL), not a take a group; a group it answers
+    None for (its directory or pages do not hold together) reads its own."""
+    d, files, rows = many
+    calls = {"many": 0, "take": 0}
+    real_many, real_take = PageReader.take_many, PageReader.take
+
+    def many_(self, rgs, locals_, cols, dirs=None):
+        calls["many"] += 1
+        got = real_many(self, rgs, locals_, cols, dirs)
+        return [None if i % 2 else g for i, g in enumerate(got)]
+
+    def take(self, rg, local, cols=None, fetched=None):
+        calls["take"] += 1
+        return real_take(self, rg, local, cols, fetched)
+    monkeypatch.setattr(PageReader, "take_many", many_)
+    monkeypatch.setattr(PageReader, "take", take)
+    a = _open(d, files)
+    by_id = {r["msg_id"]: r for r in rows}
+    for needle in RARE:
+        built = a.search_records(needle, record_type=ConversationMessageRecord)
+        assert not built.rows
+        assert sorted(r.msg_id for r in built.records) == _want(rows, needle)
+        for r in built.records:
+            assert r.content == by_id[r.msg_id]["content"] and r.ts == by_id[r.msg_id]["ts"]
+    assert calls["many"] >= len(RARE)
+    assert 0 < calls["take"] < calls["many"] * cool_scan.WINDOW

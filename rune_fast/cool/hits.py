@@ -42,7 +42,7 @@ class CoolHits:
 
 
 def _hit_records(reader: Any, rg: int, local: list[int], contents: list[bytes],
-                 record_type: type, fetched: dict[int, bytes] | None = None) -> tuple[list, list[int]]:
+                 record_type: type, taken: list[Any] | None = None) -> tuple[list, list[int]]:
     """The records (None: a row left to the caller) and ords of the rows
     ``local`` (ascending) of row group ``rg``, whose content values a scan
     matched in their pages (``contents``, CRC-checked bytes): the other
@@ -51,8 +51,10 @@ def _hit_records(reader: Any, rg: int, local: list[int], contents: list[bytes],
     (``records_from_columns``). PageError where the pages or values do not
     hold together (the caller's read names the damage). Runs on a scan
     thread: touches nothing of the archive but the file's reader.
-    ``fetched``: the pages read ahead for them (``PageReader.take``)."""
-    cols = dict(zip(_OTHER_COLS, reader.take(rg, local, _OTHER_COLS, fetched)))
+    ``taken``: their other columns, read ahead (``PageReader.take_many``)."""
+    if taken is None:
+        taken = reader.take(rg, local, _OTHER_COLS)
+    cols = dict(zip(_OTHER_COLS, taken))
     lens = np.fromiter(map(len, contents), dtype=np.int64, count=len(contents))
     offs = np.zeros(len(contents) + 1, dtype=np.int64)
     np.cumsum(lens, out=offs[1:])

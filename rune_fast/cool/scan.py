@@ -7,9 +7,12 @@ the archive): each such group costs a content page or two and, for its
 hits, a page of each other column, ~14 small zstd frames. Group by group,
 the GIL would be taken and given back around every page, so two threads
 ran no faster than one. :class:`FewGroups` reads a window of groups at a
-time instead: the pages of all of them in two batches side by side, each
-one stretch without the GIL (``PageReader.fetch``), then each group is
-searched and its hits built from those pages on the asking thread.
+time instead, in two batches each one stretch without the GIL: the content
+pages of all of them (``PageReader.fetch``), searched on the asking
+thread, then their hits' other columns (``PageReader.take_many``: pages
+fetched and values found), from which the asking thread builds the
+records. The batches run on a helper thread, or on the asking thread when
+it gets to one no helper has started.
 """
 from __future__ import annotations
 
@@ -22,14 +25,23 @@ import numpy as np
 from ..pages import PageError, Unsupported
 
 _SCAN_POOL: Any = None
+_FEW_POOL: Any = None
 _SCAN_POOL_LOCK = threading.Lock()
 
 #: groups a FewGroups batch reads at once (a group's pages: ~2 content
 #: pages of ~14 KB and ~25 small ones; with AHEAD, a few MB in flight)
 WINDOW = 32
-#: windows staged (searched, their hit pages fetching) ahead of the one being
+#: windows staged (searched, their hits reading) ahead of the one being
 #: built: 2 kept the scan threads fed (a rare search at 10,000,000 ~5% faster than 1)
 AHEAD = 2
+#: threads that read FewGroups' batches beside the search's own, which reads
+#: a batch itself when it gets to one no helper has started (Ahead, Fetch):
+#: one fewer than the cores, at most 2. On 2 cores the search's thread and
+#: two helpers were three threads on two: a rare search at 10,000,000
+#: (18,000 hits) took 1.50 s, with one helper 1.28 s (less CPU too: 2.05 s
+#: against 2.30). The other scans keep two threads (scan_pool): their
+#: thread waits on them, it does not help.
+FEW_HELPERS = min(2, max(1, (os.cpu_count() or 2) - 1))
 
 
 class Deferred:
@@ -56,11 +68,21 @@ def scan_pool() -> Any:
         return _SCAN_POOL
 
 
+def few_pool() -> Any:
+    """The FEW_HELPERS threads that read FewGroups' batches."""
+    global _FEW_POOL
+    with _SCAN_POOL_LOCK:
+        if _FEW_POOL is None:
+            from concurrent.futures import ThreadPoolExecutor
+            _FEW_POOL = ThreadPoolExecutor(max_workers=FEW_HELPERS, thread_name_prefix="rune-fast-few")
+        return _FEW_POOL
+
+
 def _forget_scan_pool() -> None:
     # A forked child has none of the parent's threads: a pool inherited from
     # it would queue work that nothing runs. The child makes its own.
-    global _SCAN_POOL, _SCAN_POOL_LOCK
-    _SCAN_POOL = None
+    global _SCAN_POOL, _FEW_POOL, _SCAN_POOL_LOCK
+    _SCAN_POOL = _FEW_POOL = None
     _SCAN_POOL_LOCK = threading.Lock()
 
 
@@ -85,8 +107,13 @@ class Fetch:
 
     def start(self) -> "Fetch":
         if len(self._all):
-            self._fut = scan_pool().submit(self._reader.fetch, self._all)
+            self._fut = few_pool().submit(self._reader.fetch, self._all)
         return self
+
+    def run(self) -> list[dict[int, bytes]]:
+        """:meth:`get`'s answer, every page fetched on this thread."""
+        got = self._reader.fetch(self._all) if len(self._all) else []
+        return self._split(got)
 
     def get(self) -> list[dict[int, bytes]]:
         """A dict a group: directory index -> page bytes. PageError as
@@ -98,9 +125,12 @@ class Fetch:
             got = fetch(allf) if len(allf) else []
         else:
             half = len(allf) // 2
-            other = scan_pool().submit(fetch, np.ascontiguousarray(allf[half:]))
+            other = few_pool().submit(fetch, np.ascontiguousarray(allf[half:]))
             got = fetch(np.ascontiguousarray(allf[:half]))
             got += fetch(np.ascontiguousarray(allf[half:])) if other.cancel() else other.result()
+        return self._split(got)
+
+    def _split(self, got: list[bytes]) -> list[dict[int, bytes]]:
         out, at = [], 0
         for (_rg, pages), f in zip(self._wants, self._fields):
             out.append(dict(zip(pages, got[at:at + len(f)])))
@@ -108,28 +138,43 @@ class Fetch:
         return out
 
 
+class Ahead:
+    """``fn()`` run on a scan thread, or on the asking thread at
+    :meth:`get` if no scan thread has started it by then."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self._fn = fn
+        self._fut = few_pool().submit(fn)
+
+    def get(self) -> Any:
+        return self._fn() if self._fut.cancel() else self._fut.result()
+
+
 class FewGroups:
     """The scans of ``rgs`` (ascending), groups whose filters pass few rows,
     run WINDOW at a time when the first of a window is asked for
     (:meth:`handle` gives a future-like handle a group), as a pipeline: the
-    scan threads fetch the next window's content pages and this window's
-    hit pages while the asking thread searches and builds (the Python part,
-    which holds the GIL). ``found(rg, fetched)``: the group's hits from its
+    helpers fetch the next windows' content pages and read the hits of the
+    windows staged while the asking thread searches and builds (the Python
+    part, which holds the GIL). ``found(rg, fetched)``: the group's hits from its
     content pages (``(local, named, hits)``); ``built(rg, local, named,
-    hits, fetched)``: what the search takes of them. ``content_pages(rg)``
-    and ``hit_pages(rg, local)``: the pages each reads. A window whose
-    content pages do not fetch (damage, a read error) is scanned group by
-    group (``scan``), which names the damage in the group it is in; a group
-    whose hit pages do not, reads its own (naming it)."""
+    hits, read)``: what the search takes of them. ``content_pages(rg)``:
+    the content pages a group's search reads; ``hit_reads(items)``, for
+    ``(rg, local)`` items: a call that reads their hits' other columns on a
+    scan thread (without the GIL) and returns what each group's ``built``
+    is given (None: the group reads its own). A window whose content pages
+    do not fetch (damage, a read error) is scanned group by group
+    (``scan``), which names the damage in the group it is in; a group whose
+    hits do not read, reads its own (naming it)."""
 
     def __init__(self, reader: Any, rgs: list[int], found: Callable[..., Any], built: Callable[..., Any],
                  scan: Callable[[int], Any], content_pages: Callable[[int], list[int]],
-                 hit_pages: Callable[[int, list[int]], list[int]]) -> None:
+                 hit_reads: Callable[[list[tuple[int, list[int]]]], Callable[[], list[Any]]]) -> None:
         self._reader = reader
         self._rgs = rgs
         self._at = {rg: i for i, rg in enumerate(rgs)}
         self._found, self._built, self._scan = found, built, scan
-        self._content_pages, self._hit_pages = content_pages, hit_pages
+        self._content_pages, self._hit_reads = content_pages, hit_reads
         self._done: dict[int, Any] = {}
         self._next = 0
         self._ahead: tuple[int, Fetch] | None = None     # (window, its content pages in flight)
@@ -164,9 +209,9 @@ class FewGroups:
         staged = self._staged.pop(at)
         if staged is None:
             return              # (each scanned alone, see result)
-        found, hit_fetch = staged
+        found, items, hit_reads = staged
         try:
-            more = dict(zip([rg for rg, f in found.items() if f[0]], hit_fetch.get()))
+            more = dict(zip([rg for rg, _local in items], hit_reads.get())) if hit_reads is not None else {}
         except (PageError, Unsupported):
             more = {}           # (each group's take reads its own pages, naming any damage)
         for rg, f in found.items():
@@ -193,9 +238,9 @@ class FewGroups:
                 found[rg] = self._found(rg, fetched)
             except (PageError, Unsupported) as exc:
                 self._done[rg] = exc
+        items = [(rg, f[0]) for rg, f in found.items() if f[0]]
         try:
-            hit_fetch = Fetch(self._reader, [(rg, self._hit_pages(rg, f[0])) for rg, f in found.items()
-                                             if f[0]]).start()
+            hit_reads = Ahead(self._hit_reads(items)) if items else None
         except (PageError, Unsupported):
-            hit_fetch = Fetch(self._reader, [])
-        self._staged[at] = (found, hit_fetch)
+            hit_reads = None
+        self._staged[at] = (found, items, hit_reads)

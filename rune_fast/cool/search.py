@@ -49,7 +49,7 @@ from .rows import SPECIAL_FOLD, _Group, _SPECIAL_UTF8, _assemble_columns
 from .schema import (_PARQUET_ERRORS, CoolRow, _CONTENT_COL, _file_no, _grams_name, _parquet_name, _row_key,
                      cool_loc)
 from . import grams as _grams
-from .scan import Deferred, FewGroups, scan_pool
+from .scan import Deferred, Fetch, FewGroups, scan_pool
 from .sidecar import _GRAMS_BUDGET, _FileIndex
 
 
@@ -603,14 +603,25 @@ class _Search(_Reads):
             return local, named, hits
 
         def built(rg: int, local: list[int], named: list[int], hits: dict[int, bytes],
-                  fetched: dict | None = None) -> tuple[list[int], Any, list[int]]:
+                  read: Any = None) -> tuple[list[int], Any, list[int]]:
+            """``read``: what hit_reads read of the group (its other columns'
+            values, or with no record type their pages), or None."""
             if not local:
                 return local, [], named
             if record_type is not None:
                 return local, _hit_records(reader, rg, local, [hits[i] for i in local], record_type,
-                                           fetched), named
-            vals = reader.rows(rg, local, {_CONTENT_COL: [hits[i] for i in local]}, fetched)
+                                           taken=read), named
+            vals = reader.rows(rg, local, {_CONTENT_COL: [hits[i] for i in local]}, read)
             return local, _assemble_columns(list(zip(*vals))), named
+
+        def hit_reads(items: list[tuple[int, list[int]]]) -> Callable[[], list[Any]]:
+            """The read of these groups' hits a scan thread runs: their other
+            columns' values (one stretch without the GIL), or with no record
+            type their pages."""
+            rgs_, locs = [rg for rg, _l in items], [loc for _rg, loc in items]
+            if record_type is not None:
+                return functools.partial(reader.take_many, rgs_, locs, _OTHER_COLS, reader.dirs(rgs_))
+            return Fetch(reader, [(rg, reader.rows_pages(rg, loc, _OTHER_COLS)) for rg, loc in items]).run
 
         def scan(rg: int) -> tuple[list[int], Any, list[int]]:
             return built(rg, *found(rg))
@@ -630,8 +641,7 @@ class _Search(_Reads):
         few_rgs = [rg for rg in rgs if few(rg)]
         sp = spans if spans is not None else {}     # (a group is few only where there are spans)
         batch = FewGroups(reader, few_rgs, found, built, scan,
-                          lambda rg: reader.span_pages(rg, _CONTENT_COL, sp[rg]),
-                          lambda rg, local: reader.rows_pages(rg, local, _OTHER_COLS)) \
+                          lambda rg: reader.span_pages(rg, _CONTENT_COL, sp[rg]), hit_reads) \
             if few_rgs and zstd_direct() else None
         few_set = set(few_rgs)
         return {rg: (batch.handle(rg) if batch is not None else Deferred(scan, rg)) if rg in few_set
