@@ -2309,9 +2309,11 @@ def take_many(int fd, list dirs, list rowss, list cols, const int64_t[::1] width
     and decompressed in one stretch without the GIL (:func:`_fetch_rows`),
     then the rows' values are found in them, also without the GIL: the
     search's scan threads read the hits of many groups while its own
-    thread builds records. A list a group: what take_rows returns for it,
-    or None where its directory, its pages or its values do not hold
-    together (the caller reads that group alone, which names the damage).
+    thread builds records. ``(columns, declined)``: ``columns`` as
+    take_rows gives them, of the rows of every group but those in
+    ``declined`` (their indices: a group whose directory, pages or values
+    do not hold together; the caller reads it alone, which names the
+    damage), one group after another.
     ValueError naming the page (by offset) for a page of the batch that
     fails its CRC or does not decompress; OSError if a read fails. Only
     with the system's libzstd (:func:`zstd_direct`)."""
@@ -2326,7 +2328,7 @@ def take_many(int fd, list dirs, list rowss, list cols, const int64_t[::1] width
     cdef const unsigned char **sp = NULL
     cdef uint32_t *sl = NULL
     cdef int64_t[:, ::1] fields
-    cdef list want = [], pages, out, res
+    cdef list want = [], pages, out, declined
     cdef bytes b, data
     cdef unsigned char *dp
     cdef int32_t[::1] ov
@@ -2437,38 +2439,56 @@ def take_many(int fd, list dirs, list rowss, list cols, const int64_t[::1] width
                                  nc, ci) < 0:
                         g.bad = True
                         break
-        out = []
+        # the accepted groups' rows, one after another, column by column
+        declined = []
+        good = 0
         for gi in range(G):
-            g = &gs[gi]
-            if g.m == 0 or g.bad:
-                out.append([] if g.m == 0 else None)    # (no rows: take_rows's [] too)
-                continue
-            res = []
-            for ci in range(nc):
-                w = widths[cs[ci]]
-                if w:
-                    res.append(PyBytes_FromStringAndSize(<char *>fixed[ci] + g.at * w, g.m * w))
-                    continue
-                total = 0
-                for i in range(g.m):
-                    total += sl[(g.at + i) * nc + ci]
-                if total >= 0x7FFFFFFF:
-                    raise ValueError(f"take_many: column {cs[ci]} values hold 2 GiB or more")
-                data = PyBytes_FromStringAndSize(NULL, total)
+            if gs[gi].bad and gs[gi].m:
+                declined.append(gi)
+            else:
+                good += gs[gi].m
+        out = []
+        for ci in range(nc):
+            w = widths[cs[ci]] if 0 <= cs[ci] < widths.shape[0] else 0
+            if w:
+                data = PyBytes_FromStringAndSize(NULL, good * w)
                 dp = <unsigned char *>PyBytes_AS_STRING(data)
-                offs = _np_empty(g.m + 1, _I32)
-                ov = offs
                 total = 0
-                ov[0] = 0
+                for gi in range(G):
+                    g = &gs[gi]
+                    if not g.bad and g.m:
+                        memcpy(dp + total, fixed[ci] + g.at * w, g.m * w)
+                        total += g.m * w
+                out.append(data)
+                continue
+            total = 0
+            for gi in range(G):
+                g = &gs[gi]
+                if not g.bad:
+                    for i in range(g.m):
+                        total += sl[(g.at + i) * nc + ci]
+            if total >= 0x7FFFFFFF:
+                raise ValueError(f"take_many: column {cs[ci]} values hold 2 GiB or more")
+            data = PyBytes_FromStringAndSize(NULL, total)
+            dp = <unsigned char *>PyBytes_AS_STRING(data)
+            offs = _np_empty(good + 1, _I32)
+            ov = offs
+            total = 0
+            ov[0] = 0
+            a = 0
+            for gi in range(G):
+                g = &gs[gi]
+                if g.bad:
+                    continue
                 for i in range(g.m):
                     k = (g.at + i) * nc + ci
                     if sl[k]:
                         memcpy(dp + total, sp[k], sl[k])
                     total += sl[k]
-                    ov[i + 1] = <int32_t>total
-                res.append((data, offs))
-            out.append(res)
-        return out
+                    a += 1
+                    ov[a] = <int32_t>total
+            out.append((data, offs))
+        return out, declined
     finally:
         if fixed != NULL:
             for ci in range(nc):

@@ -461,15 +461,17 @@ class PageReader:
         return [self._packed(rg)[0] for rg in rgs]
 
     def take_many(self, rgs: list[int], locals_: list[list[int]], cols: list[int],
-                  dirs: list[Any] | None = None) -> list[list[Any] | None]:
+                  dirs: list[Any] | None = None) -> tuple[list[Any], list[int]]:
         """:meth:`take` of the rows ``locals_[g]`` of each group ``rgs[g]``
         (``cols`` of each), every page they need fetched in one stretch and
         their values found, both without the GIL (``_pages.take_many``;
         only where :func:`zstd_direct`). ``dirs``: their directories
-        (:meth:`dirs`), found beforehand on the asking thread. None for a
-        group whose directory, pages or values do not hold together (its
-        own :meth:`take` names what is wrong); PageError for a page that
-        fails its CRC or does not decompress."""
+        (:meth:`dirs`), found beforehand on the asking thread.
+        ``(columns, declined)``: the columns as :meth:`take` gives them, of
+        the rows of each group in turn but those of the groups ``declined``
+        (indices into ``rgs``: a directory, pages or values that do not
+        hold together; their own :meth:`take` names what is wrong).
+        PageError for a page that fails its CRC or does not decompress."""
         if dirs is None:
             dirs = self.dirs(rgs)
         try:

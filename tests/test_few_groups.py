@@ -126,16 +126,19 @@ def test_a_flipped_byte_in_a_hit_page_is_named(many, tmp_path, column):
 @pytest.mark.skipif(not zstd_direct(), reason="take_many needs the system's libzstd")
 def test_hits_are_read_by_take_many_and_a_group_it_declines_alone(many, monkeypatch):
     """With a record type, a window's hits are read in one take_many (their
-    other columns, without the GIL), not a take a group; a group it answers
-    None for (its directory or pages do not hold together) reads its own."""
+    other columns, without the GIL), not a take a group; a group it
+    declines (its directory or pages do not hold together) reads its own."""
     d, files, rows = many
     calls = {"many": 0, "take": 0}
     real_many, real_take = PageReader.take_many, PageReader.take
 
     def many_(self, rgs, locals_, cols, dirs=None):
+        # every other group declined (as if its pages did not hold together)
         calls["many"] += 1
-        got = real_many(self, rgs, locals_, cols, dirs)
-        return [None if i % 2 else g for i, g in enumerate(got)]
+        keep = [i for i in range(len(rgs)) if i % 2 == 0]
+        got, _declined = real_many(self, [rgs[i] for i in keep], [locals_[i] for i in keep], cols,
+                                   None if dirs is None else [dirs[i] for i in keep])
+        return got, [i for i in range(len(rgs)) if i % 2]
 
     def take(self, rg, local, cols=None, fetched=None):
         calls["take"] += 1

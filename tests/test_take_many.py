@@ -1,14 +1,14 @@
 """The read of many row groups' rows at once (``PageReader.take_many``,
 ``_pages.take_many``: what a rare needle's search reads its hits' other
 columns with, on a scan thread, without the GIL): for any groups, rows and
-columns its values are ``PageReader.take``'s of each group, on files with
-PLAIN, dictionary and DELTA_BINARY_PACKED pages, compressed or not; a group
-whose directory or pages do not hold together is None (its own take names
-the damage); a page that fails its CRC is a PageError naming the file.
+columns its values are ``PageReader.take``'s of each group's rows in turn, on
+files with PLAIN, dictionary and DELTA_BINARY_PACKED pages, compressed or
+not; a group whose directory or pages do not hold together is declined
+(its own take names the damage); a page that fails its CRC is a PageError
+naming the file.
 """
 from __future__ import annotations
 
-import os
 from array import array
 
 import numpy as np
@@ -62,6 +62,24 @@ def _same(a, b):
             assert x == y
 
 
+def _joined(reader, rgs, locals_, cols):
+    """The model: each group's take, the groups' rows one after another."""
+    out = []
+    for c in range(len(cols)):
+        parts = [reader.take(rg, loc, cols)[c] for rg, loc in zip(rgs, locals_) if loc]
+        if not parts:
+            out.append(None)
+        elif isinstance(parts[0], tuple):
+            offs, data = [0], b""
+            for d, o in parts:
+                offs += [x + len(data) for x in o.tolist()[1:]]
+                data += d
+            out.append((data, np.array(offs, np.int32)))
+        else:
+            out.append(b"".join(parts))
+    return out
+
+
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_take_many_is_take_of_each_group(mixed, data):
@@ -75,10 +93,9 @@ def test_take_many_is_take_of_each_group(mixed, data):
             locals_.append(sorted(data.draw(st.sets(st.integers(0, n - 1), min_size=1, max_size=12))))
         cols = data.draw(st.permutations(range(md.num_columns)).map(list))
         cols = cols[:data.draw(st.integers(1, len(cols)))]
-        got = reader.take_many(rgs, locals_, cols)
-        assert len(got) == len(rgs)
-        for rg, loc, g in zip(rgs, locals_, got):
-            _same(g, reader.take(rg, loc, cols))
+        got, declined = reader.take_many(rgs, locals_, cols)
+        assert declined == []
+        _same(got, _joined(reader, rgs, locals_, cols))
     finally:
         reader.close()
 
@@ -90,24 +107,24 @@ def test_a_group_that_does_not_hold_together_is_none(mixed):
     reader = PageReader(mixed, md)
     try:
         cols = list(range(md.num_columns))
-        ok = reader.take(1, [3, 200], cols)
-        got = reader.take_many([0, 1, 2, 1], [[_GROUP + 5], [3, 200], [9, 4], [3, 200]], cols)
-        assert got[0] is None and got[2] is None
-        _same(got[1], ok)
-        _same(got[3], ok)
-        assert reader.take_many([1, 1], [[3], [3]], [0, -1]) == [None, None]     # no such column
-        assert reader.take_many([1], [[]], cols) == [[]]                          # no rows: as take
+        got, declined = reader.take_many([0, 1, 2, 1], [[_GROUP + 5], [3, 200], [9, 4], [3, 200]], cols)
+        assert declined == [0, 2]
+        _same(got, _joined(reader, [1, 1], [[3, 200], [3, 200]], cols))
+        assert reader.take_many([1, 1], [[3], [3]], [0, -1])[1] == [0, 1]       # no such column
+        got, declined = reader.take_many([1, 2], [[], [5]], cols)                # no rows: nothing to decline
+        assert declined == []
+        _same(got, reader.take(2, [5], cols))
         counts, flat, firsts, starts = reader.dirs([1])[0]
         short = (counts, flat[:-7], firsts[:-1], starts)
-        got = reader.take_many([1, 1], [[3], [3]], cols, [short, reader.dirs([1])[0]])
-        assert got[0] is None
-        _same(got[1], reader.take(1, [3], cols))
+        got, declined = reader.take_many([1, 1], [[3], [4]], cols, [short, reader.dirs([1])[0]])
+        assert declined == [0]
+        _same(got, reader.take(1, [4], cols))
         # a page said to unpack to 1 GiB is not fetched; a page of doubles
         # said to hold one value more than its bytes do is not read
         for field, more in ((3, 1 << 30), (7 * int(starts[4]) + 6, 1)):
             bad = array("q", flat)
             bad[field] += more
-            assert reader.take_many([1], [[3]], cols, [(counts, bad, firsts, starts)]) == [None]
+            assert reader.take_many([1], [[3]], cols, [(counts, bad, firsts, starts)])[1] == [0]
     finally:
         reader.close()
 
@@ -132,7 +149,7 @@ def test_a_damaged_page_is_named(mixed, tmp_path):
     try:
         with pytest.raises(PageError, match=rf"bad\.parquet.*{off}"):
             reader.take_many([0, 2], [[1], [0]], [0, 1])
-        assert reader.take_many([0], [[1]], [0, 1]) is not None
+        assert reader.take_many([0], [[1]], [0, 1])[1] == []
         with pytest.raises(PageError, match="bad.parquet"):
             reader.take(2, [0], [0])
     finally:
@@ -142,7 +159,8 @@ def test_a_damaged_page_is_named(mixed, tmp_path):
 def test_take_many_of_nothing(mixed):
     reader = PageReader(mixed, pq.read_metadata(mixed))
     try:
-        assert reader.take_many([], [], [0]) == []
-        assert os.path.exists(mixed)
+        (data, offs), ts = reader.take_many([], [], [0, 4])[0]
+        assert data == b"" and offs.tolist() == [0] and ts == b""
+        assert reader.take_many([], [], [0, 4])[1] == []
     finally:
         reader.close()

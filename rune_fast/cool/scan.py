@@ -157,23 +157,24 @@ class FewGroups:
     helpers fetch the next windows' content pages and read the hits of the
     windows staged while the asking thread searches and builds (the Python
     part, which holds the GIL). ``found(rg, fetched)``: the group's hits from its
-    content pages (``(local, named, hits)``); ``built(rg, local, named,
-    hits, read)``: what the search takes of them. ``content_pages(rg)``:
-    the content pages a group's search reads; ``hit_reads(items)``, for
-    ``(rg, local)`` items: a call that reads their hits' other columns on a
-    scan thread (without the GIL) and returns what each group's ``built``
-    is given (None: the group reads its own). A window whose content pages
-    do not fetch (damage, a read error) is scanned group by group
-    (``scan``), which names the damage in the group it is in; a group whose
-    hits do not read, reads its own (naming it)."""
+    content pages (``(local, named, hits)``); ``content_pages(rg)``: the
+    content pages a group's search reads; ``hit_reads(items)``, for the
+    ``(rg, local)`` of the groups with hits: a call that reads their hits'
+    other columns on a helper (without the GIL); ``built_many(found,
+    read)``: what the search takes of a window's groups (rg -> result, or
+    the PageError a group raised), from what that call read (None if it
+    failed: each group then reads its own, naming any damage). A window
+    whose content pages do not fetch (damage, a read error) is scanned
+    group by group (``scan``), which names the damage in the group it is
+    in."""
 
-    def __init__(self, reader: Any, rgs: list[int], found: Callable[..., Any], built: Callable[..., Any],
+    def __init__(self, reader: Any, rgs: list[int], found: Callable[..., Any], built_many: Callable[..., Any],
                  scan: Callable[[int], Any], content_pages: Callable[[int], list[int]],
-                 hit_reads: Callable[[list[tuple[int, list[int]]]], Callable[[], list[Any]]]) -> None:
+                 hit_reads: Callable[[list[tuple[int, list[int]]]], Callable[[], Any]]) -> None:
         self._reader = reader
         self._rgs = rgs
         self._at = {rg: i for i, rg in enumerate(rgs)}
-        self._found, self._built, self._scan = found, built, scan
+        self._found, self._built_many, self._scan = found, built_many, scan
         self._content_pages, self._hit_reads = content_pages, hit_reads
         self._done: dict[int, Any] = {}
         self._next = 0
@@ -209,16 +210,12 @@ class FewGroups:
         staged = self._staged.pop(at)
         if staged is None:
             return              # (each scanned alone, see result)
-        found, items, hit_reads = staged
+        found, hit_reads = staged
         try:
-            more = dict(zip([rg for rg, _local in items], hit_reads.get())) if hit_reads is not None else {}
+            read = hit_reads.get() if hit_reads is not None else None
         except (PageError, Unsupported):
-            more = {}           # (each group's take reads its own pages, naming any damage)
-        for rg, f in found.items():
-            try:
-                self._done[rg] = self._built(rg, *f, more.get(rg))
-            except (PageError, Unsupported) as exc:
-                self._done[rg] = exc
+            read = None         # (each group's take reads its own pages, naming any damage)
+        self._done.update(self._built_many(found, read))
 
     def _stage(self, at: int) -> None:
         """Window ``at`` searched (its content pages fetched, the next
@@ -243,4 +240,4 @@ class FewGroups:
             hit_reads = Ahead(self._hit_reads(items)) if items else None
         except (PageError, Unsupported):
             hit_reads = None
-        self._staged[at] = (found, items, hit_reads)
+        self._staged[at] = (found, hit_reads)

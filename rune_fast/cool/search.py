@@ -43,7 +43,7 @@ _EVERY = _Every()
 EVERY_LOC = _EVERY
 
 
-from .hits import _EXACT_MODES, _OTHER_COLS, CoolHits, _hit_records
+from .hits import _EXACT_MODES, _OTHER_COLS, CoolHits, _hit_records, _window_records
 from .reads import _KEY_COLS, _Reads
 from .rows import SPECIAL_FOLD, _Group, _SPECIAL_UTF8, _assemble_columns
 from .schema import (_PARQUET_ERRORS, CoolRow, _CONTENT_COL, _file_no, _grams_name, _parquet_name, _row_key,
@@ -603,18 +603,43 @@ class _Search(_Reads):
             return local, named, hits
 
         def built(rg: int, local: list[int], named: list[int], hits: dict[int, bytes],
-                  read: Any = None) -> tuple[list[int], Any, list[int]]:
-            """``read``: what hit_reads read of the group (its other columns'
-            values, or with no record type their pages), or None."""
+                  fetched: dict | None = None) -> tuple[list[int], Any, list[int]]:
             if not local:
                 return local, [], named
             if record_type is not None:
-                return local, _hit_records(reader, rg, local, [hits[i] for i in local], record_type,
-                                           taken=read), named
-            vals = reader.rows(rg, local, {_CONTENT_COL: [hits[i] for i in local]}, read)
+                return local, _hit_records(reader, rg, local, [hits[i] for i in local], record_type), named
+            vals = reader.rows(rg, local, {_CONTENT_COL: [hits[i] for i in local]}, fetched)
             return local, _assemble_columns(list(zip(*vals))), named
 
-        def hit_reads(items: list[tuple[int, list[int]]]) -> Callable[[], list[Any]]:
+        def built_many(found_: dict[int, Any], read: Any) -> dict[int, Any]:
+            """What ``built`` gives for each group of a window (or the
+            PageError it raises), from what hit_reads read of their hits
+            (None: nothing; each group reads its own): with a record type
+            their records built at once, else from their fetched pages."""
+            out: dict[int, Any] = {}
+            items = [(rg, f) for rg, f in found_.items() if f[0]]
+            fetched: dict[int, Any] = {}
+            if read is not None and record_type is not None:
+                cols, declined = read
+                skip = {items[i][0] for i in declined}
+                groups = [(rg, f[0], [f[2][i] for i in f[0]]) for rg, f in items if rg not in skip]
+                try:
+                    got = _window_records(reader, groups, cols, record_type) if groups else []
+                except PageError:
+                    got = []            # (each group's own read names the damage)
+                for (rg, local, _contents), recs in zip(groups, got):
+                    out[rg] = (local, recs, found_[rg][1])
+            elif read is not None:
+                fetched = dict(zip([rg for rg, _f in items], read))
+            for rg, (local, named, hits) in found_.items():
+                if rg not in out:
+                    try:
+                        out[rg] = built(rg, local, named, hits, fetched.get(rg))
+                    except (PageError, Unsupported) as exc:
+                        out[rg] = exc
+            return out
+
+        def hit_reads(items: list[tuple[int, list[int]]]) -> Callable[[], Any]:
             """The read of these groups' hits a scan thread runs: their other
             columns' values (one stretch without the GIL), or with no record
             type their pages."""
@@ -640,7 +665,7 @@ class _Search(_Reads):
         pool = scan_pool()
         few_rgs = [rg for rg in rgs if few(rg)]
         sp = spans if spans is not None else {}     # (a group is few only where there are spans)
-        batch = FewGroups(reader, few_rgs, found, built, scan,
+        batch = FewGroups(reader, few_rgs, found, built_many, scan,
                           lambda rg: reader.span_pages(rg, _CONTENT_COL, sp[rg]), hit_reads) \
             if few_rgs and zstd_direct() else None
         few_set = set(few_rgs)
