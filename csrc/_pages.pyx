@@ -1536,7 +1536,7 @@ cdef enum:
     MAX_PAGE = 16 << 20
 
 
-cdef inline Py_ssize_t _page_at(const int64_t[::1] firsts, Py_ssize_t lo, Py_ssize_t n, int64_t row) noexcept:
+cdef inline Py_ssize_t _page_at_p(const int64_t *firsts, Py_ssize_t lo, Py_ssize_t n, int64_t row) noexcept nogil:
     """The last of the ``n`` pages from ``lo`` whose first row is at most
     ``row`` (0 if none is): a binary search of their first rows."""
     cdef Py_ssize_t a = 0, hi = n - 1, mid
@@ -1547,6 +1547,11 @@ cdef inline Py_ssize_t _page_at(const int64_t[::1] firsts, Py_ssize_t lo, Py_ssi
         else:
             hi = mid - 1
     return a
+
+
+cdef inline Py_ssize_t _page_at(const int64_t[::1] firsts, Py_ssize_t lo, Py_ssize_t n, int64_t row) noexcept:
+    """_page_at_p of a memoryview."""
+    return _page_at_p(&firsts[0], lo, n, row) if n > 1 else 0
 
 
 cdef list _row_runs(int fd, const int64_t[::1] counts, const int64_t[::1] starts, const int64_t[::1] flat,
@@ -1841,6 +1846,14 @@ cdef object _run_bytes(int fd, object span, int64_t span_lo, int64_t off, int64_
 
 cdef object _np_empty = np.empty
 cdef object _I32 = np.dtype(np.int32)
+
+
+cdef tuple _str_column(Py_ssize_t m, Py_ssize_t total, str who, Py_ssize_t c):
+    """The ``(data, int32 offsets)`` of a string column of ``m`` values of
+    ``total`` bytes, to be filled; ValueError from 2 GiB on."""
+    if total >= 0x7FFFFFFF:
+        raise ValueError(f"{who}: column {c} values hold 2 GiB or more")
+    return PyBytes_FromStringAndSize(NULL, total), _np_empty(m + 1, _I32)
 
 
 cdef inline Py_ssize_t _run_last(const Py_ssize_t *ks, Py_ssize_t q, Py_ssize_t nk) noexcept:
@@ -2139,11 +2152,8 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
                 total += ln
                 pos += ln
                 k += 1
-            if total >= 0x7FFFFFFF:
-                raise ValueError(f"take_rows: column {c} values hold 2 GiB or more")
-            data = PyBytes_FromStringAndSize(NULL, total)
+            data, offs = _str_column(m, total, "take_rows", c)
             dp = <unsigned char *>PyBytes_AS_STRING(data)
-            offs = _np_empty(m + 1, _I32)
             ov = offs
             total = 0
             ov[0] = 0
@@ -2286,17 +2296,6 @@ cdef int _take_col(_TGroup *g, Py_ssize_t c, Py_ssize_t w, const Py_ssize_t *slo
         free(dpos)
         free(dlen)
     return 0
-
-
-cdef inline Py_ssize_t _page_at_p(const int64_t *firsts, Py_ssize_t lo, Py_ssize_t n, int64_t row) noexcept nogil:
-    cdef Py_ssize_t a = 0, hi = n - 1, mid
-    while a < hi:
-        mid = (a + hi + 1) // 2
-        if firsts[lo + mid] <= row:
-            a = mid
-        else:
-            hi = mid - 1
-    return a
 
 
 @cython.boundscheck(False)
@@ -2467,11 +2466,8 @@ def take_many(int fd, list dirs, list rowss, list cols, const int64_t[::1] width
                 if not g.bad:
                     for i in range(g.m):
                         total += sl[(g.at + i) * nc + ci]
-            if total >= 0x7FFFFFFF:
-                raise ValueError(f"take_many: column {cs[ci]} values hold 2 GiB or more")
-            data = PyBytes_FromStringAndSize(NULL, total)
+            data, offs = _str_column(good, total, "take_many", cs[ci])
             dp = <unsigned char *>PyBytes_AS_STRING(data)
-            offs = _np_empty(good + 1, _I32)
             ov = offs
             total = 0
             ov[0] = 0
