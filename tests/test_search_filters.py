@@ -402,3 +402,39 @@ def test_a_files_filters_are_the_encoded_filters(texts, piece):
         with pytest.raises(ValueError, match="bytes of filters"):
             grams.GramFile(tmp).keep(path + "2", 1, "0123456789abcdef", 1)
         assert sorted(os.listdir(d)) == ["f.grams"]
+
+
+@given(st.lists(st.sampled_from(["plain words", "nach Zürich", "量子計算機 heute", "STRASSE", "x"]),
+                min_size=1, max_size=1500),
+       st.data())
+@settings(max_examples=60, deadline=None)
+def test_a_limited_search_spans_hide_no_hit_of_its_groups(texts, data):
+    """FileGrams.spans over some row groups only (a limited search's
+    newest): names only those groups, and covers every row of theirs that
+    holds the needle, as the spans over the whole file do."""
+    import numpy as np
+    import pyarrow as pa
+    from rune_fast.cool import grams
+    b = grams.GramSink()
+    b.add(pa.array(texts))
+    fg = grams.FileGrams(memoryview(b.finish()), True)
+    n = len(texts)
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, n - 1), max_size=40)) if n > 1 else []))
+    starts = np.array([0] + cuts + [n], np.int64)
+    ngroups = len(starts) - 1
+    rgs = sorted(set(data.draw(st.lists(st.integers(0, ngroups - 1), max_size=ngroups))))
+    needle = data.draw(st.sampled_from(["zürich", "量子計算機", "strasse", "words"]))
+    probe = grams.needle_bytes(needle)
+    got = fg.spans(probe, starts, 0, n, rgs)
+    whole = fg.spans(probe, starts, 0, n)
+    if got is None:
+        assert whole is None
+        return
+    assert set(got) <= set(rgs)
+    for rg in rgs:
+        base = int(starts[rg])
+        covered = {base + r for lo, hi in got.get(rg, np.zeros((0, 2), np.int64)).tolist() for r in range(lo, hi)}
+        hits = {i for i in range(base, int(starts[rg + 1])) if needle in texts[i].casefold()}
+        assert hits <= covered
+        if whole is not None and rg in whole:
+            assert {base + r for lo, hi in whole[rg].tolist() for r in range(lo, hi)} <= covered

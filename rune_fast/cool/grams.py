@@ -118,6 +118,59 @@ class FileGrams:
         return gram_blocks_any(self.body, GRAM_BITS, needles, start_row // BLOCK_ROWS,
                                (end_row - 1) // BLOCK_ROWS + 1)
 
+    def spans(self, probe: bytes, starts: np.ndarray, s: int, e: int,
+              rgs: list[int] | None = None) -> dict[int, np.ndarray] | None:
+        """rg -> int64 ``[lo, hi)`` pairs of the rows (within the group, of
+        rows ``[s, e)`` of the file; ``starts``: each row group's first row,
+        and the file's row count) in the blocks whose filters may hold
+        ``probe`` (a casefolded needle's UTF-8); a group absent holds no
+        hit. None where the filters rule out nothing (or cannot test the
+        probe). ``rgs`` (ascending): only these groups are asked about (a
+        limited search's newest: the filters are tested over their rows
+        alone, so that its cost does not grow with the file's)."""
+        groups_in = int(np.searchsorted(starts, e - 1, side="right") - np.searchsorted(starts, s, side="right"))
+        if rgs is not None and len(rgs) * 2 < groups_in:
+            out: dict[int, np.ndarray] = {}
+            at = 0
+            while at < len(rgs):
+                end = at + 1
+                while end < len(rgs) and rgs[end] == rgs[end - 1] + 1:
+                    end += 1
+                a, b = max(s, int(starts[rgs[at]])), min(e, int(starts[rgs[end - 1] + 1]))
+                got = self.spans(probe, starts, a, b) if b > a else {}
+                if got is None:
+                    if self.candidates([probe], a, b) is None:
+                        return None         # (the probe cannot be tested)
+                    got = {rg: np.array([[max(a, int(starts[rg])) - int(starts[rg]),
+                                          min(b, int(starts[rg + 1])) - int(starts[rg])]], np.int64)
+                           for rg in rgs[at:end]}
+                out.update(got)
+                at = end
+            return out
+        blocks = self.candidates([probe], s, e)
+        if blocks is None or len(blocks) == (e - 1) // BLOCK_ROWS - s // BLOCK_ROWS + 1:
+            return None
+        lo = np.maximum(blocks * BLOCK_ROWS, s)
+        hi = np.minimum(blocks * BLOCK_ROWS + BLOCK_ROWS, e)
+        rg_lo = np.searchsorted(starts, lo, side="right") - 1
+        rg_hi = np.searchsorted(starts, hi - 1, side="right") - 1
+        cross = np.flatnonzero(rg_lo != rg_hi)
+        if len(cross):      # (a block across groups: a piece in each)
+            los, his, in_rg = [lo[rg_lo == rg_hi]], [hi[rg_lo == rg_hi]], [rg_lo[rg_lo == rg_hi]]
+            for i in cross.tolist():
+                for rg in range(int(rg_lo[i]), int(rg_hi[i]) + 1):
+                    los.append(np.array([max(int(lo[i]), int(starts[rg]))]))
+                    his.append(np.array([min(int(hi[i]), int(starts[rg + 1]))]))
+                    in_rg.append(np.array([rg]))
+            lo, hi, rg_lo = np.concatenate(los), np.concatenate(his), np.concatenate(in_rg)
+            order = np.lexsort((lo, rg_lo))
+            lo, hi, rg_lo = lo[order], hi[order], rg_lo[order]
+        pairs = np.stack([lo - starts[rg_lo], hi - starts[rg_lo]], axis=1)
+        groups, first = np.unique(rg_lo, return_index=True)
+        # (slices: np.split costs ~3 us a piece, 11 ms for a 4,000-group file)
+        cuts = first.tolist() + [len(pairs)]
+        return {rg: pairs[a:b] for rg, a, b in zip(groups.tolist(), cuts, cuts[1:])}
+
     def close(self) -> None:
         # (a scan may still hold the view: the map goes with the last reference)
         self.body = memoryview(b"")

@@ -310,13 +310,18 @@ class _Search(_Reads):
                 fi = self._files[no]
                 rg_a = self._rg_of(fi, s) if e > s else 0
                 rg_b = self._rg_of(fi, e - 1) + 1 if e > s else 0
-                rgs = list(range(rg_a, rg_b))
-                if ord_floor is not None and rgs:
+                if ord_floor is not None and rg_b > rg_a:
+                    # (vectorized: a Python test a group cost a limited search
+                    # ~1 ms a file of 4,000 groups)
                     tops, _top = self._kept_ord_tops(no)
-                    rgs = [rg for rg in rgs if rg >= len(tops) or tops[rg] >= ord_floor]
+                    cut = min(max(len(tops), rg_a), rg_b)
+                    rgs = (np.flatnonzero(tops[rg_a:cut] >= ord_floor) + rg_a).tolist() + list(range(cut, rg_b))
+                else:
+                    rgs = list(range(rg_a, rg_b))
                 # the row spans of each group whose filters may match: the
                 # other groups hold no hit and are not read at all
-                spans = self._filtered_spans(no, s, e, probe_grams) if rgs and probe_grams else None
+                spans = self._filtered_spans(no, s, e, probe_grams, rgs if ord_floor is not None else None) \
+                    if rgs and probe_grams else None
                 if spans is not None:
                     rgs = [rg for rg in rgs if rg in spans]
                 sel_rows = []
@@ -672,36 +677,12 @@ class _Search(_Reads):
         return {rg: (batch.handle(rg) if batch is not None else Deferred(scan, rg)) if rg in few_set
                 else pool.submit(scan, rg) for rg in rgs}
 
-    def _filtered_spans(self, no: int, s: int, e: int, probe: bytes) -> dict[int, np.ndarray] | None:
-        """(lock held) rg -> int64 ``[lo, hi)`` pairs of the rows (within the
-        group, of rows ``[s, e)`` of file ``no``) in the blocks whose filters
-        may hold ``probe`` (a casefolded needle's UTF-8); a group absent holds
-        no hit. None where the file has no filters or they rule out nothing."""
+    def _filtered_spans(self, no: int, s: int, e: int, probe: bytes,
+                        rgs: list[int] | None = None) -> dict[int, np.ndarray] | None:
+        """(lock held) :meth:`FileGrams.spans <rune_fast.cool.grams.FileGrams.spans>`
+        of file ``no``'s filters (None where it has none)."""
         fg = self._file_grams(no)
-        if fg is None:
-            return None
-        blocks = fg.candidates([probe], s, e)
-        if blocks is None or len(blocks) == (e - 1) // _grams.BLOCK_ROWS - s // _grams.BLOCK_ROWS + 1:
-            return None
-        starts = self._files[no].rg_starts
-        lo = np.maximum(blocks * _grams.BLOCK_ROWS, s)
-        hi = np.minimum(blocks * _grams.BLOCK_ROWS + _grams.BLOCK_ROWS, e)
-        rg_lo = np.searchsorted(starts, lo, side="right") - 1
-        rg_hi = np.searchsorted(starts, hi - 1, side="right") - 1
-        cross = np.flatnonzero(rg_lo != rg_hi)
-        if len(cross):      # (a block across groups: a piece in each)
-            los, his, rgs = [lo[rg_lo == rg_hi]], [hi[rg_lo == rg_hi]], [rg_lo[rg_lo == rg_hi]]
-            for i in cross.tolist():
-                for rg in range(int(rg_lo[i]), int(rg_hi[i]) + 1):
-                    los.append(np.array([max(int(lo[i]), int(starts[rg]))]))
-                    his.append(np.array([min(int(hi[i]), int(starts[rg + 1]))]))
-                    rgs.append(np.array([rg]))
-            lo, hi, rg_lo = np.concatenate(los), np.concatenate(his), np.concatenate(rgs)
-            order = np.lexsort((lo, rg_lo))
-            lo, hi, rg_lo = lo[order], hi[order], rg_lo[order]
-        pairs = np.stack([lo - starts[rg_lo], hi - starts[rg_lo]], axis=1)
-        groups, first = np.unique(rg_lo, return_index=True)
-        return dict(zip(groups.tolist(), np.split(pairs, first[1:])))
+        return None if fg is None else fg.spans(probe, self._files[no].rg_starts, s, e, rgs)
 
     def _file_grams(self, no: int) -> "_grams.FileGrams | None":
         """(lock held) File ``no``'s search filters: its ``.grams`` mapped,
