@@ -44,7 +44,10 @@ def _thread() -> str:
 
 
 def _wrap(owner: Any, attr: str, label: str | None = None) -> None:
-    fn = getattr(owner, attr)
+    fn = getattr(owner, attr, None)
+    if fn is None:
+        print(f"(not profiled: {getattr(owner, '__name__', owner)}.{attr} is gone)", file=sys.stderr)
+        return
     label = label or f"{getattr(owner, '__name__', owner)}.{attr}"
 
     @functools.wraps(fn)
