@@ -93,10 +93,11 @@ if hasattr(os, "register_at_fork"):
 class Fetch:
     """The pages ``wants`` names (row group, directory indices), to be read
     by ``reader`` (PageReader.fetch: one stretch without the GIL): planned
-    here, fetched on a scan thread once :meth:`start` is called, or at
-    :meth:`get` in two batches, one on a scan thread and one on the asking
-    thread (which takes the other too if no scan thread has started it: the
-    pool may be busy with this search's other groups)."""
+    here, fetched on a FewGroups helper once :meth:`start` is called, or at
+    :meth:`get` in two batches, one on a helper and one on the asking thread
+    (which takes the other too if no helper has started it: it may be busy
+    with this search's other batches); :meth:`run` fetches all of them on
+    the asking thread."""
 
     def __init__(self, reader: Any, wants: list[tuple[int, list[int]]]) -> None:
         self._reader = reader
@@ -139,8 +140,8 @@ class Fetch:
 
 
 class Ahead:
-    """``fn()`` run on a scan thread, or on the asking thread at
-    :meth:`get` if no scan thread has started it by then."""
+    """``fn()`` run on a FewGroups helper (:func:`few_pool`), or on the
+    asking thread at :meth:`get` if no helper has started it by then."""
 
     def __init__(self, fn: Callable[[], Any]) -> None:
         self._fn = fn
