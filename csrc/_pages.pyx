@@ -39,6 +39,38 @@ cdef enum:
     FP_READ = 7
     FP_NOMEM = 8
 
+
+cdef int _check_unpack(const unsigned char *comp, int64_t csize, uint32_t crc, bint unzstd, unsigned char *raw,
+                       int64_t usize, const unsigned char **page, long long *got, const char **zerr) noexcept nogil:
+    """A stored page's CRC-32 checked (FP_CRC) and, with ``unzstd``, its
+    zstd frame decompressed into ``raw`` (FP_ZSTD, or FP_SIZE with ``got``
+    another size than ``usize``); ``page``: its bytes (``comp`` when not
+    decompressed here)."""
+    if rf_crc32(comp, <size_t>csize) != crc:
+        return FP_CRC
+    page[0] = comp
+    if not unzstd:
+        return FP_OK
+    got[0] = rf_zstd_dec(raw, <size_t>usize, comp, <size_t>csize, zerr)
+    page[0] = raw
+    if got[0] < 0:
+        return FP_ZSTD
+    return FP_OK if got[0] == usize else FP_SIZE
+
+
+cdef int _raise_page(int code, int64_t off, long long got, int64_t usize, const char *zerr) except -1:
+    """ValueError naming the page at ``off`` for what :func:`_check_unpack`
+    found (FP_CRC, FP_ZSTD with libzstd's ``zerr``, FP_SIZE with ``got``
+    bytes for ``usize``); nothing for FP_OK (or a code it does not give)."""
+    if code == FP_CRC:
+        raise ValueError(f"page at offset {off} fails its CRC-32")
+    if code == FP_ZSTD:
+        raise ValueError(f"page at offset {off} does not decompress: "
+                         f"{(<bytes>zerr).decode('utf-8', 'replace')}")
+    if code == FP_SIZE:
+        raise ValueError(f"page at offset {off} decompresses to {got} bytes, its header says {usize}")
+    return 0
+
 import os
 
 import numpy as np
@@ -1718,6 +1750,7 @@ cdef list _fetch_rows(int fd, const int64_t[:, ::1] pf):
     cdef char **dst = NULL
     cdef unsigned char *buf = NULL
     cdef const unsigned char *p
+    cdef const unsigned char *page
     cdef Py_ssize_t got = 0, r, e = 0
     cdef long long zgot = 0
     cdef const char *zerr = NULL
@@ -1782,16 +1815,12 @@ cdef list _fetch_rows(int fd, const int64_t[:, ::1] pf):
             while code == FP_OK and i < n:
                 a = js[i]
                 p = buf + run_at[run_of[i]] + (pf[a, 0] - run_lo[run_of[i]])
-                if rf_crc32(p, <size_t>pf[a, 1]) != <uint32_t>pf[a, 3]:
-                    code, bad = FP_CRC, a
+                code = _check_unpack(p, pf[a, 1], <uint32_t>pf[a, 3], pf[a, 4] & 1,
+                                     <unsigned char *>dst[a], pf[a, 2], &page, &zgot, &zerr)
+                if code != FP_OK:
+                    bad = a
                 elif not pf[a, 4] & 1:
                     memcpy(dst[a], p, pf[a, 1])
-                else:
-                    zgot = rf_zstd_dec(dst[a], <size_t>pf[a, 2], p, <size_t>pf[a, 1], &zerr)
-                    if zgot < 0:
-                        code, bad = FP_ZSTD, a
-                    elif zgot != pf[a, 2]:
-                        code, bad = FP_SIZE, a
                 i += 1
         if code == FP_NOMEM:
             raise MemoryError()
@@ -1801,14 +1830,7 @@ cdef list _fetch_rows(int fd, const int64_t[:, ::1] pf):
             raise ValueError(f"{run_at[bad + 1] - run_at[bad]} bytes at offset {run_lo[bad]} "
                              f"run past the end of the file")
         if code != FP_OK:
-            off = pf[bad, 0]
-            if code == FP_CRC:
-                raise ValueError(f"page at offset {off} fails its CRC-32")
-            if code == FP_ZSTD:
-                raise ValueError(f"page at offset {off} does not decompress: "
-                                 f"{(<bytes>zerr).decode('utf-8', 'replace')}")
-            raise ValueError(f"page at offset {off} decompresses to {zgot} bytes, "
-                             f"its header says {pf[bad, 2]}")
+            _raise_page(code, pf[bad, 0], zgot, pf[bad, 2], zerr)
     finally:
         free(js); free(run_lo); free(run_at); free(run_of); free(dst); free(buf)
     return keep
@@ -1883,37 +1905,35 @@ cdef bytes _checked_page(bytes run, int64_t at, const int64_t[::1] flat, Py_ssiz
     cdef int64_t off = flat[7 * j + 1], csize = flat[7 * j + 2], usize = flat[7 * j + 3]
     cdef const unsigned char *p
     cdef char *dst
+    cdef const unsigned char *page
     cdef uint32_t crc
-    cdef long long got
+    cdef long long got = 0
+    cdef int err
     cdef const char *zerr = NULL
     cdef bytes comp, raw
     if at < 0 or csize < 0 or usize < 0 or at + csize > PyBytes_GET_SIZE(run):
         raise ValueError(f"take_rows: page at offset {off} is out of place")
     p = <const unsigned char *>PyBytes_AS_STRING(run) + at
-    with nogil:
-        crc = rf_crc32(p, <size_t>csize)
-    if crc != <uint32_t>flat[7 * j + 4]:
-        raise ValueError(f"page at offset {off} fails its CRC-32")
-    if not flat[7 * j + 5] & 1 or not rf_zstd_ready():
-        comp = run if at == 0 and csize == PyBytes_GET_SIZE(run) else \
-            PyBytes_FromStringAndSize(<const char *>p, csize)
-        if not flat[7 * j + 5] & 1:
-            return comp
-        if _frame_size(comp) == usize:
-            raw = decompress(comp)
-        else:
-            raw = decompress(comp, max_output_size=usize)
-        got = PyBytes_GET_SIZE(raw)
-    else:
+    crc = <uint32_t>flat[7 * j + 4]
+    if flat[7 * j + 5] & 1 and rf_zstd_ready():
         raw = PyBytes_FromStringAndSize(NULL, usize)
         dst = PyBytes_AS_STRING(raw)
         with nogil:
-            got = rf_zstd_dec(dst, <size_t>usize, p, <size_t>csize, &zerr)
-        if got < 0:
-            raise ValueError(f"page at offset {off} does not decompress: "
-                             f"{(<bytes>zerr).decode('utf-8', 'replace')}")
-    if got != usize:
-        raise ValueError(f"page at offset {off} decompresses to {got} bytes, its header says {usize}")
+            err = _check_unpack(p, csize, crc, True, <unsigned char *>dst, usize, &page, &got, &zerr)
+        _raise_page(err, off, got, usize, zerr)
+        return raw
+    with nogil:
+        err = _check_unpack(p, csize, crc, False, NULL, 0, &page, &got, &zerr)
+    _raise_page(err, off, got, usize, zerr)
+    comp = run if at == 0 and csize == PyBytes_GET_SIZE(run) else \
+        PyBytes_FromStringAndSize(<const char *>p, csize)
+    if not flat[7 * j + 5] & 1:
+        return comp
+    if _frame_size(comp) == usize:
+        raw = decompress(comp)
+    else:
+        raw = decompress(comp, max_output_size=usize)
+    _raise_page(FP_SIZE if PyBytes_GET_SIZE(raw) != usize else FP_OK, off, PyBytes_GET_SIZE(raw), usize, NULL)
     return raw
 
 
@@ -2583,24 +2603,6 @@ cdef int _find_page(const unsigned char *b, Py_ssize_t n, int64_t count, const u
     return FP_OK
 
 
-cdef int _check_unpack(const unsigned char *comp, int64_t csize, uint32_t crc, bint unzstd, unsigned char *raw,
-                       int64_t usize, const unsigned char **page, long long *got, const char **zerr) noexcept nogil:
-    """A stored page's CRC-32 checked (FP_CRC) and, with ``unzstd``, its
-    zstd frame decompressed into ``raw`` (FP_ZSTD, or FP_SIZE with ``got``
-    another size than ``usize``); ``page``: its bytes (``comp`` when not
-    decompressed here)."""
-    if rf_crc32(comp, <size_t>csize) != crc:
-        return FP_CRC
-    page[0] = comp
-    if not unzstd:
-        return FP_OK
-    got[0] = rf_zstd_dec(raw, <size_t>usize, comp, <size_t>csize, zerr)
-    page[0] = raw
-    if got[0] < 0:
-        return FP_ZSTD
-    return FP_OK if got[0] == usize else FP_SIZE
-
-
 cdef Py_ssize_t _span_sel(const int64_t[::1] firsts, Py_ssize_t at, Py_ssize_t n, object spans,
                           Py_ssize_t *sel) except -1:
     """Into ``sel`` (room for ``n``), ascending, the pages (0 to n - 1) of
@@ -2786,14 +2788,7 @@ def find_pages(int fd, const int64_t[::1] flat, const int64_t[::1] firsts, Py_ss
                 if err == FP_OK:
                     with nogil:
                         err = _find_page(page, usize, count, nds, nls, cis, np_, hits, &nh, &bad)
-                if err == FP_CRC:
-                    raise ValueError(f"page at offset {off} fails its CRC-32")
-                if err == FP_ZSTD:
-                    raise ValueError(f"page at offset {off} does not decompress: "
-                                     f"{(<bytes>zerr).decode('utf-8', 'replace')}")
-                if err == FP_SIZE:
-                    raise ValueError(f"page at offset {off} decompresses to {got} bytes, "
-                                     f"its header says {usize}")
+                _raise_page(err, off, got, usize, zerr)
                 if err == FP_SHORT:
                     raise ValueError(f"page at offset {off}: PLAIN page ends before value {bad}")
                 if err == FP_LONG:
