@@ -427,10 +427,11 @@ class PageReader:
 
     # ------------------------------------------------------------ fetched ahead
     #
-    # A search's scan of many groups with few rows each fetches their pages
-    # in batches (rune_fast.cool.scan): which pages (span_pages, rows_pages),
-    # their fields (fields), then fetch (without the GIL, two batches side by
-    # side), and hands each group's to find and take.
+    # A search's scan of many groups with few rows each reads them in
+    # batches (rune_fast.cool.scan): which content pages (span_pages), their
+    # fields (fields), then fetch (without the GIL) and each group's pages
+    # to find; the hits' other columns by take_many (pages and values
+    # without the GIL), or with no record type by fetch (rows_pages) and take.
 
     def span_pages(self, rg: int, c: int, spans: Any) -> list[int]:
         """The directory indices of the pages :meth:`find` reads for ``spans``."""

@@ -128,8 +128,8 @@ class FileGrams:
         probe). ``rgs`` (ascending): only these groups are asked about (a
         limited search's newest: the filters are tested over their rows
         alone, so that its cost does not grow with the file's)."""
-        groups_in = int(np.searchsorted(starts, e - 1, side="right") - np.searchsorted(starts, s, side="right"))
-        if rgs is not None and len(rgs) * 2 < groups_in:
+        if rgs is not None and len(rgs) * 2 < int(np.searchsorted(starts, e - 1, side="right")
+                                                  - np.searchsorted(starts, s, side="right")):
             out: dict[int, np.ndarray] = {}
             at = 0
             while at < len(rgs):
