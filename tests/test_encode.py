@@ -14,7 +14,7 @@ import hashlib
 import os
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from _cool_lines import dict_table, framed_lines, lines_blob
@@ -94,6 +94,23 @@ def test_hash_job_of_a_list_puts_each_hash_in_its_place():
     for _ in range(50):                 # a job dropped unread joins its thread
         _encode.HashJob([b"y" * 10_000] * 20)
     assert _encode.compiled_sha256 in (True, False)
+
+
+@settings(max_examples=EXAMPLES)
+@given(st.lists(st.binary(max_size=300) | st.integers(0, 5000).map(lambda n: bytes(i % 251 for i in range(n))),
+                min_size=1, max_size=12), st.booleans(), st.booleans())
+@example([bytes(range(n)) for n in (0, 1, 55, 56, 63, 64, 65, 119, 120, 128, 255)], False, True)
+@example([bytes(range(n)) for n in (0, 1, 55, 56, 63, 64, 65, 119, 120, 128, 255)], True, False)
+def test_hash_job_hashes_are_hashlibs(data, threaded, steps):
+    # every length around sha256's 64-byte blocks and its 55/56-byte
+    # padding edge, by OpenSSL's Init/Update/Final steps and by its one-shot
+    was = _encode._use_compiled_sha256(True)
+    try:
+        _encode._use_compiled_sha256(True, steps)
+        hashes: list = list(data)
+        assert _encode.HashJob(hashes, threaded).result() == [hashlib.sha256(d).hexdigest() for d in data]
+    finally:
+        _encode._use_compiled_sha256(was)
 
 
 def test_hash_job_without_compiled_sha256_uses_hashlib():
