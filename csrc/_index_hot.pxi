@@ -44,6 +44,14 @@ cdef enum:
 cdef enum:
     _GATHER_AHEAD = 8
 
+# what HotIndex._line_state finds wrong with a line (a failed checksum or
+# frame: the negated rf_check_frame verdict)
+cdef enum:
+    _LINE_NEGATIVE = 1
+    _LINE_DETACHED = 2
+    _LINE_PAST_END = 3
+    _LINE_NO_NEWLINE = 4
+
 
 cdef inline uint32_t _len(rf_list *L) noexcept nogil:
     return L.nu + L.ns
@@ -1719,25 +1727,26 @@ cdef class HotIndex:
                 moved += 1
         return moved
 
-    cdef int _checked_line(self, int64_t loc, const unsigned char **p, size_t *n,
-                           uint32_t length=0) except -1:
+    cdef int _line_state(self, int64_t loc, const unsigned char **p, size_t *n,
+                         uint32_t length=0) noexcept nogil:
         """Point `p` at the line at `loc` and set `n` to its length (without
-        the newline), after checking its checksum; raises like :meth:`line`.
-        `length`: the line's length with its newline as the index measured
-        it (0: not known). Its last byte a newline, the search for the first
-        newline is skipped: the checksum covers every byte before it, so a
-        newline flipped into the line fails the check as it would end it."""
+        the newline) if its checksum holds: 0; else what is wrong (the
+        ``_LINE_*`` codes, or the negated rf_check_frame verdict), which
+        :meth:`_line_error` turns into the error. `length`: the line's
+        length with its newline as the index measured it (0: not known).
+        Its last byte a newline, the search for the first newline is
+        skipped: the checksum covers every byte before it, so a newline
+        flipped into the line fails the check as it would end it."""
         cdef const unsigned char *nl
         cdef size_t avail
         cdef int v
-        cdef int64_t seg = loc >> 40, off = loc & OFF_MASK
+        cdef int64_t seg = loc >> 40
         if loc < 0:
-            raise FramingError(f"line: negative loc {loc}")
+            return _LINE_NEGATIVE
         if seg >= self._n_segs or self._c_segs[seg].state == 0:
-            raise RuneError(f"line: segment {seg} is not attached")
+            return _LINE_DETACHED
         if self._line_at(loc, p, &avail) != 0:
-            raise CorruptStateCheckpointError("no line at this offset (file shorter than the index)",
-                                              path=self._where(seg), offset=off)
+            return _LINE_PAST_END
         if avail > RF_MAX_LINE:
             avail = RF_MAX_LINE
         if length != 0 and length <= avail and p[0][length - 1] == b'\n':
@@ -1745,13 +1754,35 @@ cdef class HotIndex:
         else:
             nl = <const unsigned char *>memchr(p[0], b'\n', avail)
         if nl == NULL:
-            raise CorruptStateCheckpointError("line has no newline", path=self._where(seg),
-                                              offset=off)
+            return _LINE_NO_NEWLINE
         v = rf_check_frame(p[0], <size_t>(nl - p[0]))
         if v != RF_OK:
-            raise CorruptStateCheckpointError(f"line fails its check: {rf_reason(v).decode()}",
-                                              path=self._where(seg), offset=off)
+            return -v
         n[0] = <size_t>(nl - p[0])
+        return 0
+
+    cdef object _line_error(self, int64_t loc, int state):
+        """The error of a line whose :meth:`_line_state` is ``state``."""
+        cdef int64_t seg = loc >> 40, off = loc & OFF_MASK
+        if state == _LINE_NEGATIVE:
+            return FramingError(f"line: negative loc {loc}")
+        if state == _LINE_DETACHED:
+            return RuneError(f"line: segment {seg} is not attached")
+        if state == _LINE_PAST_END:
+            return CorruptStateCheckpointError("no line at this offset (file shorter than the index)",
+                                               path=self._where(seg), offset=off)
+        if state == _LINE_NO_NEWLINE:
+            return CorruptStateCheckpointError("line has no newline", path=self._where(seg), offset=off)
+        return CorruptStateCheckpointError(f"line fails its check: {rf_reason(-state).decode()}",
+                                           path=self._where(seg), offset=off)
+
+    cdef int _checked_line(self, int64_t loc, const unsigned char **p, size_t *n,
+                           uint32_t length=0) except -1:
+        """:meth:`_line_state`, raising what is wrong (naming the file and
+        offset)."""
+        cdef int state = self._line_state(loc, p, n, length)
+        if state != 0:
+            raise self._line_error(loc, state)
         return 0
 
     def line(self, int64_t loc):
@@ -1805,32 +1836,52 @@ cdef class HotIndex:
         ns = <size_t *>malloc(<size_t>k * sizeof(size_t) + 1)
         starts = np.empty(k, dtype=np.int64)
         cdef int64_t[::1] st = starts
+        cdef Py_ssize_t bad = -1
+        cdef int state = 0
+        self._guard()
         try:
             if ps == NULL or ns == NULL:
                 raise MemoryError(f"HotIndex.gather_lines: {k} lines")
-            for i in range(min(k, _GATHER_AHEAD)):
-                self._prefetch_line(ls[i], 1024)
-            for i in range(k):
-                if i + _GATHER_AHEAD < k:
-                    # (a window of whole lines ahead, not every line's head
-                    # first: a line is ~800 bytes, and a part's heads
-                    # asked at once were out of the cache again by the time
-                    # their lines were checked)
-                    self._prefetch_line(ls[i + _GATHER_AHEAD], 1024)
-                self._checked_line(ls[i], &ps[i], &ns[i])
-                total += ns[i] + 1
-                if want:
-                    if rf_parse_msg(ps[i], ns[i], &m, 0) != RF_OK or m.kind != b'm':
-                        raise FramingError(f"gather_lines: the line at offset {ls[i] & OFF_MASK} of "
-                                           f"{self._where(ls[i] >> 40)} is not a message line")
-                    hv[i] = _xxh.XXH3_64bits(ps[i] + m.id_off, m.id_len)
-            data = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>total)
-            dst = PyBytes_AS_STRING(data)
-            for i in range(k):
-                st[i] = <int64_t>at
-                memcpy(dst + at, ps[i], ns[i])
-                dst[at + ns[i]] = b'\n'
-                at += ns[i] + 1
+            # (without the GIL: the check of a cooling run's ~800-byte lines,
+            # ~3 ms a part of 4,096, held it while the Parquet writer's and
+            # the filters' threads waited for it between their row groups)
+            self._c_busy = 1
+            try:
+                with nogil:
+                    for i in range(min(k, _GATHER_AHEAD)):
+                        self._prefetch_line(ls[i], 1024)
+                    for i in range(k):
+                        if i + _GATHER_AHEAD < k:
+                            # (a window of whole lines ahead, not every line's
+                            # head first: a line is ~800 bytes, and a part's
+                            # heads asked at once were out of the cache again
+                            # by the time their lines were checked)
+                            self._prefetch_line(ls[i + _GATHER_AHEAD], 1024)
+                        state = self._line_state(ls[i], &ps[i], &ns[i])
+                        if state != 0:
+                            bad = i
+                            break
+                        total += ns[i] + 1
+                        if want:
+                            if rf_parse_msg(ps[i], ns[i], &m, 0) != RF_OK or m.kind != b'm':
+                                bad = i
+                                break
+                            hv[i] = _xxh.XXH3_64bits(ps[i] + m.id_off, m.id_len)
+                if bad >= 0:
+                    if state != 0:
+                        raise self._line_error(ls[bad], state)
+                    raise FramingError(f"gather_lines: the line at offset {ls[bad] & OFF_MASK} of "
+                                       f"{self._where(ls[bad] >> 40)} is not a message line")
+                data = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>total)
+                dst = PyBytes_AS_STRING(data)
+                with nogil:
+                    for i in range(k):
+                        st[i] = <int64_t>at
+                        memcpy(dst + at, ps[i], ns[i])
+                        dst[at + ns[i]] = b'\n'
+                        at += ns[i] + 1
+            finally:
+                self._c_busy = 0
             return data, starts
         finally:
             free(ps)

@@ -674,6 +674,23 @@ def test_gather_lines():
     with pytest.raises(CorruptStateCheckpointError, match="fails its check") as ei:
         ix.gather_lines([int(locs[0]), int(locs[1])])
     assert ei.value.path == "/state/seg-0" and ei.value.offset == int(locs[1])
+    # the lines are checked without the GIL, and what is wrong raised after:
+    # a location past the file, a segment not attached, a negative one, and
+    # with hashes asked, a line that is not a message's; the index serves
+    # the next call
+    with pytest.raises(CorruptStateCheckpointError, match="no line at this offset") as ei:
+        ix.gather_lines([int(locs[0]), len(bad) + 5])
+    assert ei.value.path == "/state/seg-0" and ei.value.offset == len(bad) + 5
+    with pytest.raises(RuneError, match="segment 7 is not attached"):
+        ix.gather_lines([int(locs[0]), 7 << 40])
+    with pytest.raises(FramingError, match="negative loc"):
+        ix.gather_lines([-1])
+    dead = tombstone("gone", "c")
+    ix.attach(1, dead, path="/state/seg-1")
+    assert ix.gather_lines([1 << 40])[0] == dead
+    with pytest.raises(FramingError, match="offset 0 of /state/seg-1 is not a message line"):
+        ix.gather_lines([int(locs[0]), 1 << 40], np.zeros(2, dtype=np.uint64))
+    assert ix.gather_lines([int(locs[0])])[0] == a[0]
 
 
 _WORDS = ["alpha", "Beta", "gamma", "DELTA", "stra\u00dfe", "\u6771\u4eac", "x", "quarterly", "report",

@@ -147,6 +147,9 @@ cdef class HotIndex:
     cdef void _unmap_if_unused(self) noexcept nogil
     cdef object _where(self, int64_t seg)
     cdef int _line_at(self, int64_t loc, const unsigned char **p, size_t *avail) noexcept nogil
+    cdef int _line_state(self, int64_t loc, const unsigned char **p, size_t *n,
+                         uint32_t length=*) noexcept nogil
+    cdef object _line_error(self, int64_t loc, int state)
     cdef int _checked_line(self, int64_t loc, const unsigned char **p, size_t *n,
                            uint32_t length=*) except -1
     cdef void _prefetch_line(self, int64_t loc, uint32_t length=*) noexcept nogil
