@@ -2071,6 +2071,27 @@ cdef int _cool_emit(_Cols *cb, const unsigned char *base, Py_ssize_t size, const
     return 0
 
 
+cdef bint _cool_own_calls(_Cols *cb, _Cooled *blk, Py_ssize_t n) noexcept nogil:
+    """Point each line of the block whose tool calls were made here (state
+    3) at their canonical JSON; whether a line's are left to the caller
+    (state 2)."""
+    cdef Py_ssize_t i
+    cdef bint python_calls = False
+    for i in range(n):
+        if blk[i].state == 3:
+            blk[i].calls_canon = cb.calls.p + blk[i].calls_at
+        elif blk[i].state == 2:
+            python_calls = True
+    return python_calls
+
+
+cdef void _cool_taken(_Cooled *blk, Py_ssize_t a, Py_ssize_t b, unsigned char *took) noexcept nogil:
+    """Mark the lines of the block [a, b) that were read (not left to the dict path)."""
+    cdef Py_ssize_t li
+    for li in range(a, b):
+        took[li] = blk[li - a].state != 0
+
+
 def cool_columns(data, starts, object calls_texts):
     """The cool-file columns of verified message lines -- ``data`` holds
     them one after the other, each followed by its newline, line i starting
@@ -2089,11 +2110,12 @@ def cool_columns(data, starts, object calls_texts):
     (column text, canonical JSON)`` (None: the line takes the Python path),
     unless it is spelled as orjson spells what it reads from it: then both
     are made here (:func:`canonical_calls`).
-    The lines are parsed and their columns written without the GIL, a
-    block of ``_COOL_BLOCK`` lines at a time (the tool-call texts of a
-    block asked in between): a thread that writes the row groups made of
-    them (compact()'s ``_GroupWriter``) or an appender beside a
-    background cooling run gets the GIL meanwhile."""
+    The lines are parsed and their columns written a block of
+    ``_COOL_BLOCK`` lines at a time (in the caches), without the GIL from
+    the first block to the last but for the blocks whose tool-call texts
+    the caller makes: a thread that writes the row groups made of them
+    (compact()'s ``_GroupWriter``) or an appender beside a background
+    cooling run gets the GIL meanwhile."""
     cdef _ColumnBufs cb = _ColumnBufs()
     cdef const int64_t[::1] st = np.ascontiguousarray(starts, dtype=np.int64)
     cdef Py_ssize_t nl = st.shape[0], li, k, a, b, bad
@@ -2106,30 +2128,46 @@ def cool_columns(data, starts, object calls_texts):
     cdef _Cooled *blk = NULL
     cdef _Cooled *c
     cdef list keep
-    cdef list taken = []
+    cdef bint python_calls = False
+    cdef unsigned char *took = NULL
+    cdef object taken
     for k in range(N_SCOL):
         _push_offset(&cb.c.offs[k], 0)
     PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
     try:
         blk = <_Cooled *>malloc(sizeof(_Cooled) * _COOL_BLOCK)
-        if blk == NULL:
+        took = <unsigned char *>calloc(<size_t>nl + 1, 1)
+        if blk == NULL or took == NULL:
             raise MemoryError("cool_columns: line table")
         base = <const unsigned char *>view.buf
         size = view.len
-        a = 0
+        a = b = 0
+        bad = -1
         while a < nl:
-            b = min(nl, a + _COOL_BLOCK)
+            # (one stretch without the GIL until a block holds tool calls
+            # for the caller: a thread that waits for the GIL back after
+            # each block waits for another's switch interval, up to 5 ms)
             with nogil:
-                bad = _cool_parse(&cb.c, base, size, stp, nl, a, b, blk)
+                while a < nl:
+                    b = min(nl, a + _COOL_BLOCK)
+                    bad = _cool_parse(&cb.c, base, size, stp, nl, a, b, blk)
+                    if bad >= 0:
+                        break
+                    python_calls = _cool_own_calls(&cb.c, blk, b - a)
+                    if python_calls:
+                        break
+                    _cool_taken(blk, a, b, took)
+                    _cool_emit(&cb.c, base, size, stp, nl, a, b, blk)
+                    a = b
             if bad >= 0:
                 raise ValueError(f"cool_columns: line {bad} (at {st[bad]}) is not followed by a "
                                  f"newline where the next starts")
+            if a >= nl:
+                break
             keep = []           # (the tool-call texts of the block, alive until written)
             for li in range(a, b):
                 c = &blk[li - a]
-                if c.state == 3:
-                    c.calls_canon = cb.c.calls.p + c.calls_at
-                elif c.state == 2:
+                if c.state == 2:
                     # tool calls: their two JSON forms from the caller (None: the dict path)
                     texts = calls_texts(PyBytes_FromStringAndSize(
                         <const char *>base + st[li] + c.ln.rs[R_TOOL_CALLS], c.ln.rl[R_TOOL_CALLS]))
@@ -2143,14 +2181,16 @@ def cool_columns(data, starts, object calls_texts):
                     c.calls_col_n = PyBytes_GET_SIZE(calls_col)
                     c.calls_canon = PyBytes_AS_STRING(calls_canon)
                     c.calls_canon_n = PyBytes_GET_SIZE(calls_canon)
-                if c.state:
-                    taken.append(li)
+            _cool_taken(blk, a, b, took)
             with nogil:
                 _cool_emit(&cb.c, base, size, stp, nl, a, b, blk)
             del keep
             a = b
+        taken = np.flatnonzero(np.frombuffer(PyBytes_FromStringAndSize(<char *>took, nl),
+                                             dtype=np.uint8)).tolist()
     finally:
         free(blk)
+        free(took)
         PyBuffer_Release(&view)
     cols = {}
     for k in range(N_SCOL):

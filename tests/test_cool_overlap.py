@@ -75,6 +75,40 @@ def test_cool_columns_blocks_give_the_dict_path():
         _encode.cool_columns(data, bad, cool._calls_texts)
 
 
+@settings(max_examples=25, deadline=None)
+@given(st.sets(st.integers(0, 1099), max_size=4), st.sets(st.integers(0, 1099), max_size=3))
+def test_cool_columns_resumes_its_stretch_after_the_callers_blocks(asked_at, refused_at):
+    """The blocks run in one stretch without the GIL until one holds tool
+    calls the caller spells (a float among the arguments): that block's
+    texts are asked, and the stretch goes on from the next. Wherever those
+    lines fall (the first block, the last, several in one, none), and
+    whether the caller refuses some: the lines asked are those, the taken
+    ones all but the refused, the table the dict path's."""
+    asked_at = asked_at | refused_at
+    msgs = [ConversationMessageRecord(
+        content=f"row {i} Zürich", channel_id="c",
+        tool_calls=({"id": f"c{i}", "name": "skip" if i in refused_at else "f",
+                     "arguments": {"x": 2.5}},) if i in asked_at
+        else ({"id": f"c{i}", "name": "g", "arguments": {"z": [i, None]}},) if i % 5 == 0 else ())
+        for i in range(1100)]
+    lines = framed_lines(msgs, 7)
+    data, starts = lines_blob(lines)
+    asked: list[int] = []
+
+    def calls_texts(raw):
+        asked.append(int(raw.split(b'"id":"c')[1].split(b'"')[0]))
+        return None if b'"skip"' in raw else cool._calls_texts(raw)
+
+    taken, _cols = _encode.cool_columns(data, starts, calls_texts)
+    assert asked == sorted(asked_at)
+    assert taken == [i for i in range(1100) if i not in refused_at]
+
+    def fallback(i):
+        d = codec.decode_body(lines[i], path="t", offset=0)
+        return d["r"], d.get("s")
+    assert cool.table_from_lines(data, starts, fallback).to_pylist() == dict_table(lines).to_pylist()
+
+
 def test_cool_columns_lets_other_threads_run():
     """With no forced switch (a switch interval of 100 s) a thread runs only
     where another lets go of the GIL: it runs while cool_columns parses

@@ -169,13 +169,22 @@ MERGE_INLINE_GROUP_ROWS = 16384
 #: something is due; None: no watcher (the tests' default, whose schedules
 #: are exact).
 IDLE_MERGE_SECONDS: float | None = 1.0
-#: lines a background cooling run parses per call (see _stage_cooling)
-PARSE_PART = 256
-#: lines compact()'s cooling parses per call (``_cool_table_at``): the
-#: columns of 512 lines (~400 KB) still sit in the caches, and half the
-#: calls' Arrow arrays are made (parse and build 2.6 -> 2.45 us a line of
-#: the bench's workload; 1,024: 2.7)
-COOL_PARSE_PART = 512
+#: lines a background cooling run parses per call (see _stage_cooling): a
+#: whole part (BG_COOL_PART_ROWS). cool_columns' blocks keep the lines in
+#: the caches either way; what the size of a call decides is how often the
+#: thread takes the GIL back, and each time it waited for the appender's
+#: switch interval (up to 5 ms): at 256 lines a call the thread ran ~15%
+#: of its wall time in a bulk load of 1,000,000 and left ~470,000 rows to
+#: the final compact() (bench/bulk_ab.py, 2 rounds: that compact() 4.0 ->
+#: 3.1 s, the load 11.2-11.3 -> 10.9-11.1 us a message; 1,024: 3.4 s)
+PARSE_PART = 4096
+#: lines compact()'s cooling parses per call (``_cool_table_at``): a whole
+#: part (COOL_RUN_MAX_ROWS), for the same reason: the Parquet writer's and
+#: the filters' threads wait for the GIL the caller takes back after each
+#: call (512 lines a call, chosen for the caches when one thread did the
+#: work: 2.45 against 2.7 us a line at 1,024; with those threads, 4,096:
+#: the compact() after a bulk load of 1,000,000 3.1 -> 2.9 s)
+COOL_PARSE_PART = 4096
 #: close() leaves the index snapshot as it is when it still matches the files
 #: (the same sealed segments, tail and cool files) and at most this many
 #: changes (appended lines, deletions) came after it: the next open scans those
