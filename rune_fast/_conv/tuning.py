@@ -177,14 +177,14 @@ IDLE_MERGE_SECONDS: float | None = 1.0
 #: of its wall time in a bulk load of 1,000,000 and left ~470,000 rows to
 #: the final compact() (bench/bulk_ab.py, 2 rounds: that compact() 4.0 ->
 #: 3.1 s, the load 11.2-11.3 -> 10.9-11.1 us a message; 1,024: 3.4 s)
-PARSE_PART = 4096
+PARSE_PART = BG_COOL_PART_ROWS
 #: lines compact()'s cooling parses per call (``_cool_table_at``): a whole
 #: part (COOL_RUN_MAX_ROWS), for the same reason: the Parquet writer's and
 #: the filters' threads wait for the GIL the caller takes back after each
 #: call (512 lines a call, chosen for the caches when one thread did the
 #: work: 2.45 against 2.7 us a line at 1,024; with those threads, 4,096:
 #: the compact() after a bulk load of 1,000,000 3.1 -> 2.9 s)
-COOL_PARSE_PART = 4096
+COOL_PARSE_PART = COOL_RUN_MAX_ROWS
 #: close() leaves the index snapshot as it is when it still matches the files
 #: (the same sealed segments, tail and cool files) and at most this many
 #: changes (appended lines, deletions) came after it: the next open scans those

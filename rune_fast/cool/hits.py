@@ -50,7 +50,8 @@ def _hit_records(reader: Any, rg: int, local: list[int], contents: list[bytes],
     records built and their digests checked in compiled code
     (``records_from_columns``). PageError where the pages or values do not
     hold together (the caller's read names the damage). Runs on a scan
-    thread: touches nothing of the archive but the file's reader."""
+    thread or on the search's own (a group FewGroups reads alone): touches
+    nothing of the archive but the file's reader."""
     return _records(reader.path, f"row group {rg}", reader.take(rg, local, _OTHER_COLS), contents, record_type)
 
 
