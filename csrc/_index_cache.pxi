@@ -17,6 +17,16 @@ cdef class LocCache:
     new insertion put it last, and past its bounds an insertion drops the
     oldest entries.
 
+    With ``aged=True`` (the repository's record caches) an insertion that
+    needs room drops one entry of the older half of the insertions instead,
+    at random (a fixed-seed xorshift: the same calls drop the same
+    entries), the oldest when four draws land only on places already
+    emptied. A loop over a set a little larger than the cache then keeps
+    most of it; oldest-first dropped every entry just before it was asked
+    again (the bench's 2,000 gets at 30,000 messages against ~1,100 hot
+    records: no hit). ``make_room``, a lower ``max_bytes`` and ``clear``
+    still drop the oldest first.
+
     Two bounds: ``capacity`` entries, and ``max_bytes`` (None: none) summed
     over the sizes the values were put with (:meth:`put`; ``cache[loc] = v``
     puts 0 bytes). A value larger than ``max_bytes`` on its own is not kept.
@@ -32,8 +42,10 @@ cdef class LocCache:
     is a chain of dependent fetches (index, entry, key object), each a
     cache miss once the store is large."""
 
-    def __cinit__(self, Py_ssize_t capacity, max_bytes=None):
+    def __cinit__(self, Py_ssize_t capacity, max_bytes=None, bint aged=False):
         cdef uint64_t size = 16, i
+        self._aged = aged
+        self._rng = 0x9E3779B97F4A7C15ULL
         if capacity < 1:
             raise ValueError(f"LocCache: capacity must be >= 1, got {capacity}")
         if max_bytes is None:
@@ -182,6 +194,28 @@ cdef class LocCache:
                 return 1
         return 0
 
+    cdef int _drop_aged(self) except -1:
+        """Drop one entry for an insertion that needs room: with ``aged``,
+        one of the older half of the insertions at random (see the class),
+        else (or when the draws find only emptied places, or fewer than
+        three places are held) the oldest. 1 if one was dropped."""
+        cdef uint64_t span = (self._tail - self._head) // 2, s, x
+        cdef int64_t i
+        cdef int k
+        if self._aged and span >= 1 and self._tail - self._head >= 3:
+            for k in range(4):
+                x = self._rng
+                x ^= x << 13
+                x ^= x >> 7
+                x ^= x << 17
+                self._rng = x
+                s = self._head + x % span
+                i = self._find(self._c_ring[s % self._ring_n])
+                if i >= 0 and self._c_serial[i] == s:
+                    self._take(<uint64_t>i)
+                    return 1
+        return self._drop_oldest()
+
     cdef list _in_order(self, int what):
         """Keys (0), values (1) or (key, value) pairs (2), oldest first."""
         cdef uint64_t s
@@ -328,7 +362,7 @@ cdef class LocCache:
             Py_DECREF(<object>old)
         else:
             if self._n >= self._cap:
-                self._drop_oldest()
+                self._drop_aged()
             if self._tail - self._head == self._ring_n:
                 self._compact_ring()
                 if 2 * (self._tail - self._head) > self._ring_n:
@@ -348,7 +382,7 @@ cdef class LocCache:
             self._n += 1
             self._bytes += nbytes
         if self._max_bytes >= 0:
-            while self._bytes > self._max_bytes and self._drop_oldest():
+            while self._bytes > self._max_bytes and self._drop_aged():
                 pass
         return 1 if self._find(loc) >= 0 else 0
 

@@ -75,9 +75,12 @@ cdef class LocCache:
     cdef Py_ssize_t _cap
     cdef int64_t _bytes            # the sum of the held values' sizes
     cdef int64_t _max_bytes        # -1: no bound in bytes
+    cdef bint _aged                # an insertion that needs room drops one of the older half
+    cdef uint64_t _rng             # xorshift64 state of that choice (fixed seed)
 
     cdef int64_t _find(self, int64_t loc) noexcept nogil
     cdef void _prefetch(self, int64_t loc) noexcept nogil
+    cdef int _drop_aged(self) except -1
     cdef object _take(self, uint64_t i)
     cdef int _set(self, int64_t loc, object value, int64_t nbytes) except -1
     cdef int _grow_table(self) except -1

@@ -118,14 +118,14 @@ class HotReads(Host):
 
     def _reset_read_caches(self) -> None:
         # location -> (record, append sequence) of lines decoded, at most
-        # _DECODE_CACHE, the oldest dropped first (a dict-like table the
+        # _DECODE_CACHE, one of the older half dropped for room (a dict-like table the
         # compiled window and task reads look up)
-        self._decoded = LocCache(tuning.DECODE_CACHE, cache_budgets(self._cache_now)[0])
+        self._decoded = LocCache(tuning.DECODE_CACHE, cache_budgets(self._cache_now)[0], aged=True)
         # cool_loc (file number << 32 | row) -> (record, ord): cool rows read
         # and verified once, so a task, an exact read or a search asked again
         # skips their assembly and digest (file numbers are never reused: a
         # merged or erased file's rows are simply never looked up again)
-        self._cool_decoded = LocCache(tuning.DECODE_CACHE, cache_budgets(self._cache_now)[1])
+        self._cool_decoded = LocCache(tuning.DECODE_CACHE, cache_budgets(self._cache_now)[1], aged=True)
         # channel -> whether a hot message sorts before a cool one (computed lazily)
         self._interleaved = {}
         # task -> _task_clock after its last bulk read of archived rows, and
