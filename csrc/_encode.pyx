@@ -2211,6 +2211,9 @@ cdef tuple _ROLES = ("user", "assistant", "system", "tool")
 cdef tuple _SLOT_OF = (("msg_id", R_MSG_ID), ("channel_id", R_CHANNEL), ("task_id", R_TASK),
                        ("hlc", R_HLC), ("content", R_CONTENT), ("tool_call_id", R_TOOL_CALL_ID),
                        ("origin", R_ORIGIN))
+# each of _SLOT_OF's fields by its place in _INIT_FIELDS (message_init's slots)
+cdef Py_ssize_t _SLOT_INIT[7]
+_SLOT_INIT[:] = [0, 4, 5, 10, 3, 8, 9]
 
 
 cdef object _string_at(const unsigned char *p, Py_ssize_t start, Py_ssize_t length, Buf *scratch):
@@ -2282,6 +2285,16 @@ def record_from_line(line, type record_type, object calls_from_json):
                 return None
             values.append(v)
         rec = record_type.__new__(record_type)
+        if record_type is _mi_type:
+            # (each field stored in its slot, as message_init does: eleven
+            # descriptor lookups and calls were ~0.4 us of a ~3 us decode)
+            for k in range(len(_SLOT_OF)):
+                _mi_set(rec, _SLOT_INIT[k], values[k])
+            _mi_set(rec, 1, PyFloat_FromDouble(ln.ts))
+            _mi_set(rec, 2, role)
+            _mi_set(rec, 6, PyLong_FromLongLong(ln.tok))
+            _mi_set(rec, 7, calls)
+            return rec, PyLong_FromLongLong(ln.seq)
         for k in range(len(_SLOT_OF)):
             PyObject_GenericSetAttr(rec, _SLOT_OF[k][0], values[k])
         PyObject_GenericSetAttr(rec, "ts", PyFloat_FromDouble(ln.ts))

@@ -626,3 +626,21 @@ def test_a_frame_buffer_is_read_only_and_keeps_no_large_batch():
     big = [b'{"c":"' + b"x" * (1 << 20) + b'"}'] * 17     # past the 16 MiB it keeps
     data, _ = _encode.frame_messages(big, list(range(17)), 0, room)
     assert type(data) is bytes and len(data) > 16 << 20
+
+
+def test_record_from_line_fills_a_subclass_by_name_and_the_record_by_slot():
+    """The record type message_init set up gets each field stored in its
+    slot; any other type (a subclass here) by name: the same values."""
+    class Sub(ConversationMessageRecord):
+        __slots__ = ()
+
+    calls = ({"id": "c1", "name": "f", "arguments": {"a": 1}},)
+    msgs = [ConversationMessageRecord(content="é x", channel_id="c", task_id="t", role="assistant",
+                                      hlc="h1", origin="o", tool_call_id="k", token_estimate=7),
+            ConversationMessageRecord(content="", channel_id="c2", role="tool", tool_calls=calls)]
+    for m, line in zip(msgs, framed_lines(msgs, 9)):
+        fast = _encode.record_from_line(line, ConversationMessageRecord, codec._calls_from_json)
+        sub = _encode.record_from_line(line, Sub, codec._calls_from_json)
+        assert fast is not None and sub is not None and type(sub[0]) is Sub
+        assert fast[0] == m and sub[0].to_dict() == m.to_dict() and fast[1] == sub[1] >= 9
+        assert all(getattr(fast[0], f) == getattr(m, f) for f in m.__slots__)
