@@ -71,7 +71,23 @@ class _Val:
     __hash__ = None
 
 
-class LocCacheMachine(RuleBasedStateMachine):
+class _OldestFirstRules:
+    """The rules every LocCache machine shares: its model is a dict kept in
+    insertion order; make_room and clear drop the oldest first."""
+
+    @rule(room=st.integers(0, 50))
+    def make_room(self, room):
+        for k in list(self.model)[:max(self.cap // 4, len(self.model) + room - self.cap)]:
+            del self.model[k]
+        self.cache.make_room(room)
+
+    @rule()
+    def clear(self):
+        self.model.clear()
+        self.cache.clear()
+
+
+class LocCacheMachine(_OldestFirstRules, RuleBasedStateMachine):
     """LocCache against a dict kept in insertion order, as the repository
     used one: an update keeps its place, a pop then an insertion puts a key
     last, an insertion at capacity drops the oldest key, ``make_room(k)``
@@ -141,16 +157,6 @@ class LocCacheMachine(RuleBasedStateMachine):
                 self.model[new] = v
         self.cache.move_many([o for o, _n in moves], [n for _o, n in moves])
 
-    @rule(room=st.integers(0, 10))
-    def make_room(self, room):
-        self._drop(max(self.cap // 4, len(self.model) + room - self.cap))
-        self.cache.make_room(room)
-
-    @rule()
-    def clear(self):
-        self.model.clear()
-        self.cache.clear()
-
     @invariant()
     def same(self):
         assert len(self.cache) == len(self.model) <= self.cap
@@ -170,7 +176,20 @@ TestLocCache = LocCacheMachine.TestCase
 TestLocCache.settings = settings(max_examples=150, stateful_step_count=80, deadline=None)
 
 
-class ByteBoundLocCacheMachine(RuleBasedStateMachine):
+class _ByteBoundRules(_OldestFirstRules):
+    """What both byte-bounded machines share besides: their model's values
+    are (value, size); the cache holds what the model holds, in its order."""
+
+    @invariant()
+    def same(self):
+        assert self.cache.items() == [(k, v) for k, (v, _s) in self.model.items()]
+        assert len(self.cache) <= self.cap
+        assert self.cache.nbytes == sum(s for _v, s in self.model.values()) <= self.max
+        got, misses = self.cache.get_many(list(range(62)))
+        assert got == [self.model[k][0] if k in self.model else None for k in range(62)]
+
+
+class ByteBoundLocCacheMachine(_ByteBoundRules, RuleBasedStateMachine):
     """LocCache bounded in bytes as well as in entries, against a plain
     model: a dict kept in insertion order, each key with the size it was put
     with. ``put(loc, v, size)`` of a value larger than the bound drops what
@@ -231,30 +250,12 @@ class ByteBoundLocCacheMachine(RuleBasedStateMachine):
                 self._put(new, *self.model.pop(old))
         self.cache.move_many([o for o, _n in moves], [n for _o, n in moves])
 
-    @rule(room=st.integers(0, 50))
-    def make_room(self, room):
-        for k in list(self.model)[:max(self.cap // 4, len(self.model) + room - self.cap)]:
-            del self.model[k]
-        self.cache.make_room(room)
-
-    @rule()
-    def clear(self):
-        self.model.clear()
-        self.cache.clear()
-
-    @invariant()
-    def same(self):
-        assert self.cache.items() == [(k, v) for k, (v, _s) in self.model.items()]
-        assert self.cache.nbytes == sum(s for _v, s in self.model.values()) <= self.max
-        got, misses = self.cache.get_many(list(range(62)))
-        assert got == [self.model[k][0] if k in self.model else None for k in range(62)]
-
 
 TestByteBoundLocCache = ByteBoundLocCacheMachine.TestCase
 TestByteBoundLocCache.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
 
 
-class AgedLocCacheMachine(RuleBasedStateMachine):
+class AgedLocCacheMachine(_ByteBoundRules, RuleBasedStateMachine):
     """LocCache(aged=True): an insertion that needs room drops entries the
     caller cannot name in advance (one of the older half, at random), so
     the model learns which went from the cache and checks what it can: the
@@ -324,25 +325,6 @@ class AgedLocCacheMachine(RuleBasedStateMachine):
         held = set(self.cache.keys())
         for k in [k for k in self.model if k not in held]:
             del self.model[k]
-
-    @rule(room=st.integers(0, 20))
-    def make_room(self, room):
-        for k in list(self.model)[:max(self.cap // 4, len(self.model) + room - self.cap)]:
-            del self.model[k]
-        self.cache.make_room(room)
-
-    @rule()
-    def clear(self):
-        self.model.clear()
-        self.cache.clear()
-
-    @invariant()
-    def same(self):
-        assert self.cache.items() == [(k, v) for k, (v, _s) in self.model.items()]
-        assert len(self.cache) <= self.cap
-        assert self.cache.nbytes == sum(s for _v, s in self.model.values()) <= self.max
-        got, misses = self.cache.get_many(list(range(32)))
-        assert got == [self.model[k][0] if k in self.model else None for k in range(32)]
 
     @invariant()
     def released(self):
