@@ -202,7 +202,7 @@ cdef class LocCache:
         cdef uint64_t span = (self._tail - self._head) // 2, s, x
         cdef int64_t i
         cdef int k
-        if self._aged and span >= 1 and self._tail - self._head >= 3:
+        if self._aged and self._tail - self._head >= 3:     # (then span >= 1)
             for k in range(4):
                 x = self._rng
                 x ^= x << 13

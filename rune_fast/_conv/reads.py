@@ -39,10 +39,9 @@ def cache_budgets(total: int) -> tuple[int, int, int]:
     asked; a cool record read again is found in its row group if not in
     its own cache. The row groups' share gives up what the cool id index
     keeps of exact reads' answers (ID_MEMO_BYTES). The two record caches
-    get 3/8 each: both forget their oldest insertions first, so a loop over
-    a set a little larger than one of them misses every time (at 100,000
-    messages the bench's 2,000 gets, 1,083 of them archived, against the
-    ~1,000 records of a 1/8 share: 73 us a get, 2.8 us at 3/8)."""
+    get 3/8 each (at 100,000 messages the bench's loop of 2,000 gets, 1,083
+    of them archived, missed every time in a 1/8 share that dropped its
+    oldest first, ~1,000 records: 73 us a get, 2.8 us at 3/8)."""
     hot = cool = total * 3 // 8
     return hot, cool, max(0, min(total - hot - cool - ID_MEMO_BYTES, tuning.COOL_CACHE_BYTES))
 
@@ -118,8 +117,8 @@ class HotReads(Host):
 
     def _reset_read_caches(self) -> None:
         # location -> (record, append sequence) of lines decoded, at most
-        # _DECODE_CACHE, one of the older half dropped for room (a dict-like table the
-        # compiled window and task reads look up)
+        # _DECODE_CACHE, one of the older half dropped for room (a
+        # dict-like table the compiled window and task reads look up)
         self._decoded = LocCache(tuning.DECODE_CACHE, cache_budgets(self._cache_now)[0], aged=True)
         # cool_loc (file number << 32 | row) -> (record, ord): cool rows read
         # and verified once, so a task, an exact read or a search asked again
