@@ -194,7 +194,7 @@ cdef class LocCache:
                 return 1
         return 0
 
-    cdef int _drop_aged(self) except -1:
+    cdef int _drop_for_room(self) except -1:
         """Drop one entry for an insertion that needs room: with ``aged``,
         one of the older half of the insertions at random (see the class),
         else (or when the draws find only emptied places, or fewer than
@@ -362,7 +362,7 @@ cdef class LocCache:
             Py_DECREF(<object>old)
         else:
             if self._n >= self._cap:
-                self._drop_aged()
+                self._drop_for_room()
             if self._tail - self._head == self._ring_n:
                 self._compact_ring()
                 if 2 * (self._tail - self._head) > self._ring_n:
@@ -382,7 +382,7 @@ cdef class LocCache:
             self._n += 1
             self._bytes += nbytes
         if self._max_bytes >= 0:
-            while self._bytes > self._max_bytes and self._drop_aged():
+            while self._bytes > self._max_bytes and self._drop_for_room():
                 pass
         return 1 if self._find(loc) >= 0 else 0
 

@@ -80,7 +80,7 @@ cdef class LocCache:
 
     cdef int64_t _find(self, int64_t loc) noexcept nogil
     cdef void _prefetch(self, int64_t loc) noexcept nogil
-    cdef int _drop_aged(self) except -1
+    cdef int _drop_for_room(self) except -1
     cdef object _take(self, uint64_t i)
     cdef int _set(self, int64_t loc, object value, int64_t nbytes) except -1
     cdef int _grow_table(self) except -1
