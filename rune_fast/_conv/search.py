@@ -9,6 +9,7 @@ from typing import Any, Callable, Sequence, cast
 
 import numpy as np
 
+from .._arrays import unique
 from .. import codec
 from .._casefold import anchor_plan, ascii_probes
 from .._index import (SEARCH_FILTER_LAYOUT, WALK_BUDGET, WALK_MORE, WALK_UNORDERED, NewestWalk, contents,
@@ -529,7 +530,7 @@ class Search(Host):
             return hot(b"\xff", False, True)
         if len(plan.probes) == 1:
             return hot(plan.probes[0], True, False)
-        return np.unique(np.concatenate([hot(f, True, False) for f in plan.probes]))
+        return unique(np.concatenate([hot(f, True, False) for f in plan.probes]))
 
     def _check_hot_lines(self) -> None:
         """Check the checksum of every hot line once (lock held): a search

@@ -11,6 +11,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .._arrays import unique
 from .._encode import fresh_read_only_calls
 from .._order import order_key
 from .._pages import records_from_columns
@@ -268,7 +269,7 @@ class _Reads(_RowCache):
                 continue
             cuts = np.flatnonzero(seg[1:] != seg[:-1]) + 1
             run_codes = seg[np.concatenate([[0], cuts])]
-            if len(np.unique(run_codes)) != len(run_codes):
+            if len(unique(run_codes)) != len(run_codes):
                 out[ch] = None      # a task's rows apart: key order
                 continue
             out[ch] = (np.append(cuts + s, e).astype(np.int64), run_codes >= 0)
@@ -354,7 +355,7 @@ class _Reads(_RowCache):
             for no in self._task_map().get(task_id, ()):
                 rows = self._files[no].tasks[task_id]
                 if len(rows) > 1 and not bool((rows[1:] > rows[:-1]).all()):
-                    rows = np.unique(rows)      # (a sidecar writes them ascending; reads take them so)
+                    rows = unique(rows)      # (a sidecar writes them ascending; reads take them so)
                 parts.append((no, rows))
             if len(self._task_locs_d) >= _TASK_LOCS_KEPT:
                 self._task_locs_d.clear()
@@ -433,7 +434,7 @@ class _Reads(_RowCache):
                 small.setdefault(loc >> 32, set()).add(loc & 0xFFFFFFFF)
             by_file = {no: sorted(rows) for no, rows in small.items()}
         else:
-            arr = np.unique(np.asarray(locs, dtype=np.int64))      # (sorted: by file, then row)
+            arr = unique(np.asarray(locs, dtype=np.int64))      # (sorted: by file, then row)
             nos = arr >> 32
             cuts = np.flatnonzero(nos[1:] != nos[:-1]) + 1
             by_file = {int(part[0] >> 32): (part & 0xFFFFFFFF).tolist() for part in np.split(arr, cuts)}

@@ -13,6 +13,7 @@ from typing import Any, Callable, Container, Sequence
 import numpy as np
 import pyarrow as pa
 
+from .._arrays import unique
 from .._casefold import anchor_plan, ascii_probes
 from .._names import tmp_name
 from .._order import order_key
@@ -367,7 +368,7 @@ class _Search(_Reads):
                     else:
                         if mode == "ci-anchor":
                             exact = content.find(nb, True, lo, hi) - lo if need else np.zeros(0, np.int64)
-                            maybe: Any = np.unique(np.concatenate(
+                            maybe: Any = unique(np.concatenate(
                                 [content.find(a, True, lo, hi) - lo for a in anchors]))
                             if len(exact):
                                 maybe = np.setdiff1d(maybe, exact)
@@ -778,4 +779,4 @@ class _Search(_Reads):
         found = [per[c] for c in chars if len(per[c])]
         if not found:
             return np.zeros(0, np.int64)
-        return found[0] if len(found) == 1 else np.unique(np.concatenate(found))
+        return found[0] if len(found) == 1 else unique(np.concatenate(found))

@@ -13,6 +13,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .._arrays import unique
 from .. import _encode
 from ..records import json_safe as _json_safe
 from .schema import (
@@ -103,7 +104,7 @@ class _RowTaker:
                                          schema=self._schema)
         by_chunk = np.argsort(which, kind="stable")
         pieces = []
-        for b in np.unique(which).tolist():
+        for b in unique(which).tolist():
             sel = idx[by_chunk[which[by_chunk] == b]]
             pieces.append(self._batches[b].take(pa.array(sel - self._starts[b])))
         got = pa.Table.from_batches(pieces, schema=self._schema).combine_chunks()
