@@ -59,6 +59,18 @@ cdef int64_t _gr_blocks(rf_seg *sg) noexcept nogil:
     return (stable - GR_OVER - 2) // GR_BLOCK
 
 
+cdef void _gr_drop(rf_seg *sg) noexcept:
+    """Forget the filters of segment `sg` (freed, or their map released)."""
+    if sg.gr_owned:
+        free(sg.gr)
+    if sg.gr_mapped:
+        PyBuffer_Release(&sg.gr_view)
+    sg.gr = NULL
+    sg.gr_n = 0
+    sg.gr_owned = False
+    sg.gr_mapped = False
+
+
 cdef int _gr_build(rf_seg *sg) noexcept nogil:
     """Extend the filters of segment `sg` over every full block of its buffer
     that lies before its last newline (block b needs bytes up to (b + 1) *
@@ -72,10 +84,16 @@ cdef int _gr_build(rf_seg *sg) noexcept nogil:
     want = _gr_blocks(sg)
     if want <= sg.gr_n:
         return 0
-    w = <uint64_t *>realloc(sg.gr, <size_t>want * GR_WORDS * sizeof(uint64_t))
+    if sg.gr_owned or sg.gr == NULL:
+        w = <uint64_t *>realloc(sg.gr, <size_t>want * GR_WORDS * sizeof(uint64_t))
+    else:                   # mapped from a kept file: a copy grows (the map goes at _gr_drop)
+        w = <uint64_t *>malloc(<size_t>want * GR_WORDS * sizeof(uint64_t))
+        if w != NULL and sg.gr_n:
+            memcpy(w, sg.gr, <size_t>sg.gr_n * GR_WORDS * sizeof(uint64_t))
     if w == NULL:
         return -1
     sg.gr = w
+    sg.gr_owned = True
     memset(w + sg.gr_n * GR_WORDS, 0, <size_t>(want - sg.gr_n) * GR_WORDS * sizeof(uint64_t))
     cdef rf_gram_acc acc
     for b in range(sg.gr_n, want):

@@ -53,8 +53,12 @@ _WARM_MAX = 16 << 20
 #: search built them: magic, version, the filter layout (block, overlap, bits,
 #: words), the segment's length and the xxh3_64 of its first and last 4 KiB,
 #: the block count, the filters, then the xxh3_64 of everything before it.
+#: Version 2 pads the header to 56 bytes, so that the filters' 8-byte words
+#: lie aligned in a map of the file and the index reads them there (file
+#: pages, not the process's memory); version 1 files (52 bytes) are copied.
 _FILTERS_MAGIC = b"RFSEGGR1"
 _FILTERS_HEAD = struct.Struct("<8sIIIIIQQQ")
+_FILTERS_HEADS = {1: _FILTERS_HEAD.size, 2: _FILTERS_HEAD.size + 4}
 _SUM = struct.Struct("<Q")
 
 
@@ -86,32 +90,42 @@ def segment_ident(buf) -> int:
 def encode_filters(layout: tuple, buf, words: bytes) -> bytes:
     """The bytes of a kept filters file for segment bytes ``buf``."""
     block = layout[3] * 8
-    head = _FILTERS_HEAD.pack(_FILTERS_MAGIC, 1, *layout, len(buf), segment_ident(buf), len(words) // block)
-    return seal(head + words)
+    head = _FILTERS_HEAD.pack(_FILTERS_MAGIC, 2, *layout, len(buf), segment_ident(buf), len(words) // block)
+    return seal(head + bytes(_FILTERS_HEADS[2] - _FILTERS_HEAD.size) + words)
 
 
-def decode_filters(raw: bytes, layout: tuple, buf) -> bytes:
+def decode_filters(raw: bytes | memoryview, layout: tuple, buf) -> memoryview:
     """The filter words of a kept filters file made for segment bytes
-    ``buf`` with ``layout``; ValueError saying what does not hold."""
+    ``buf`` with ``layout`` (a view of ``raw``: a map stays a map);
+    ValueError saying what does not hold."""
     end = unseal(raw, _FILTERS_HEAD.size)
     magic, version, *got, length, ident, blocks = _FILTERS_HEAD.unpack_from(raw, 0)
-    if magic != _FILTERS_MAGIC or version != 1 or tuple(got) != tuple(layout):
+    if magic != _FILTERS_MAGIC or version not in _FILTERS_HEADS or tuple(got) != tuple(layout):
         raise ValueError(f"format {magic!r} version {version}, layout {tuple(got)}: not this build's")
     if length != len(buf) or ident != segment_ident(buf):
         raise ValueError("made for other bytes than the segment's")
-    if end - _FILTERS_HEAD.size != blocks * layout[3] * 8:
-        raise ValueError(f"{end - _FILTERS_HEAD.size} bytes of filters for {blocks} blocks")
-    return raw[_FILTERS_HEAD.size:end]
+    head = _FILTERS_HEADS[version]
+    if end - head != blocks * layout[3] * 8:
+        raise ValueError(f"{end - head} bytes of filters for {blocks} blocks")
+    return memoryview(raw)[head:end]
 
 
-def read_kept(path: str, decode: Callable[[bytes], T], *, remove_bad: bool) -> T | None:
+def read_kept(path: str, decode: Callable[[bytes], T], *, remove_bad: bool, mapped: bool = False) -> T | None:
     """``decode`` of the kept cache file at ``path`` (search filters), None
     if there is none or it does not hold: one that cannot be read, or that
     ``decode`` refuses (ValueError saying why), is named in a log warning and,
-    with ``remove_bad`` (a writer), removed; the search builds it again."""
+    with ``remove_bad`` (a writer), removed; the search builds it again.
+    ``mapped``: ``decode`` gets a read-only map of the file instead of its
+    bytes (a kept file is replaced by a rename, never written in place: the
+    map keeps what it mapped)."""
+    raw: bytes | memoryview
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        if mapped:
+            m, _size = map_file(path)        # (no descriptor kept open)
+            raw = b"" if m is None else memoryview(m)
+        else:
+            with open(path, "rb") as f:
+                raw = f.read()
     except FileNotFoundError:
         return None
     except OSError as exc:

@@ -327,6 +327,52 @@ def test_sealed_segments_filters_serve_the_first_search_of_a_later_open(tmp_path
         assert all(viewer._index.seg_filter_blocks(s) > 0 for s in viewer._seg_order if s in kept)
 
 
+def test_sealed_segments_filters_are_read_where_their_file_is_mapped(tmp_path, monkeypatch):
+    """The index reads a kept file's words in its map (file pages: no
+    copy counted as the process's memory) and answers as a full scan."""
+    d, msgs = _hot_store(tmp_path, monkeypatch)
+    with ConversationStateRepository(d, hot_window=10**6, compact_every=200) as repo:
+        repo.search("absent words")
+        segs = [s for s in repo._seg_order if repo._index.seg_filter_blocks(s) > 0]
+        assert len(segs) >= 3 and all(repo._index.seg_filters_mapped(s) for s in segs)
+        for needle in ("quarterly report", "entry 77 ", "dolor sit"):
+            assert sorted(h.record.msg_id for h in repo.search(needle)) == _want_hot(msgs, needle)
+        assert all(repo._index.seg_filters_mapped(s) for s in segs)
+
+
+def test_version_1_segment_filters_are_copied_then_written_again(tmp_path, monkeypatch):
+    """A file of the unpadded first version (words unaligned in its map):
+    the index copies its words, answers are the same, and a writer keeps
+    the file again after the search in the current version, read in place
+    by the next open. A viewer copies and leaves the file as it is."""
+    from rune_fast import segments
+    d, msgs = _hot_store(tmp_path, monkeypatch)
+    for name in _seg_grams(d):
+        path = d / "hot" / name
+        raw = path.read_bytes()
+        head = segments._FILTERS_HEAD
+        fields = list(head.unpack_from(raw, 0))
+        assert fields[1] == 2
+        fields[1] = 1
+        body = head.pack(*fields) + raw[head.size + 4:-8]
+        path.write_bytes(segments.seal(body))
+    v1 = {n: (d / "hot" / n).read_bytes() for n in _seg_grams(d)}
+    with ConversationStateRepository(d, read_only=True) as viewer:
+        assert sorted(h.record.msg_id for h in viewer.search("Quarterly")) == _want_hot(msgs, "quarterly")
+        segs = [s for s in viewer._seg_order if viewer._index.seg_filter_blocks(s) > 0]
+        assert len(segs) >= 3 and not any(viewer._index.seg_filters_mapped(s) for s in segs)
+    assert {n: (d / "hot" / n).read_bytes() for n in _seg_grams(d)} == v1
+    with ConversationStateRepository(d, hot_window=10**6, compact_every=200) as repo:
+        assert sorted(h.record.msg_id for h in repo.search("Quarterly")) == _want_hot(msgs, "quarterly")
+        assert not any(repo._index.seg_filters_mapped(s) for s in segs)
+    for name, old in v1.items():
+        new = (d / "hot" / name).read_bytes()
+        assert len(new) == len(old) + 4 and segments._FILTERS_HEAD.unpack_from(new, 0)[1] == 2
+    with ConversationStateRepository(d, hot_window=10**6, compact_every=200) as repo:
+        assert sorted(h.record.msg_id for h in repo.search("dolor sit")) == _want_hot(msgs, "dolor sit")
+        assert all(repo._index.seg_filters_mapped(s) for s in segs)
+
+
 @pytest.mark.parametrize("damage", ["flip", "cut", "other segment", "empty"])
 def test_a_segment_filters_file_that_does_not_hold_is_named_and_removed(tmp_path, monkeypatch, caplog, damage):
     d, msgs = _hot_store(tmp_path, monkeypatch)

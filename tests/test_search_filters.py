@@ -224,6 +224,59 @@ def test_filters_handed_to_another_index_serve_its_first_search():
         _index.HotIndex().set_seg_filters(3, words)
 
 
+def test_borrowed_filters_are_read_in_place_copied_to_grow_and_released():
+    """set_seg_filters(borrow=True): aligned words are read where they lie
+    (the buffer held until the filters go: the segment reattached, or the
+    index gone), unaligned ones copied; filters covering only the first
+    blocks are copied when a search builds the rest. Hits as no filters."""
+    rng = random.Random(11)
+    data = b"".join(_lines(rng, 900, ("c0", "c1", "c2")))
+    ix = _index.HotIndex()
+    ix.attach(0, data)
+    ix.ingest(0)
+    for _ in range(2):
+        ix.search(b"gamma", True, False, None)
+    words = ix.seg_filters(0)
+    nwords = _index.SEARCH_FILTER_LAYOUT[3]
+    blocks = len(words) // (nwords * 8)
+    assert blocks >= 3
+
+    def fresh():
+        f = _index.HotIndex()
+        f.attach(0, data)
+        f.ingest(0)
+        return f
+
+    def same(f):
+        for nd in (b"gamma", b"stra", b"m77", b"absent needle"):
+            assert f.search(nd, True, False, None).tolist() == _unfiltered({0: (data, {})}, nd, True), nd
+
+    held = memoryview(bytearray(words))         # bytearray: 8-aligned by the allocator
+    f = fresh()
+    assert f.set_seg_filters(0, held, True) == blocks and f.seg_filters_mapped(0)
+    with pytest.raises(BufferError):
+        held.release()                          # the index holds the view's export
+    same(f)
+    assert f.seg_filters(0) == words
+    f.attach(0, data)                           # a reattach drops the filters and the export
+    assert f.seg_filter_blocks(0) == 0
+    held.release()
+    unaligned = memoryview(bytearray(b"\0" + words))[1:]
+    f = fresh()
+    assert f.set_seg_filters(0, unaligned, True) == blocks and not f.seg_filters_mapped(0)
+    unaligned.release()                         # copied: nothing held
+    same(f)
+    part = memoryview(bytearray(words[:nwords * 8]))
+    f = fresh()
+    assert f.set_seg_filters(0, part, True) == 1 and f.seg_filters_mapped(0)
+    for _ in range(2):                          # the second whole-segment search builds the rest
+        same(f)
+    assert f.seg_filter_blocks(0) == blocks and not f.seg_filters_mapped(0)
+    assert f.seg_filters(0) == words
+    del f
+    part.release()                              # released with the index
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.integers(0, 2**32), st.lists(st.tuples(st.integers(0, 10**7), st.sampled_from([3, 5, 30, 258, 259]),
                                                  st.booleans(), st.booleans()), min_size=1, max_size=6))

@@ -34,9 +34,14 @@ cdef struct rf_seg:
     int64_t ov_len
     int64_t ov_cap
     # trigram filters of the first gr_n blocks of the buffer (see
-    # HotIndex.search), built by the first search that can use them
+    # HotIndex.search), built by the first search that can use them, or
+    # read from a kept file: gr_owned, gr was malloc'd; gr_mapped, gr_view
+    # holds the buffer (a mapped file) gr pointed into when it was set
     uint64_t *gr
     int64_t gr_n
+    bint gr_owned
+    bint gr_mapped
+    Py_buffer gr_view
     bint growing        # a file still written: no filters
 
 

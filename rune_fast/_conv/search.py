@@ -581,9 +581,13 @@ class Search(Host):
             kept = read_kept(os.path.join(self.hot_dir, filters_name(seg)),
                              lambda raw: self._index_set_filters(
                                  seg, decode_filters(raw, SEARCH_FILTER_LAYOUT, buf)),
-                             remove_bad=not self.read_only)
+                             remove_bad=not self.read_only, mapped=True)
             if kept is not None:
-                self._filters_kept[seg] = kept
+                # a file the index copied (an older version's, whose words
+                # lie unaligned) is written again after the search, as one
+                # that it reads where it is mapped
+                mapped = self._index_seg_filters_mapped(seg)
+                self._filters_kept[seg] = kept if mapped or self.read_only else 0
 
     def _keep_seg_filters(self) -> None:
         """Write the filters the index built over sealed segments since they

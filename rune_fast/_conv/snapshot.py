@@ -54,8 +54,12 @@ class IndexSnapshot(Host):
         return self._index.relocate(old_locs, new_locs)
 
     def _index_set_filters(self, seg: int, data: Any) -> int:
-        """Install the kept search filters of sealed segment ``seg``."""
-        return self._index.set_seg_filters(seg, data)
+        """Install the kept search filters of sealed segment ``seg`` (a view
+        of the kept file's map: the index reads them there)."""
+        return self._index.set_seg_filters(seg, data, True)
+
+    def _index_seg_filters_mapped(self, seg: int) -> bool:
+        return self._index.seg_filters_mapped(seg)
 
     def _unindex_located(self, locs: Any, hashes: Any) -> Any:
         """Drop the messages of the hot lines at ``locs`` from the hot index,
