@@ -811,7 +811,8 @@ cdef class HotIndex:
         The caller vouches that they were built over these bytes (a kept
         file bound to the segment). ValueError if they cannot be (a length
         that is not whole blocks, more blocks than the buffer holds, a
-        growing or unattached segment). Filters already as long are kept.
+        growing or unattached segment). Filters already as long are kept
+        (but a copy, given the very same words to borrow, takes them).
         ``borrow``: `data` (a read-only buffer, a kept file's map) is used
         where it lies, held until the filters go, if its words are aligned:
         its pages are the page cache's, not this process's memory (1/32 of
@@ -824,6 +825,7 @@ cdef class HotIndex:
         cdef int64_t blocks
         cdef rf_seg *sg
         cdef uint64_t *w
+        cdef bint aligned
         if seg >= self._n_segs or self._c_segs[seg].state != 1 or self._c_segs[seg].growing:
             raise ValueError(f"set_seg_filters: segment {seg} is not an attached sealed segment")
         sg = &self._c_segs[seg]
@@ -834,9 +836,11 @@ cdef class HotIndex:
             if n % (GR_WORDS * sizeof(uint64_t)) or blocks > _gr_blocks(sg):
                 raise ValueError(f"set_seg_filters: {n} bytes are not whole filters of segment {seg}'s "
                                  f"{_gr_blocks(sg)} blocks")
-            if blocks <= sg.gr_n:
-                return sg.gr_n
-            if borrow and (<uintptr_t>view.buf) % sizeof(uint64_t) == 0:
+            aligned = borrow and (<uintptr_t>view.buf) % sizeof(uint64_t) == 0
+            if blocks < sg.gr_n or (blocks == sg.gr_n and not (
+                    aligned and sg.gr_owned and memcmp(sg.gr, view.buf, <size_t>n) == 0)):
+                return sg.gr_n      # (the same words borrowed in place of a copy: the copy goes)
+            if aligned:
                 _gr_drop(sg)
                 PyObject_GetBuffer(data, &sg.gr_view, PyBUF_SIMPLE)     # (held while the filters are)
                 sg.gr_mapped = True

@@ -67,7 +67,7 @@ def seal(body: bytes) -> bytes:
     return body + _SUM.pack(xxhash.xxh3_64_intdigest(body))
 
 
-def unseal(raw: bytes, head: int) -> int:
+def unseal(raw: bytes | memoryview, head: int) -> int:
     """Where the body of :func:`seal`'s bytes ``raw`` ends (its checksum
     starts); ValueError if it is shorter than a ``head``-byte header or
     fails its checksum."""
@@ -110,7 +110,8 @@ def decode_filters(raw: bytes | memoryview, layout: tuple, buf) -> memoryview:
     return memoryview(raw)[head:end]
 
 
-def read_kept(path: str, decode: Callable[[bytes], T], *, remove_bad: bool, mapped: bool = False) -> T | None:
+def read_kept(path: str, decode: Callable[[bytes | memoryview], T], *, remove_bad: bool,
+              mapped: bool = False) -> T | None:
     """``decode`` of the kept cache file at ``path`` (search filters), None
     if there is none or it does not hold: one that cannot be read, or that
     ``decode`` refuses (ValueError saying why), is named in a log warning and,

@@ -340,11 +340,33 @@ def test_sealed_segments_filters_are_read_where_their_file_is_mapped(tmp_path, m
         assert all(repo._index.seg_filters_mapped(s) for s in segs)
 
 
+def test_filters_a_writer_built_and_kept_are_read_from_the_file_then(tmp_path, monkeypatch):
+    """The search that builds a segment's filters keeps them in a file and
+    from then on reads the file's map: its own copy is let go."""
+    monkeypatch.setattr(tuning, "ROLL_BYTES", 96 << 10)
+    msgs = [ConversationMessageRecord(role="user", channel_id=f"c{i % 4}", content=f"entry {i} " + "lorem ipsum " * 20)
+            for i in range(2400)]
+    with ConversationStateRepository(tmp_path / "w", hot_window=10**6, compact_every=200) as repo:
+        for i in range(0, len(msgs), 100):
+            repo.append_many(msgs[i:i + 100])
+        repo.compact()
+        segs = list(repo._seg_order)
+        assert len(segs) >= 3
+        repo.search("entry 5 ")                 # the first scan builds nothing
+        assert not _seg_grams(tmp_path / "w")
+        assert sorted(h.record.msg_id for h in repo.search("ENTRY 7 ")) == _want_hot(msgs, "entry 7 ")
+        assert len(_seg_grams(tmp_path / "w")) == len(segs)
+        assert all(repo._index.seg_filters_mapped(s) for s in segs)
+        assert sorted(h.record.msg_id for h in repo.search("lorem ipsum entry")) == []
+        assert sorted(h.record.msg_id for h in repo.search("entry 99 ")) == _want_hot(msgs, "entry 99 ")
+
+
 def test_version_1_segment_filters_are_copied_then_written_again(tmp_path, monkeypatch):
     """A file of the unpadded first version (words unaligned in its map):
     the index copies its words, answers are the same, and a writer keeps
     the file again after the search in the current version, read in place
-    by the next open. A viewer copies and leaves the file as it is."""
+    from then on and by the next open. A viewer copies and leaves the file
+    as it is."""
     from rune_fast import segments
     d, msgs = _hot_store(tmp_path, monkeypatch)
     for name in _seg_grams(d):
@@ -364,7 +386,7 @@ def test_version_1_segment_filters_are_copied_then_written_again(tmp_path, monke
     assert {n: (d / "hot" / n).read_bytes() for n in _seg_grams(d)} == v1
     with ConversationStateRepository(d, hot_window=10**6, compact_every=200) as repo:
         assert sorted(h.record.msg_id for h in repo.search("Quarterly")) == _want_hot(msgs, "quarterly")
-        assert not any(repo._index.seg_filters_mapped(s) for s in segs)
+        assert all(repo._index.seg_filters_mapped(s) for s in segs)      # (kept again, then mapped)
     for name, old in v1.items():
         new = (d / "hot" / name).read_bytes()
         assert len(new) == len(old) + 4 and segments._FILTERS_HEAD.unpack_from(new, 0)[1] == 2

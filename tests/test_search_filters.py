@@ -266,6 +266,16 @@ def test_borrowed_filters_are_read_in_place_copied_to_grow_and_released():
     assert f.set_seg_filters(0, unaligned, True) == blocks and not f.seg_filters_mapped(0)
     unaligned.release()                         # copied: nothing held
     same(f)
+    f = fresh()
+    assert f.set_seg_filters(0, words) == blocks and not f.seg_filters_mapped(0)     # a copy
+    other = memoryview(bytearray(len(words)))
+    assert f.set_seg_filters(0, other, True) == blocks and not f.seg_filters_mapped(0)
+    other.release()                             # other words: the copy stays, nothing held
+    same_words = memoryview(bytearray(words))
+    assert f.set_seg_filters(0, same_words, True) == blocks and f.seg_filters_mapped(0)
+    same(f)                                     # the same words: borrowed in place of the copy
+    del f
+    same_words.release()
     part = memoryview(bytearray(words[:nwords * 8]))
     f = fresh()
     assert f.set_seg_filters(0, part, True) == 1 and f.seg_filters_mapped(0)

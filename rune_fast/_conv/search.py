@@ -10,6 +10,7 @@ from typing import Any, Callable, Sequence, cast
 import numpy as np
 
 from .._arrays import unique
+from .._memory import trim_heap
 from .. import codec
 from .._casefold import anchor_plan, ascii_probes
 from .._index import (SEARCH_FILTER_LAYOUT, WALK_BUDGET, WALK_MORE, WALK_UNORDERED, NewestWalk, contents,
@@ -207,6 +208,7 @@ class Search(Host):
                 recs = own_calls([r for _k, r, _t in keyed]) + crecs
                 del crecs, cords
                 self._bound_maps()
+                trim_heap()         # (the scans' buffers, freed: see rune_fast._memory)
                 return search_hits(SearchHit, [recs[i] for i in order],
                                    [keyed[i][2] if i < n_hot else "cool" for i in order])
             elif len(keyed) < limit or self._cool_may_follow(keyed[0][0], channel_id):
@@ -219,6 +221,8 @@ class Search(Host):
             # budget reads /proc/self/statm: ~25 us, a tenth of a limited
             # search of a common needle)
             self._bound_maps()
+        if walked < 0:
+            trim_heap()
         return [SearchHit(r, t) for r, (_k, _r, t) in zip(recs, keyed)]
 
     def _hot_newest(self, plan: _Plan, ch_key: bytes | None, limit: int) -> tuple[list[tuple] | None, int]:
@@ -607,6 +611,11 @@ class Search(Host):
             if write_kept(path, encode_filters(SEARCH_FILTER_LAYOUT, s.buf, self._index.seg_filters(seg)),
                           tmp=path + ".tmp", sync=self.durability != "none"):
                 self._filters_kept[seg] = n
+                # the index's copy gives way to the file's map (the same
+                # words: file pages, not this process's memory)
+                buf = s.buf
+                read_kept(path, lambda raw: self._index_set_filters(
+                    seg, decode_filters(raw, SEARCH_FILTER_LAYOUT, buf)), remove_bad=False, mapped=True)
 
     def _check_lines(self, seg: int, buf: Any, start: int, end: int, path: str,
                      live: Callable[[int, int], np.ndarray], vouched_end: int = 0) -> None:
