@@ -25,6 +25,7 @@ from rf_core cimport rf_find, rf_gram_acc, rf_gram_acc_add, rf_gram_acc_done, rf
 cdef extern from "rf_zstd.h" nogil:
     int rf_zstd_ready()
     long long rf_zstd_dec(void *dst, size_t cap, const void *src, size_t n, const char **err)
+    void rf_zstd_release()
     uint32_t rf_crc32(const unsigned char *p, size_t n)
 
 
@@ -80,6 +81,13 @@ def zstd_direct():
     """Whether pages are decompressed by the system's libzstd without the
     GIL (else through the zstandard module's callable, holding it)."""
     return bool(rf_zstd_ready())
+
+
+def zstd_release():
+    """Free this thread's libzstd context (~96 KB; remade at its next page):
+    what the search pools' threads call after each job, so that threads
+    between searches hold none."""
+    rf_zstd_release()
 
 
 class Unsupported(Exception):

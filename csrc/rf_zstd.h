@@ -88,6 +88,20 @@ static long long rf_zstd_dec(void *dst, size_t cap, const void *src, size_t n, c
     return (long long)got;
 }
 
+/* Free the calling thread's context, if it has one (the next rf_zstd_dec
+ * on this thread makes another): ~96 KB that a pool thread would otherwise
+ * hold between the searches it serves. */
+static void rf_zstd_release(void) {
+    void *dctx;
+    if (!rf_zstd_ready())
+        return;
+    dctx = pthread_getspecific(rf_zstd_key);
+    if (dctx != NULL) {
+        pthread_setspecific(rf_zstd_key, NULL);
+        rf_zstd_lib.free(dctx);
+    }
+}
+
 static uint32_t rf_crc32(const unsigned char *p, size_t n) {
     uLong c = crc32(0L, Z_NULL, 0);
     while (n > 0) {                 /* (zlib takes a uInt length) */

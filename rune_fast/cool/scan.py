@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .._pages import zstd_release
 from ..pages import PageError, Unsupported
 
 _SCAN_POOL: Any = None
@@ -57,14 +58,33 @@ class Deferred:
         return self._fn(self._arg)
 
 
+def _released(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        zstd_release()
+
+
+def _pool(workers: int, name: str) -> Any:
+    """A thread pool whose jobs free their thread's libzstd context when
+    they end (``_pages.zstd_release``: ~96 KB a thread, remade by the next
+    job's first page in a few us), so that idle pool threads hold none."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    class Pool(ThreadPoolExecutor):
+        def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+            return super().submit(_released, fn, *args, **kwargs)
+
+    return Pool(max_workers=workers, thread_name_prefix=name)
+
+
 def scan_pool() -> Any:
     """The threads that decompress and search cool pages for searches (two;
     made at the first search that scans the files)."""
     global _SCAN_POOL
     with _SCAN_POOL_LOCK:
         if _SCAN_POOL is None:
-            from concurrent.futures import ThreadPoolExecutor
-            _SCAN_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rune-fast-scan")
+            _SCAN_POOL = _pool(2, "rune-fast-scan")
         return _SCAN_POOL
 
 
@@ -73,8 +93,7 @@ def few_pool() -> Any:
     global _FEW_POOL
     with _SCAN_POOL_LOCK:
         if _FEW_POOL is None:
-            from concurrent.futures import ThreadPoolExecutor
-            _FEW_POOL = ThreadPoolExecutor(max_workers=FEW_HELPERS, thread_name_prefix="rune-fast-few")
+            _FEW_POOL = _pool(FEW_HELPERS, "rune-fast-few")
         return _FEW_POOL
 
 
