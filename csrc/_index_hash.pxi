@@ -622,10 +622,11 @@ cdef class IdRuns:
         an exact read of it was answered before: a kept answer of
         :meth:`values` names its location (the hash of the id's UTF-8
         bytes, as the sidecars hash it) and `cache` holds a value there
-        whose first item is a record of that very ``msg_id``. None
-        otherwise (the caller then asks :meth:`values` and reads the
-        row). An exact read asked again thus searches no run and builds
-        no list."""
+        whose first item is a record of that very ``msg_id`` -- or bytes
+        (a cache of the rows' lines), returned as they are for the caller
+        to decode and check. None otherwise (the caller then asks
+        :meth:`values` and reads the row). An exact read asked again thus
+        searches no run and builds no list."""
         cdef bytes b
         cdef const char *kp
         cdef Py_ssize_t kl
@@ -653,6 +654,8 @@ cdef class IdRuns:
         if j < 0:
             return None
         hit = <object>cache._c_slots[j].val
+        if PyBytes_CheckExact(hit):
+            return hit
         if not PyTuple_CheckExact(hit) or PyTuple_GET_SIZE(hit) < 1:
             return None
         rec = <object>PyTuple_GET_ITEM(hit, 0)

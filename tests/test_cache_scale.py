@@ -1,14 +1,16 @@
 """The default decode-cache budget (``cache_bytes=None``) grows with the
-store: its bytes on disk over tuning.CACHE_STORE_SHARE, between
-CACHE_MIN_BYTES and CACHE_BYTES, at the open (which reads no cool
-sidecar for it) and as appends grow the store by an eighth; an explicit
-``cache_bytes`` stays as given."""
+store: tuning.CACHE_MESSAGE_BYTES a message it has taken, between
+CACHE_MIN_BYTES and CACHE_BYTES, at the open (which reads no cool sidecar
+for it) and as appends grow the store by an eighth; an explicit
+``cache_bytes`` stays as given. The split (cache_budgets) gives the row
+groups nothing at the floor and the cool records what they need for a
+loop of gets."""
 from __future__ import annotations
 
 import pytest
 
 from rune_fast._conv import tuning
-from rune_fast._conv.reads import cache_budgets
+from rune_fast._conv.reads import ID_MEMO_BYTES, cache_budgets
 from rune_fast._index import LocCache
 from rune_fast.conversation_state import ConversationStateRepository
 from rune_fast.records import ConversationMessageRecord
@@ -22,31 +24,27 @@ def _msg(i: int) -> ConversationMessageRecord:
 
 @pytest.fixture
 def small_budget(monkeypatch):
-    """A scale a test can reach: the store's bytes themselves, 16 KiB to 512 KiB."""
-    monkeypatch.setattr(tuning, "CACHE_STORE_SHARE", 1)
+    """A scale a test can reach: 1,000 bytes a message, 16 KiB to 512 KiB."""
+    monkeypatch.setattr(tuning, "CACHE_MESSAGE_BYTES", 1000)
     monkeypatch.setattr(tuning, "CACHE_MIN_BYTES", 16 << 10)
     monkeypatch.setattr(tuning, "CACHE_BYTES", 512 << 10)
 
 
-def _budgets(repo: ConversationStateRepository) -> tuple[int, int, int]:
-    return repo._decoded.max_bytes, repo._cool_decoded.max_bytes, repo._cool._cache_bytes
-
-
-def _store_bytes(repo: ConversationStateRepository) -> int:
-    return (sum(s.size for s in repo._segs.values()) + repo._tail.size + repo._cool.file_bytes())
+def _budgets(repo: ConversationStateRepository) -> tuple[int, int, int, int]:
+    return (repo._decoded.max_bytes, repo._cool_decoded.max_bytes, repo._cool_dense.max_bytes,
+            repo._cool._cache_bytes)
 
 
 def test_default_budget_grows_with_the_store(tmp_path, small_budget):
     with ConversationStateRepository(tmp_path, durability="none", compact_every=10**6, hot_window=20) as repo:
         assert repo.cache_bytes is None
         assert _budgets(repo) == cache_budgets(16 << 10)             # empty: the floor
-        repo.append_many([_msg(i) for i in range(100)])               # ~120 KB > 64 KiB: rescaled
-        at100 = _store_bytes(repo)
-        assert at100 > 100_000 and _budgets(repo) == cache_budgets(at100)
-        repo.append_many([_msg(i) for i in range(100, 105)])         # not an eighth (nor 64 KiB) more
-        assert _budgets(repo) == cache_budgets(at100)
+        repo.append_many([_msg(i) for i in range(100)])               # past 64 messages: rescaled
+        assert _budgets(repo) == cache_budgets(100_000)
+        repo.append_many([_msg(i) for i in range(100, 105)])         # not an eighth (nor 64) more
+        assert _budgets(repo) == cache_budgets(100_000)
         repo.append_many([_msg(i) for i in range(105, 200)])
-        assert _budgets(repo) == cache_budgets(_store_bytes(repo))
+        assert _budgets(repo) == cache_budgets(200_000)
         repo.append_many([_msg(i) for i in range(200, 600)])
         assert _budgets(repo) == cache_budgets(512 << 10)            # the ceiling
         assert repo.compact().cooled > 0                             # (cooled: still counted)
@@ -59,13 +57,25 @@ def test_the_open_scales_to_the_store_it_finds_reading_no_sidecar(tmp_path, smal
     with ConversationStateRepository(tmp_path, durability="none", compact_every=10**6, hot_window=5) as repo:
         repo.append_many([_msg(i) for i in range(150)])
         assert repo.compact().cooled > 0
-        want = _store_bytes(repo)
     for kw in ({"durability": "none"}, {"read_only": True}):
         kw.update(compact_every=10**6, hot_window=5)
         with ConversationStateRepository(tmp_path, **kw) as repo:
             assert repo._cool._unloaded or repo.read_only            # a writer reads no sidecar for it
-            assert _budgets(repo) == cache_budgets(min(want, 512 << 10))
+            assert _budgets(repo) == cache_budgets(150_000)
             assert repo.get_message(_msg(0).msg_id).record == _msg(0)
+
+
+def test_the_split_gives_row_groups_only_what_passes_the_floor():
+    floor, top = tuning.CACHE_MIN_BYTES, tuning.CACHE_BYTES
+    hot, cool, dense, groups = cache_budgets(floor)
+    assert groups == 0 and hot == floor // 2 and cool + dense == floor - hot - ID_MEMO_BYTES
+    assert dense >= cool
+    hot, cool, dense, groups = cache_budgets(top)
+    assert groups == (top - floor) // 4 and hot + cool + dense + groups + ID_MEMO_BYTES == top
+    for total in (0, 1, 5000, ID_MEMO_BYTES, floor - 1, 10 * floor, 10 * top):
+        parts = cache_budgets(total)
+        assert min(parts) >= 0 and sum(parts) <= total
+        assert parts[3] <= tuning.COOL_CACHE_BYTES
 
 
 def test_an_explicit_budget_stays(tmp_path, small_budget):
@@ -90,31 +100,35 @@ def test_loc_cache_bound_can_be_lowered_and_raised():
         c.max_bytes = -1
 
 
-def test_a_repeated_loop_of_archived_gets_is_served_by_the_cool_records(tmp_path, monkeypatch):
-    """The record caches forget their oldest insertions first, so a loop over
-    archived messages a little larger than the cool share missed every time
-    (the bench at 100,000 messages: 1,083 archived ids against ~1,000
-    records of a 1/8 share, 73 us a get). Their records taking a third of
-    the budget, the second pass reads no page."""
+def test_a_repeated_loop_of_archived_gets_is_served_by_the_cool_lines(tmp_path, monkeypatch):
+    """A loop over archived messages whose records do not fit the decoded
+    cool share but whose lines fit the dense one (the bench at 100,000
+    messages: 1,083 archived ids, ~2,100 bytes a record, ~900 a line, a
+    4 MiB budget): the second pass reads no page, it decodes the lines."""
+    from rune_fast._conv import reads
     msgs = [_msg(i) for i in range(300)]
     with ConversationStateRepository(tmp_path, durability="none", compact_every=10**6, hot_window=2) as repo:
         repo.append_many(msgs)
         assert repo.compact().cooled > 250
-    from rune_fast._conv.reads import record_bytes
     with ConversationStateRepository(tmp_path, durability="none", compact_every=10**6, hot_window=2) as probe:
         ids = [m.msg_id for m in msgs if probe.get_message(m.msg_id).tier == "cool"]
-        need = sum(record_bytes(probe.get_message(i).record) for i in ids)
-    with ConversationStateRepository(tmp_path, durability="none", compact_every=10**6, hot_window=2,
-                                     cache_bytes=3 * need) as repo:
-        assert repo._cool_decoded.max_bytes >= need > len(ids) * 1000
+        recs = [probe.get_message(i).record for i in ids]
+        need = sum(reads.record_bytes(r) for r in recs)
+        lines = sum(len(line) + tuning.DENSE_LINE_OVERHEAD for line in reads.dense_lines([(r, 1) for r in recs]))
+    with ConversationStateRepository(tmp_path, durability="none", compact_every=10**6, hot_window=2) as repo:
+        repo._cool_decoded.max_bytes = need // 4           # (the bench's records at its floor: ~half fit)
+        repo._cool_dense.max_bytes = 2 * lines
         for i in ids:
             assert repo.get_message(i).record.msg_id == i
-        read = []
-        real = repo._cool.id_records_at
-        monkeypatch.setattr(repo._cool, "id_records_at", lambda *a, **k: read.append(a) or real(*a, **k))
-        for i in ids:
-            assert repo.get_message(i).record.msg_id == i
-        assert read == []
+        read, decoded = [], []
+        real_read, real_decode = repo._cool.id_records_at, reads.canonical_record
+        monkeypatch.setattr(repo._cool, "id_records_at", lambda *a, **k: read.append(a) or real_read(*a, **k))
+        monkeypatch.setattr(reads, "canonical_record", lambda line: decoded.append(1) or real_decode(line))
+        for m in msgs:
+            if m.msg_id in ids:
+                assert repo.get_message(m.msg_id).record == m
+        assert read == [] and 0 < len(decoded) < len(ids)       # (some still decoded records)
+        assert repo.messages_for_task("t3") == [m for m in msgs if m.task_id == "t3"]
 
 
 def test_a_loop_of_hot_gets_a_little_larger_than_the_cache_keeps_most_of_it(tmp_path, monkeypatch):
@@ -128,7 +142,7 @@ def test_a_loop_of_hot_gets_a_little_larger_than_the_cache_keeps_most_of_it(tmp_
         repo.append_many(msgs)
     need = sum(reads.record_bytes(m) for m in msgs)
     with ConversationStateRepository(tmp_path, durability="none", compact_every=10**6, hot_window=1000,
-                                     cache_bytes=need * 9 // 10 * 8 // 3) as repo:
+                                     cache_bytes=need * 9 // 10 * 2) as repo:
         assert repo._decoded.max_bytes < need
         decoded = []
         real = reads.canonical_record

@@ -129,6 +129,7 @@ def test_a_cool_index_naming_another_tasks_row_is_refused(tmp_path):
         for attempt in ("cached", "read"):
             if attempt == "read":
                 repo._cool_decoded.clear()
+                repo._cool_dense.clear()
             with pytest.raises(CorruptStateCheckpointError, match="is a message of task 't2'.*says 't1'"):
                 repo.messages_for_task("t2")
 
@@ -1000,7 +1001,9 @@ def test_deeply_nested_arguments_in_every_tier(tmp_path, depth):
         repo.compact()
         assert repo.get_message("deep").tier == "cool"
         repo._cool_decoded.clear()
-        assert repo.get_message("deep").record == deep
+        assert repo.get_message("deep").record == deep          # (its line, decoded again)
+        repo._cool_dense.clear()
+        assert repo.get_message("deep").record == deep          # (its row's pages)
     with ConversationStateRepository(tmp_path, hot_window=0) as repo:
         assert repo.get_message("deep").record == deep
         assert repo.window("c", 30)[0] == deep
@@ -1985,7 +1988,7 @@ def test_cache_bytes_bounds_the_decode_caches(tmp_path):
         ConversationStateRepository(tmp_path / "x", cache_bytes=True)
     ms = [msg(i, channel=f"c{i % 5}", content="é" * (i % 700)) for i in range(3000)]
     budget = 64 << 10
-    hot, cool, _groups = cache_budgets(budget)
+    hot, cool, dense, _groups = cache_budgets(budget)
     with ConversationStateRepository(tmp_path / "a", durability="none", compact_every=10**6,
                                      hot_window=100, cache_bytes=budget) as repo:
         repo.append_many(ms)
@@ -1997,5 +2000,7 @@ def test_cache_bytes_bounds_the_decode_caches(tmp_path):
         for cache, bound in ((repo._decoded, hot), (repo._cool_decoded, cool)):
             assert 0 < cache.nbytes <= bound
             assert cache.nbytes == sum(record_bytes(v[0]) for v in cache.values())
+        assert 0 < repo._cool_dense.nbytes <= dense         # the lines: their length and an overhead
+        assert repo._cool_dense.nbytes == sum(len(v) + tuning.DENSE_LINE_OVERHEAD for v in repo._cool_dense.values())
     with ConversationStateRepository(tmp_path / "a", read_only=True, cache_bytes=0) as view:
         assert view.get_message(ms[5].msg_id).record == ms[5] and len(view._decoded) == 0

@@ -129,7 +129,7 @@ def test_a_task_read_once_is_not_kept_and_one_read_again_is(tmp_path, monkeypatc
         big = [m for m in want if m.task_id == "big"]
         cool = len(repo._cool.task_locs("big"))        # (the rest are hot)
         assert len(repo._cool_decoded) == 0 and cool > 250
-        reach = min(repo._cool_decoded.capacity, repo._cool_decoded.max_bytes // tuning.TASK_ROW_BYTES)
+        reach = min(repo._cool_dense.capacity, repo._cool_dense.max_bytes // tuning.TASK_ROW_BYTES)
         assert 2 * len(big) <= reach < len(big) * tuning.TASK_FEW_ROWS
         got = repo.messages_for_task("big")
         assert got == big and len(repo._cool_decoded) == 0          # (read, not kept)
@@ -152,6 +152,7 @@ def test_a_task_read_once_is_not_kept_and_one_read_again_is(tmp_path, monkeypatc
         # next read of "big" is a first one again
         repo._task_clock += reach
         repo._cool_decoded.clear()
+        repo._cool_dense.clear()
         assert repo.messages_for_task("big") == big and calls == [1] and len(repo._cool_decoded) == 0
         # a task of a few rows is kept at once; the memory of asks is bounded
         for t in ("x", "y", "z", "w"):

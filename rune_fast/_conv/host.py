@@ -89,6 +89,7 @@ class RepoState:
     # reads.py: decode caches, mapped pages, order verdicts
     _decoded: LocCache
     _cool_decoded: LocCache
+    _cool_dense: LocCache
     _cache_now: int
     _cache_rescale_left: int
     _maps: MapBudget

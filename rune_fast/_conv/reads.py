@@ -32,18 +32,30 @@ log = logging.getLogger("rune_fast")
 ID_MEMO_BYTES = _index.IdRuns().memo_bytes
 
 
-def cache_budgets(total: int) -> tuple[int, int, int]:
-    """``cache_bytes`` split between the decoded hot records, the decoded
-    cool records and the cool tier's row groups (see tuning.CACHE_BYTES):
-    the hot records serve window reads and the newest appends, the most
-    asked; a cool record read again is found in its row group if not in
-    its own cache. The row groups' share gives up what the cool id index
-    keeps of exact reads' answers (ID_MEMO_BYTES). The two record caches
-    get 3/8 each (at 100,000 messages the bench's loop of 2,000 gets, 1,083
-    of them archived, missed every time in a 1/8 share that dropped its
-    oldest first, ~1,000 records: 73 us a get, 2.8 us at 3/8)."""
-    hot = cool = total * 3 // 8
-    return hot, cool, max(0, min(total - hot - cool - ID_MEMO_BYTES, tuning.COOL_CACHE_BYTES))
+def cache_budgets(total: int) -> tuple[int, int, int, int]:
+    """``cache_bytes`` split as ``(hot, cool, dense, groups)``: the decoded
+    hot records, the decoded cool records, the cool records kept as their
+    lines' bytes, and the cool tier's row groups (see tuning.CACHE_BYTES).
+    The row groups get a quarter of what passes CACHE_MIN_BYTES (at most
+    COOL_CACHE_BYTES: a budget near the floor would hold two or three, of
+    no use to anyone); of the rest, half the hot records (window reads and
+    the newest appends, the most asked: the bench's 100 channels' windows
+    need ~1.4 MiB), and of the other half, less what the cool id index
+    keeps of exact reads' answers (ID_MEMO_BYTES) once the budget is that
+    large, three quarters the cool rows' lines (at most what DECODE_CACHE
+    lines use, TASK_ROW_BYTES each) and the rest their decoded records
+    (the same rows again: a line costs ~870 bytes where a record costs
+    ~1,800. The bench's loop of 2,000 gets at 100,000 messages, 1,083
+    archived, is served within the 3.5 MiB floor by the lines of all of
+    them and the records of a fifth, ~1.5 us a decode, where a miss reads
+    its row's pages, ~100 us)."""
+    groups = max(0, min((total - tuning.CACHE_MIN_BYTES) // 4, tuning.COOL_CACHE_BYTES))
+    hot = (total - groups) // 2
+    cool = total - groups - hot
+    if cool >= 4 * ID_MEMO_BYTES:
+        cool -= ID_MEMO_BYTES
+    dense = min(cool * 3 // 4, tuning.DECODE_CACHE * tuning.TASK_ROW_BYTES)
+    return hot, cool - dense, dense, groups
 
 
 def canonical_record(line: bytes) -> tuple[ConversationMessageRecord, int] | None:
@@ -52,6 +64,22 @@ def canonical_record(line: bytes) -> tuple[ConversationMessageRecord, int] | Non
     compiled reads then leave it to :func:`codec.record_from_line`, whose
     Python path names what is wrong)."""
     return _encode.record_from_line(line, ConversationMessageRecord, codec._calls_from_json)
+
+
+#: What stands for a dense line's frame checksum (its bytes are the
+#: record's, encoded by this process; nothing reads the checksum).
+_DENSE_HEAD = b'{"x":"' + b"0" * 16 + b'"'
+
+
+def dense_lines(hits: list[tuple[ConversationMessageRecord, int]]) -> list[bytes | None]:
+    """The line of each verified ``(record, ord)`` as the encoder spells a
+    hot line (ord as its append sequence): what the cache of cool lines
+    keeps, decoded again by :func:`canonical_record` (None for an ord that
+    is not a sequence)."""
+    bodies, _canon, _keys = codec.encode_batch([rec for rec, _o in hits], defer_hash=True)
+    return [None if type(o) is not int or o < 0 else
+            b"".join((_DENSE_HEAD, codec.MESSAGE_PREFIX, body, b',"s":', str(o).encode(), b"}"))
+            for body, (_rec, o) in zip(bodies, hits)]
 
 
 def record_bytes(rec: ConversationMessageRecord) -> int:
@@ -88,30 +116,30 @@ class HotReads(Host):
 
     def _scale_caches(self) -> None:
         """The default budget (``cache_bytes=None``) for the store's size:
-        its bytes on disk (sealed segments, the tail's lines, cool files)
-        over tuning.CACHE_STORE_SHARE, between CACHE_MIN_BYTES and
-        CACHE_BYTES; each cache given its share at once (a smaller one
-        drops its oldest entries). Called by the open (no cool sidecar
-        read) and by appends once they grew the store by an eighth: a
-        store loaded in bulk from empty gets the budget of its size."""
+        tuning.CACHE_MESSAGE_BYTES a message it has taken (the append
+        sequence), between CACHE_MIN_BYTES and CACHE_BYTES; each cache
+        given its share at once (a smaller one drops its oldest entries).
+        Called by the open (no cool sidecar read) and by appends once they
+        grew the store by an eighth: a store loaded in bulk from empty gets
+        the budget of its size."""
         if self.cache_bytes is not None:
             return
-        stored = (sum(s.size for s in self._segs.values()) + (self._tail.size if self._tail is not None else 0)
-                  + self._cool.file_bytes())
-        self._cache_rescale_left = max(stored // 8, 64 << 10)
-        total = min(max(stored // tuning.CACHE_STORE_SHARE, tuning.CACHE_MIN_BYTES), tuning.CACHE_BYTES)
+        taken = self._next_seq
+        self._cache_rescale_left = max(taken // 8, 64)
+        total = min(max(taken * tuning.CACHE_MESSAGE_BYTES, tuning.CACHE_MIN_BYTES), tuning.CACHE_BYTES)
         if total == self._cache_now:
             return
         self._cache_now = total
-        hot, cool, groups = cache_budgets(total)
+        hot, cool, dense, groups = cache_budgets(total)
         self._decoded.max_bytes = hot
         self._cool_decoded.max_bytes = cool
+        self._cool_dense.max_bytes = dense
         self._cool.set_cache_bytes(groups)
 
-    def _count_stored(self, nbytes: int) -> None:
-        """``nbytes`` more bytes of lines appended: the default cache budget
-        follows the store's growth (see _scale_caches)."""
-        self._cache_rescale_left -= nbytes
+    def _count_stored(self, n: int) -> None:
+        """``n`` more messages appended: the default cache budget follows
+        the store's growth (see _scale_caches)."""
+        self._cache_rescale_left -= n
         if self._cache_rescale_left <= 0:
             self._scale_caches()
 
@@ -125,6 +153,10 @@ class HotReads(Host):
         # skips their assembly and digest (file numbers are never reused: a
         # merged or erased file's rows are simply never looked up again)
         self._cool_decoded = LocCache(tuning.DECODE_CACHE, cache_budgets(self._cache_now)[1], aged=True)
+        # cool_loc -> the line (bytes: dense_lines) of a verified cool row:
+        # the same rows and more in less memory, decoded again when the
+        # cache of records has let them go
+        self._cool_dense = LocCache(tuning.DECODE_CACHE, cache_budgets(self._cache_now)[2], aged=True)
         # channel -> whether a hot message sorts before a cool one (computed lazily)
         self._interleaved = {}
         # task -> _task_clock after its last bulk read of archived rows, and
@@ -305,6 +337,14 @@ class HotReads(Host):
         rec = self._cool.kept_record(msg_id, self._cool_decoded)
         if rec is not None:
             return _found(_own(rec) if rec.tool_calls else rec, "cool")
+        # or its line, found the same way and decoded (~1.5 us; not put in
+        # the cache of records: a loop of gets larger than that cache would
+        # only churn it)
+        line = self._cool.kept_record(msg_id, self._cool_dense)
+        if line is not None:
+            hit = canonical_record(line)
+            if hit is not None and hit[0].msg_id == msg_id:
+                return _found(hit[0], "cool")
         try:
             # the rows whose id hashes like msg_id (usually one): kept records, or read now
             locs = self._cool.id_locs(msg_id)
@@ -498,7 +538,7 @@ class HotReads(Host):
         if last is None and len(self._task_asks) >= tuning.TASK_ASKS_KEPT:
             self._task_asks.clear()
         self._task_asks[task_id] = self._task_clock
-        cache = self._cool_decoded
+        cache = self._cool_dense
         reach = cache.capacity if cache.max_bytes is None else \
             min(cache.capacity, cache.max_bytes // tuning.TASK_ROW_BYTES)
         if rows * tuning.TASK_FEW_ROWS <= reach:
@@ -514,6 +554,11 @@ class HotReads(Host):
         if not misses:
             return got
         miss = [loc for loc, hit in zip(locs, got) if hit is None]
+        lines = self._dense_hits(miss)
+        if len(lines) == len(miss):
+            return [hit if hit is not None else lines[loc] for loc, hit in zip(locs, got)]
+        if lines:
+            miss = [loc for loc in miss if loc not in lines]
         # straight from the pages holding them (compiled; digests checked);
         # the rows that path declines, through the rows' dicts (which name damage)
         fast = (self._cool.records_at(miss, ConversationMessageRecord) if msg_id is None
@@ -523,12 +568,35 @@ class HotReads(Host):
         if slow:
             read.update({loc: (self._cool_record(row), row.ord) for loc, row in zip(slow, self._cool.rows_at(slow))})
         self._cool_keep(list(read.items()))
+        read.update(lines)
         return [hit if hit is not None else read[loc] for loc, hit in zip(locs, got)]
 
+    def _dense_hits(self, locs: list[int]) -> dict[int, tuple[ConversationMessageRecord, int]]:
+        """(record, ord) of the rows at ``locs`` whose lines the dense cache
+        holds, decoded (~2 us a row, where its pages cost ~100) and put in
+        the cache of records; a line the decoder does not take (a record
+        spelled otherwise) is dropped, and its row read from its pages."""
+        dense = self._cool_dense
+        vals, misses = dense.get_many(locs)
+        if misses == len(locs):
+            return {}
+        out = {}
+        put = self._cool_decoded.put
+        for loc, line in zip(locs, vals):
+            if line is not None:
+                hit = canonical_record(line)
+                if hit is None:
+                    dense.pop(loc, None)
+                    continue
+                out[loc] = hit
+                put(loc, hit, record_bytes(hit[0]))
+        return out
+
     def _cool_keep(self, items: list[tuple[int, tuple[ConversationMessageRecord, int]]]) -> None:
-        """Keep verified cool records (at most DECODE_CACHE and the cache's
-        share of ``cache_bytes``; the oldest quarter goes first when a batch
-        needs room, then the oldest one by one)."""
+        """Keep verified cool records, and their lines in the dense cache
+        (each at most DECODE_CACHE and its share of ``cache_bytes``; the
+        oldest quarter goes first when a batch needs room, then one of the
+        older half at a time)."""
         items = items[-tuning.DECODE_CACHE:]
         cache = self._cool_decoded
         if len(cache) + len(items) > tuning.DECODE_CACHE:
@@ -536,6 +604,15 @@ class HotReads(Host):
         put = cache.put
         for loc, hit in items:
             put(loc, hit, record_bytes(hit[0]))
+        dense = self._cool_dense
+        if dense.max_bytes == 0 or not items:
+            return
+        if len(dense) + len(items) > tuning.DECODE_CACHE:
+            dense.make_room(len(items))
+        put = dense.put
+        for (loc, _hit), line in zip(items, dense_lines([hit for _loc, hit in items])):
+            if line is not None:
+                put(loc, line, len(line) + tuning.DENSE_LINE_OVERHEAD)
 
     def _latest_task(self, channel_id: str) -> str | None:
         if not self._is_interleaved(channel_id):

@@ -239,7 +239,7 @@ class Recovery(Host):
         self._tail = self._open_tail(fresh)
         self._cool = CoolArchive.open(os.path.join(self.hot_dir, COOL_DIR), list(m["cool_files"]),
                                       read_only=self.read_only, durable=self.durability != "none",
-                                      cache_bytes=cache_budgets(self._cache_now)[2], expect=m.get("cool_meta"))
+                                      cache_bytes=cache_budgets(self._cache_now)[3], expect=m.get("cool_meta"))
         self._gc_cool(list(m["cool_files"]))
         # channel -> (hlc, msg_id) of its newest stamped cool row (kept in the
         # manifest; an erasure may leave it higher than needed, never lower)
@@ -251,7 +251,6 @@ class Recovery(Host):
         self._reset_schedule()
         self._reset_search_state()
         self._reload_index()
-        self._scale_caches()        # (the default budget grows with the store)
         # seg -> where the bytes that were there at this load end: the region
         # an index snapshot may vouch for, whose line starts the first search
         # checks once (lines this process appends, ingests or rewrites are
@@ -262,6 +261,7 @@ class Recovery(Host):
         # (the last line's sequence: the tail's, else the last sealed segment's)
         self._next_seq = max(self._next_seq,
                              self._seq_floor(self._tail.size if self._tail is not None else 0) + 1)
+        self._scale_caches()        # (the default budget grows with the store it has taken)
         self._observe_stored_stamps()
         self._writes.reset()
         self._note_unerased()

@@ -225,31 +225,33 @@ SEARCH_KEEP_HITS = 1024
 #: went to caching its records and dropping as many older ones).
 APPEND_CACHE_MAX = 64
 #: The repository's default ``cache_bytes`` (``cache_bytes=None``) grows
-#: with the store: its bytes on disk (sealed segments, the tail's lines,
-#: cool files) over CACHE_STORE_SHARE, at least CACHE_MIN_BYTES, at most
-#: CACHE_BYTES (issue 33: never above 64 MiB), recomputed at each open and
-#: as appends grow the store by an eighth (``HotReads._scale_caches``; the
-#: bytes on disk, not the messages: the cool files' row counts are known
-#: only once their sidecars are read, which an open does not do). On the
-#: bench's workload 1/4 is 16.5 MiB at 100,000 messages (66 MB of
-#: segments and cool files) and 48 MiB from about 800,000 on (266 MB at
-#: 1,000,000). 1/16 (16.6 MiB at 1,000,000) cost the bench's get_message
-#: line at 1,000,000 50x (174 us instead of 3.2: its 2,000 mostly archived
-#: ids, read in turn with windows and tasks, no longer stayed in the cool
-#: records' 1/8 share) for no memory the read mix showed (73 against 77
-#: bytes a message, below). The budget is split by
+#: with the store: CACHE_MESSAGE_BYTES a message it has taken (its append
+#: sequence: known at the open, which reads no cool sidecar), at least
+#: CACHE_MIN_BYTES, at most CACHE_BYTES (issue 33: never above 64 MiB),
+#: recomputed at each open and as appends grow the store by an eighth
+#: (``HotReads._scale_caches``). The bound the issue sets is per message
+#: (64 bytes of resident memory after the read mix, from 100,000 messages
+#: on): the caches take about half of it, the id and task indexes, the
+#: archive's first reads and the searches' buffers the rest. 4 MiB at
+#: 100,000 messages (the floor), 30.5 MiB at 1,000,000, 48 MiB from
+#: 1,600,000 on. (Until session 39 a quarter of the bytes on disk: 16.5
+#: MiB at 100,000 messages, whose hot segments are most of their 66 MB,
+#: left 165 bytes a message after the read mix.) The budget is split by
 #: ``_conv.reads.cache_budgets``: 3/8 decoded hot records (the window
 #: working set: 8 messages of each channel, ~1.6 MiB for the bench's 100
-#: channels), 3/8 decoded cool records, 1/4 the cool tier's decoded row
-#: groups (at most COOL_CACHE_BYTES). (5/8 and 1/8 until session 38: the
-#: bench's repeated gets at 100,000, 1,083 archived, did not fit the cool
-#: records' 2.25 MiB and missed every time, 73 us a get against 2.8.)
+#: channels), a quarter of what passes CACHE_MIN_BYTES the cool tier's
+#: decoded row groups (at most COOL_CACHE_BYTES: at the floor they would
+#: hold two groups, of no use), the rest decoded cool records. (5/8 and
+#: 1/8 until session 38: the bench's repeated gets at 100,000, 1,083
+#: archived, did not fit the cool records' 2.25 MiB and missed every
+#: time, 73 us a get against 2.8; with 4 MiB the cool records' 2.4 MiB
+#: hold them.)
 #:
-#: Measured with bench/cache_scale.py (fresh process per setting, the
-#: stores of bench/build_10m.py and their read mix: window on every channel,
-#: messages_for_task on 1% of tasks, get_message on 10,000 ids, five
-#: searches; growth of RssAnon per stored message, then each read repeated;
-#: 2 shared cores, one run each unless said):
+#: Measured with bench/cache_scale.py before session 38 (fresh process per
+#: setting, the stores of bench/build_10m.py and their read mix: window on
+#: every channel, messages_for_task on 1% of tasks, get_message on 10,000
+#: ids, five searches; growth of RssAnon per stored message, then each read
+#: repeated; 2 shared cores, one run each unless said):
 #:
 #: ==================  =============  ============  ===============  ==============
 #: store, cache_bytes  RssAnon/msg    window alone  window after mix  get (repeated)
@@ -260,45 +262,44 @@ APPEND_CACHE_MAX = 64
 #: 1,000,000, 48 MiB   76.6 B         3.1 us        6.0 us           155 us
 #: 1,000,000, 16 MiB   73.1 B         2.4 us        3.8 us           146 us
 #: 1,000,000, 8 MiB    72.2 B         2.6 us        5.6 us           148 us
-#: 100,000, default    107.6 B        5.0 us        39.7 us          131 us
-#: 1,000,000, default  73.3 B         3.9 us        4.7 us           155 us
 #: ==================  =============  ============  ===============  ==============
 #:
-#: (the "default" rows: 4.1 and 16.6 MiB, the rule above; medians of three
-#: fresh processes, alternated in one run with 48 MiB: 244.0 and 76.7 B.)
 #: A repeated get of the mix's 10,000 ids (mostly archived) is not served by
 #: these caches at any size (a cool point read decodes from its row group's
 #: pages); a window read alone keeps its working set at 4 MiB; only a window
 #: read again after 10,000 gets of other messages finds its records evicted
-#: below 48 MiB at 100,000 (the gets' hot records took their place). At
-#: 1,000,000 the mix does not fill even 8 MiB: the caches are not what is
-#: left there. What is left at 100,000 with 4 MiB, by step: open 0, windows
-#: 4, tasks +36 (the archive's first touch of its files), gets +18, searches
-#: +49 bytes a message.
+#: below 48 MiB at 100,000 (the gets' hot records took their place).
 CACHE_BYTES = 48 << 20
-CACHE_MIN_BYTES = 4 << 20
-CACHE_STORE_SHARE = 4
+CACHE_MIN_BYTES = 13 << 18
+CACHE_MESSAGE_BYTES = 32
 #: What a decoded record held in a cache costs beyond ``sys.getsizeof`` of
 #: its content: the record object, its other strings, the (record, seq)
 #: tuple, the allocators' share -- and per tool call. Measured on the
 #: bench's workload at 1,000,000 messages: tracemalloc sees about 580 bytes
 #: a record beyond its content (hot lines; 730 for cool rows), resident
-#: memory about 1,600 (window reads of 7,583 records: 31 MiB).
-RECORD_OVERHEAD = 1024
+#: memory about 1,600 (window reads of 7,583 records: 31 MiB). At 100,000
+#: messages (session 39) 6,000 gets' records and lines grew RssAnon by
+#: 0.81 of what 1,024 counted: ~1,770 bytes a record, ~1,190 of them its
+#: content (the bench's text is 30% non-ASCII, two or four bytes a
+#: character in a str). 1,024 until then.
+RECORD_OVERHEAD = 640
 TOOL_CALL_BYTES = 512
-#: A bulk task read keeps its archived rows in the cache of verified cool
+#: What a cool row's line kept in the dense cache costs beyond its length
+#: (the bytes object's header, the cache's slot and ring entry, the
+#: allocator's rounding). The bench's lines are ~790 bytes.
+DENSE_LINE_OVERHEAD = 96
+#: A bulk task read keeps its archived rows in the caches of verified cool
 #: records only when the same task was read lately enough that they would
 #: still be there (``HotReads._admit_task``): fewer archived rows read by
-#: task reads since than the cache holds, counting this many bytes a row
-#: (RECORD_OVERHEAD and a content of ~450 characters, as the caches count
-#: them). Reads spread over more tasks than the cache holds (a loop over a
-#: few hundred tasks of ~900 messages: the cool share of a 48 MiB budget
-#: holds ~4,000 rows) read each from its pages without churning the cache
+#: task reads since than the dense cache holds, counting this many bytes a
+#: row (a ~900-byte line and DENSE_LINE_OVERHEAD). Reads spread over more tasks than the cache holds (a loop over a
+#: few hundred tasks of ~900 messages: the dense cool share of a 48 MiB budget
+#: holds ~8,000 rows) read each from its pages without churning the cache
 #: (~1 us a row of insertion and eviction saved). A task of at most
 #: 1/TASK_FEW_ROWS of the cache's reach is kept at its first read (a few
 #: rows cost the cache little). At most TASK_ASKS_KEPT tasks are remembered
 #: (then forgotten all at once).
-TASK_ROW_BYTES = 1536
+TASK_ROW_BYTES = 1000
 TASK_FEW_ROWS = 16
 TASK_ASKS_KEPT = 4096
 #: Resident file pages (the segment and tail maps' share) that the hot reads

@@ -169,7 +169,7 @@ class WritePath(Host):
         self._observe_stamps(msgs if len(fresh) == len(msgs) else [msgs[i] for i in fresh])
         self._count_uncompacted(len(fresh))
         self._count_changes(len(fresh))
-        self._count_stored(n)
+        self._count_stored(len(fresh))
         if journal:
             exc = self._journal(keys, hashes, fresh, background=False)
             if exc is not None:

@@ -416,7 +416,9 @@ class _Reads(_RowCache):
         """The record of ``msg_id``'s archived row that ``cache`` (the
         repository's verified cool records: cool_loc -> (record, ord))
         holds, when an earlier :meth:`id_locs` of it found the row
-        (``IdRuns.kept``: one compiled call, no run searched); else None."""
+        (``IdRuns.kept``: one compiled call, no run searched); the row's
+        line as it is from a cache of lines (bytes: the caller decodes and
+        checks it); else None."""
         with self._lock:
             return self._ids.kept(msg_id, cache)
 
