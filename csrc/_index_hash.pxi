@@ -617,16 +617,17 @@ cdef class IdRuns:
             m[0].v = only + 1
         return out
 
-    def kept(self, str msg_id, LocCache cache not None):
+    def kept(self, str msg_id, LocCache cache not None, LocCache lines=None):
         """The record of the archived row of ``msg_id`` in one call, when
         an exact read of it was answered before: a kept answer of
         :meth:`values` names its location (the hash of the id's UTF-8
         bytes, as the sidecars hash it) and `cache` holds a value there
         whose first item is a record of that very ``msg_id`` -- or bytes
         (a cache of the rows' lines), returned as they are for the caller
-        to decode and check. None otherwise (the caller then asks
-        :meth:`values` and reads the row). An exact read asked again thus
-        searches no run and builds no list."""
+        to decode and check; where `cache` holds nothing there, what
+        `lines` holds (the row's line: bytes). None otherwise (the caller
+        then asks :meth:`values` and reads the row). An exact read asked
+        again thus searches no run and builds no list."""
         cdef bytes b
         cdef const char *kp
         cdef Py_ssize_t kl
@@ -652,7 +653,12 @@ cdef class IdRuns:
             return None
         j = cache._find(loc)
         if j < 0:
-            return None
+            if lines is None:
+                return None
+            j = lines._find(loc)
+            if j < 0:
+                return None
+            cache = lines
         hit = <object>cache._c_slots[j].val
         if PyBytes_CheckExact(hit):
             return hit

@@ -334,17 +334,17 @@ class HotReads(Host):
             return _found(_own(rec) if rec.tool_calls else rec, tier)
         # an archived row read before: its record from the cache, found in
         # one compiled call (the id index's kept answer, the cache's slot)
-        rec = self._cool.kept_record(msg_id, self._cool_decoded)
-        if rec is not None:
-            return _found(_own(rec) if rec.tool_calls else rec, "cool")
-        # or its line, found the same way and decoded (~1.5 us; not put in
+        # (or its line, found the same way and decoded, ~1.5 us; not put in
         # the cache of records: a loop of gets larger than that cache would
         # only churn it)
-        line = self._cool.kept_record(msg_id, self._cool_dense)
-        if line is not None:
-            hit = canonical_record(line)
-            if hit is not None and hit[0].msg_id == msg_id:
-                return _found(hit[0], "cool")
+        rec = self._cool.kept_record(msg_id, self._cool_decoded, self._cool_dense)
+        if type(rec) is bytes:
+            hit = canonical_record(rec)
+            rec = hit[0] if hit is not None else None
+            if rec is not None and rec.msg_id == msg_id:
+                return _found(rec, "cool")
+        elif rec is not None:
+            return _found(_own(rec) if rec.tool_calls else rec, "cool")
         try:
             # the rows whose id hashes like msg_id (usually one): kept records, or read now
             locs = self._cool.id_locs(msg_id)

@@ -412,15 +412,16 @@ class _Reads(_RowCache):
         with self._lock:
             return list(self._id_locs(msg_id))
 
-    def kept_record(self, msg_id: str, cache: Any) -> Any:
+    def kept_record(self, msg_id: str, cache: Any, lines: Any = None) -> Any:
         """The record of ``msg_id``'s archived row that ``cache`` (the
         repository's verified cool records: cool_loc -> (record, ord))
         holds, when an earlier :meth:`id_locs` of it found the row
         (``IdRuns.kept``: one compiled call, no run searched); the row's
         line as it is from a cache of lines (bytes: the caller decodes and
-        checks it); else None."""
+        checks it), or from ``lines`` where ``cache`` holds nothing for it;
+        else None."""
         with self._lock:
-            return self._ids.kept(msg_id, cache)
+            return self._ids.kept(msg_id, cache, lines)
 
     def _by_file(self, locs: Sequence[int]) -> dict[int, list[int]]:
         """The rows of ``locs`` (:func:`cool_loc`) by live file number, each
