@@ -13,7 +13,7 @@ import shutil
 import pyarrow.parquet as pq
 import pytest
 
-from rune_fast.cool import CoolArchive, index_dir_for, scan as cool_scan
+from rune_fast.cool import CoolArchive, index_dir_for, scan as cool_scan, search as cool_search
 from rune_fast.cool.schema import _COLS
 from rune_fast.errors import CorruptStateCheckpointError
 from rune_fast.pages import PageReader, zstd_direct
@@ -40,6 +40,13 @@ def _rows(n: int) -> list[dict]:
     return out
 
 
+@pytest.fixture(autouse=True)
+def helped(monkeypatch):
+    """The helper thread takes part, as in a large archive (these have 8,000
+    rows, under FEW_HELPED_ROWS); a test may say otherwise."""
+    monkeypatch.setattr(cool_search, "FEW_HELPED_ROWS", 0)
+
+
 @pytest.fixture(scope="module")
 def many(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("few") / "cool")
@@ -57,10 +64,22 @@ def _want(rows, needle):
     return sorted(r["msg_id"] for r in rows if needle.casefold() in r["content"].casefold())
 
 
+@pytest.mark.parametrize("with_helper", [True, False])
 @pytest.mark.parametrize("window", [1, 3, 32])
-def test_rare_needles_answer_like_the_model(many, monkeypatch, window):
+def test_rare_needles_answer_like_the_model(many, monkeypatch, window, with_helper):
+    """With the helper thread (an archive of FEW_HELPED_ROWS rows or more)
+    and without it (the asking thread does every job): the same hits."""
     d, files, rows = many
     monkeypatch.setattr(cool_scan, "WINDOW", window)
+    monkeypatch.setattr(cool_search, "FEW_HELPED_ROWS", 0 if with_helper else 10**9)
+    jobs = []
+    real_pool = cool_scan.few_pool
+
+    class Counting:
+        def submit(self, fn, *args, **kwargs):
+            jobs.append(fn)
+            return real_pool().submit(fn, *args, **kwargs)
+    monkeypatch.setattr(cool_scan, "few_pool", lambda: Counting())
     runs = []
     real = cool_scan.FewGroups._stage
 
@@ -81,8 +100,9 @@ def test_rare_needles_answer_like_the_model(many, monkeypatch, window):
             assert r.content == by_id[r.msg_id]["content"] and r.task_id == by_id[r.msg_id]["task_id"]
     if zstd_direct():
         assert len(runs) >= 8 // window     # windows staged one after another
+        assert bool(jobs) == with_helper
     else:
-        assert runs == []           # (group by group without the system's libzstd)
+        assert runs == [] and jobs == []    # (group by group without the system's libzstd)
 
 
 def _hit_page(path: str, c: int, row: int) -> int:

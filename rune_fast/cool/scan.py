@@ -97,6 +97,32 @@ def few_pool() -> Any:
         return _FEW_POOL
 
 
+class _NotStarted:
+    """A job no helper will start: the asker runs it (see NO_HELPER)."""
+
+    def cancel(self) -> bool:
+        return True
+
+
+class _NoHelper:
+    """In place of few_pool() for a scan of fewer than FEW_HELPED_GROUPS
+    groups: every job is left to the asking thread, which runs it where it
+    needs the result (the pipeline's own fallback)."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> _NotStarted:
+        return _NotStarted()
+
+
+NO_HELPER = _NoHelper()
+#: FewGroups scans use the helper thread in an archive of at least this
+#: many rows. A helper, once it has run, keeps ~0.8 MB resident (its stack
+#: and malloc arena): 8 bytes a message of the 100,000-message bench
+#: store's read mix (bound 64), whose ~49,000 archived rows a rare search
+#: scans in ~10 ms with it and ~12 without; at 1,000,000 messages a
+#: search's ~900 groups gain the overlap of a core.
+FEW_HELPED_ROWS = 128 * 1024
+
+
 def _forget_scan_pool() -> None:
     # A forked child has none of the parent's threads: a pool inherited from
     # it would queue work that nothing runs. The child makes its own.
@@ -118,16 +144,17 @@ class Fetch:
     with this search's other batches); :meth:`run` fetches all of them on
     the asking thread."""
 
-    def __init__(self, reader: Any, wants: list[tuple[int, list[int]]]) -> None:
+    def __init__(self, reader: Any, wants: list[tuple[int, list[int]]], pool: Any = None) -> None:
         self._reader = reader
         self._wants = wants
+        self._pool = pool if pool is not None else few_pool()
         self._fields = [reader.fields(rg, pages) for rg, pages in wants]
         self._all = np.concatenate(self._fields) if self._fields else np.zeros((0, 5), np.int64)
         self._fut: Any = None
 
     def start(self) -> "Fetch":
         if len(self._all):
-            self._fut = few_pool().submit(self._reader.fetch, self._all)
+            self._fut = self._pool.submit(self._reader.fetch, self._all)
         return self
 
     def run(self) -> list[dict[int, bytes]]:
@@ -145,7 +172,7 @@ class Fetch:
             got = fetch(allf) if len(allf) else []
         else:
             half = len(allf) // 2
-            other = few_pool().submit(fetch, np.ascontiguousarray(allf[half:]))
+            other = self._pool.submit(fetch, np.ascontiguousarray(allf[half:]))
             got = fetch(np.ascontiguousarray(allf[:half]))
             got += fetch(np.ascontiguousarray(allf[half:])) if other.cancel() else other.result()
         return self._split(got)
@@ -162,9 +189,9 @@ class Ahead:
     """``fn()`` run on a FewGroups helper (:func:`few_pool`), or on the
     asking thread at :meth:`get` if no helper has started it by then."""
 
-    def __init__(self, fn: Callable[[], Any]) -> None:
+    def __init__(self, fn: Callable[[], Any], pool: Any = None) -> None:
         self._fn = fn
-        self._fut = few_pool().submit(fn)
+        self._fut = (pool if pool is not None else few_pool()).submit(fn)
 
     def get(self) -> Any:
         return self._fn() if self._fut.cancel() else self._fut.result()
@@ -183,20 +210,23 @@ class FewGroups:
     other columns on a helper (without the GIL); ``built_many(found,
     read)``: what the search takes of a window's groups (rg -> result, or
     the PageError a group raised), from what that call read (None if it
-    failed: each group then reads its own, naming any damage). A window
+    failed: each group then reads its own, naming any damage). ``helped``:
+    the helper thread takes part (else the asking thread does it all,
+    see FEW_HELPED_ROWS). A window
     whose content pages do not fetch (damage, a read error) is scanned
     group by group (``scan``), which names the damage in the group it is
     in."""
 
     def __init__(self, reader: Any, rgs: list[int], found: Callable[..., Any], built_many: Callable[..., Any],
                  scan: Callable[[int], Any], content_pages: Callable[[int], list[int]],
-                 hit_reads: Callable[[list[tuple[int, list[int]]]], Callable[[], Any]]) -> None:
+                 hit_reads: Callable[[list[tuple[int, list[int]]]], Callable[[], Any]], helped: bool = True) -> None:
         self._reader = reader
         self._rgs = rgs
         self._at = {rg: i for i, rg in enumerate(rgs)}
         self._found, self._built_many, self._scan = found, built_many, scan
         self._content_pages, self._hit_reads = content_pages, hit_reads
         self._done: dict[int, Any] = {}
+        self._pool = few_pool() if helped else NO_HELPER
         self._next = 0
         self._ahead: tuple[int, Fetch] | None = None     # (window, its content pages in flight)
         self._staged: dict[int, Any] = {}                # window -> (found, its hit pages in flight)
@@ -216,7 +246,7 @@ class FewGroups:
         return got
 
     def _content(self, at: int) -> Fetch:
-        return Fetch(self._reader, [(rg, self._content_pages(rg)) for rg in self._rgs[at:at + WINDOW]])
+        return Fetch(self._reader, [(rg, self._content_pages(rg)) for rg in self._rgs[at:at + WINDOW]], self._pool)
 
     def _run(self, at: int) -> None:
         """Window ``at`` done: staged (and the AHEAD next ones, their hit
@@ -257,7 +287,7 @@ class FewGroups:
                 self._done[rg] = exc
         items = [(rg, f[0]) for rg, f in found.items() if f[0]]
         try:
-            hit_reads = Ahead(self._hit_reads(items)) if items else None
+            hit_reads = Ahead(self._hit_reads(items), self._pool) if items else None
         except (PageError, Unsupported):
             hit_reads = None
         self._staged[at] = (found, hit_reads)

@@ -50,7 +50,7 @@ from .rows import SPECIAL_FOLD, _Group, _SPECIAL_UTF8, _assemble_columns
 from .schema import (_PARQUET_ERRORS, CoolRow, _CONTENT_COL, _file_no, _grams_name, _parquet_name, _row_key,
                      cool_loc)
 from . import grams as _grams
-from .scan import Deferred, Fetch, FewGroups, scan_pool
+from .scan import FEW_HELPED_ROWS, Deferred, Fetch, FewGroups, scan_pool
 from .sidecar import _GRAMS_BUDGET, _FileIndex
 
 
@@ -672,7 +672,8 @@ class _Search(_Reads):
         few_rgs = [rg for rg in rgs if few(rg)]
         sp = spans if spans is not None else {}     # (a group is few only where there are spans)
         batch = FewGroups(reader, few_rgs, found, built_many, scan,
-                          lambda rg: reader.span_pages(rg, _CONTENT_COL, sp[rg]), hit_reads) \
+                          lambda rg: reader.span_pages(rg, _CONTENT_COL, sp[rg]), hit_reads,
+                          sum(fi.rows for fi in self._files.values()) >= FEW_HELPED_ROWS) \
             if few_rgs and zstd_direct() else None
         few_set = set(few_rgs)
         return {rg: (batch.handle(rg) if batch is not None else Deferred(scan, rg)) if rg in few_set
