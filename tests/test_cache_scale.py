@@ -153,3 +153,17 @@ def test_a_loop_of_hot_gets_a_little_larger_than_the_cache_keeps_most_of_it(tmp_
             for m in msgs:
                 assert repo.get_message(m.msg_id).record == m
         assert 0 < len(decoded) < len(msgs)     # of 800 reads (~200; oldest-first decoded all 800)
+
+
+def test_dense_lines_decode_to_the_record_and_ord():
+    """A kept line decodes (canonical_record) to the very record and its ord;
+    an ord that is no sequence, or a batch that does not encode, keeps no
+    line (the read itself never fails for it)."""
+    from rune_fast._conv import reads
+    recs = [_msg(i) for i in range(5)] + [ConversationMessageRecord(
+        msg_id="t", role="assistant", content="Zürich 量子 🙂", channel_id="c", tool_calls=[
+            {"id": "1", "name": "f", "arguments": {"a": [1, 2.5, None]}}])]
+    lines = reads.dense_lines([(r, 10 + i) for i, r in enumerate(recs)])
+    assert [reads.canonical_record(line) for line in lines] == [(r, 10 + i) for i, r in enumerate(recs)]
+    assert reads.dense_lines([(recs[0], -1), (recs[1], None)]) == [None, None]
+    assert reads.dense_lines([(object(), 3)]) == [None]

@@ -11,7 +11,7 @@ import numpy as np
 
 
 from .. import _encode, _index, codec
-from ..errors import CorruptStateCheckpointError
+from ..errors import CorruptStateCheckpointError, RuneError
 from ..records import ConversationMessageRecord, message_from_stored
 from .._index import LocCache
 from .._order import order_key
@@ -46,7 +46,7 @@ def cache_budgets(total: int) -> tuple[int, int, int, int]:
     lines use, TASK_ROW_BYTES each) and the rest their decoded records
     (the same rows again: a line costs ~870 bytes where a record costs
     ~1,800. The bench's loop of 2,000 gets at 100,000 messages, 1,083
-    archived, is served within the 3.5 MiB floor by the lines of all of
+    archived, is served within the 3.25 MiB floor by the lines of all of
     them and the records of a fifth, ~1.5 us a decode, where a miss reads
     its row's pages, ~100 us)."""
     groups = max(0, min((total - tuning.CACHE_MIN_BYTES) // 4, tuning.COOL_CACHE_BYTES))
@@ -75,8 +75,12 @@ def dense_lines(hits: list[tuple[ConversationMessageRecord, int]]) -> list[bytes
     """The line of each verified ``(record, ord)`` as the encoder spells a
     hot line (ord as its append sequence): what the cache of cool lines
     keeps, decoded again by :func:`canonical_record` (None for an ord that
-    is not a sequence)."""
-    bodies, _canon, _keys = codec.encode_batch([rec for rec, _o in hits], defer_hash=True)
+    is not a sequence; all None if the batch does not encode: a read never
+    fails for what its cache could not keep)."""
+    try:
+        bodies, _canon, _keys = codec.encode_batch([rec for rec, _o in hits], defer_hash=True)
+    except (ValueError, TypeError, RuneError):
+        return [None] * len(hits)
     return [None if type(o) is not int or o < 0 else
             b"".join((_DENSE_HEAD, codec.MESSAGE_PREFIX, body, b',"s":', str(o).encode(), b"}"))
             for body, (_rec, o) in zip(bodies, hits)]
