@@ -1,7 +1,8 @@
 """The default decode-cache budget (``cache_bytes=None``) grows with the
-store: tuning.CACHE_MESSAGE_BYTES a message it has taken, between
-CACHE_MIN_BYTES and CACHE_BYTES, at the open (which reads no cool sidecar
-for it) and as appends grow the store by an eighth; an explicit
+store: CACHE_MIN_BYTES for its first CACHE_FLOOR_MESSAGES messages taken,
+tuning.CACHE_MESSAGE_BYTES for each one beyond, at most CACHE_BYTES, at
+the open (which reads no cool sidecar for it) and as appends grow the
+store by an eighth; an explicit
 ``cache_bytes`` stays as given. The split (cache_budgets) gives the row
 groups nothing at the floor and the cool records what they need for a
 loop of gets."""
@@ -24,8 +25,10 @@ def _msg(i: int) -> ConversationMessageRecord:
 
 @pytest.fixture
 def small_budget(monkeypatch):
-    """A scale a test can reach: 1,000 bytes a message, 16 KiB to 512 KiB."""
+    """A scale a test can reach: 16 KiB for the first 50 messages, 1,000
+    bytes each beyond, at most 512 KiB."""
     monkeypatch.setattr(tuning, "CACHE_MESSAGE_BYTES", 1000)
+    monkeypatch.setattr(tuning, "CACHE_FLOOR_MESSAGES", 50)
     monkeypatch.setattr(tuning, "CACHE_MIN_BYTES", 16 << 10)
     monkeypatch.setattr(tuning, "CACHE_BYTES", 512 << 10)
 
@@ -39,12 +42,14 @@ def test_default_budget_grows_with_the_store(tmp_path, small_budget):
     with ConversationStateRepository(tmp_path, durability="none", compact_every=10**6, hot_window=20) as repo:
         assert repo.cache_bytes is None
         assert _budgets(repo) == cache_budgets(16 << 10)             # empty: the floor
-        repo.append_many([_msg(i) for i in range(100)])               # past 64 messages: rescaled
-        assert _budgets(repo) == cache_budgets(100_000)
+        repo.append_many([_msg(i) for i in range(40)])
+        assert _budgets(repo) == cache_budgets(16 << 10)             # not 64 messages yet
+        repo.append_many([_msg(i) for i in range(40, 100)])          # past 64 messages: rescaled
+        assert _budgets(repo) == cache_budgets((16 << 10) + 50_000)
         repo.append_many([_msg(i) for i in range(100, 105)])         # not an eighth (nor 64) more
-        assert _budgets(repo) == cache_budgets(100_000)
+        assert _budgets(repo) == cache_budgets((16 << 10) + 50_000)
         repo.append_many([_msg(i) for i in range(105, 200)])
-        assert _budgets(repo) == cache_budgets(200_000)
+        assert _budgets(repo) == cache_budgets((16 << 10) + 150_000)
         repo.append_many([_msg(i) for i in range(200, 600)])
         assert _budgets(repo) == cache_budgets(512 << 10)            # the ceiling
         assert repo.compact().cooled > 0                             # (cooled: still counted)
@@ -61,7 +66,7 @@ def test_the_open_scales_to_the_store_it_finds_reading_no_sidecar(tmp_path, smal
         kw.update(compact_every=10**6, hot_window=5)
         with ConversationStateRepository(tmp_path, **kw) as repo:
             assert repo._cool._unloaded or repo.read_only            # a writer reads no sidecar for it
-            assert _budgets(repo) == cache_budgets(150_000)
+            assert _budgets(repo) == cache_budgets((16 << 10) + 100_000)
             assert repo.get_message(_msg(0).msg_id).record == _msg(0)
 
 

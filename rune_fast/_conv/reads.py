@@ -120,8 +120,9 @@ class HotReads(Host):
 
     def _scale_caches(self) -> None:
         """The default budget (``cache_bytes=None``) for the store's size:
-        tuning.CACHE_MESSAGE_BYTES a message it has taken (the append
-        sequence), between CACHE_MIN_BYTES and CACHE_BYTES; each cache
+        CACHE_MIN_BYTES for its first CACHE_FLOOR_MESSAGES messages taken
+        (the append sequence) and CACHE_MESSAGE_BYTES for each one beyond,
+        at most CACHE_BYTES; each cache
         given its share at once (a smaller one drops its oldest entries).
         Called by the open (no cool sidecar read) and by appends once they
         grew the store by an eighth: a store loaded in bulk from empty gets
@@ -130,7 +131,8 @@ class HotReads(Host):
             return
         taken = self._next_seq
         self._cache_rescale_left = max(taken // 8, 64)
-        total = min(max(taken * tuning.CACHE_MESSAGE_BYTES, tuning.CACHE_MIN_BYTES), tuning.CACHE_BYTES)
+        total = min(tuning.CACHE_MIN_BYTES + tuning.CACHE_MESSAGE_BYTES * max(0, taken - tuning.CACHE_FLOOR_MESSAGES),
+                    tuning.CACHE_BYTES)
         if total == self._cache_now:
             return
         self._cache_now = total

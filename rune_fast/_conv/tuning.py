@@ -225,18 +225,22 @@ SEARCH_KEEP_HITS = 1024
 #: went to caching its records and dropping as many older ones).
 APPEND_CACHE_MAX = 64
 #: The repository's default ``cache_bytes`` (``cache_bytes=None``) grows
-#: with the store: CACHE_MESSAGE_BYTES a message it has taken (its append
-#: sequence: known at the open, which reads no cool sidecar), at least
-#: CACHE_MIN_BYTES, at most CACHE_BYTES (issue 33: never above 64 MiB),
-#: recomputed at each open and as appends grow the store by an eighth
-#: (``HotReads._scale_caches``). The bound the issue sets is per message
-#: (64 bytes of resident memory after the read mix, from 100,000 messages
-#: on): the caches take about half of it, the id and task indexes, the
-#: archive's first reads and the searches' buffers the rest. 4 MiB at
-#: 100,000 messages (the floor), 30.5 MiB at 1,000,000, 48 MiB from
-#: 1,600,000 on. (Until session 39 a quarter of the bytes on disk: 16.5
+#: with the store: CACHE_MIN_BYTES for its first CACHE_FLOOR_MESSAGES
+#: messages taken (its append sequence: known at the open, which reads no
+#: cool sidecar) and CACHE_MESSAGE_BYTES for each one beyond, at most
+#: CACHE_BYTES (issue 33: never above 64 MiB), recomputed at each open and
+#: as appends grow the store by an eighth (``HotReads._scale_caches``). The
+#: bound the issue sets is per message (64 bytes of resident memory after
+#: the read mix, from 100,000 messages on); a reading process's fixed costs
+#: (~2 MB: casefold tables, the archive's first reads, a search's buffers)
+#: are ~20 of them at 100,000, hence the floor there (3.25 MiB: the
+#: working sets of the bench's windows and gets, the cool rows as lines),
+#: and 48 bytes a message beyond: 44.5 MiB at 1,000,000, 48 MiB from
+#: 1,080,000 on. (Until session 39 a quarter of the bytes on disk: 16.5
 #: MiB at 100,000 messages, whose hot segments are most of their 66 MB,
-#: left 165 bytes a message after the read mix.) The budget is split by
+#: left 165 bytes a message after the read mix; 32 bytes a message from
+#: the first, tried in the same session, gave 1,000,000 messages 30.5 MiB
+#: and their task loops ~20% slower.) The budget is split by
 #: ``_conv.reads.cache_budgets``: 3/8 decoded hot records (the window
 #: working set: 8 messages of each channel, ~1.6 MiB for the bench's 100
 #: channels), a quarter of what passes CACHE_MIN_BYTES the cool tier's
@@ -271,7 +275,8 @@ APPEND_CACHE_MAX = 64
 #: below 48 MiB at 100,000 (the gets' hot records took their place).
 CACHE_BYTES = 48 << 20
 CACHE_MIN_BYTES = 13 << 18
-CACHE_MESSAGE_BYTES = 32
+CACHE_FLOOR_MESSAGES = 100_000
+CACHE_MESSAGE_BYTES = 48
 #: What a decoded record held in a cache costs beyond ``sys.getsizeof`` of
 #: its content: the record object, its other strings, the (record, seq)
 #: tuple, the allocators' share -- and per tool call. Measured on the
