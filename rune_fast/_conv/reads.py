@@ -579,7 +579,7 @@ class HotReads(Host):
 
     def _dense_hits(self, locs: list[int]) -> dict[int, tuple[ConversationMessageRecord, int]]:
         """(record, ord) of the rows at ``locs`` whose lines the dense cache
-        holds, decoded (~2 us a row, where its pages cost ~100) and put in
+        holds, decoded (~1.5 us a row, where its pages cost ~100) and put in
         the cache of records; a line the decoder does not take (a record
         spelled otherwise) is dropped, and its row read from its pages."""
         dense = self._cool_dense

@@ -581,11 +581,7 @@ class Search(Host):
             s = self._segs.get(seg)
             if s is None or s.buf is None:
                 continue
-            buf = s.buf
-            kept = read_kept(os.path.join(self.hot_dir, filters_name(seg)),
-                             lambda raw: self._index_set_filters(
-                                 seg, decode_filters(raw, SEARCH_FILTER_LAYOUT, buf)),
-                             remove_bad=not self.read_only, mapped=True)
+            kept = self._take_kept_filters(seg, s.buf, remove_bad=not self.read_only)
             if kept is not None:
                 # a file the index copied (an older version's, whose words
                 # lie unaligned) is written again after the search, as one
@@ -613,9 +609,15 @@ class Search(Host):
                 self._filters_kept[seg] = n
                 # the index's copy gives way to the file's map (the same
                 # words: file pages, not this process's memory)
-                buf = s.buf
-                read_kept(path, lambda raw: self._index_set_filters(
-                    seg, decode_filters(raw, SEARCH_FILTER_LAYOUT, buf)), remove_bad=False, mapped=True)
+                self._take_kept_filters(seg, s.buf, remove_bad=False)
+
+    def _take_kept_filters(self, seg: int, buf: Any, *, remove_bad: bool) -> int | None:
+        """Hand the index the kept filters file of sealed segment ``seg``
+        (over bytes ``buf``), read where its map holds them; the blocks they
+        cover, or None if there is none or it does not hold (see read_kept)."""
+        return read_kept(os.path.join(self.hot_dir, filters_name(seg)),
+                         lambda raw: self._index_set_filters(seg, decode_filters(raw, SEARCH_FILTER_LAYOUT, buf)),
+                         remove_bad=remove_bad, mapped=True)
 
     def _check_lines(self, seg: int, buf: Any, start: int, end: int, path: str,
                      live: Callable[[int, int], np.ndarray], vouched_end: int = 0) -> None:

@@ -240,16 +240,9 @@ APPEND_CACHE_MAX = 64
 #: MiB at 100,000 messages, whose hot segments are most of their 66 MB,
 #: left 165 bytes a message after the read mix; 32 bytes a message from
 #: the first, tried in the same session, gave 1,000,000 messages 30.5 MiB
-#: and their task loops ~20% slower.) The budget is split by
-#: ``_conv.reads.cache_budgets``: 3/8 decoded hot records (the window
-#: working set: 8 messages of each channel, ~1.6 MiB for the bench's 100
-#: channels), a quarter of what passes CACHE_MIN_BYTES the cool tier's
-#: decoded row groups (at most COOL_CACHE_BYTES: at the floor they would
-#: hold two groups, of no use), the rest decoded cool records. (5/8 and
-#: 1/8 until session 38: the bench's repeated gets at 100,000, 1,083
-#: archived, did not fit the cool records' 2.25 MiB and missed every
-#: time, 73 us a get against 2.8; with 4 MiB the cool records' 2.4 MiB
-#: hold them.)
+#: and their task loops ~20% slower.) ``_conv.reads.cache_budgets`` splits
+#: it between the hot records, the cool records, the cool rows' lines and
+#: the row groups (and says why).
 #:
 #: Measured with bench/cache_scale.py before session 38 (fresh process per
 #: setting, the stores of bench/build_10m.py and their read mix: window on
@@ -297,9 +290,10 @@ DENSE_LINE_OVERHEAD = 96
 #: records only when the same task was read lately enough that they would
 #: still be there (``HotReads._admit_task``): fewer archived rows read by
 #: task reads since than the dense cache holds, counting this many bytes a
-#: row (a ~900-byte line and DENSE_LINE_OVERHEAD). Reads spread over more tasks than the cache holds (a loop over a
-#: few hundred tasks of ~900 messages: the dense cool share of a 48 MiB budget
-#: holds ~8,000 rows) read each from its pages without churning the cache
+#: row (a ~900-byte line and DENSE_LINE_OVERHEAD). Reads spread over more
+#: tasks than the cache holds (a loop over a few hundred tasks of ~900
+#: messages: the lines' share of a 48 MiB budget holds ~8,000 rows) read
+#: each from its pages without churning the cache
 #: (~1 us a row of insertion and eviction saved). A task of at most
 #: 1/TASK_FEW_ROWS of the cache's reach is kept at its first read (a few
 #: rows cost the cache little). At most TASK_ASKS_KEPT tasks are remembered

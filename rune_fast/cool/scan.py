@@ -105,8 +105,8 @@ class _NotStarted:
 
 
 class _NoHelper:
-    """In place of few_pool() for a scan of fewer than FEW_HELPED_GROUPS
-    groups: every job is left to the asking thread, which runs it where it
+    """In place of few_pool() for a scan of an archive under FEW_HELPED_ROWS
+    rows: every job is left to the asking thread, which runs it where it
     needs the result (the pipeline's own fallback)."""
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> _NotStarted:
