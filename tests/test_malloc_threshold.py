@@ -1,7 +1,10 @@
-"""Opening a cool archive keeps glibc's malloc mapping Arrow's large
-buffers (``sidecar._fix_mmap_threshold``): a block freed after the first
-large ones goes back to the OS, instead of staying in the heap (the peak
-of resident memory of a bulk load's cooling runs and merges)."""
+"""Opening a cool archive fixes glibc's malloc thresholds
+(``sidecar._fix_mmap_threshold``): a block of MMAP_THRESHOLD or more
+stays mapped after larger ones were freed (goes back to the OS when
+freed, instead of staying in the heap: the peak of resident memory of a
+bulk load's cooling runs and merges), and the heap keeps up to
+TRIM_THRESHOLD of free top for the next cooling part's buffers (which
+glibc's default trims and faults in again)."""
 from __future__ import annotations
 
 import os
@@ -23,15 +26,25 @@ libc.free.argtypes = [ctypes.c_void_p]
 if sys.argv[1] == "fixed":
     from rune_fast import cool
     cool.CoolArchive(sys.argv[2]).close()       # (an open makes the choice)
-libc.free(libc.malloc(8 << 20))     # a large block freed: the dynamic threshold would rise to 8 MiB
+    from rune_fast.cool import sidecar
+    # blocks below the threshold, freed newest first into the heap's top
+    blocks = [libc.malloc(3 << 20) for _ in range(3)]
+    for b in reversed(blocks):
+        libc.free(b)
+    kept = libc.mallinfo2().keepcost
+    blocks = [libc.malloc(3 << 20) for _ in range(7)]
+    for b in reversed(blocks):
+        libc.free(b)
+    print(kept >= 8 << 20, libc.mallinfo2().keepcost < sidecar.TRIM_THRESHOLD)
+libc.free(libc.malloc(16 << 20))    # a large block freed: the dynamic threshold would rise to 16 MiB
 before = libc.mallinfo2().hblks
-p = libc.malloc(1 << 20)            # a row group's buffer
+p = libc.malloc(6 << 20)            # a block past MMAP_THRESHOLD
 print(libc.mallinfo2().hblks - before)
 libc.free(p)
 '''
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or os.environ.get("MALLOC_MMAP_THRESHOLD_") is not None,
+@pytest.mark.skipif(not sys.platform.startswith("linux") or any(os.environ.get(v) is not None for v in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")),
                     reason="glibc's malloc, threshold not set by the environment")
 def test_large_blocks_stay_mapped_after_an_archive_opens(tmp_path):
     try:
@@ -44,6 +57,8 @@ def test_large_blocks_stay_mapped_after_an_archive_opens(tmp_path):
     def mapped(mode: str) -> int:
         out = subprocess.run([sys.executable, "-c", CHILD, mode, str(tmp_path / mode)], env=env,
                              capture_output=True, text=True, check=True)
-        return int(out.stdout.strip())
-    assert mapped("default") == 0       # (glibc's dynamic threshold: from the heap)
-    assert mapped("fixed") == 1         # mapped: unmapped again when freed
+        return out.stdout.split("\n")
+    assert mapped("default")[0] == "0"          # (glibc's dynamic threshold: from the heap)
+    trim, mmap_ = mapped("fixed")[:2]
+    assert mmap_ == "1"                         # mapped: unmapped again when freed
+    assert trim == "True True"                  # 9 MiB of free top kept; 21 MiB trimmed

@@ -570,29 +570,38 @@ def _use_system_arrow_pool() -> None:
 
 
 #: Allocations of at least this many bytes are mapped (and unmapped when
-#: freed) by glibc's malloc, see :func:`_fix_mmap_threshold`.
-MMAP_THRESHOLD = 256 << 10
-_M_MMAP_THRESHOLD = -3      # (glibc's malloc.h)
+#: freed) by glibc's malloc, and free space past TRIM_THRESHOLD at the top
+#: of a heap goes back to the OS, see :func:`_fix_mmap_threshold`.
+MMAP_THRESHOLD = 4 << 20
+TRIM_THRESHOLD = 16 << 20
+_M_TRIM_THRESHOLD = -1      # (glibc's malloc.h)
+_M_MMAP_THRESHOLD = -3
 _mmap_fixed = False
 
 
 def _fix_mmap_threshold() -> None:
-    """Keep glibc's malloc mapping the large blocks (``MMAP_THRESHOLD``) of
-    Arrow's buffers, as it does for a process's first ones, so that a
-    freed decoded page or row group goes back to the OS at once. By default
-    the threshold rises to the size of each mapped block freed (up to 32
-    MiB): after the first row groups, the buffers of cooling runs and
-    merges were carved from the heap, and what they freed stayed there,
-    between live blocks, until a trim. Measured with bench/cooling_profile.py
-    on bulk loads of 300,000 messages (a cooling run and a merge in their
-    threads, 2 shared cores): peak resident anonymous memory 131-136 MiB,
-    74-86 of the heap's free, against 105-108 MiB at 256 KiB (29-33 free),
-    the same CPU; 64 KiB: 96 MiB, but twice the system time (a map and a
-    fault per block). Process-wide, as the pool above; left alone when
-    the environment sets it (``MALLOC_MMAP_THRESHOLD_``) and on a C library
-    other than glibc."""
+    """Fix glibc's malloc thresholds for the blocks of Arrow's buffers and
+    of the cooling parts: blocks of MMAP_THRESHOLD or more are mapped (a
+    freed one goes back to the OS at once), smaller ones come from the
+    heap, whose free top is given back past TRIM_THRESHOLD. glibc's
+    default raises the mmap threshold to the size of each mapped block
+    freed (up to 32 MiB), and the heap then kept what cooling runs and
+    merges freed between live blocks: a 300,000-message load peaked at
+    131-136 MiB of resident anonymous memory (74-86 of it the heap's free)
+    against 105-108 MiB with a fixed 256 KiB threshold (bench/cooling_profile.py,
+    session 30). 256 KiB in turn mapped, faulted in, zeroed and unmapped
+    each part's gathered lines and parsed columns (~3.4 MB a part of 4,096
+    lines: two thirds of a compaction's page faults): the 1,000,000-message
+    bulk load with compact() took 10.7-11.2 us a message, its compact()
+    1.0-1.5 s of system time; at 4 MiB / 16 MiB 10.1-10.6 us and 0.5 s,
+    its peak growth 83-85 B a message against 76 (session 40, two runs
+    each); the read mix's resident growth alike (52 against 56 B a message
+    at 100,000, 42.5 against 41.6 at 1,000,000). Process-wide, as the pool
+    above; each left alone when the environment sets it
+    (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``), and on a C
+    library other than glibc."""
     global _mmap_fixed
-    if _mmap_fixed or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+    if _mmap_fixed:
         return
     _mmap_fixed = True
     try:
@@ -603,7 +612,10 @@ def _fix_mmap_threshold() -> None:
     except (OSError, AttributeError):
         return
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+        mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    if "MALLOC_TRIM_THRESHOLD_" not in os.environ:
+        mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
 
 
 def _release_arrow() -> None:
