@@ -188,7 +188,8 @@ def test_a_search_asked_again_takes_its_cool_hits_from_the_record_cache(tmp_path
 
 
 def test_cool_records_read_again_come_from_the_cache(tmp_path, monkeypatch):
-    """A cool row verified once is kept as a record: the same task or exact
+    """A cool row verified once is kept as a record (a task's rows once the
+    task is read again within the cache's reach): the same task or exact
     read asked again does not go back to the archive; deletion and erasure
     still win, and the cache never serves another id's record."""
     with ConversationStateRepository(tmp_path, compact_every=1000, hot_window=2) as repo:
@@ -198,6 +199,7 @@ def test_cool_records_read_again_come_from_the_cache(tmp_path, monkeypatch):
         want = [m for m in (msg(i, channel=f"c{i % 2}", task="t1" if i % 3 == 0 else "t2")
                             for i in range(40)) if m.task_id == "t1"]
         assert repo.messages_for_task("t1") == want
+        assert repo.messages_for_task("t1") == want     # (read again soon: kept)
         calls = []
         real = repo._cool.records_at
         monkeypatch.setattr(repo._cool, "records_at",

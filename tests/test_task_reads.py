@@ -160,6 +160,27 @@ def test_a_task_read_once_is_not_kept_and_one_read_again_is(tmp_path, monkeypatc
         assert len(repo._task_asks) <= 3
 
 
+def test_only_a_task_of_a_few_rows_is_kept_at_its_first_read(tmp_path, monkeypatch):
+    """A task of at most 1/TASK_FEW_ROWS of the cache's reach is kept at
+    its first read; one just past that bound is read from its pages and
+    not kept (a loop over more tasks than the cache holds would pay the
+    keeping of every such task and come round to none of them)."""
+    with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=2, cache_bytes=8 << 20) as repo:
+        reach = min(repo._cool_dense.capacity, repo._cool_dense.max_bytes // tuning.TASK_ROW_BYTES)
+        monkeypatch.setattr(tuning, "TASK_FEW_ROWS", max(1, reach // 20))
+        few = reach // tuning.TASK_FEW_ROWS          # (~20 rows)
+        tasks = {"few": few, "more": few + 1}
+        want = [msg(i, t) for t, n in tasks.items() for i in range(n * (t == "more"), n * (1 + (t == "more")))]
+        repo.append_many(want)
+        repo.append_many([msg(10_000 + i, "") for i in range(8)])     # (the tasks' rows all cooled)
+        repo.compact()
+        assert len(repo._cool.task_locs("few")) == few and len(repo._cool.task_locs("more")) == few + 1
+        assert repo.messages_for_task("more") == [m for m in want if m.task_id == "more"]
+        assert len(repo._cool_decoded) == 0           # (read from its pages, not kept)
+        assert repo.messages_for_task("few") == [m for m in want if m.task_id == "few"]
+        assert len(repo._cool_decoded) == few         # (kept at once)
+
+
 def test_a_task_row_of_another_task_or_damaged_is_named(tmp_path):
     """The compiled pass declines a row whose task is not the one the cool
     index lists it under, and one whose bytes changed: the dict path then

@@ -297,9 +297,16 @@ DENSE_LINE_OVERHEAD = 96
 #: (~1 us a row of insertion and eviction saved). A task of at most
 #: 1/TASK_FEW_ROWS of the cache's reach is kept at its first read (a few
 #: rows cost the cache little). At most TASK_ASKS_KEPT tasks are remembered
-#: (then forgotten all at once).
+#: (then forgotten all at once). 1/16 (sessions 35-39: tasks of up to 512
+#: rows at 1,000,000 messages) kept the bench's loop over 200 tasks its
+#: smaller tasks, a tenth of its rows, at ~14 us a row where a read from
+#: the pages costs ~3.7 (the keeping re-encodes each row's line), and the
+#: loop came round to none of them before they left: messages_for_task
+#: 4.43 -> 3.30 ms a call at 1,000,000 (avg 905 messages), 0.55 -> 0.45
+#: ms at 100,000 (avg 91), each task once in a fresh process ~4.4 -> ~3.6
+#: ms, with 1/256 (session 40).
 TASK_ROW_BYTES = 1000
-TASK_FEW_ROWS = 16
+TASK_FEW_ROWS = 256
 TASK_ASKS_KEPT = 4096
 #: Resident file pages (the segment and tail maps' share) that the hot reads
 #: may add before the pages they mapped are released (see ``_release_maps``),
