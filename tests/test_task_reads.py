@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rune_fast import _pages
+from rune_fast import _pages, codec
 from rune_fast._conv import tuning
 from rune_fast._order import order_key
 from rune_fast.conversation_state import ConversationStateRepository
@@ -158,6 +158,25 @@ def test_a_task_read_once_is_not_kept_and_one_read_again_is(tmp_path, monkeypatc
         for t in ("x", "y", "z", "w"):
             repo.messages_for_task(t)
         assert len(repo._task_asks) <= 3
+
+
+def test_a_task_read_once_keeps_none_of_its_hot_lines(tmp_path):
+    """The hot lines a task's first read decodes are not kept: a loop over
+    more tasks than the cache holds would push out the records windows and
+    exact reads come back to, for lines it does not come round to. Read
+    again within the cache's reach they are kept, and the next read
+    decodes none."""
+    with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=1000, cache_bytes=8 << 20) as repo:
+        want = [msg(i, "big" if i % 4 else "small") for i in range(400)]
+        repo.append_many(want)
+        big = [m for m in want if m.task_id == "big"]
+        reach = min(repo._cool_dense.capacity, repo._cool_dense.max_bytes // tuning.TASK_ROW_BYTES)
+        assert 2 * len(big) <= reach < len(big) * tuning.TASK_FEW_ROWS
+        repo._decoded.clear()                   # (appends keep the records they were given)
+        assert repo.messages_for_task("big") == big and len(repo._decoded) == 0
+        assert repo.messages_for_task("big") == big and len(repo._decoded) == len(big)
+        assert repo._index.task_hits(codec.key("big"), repo._decoded)[2] == 0
+        assert repo.messages_for_task("big") == big
 
 
 def test_only_a_task_of_a_few_rows_is_kept_at_its_first_read(tmp_path, monkeypatch):
