@@ -188,8 +188,7 @@ def test_only_a_task_of_a_few_rows_is_kept_at_its_first_read(tmp_path, monkeypat
         reach = min(repo._cool_dense.capacity, repo._cool_dense.max_bytes // tuning.TASK_ROW_BYTES)
         monkeypatch.setattr(tuning, "TASK_FEW_ROWS", max(1, reach // 20))
         few = reach // tuning.TASK_FEW_ROWS          # (~20 rows)
-        tasks = {"few": few, "more": few + 1}
-        want = [msg(i, t) for t, n in tasks.items() for i in range(n * (t == "more"), n * (1 + (t == "more")))]
+        want = [msg(i, "few" if i < few else "more") for i in range(2 * few + 1)]
         repo.append_many(want)
         repo.append_many([msg(10_000 + i, "") for i in range(8)])     # (the tasks' rows all cooled)
         repo.compact()
