@@ -6,6 +6,7 @@ errors). One name is taken once: ``canonical_json`` is the records' (SPEC
 section 5's bytes); ``rune_fast.sync.canonical_json`` writes the same bytes for
 JSON-safe data and also takes ``Turn`` and ``Hlc`` values.
 """
+from . import _memory  # noqa: F401  (first: it chooses Arrow's allocator before pyarrow loads)
 from .errors import (
     CorruptStateCheckpointError,
     DurabilityError,

@@ -65,3 +65,34 @@ def test_large_blocks_stay_mapped_after_an_archive_opens(tmp_path):
     trim, mmap_ = mapped("fixed")[:2]
     assert mmap_ == "1"                         # mapped: unmapped again when freed
     assert trim == "True True"                  # 9 MiB of free top kept; 21 MiB trimmed
+
+
+POOL_CHILD = r'''
+import os, sys
+if sys.argv[1] == "pyarrow-first":
+    import pyarrow
+first = None if "pyarrow" not in sys.modules else sys.modules["pyarrow"].default_memory_pool().backend_name
+import rune_fast
+import pyarrow as pa
+print(first, pa.default_memory_pool().backend_name, os.environ.get("ARROW_DEFAULT_MEMORY_POOL"))
+'''
+
+
+def test_rune_fast_loads_pyarrow_with_the_system_allocator(tmp_path):
+    """``import rune_fast`` loads pyarrow with malloc as Arrow's default
+    allocator (the C++ library's too, not only pyarrow's), and leaves the
+    environment as it found it; a choice the environment made is kept, and
+    a pyarrow loaded before keeps its allocator."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    env["PYTHONPATH"] = root
+
+    def run(mode: str, **extra: str) -> list[str]:
+        out = subprocess.run([sys.executable, "-c", POOL_CHILD, mode], env=dict(env, **extra),
+                             capture_output=True, text=True, check=True)
+        return out.stdout.split()
+
+    assert run("rune-first") == ["None", "system", "None"]
+    first, now, var = run("pyarrow-first")
+    assert first == now and var == "None"
+    assert run("rune-first", ARROW_DEFAULT_MEMORY_POOL="mimalloc")[1:] == ["mimalloc", "mimalloc"]
