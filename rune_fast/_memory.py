@@ -34,7 +34,10 @@ def system_arrow_allocator() -> None:
     Arrow's C++ code allocates with on its own, which stayed mimalloc:
     its heaps kept ~8 MB after the first compaction of a store of 30,000
     messages (resident growth after compact() 18.0 against 10.2 MB, after
-    close 14.7 against 6.9; session 40)."""
+    close 14.7 against 6.9; session 40). (The variable is set and
+    removed around the import: a process whose other threads read the
+    environment from C while rune_fast is first imported should import
+    pyarrow, or set the variable, first.)"""
     if "pyarrow" in sys.modules or ARROW_POOL_VAR in os.environ:
         return
     os.environ[ARROW_POOL_VAR] = "system"
