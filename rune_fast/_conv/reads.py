@@ -58,7 +58,7 @@ def cache_budgets(total: int) -> tuple[int, int, int, int]:
     return hot, cool - dense, dense, groups
 
 
-def canonical_record(line: bytes) -> tuple[ConversationMessageRecord, int] | None:
+def canonical_record(line: bytes | memoryview) -> tuple[ConversationMessageRecord, int] | None:
     """(record, append sequence) of a checked line spelled as the encoder
     spells it, by the compiled decoder; None for any other line (the
     compiled reads then leave it to :func:`codec.record_from_line`, whose
