@@ -1,5 +1,5 @@
 """Opening a cool archive fixes glibc's malloc thresholds
-(``sidecar._fix_mmap_threshold``): a block of MMAP_THRESHOLD or more
+(``rune_fast._memory.fix_malloc_thresholds``): a block of MMAP_THRESHOLD or more
 stays mapped after larger ones were freed (goes back to the OS when
 freed, instead of staying in the heap: the peak of resident memory of a
 bulk load's cooling runs and merges), and the heap keeps up to
@@ -26,7 +26,7 @@ libc.free.argtypes = [ctypes.c_void_p]
 if sys.argv[1] == "fixed":
     from rune_fast import cool
     cool.CoolArchive(sys.argv[2]).close()       # (an open makes the choice)
-    from rune_fast.cool import sidecar
+    from rune_fast import _memory
     # blocks below the threshold, freed newest first into the heap's top
     blocks = [libc.malloc(3 << 20) for _ in range(3)]
     for b in reversed(blocks):
@@ -35,7 +35,7 @@ if sys.argv[1] == "fixed":
     blocks = [libc.malloc(3 << 20) for _ in range(7)]
     for b in reversed(blocks):
         libc.free(b)
-    print(kept >= 8 << 20, libc.mallinfo2().keepcost < sidecar.TRIM_THRESHOLD)
+    print(kept >= 8 << 20, libc.mallinfo2().keepcost < _memory.TRIM_THRESHOLD)
 libc.free(libc.malloc(16 << 20))    # a large block freed: the dynamic threshold would rise to 16 MiB
 before = libc.mallinfo2().hblks
 p = libc.malloc(6 << 20)            # a block past MMAP_THRESHOLD

@@ -286,9 +286,10 @@ TOOL_CALL_BYTES = 512
 #: (the bytes object's header, the cache's slot and ring entry, the
 #: allocator's rounding). The bench's lines are ~790 bytes.
 DENSE_LINE_OVERHEAD = 96
-#: A bulk task read keeps its archived rows in the caches of verified cool
-#: records only when the same task was read lately enough that they would
-#: still be there (``HotReads._admit_task``): fewer archived rows read by
+#: A bulk task read keeps what it decodes (its archived rows in the caches
+#: of verified cool records, its hot lines in the decode cache) only when
+#: the same task was read lately enough that they would still be there
+#: (``HotReads._admit_task``): fewer archived rows read by
 #: task reads since than the dense cache holds, counting this many bytes a
 #: row (a ~900-byte line and DENSE_LINE_OVERHEAD). Reads spread over more
 #: tasks than the cache holds (a loop over a few hundred tasks of ~900

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .._index import IdRuns, check_run
+from .._memory import use_system_arrow_pool
 from .._names import tmp_name
 from ..errors import CorruptStateCheckpointError
 from ..events import fsync_dir
@@ -30,7 +31,7 @@ from .schema import (
 )
 from .sidecar import (
     _FileIndex, _PageFilters, _build_index, _close, _footer_hash, _footer_start, _map_file,
-    _open_checked, _read_all, _release_arrow, _sidecar_names, _unlink_quiet, _use_system_arrow_pool,
+    _open_checked, _read_all, _release_arrow, _sidecar_names, _unlink_quiet,
 )
 from .tables import _GroupWriter, _RowTaker, _widened
 
@@ -81,7 +82,7 @@ class _FileSet:
                  row_group_rows: int = ROW_GROUP_ROWS, durable: bool = True,
                  index_dir: str | os.PathLike | None = None,
                  expect: Mapping[str, Sequence[Any]] | None = None) -> None:
-        _use_system_arrow_pool()
+        use_system_arrow_pool()
         self._dir = os.fspath(cool_dir)
         # the sidecars live beside the archive folder, not in it: the folder
         # holds Parquet files only, so any reader takes it whole as a dataset

@@ -147,7 +147,7 @@ def _hash_range(fd: int, start: int, n: int) -> "xxhash.xxh3_64":
     """xxh3_64 of the ``n`` bytes of ``fd`` at ``start``. A large range
     (a footer is ~0.5 MB a million rows) is hashed in a map of the file:
     read, it was a fresh buffer of that size at each open, and with the
-    fixed mmap threshold (:func:`_fix_mmap_threshold`) malloc maps, faults
+    fixed mmap threshold (:func:`rune_fast._memory.fix_malloc_thresholds`) malloc maps, faults
     in, zeroes and unmaps it each time -- at 10,000,000 messages (9.5 MB of
     footers) most of an open."""
     if n < _MAP_HASH_BYTES:
@@ -549,73 +549,6 @@ def _index_of_keys(no: int, size: int, footer: str, keys: _KeyParts,
 
 class _Skip(Exception):
     pass
-
-
-def _use_system_arrow_pool() -> None:
-    """Make the C library's malloc Arrow's default allocator, unless the
-    process chose one (``ARROW_DEFAULT_MEMORY_POOL`` set; or it was set to
-    something else already): what the archive decodes and writes is then
-    given back when freed. pyarrow's default, mimalloc, keeps what a thread
-    freed (a heap each background cooling or merge thread, purged late):
-    measured with bench/memory_probe.py on a bulk load of 100,000 messages
-    (1 MiB caches), 78-87 MB of resident anonymous memory after the
-    appends against 15-25 MB with malloc, and 30-40 bytes a stored message
-    more after the read mix; read and load timings alike within the noise.
-    The pool is the process's: its buffers keep the pool that made them."""
-    if os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
-        return
-    if pa.default_memory_pool().backend_name != "system":
-        pa.set_memory_pool(pa.system_memory_pool())
-    _fix_mmap_threshold()
-
-
-#: Allocations of at least this many bytes are mapped (and unmapped when
-#: freed) by glibc's malloc, and free space past TRIM_THRESHOLD at the top
-#: of a heap goes back to the OS, see :func:`_fix_mmap_threshold`.
-MMAP_THRESHOLD = 4 << 20
-TRIM_THRESHOLD = 16 << 20
-_M_TRIM_THRESHOLD = -1      # (glibc's malloc.h)
-_M_MMAP_THRESHOLD = -3
-_mmap_fixed = False
-
-
-def _fix_mmap_threshold() -> None:
-    """Fix glibc's malloc thresholds for the blocks of Arrow's buffers and
-    of the cooling parts: blocks of MMAP_THRESHOLD or more are mapped (a
-    freed one goes back to the OS at once), smaller ones come from the
-    heap, whose free top is given back past TRIM_THRESHOLD. glibc's
-    default raises the mmap threshold to the size of each mapped block
-    freed (up to 32 MiB), and the heap then kept what cooling runs and
-    merges freed between live blocks: a 300,000-message load peaked at
-    131-136 MiB of resident anonymous memory (74-86 of it the heap's free)
-    against 105-108 MiB with a fixed 256 KiB threshold (bench/cooling_profile.py,
-    session 30). 256 KiB in turn mapped, faulted in, zeroed and unmapped
-    each part's gathered lines and parsed columns (~3.4 MB a part of 4,096
-    lines: two thirds of a compaction's page faults): the 1,000,000-message
-    bulk load with compact() took 10.7-11.2 us a message, its compact()
-    1.0-1.5 s of system time; at 4 MiB / 16 MiB 10.1-10.6 us and 0.5 s,
-    its peak growth 83-85 B a message against 76 (session 40, two runs
-    each); the read mix's resident growth alike (52 against 56 B a message
-    at 100,000, 42.5 against 41.6 at 1,000,000). Process-wide, as the pool
-    above; each left alone when the environment sets it
-    (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``), and on a C
-    library other than glibc."""
-    global _mmap_fixed
-    if _mmap_fixed:
-        return
-    _mmap_fixed = True
-    try:
-        import ctypes
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-        libc.gnu_get_libc_version     # (glibc's only)
-    except (OSError, AttributeError):
-        return
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
-        mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-    if "MALLOC_TRIM_THRESHOLD_" not in os.environ:
-        mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
 
 
 def _release_arrow() -> None:
