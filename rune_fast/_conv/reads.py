@@ -237,11 +237,14 @@ class HotReads(Host):
         -> 0.36 ms and get_message 15.0 -> 5.6 us)."""
         if self._maps.read(misses):
             self._bound_maps()
-        line, decode, put = self._index.line, self._line_record, self._decoded.put
+        line, put = self._index.line, self._decoded.put
         out = []
         for loc, hit in zip(locs, hits):
             if hit is None:
-                hit = decode(loc, line(loc))
+                raw = line(loc)
+                hit = canonical_record(raw)
+                if hit is None:
+                    hit = codec.record_from_line(raw, path=self._path_of(loc >> 40), offset=loc & _OFF_MASK)
                 if keep:
                     put(loc, hit, record_bytes(hit[0]))
             out.append(hit)
@@ -259,16 +262,8 @@ class HotReads(Host):
         checked bytes (never from the decode cache)."""
         if self._maps.read():
             self._bound_maps()
-        return self._line_record(loc, self._index.line(loc))
-
-    def _line_record(self, loc: int, line: bytes | memoryview) -> tuple[ConversationMessageRecord, int | None]:
-        """The record and append sequence of the checked hot line ``line``
-        at ``loc``: the compiled decoder's, else codec.record_from_line's,
-        which names the file and offset of what is wrong (built only then)."""
-        hit = canonical_record(line)
-        if hit is not None:
-            return hit
-        return codec.record_from_line(line, path=self._path_of(loc >> 40), offset=loc & _OFF_MASK)
+        return codec.record_from_line(self._index.line(loc), path=self._path_of(loc >> 40),
+                                      offset=loc & ((1 << 40) - 1))
 
     def _bound_maps(self) -> None:
         """Release the mapped pages (lock held) if the resident file pages
