@@ -51,15 +51,27 @@ _WARM_MAX = 16 << 20
 
 #: A sealed segment's search filters (HotIndex.seg_filters), kept once a
 #: search built them: magic, version, the filter layout (block, overlap, bits,
-#: words), the segment's length and the xxh3_64 of its first and last 4 KiB,
-#: the block count, the filters, then the xxh3_64 of everything before it.
+#: words), the length of the segment's lines and the xxh3_64 of their first
+#: and last 4 KiB, the block count, the filters, then the xxh3_64 of
+#: everything before it.
 #: Version 2 pads the header to 56 bytes, so that the filters' 8-byte words
 #: lie aligned in a map of the file and the index reads them there (file
 #: pages, not the process's memory); version 1 files (52 bytes) are copied.
+#: Version 3 (same header) binds the filters to the bytes up to the
+#: segment's last newline (:func:`lines_end`), where versions 1 and 2 bound
+#: them to the whole map: the zeros a tail had reserved ahead lie in an
+#: unwritten extent whose last block ext4 reports as data while its page is
+#: cached and as a hole once evicted, so the map of the same sealed file
+#: was ~1 MB shorter after the page cache let it go, and its kept filters
+#: were refused as "made for other bytes" (removed, built again). The
+#: filters themselves only ever covered blocks before the last newline.
 _FILTERS_MAGIC = b"RFSEGGR1"
 _FILTERS_HEAD = struct.Struct("<8sIIIIIQQQ")
-_FILTERS_HEADS = {1: _FILTERS_HEAD.size, 2: _FILTERS_HEAD.size + 4}
+_FILTERS_HEADS = {1: _FILTERS_HEAD.size, 2: _FILTERS_HEAD.size + 4, 3: _FILTERS_HEAD.size + 4}
+_FILTERS_VERSION = 3
 _SUM = struct.Struct("<Q")
+#: lines_end reads back from a map's end in steps of this many bytes
+_BACK_STEP = 64 << 10
 
 
 def seal(body: bytes) -> bytes:
@@ -79,6 +91,22 @@ def unseal(raw: bytes | memoryview, head: int) -> int:
     return end
 
 
+def lines_end(buf) -> int:
+    """Where segment bytes ``buf`` end after their last newline (0 if they
+    hold none): what a sealed segment's lines hold, however many of the
+    zeros reserved after them its map shows (see _FILTERS_VERSION); read
+    back from the end a step at a time (those zeros: about 1 MB at most)."""
+    mv = memoryview(buf)
+    end = len(mv)
+    while end > 0:
+        start = max(0, end - _BACK_STEP)
+        at = mv[start:end].tobytes().rfind(b"\n")
+        if at >= 0:
+            return start + at + 1
+        end = start
+    return 0
+
+
 def segment_ident(buf) -> int:
     """xxh3_64 of a segment's length, its first and its last 4 KiB (what
     binds kept filters to the bytes they were built over: a sealed segment
@@ -88,10 +116,13 @@ def segment_ident(buf) -> int:
 
 
 def encode_filters(layout: tuple, buf, words: bytes) -> bytes:
-    """The bytes of a kept filters file for segment bytes ``buf``."""
+    """The bytes of a kept filters file for segment bytes ``buf``, bound to
+    its lines (:func:`lines_end`)."""
     block = layout[3] * 8
-    head = _FILTERS_HEAD.pack(_FILTERS_MAGIC, 2, *layout, len(buf), segment_ident(buf), len(words) // block)
-    return seal(head + bytes(_FILTERS_HEADS[2] - _FILTERS_HEAD.size) + words)
+    lines = memoryview(buf)[:lines_end(buf)]
+    head = _FILTERS_HEAD.pack(_FILTERS_MAGIC, _FILTERS_VERSION, *layout, len(lines), segment_ident(lines),
+                              len(words) // block)
+    return seal(head + bytes(_FILTERS_HEADS[_FILTERS_VERSION] - _FILTERS_HEAD.size) + words)
 
 
 def decode_filters(raw: bytes | memoryview, layout: tuple, buf) -> memoryview:
@@ -102,7 +133,8 @@ def decode_filters(raw: bytes | memoryview, layout: tuple, buf) -> memoryview:
     magic, version, *got, length, ident, blocks = _FILTERS_HEAD.unpack_from(raw, 0)
     if magic != _FILTERS_MAGIC or version not in _FILTERS_HEADS or tuple(got) != tuple(layout):
         raise ValueError(f"format {magic!r} version {version}, layout {tuple(got)}: not this build's")
-    if length != len(buf) or ident != segment_ident(buf):
+    bound = memoryview(buf)[:lines_end(buf)] if version >= 3 else buf
+    if length != len(bound) or ident != segment_ident(bound):
         raise ValueError("made for other bytes than the segment's")
     head = _FILTERS_HEADS[version]
     if end - head != blocks * layout[3] * 8:

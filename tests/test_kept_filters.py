@@ -374,8 +374,9 @@ def test_version_1_segment_filters_are_copied_then_written_again(tmp_path, monke
         raw = path.read_bytes()
         head = segments._FILTERS_HEAD
         fields = list(head.unpack_from(raw, 0))
-        assert fields[1] == 2
+        assert fields[1] == segments._FILTERS_VERSION
         fields[1] = 1
+        fields[-3:-1] = [len(memoryview(_seg_map(d, name))), segments.segment_ident(_seg_map(d, name))]
         body = head.pack(*fields) + raw[head.size + 4:-8]
         path.write_bytes(segments.seal(body))
     v1 = {n: (d / "hot" / n).read_bytes() for n in _seg_grams(d)}
@@ -389,10 +390,93 @@ def test_version_1_segment_filters_are_copied_then_written_again(tmp_path, monke
         assert all(repo._index.seg_filters_mapped(s) for s in segs)      # (kept again, then mapped)
     for name, old in v1.items():
         new = (d / "hot" / name).read_bytes()
-        assert len(new) == len(old) + 4 and segments._FILTERS_HEAD.unpack_from(new, 0)[1] == 2
+        assert len(new) == len(old) + 4 and segments._FILTERS_HEAD.unpack_from(new, 0)[1] == 3
     with ConversationStateRepository(d, hot_window=10**6, compact_every=200) as repo:
         assert sorted(h.record.msg_id for h in repo.search("dolor sit")) == _want_hot(msgs, "dolor sit")
         assert all(repo._index.seg_filters_mapped(s) for s in segs)
+
+
+def _seg_map(d, grams_name: str):
+    """The bytes of the segment a filters file is named for, as a map shows them."""
+    from rune_fast.segments import map_file
+    m, _size = map_file(str(d / "hot" / grams_name.replace(".grams", ".jsonl")))
+    return m
+
+
+def test_segment_filters_are_bound_to_the_lines_not_to_the_zeros_after_them():
+    """A sealed segment's map may show more or fewer of the zeros reserved
+    after its last line (ext4 reports the last block of an unwritten extent
+    as data while its page is cached, as a hole once evicted): kept
+    filters hold for the same lines whatever zeros follow them, and for
+    no other lines."""
+    from rune_fast import segments
+    layout = (16384, 256, 12, 64)
+    lines = b"".join(b'{"n":%d,"c":"lorem ipsum dolor"}\n' % i for i in range(3000))
+    words = bytes(range(256)) * 2 * 3            # three blocks' words
+    raw = segments.encode_filters(layout, lines + bytes(1 << 20), words)
+    for zeros in (0, 100, 4096, 70_000, 1 << 20, (1 << 20) + 5000):
+        assert bytes(segments.decode_filters(raw, layout, lines + bytes(zeros))) == words
+    assert segments.lines_end(lines + bytes(200_000)) == len(lines)
+    assert segments.lines_end(bytes(200_000)) == 0
+    other = bytearray(lines)
+    other[-10] ^= 1
+    for buf in (bytes(other), lines[:-40], lines + b"x\n", b"x" + lines[1:]):
+        with pytest.raises(ValueError, match="other bytes"):
+            segments.decode_filters(raw, layout, buf)
+
+
+def _map_lengths(d, names: list[str], *, cached: bool) -> list[int]:
+    """How long a map of each named segment is (map_file's data end) with
+    its pages read into the page cache (``cached``), or dropped from it."""
+    from rune_fast._log import data_end
+    out = []
+    for name in names:
+        fd = os.open(d / "hot" / name.replace(".grams", ".jsonl"), os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            if cached:
+                os.pread(fd, size, 0)
+            else:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            out.append(data_end(fd, size))
+        finally:
+            os.close(fd)
+    return out
+
+
+def test_segment_filters_hold_after_the_page_cache_lets_a_segment_go(tmp_path, monkeypatch, caplog):
+    """Sealed segments whose last block is an unwritten extent (a tail
+    reserves space ahead in chunks of unaligned length): ext4 maps them to
+    the file's end while that block's page is cached, and ~a block after
+    the last line once it is evicted. Filters kept over the longer map are
+    taken over the shorter one (they were refused as "made for other bytes",
+    removed and built again). Skipped where the file system shows no
+    difference."""
+    monkeypatch.setattr(tuning, "ROLL_BYTES", 96 << 10)
+    d = tmp_path / "pc"
+    msgs = [ConversationMessageRecord(role="user", channel_id=f"c{i % 4}",
+                                      content=f"entry {i} " + ("Quarterly report " if i % 211 == 0 else "")
+                                      + "lorem ipsum dolor sit amet " * (10 + i % 13)) for i in range(4000)]
+    with ConversationStateRepository(d, hot_window=10**6, compact_every=800) as repo:
+        for i in range(0, len(msgs), 800):      # ~350 KB writes: chunks of ~1.4 MB reserved ahead
+            repo.append_many(msgs[i:i + 800])
+    names = sorted(p.name.replace(".jsonl", ".grams") for p in (d / "hot").glob("conversation_seg-*.jsonl"))
+    long = _map_lengths(d, names, cached=True)
+    with ConversationStateRepository(d, hot_window=10**6, compact_every=800) as repo:
+        for _ in range(2):      # filters built over the maps as they are now, and kept
+            repo.search("quarterly report")
+    assert _seg_grams(d) == names
+    if _map_lengths(d, names, cached=False) == long:
+        pytest.skip("this file system maps a sealed segment alike whatever the page cache holds")
+    kept = {n: (d / "hot" / n).read_bytes() for n in names}
+    with ConversationStateRepository(d, hot_window=10**6, compact_every=800) as repo:
+        with caplog.at_level(logging.WARNING, logger="rune_fast"):
+            assert sorted(h.record.msg_id for h in repo.search("quarterly report")) == \
+                _want_hot(msgs, "quarterly report")
+        assert not [r.getMessage() for r in caplog.records if "not used" in r.getMessage()]
+        assert all(repo._index.seg_filter_blocks(s) > 0 for s in repo._seg_order)
+    assert {n: (d / "hot" / n).read_bytes() for n in names} == kept
 
 
 @pytest.mark.parametrize("damage", ["flip", "cut", "other segment", "empty"])
