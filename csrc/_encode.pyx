@@ -55,6 +55,9 @@ cdef extern from "Python.h":
     int Py_DTSF_ADD_DOT_0
     bint PyUnicode_IS_ASCII(object o)
     const char *PyUnicode_AsUTF8AndSize(object o, Py_ssize_t *size) except NULL
+    void PyObject_GC_Track(void *op)
+    void PyObject_GC_UnTrack(void *op)
+    int PyObject_GC_IsTracked(object op)
     long long PyLong_AsLongLongAndOverflow(object o, int *overflow) except? -1
     ctypedef struct PyObject
     void Py_XINCREF(PyObject *o)
@@ -2294,6 +2297,7 @@ def record_from_line(line, type record_type, object calls_from_json):
             _mi_set(rec, 2, role)
             _mi_set(rec, 6, PyLong_FromLongLong(ln.tok))
             _mi_set(rec, 7, calls)
+            _mi_gc(rec, not calls)
             return rec, PyLong_FromLongLong(ln.seq)
         for k in range(len(_SLOT_OF)):
             PyObject_GenericSetAttr(rec, _SLOT_OF[k][0], values[k])
@@ -2705,12 +2709,30 @@ cdef int _mi_fill(object self, object msg_id, object ts, object role, object con
             _mi_set(self, 8, tool_call_id)
             _mi_set(self, 9, origin)
             _mi_set(self, 10, hlc)
+            _mi_gc(self, not calls)
             return 0
     fields = _mi_slow(msg_id, ts, role, content, channel_id, task_id, token_estimate,
                       tool_calls, tool_call_id, origin, hlc)
     for k in range(N_INIT):
         _mi_set(self, k, fields[k])
+    _mi_gc(self, False)
     return 0
+
+
+cdef inline void _mi_gc(object rec, bint atomic) noexcept:
+    """Leave a record of the message type itself (slotted: no ``__dict__``)
+    out of the cyclic collector's walks when ``atomic``: every field an
+    exact str, float or int and no tool calls, so no reference cycle can
+    pass through it -- the rule CPython applies to tuples and dicts of such
+    values. Any other record is (again) tracked. Records a batch holds while
+    collections run were promoted to the oldest generation by the
+    thousand, and each full collection then walked every object of the
+    process (a bulk load of 1,000,000 spent ~2.5 s in twelve of them)."""
+    if atomic and type(rec) is _mi_type and _mi_type.__dictoffset__ == 0:
+        if PyObject_GC_IsTracked(rec):
+            PyObject_GC_UnTrack(<void *>rec)
+    elif not PyObject_GC_IsTracked(rec):
+        PyObject_GC_Track(<void *>rec)
 
 
 # The record type's own tp_init slot (message_init_setup puts it there).

@@ -233,3 +233,49 @@ def test_lone_surrogate_found_anywhere_in_a_long_content(wide):
                 kw["content"] = base[:at] + bad + base[at + 1:]
                 assert built(kw) == reference(kw)
                 assert built(kw)[0] is ValueError
+
+
+def test_a_record_of_plain_fields_is_left_out_of_the_cyclic_collector():
+    """A record of str, float and int fields and no tool calls cannot be in
+    a reference cycle: the constructor untracks it (as CPython untracks
+    tuples of such values), so the records a bulk load holds are never
+    promoted and walked by full collections. Tool calls (dicts: mutable
+    containers), a subclass, or a field the Python path normalised keep it
+    tracked; building it again with calls tracks it again."""
+    import gc
+
+    plain = R(msg_id="m1", channel_id="c", content="hällo", ts=1.0)
+    assert not gc.is_tracked(plain)
+    assert not gc.is_tracked(dataclasses.replace(plain, content="x"))
+    calls = R(msg_id="m2", channel_id="c", tool_calls=[{"id": "t", "name": "f", "arguments": {}}])
+    assert gc.is_tracked(calls)
+    assert gc.is_tracked(R(msg_id="m3", channel_id=StrSub("c")))         # (the Python path)
+
+    class Sub(R):
+        pass
+
+    assert gc.is_tracked(Sub(msg_id="m4", channel_id="c"))
+    again = R(msg_id="m5", channel_id="c")
+    assert not gc.is_tracked(again)
+    R.__init__(again, msg_id="m5", channel_id="c", tool_calls=[{"id": "t", "name": "f", "arguments": [1]}])
+    assert gc.is_tracked(again)
+    # a cycle through a tracked record's tool calls is still collected
+    calls.tool_calls[0]["arguments"]["me"] = calls
+    del calls
+    assert gc.collect() >= 1
+    assert copy.deepcopy(plain) == plain and pickle.loads(pickle.dumps(plain)) == plain
+
+
+def test_a_hot_record_read_back_is_left_out_of_the_cyclic_collector(tmp_path):
+    """The hot decoder's records follow the constructor's rule."""
+    import gc
+
+    from rune_fast import ConversationStateRepository
+
+    with ConversationStateRepository(tmp_path / "s") as repo:
+        repo.append_many([R(msg_id="a", channel_id="c", content="plain"),
+                          R(msg_id="b", channel_id="c", tool_calls=[{"id": "t", "name": "f", "arguments": {}}])])
+    with ConversationStateRepository(tmp_path / "s") as repo:
+        a, b = repo.get_message("a").record, repo.get_message("b").record
+        assert a.content == "plain" and not gc.is_tracked(a)
+        assert b.tool_calls and gc.is_tracked(b)
