@@ -2724,10 +2724,11 @@ cdef inline void _mi_gc(object rec, bint atomic) noexcept:
     out of the cyclic collector's walks when ``atomic``: every field an
     exact str, float or int and no tool calls, so no reference cycle can
     pass through it -- the rule CPython applies to tuples and dicts of such
-    values. Any other record is (again) tracked. Records a batch holds while
-    collections run were promoted to the oldest generation by the
-    thousand, and each full collection then walked every object of the
-    process (a bulk load of 1,000,000 spent ~2.5 s in twelve of them)."""
+    values. Any other record is (again) tracked. Tracked, every record a
+    program built or held was walked by each collection its allocations
+    set off and promoted to the oldest generation, which every full
+    collection walks: 1,000,000 records built 1.18 us each (0.50
+    untracked), a full collection with them alive 163 ms (28)."""
     if atomic and type(rec) is _mi_type and _mi_type.__dictoffset__ == 0:
         if PyObject_GC_IsTracked(rec):
             PyObject_GC_UnTrack(<void *>rec)
