@@ -7,7 +7,8 @@ Run only on demand (bench/ is outside the default test run)::
     python -m pytest bench/test_volume_bench.py --benchmark-columns=min,median,ops --benchmark-sort=name
 
 ``RUNE_BENCH_N`` sets the store size (default 20,000 messages). Groups:
-record construction (against a tuple of the same values), ``append_many`` of
+record construction (against a tuple of the same values), 100,000 records
+built and a full collection with them held, ``append_many`` of
 1,000, ``window``, ``get_message``, ``messages_for_task`` (a random task and
 one of the biggest), and ``search`` of each needle class with and without
 ``limit=20`` (against a memmem scan of the same content bytes). The
@@ -75,6 +76,25 @@ def test_record_new(benchmark: Any, work: wl.Workload) -> None:
 def test_record_tuple_baseline(benchmark: Any, work: wl.Workload) -> None:
     rows = itertools.cycle([list(m.values()) for m in work.messages[:1_000]])
     benchmark(lambda: tuple(next(rows)))
+
+
+@pytest.mark.benchmark(group="records held")
+def test_build_100k_records(benchmark: Any, work: wl.Workload) -> None:
+    """100,000 records built and held (the collections their allocations
+    set off walk the tracked ones among them)."""
+    dicts = [work.messages[i % len(work.messages)] for i in range(100_000)]
+    benchmark.pedantic(lambda: [wl.default_message_factory(d) for d in dicts], rounds=5, warmup_rounds=1)
+
+
+@pytest.mark.benchmark(group="records held")
+def test_full_collection_with_100k_records(benchmark: Any, work: wl.Workload) -> None:
+    """gc.collect() with 100,000 records alive (those of plain fields are
+    not walked: untracked by the constructor)."""
+    import gc
+
+    held = [wl.default_message_factory(work.messages[i % len(work.messages)]) for i in range(100_000)]
+    benchmark.pedantic(gc.collect, rounds=7, warmup_rounds=1)
+    assert len(held) == 100_000
 
 
 # -- writes ------------------------------------------------------------------
