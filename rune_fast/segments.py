@@ -142,6 +142,12 @@ def decode_filters(raw: bytes | memoryview, layout: tuple, buf) -> memoryview:
     return memoryview(raw)[head:end]
 
 
+def filters_current(raw: bytes | memoryview) -> bool:
+    """Whether kept filters bytes ``raw`` (decoded already) are of this
+    build's version: a writer keeps an older one again in it."""
+    return _FILTERS_HEAD.unpack_from(raw, 0)[1] == _FILTERS_VERSION
+
+
 def read_kept(path: str, decode: Callable[[bytes | memoryview], T], *, remove_bad: bool,
               mapped: bool = False) -> T | None:
     """``decode`` of the kept cache file at ``path`` (search filters), None

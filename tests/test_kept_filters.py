@@ -425,6 +425,43 @@ def test_segment_filters_are_bound_to_the_lines_not_to_the_zeros_after_them():
             segments.decode_filters(raw, layout, buf)
 
 
+def test_version_2_segment_filters_are_taken_then_written_again_bound_to_the_lines(tmp_path, monkeypatch):
+    """A file of version 2 (bound to the segment's whole map, as this open
+    maps it) is taken where it is mapped, and a writer keeps it again in
+    the current version after the search (bound to the lines, so that no
+    later change of the page cache gets it refused); a viewer leaves it."""
+    from rune_fast import segments
+    d, msgs = _hot_store(tmp_path, monkeypatch)
+    names = _seg_grams(d)
+    for name in names:
+        path = d / "hot" / name
+        raw = path.read_bytes()
+        head = segments._FILTERS_HEAD
+        fields = list(head.unpack_from(raw, 0))
+        buf = _seg_map(d, name)
+        fields[1] = 2
+        fields[-3:-1] = [len(memoryview(buf)), segments.segment_ident(buf)]
+        path.write_bytes(segments.seal(head.pack(*fields) + raw[head.size:-8]))
+    v2 = {n: (d / "hot" / n).read_bytes() for n in names}
+    with ConversationStateRepository(d, read_only=True) as viewer:
+        assert sorted(h.record.msg_id for h in viewer.search("Quarterly")) == _want_hot(msgs, "quarterly")
+        assert all(viewer._index.seg_filters_mapped(s) for s in viewer._seg_order
+                   if viewer._index.seg_filter_blocks(s) > 0)
+    assert {n: (d / "hot" / n).read_bytes() for n in names} == v2
+    with ConversationStateRepository(d, hot_window=10**6, compact_every=200) as repo:
+        assert sorted(h.record.msg_id for h in repo.search("Quarterly")) == _want_hot(msgs, "quarterly")
+        segs = [s for s in repo._seg_order if repo._index.seg_filter_blocks(s) > 0]
+        assert len(segs) >= 3 and all(repo._index.seg_filters_mapped(s) for s in segs)
+    for name in names:
+        new = (d / "hot" / name).read_bytes()
+        assert segments._FILTERS_HEAD.unpack_from(new, 0)[1] == segments._FILTERS_VERSION
+        words = segments._FILTERS_HEADS[2]
+        assert new[words:-8] == v2[name][words:-8]        # (the same words, bound anew)
+    with ConversationStateRepository(d, hot_window=10**6, compact_every=200) as repo:
+        assert sorted(h.record.msg_id for h in repo.search("dolor sit")) == _want_hot(msgs, "dolor sit")
+        assert all(repo._index.seg_filters_mapped(s) for s in segs)
+
+
 def _map_lengths(d, names: list[str], *, cached: bool) -> list[int]:
     """How long a map of each named segment is (map_file's data end) with
     its pages read into the page cache (``cached``), or dropped from it."""

@@ -23,7 +23,8 @@ from ..cool.search import EVERY_LOC
 from ..errors import CorruptStateCheckpointError
 from .._order import order_key
 from ..records import ConversationMessageRecord
-from ..segments import (TailFile, decode_filters, encode_filters, filters_name, read_kept, write_kept)
+from ..segments import (TailFile, decode_filters, encode_filters, filters_current, filters_name, read_kept,
+                        write_kept)
 from . import tuning
 from .common import (_MAX_N, _OFF_MASK, SearchHit, _check_line_starts, _first, _xkey, own_calls)
 
@@ -581,13 +582,16 @@ class Search(Host):
             s = self._segs.get(seg)
             if s is None or s.buf is None:
                 continue
-            kept = self._take_kept_filters(seg, s.buf, remove_bad=not self.read_only)
-            if kept is not None:
+            got = self._take_kept_filters(seg, s.buf, remove_bad=not self.read_only)
+            if got is not None:
                 # a file the index copied (an older version's, whose words
                 # lie unaligned) is written again after the search, as one
-                # that it reads where it is mapped
+                # that it reads where it is mapped; so is one of an older
+                # version bound to the whole map (see segments._FILTERS_VERSION),
+                # before a change of the page cache makes it refused
+                kept, current = got
                 mapped = self._index_seg_filters_mapped(seg)
-                self._filters_kept[seg] = kept if mapped or self.read_only else 0
+                self._filters_kept[seg] = kept if (mapped and current) or self.read_only else 0
 
     def _keep_seg_filters(self) -> None:
         """Write the filters the index built over sealed segments since they
@@ -611,13 +615,16 @@ class Search(Host):
                 # words: file pages, not this process's memory)
                 self._take_kept_filters(seg, s.buf, remove_bad=False)
 
-    def _take_kept_filters(self, seg: int, buf: Any, *, remove_bad: bool) -> int | None:
+    def _take_kept_filters(self, seg: int, buf: Any, *, remove_bad: bool) -> tuple[int, bool] | None:
         """Hand the index the kept filters file of sealed segment ``seg``
-        (over bytes ``buf``), read where its map holds them; the blocks they
-        cover, or None if there is none or it does not hold (see read_kept)."""
-        return read_kept(os.path.join(self.hot_dir, filters_name(seg)),
-                         lambda raw: self._index_set_filters(seg, decode_filters(raw, SEARCH_FILTER_LAYOUT, buf)),
-                         remove_bad=remove_bad, mapped=True)
+        (over bytes ``buf``), read where its map holds them: (the blocks they
+        cover, whether the file is of this build's version), or None if
+        there is none or it does not hold (see read_kept)."""
+        def take(raw: bytes | memoryview) -> tuple[int, bool]:
+            return (self._index_set_filters(seg, decode_filters(raw, SEARCH_FILTER_LAYOUT, buf)),
+                    filters_current(raw))
+
+        return read_kept(os.path.join(self.hot_dir, filters_name(seg)), take, remove_bad=remove_bad, mapped=True)
 
     def _check_lines(self, seg: int, buf: Any, start: int, end: int, path: str,
                      live: Callable[[int, int], np.ndarray], vouched_end: int = 0) -> None:
