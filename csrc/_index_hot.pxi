@@ -716,16 +716,22 @@ cdef class HotIndex:
 
     # ---- buffers ---------------------------------------------------------
 
-    def attach(self, int64_t seg, buf, path=None, *, bint growing=False) -> None:
+    def attach(self, int64_t seg, buf, path=None, *, bint growing=False, bint keep_lines=False) -> None:
         """(Re)register the read-only buffer (an mmap, bytes, memoryview) of
         segment `seg`; None or an empty buffer registers an empty segment. The
         index holds the buffer until :meth:`detach` (so an mmap cannot be closed
         under it); attach again after remapping a grown file. `path` only
         names the file in error messages. `growing`: the buffer maps a file
-        that is still written (a tail, possibly by another process): search
-        never builds filters over it (see _gr_build)."""
+        that another process may still write (a viewer's tail): search never
+        builds filters over it (see _gr_build). `keep_lines`: the buffer
+        maps the same file as the one attached, grown (a writer's tail
+        remapped): the lines end set before (:meth:`set_lines_end`) and
+        the filters built over the bytes before it stay, those bytes being
+        the same; else both go."""
         cdef rf_seg *segs
         cdef int64_t n
+        cdef uint64_t *kept_gr = NULL
+        cdef int64_t kept_n = 0, kept_end = -1
         self._guard()
         self._seg_of(seg)
         mv = None
@@ -749,6 +755,11 @@ cdef class HotIndex:
             self._n_segs = n
         cdef int64_t old_len = self._c_segs[seg].len, new_len, shift
         cdef rf_seg *sg = &self._c_segs[seg]
+        if keep_lines and not growing and sg.state != 0 and not sg.growing and sg.lines_end >= 0:
+            kept_end = sg.lines_end
+            if sg.gr_owned:         # (the filters move past _release's drop)
+                kept_gr, kept_n = sg.gr, sg.gr_n
+                sg.gr, sg.gr_n, sg.gr_owned = NULL, 0, False
         self._release(seg)
         sg.growing = growing
         if mv is None or len(mv) == 0:
@@ -759,6 +770,12 @@ cdef class HotIndex:
             sg.len = sg.view.len
             sg.state = 1
             self._views[seg] = mv
+        if kept_end >= 0 and kept_end <= sg.len:
+            sg.lines_end = kept_end
+            if kept_gr != NULL:
+                sg.gr, sg.gr_n, sg.gr_owned = kept_gr, kept_n, True
+        else:
+            free(kept_gr)
         # bytes kept by append_bytes that the new buffer now covers are dropped
         new_len = sg.len
         if sg.ov_len:
@@ -778,8 +795,30 @@ cdef class HotIndex:
             self._c_segs[seg].state = 0
             self._c_segs[seg].ptr = NULL
             self._c_segs[seg].len = 0
+            self._c_segs[seg].lines_end = -1
             _gr_drop(&self._c_segs[seg])       # the filters were of the old buffer
         self._views.pop(seg, None)
+
+    def set_lines_end(self, int64_t seg, int64_t end) -> None:
+        """Where the complete lines of segment `seg` end: a file this
+        process writes (a writer's tail, attached as not growing), whose
+        bytes before `end` never change (appends go after them) and whose
+        bytes after it are zeros reserved for the next appends. A search
+        scans the segment, and builds its filters, up to `end` only (the
+        filters of a tail extend with its lines: see _gr_build). A smaller
+        end than before drops the filters built so far."""
+        self._guard()
+        self._seg_of(seg)
+        cdef rf_seg *sg
+        if seg >= self._n_segs or self._c_segs[seg].state == 0 or self._c_segs[seg].growing:
+            raise ValueError(f"set_lines_end: segment {seg} is not an attached segment of this writer")
+        sg = &self._c_segs[seg]
+        if end < 0 or end > (sg.len if sg.state == 1 else 0):
+            raise ValueError(f"set_lines_end: {end} is outside segment {seg}'s "
+                             f"{sg.len if sg.state == 1 else 0} bytes")
+        if 0 <= end < sg.lines_end:
+            _gr_drop(sg)
+        sg.lines_end = end
 
     def seg_filters(self, int64_t seg) -> bytes:
         """The search filters built so far over sealed segment `seg`'s blocks

@@ -15,16 +15,28 @@
 # bytes. Only a segment attached as not growing gets filters: a tail another
 # process writes may show a line's newline before the bytes before it
 # (string stores are not ordered), and a filter built then would stay
-# wrong. Building them costs about five plain scans, so a store searched
+# wrong. A writer's own tail gets them over its complete lines, up to the
+# end its writer sets (set_lines_end), past which only reserved zeros lie.
+# Building them costs about five plain scans, so a store searched
 # once never pays it: the second search that can use them builds them
 # (memory: 1/32 of the bytes covered), every later one extends them over
 # the blocks since; they are dropped when the segment is detached or
-# attached again. The bytes past the last full block are always scanned.
+# attached again (but for a writer's tail remapped: attach's keep_lines).
+# The bytes past the last full block are always scanned.
 cdef enum:
     GR_BLOCK = 16384
     GR_OVER = 256
     GR_LG = 12                 # 4096 bits a filter
     GR_WORDS = 64
+
+
+cdef inline int64_t _seg_end(rf_seg *sg) noexcept nogil:
+    """Where the lines of segment `sg`'s buffer end as far as a search goes:
+    its writer's lines end where set (set_lines_end: the zeros a tail
+    reserves after its lines hold none), else the buffer's end."""
+    if 0 <= sg.lines_end < sg.len:
+        return sg.lines_end
+    return sg.len
 
 
 cdef inline bint _region(rf_seg *sg, int reg, const unsigned char **base, int64_t *end,
@@ -34,7 +46,7 @@ cdef inline bint _region(rf_seg *sg, int reg, const unsigned char **base, int64_
     if reg == 0:
         if sg.state != 1:
             return False
-        base[0], end[0], off0[0] = sg.ptr, sg.len, 0
+        base[0], end[0], off0[0] = sg.ptr, _seg_end(sg), 0
     else:
         if sg.state == 0 or sg.ov_len == 0:
             return False
@@ -49,11 +61,11 @@ SEARCH_FILTER_LAYOUT = (GR_BLOCK, GR_OVER, GR_LG, GR_WORDS)
 
 cdef int64_t _gr_blocks(rf_seg *sg) noexcept nogil:
     """The blocks of segment `sg` whose filters can be built (see _gr_build)."""
-    cdef int64_t stable
+    cdef int64_t stable, end = _seg_end(sg)
     cdef const unsigned char *p = sg.ptr
-    if sg.state != 1 or sg.len < GR_BLOCK + GR_OVER + 2:
+    if sg.state != 1 or end < GR_BLOCK + GR_OVER + 2:
         return 0
-    stable = rf_line_start(p, p + sg.len) - p      # after the last newline
+    stable = rf_line_start(p, p + end) - p      # after the last newline
     if stable < GR_BLOCK + GR_OVER + 2:
         return 0
     return (stable - GR_OVER - 2) // GR_BLOCK

@@ -43,6 +43,10 @@ cdef struct rf_seg:
     bint gr_mapped
     Py_buffer gr_view
     bint growing        # a file still written: no filters
+    # where the complete lines of a file this process writes end (its
+    # writer's tail: set_lines_end), -1 unknown: a search's scans and
+    # filters stop there, not at the zeros reserved after it
+    int64_t lines_end
 
 
 #: own_calls as a C function (rune_fast._encode.OWN_CALLS_C; HotIndex._window_cached)

@@ -601,7 +601,9 @@ class Compaction(Host):
         os.replace(old.path, sealed)
         fsync_dir(self.hot_dir)
         s = self._add_segment(seg, sealed, end, ordered=True)
-        self._index_attach(seg, s.buf, sealed)
+        # (the same file, renamed: the search filters built over its lines
+        # as a tail serve it sealed, and are kept like any segment's)
+        self._index_attach(seg, s.buf, sealed, keep_lines=True)
         self._open_next_tail()
         fsync_dir(self.hot_dir)
         self._writes.rolled(self._tail_seg)     # (the sealed lines were synced above)

@@ -435,11 +435,19 @@ class Recovery(Host):
         for seg in self._seg_order:
             index.attach(seg, self._segs[seg].buf, self._segs[seg].path)
         if self._tail is not None:
-            index.attach(self._tail_seg, self._tail.buf, self._tail.path, growing=True)
+            # (a viewer's tail is written by another process: no search
+            # filters over it; a writer's get them over its lines, whose
+            # end it sets: see HotIndex.set_lines_end)
+            index.attach(self._tail_seg, self._tail.buf, self._tail.path, growing=self.read_only)
 
     def _reattach_tail(self) -> None:
+        """The tail's map again, grown (a writer's appends past it, a
+        viewer's refresh); a writer's keeps its lines end and the search
+        filters built over the lines before it, which its appends leave as
+        they are."""
         tail = cast("TailFile", self._tail)    # only called with a tail (a writer's, or refresh's)
-        self._index_attach(self._tail_seg, tail.buf, tail.path, growing=True)
+        self._index_attach(self._tail_seg, tail.buf, tail.path, growing=self.read_only,
+                           keep_lines=not self.read_only)
 
     def _visible_end(self) -> int:
         """Where the tail lines to read end: the whole file for a writer; for

@@ -38,9 +38,11 @@ class IndexSnapshot(Host):
         """``n`` more changes the snapshot on disk does not hold."""
         self._snap_changes += n
 
-    def _index_attach(self, seg: int, buf: Any, path: str, *, growing: bool = False) -> None:
-        """Map segment ``seg`` (``buf``, the file ``path``) into the hot index."""
-        self._index.attach(seg, buf, path, growing=growing)
+    def _index_attach(self, seg: int, buf: Any, path: str, *, growing: bool = False,
+                      keep_lines: bool = False) -> None:
+        """Map segment ``seg`` (``buf``, the file ``path``) into the hot index
+        (``growing``, ``keep_lines``: see HotIndex.attach)."""
+        self._index.attach(seg, buf, path, growing=growing, keep_lines=keep_lines)
 
     def _index_detach(self, seg: int) -> None:
         self._index.detach(seg)
@@ -156,6 +158,8 @@ class IndexSnapshot(Host):
                                self._seq_floor(start) if min_seq is None else min_seq)
             self._check_ingest(rep, self._tail.path, sealed=False, durable_end=self._tail_durable_end(start))
             self._set_tail_size(rep.good_end)
+            if not self.read_only:
+                index.set_lines_end(self._tail_seg, rep.good_end)
             self._tail_read = len(rep.added)
         cooled = self._cool_ids_in(cooled_files)
         if cooled:

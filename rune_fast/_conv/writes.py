@@ -145,6 +145,9 @@ class WritePath(Host):
             if rep.good_end != data_end or len(rep.added) != len(fresh):
                 raise RuneError(f"index took {len(rep.added)} of the {len(fresh)} new messages "
                                 f"written at {tail.path}:{off}")
+        # (a search scans the tail, and builds its filters, up to its lines'
+        # end, not over the zeros reserved after them)
+        self._index.set_lines_end(seg, data_end)
         # the decode cache keeps the batch's newest records (at most
         # APPEND_CACHE_MAX: see there)
         skip = max(0, len(fresh) - min(tuning.APPEND_CACHE_MAX, tuning.DECODE_CACHE))
