@@ -1070,7 +1070,7 @@ def records_from_columns(list strings, ts, tok, sv, ords, type record_type, obje
     cdef const int32_t *so[N_S]
     cdef list keep = []
     cdef list out
-    cdef object rec, role, calls, got, s, ordv, key
+    cdef object rec, role, calls, got, s, ordv, key, pair
     cdef list vals = [None] * 7
     cdef object prev_ch = None, prev_origin = None
     cdef Py_ssize_t prev_ch_i = 0, prev_origin_i = 0
@@ -1239,10 +1239,19 @@ def records_from_columns(list strings, ts, tok, sv, ords, type record_type, obje
         ords_out[i] = ordv
         if not keyed:
             out[i] = rec
-        elif so[S_HLC][i + 1] > so[S_HLC][i]:
-            out[i] = ((_ONE, vals[F_HLC], vals[F_MSG_ID]), rec)
+            continue
+        if so[S_HLC][i + 1] > so[S_HLC][i]:
+            key = (_ONE, vals[F_HLC], vals[F_MSG_ID])
         else:
-            out[i] = ((_ZERO, ordv, ""), rec)
+            key = (_ZERO, ordv, "")
+        pair = (key, rec)
+        # (a key of str and int, and a pair of it and an untracked record,
+        # hold no container: out of the collector's walks, as the records
+        # are; each young collection of a task read walked all of them)
+        PyObject_GC_UnTrack(<void *>key)
+        if not PyObject_GC_IsTracked(rec):
+            PyObject_GC_UnTrack(<void *>pair)
+        out[i] = pair
     return out if pairs else (out, ords_out)
 
 

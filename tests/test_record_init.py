@@ -279,3 +279,33 @@ def test_a_hot_record_read_back_is_left_out_of_the_cyclic_collector(tmp_path):
         a, b = repo.get_message("a").record, repo.get_message("b").record
         assert a.content == "plain" and not gc.is_tracked(a)
         assert b.tool_calls and gc.is_tracked(b)
+
+
+def test_a_task_reads_keyed_rows_are_left_out_of_the_cyclic_collector(tmp_path):
+    """A task read of archived rows keys each record for its sort: the key
+    (str and int) and its pair with a record of plain fields hold no
+    container, and stay out of the collector's walks as the record does;
+    a record with tool calls keeps its pair tracked."""
+    import gc
+
+    from rune_fast import ConversationStateRepository
+
+    calls = [{"id": "t", "name": "f", "arguments": {}}]
+    msgs = [R(msg_id=f"m{i}", channel_id="c", task_id="task", content=f"row {i}",
+              hlc=f"h{i:04d}" if i % 2 else "", tool_calls=calls if i % 3 == 0 else [])
+            for i in range(12)]
+    with ConversationStateRepository(tmp_path / "s", hot_window=0) as repo:
+        repo.append_many(msgs)
+        repo.compact()
+        gc.disable()        # (a collection would untrack the tuples of atomics itself)
+        try:
+            keyed, declined = repo._cool.task_records(repo._cool.task_parts("task"), R, "task")
+        finally:
+            gc.enable()
+        assert not declined and len(keyed) == len(msgs)
+        for pair in keyed:
+            key, rec = pair
+            assert not gc.is_tracked(key)
+            assert gc.is_tracked(pair) == gc.is_tracked(rec) == bool(rec.tool_calls)
+        got = repo.messages_for_task("task")
+        assert [m.msg_id for m in got] == [m.msg_id for m in sorted(msgs, key=lambda m: (m.hlc != "", m.hlc))]
