@@ -42,7 +42,7 @@ cdef struct rf_seg:
     bint gr_owned
     bint gr_mapped
     Py_buffer gr_view
-    bint growing        # a file still written: no filters
+    bint growing        # a file another process writes (a viewer's tail): no filters
     # where the complete lines of a file this process writes end (its
     # writer's tail: set_lines_end), -1 unknown: a search's scans and
     # filters stop there, not at the zeros reserved after it
