@@ -206,6 +206,10 @@ def test_compacts_merge_thread_starts_after_its_segments_and_snapshot(tmp_path, 
     with ConversationStateRepository(tmp_path, compact_every=10**6, hot_window=1) as repo:
         for k in range(4):
             _append(repo, stored, range(k * 15, (k + 1) * 15))
+            if repo._bg_merge is not None:
+                # (an earlier round's merge still running on a loaded
+                # machine: compact() leaves it in flight and starts none)
+                repo._bg_merge.thread.join()
             seen.clear()
             repo.compact()
         assert repo._bg_merge is not None and "merge" in seen
