@@ -18,6 +18,7 @@ from rune_fast import _index
 from rune_fast._conv import tuning
 from rune_fast.conversation_state import ConversationStateRepository
 from test_repository import msg
+from test_search_filters import _unfiltered as _unfiltered_segs
 
 _WORDS = ["alpha", "Beta", "gamma", "stra\u00dfe", "\u6771\u4eac", "x", "\n", "\"", "\\", "\u00e9",
           "\U0001f600", "abc", "ABC", "report", "quarterly"]
@@ -25,11 +26,8 @@ _RESERVE = 3 << 16      # zeros after the lines, as a writer's tail reserves the
 
 
 def _unfiltered(data: bytes, needle: bytes, ci: bool) -> list[int]:
-    """A fresh index's first whole-store search never uses filters."""
-    ix = _index.HotIndex()
-    ix.attach(0, data)
-    ix.ingest(0)
-    return ix.search(needle, ci, False, None).tolist()
+    """An unfiltered search of one segment of bytes ``data``."""
+    return _unfiltered_segs({0: (data, {})}, needle, ci)
 
 
 def _searched(ix, needle: bytes, ci: bool) -> list[int]:
