@@ -22,6 +22,8 @@ from typing import Any, Iterable
 
 from . import codec
 from . import sync as _sync
+from .sync.bridge import export_ops_of
+from ._memory import collector_paused
 from ._names import EVENTS_NAME, HOT_DIR
 from .atomic import check_path
 from .errors import (
@@ -366,18 +368,11 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
             if not isinstance(since, str):
                 raise TypeError(f"since: expected an Hlc, its str or None, got {type(since).__name__}")
             since = _sync.Hlc.parse(since)
-        with self._lock:
-            self._check_open()
-            records = self._all_records()
-            tombs = dict(self._tombstones)
-            tomb_hlc = self._tombfile.hlcs_by_id()
-        ops = [_sync.op_from_record_dict(r.to_dict(), lenient=True) for r, _t in records]
-        for mid, ch in tombs.items():
-            ops.append(_sync.tombstone_op(mid, tomb_hlc.get(mid) or str(self._clock.now()), ch))
-        if since is not None:
-            ops = [op for op in ops if _sync.as_op(op).hlc > since]
-        ops.sort(key=lambda op: (_sync.as_op(op).hlc, _sync.as_op(op).op_id))
-        return ops
+        with collector_paused():      # (millions of new containers, no cycle: see _memory)
+            with self._lock:
+                self._check_open()
+                records, tomb_ops = self._export_all()
+            return export_ops_of(records, tomb_ops, since)
 
     def merge_ops(self, ops: Iterable[Any]) -> int:
         """Store the messages and apply the tombstones of ``ops`` (from another

@@ -15,11 +15,14 @@ client is an optional extra (``pip install "rune_fast[redis]"``).
 
 What this store has published is kept in ``hot/redis-<digest>.published``
 (the stream's epoch on the first line, then one op key a line, appended
-after the entries were added): a crash between the two publishes some ops
-again, which merging absorbs. The epoch is a random value kept beside the
-stream (key ``<stream>:epoch``): a Redis that lost the stream (restarted
-without persistence, flushed) lost it too, and the store then publishes
-everything again.
+after the entries were added, and a ``cursor`` line after each push: where
+in the store's event store it read the changes up to, so that the next
+push reads only the envelopes written since; see
+``ConversationStateRepository._export_changes``): a crash between the two
+publishes some ops again, which merging absorbs. The epoch is a random
+value kept beside the stream (key ``<stream>:epoch``): a Redis that lost
+the stream (restarted without persistence, flushed) lost it too, and the
+store then publishes everything again.
 """
 from __future__ import annotations
 
@@ -80,6 +83,7 @@ class RedisSync:
         digest = xxhash.xxh3_64_hexdigest(f"{url}\0{stream}\0{self.group}".encode())
         self._path = os.path.join(repo.hot_dir, redis_published_name(digest))
         self._file_epoch = ""
+        self._cursor: tuple[str, int] | None = None
         self._published = self._load_published()
         self._group_ready = False
         self._pending_first = True      # after a start, entries delivered and never acknowledged first
@@ -96,7 +100,14 @@ class RedisSync:
         if not keys or not keys[0].startswith("epoch "):
             return set()
         self._file_epoch = keys[0][6:]
-        return set(keys[1:])
+        published = set()
+        for k in keys[1:]:
+            if k.startswith("cursor "):         # (op keys start "m:" or "d:")
+                ident, _, at = k[7:].rpartition(" ")
+                self._cursor = (ident, int(at)) if ident and at.isdigit() else None
+            else:
+                published.add(k)
+        return published
 
     def _check_epoch(self) -> None:
         """Start the published list again when the stream is not the one it
@@ -115,11 +126,17 @@ class RedisSync:
                 os.fsync(f.fileno())
             self._file_epoch = epoch
             self._published = set()
+            self._cursor = None
 
-    def _note_published(self, keys: list[str]) -> None:
+    def _note_published(self, keys: list[str], cursor: tuple[str, int] | None = None) -> None:
+        """Append ``keys`` (and, after them, ``cursor``: where the store's
+        changes were read up to) to the published file, synced."""
         fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         try:
-            data = "".join(k + "\n" for k in keys).encode("utf-8", "surrogatepass")
+            lines = [k + "\n" for k in keys]
+            if cursor is not None:
+                lines.append(f"cursor {cursor[0]} {cursor[1]}\n")
+            data = "".join(lines).encode("utf-8", "surrogatepass")
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
@@ -127,6 +144,8 @@ class RedisSync:
         finally:
             os.close(fd)
         self._published.update(keys)
+        if cursor is not None:
+            self._cursor = cursor
 
     def _ensure_group(self) -> None:
         if self._group_ready:
@@ -140,10 +159,16 @@ class RedisSync:
         self._group_ready = True
 
     def push(self) -> int:
-        """Publish the ops this store holds that it has not published; returns how many."""
+        """Publish the ops this store holds that it has not published; returns how many.
+
+        The ops of what the store took since the last push (its event
+        store's envelopes since the cursor kept in the published file:
+        the work follows what changed, not the size of the store); every
+        op the first time, and whenever the cursor names another event
+        store file or a stream that lost what was published."""
         with self._lock:
             self._ensure_group()
-            ops = [_sync.as_op(op) for op in self.repo.export_ops()]
+            ops, cursor = self.repo._export_changes(self._cursor)
             new = [op for op in ops if _op_key(op) not in self._published]
             for i in range(0, len(new), self.batch):
                 part = new[i:i + self.batch]
@@ -153,6 +178,8 @@ class RedisSync:
                                                              separators=(",", ":"))})
                 pipe.execute()
                 self._note_published([_op_key(op) for op in part])
+            if cursor != self._cursor:
+                self._note_published([], cursor)
             return len(new)
 
     def pull(self, *, block_ms: int | None = None) -> int:

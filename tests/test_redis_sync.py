@@ -105,6 +105,35 @@ def test_sync_through_redis_api_basics(server, tmp_path):
         sa.close(), sb.close()
 
 
+def test_a_push_reads_only_what_changed_since_the_last(server, tmp_path, monkeypatch):
+    """The first push publishes every op; the next ones the ops of what the
+    store took since (read from its event store after the cursor the
+    published file keeps), not a read of every message: a sync loop on a
+    store of a million messages held its lock for seconds every half
+    second. A new RedisSync on the same file goes on from its cursor."""
+    from rune_fast.redis_sync import RedisSync
+    with ConversationStateRepository(tmp_path / "a", hot_window=2, compact_every=10**6) as a, \
+            ConversationStateRepository(tmp_path / "b") as b:
+        a.append_many([ConversationMessageRecord(msg_id=f"x{i}", channel_id="c", content=f"m {i}", ts=float(i))
+                       for i in range(10)])
+        a.compact()
+        sa, sb = RedisSync(a, server.url), RedisSync(b, server.url)
+        assert sa.push() == 10
+        monkeypatch.setattr(a, "_all_records", lambda: pytest.fail("a full read for a push of a few changes"))
+        a.append(ConversationMessageRecord(msg_id="y", channel_id="c", content="new", ts=20.0))
+        a.delete("x1")                                      # archived
+        assert sa.push() == 2
+        assert sa.push() == 0
+        sa.close()
+        sa = RedisSync(a, server.url)                       # its cursor, from the published file
+        assert sa.push() == 0
+        a.append(ConversationMessageRecord(msg_id="z", channel_id="c", content="newer", ts=21.0))
+        assert sa.push() == 1
+        assert sb.sync_once() == (0, 11)             # x1 came with its tombstone: never stored
+        assert {r.msg_id for r in b.window("c", 20)} == {f"x{i}" for i in range(10) if i != 1} | {"y", "z"}
+        sa.close(), sb.close()
+
+
 def test_three_devices_converge_through_kills_duplicates_and_a_server_restart(server, tmp_path):
     rng = random.Random(7)
     states = {n: tmp_path / n for n in ("A", "B", "C")}

@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Iterable
 
 
+from .. import codec
+from .._memory import collector_paused
 from .. import sync as _sync
 from ..records import ConversationMessageRecord
+from ..sync.bridge import export_ops_of
 from .common import _fold_key
 
 from .host import Host
@@ -83,6 +87,75 @@ class Exchange(Host):
             state[0] = False
         else:
             state[1] = k
+
+    def _export_all(self) -> tuple[list[ConversationMessageRecord], list[_sync.OpRecord]]:
+        """What export_ops makes its ops of (lock held): every live record
+        read from its bytes, and every tombstone's op."""
+        records = self._all_records()
+        tomb_hlc = self._tombfile.hlcs_by_id()
+        tomb_ops = [_sync.tombstone_op(mid, tomb_hlc.get(mid) or str(self._clock.now()), ch)
+                    for mid, ch in self._tombstones.items()]
+        return records, tomb_ops
+
+    def _export_changes(self, cursor: tuple[str, int] | None) -> tuple[list[_sync.OpRecord], tuple[str, int]]:
+        """``(ops, cursor)``: the ops of the messages stored and deleted
+        since ``cursor`` (what an earlier call returned), found from the
+        envelopes the event store took since (a message stored, merged or
+        journaled again; a deletion), and the cursor after them: the work
+        follows what changed, not the size of the store. A message deleted
+        since has its tombstone's op only. With no cursor, or one of another
+        event store file (its device and inode) or past its end, every op
+        (:meth:`export_ops`). Ordered by ``(hlc, op_id)``."""
+        with collector_paused():      # (see export_ops)
+            with self._lock:
+                self._check_writable()
+                events = self._events
+                assert events is not None       # (a writer always has its event store)
+                st = os.stat(events.path)
+                ident, end = f"{st.st_dev}:{st.st_ino}", events.line_end()
+                start = cursor[1] if cursor is not None and cursor[0] == ident else -1
+                if not 0 <= start <= end or events.next_line_start(start) != start:
+                    records, tomb_ops = self._export_all()
+                else:
+                    records, tomb_ops = self._changed(events, start, end)
+            return export_ops_of(records, tomb_ops), (ident, end)
+
+    def _changed(self, events: Any, start: int, end: int,
+                 ) -> tuple[list[ConversationMessageRecord], list[_sync.OpRecord]]:
+        """The records stored and the tombstones' ops of the ids deleted
+        that the envelopes from ``start`` to ``end`` name (lock held)."""
+        stored: dict[str, None] = {}
+        deleted: dict[str, None] = {}
+        for env in events.iter_envelopes(start):
+            if env["offset"] >= end:
+                break
+            kind = env.get("type")
+            if kind == "conversation.message":
+                stored[env.get("id")] = None
+            elif kind == "conversation.deleted":
+                deleted[env.get("id")] = None
+        records = [rec for rec in map(self._export_record, stored) if rec is not None]
+        tomb_hlc = self._tombfile.hlcs_by_id() if deleted else {}
+        tomb_ops = [_sync.tombstone_op(mid, tomb_hlc.get(mid) or str(self._clock.now()), self._tombstones[mid])
+                    for mid in deleted if mid in self._tombstones]
+        return records, tomb_ops
+
+    def _export_record(self, msg_id: Any) -> ConversationMessageRecord | None:
+        """The stored record of ``msg_id`` as it was appended (lock held),
+        or None if it is not stored (deleted since)."""
+        if type(msg_id) is not str or msg_id in self._tombstones:
+            return None
+        loc = self._index.find_id(msg_id)
+        if loc == -2:
+            loc = self._index.find(codec.key(msg_id))
+        if loc >= 0:
+            return self._export_hot(loc)
+        # archived: the rows under its id's hash, verified (damage raises naming the file and row)
+        locs = self._cool.id_locs(msg_id)
+        for rec, _o in self._cool_records(locs, msg_id) if locs else ():
+            if rec.msg_id == msg_id:
+                return rec
+        return None
 
     def _merge_ops(self, ops: Iterable[Any]) -> int:
         with self._lock:

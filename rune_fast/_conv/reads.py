@@ -673,18 +673,37 @@ class HotReads(Host):
                 out.add(ch)
         return sorted(out)
 
-    def _all_records(self) -> list[tuple[ConversationMessageRecord, str]]:
+    def _export_hot(self, loc: int) -> ConversationMessageRecord:
+        """The record of the hot line at ``loc`` as it was appended, for an
+        export: its line checked, the decode cache's record if it has no
+        tool calls (see _exact_hit), else decoded (compiled; the Python
+        path names what is wrong), not kept."""
+        line = self._index.line(loc)    # checked
+        hit = self._exact_hit(loc)
+        if hit is None:
+            hit = canonical_record(line) or self._decode_loc(loc)
+            if self._maps.read():
+                self._bound_maps()
+        return hit[0]
+
+    def _all_records(self) -> list[ConversationMessageRecord]:
         """Every live record, for an export: those with tool calls decoded
         from their bytes (a reader may have edited a cached record's dicts in
-        place; another store must get what was appended)."""
-        out = []
-        for k in self._index.channels():
-            for loc in self._index.channel_locs(k, -1).tolist():
-                hit = self._exact_hit(loc)
-                if hit is not None:
-                    self._index.line(loc)       # checks the line
-                rec = (hit or self._decode_loc(loc))[0]
-                out.append((rec, self._tier_of(loc)))
-        for ch in self._cool.channels():
-            out.extend((r, "cool") for r in self._cool_rows(self._cool.channel_rows(ch)))
+        place; another store must get what was appended), none kept in a
+        cache (an export reads each message once)."""
+        out = [self._export_hot(loc) for k in self._index.channels()
+               for loc in self._index.channel_locs(k, -1).tolist()]
+        # the archived rows a file at a time, EXPORT_ROWS each: straight from
+        # their pages (compiled, digests checked, nothing cached: an export
+        # reads every row once), the rows that path declines through their
+        # dicts (which name damage)
+        deleted = self._cool_deleted
+        for locs in self._cool.live_locs(tuning.EXPORT_ROWS):
+            fast = self._cool.records_at(locs, ConversationMessageRecord)
+            slow = [loc for loc, hit in zip(locs, fast) if hit is None]
+            rows = dict(zip(slow, self._cool.rows_at(slow))) if slow else {}
+            for loc, hit in zip(locs, fast):
+                rec = hit[0] if hit is not None else self._cool_record(rows[loc])
+                if not deleted or rec.msg_id not in deleted:
+                    out.append(rec)
         return out

@@ -526,7 +526,7 @@ class Recovery(Host):
             return False
         have = {env.get("id") for env in self._events.iter_envelopes(0)
                 if env.get("type") == "conversation.message"}
-        missing = [rec for rec, _t in self._all_records() if rec.msg_id not in have]
+        missing = [rec for rec in self._all_records() if rec.msg_id not in have]
         for rec in missing:
             self._events.append("conversation.message", rec.msg_id, payload_hash(rec))
         self._events.sync()

@@ -458,6 +458,17 @@ class _Reads(_RowCache):
                     got[cool_loc(no, r)] = row
             return [got[loc] for loc in locs]
 
+    def live_locs(self, part: int) -> Iterator[list[int]]:
+        """The locations (:func:`cool_loc`) of every row of the live files,
+        file by file, at most ``part`` at a time (an export's read of every
+        archived row: :meth:`records_at` of each part)."""
+        with self._lock:
+            sizes = [(no, self._files[no].rows) for no in sorted(self._files)]
+        for no, rows in sizes:
+            base = no << 32
+            for a in range(0, rows, part):
+                yield list(range(base | a, base | min(rows, a + part)))
+
     def records_at(self, locs: Sequence[int], record_type: type) -> list[tuple[Any, int] | None]:
         """``(record, ord)`` of the rows at ``locs`` (:func:`cool_loc`), in
         their order, read straight from the pages holding them: for each row

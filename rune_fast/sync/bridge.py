@@ -94,6 +94,67 @@ def op_from_record_dict(d: Any, *, lenient: bool = False) -> OpRecord:
     return OpRecord(msg_id, hlc, payload)
 
 
+def export_ops_of(records: Iterable[Any], tombstones: Iterable[OpRecord],
+                  since: Hlc | None = None) -> list[OpRecord]:
+    """A store's ``export_ops``: the op of each stored record (exactly what
+    ``op_from_record_dict(record.to_dict(), lenient=True)`` makes of it)
+    and the ``tombstones`` given, those stamped after ``since`` only
+    (exclusive), ordered by ``(hlc, op_id)``.
+
+    Each record's stamp is worked out and compared before its op is made
+    (an export since a recent stamp makes few), and the order compares
+    plain tuples ``(wall_ms, counter, device_id, op_id)``: an Hlc orders
+    like that tuple but compares through Python methods (a sort of
+    1,000,000 ops made ~20,000,000 such calls)."""
+    after = None if since is None else tuple(since)
+    keys: list[tuple] = []          # (plain tuples: no entry tuple a record, fewer objects to collect)
+    items: list[Any] = []
+    stamps: list[Hlc | None] = []
+    for rec in records:
+        try:
+            h = _record_hlc(rec.hlc, rec.ts, rec.origin)
+        except (TypeError, ValueError, OverflowError):
+            rec = op_from_record_dict(rec.to_dict(), lenient=True)     # (its warning names the message)
+            h = None
+        if after is None or _TUPLE_GT(h or rec.hlc, after):
+            keys.append((*(h or rec.hlc), rec.op_id if h is None else rec.msg_id))
+            items.append(rec)
+            stamps.append(h)
+    for op in tombstones:
+        if after is None or _TUPLE_GT(op.hlc, after):
+            keys.append((*op.hlc, op.op_id))
+            items.append(op)
+            stamps.append(None)
+    order = sorted(range(len(keys)), key=keys.__getitem__)
+    del keys
+    out: list[OpRecord] = []
+    for i in order:
+        h = stamps[i]
+        out.append(items[i] if h is None else _record_op(items[i], h))
+    return out
+
+
+def _record_op(rec: Any, hlc: Hlc) -> OpRecord:
+    """:func:`op_from_record_dict` of ``rec.to_dict()`` stamped ``hlc``,
+    without copying the fresh dict again (its payload: the same keys,
+    values and order)."""
+    d = rec.to_dict()
+    d["conversation_id"] = d["channel_id"]
+    if d["tool_calls"]:
+        d["tool_calls"] = [dict(c) for c in d["tool_calls"]]
+    d["tool_use_id"] = d["tool_call_id"] or ""
+    d["timestamp"] = d["ts"]
+    return _OP_NEW(OpRecord, (d["msg_id"], hlc, d))
+
+
+def _first(entry: tuple) -> tuple:
+    return entry[0]
+
+
+_TUPLE_GT = tuple.__gt__
+_OP_NEW = tuple.__new__
+
+
 def record_dict_from_op(op: Any) -> dict[str, Any] | None:
     """The message record dict an op carries, for a store to write on merge;
     ``None`` for a tombstone or an op of another surface.

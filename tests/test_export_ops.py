@@ -1,0 +1,169 @@
+"""export_ops at scale: the ops it makes (sync.bridge.export_ops_of) are
+exactly those of SPEC section 7's formula, op_from_record_dict of each
+record's dict, filtered by ``since`` and ordered by ``(hlc, op_id)``; and
+the records it reads (every tier, straight from the bytes) are the stored
+ones, deleted ones left out, damage named."""
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from rune_fast import ConversationMessageRecord, ConversationStateRepository
+from rune_fast.errors import CorruptStateCheckpointError
+from rune_fast.sync import Hlc, as_op, op_from_record_dict, tombstone_op
+from rune_fast.sync.bridge import export_ops_of
+
+
+def _reference(records, tombstones, since):
+    """export_ops as section 7 states it (the formula the store used to run)."""
+    ops = [op_from_record_dict(r.to_dict(), lenient=True) for r in records] + list(tombstones)
+    if since is not None:
+        ops = [op for op in ops if as_op(op).hlc > since]
+    ops.sort(key=lambda op: (as_op(op).hlc, as_op(op).op_id))
+    return ops
+
+
+def _same(got, want):
+    assert got == want
+    for a, b in zip(got, want):
+        assert type(a) is type(b)
+        assert list(a.payload.items()) == list(b.payload.items())     # the same keys in the same order
+        assert type(a.hlc) is Hlc
+
+
+_devices = st.sampled_from(["", "laptop", "phone", "z"])
+_hlcs = st.one_of(
+    st.just(""),
+    st.builds(lambda w, c, d: str(Hlc(w, c, d)), st.integers(0, 10**13), st.integers(0, 3), _devices),
+    st.sampled_from(["not an hlc", "000000000000001-0000000000-"]),     # kept, stamped from ts instead
+)
+_calls = st.lists(st.fixed_dictionaries({"id": st.text(min_size=1, max_size=3), "name": st.just("f"),
+                                         "arguments": st.dictionaries(st.text(max_size=2), st.integers())}),
+                  max_size=2)
+
+
+@st.composite
+def _records(draw):
+    n = draw(st.integers(0, 12))
+    out = []
+    for i in range(n):
+        out.append(ConversationMessageRecord(
+            msg_id=f"m{draw(st.integers(0, 30))}-{i}", channel_id=draw(st.sampled_from(["a", "b"])),
+            content=draw(st.text(max_size=5)), ts=draw(st.floats(-1e3, 1e13, allow_nan=False)),
+            origin=draw(_devices), hlc=draw(_hlcs), tool_calls=draw(_calls),
+            role=draw(st.sampled_from(["user", "assistant"]))))
+    return out
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_records(), st.lists(st.tuples(st.sampled_from(["t1", "t2", "m3-0"]), _hlcs.filter(bool)), max_size=3),
+       st.one_of(st.none(), st.builds(Hlc, st.integers(0, 10**13), st.integers(0, 3), _devices)))
+def test_export_ops_of_is_the_formula_of_section_7(records, tombs, since):
+    tombstones = []
+    for mid, h in tombs:
+        try:
+            tombstones.append(tombstone_op(mid, h, "a"))
+        except ValueError:
+            pass        # (a malformed stamp makes no tombstone)
+    _same(export_ops_of(records, tombstones, since), _reference(records, tombstones, since))
+
+
+def test_a_malformed_stamp_is_warned_about_as_before(caplog):
+    bad = ConversationMessageRecord(msg_id="bad", channel_id="c", content="x", ts=2.0, hlc="not an hlc")
+    with caplog.at_level("WARNING", logger="rune_fast.sync"):
+        (op,) = export_ops_of([bad], [])
+    assert op.hlc == Hlc(2000, 0, "") and "'bad'" in caplog.text
+
+
+def _msg(i, **kw):
+    return ConversationMessageRecord(msg_id=f"m{i:03d}", channel_id=f"c{i % 3}", content=f"message {i} ü",
+                                     ts=1000.0 + i, **kw)
+
+
+def test_a_store_exports_every_tier_and_leaves_deleted_messages_out(tmp_path):
+    calls = [{"id": "call_1", "name": "f", "arguments": {"q": [1, 2]}}]
+    mine = _msg(7, role="assistant", tool_calls=[{"id": "call_1", "name": "f", "arguments": {"q": [1, 2]}}])
+    with ConversationStateRepository(tmp_path, compact_every=10**6, hot_window=4, durability="none") as repo:
+        repo.append_many([_msg(i) for i in range(7)] + [mine] + [_msg(i) for i in range(8, 40)])
+        repo.compact()                          # cooled: all but each channel's newest 4
+        repo.append_many([_msg(i) for i in range(40, 50)])      # hot (the tail)
+        mine.tool_calls[0]["arguments"]["q"] = "edited by the caller"   # the appended record's dicts
+        repo.delete("m001")                     # archived, deleted, not erased yet
+        repo.delete("m045")                     # in the tail
+        tiers = {repo.get_message(f"m{i:03d}").tier for i in range(50) if i not in (1, 45)}
+        assert tiers == {"cool", "hot", "tail"}
+        live = [repo.get_message(f"m{i:03d}").record for i in range(50) if i not in (1, 45)]
+        tombs = [tombstone_op(as_op(op).op_id, as_op(op).hlc, op.payload["conversation_id"])
+                 for op in repo.export_ops() if op.payload.get("deleted")]
+        assert sorted(t.op_id for t in tombs) == ["m001", "m045"]
+        ops = repo.export_ops()
+        _same(ops, _reference(live, tombs, None))
+        assert next(op for op in ops if op.op_id == "m007").payload["tool_calls"] == calls
+        since = ops[20].hlc
+        _same(repo.export_ops(since=since), _reference(live, tombs, since))
+        _same(repo.export_ops(since=str(since)), _reference(live, tombs, since))
+        assert repo.export_ops(since=ops[-1].hlc) == []
+        repo.compact()                          # erased; hot rows cooled
+        _same(repo.export_ops(), _reference(live, tombs, None))
+
+
+def test_an_export_names_a_damaged_hot_line(tmp_path):
+    with ConversationStateRepository(tmp_path, compact_every=10**6, durability="none") as repo:
+        repo.append_many([_msg(i) for i in range(5)])
+        repo.flush()
+        tail = os.path.join(tmp_path, "hot", "conversation_tail.jsonl")
+        with open(tail, "r+b") as f:
+            data = f.read()
+            at = data.index(b"message 3")
+            f.seek(at)
+            f.write(b"M")
+        with pytest.raises(CorruptStateCheckpointError, match="conversation_tail.jsonl"):
+            repo.export_ops()
+
+
+def _changes_reference(repo, ids):
+    """The ops export_ops gives for ``ids`` (messages and tombstones)."""
+    return [op for op in repo.export_ops() if op.op_id in ids]
+
+
+def test_the_changes_since_a_cursor_are_the_ops_of_what_changed(tmp_path, monkeypatch):
+    with ConversationStateRepository(tmp_path / "a", compact_every=10**6, hot_window=3,
+                                     durability="none") as repo, \
+            ConversationStateRepository(tmp_path / "b", durability="none") as other:
+        repo.append_many([_msg(i) for i in range(30)])
+        repo.compact()
+        ops, cursor = repo._export_changes(None)            # the first time: every op
+        _same(ops, repo.export_ops())
+        again, same = repo._export_changes(cursor)
+        assert again == [] and same == cursor
+        # then: a cooled message deleted, new ones (one deleted again), a merge from another store
+        repo.delete("m002")
+        repo.append_many([_msg(i) for i in range(30, 36)])
+        repo.delete("m033")
+        other.append(ConversationMessageRecord(msg_id="from-b", channel_id="c0", content="merged", ts=5.0))
+        repo.merge_ops(other.export_ops())
+        repo.append(_msg(2))                                # a deleted id: refused, no envelope
+        calls_rec = _msg(40, role="assistant", tool_calls=[{"id": "k", "name": "f", "arguments": {"a": 1}}])
+        repo.append(calls_rec)
+        calls_rec.tool_calls[0]["arguments"]["a"] = 2       # the caller's dicts, edited after the append
+        monkeypatch.setattr(repo, "_all_records", lambda: pytest.fail("a full read for a few changes"))
+        ops, cursor2 = repo._export_changes(cursor)
+        monkeypatch.undo()
+        changed = {"m002", "m030", "m031", "m032", "m033", "m034", "m035", "from-b", "m040"}
+        _same(ops, _changes_reference(repo, changed))
+        assert {op.op_id for op in ops if op.payload.get("deleted")} == {"m002", "m033"}
+        assert next(op for op in ops if op.op_id == "m040").payload["tool_calls"][0]["arguments"] == {"a": 1}
+        repo.compact()                                      # cooled, erased: the cursor still holds
+        assert repo._export_changes(cursor2)[0] == []
+        repo.append(_msg(50))
+        ops, cursor3 = repo._export_changes(cursor2)
+        _same(ops, _changes_reference(repo, {"m050"}))
+        # a cursor this event store cannot have made: every op again
+        for bad in (("0:0", cursor3[1]), (cursor3[0], cursor3[1] + 1), (cursor3[0], cursor3[1] - 1)):
+            ops, back = repo._export_changes(bad)
+            _same(ops, repo.export_ops())
+            assert back == cursor3
+    with ConversationStateRepository(tmp_path / "a", durability="none") as repo:     # across a reopen
+        assert repo._export_changes(cursor3) == ([], cursor3)
