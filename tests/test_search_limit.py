@@ -132,6 +132,13 @@ def _decodes(monkeypatch):
     hot = codec.record_from_line
     monkeypatch.setattr(codec, "record_from_line", lambda *a, **k: (calls.__setitem__("hot", calls["hot"] + 1),
                                                                       hot(*a, **k))[1])
+    from rune_fast._conv import reads
+
+    def compiled(line, _decode=reads.canonical_record):
+        got = _decode(line)
+        calls["hot"] += got is not None         # (None: the Python path decodes it, counted there)
+        return got
+    monkeypatch.setattr(reads, "canonical_record", compiled)
     from rune_fast._conv.reads import HotReads
     cool = HotReads._cool_record
     monkeypatch.setattr(HotReads, "_cool_record",

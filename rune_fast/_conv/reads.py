@@ -259,11 +259,13 @@ class HotReads(Host):
 
     def _decode_loc(self, loc: int) -> tuple[ConversationMessageRecord, int | None]:
         """The record at ``loc`` and its append sequence, decoded from its
-        checked bytes (never from the decode cache)."""
+        checked bytes (never from the decode cache): by the compiled
+        decoder, else the Python path (which names what is wrong)."""
         if self._maps.read():
             self._bound_maps()
-        return codec.record_from_line(self._index.line(loc), path=self._path_of(loc >> 40),
-                                      offset=loc & ((1 << 40) - 1))
+        line = self._index.line(loc)
+        return canonical_record(line) or codec.record_from_line(line, path=self._path_of(loc >> 40),
+                                                                offset=loc & ((1 << 40) - 1))
 
     def _bound_maps(self) -> None:
         """Release the mapped pages (lock held) if the resident file pages
@@ -431,8 +433,33 @@ class HotReads(Host):
         hot = self._hot_channel(channel_id)
         if not self._cool_has_channel(channel_id):
             return hot
-        cool = self._cool_rows(self._cool.channel_rows(channel_id))
-        return self._merge(cool, hot)
+        return self._merge(self._cool_channel(channel_id), hot)
+
+    def _cool_channel(self, channel_id: str) -> list[ConversationMessageRecord]:
+        """Every live archived message of the channel, oldest first: read
+        straight from the pages holding them (compiled, digests checked:
+        CoolArchive.records_at), the rows that path declines through their
+        dicts (which name damage); a row of another channel is damage of
+        the index, named."""
+        locs = self._cool.channel_locs(channel_id)
+        fast = self._cool.records_at(locs, ConversationMessageRecord)
+        slow = [loc for loc, hit in zip(locs, fast) if hit is None]
+        rows = dict(zip(slow, self._cool.rows_at(slow))) if slow else {}
+        deleted = self._cool_deleted
+        keyed = []
+        for loc, hit in zip(locs, fast):
+            if hit is None:
+                row = rows[loc]
+                hit = (self._cool_record(row), row.ord)
+            rec = hit[0]
+            if rec.channel_id != channel_id:
+                raise CorruptStateCheckpointError(
+                    f"cool index says row {loc & 0xFFFFFFFF} has channel_id {channel_id!r}, "
+                    f"the file says {rec.channel_id!r}", path=self._cool.loc_path(loc), offset=loc & 0xFFFFFFFF)
+            if not deleted or rec.msg_id not in deleted:
+                keyed.append((order_key(rec.hlc, rec.msg_id, hit[1]), rec))
+        keyed.sort(key=_first)
+        return [r for _k, r in keyed]
 
     @staticmethod
     def _merge(cool: list[ConversationMessageRecord], hot: list[tuple[ConversationMessageRecord, str]],
@@ -678,12 +705,10 @@ class HotReads(Host):
         export: its line checked, the decode cache's record if it has no
         tool calls (see _exact_hit), else decoded (compiled; the Python
         path names what is wrong), not kept."""
-        line = self._index.line(loc)    # checked
         hit = self._exact_hit(loc)
         if hit is None:
-            hit = canonical_record(line) or self._decode_loc(loc)
-            if self._maps.read():
-                self._bound_maps()
+            return self._decode_loc(loc)[0]
+        self._index.line(loc)           # checked
         return hit[0]
 
     def _all_records(self) -> list[ConversationMessageRecord]:

@@ -316,6 +316,17 @@ class _Reads(_RowCache):
             parts = self._channel_parts(channel_id)
         return _merge(parts)
 
+    def channel_locs(self, channel_id: str) -> list[int]:
+        """The locations (:func:`cool_loc`) of every archived message of the
+        channel, as the sidecars say, file by file (:meth:`records_at`
+        reads them, in any order; the caller checks each row's channel)."""
+        with self._lock:
+            out: list[int] = []
+            for no in self._channels.get(channel_id, ()):
+                s, e, _ = self._files[no].channels[channel_id]
+                out += range(cool_loc(no, s), cool_loc(no, e))
+            return out
+
     def channel_tail(self, channel_id: str, n: int) -> list[CoolRow]:
         """The newest ``n`` archived messages of the channel, oldest first."""
         if n <= 0:
