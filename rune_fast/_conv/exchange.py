@@ -17,6 +17,8 @@ from .host import Host
 
 log = logging.getLogger("rune_fast")
 
+_TUPLE_GT = tuple.__gt__
+
 
 class Exchange(Host):
     """Transcripts and sync ops (a mixin of the repository)."""
@@ -164,11 +166,12 @@ class Exchange(Host):
             tomb_ids: list[str] = []
             tomb_hlc: dict[str, str] = {}
             tomb_ch: dict[str, str] = {}
+            newest = None
             for raw in ops:
                 op = _sync.as_op(raw)
                 payload = op.payload
-                self._observe(op.hlc)
-                self._note_unheld_stamp()       # (an op refused or a duplicate: its stamp is stored nowhere)
+                if newest is None or _TUPLE_GT(op.hlc, newest):
+                    newest = op.hlc
                 if payload.get("deleted") is True:     # (sync.is_tombstone: fold's rule, one test)
                     tomb_ids.append(op.op_id)
                     tomb_hlc[op.op_id] = str(op.hlc)
@@ -181,6 +184,11 @@ class Exchange(Host):
                     records.append(ConversationMessageRecord.from_dict(d))
                 except (TypeError, ValueError, KeyError) as exc:
                     raise ValueError(f"op {op.op_id!r}: payload is not a storable message: {exc}") from None
+            if newest is not None:
+                # the clock passes every stamp merged: the newest's observed
+                # passes the others' (one call, not one an op)
+                self._observe(newest)
+                self._note_unheld_stamp()       # (an op refused or a duplicate: its stamp is stored nowhere)
             if tomb_ids:
                 self._delete_ids(tomb_ids, record_unknown=True, hlcs=tomb_hlc, channels=tomb_ch)
         return self.append_many(records) if records else 0
