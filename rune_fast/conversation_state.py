@@ -258,7 +258,7 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
         with self._lock:
             self._check_writable()
             ids = [r.msg_id for r, _t in self._channel_all(channel_id)]
-            return self._delete_ids(ids, record_unknown=False)
+            return self._delete_ids(ids, record_unknown=False, stored_in=channel_id)
 
     # ------------------------------------------------------------------
     # reads

@@ -152,12 +152,7 @@ class Exchange(Host):
             loc = self._index.find(codec.key(msg_id))
         if loc >= 0:
             return self._export_hot(loc)
-        # archived: the rows under its id's hash, verified (damage raises naming the file and row)
-        locs = self._cool.id_locs(msg_id)
-        for rec, _o in self._cool_records(locs, msg_id) if locs else ():
-            if rec.msg_id == msg_id:
-                return rec
-        return None
+        return self._cool_exact(msg_id)
 
     def _merge_ops(self, ops: Iterable[Any]) -> int:
         with self._lock:

@@ -636,6 +636,16 @@ class HotReads(Host):
         read.update(lines)
         return [hit if hit is not None else read[loc] for loc, hit in zip(locs, got)]
 
+    def _cool_exact(self, msg_id: str) -> ConversationMessageRecord | None:
+        """The archived record of ``msg_id`` (its rows under the id's hash,
+        verified: damage raises naming the file and row, through the cache
+        of verified records), or None if the archive holds none."""
+        locs = self._cool.id_locs(msg_id)
+        for rec, _o in self._cool_records(locs, msg_id) if locs else ():
+            if rec.msg_id == msg_id:
+                return rec
+        return None
+
     def _dense_hits(self, locs: list[int]) -> dict[int, tuple[ConversationMessageRecord, int]]:
         """(record, ord) of the rows at ``locs`` whose lines the dense cache
         holds, decoded (~1.5 us a row, where its pages cost ~100) and put in

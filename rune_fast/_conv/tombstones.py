@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Callable, Sequence, cast
+from typing import Callable, Sequence
 
 
 from .. import codec
@@ -259,10 +259,13 @@ class Tombstones(Host):
         self._tombfile.sync()
 
     def _delete_ids(self, ids: Sequence[str], *, record_unknown: bool,
-                    hlcs: dict[str, str] | None = None, channels: dict[str, str] | None = None) -> int:
+                    hlcs: dict[str, str] | None = None, channels: dict[str, str] | None = None,
+                    stored_in: str | None = None) -> int:
         """Tombstone ``ids`` (lock held): one sync for the batch. Returns how many
         stored messages were deleted. With ``record_unknown`` an id that is not
-        stored is tombstoned too (a tombstone op merged ahead of its message)."""
+        stored is tombstoned too (a tombstone op merged ahead of its message).
+        ``stored_in``: the channel every one of ``ids`` is stored in (the
+        caller read them under the lock): none is read again."""
         assert self._events is not None     # a writer always has its event store
         lines = []
         todo: list[tuple[str, str, int, bool]] = []  # (id, channel, loc, in_cool)
@@ -271,17 +274,20 @@ class Tombstones(Host):
                 continue
             k = codec.key(mid)
             loc = self._index.find(k)
-            channel = None
+            channel: str
             in_cool = False
             if loc >= 0:
-                channel = self._read_loc(loc).channel_id
-            elif self._cool.contains(mid):
-                in_cool = True
-                channel = cast("dict", self._cool.get(mid))["channel_id"]   # contains() just found it
-            elif record_unknown:
-                channel = (channels or {}).get(mid, "")
+                channel = self._read_loc(loc).channel_id if stored_in is None else stored_in
+            elif stored_in is not None:
+                in_cool, channel = True, stored_in
             else:
-                continue
+                rec = self._cool_exact(mid)
+                if rec is not None:
+                    in_cool, channel = True, rec.channel_id
+                elif record_unknown:
+                    channel = (channels or {}).get(mid, "")
+                else:
+                    continue
             hlc = (hlcs or {}).get(mid) or str(self._clock.now())
             lines.append(codec.tombstone_rest(mid, channel, hlc))
             todo.append((mid, channel, loc, in_cool))
