@@ -16,8 +16,8 @@ A change appends its envelope, then its log line, then syncs the log: one
 fsync, durable on return. The envelope is durable too after any process crash
 (it was written first); if a power loss drops it while the log line survives,
 opening finds it missing at its recorded offset and re-journals it. Every
-``max(checkpoint_every, tasks // 4)`` changes (and on close) the event store is synced and the
-fold is written to a new checkpoint that points at a fresh, empty log
+``max(checkpoint_every, tasks // 4)`` changes (and on close) the event store is
+synced and the fold is written to a new checkpoint that points at a fresh, empty log
 generation; the old log is deleted. Opening reads the checkpoint and replays
 its log.
 """
