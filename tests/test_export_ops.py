@@ -187,3 +187,28 @@ def test_deletes_of_archived_messages_read_no_row_group(tmp_path, monkeypatch):
         assert tombs == {"m003": "c0", **{f"m{i:03d}": "c1" for i in range(1, 60, 3)}}
         repo.compact()
         assert repo.verify().ok
+
+
+def test_channels_counts_archived_deletions_without_reading_rows(tmp_path, monkeypatch):
+    """channels() with deletions of archived messages not erased yet: an
+    archived-only channel stays listed while one of its messages is left,
+    found from the tombstones' channels (it read every row of every such
+    channel), and goes once all are deleted."""
+    from rune_fast.cool import CoolArchive
+    with ConversationStateRepository(tmp_path, compact_every=10**6, hot_window=0, durability="none") as repo:
+        repo.append_many([_msg(i) for i in range(30)])
+        repo.compact()                                      # every message archived
+        assert repo.channels() == ["c0", "c1", "c2"]
+        monkeypatch.setattr(CoolArchive, "channel_rows", lambda *a: pytest.fail("rows read for channels()"))
+        repo.delete("m000")
+        assert repo.channels() == ["c0", "c1", "c2"]
+        assert repo.clear_channel("c1") == 10
+        assert repo.channels() == ["c0", "c2"]
+        for i in range(3, 30, 3):
+            repo.delete(f"m{i:03d}")
+        assert repo.channels() == ["c2"]
+    with ConversationStateRepository(tmp_path, hot_window=0, compact_every=10**6) as repo:
+        assert repo.channels() == ["c2"]                    # the deletions read again at open
+        monkeypatch.undo()
+        repo.compact()
+        assert repo.channels() == ["c2"]

@@ -703,10 +703,19 @@ class HotReads(Host):
 
     def _channels(self) -> list[str]:
         out = {_unkey(k) for k in self._index.channels() if self._index.channel_len(k) > 0}
+        # an archived channel counts while it holds a row not deleted (the
+        # tombstones name each deleted message's channel: no row is read)
+        gone: dict[str, int] = {}
+        for mid in self._cool_deleted:
+            ch = self._tombstones.get(mid) or ""
+            gone[ch] = gone.get(ch, 0) + 1
         for ch in self._cool.channels():
             if ch in out:
                 continue
-            if not self._cool_deleted or self._cool_rows(self._cool.channel_rows(ch)):
+            if "" in gone:      # (a tombstone naming no channel: the channel's rows read)
+                if self._cool_channel(ch):
+                    out.add(ch)
+            elif self._cool.channel_len(ch) > gone.get(ch, 0):
                 out.add(ch)
         return sorted(out)
 
