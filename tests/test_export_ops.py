@@ -212,3 +212,29 @@ def test_channels_counts_archived_deletions_without_reading_rows(tmp_path, monke
         monkeypatch.undo()
         repo.compact()
         assert repo.channels() == ["c2"]
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.floats(0, 5000), st.sampled_from(["user", "assistant", "system"]),
+                          st.one_of(st.just(""), st.integers(0, 9000))), min_size=1, max_size=60),
+       st.integers(1, 30), st.integers(0, 8), st.lists(st.integers(0, 59), max_size=4))
+def test_resume_of_a_channel_out_of_fold_order_is_the_fold_of_its_ops(tmp_path_factory, msgs, n, hot, gone):
+    """resume_messages(ch, n) of a channel whose store order disagrees with
+    the fold order (timestamps out of order, stamped messages, system ones,
+    archived and hot, deletions) is section 7's pipeline over its exported
+    ops: the n newest turns chosen by the archived rows' stamps alone."""
+    from rune_fast import sync
+    d = tmp_path_factory.mktemp("resume")
+    with ConversationStateRepository(d, compact_every=10**6, hot_window=hot, durability="none") as repo:
+        for i, (ts, role, wall) in enumerate(msgs):
+            repo.append(ConversationMessageRecord(
+                msg_id=f"m{i:03d}", channel_id="c", role=role, content=f"turn {i}", ts=ts,
+                hlc="" if wall == "" else str(Hlc(wall, 0, "dev"))))
+            if i == len(msgs) // 2:
+                repo.compact()
+        repo.compact()
+        for g in gone:
+            repo.delete(f"m{g:03d}")
+        for k in (n, 1):
+            assert repo.resume_messages("c", k) == sync.resume_messages(repo.export_ops(), "c", k)

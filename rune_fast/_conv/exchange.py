@@ -1,6 +1,7 @@
 """Transcripts and op exchange: resume_messages' fold, export_ops and merge_ops."""
 from __future__ import annotations
 
+import heapq
 import logging
 import os
 from typing import Any, Iterable
@@ -9,9 +10,11 @@ from typing import Any, Iterable
 from .. import codec
 from .._memory import collector_paused
 from .. import sync as _sync
+from ..errors import CorruptStateCheckpointError
 from ..records import ConversationMessageRecord
 from ..sync.bridge import export_ops_of
-from .common import _fold_key
+from .._order import order_key
+from .common import _COOL_RANK, _HOT_RANK, _first, _fold_key
 
 from .host import Host
 
@@ -42,7 +45,38 @@ class Exchange(Host):
                 if len(recs) < k or sum(1 for r in recs if r.role != "system") >= n:
                     return recs
                 k *= 4
+        if n is not None and self._cool_has_channel(channel_id):
+            return self._newest_by_stamp(channel_id, n)
         return [r for r, _t in self._channel_all(channel_id)]
+
+    def _newest_by_stamp(self, channel_id: str, n: int) -> list[ConversationMessageRecord]:
+        """The channel's ``n`` newest messages in the fold order that are
+        not system messages (what ``LastN(n)`` keeps of the fold; the fold
+        leaves system messages out), for a channel whose store order
+        disagrees with it (lock held): every hot record, and of the
+        archived rows the stamps alone (CoolArchive.channel_stamps, no
+        content read); then only the chosen rows' records, verified."""
+        stamp = _sync.record_stamp
+        # (plain tuples: an Hlc orders like (wall_ms, counter, device_id) but compares in Python)
+        keyed: list[tuple[tuple, Any]] = [((*stamp(r.hlc, r.ts, r.origin), r.msg_id), r)
+                                          for r, _t in self._hot_channel(channel_id) if r.role != "system"]
+        deleted = self._cool_deleted
+        for loc, mid, hlc, origin, role, ts, _o in self._cool.channel_stamps(channel_id):
+            if role != "system" and mid not in deleted:
+                keyed.append(((*stamp(hlc, ts, origin), mid), loc))
+        top = heapq.nlargest(n, keyed, key=_first)
+        locs = [x for _k, x in top if type(x) is int]
+        recs = {rec.msg_id: rec for rec, _o in self._cool_records(locs)} if locs else {}
+        out = []
+        for (*_stamp, mid), x in top:
+            rec = x if type(x) is not int else recs.get(mid)
+            if rec is None or rec.channel_id != channel_id:
+                # the columns said one thing and the verified row another: damage of what they read
+                raise CorruptStateCheckpointError(
+                    f"archived row of {mid!r} on channel {channel_id!r} is not the message its columns name",
+                    path=self._cool.loc_path(x), offset=x & 0xFFFFFFFF)
+            out.append(rec)
+        return out
 
     def _fold_consistent(self, channel_id: str) -> bool:
         """Whether the channel's messages (system ones aside) stand in the
@@ -51,18 +85,34 @@ class Exchange(Host):
         state = self._fold_order.get(channel_id)
         if state is None:
             state = [True, None, None]
-            for r, _t in self._channel_all(channel_id):
-                if r.hlc:
-                    state[2] = (r.hlc, r.msg_id)    # stamped messages come last, in this order
-                if r.role == "system":
+            for hlc, mid, role, k in self._store_order_stamps(channel_id):
+                if hlc:
+                    state[2] = (hlc, mid)           # stamped messages come last, in this order
+                if role == "system":
                     continue
-                k = _fold_key(r)
                 if state[1] is not None and k < state[1]:
                     state[0] = False
                     break
                 state[1] = k
             self._fold_order[channel_id] = state
         return state[0]
+
+    def _store_order_stamps(self, channel_id: str) -> list[tuple[str, str, str, tuple]]:
+        """``(hlc, msg_id, role, fold key)`` of the channel's messages in
+        the store order (lock held), as ``_channel_all`` orders them: the
+        hot records, and of the archived rows the stamp columns alone
+        (CoolArchive.channel_stamps; their records are not read)."""
+        hot = [(r.hlc, r.msg_id, r.role, _fold_key(r)) for r, _t in self._hot_channel(channel_id)]
+        if not self._cool_has_channel(channel_id):
+            return hot
+        stamp = _sync.record_stamp
+        deleted = self._cool_deleted
+        keyed = [(order_key(h[0], h[1], (_HOT_RANK, i)), h) for i, h in enumerate(hot)]
+        keyed += [(order_key(hlc, mid, (_COOL_RANK, o)), (hlc, mid, role, (stamp(hlc, ts, origin), mid)))
+                  for _loc, mid, hlc, origin, role, ts, o in self._cool.channel_stamps(channel_id)
+                  if mid not in deleted]
+        keyed.sort(key=_first)
+        return [h for _k, h in keyed]
 
     def _note_fold_order(self, m: ConversationMessageRecord) -> None:
         """Keep the fold-order verdict of the channel true after an append:

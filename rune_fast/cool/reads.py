@@ -32,6 +32,7 @@ _STRING_COLS = [i for i, c in enumerate(_COLS) if c not in ("ts", "token_estimat
 _TS, _TOK, _SV, _ORD = (_COLS.index(c) for c in ("ts", "token_estimate", "schema_version", "ord"))
 #: the columns of the order key (rune_fast._order): hlc, msg_id, ord
 _KEY_COLS = [_COLS.index(c) for c in ("hlc", "msg_id", "ord")]
+_STAMP_COLS = [_COLS.index(c) for c in ("msg_id", "hlc", "origin", "role", "ts", "ord")]
 #: every column but msg_id (:meth:`_Reads.id_records_at`), in file order
 _NOT_ID = list(range(1, len(_COLS)))
 
@@ -615,6 +616,38 @@ class _Reads(_RowCache):
                 cols = None     # damage: read below, which names it
             if cols is None:
                 out += [(_row_key(row), (no << 32) | row.row) for row in self._rows(no, 0, 0, sel)]
+        return out
+
+    def channel_stamps(self, channel_id: str) -> list[tuple[int, str, str, str, str, float, int]]:
+        """``(location, msg_id, hlc, origin, role, ts, ord)`` of every archived
+        message of the channel, from those columns' pages alone (the
+        content's pages, most of a row, are not read): what picks a
+        transcript's newest turns by their stamps, whose records are then
+        read verified. Like :meth:`channel_tail_locs`' order keys, the
+        values are not checked against the row's digest here; a row of a
+        group the page reader does not take is read whole (which names
+        any damage)."""
+        out: list[tuple[int, str, str, str, str, float, int]] = []
+        with self._lock:
+            for no in self._channels.get(channel_id, ()):
+                s, e, _ = self._files[no].channels[channel_id]
+                for rg, sel, local in self._by_group(no, list(range(s, e))):
+                    try:
+                        cols = self._with_reader(no, lambda reader: reader.take(rg, local, _STAMP_COLS))
+                        if cols is not None:
+                            texts = [[d[o[i]:o[i + 1]].decode("utf-8") for i in range(len(sel))]
+                                     for d, o in cols[:4]]
+                            tss = np.frombuffer(cols[4], dtype=np.float64).tolist()
+                            ords = np.frombuffer(cols[5], dtype=np.int64).tolist()
+                            out += [((no << 32) | r, m, h, g, ro, t, o)
+                                    for r, m, h, g, ro, t, o in zip(sel, *texts, tss, ords)]
+                    except (PageError, UnicodeDecodeError):
+                        cols = None     # damage: read below, which names it
+                    if cols is None:
+                        for row in self._rows(no, 0, 0, sel):
+                            d = row.record
+                            out.append(((no << 32) | row.row, d["msg_id"], d["hlc"], d["origin"], d["role"],
+                                        d["ts"], row.ord))
         return out
 
     def latest_task_row(self, channel_id: str) -> CoolRow | None:
