@@ -13,11 +13,13 @@ Builds both stores under ``DIR`` from the bench's workload (append_many of
 there. Destructive calls run on copies. One run, wall times; the machine
 is shared, so repeat for anything close.
 
-Session 43 (100,000 messages, 2 shared cores): export_ops 2.35-2.59 s ->
-0.87-0.96 s (10.8 s at 1,000,000, 42 s before); a push after ten appends
-0.2 ms (a full export before); clear_channel of 1,086 messages 1.75 s ->
-37 ms; resume_messages(ch, 20) first call at 1,000,000 92 -> 46 ms; a task
-create 358 us at 3,000 tasks and 2.6 ms at 30,000 -> ~200-250 us at both.
+Session 43 (2 shared cores; the table in docs/BENCHMARKS.md): export_ops
+2.35-2.59 -> 0.80-0.96 s at 100,000 and 42-70 -> 9-11 s at 1,000,000 (SQLite
+reading every row into a record: 1.0 and 13-14 s); a push after ten appends
+0.4 ms (a full export before); clear_channel of 1,086 messages 1.75 s -> 37
+ms; resume_messages(ch, 20) of a channel of 123,000 out of fold order 2.8 s
+-> 0.29 s a call; a task create 358 us at 3,000 tasks and 2.6 ms at 30,000
+-> ~200-250 us at both.
 """
 from __future__ import annotations
 
