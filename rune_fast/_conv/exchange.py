@@ -69,7 +69,10 @@ class Exchange(Host):
         recs = {rec.msg_id: rec for rec, _o in self._cool_records(locs)} if locs else {}
         out = []
         for (*_stamp, mid), x in top:
-            rec = x if type(x) is not int else recs.get(mid)
+            if type(x) is not int:
+                out.append(x)           # a hot record
+                continue
+            rec = recs.get(mid)
             if rec is None or rec.channel_id != channel_id:
                 # the columns said one thing and the verified row another: damage of what they read
                 raise CorruptStateCheckpointError(

@@ -442,15 +442,9 @@ class HotReads(Host):
         dicts (which name damage); a row of another channel is damage of
         the index, named."""
         locs = self._cool.channel_locs(channel_id)
-        fast = self._cool.records_at(locs, ConversationMessageRecord)
-        slow = [loc for loc, hit in zip(locs, fast) if hit is None]
-        rows = dict(zip(slow, self._cool.rows_at(slow))) if slow else {}
         deleted = self._cool_deleted
         keyed = []
-        for loc, hit in zip(locs, fast):
-            if hit is None:
-                row = rows[loc]
-                hit = (self._cool_record(row), row.ord)
+        for loc, hit in zip(locs, self._cool_read(locs)):
             rec = hit[0]
             if rec.channel_id != channel_id:
                 raise CorruptStateCheckpointError(
@@ -460,6 +454,19 @@ class HotReads(Host):
                 keyed.append((order_key(rec.hlc, rec.msg_id, hit[1]), rec))
         keyed.sort(key=_first)
         return [r for _k, r in keyed]
+
+    def _cool_read(self, locs: list[int]) -> list[tuple[ConversationMessageRecord, int]]:
+        """``(record, ord)`` of the archived rows at ``locs``, in their order,
+        straight from their pages (compiled, digests checked, nothing
+        cached: CoolArchive.records_at), the rows that path declines through
+        their dicts (which name damage)."""
+        fast = self._cool.records_at(locs, ConversationMessageRecord)
+        slow = [loc for loc, hit in zip(locs, fast) if hit is None]
+        if not slow:
+            return fast
+        rows = dict(zip(slow, self._cool.rows_at(slow)))
+        return [hit if hit is not None else (self._cool_record(rows[loc]), rows[loc].ord)
+                for loc, hit in zip(locs, fast)]
 
     @staticmethod
     def _merge(cool: list[ConversationMessageRecord], hot: list[tuple[ConversationMessageRecord, str]],
@@ -737,17 +744,9 @@ class HotReads(Host):
         cache (an export reads each message once)."""
         out = [self._export_hot(loc) for k in self._index.channels()
                for loc in self._index.channel_locs(k, -1).tolist()]
-        # the archived rows a file at a time, EXPORT_ROWS each: straight from
-        # their pages (compiled, digests checked, nothing cached: an export
-        # reads every row once), the rows that path declines through their
-        # dicts (which name damage)
+        # the archived rows a file at a time, EXPORT_ROWS each (nothing
+        # cached: an export reads every row once)
         deleted = self._cool_deleted
         for locs in self._cool.live_locs(tuning.EXPORT_ROWS):
-            fast = self._cool.records_at(locs, ConversationMessageRecord)
-            slow = [loc for loc, hit in zip(locs, fast) if hit is None]
-            rows = dict(zip(slow, self._cool.rows_at(slow))) if slow else {}
-            for loc, hit in zip(locs, fast):
-                rec = hit[0] if hit is not None else self._cool_record(rows[loc])
-                if not deleted or rec.msg_id not in deleted:
-                    out.append(rec)
+            out += [rec for rec, _o in self._cool_read(locs) if not deleted or rec.msg_id not in deleted]
         return out
