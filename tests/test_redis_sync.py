@@ -134,6 +134,34 @@ def test_a_push_reads_only_what_changed_since_the_last(server, tmp_path, monkeyp
         sa.close(), sb.close()
 
 
+def test_the_published_file_stays_small_and_merged_ops_are_not_echoed(server, tmp_path, monkeypatch):
+    """Past _KEYS_KEPT keys, a push that moved its cursor writes the
+    published file again as its epoch and cursor: its keys named ops
+    before the cursor, which no later push meets. Ops merged from the
+    stream are still not published back, and a restart goes on from the
+    cursor."""
+    from rune_fast import redis_sync
+    from rune_fast.redis_sync import RedisSync
+    monkeypatch.setattr(redis_sync, "_KEYS_KEPT", 10)
+    with ConversationStateRepository(tmp_path / "a") as a, ConversationStateRepository(tmp_path / "b") as b:
+        sa, sb = RedisSync(a, server.url), RedisSync(b, server.url)
+        a.append_many([ConversationMessageRecord(msg_id=f"a{i}", channel_id="c", content="x") for i in range(30)])
+        assert sa.push() == 30
+        with open(sa._path, "rb") as f:
+            assert f.read().count(b"\n") == 2             # the epoch and the cursor
+        assert sb.sync_once() == (0, 30)
+        b.append_many([ConversationMessageRecord(msg_id=f"b{i}", channel_id="c", content="y") for i in range(20)])
+        assert sb.push() == 20                               # b's own, not the 30 it merged
+        assert sa.pull() == 20 and sa.push() == 0            # nor does a echo b's
+        assert sb.sync_once() == (0, 0)
+        sa.close()
+        sa = RedisSync(a, server.url)
+        a.append(ConversationMessageRecord(msg_id="a-late", channel_id="c", content="z"))
+        assert sa.push() == 1
+        assert sb.pull() == 1 and len(b) == 51
+        sa.close(), sb.close()
+
+
 def test_three_devices_converge_through_kills_duplicates_and_a_server_restart(server, tmp_path):
     rng = random.Random(7)
     states = {n: tmp_path / n for n in ("A", "B", "C")}
