@@ -305,9 +305,9 @@ class Tombstones(Host):
         # takes none of them (its tombstones are cut again), so what the
         # reads of this session and of the next open see agrees
         try:
-            for mid, channel, _loc, _in_cool in todo:
-                self._events.append("conversation.deleted", mid, payload_hash({"msg_id": mid}),
-                                    channel_id=channel)
+            # (one write for the batch: a clear_channel of 123,000 messages spent ~1 s on one a line)
+            self._events.append_many([("conversation.deleted", mid, payload_hash({"msg_id": mid}),
+                                       {"channel_id": channel}) for mid, channel, _loc, _in_cool in todo])
             if self.durability != "none":
                 self._events.sync()
         except (OSError, DurabilityError) as exc:
