@@ -435,12 +435,12 @@ class HotReads(Host):
             return hot
         return self._merge(self._cool_channel(channel_id), hot)
 
-    def _cool_channel(self, channel_id: str) -> list[ConversationMessageRecord]:
-        """Every live archived message of the channel, oldest first: read
-        straight from the pages holding them (compiled, digests checked:
-        CoolArchive.records_at), the rows that path declines through their
-        dicts (which name damage); a row of another channel is damage of
-        the index, named."""
+    def _cool_channel(self, channel_id: str, ordered: bool = True) -> list[ConversationMessageRecord]:
+        """Every live archived message of the channel, oldest first (in
+        no order unless ``ordered``): read straight from the pages holding
+        them (compiled, digests checked: CoolArchive.records_at), the rows
+        that path declines through their dicts (which name damage); a row
+        of another channel is damage of the index, named."""
         locs = self._cool.channel_locs(channel_id)
         deleted = self._cool_deleted
         keyed = []
@@ -451,8 +451,9 @@ class HotReads(Host):
                     f"cool index says row {loc & 0xFFFFFFFF} has channel_id {channel_id!r}, "
                     f"the file says {rec.channel_id!r}", path=self._cool.loc_path(loc), offset=loc & 0xFFFFFFFF)
             if not deleted or rec.msg_id not in deleted:
-                keyed.append((order_key(rec.hlc, rec.msg_id, hit[1]), rec))
-        keyed.sort(key=_first)
+                keyed.append((order_key(rec.hlc, rec.msg_id, hit[1]) if ordered else None, rec))
+        if ordered:
+            keyed.sort(key=_first)
         return [r for _k, r in keyed]
 
     def _cool_read(self, locs: list[int]) -> list[tuple[ConversationMessageRecord, int]]:
