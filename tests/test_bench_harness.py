@@ -289,3 +289,19 @@ def test_even_turns_gives_every_job_the_same_turn(monkeypatch: pytest.MonkeyPatc
                 assert between == sorted(set(names) - {name})
         firsts = [log[at + 1 + len(names)][0] for at, (n, _i) in enumerate(log) if n == "collect"]
         assert len(set(firsts)) == min(repeats, len(names))     # the first timed turn rotates
+
+
+def test_whole_calls_script_runs_on_a_small_store(tmp_path, capsys) -> None:
+    """bench/whole_calls.py (docs/BENCHMARKS.md's whole-store table) at a
+    size the test suite can afford: every line it reports is there."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "whole_calls.py")
+    spec = importlib.util.spec_from_file_location("whole_calls", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main([str(tmp_path / "w"), "--n", "3000", "--tasks", "50"]) == 0
+    out = capsys.readouterr().out
+    for what in ("export_ops(), 3,000 ops", "first resume_messages", "first window", "a push's changes after "
+                 "10 appends: 10 ops", "clear_channel", "SQLite DELETE", "task create at 40-50 tasks"):
+        assert what in out, (what, out)
