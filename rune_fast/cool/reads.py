@@ -32,6 +32,7 @@ _STRING_COLS = [i for i, c in enumerate(_COLS) if c not in ("ts", "token_estimat
 _TS, _TOK, _SV, _ORD = (_COLS.index(c) for c in ("ts", "token_estimate", "schema_version", "ord"))
 #: the columns of the order key (rune_fast._order): hlc, msg_id, ord
 _KEY_COLS = [_COLS.index(c) for c in ("hlc", "msg_id", "ord")]
+#: the columns of a transcript's stamps (:meth:`_Reads.channel_stamps`)
 _STAMP_COLS = [_COLS.index(c) for c in ("msg_id", "hlc", "origin", "role", "ts", "ord")]
 #: every column but msg_id (:meth:`_Reads.id_records_at`), in file order
 _NOT_ID = list(range(1, len(_COLS)))

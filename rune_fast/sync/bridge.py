@@ -147,10 +147,6 @@ def _record_op(rec: Any, hlc: Hlc) -> OpRecord:
     return _OP_NEW(OpRecord, (d["msg_id"], hlc, d))
 
 
-def _first(entry: tuple) -> tuple:
-    return entry[0]
-
-
 _TUPLE_GT = tuple.__gt__
 _OP_NEW = tuple.__new__
 
