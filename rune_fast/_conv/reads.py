@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -464,7 +464,7 @@ class HotReads(Host):
         fast = self._cool.records_at(locs, ConversationMessageRecord)
         slow = [loc for loc, hit in zip(locs, fast) if hit is None]
         if not slow:
-            return fast
+            return cast("list[tuple[ConversationMessageRecord, int]]", fast)
         rows = dict(zip(slow, self._cool.rows_at(slow)))
         return [hit if hit is not None else (self._cool_record(rows[loc]), rows[loc].ord)
                 for loc, hit in zip(locs, fast)]
