@@ -196,12 +196,13 @@ def test_a_full_disk_during_deletions_and_compaction(small_fs):
 
 
 
-@pytest.mark.parametrize("fails", ["append", "sync"])
+@pytest.mark.parametrize("fails", ["append_many", "sync"])
 def test_a_deletion_whose_journal_fails_takes_no_effect(tmp_path, monkeypatch, fails):
-    """The tombstones are written first, then the journal: when the journal
-    meets a full disk the tombstones are cut again, so the call that failed
-    deletes nothing, now or at the next open (the disk above fills at any
-    of the three writes; this one is made to fail at the journal)."""
+    """The tombstones are written first, then the journal (one write for
+    the batch's envelopes, then its sync): when the journal meets a full
+    disk the tombstones are cut again, so the call that failed deletes
+    nothing, now or at the next open (the disk above fills at any of the
+    three writes; this one is made to fail at the journal)."""
     d = tmp_path / "s"
     with ConversationStateRepository(d, durability="fsync") as repo:
         repo.append_many([msg(i) for i in range(10)])
