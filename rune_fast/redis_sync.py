@@ -21,10 +21,10 @@ push reads only the envelopes written since; see
 ``ConversationStateRepository._export_changes``; past a few thousand keys a
 push that moved the cursor writes the file again as its epoch and cursor
 alone): a crash between the two publishes some ops again, which merging
-absorbs. The epoch is a random
-value kept beside the stream (key ``<stream>:epoch``): a Redis that lost
-the stream (restarted without persistence, flushed) lost it too, and the
-store then publishes everything again.
+absorbs. The epoch is a random value kept beside the stream (key
+``<stream>:epoch``): a Redis that lost the stream (restarted without
+persistence, flushed) lost it too, and the store then publishes everything
+again.
 """
 from __future__ import annotations
 
@@ -129,13 +129,8 @@ class RedisSync:
             if self._file_epoch:
                 log.warning("redis stream %s at %s is not the one this store published to: "
                             "publishing everything again", self.stream, self.url)
-            with open(self._path, "wb") as f:
-                f.write(f"epoch {epoch}\n".encode())
-                f.flush()
-                os.fsync(f.fileno())
             self._file_epoch = epoch
-            self._published = set()
-            self._cursor = None
+            self._restart_published(None)
 
     def _note_published(self, keys: list[str], cursor: tuple[str, int] | None = None) -> None:
         """Append ``keys`` (and, after them, ``cursor``: where the store's
@@ -189,20 +184,23 @@ class RedisSync:
                 self._note_published([_op_key(op) for op in part])
             if cursor != self._cursor:
                 if len(self._published) > _KEYS_KEPT:
+                    # every key names an op whose envelope lies before the
+                    # cursor (push and pull take turns under the lock, and a
+                    # pull's merges are journaled before its keys are
+                    # noted): no later push from this cursor meets it again
                     self._restart_published(cursor)
                 else:
                     self._note_published([], cursor)
             return len(new)
 
-    def _restart_published(self, cursor: tuple[str, int]) -> None:
-        """Write the published file again as its epoch and ``cursor`` alone
-        (temp file, fsync, rename, fsync of the folder): every key it held
-        names an op whose envelope lies before ``cursor`` (push and pull
-        take turns under the lock, and a pull's merges are journaled before
-        its keys are noted), so no later push from this cursor meets it
-        again. Keeps the file and the set from growing with the store."""
+    def _restart_published(self, cursor: tuple[str, int] | None) -> None:
+        """Write the published file again as its epoch and ``cursor`` (if
+        any) alone, forgetting every key (temp file, fsync, rename, fsync
+        of the folder): a new stream's start, or a push's cursor past every
+        key held (keeps the file and the set from growing with the store)."""
         tmp = self._path + ".tmp"
-        write_file(tmp, f"epoch {self._file_epoch}\ncursor {cursor[0]} {cursor[1]}\n".encode())
+        head = f"epoch {self._file_epoch}\n" + ("" if cursor is None else f"cursor {cursor[0]} {cursor[1]}\n")
+        write_file(tmp, head.encode())
         os.replace(tmp, self._path)
         fsync_dir(os.path.dirname(self._path))
         self._published = set()

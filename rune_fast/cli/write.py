@@ -225,10 +225,10 @@ def cmd_export(args: argparse.Namespace) -> int:
                     for c in PARQUET_COLUMNS:
                         cols[c].append(d.get(c))
                     count += 1
-                    if count % EXPORT_GROUP_ROWS == 0:
+                    if len(cols["msg_id"]) == EXPORT_GROUP_ROWS:
                         writer.write_table(pa.table(cols, schema=schema))
                         cols = {c: [] for c in PARQUET_COLUMNS}
-                if count % EXPORT_GROUP_ROWS or count == 0:
+                if cols["msg_id"] or count == 0:        # (an empty store: a file with the schema)
                     writer.write_table(pa.table(cols, schema=schema))
         else:
             out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout

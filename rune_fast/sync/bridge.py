@@ -111,14 +111,16 @@ def export_ops_of(records: Iterable[Any], tombstones: Iterable[OpRecord],
     items: list[Any] = []
     stamps: list[Hlc | None] = []
     for rec in records:
+        h: Hlc | None
         try:
-            h = _record_hlc(rec.hlc, rec.ts, rec.origin)
+            at = h = _record_hlc(rec.hlc, rec.ts, rec.origin)
+            item, oid = rec, rec.msg_id
         except (TypeError, ValueError, OverflowError):
-            rec = op_from_record_dict(rec.to_dict(), lenient=True)     # (its warning names the message)
-            h = None
-        if after is None or _TUPLE_GT(h or rec.hlc, after):
-            keys.append((*(h or rec.hlc), rec.op_id if h is None else rec.msg_id))
-            items.append(rec)
+            item = op_from_record_dict(rec.to_dict(), lenient=True)    # (made now: its warning names the message)
+            h, at, oid = None, item.hlc, item.op_id
+        if after is None or _TUPLE_GT(at, after):
+            keys.append((*at, oid))
+            items.append(item)
             stamps.append(h)
     for op in tombstones:
         if after is None or _TUPLE_GT(op.hlc, after):
