@@ -1037,7 +1037,7 @@ cdef object _same_or_new(object prev, const unsigned char *pb, Py_ssize_t plen,
 @cython.boundscheck(False)
 @cython.wraparound(False)
 def records_from_columns(list strings, ts, tok, sv, ords, type record_type, object calls_read,
-                         bint pairs=True, str task=None, bint keyed=False):
+                         bint pairs=True, str task=None, bint keyed=False, list canon=None):
     """``(record, ord)`` of each row of cool columns already gathered for
     just the rows a read returns, or None for a row left to the caller's
     Python path (see the section comment). ``pairs=False``: two lists
@@ -1050,7 +1050,9 @@ def records_from_columns(list strings, ts, tok, sv, ords, type record_type, obje
 
     ``task``: the rows must be of this task; a row of another is left to
     the caller (whose Python path names the damage), and the rows of the
-    task share this str as their ``task_id``. The channel and origin of
+    task share this str as their ``task_id``. ``canon``: a list of one
+    slot a row, given each built row's canonical JSON (the bytes its digest
+    was checked over: a check's payload hash needs no second encoding). The channel and origin of
     consecutive rows that spell them alike share one str too.
 
     ``strings``: the eleven string columns msg_id, channel_id, task_id, hlc,
@@ -1113,6 +1115,8 @@ def records_from_columns(list strings, ts, tok, sv, ords, type record_type, obje
         size[k] = PyBytes_GET_SIZE(data)
     out = [None] * m
     cdef list ords_out = [0] * m if not pairs else None
+    if canon is not None and len(canon) != m:
+        raise ValueError(f"records_from_columns: canon holds {len(canon)} slots for {m} rows")
     for i in range(m):
         for k in range(N_S):
             if so[k][i] < 0 or so[k][i] > so[k][i + 1] or so[k][i + 1] > size[k]:
@@ -1194,6 +1198,8 @@ def records_from_columns(list strings, ts, tok, sv, ords, type record_type, obje
         rf_write_hex16(h.low64, hexd + 16)
         if memcmp(hexd, sp[S_DIGEST] + so[S_DIGEST][i], 32) != 0:
             continue        # damage, or a spelling this path does not make: the caller decides
+        if canon is not None:
+            canon[i] = PyBytes_FromStringAndSize(<const char *>b.p, b.n)
         try:
             for k in range(7):
                 a, ln = so[_FIELD_COL[k]][i], so[_FIELD_COL[k]][i + 1] - so[_FIELD_COL[k]][i]

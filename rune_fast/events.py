@@ -9,7 +9,7 @@ import os
 import re
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, Literal, overload
+from typing import Any, Callable, Literal, overload
 
 import orjson
 
@@ -226,25 +226,27 @@ class EventStore:
         """See :meth:`FramedLog.next_line_start`."""
         return self._log.next_line_start(offset)
 
-    def verify(self) -> list[dict[str, Any]]:
+    def verify(self, sound: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
         """Check every line and envelope up to where complete lines ended
         when it started (another appender's envelope in flight is not
-        damage); never raises for damage. Return one
-        ``{"path", "offset", "problem"}`` dict per problem."""
-        stop = self._log.line_end()
-        problems = self._log.verify(stop)
-        bad = {p["offset"] for p in problems}
-        for offset, line, reason in self._log._scan(0, stop):
-            if reason or reason is None or offset in bad:
-                continue
+        damage), in one pass; never raises for damage. Return one
+        ``{"path", "offset", "problem"}`` dict per problem, by offset.
+        ``sound(envelope)``: each sound envelope, as :meth:`iter_envelopes`
+        gives it (a check of the envelopes against records reads the file
+        once)."""
+        def content(offset: int, line: bytes) -> str:
             try:
                 env = orjson.loads(line)
             except orjson.JSONDecodeError as exc:
-                problems.append({"path": self.path, "offset": offset, "problem": f"JSON error {exc}"})
-                continue
+                return f"JSON error {exc}"
             problem = _envelope_problem(env)
-            if problem:
-                problems.append({"path": self.path, "offset": offset, "problem": problem})
+            if not problem and sound is not None:
+                del env["x"]
+                env["offset"] = offset
+                sound(env)
+            return problem
+
+        problems = self._log.verify(self._log.line_end(), content)
         problems.sort(key=lambda p: p["offset"])
         return problems
 

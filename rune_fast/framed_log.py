@@ -25,7 +25,7 @@ import warnings
 import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Literal, cast, overload
+from typing import Any, Callable, Literal, cast, overload
 
 import orjson
 import xxhash
@@ -514,18 +514,22 @@ class FramedLog:
             if buf and buf.count(0) != len(buf):
                 yield (zeros_from if zeros_from >= 0 else offset), buf, None
 
-    def verify(self, stop: int | None = None) -> list[dict[str, Any]]:
+    def verify(self, stop: int | None = None,
+               sound: Callable[[int, bytes], str] | None = None) -> list[dict[str, Any]]:
         """Check every line; never raises for damage. Return one
         ``{"path", "offset", "problem"}`` dict per damaged line (and one for a
         non-zero incomplete final line). The lines checked end where complete
         lines ended when it started (``stop``, default :meth:`line_end`): an
-        append in flight then is not an incomplete line."""
+        append in flight then is not an incomplete line. ``sound(offset,
+        line)`` is called for each line that passes its check (in the same
+        pass) and returns a problem of its content, or ``""``."""
         problems = []
-        for offset, _line, reason in self._scan(0, self.line_end() if stop is None else stop):
+        for offset, line, reason in self._scan(0, self.line_end() if stop is None else stop):
             if reason is None:
-                problems.append({"path": self.path, "offset": offset,
-                                 "problem": "incomplete final line (torn, or an append in flight)"})
-            elif reason:
+                reason = "incomplete final line (torn, or an append in flight)"
+            elif not reason and sound is not None:
+                reason = sound(offset, line)
+            if reason:
                 problems.append({"path": self.path, "offset": offset, "problem": reason})
         return problems
 

@@ -340,14 +340,15 @@ def message_canonical_json(record: "ConversationMessageRecord", d: dict) -> byte
 def record_canonical_json(record: "OrchestrationRecord") -> bytes:
     """``canonical_json(record.to_dict())``, computed with orjson when the
     record holds only values both encoders print identically (the common
-    case: no tool calls, epoch-range times); otherwise with json."""
+    case: no tool calls, epoch-range times, checked by field; otherwise
+    :func:`fast_canonical_json` judges the whole value)."""
     if type(record) is ConversationMessageRecord:
         if not record.tool_calls and _orjson_float_ok(record.ts) and record.token_estimate < 1 << 63:
             return orjson.dumps(record.to_dict(), option=orjson.OPT_SORT_KEYS)
     elif type(record) is TaskStateRecord:
         if _orjson_float_ok(record.created_at) and _orjson_float_ok(record.updated_at):
             return orjson.dumps(record.to_dict(), option=orjson.OPT_SORT_KEYS)
-    return canonical_json(record.to_dict())
+    return fast_canonical_json(record.to_dict())
 
 
 def payload_hash(record: "OrchestrationRecord | Mapping[str, Any]") -> str:
@@ -356,7 +357,7 @@ def payload_hash(record: "OrchestrationRecord | Mapping[str, Any]") -> str:
     for a deletion)."""
     if isinstance(record, OrchestrationRecord):
         return hashlib.sha256(record_canonical_json(record)).hexdigest()
-    return hashlib.sha256(canonical_json(record)).hexdigest()
+    return hashlib.sha256(fast_canonical_json(record)).hexdigest()
 
 
 # ----------------------------------------------------------------------- records

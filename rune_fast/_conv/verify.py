@@ -2,6 +2,7 @@
 problem with its file and offset."""
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
@@ -75,10 +76,9 @@ class Verify(Host):
             hashes: dict[str | None, str] = {}     # msg_id (as a record's .get gives it) -> payload hash
             gone = self._cool_deleted
 
-            def sound(rec: dict) -> None:     # a cool record, for the envelope check below
-                mid = rec.get("msg_id")
+            def sound(mid: str, canonical: bytes) -> None:     # for the envelope check below
                 if mid not in gone:
-                    hashes[mid] = payload_hash(rec)
+                    hashes[mid] = hashlib.sha256(canonical).hexdigest()     # (its payload_hash)
             with _noted(problems, self._cool.cool_dir, "cool archive check"):
                 for p in self._cool.verify(checked, sound):
                     problems.append(Problem(self._cool.path_of(p.file), p.row, p.problem))
@@ -102,29 +102,33 @@ class Verify(Host):
                             problems.append(Problem(self._path_of(loc >> 40), loc & ((1 << 40) - 1), str(exc)))
             checked["records"] = len(hashes)
             # envelopes against records
-            if self._events is not None:
+            events = self._events
+            if events is not None:
                 try:
-                    for ep in self._events.verify():
-                        problems.append(Problem(ep["path"], ep["offset"], ep["problem"]))
-                    journaled = set()
-                    for env in self._events.iter_envelopes(0):
+                    journaled: set = set()
+                    unmatched: list[Problem] = []
+
+                    def enveloped(env: dict) -> None:     # each sound envelope, in the check's one pass
                         checked["envelopes"] += 1
                         if env.get("type") != "conversation.message":
-                            continue
+                            return
                         mid = env.get("id")
                         journaled.add(mid)
                         if mid in hashes and env.get("payload_hash") != hashes[mid]:
-                            problems.append(Problem(self._events.path, env.get("offset"),
-                                                    f"envelope of {mid} does not match its record"))
+                            unmatched.append(Problem(events.path, env.get("offset"),
+                                                     f"envelope of {mid} does not match its record"))
+                    damage = events.verify(enveloped)
+                    problems += [Problem(ep["path"], ep["offset"], ep["problem"]) for ep in damage]
+                    problems += unmatched
                     unjournaled = [mid for mid in hashes if mid not in journaled]
-                    if unjournaled:
+                    if unjournaled and not damage:      # (a damaged line may be the envelope: named above)
                         problems.append(Problem(
-                            self._events.path, self._events.size,
+                            events.path, events.size,
                             f"{len(unjournaled)} stored message(s) have no envelope, e.g. "
                             f"{', '.join(map(repr, unjournaled[:3]))}"))
                 except CorruptStateCheckpointError as exc:
-                    if not any(p.file == self._events.path and p.offset == exc.offset for p in problems):
-                        problems.append(Problem(self._events.path, exc.offset, str(exc)))
+                    if not any(p.file == events.path and p.offset == exc.offset for p in problems):
+                        problems.append(Problem(events.path, exc.offset, str(exc)))
                 except (OSError, RuneError) as exc:     # (a file gone or replaced by another kind)
-                    problems.append(Problem(self._events.path, None, f"event store check failed: {exc!r}"))
+                    problems.append(Problem(events.path, None, f"event store check failed: {exc!r}"))
         return VerifyReport(ok=not problems, problems=problems, checked=checked)

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import CorruptStateCheckpointError
 from ..pages import PageError, page_directories
+from .hits import check_table
 from .schema import CoolProblem, _COL_TYPES, _PARQUET_ERRORS, _idx_name
 from .sidecar import (
     _FileIndex, _Skip, _build_index, _close, _file_digest, _footer_hash, _open_parquet,
@@ -57,11 +58,12 @@ class CoolArchive(_Writer):
         return cls(cool_dir, files, **kwargs)
 
     def verify(self, checked: dict[str, int] | None = None,
-               sound: Callable[[dict], None] | None = None) -> list[CoolProblem]:
+               sound: Callable[[str, bytes], None] | None = None) -> list[CoolProblem]:
         """Check every live file: readable, schema, every row's digest, the
         sidecar on disk against the file, ids unique. Raises nothing; adds
         the rows it checked to ``checked["cool_rows"]`` and hands each sound
-        row's record dict to ``sound``."""
+        row's id and the canonical JSON of its record to ``sound`` (see
+        :func:`check_table`)."""
         problems: list[CoolProblem] = []
         with self._lock:
             files = sorted(self._files.items())
@@ -113,7 +115,7 @@ class CoolArchive(_Writer):
                     except _PARQUET_ERRORS as exc:
                         problems.append(CoolProblem(name, base, f"row group {rg} unreadable: {exc}"))
                         raise _Skip() from None
-                    for row, why in self._check_table(t, base, sound):
+                    for row, why in check_table(t, base, sound):
                         problems.append(CoolProblem(name, row, why))
                     if checked is not None:
                         checked["cool_rows"] = checked.get("cool_rows", 0) + t.num_rows

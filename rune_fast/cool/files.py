@@ -24,7 +24,8 @@ from .._names import tmp_name
 from ..errors import CorruptStateCheckpointError
 from ..events import fsync_dir
 from ..pages import PageError, PageReader, page_directories
-from .rows import _Group, _Located, _assemble_at, _row_digest, _table_group
+from .hits import check_table
+from .rows import _Group, _Located, _table_group
 from .schema import (
     COOL_SCHEMA, ROW_GROUP_ROWS, _COMPRESSION, _DICT_COLUMNS, _ENCODING, _OURS_RE, _PAGE_BATCH_ROWS, _PAGE_BYTES,
     _file_no, _grams_name, _id_hash, _idx_name, _parquet_name, index_dir_for,
@@ -452,33 +453,13 @@ class _FileSet:
             raise CorruptStateCheckpointError(
                 f"cool archive holds {pf.metadata.num_rows} rows by its footer, {table.num_rows} read", path=path)
         if verify:
-            for row, bad in self._check_table(table):
+            for row, bad in check_table(table):
                 raise CorruptStateCheckpointError(f"cool row {row} fails its digest ({bad})",
                                                   path=path, offset=row)
         fi = _build_index(no, size, footer, table.column("msg_id"), table.column("channel_id"),
                           table.column("task_id"), rg_counts, path)
         fi.pagedir = dirs
         return fi
-
-    @staticmethod
-    def _check_table(table: pa.Table, base: int = 0,
-                     sound: Callable[[dict], None] | None = None) -> Iterator[tuple[int, str]]:
-        """Yield (row, reason) for every row whose digest does not match;
-        ``sound(record dict)`` is called for every row whose digest does."""
-        try:
-            acc = _table_group(table).acc
-        except CorruptStateCheckpointError as exc:
-            yield base, str(exc)
-            return
-        assert acc is not None      # _table_group adds every column
-        for i in range(table.num_rows):
-            rec, _o, dig, plain = _assemble_at(acc, i)
-            if rec is None:
-                yield base + i, str(dig)
-            elif _row_digest(rec, plain) != dig:
-                yield base + i, "digest mismatch"
-            elif sound is not None:
-                sound(rec)
 
     def _add_file(self, fi: _FileIndex) -> None:
         # (the fields themselves: this runs while the sidecars are being read)

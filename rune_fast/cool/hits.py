@@ -1,16 +1,20 @@
-"""The records of a search's archived hits, built where the scan found
-them (see ``_Search.search_records``): what the scan threads run for each
-row group, and what the search hands back.
+"""Archived records built in compiled code from columns already gathered:
+a search's hits, where the scan found them (see ``_Search.search_records``:
+what the scan threads run for each row group, and what the search hands
+back), and the rows of a table a check reads whole (:func:`check_table`).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Iterator, cast
 
 import numpy as np
+import pyarrow as pa
 
 from .._pages import records_from_columns
+from ..errors import CorruptStateCheckpointError
 from ..pages import PageError
-from .reads import _ORD, _STRING_COLS, _SV, _TOK, _TS, _calls_read
+from ..records import ConversationMessageRecord, fast_canonical_json
+from .rows import _ORD, _STRING_COLS, _SV, _TOK, _TS, _assemble_at, _calls_read, _row_digest, _table_group
 from .schema import CoolRow, _COLS, _CONTENT_COL
 
 
@@ -87,3 +91,69 @@ def _records(path: str, where: str, taken: list[Any], contents: list[bytes],
                                     cols[_ORD], record_type, _calls_read, False)
     except ValueError as exc:
         raise PageError(f"{path}: {where}: {exc}") from None
+
+
+#: the numpy type of each fixed-width column (the others are strings)
+_FIXED = {"ts": np.float64, "token_estimate": np.int64, "schema_version": np.int32, "ord": np.int64}
+
+
+def _table_records(table: pa.Table, canon: list[bytes | None]) -> list | None:
+    """``(record, ord)`` of each row of ``table`` (every column of the cool
+    schema, as pyarrow read it), built and digest-checked in compiled code
+    from the Arrow buffers, its canonical JSON in ``canon`` (a slot a row);
+    None for a row that path declines (extra fields, an unusual spelling,
+    damage). None for the whole table when a column is not as the schema
+    says (nulls, a type) or the values do not hold together: the caller's
+    Python path names why."""
+    n = table.num_rows
+    cols: list[Any] = []
+    for name in _COLS:
+        arr = table.column(name).combine_chunks()
+        if arr.null_count or len(arr) != n:
+            return None
+        bufs, off = arr.buffers(), arr.offset
+        fixed = _FIXED.get(name)
+        if fixed is not None:
+            cols.append(np.frombuffer(bufs[1], dtype=fixed, count=n, offset=off * np.dtype(fixed).itemsize))
+        elif not pa.types.is_string(arr.type) or bufs[1] is None:
+            return None
+        else:
+            cols.append((bufs[2] if bufs[2] is not None else b"",
+                         np.frombuffer(bufs[1], dtype=np.int32, count=n + 1, offset=off * 4)))
+    try:
+        return records_from_columns([cols[c] for c in _STRING_COLS], cols[_TS], cols[_TOK], cols[_SV],
+                                    cols[_ORD], ConversationMessageRecord, _calls_read, canon=canon)
+    except ValueError:
+        return None
+
+
+def check_table(table: pa.Table, base: int = 0,
+                sound: Callable[[str, bytes], None] | None = None) -> Iterator[tuple[int, str]]:
+    """Yield (row, reason) for every row of ``table`` (a cool file's rows
+    from ``base`` on, every column) whose digest does not match;
+    ``sound(msg_id, canonical JSON of its record dict)`` is called for
+    every row whose digest does (built in compiled code, or for a row that
+    path declines by its Python path, which names damage)."""
+    canon: list[bytes | None] = [None] * table.num_rows
+    fast = _table_records(table, canon) if table.num_rows else []
+    acc = None
+    for i in range(table.num_rows):
+        hit = fast[i] if fast is not None else None
+        if hit is not None:
+            if sound is not None:
+                sound(hit[0].msg_id, cast("bytes", canon[i]))
+            continue
+        if acc is None:
+            try:
+                acc = _table_group(table).acc
+            except CorruptStateCheckpointError as exc:
+                yield base, str(exc)
+                return
+            assert acc is not None      # _table_group adds every column
+        rec, _o, dig, plain = _assemble_at(acc, i)
+        if rec is None:
+            yield base + i, str(dig)
+        elif _row_digest(rec, plain) != dig:
+            yield base + i, "digest mismatch"
+        elif sound is not None:
+            sound(rec["msg_id"], fast_canonical_json(rec))

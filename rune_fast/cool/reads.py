@@ -7,54 +7,29 @@ import operator
 from typing import Any, Iterator, Sequence, cast
 
 import numpy as np
-import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from .._arrays import unique
-from .._encode import fresh_read_only_calls
 from .._order import order_key
 from .._pages import records_from_columns
 from ..errors import CorruptStateCheckpointError
 from ..pages import PageError
-from ..records import _stored_calls_ok
 from .cache import _RowCache
-from .rows import _TASK_LOCS_KEPT, _assemble_at, _row_digest
+from .rows import (_ORD, _STRING_COLS, _SV, _TASK_LOCS_KEPT, _TOK, _TS, _assemble_at,  # noqa: F401
+                   _calls_read, _row_digest)
 from .schema import CoolRow, _COLS, _file_no, _row_key, cool_loc
 from .sidecar import _id_hashes
 from .tables import _merge
 
 _first = operator.itemgetter(0)
 
-#: the columns records_from_columns takes: the string columns in schema
-#: order, then ts, token_estimate, schema_version, ord
-_STRING_COLS = [i for i, c in enumerate(_COLS) if c not in ("ts", "token_estimate", "schema_version", "ord")]
-_TS, _TOK, _SV, _ORD = (_COLS.index(c) for c in ("ts", "token_estimate", "schema_version", "ord"))
 #: the columns of the order key (rune_fast._order): hlc, msg_id, ord
 _KEY_COLS = [_COLS.index(c) for c in ("hlc", "msg_id", "ord")]
 #: the columns of a transcript's stamps (:meth:`_Reads.channel_stamps`)
 _STAMP_COLS = [_COLS.index(c) for c in ("msg_id", "hlc", "origin", "role", "ts", "ord")]
 #: every column but msg_id (:meth:`_Reads.id_records_at`), in file order
 _NOT_ID = list(range(1, len(_COLS)))
-
-
-def _calls_read(raw: bytes) -> tuple[tuple, bytes] | None:
-    """A stored non-empty tool-call list as records_from_columns takes it:
-    (the calls, read-only, as message_from_stored keeps them from a fresh decode; their
-    canonical JSON for the digest), or None: the row takes the Python path.
-    A spelling orjson does not give back (a long integer, a float json
-    spells otherwise) fails the digest and takes that path too."""
-    try:
-        calls = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    if type(calls) is list and calls and _stored_calls_ok(calls):
-        try:
-            canonical = orjson.dumps(calls, option=orjson.OPT_SORT_KEYS)
-            return fresh_read_only_calls(calls), canonical
-        except (orjson.JSONEncodeError, TypeError):
-            return None
-    return None
 
 
 def parts_locs(parts: list[tuple[int, np.ndarray]]) -> list[int]:

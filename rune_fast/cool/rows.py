@@ -14,7 +14,9 @@ import pyarrow as pa
 import xxhash
 
 from .._search import block_grams, find_spans, gram_blocks
+from .._encode import fresh_read_only_calls
 from ..errors import CorruptStateCheckpointError
+from ..records import _stored_calls_ok
 from .schema import _COLS, record_digest
 
 if TYPE_CHECKING:
@@ -50,6 +52,30 @@ _GRAM_BITS = 4096
 #: maps every time (~4 us of ~30)
 _TASK_LOCS_KEPT = 8192
 _LZ4 = pa.Codec("lz4_raw")
+
+#: the columns records_from_columns takes: the string columns in schema
+#: order, then ts, token_estimate, schema_version, ord
+_STRING_COLS = [i for i, c in enumerate(_COLS) if c not in ("ts", "token_estimate", "schema_version", "ord")]
+_TS, _TOK, _SV, _ORD = (_COLS.index(c) for c in ("ts", "token_estimate", "schema_version", "ord"))
+
+
+def _calls_read(raw: bytes) -> tuple[tuple, bytes] | None:
+    """A stored non-empty tool-call list as records_from_columns takes it:
+    (the calls, read-only, as message_from_stored keeps them from a fresh decode; their
+    canonical JSON for the digest), or None: the row takes the Python path.
+    A spelling orjson does not give back (a long integer, a float json
+    spells otherwise) fails the digest and takes that path too."""
+    try:
+        calls = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if type(calls) is list and calls and _stored_calls_ok(calls):
+        try:
+            canonical = orjson.dumps(calls, option=orjson.OPT_SORT_KEYS)
+            return fresh_read_only_calls(calls), canonical
+        except (orjson.JSONEncodeError, TypeError):
+            return None
+    return None
 
 
 def _col_view(name: str, arr: pa.Array, path: str, first: int) -> tuple:

@@ -1,0 +1,149 @@
+"""verify()'s fast paths give the answers of the plain ones.
+
+The cool tier's check builds each row's record and canonical JSON in
+compiled code (``cool.hits.check_table``) and takes the envelope hash from
+those bytes; the event store is checked and its envelopes compared in one
+pass (``EventStore.verify(sound)``). These tests hold them to the plain
+definitions: sha256 of ``canonical_json(record dict)``, every row's digest,
+every damaged line named, envelopes after a damaged line still compared.
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rune_fast import ConversationMessageRecord, ConversationStateRepository
+from rune_fast.cool.hits import check_table
+from rune_fast.cool.schema import COOL_SCHEMA, record_digest
+from rune_fast.events import EventStore, frame
+from rune_fast.records import canonical_json, payload_hash
+
+_TEXT = st.text(alphabet=st.sampled_from("aZ é ß ΣςİıǅＡ量子😀\n\t\"\\/\u2028\x01"), max_size=40)
+_CALL = st.fixed_dictionaries({"id": st.text("abc123", min_size=1, max_size=6),
+                               "name": st.text("fnx_", min_size=1, max_size=6),
+                               "arguments": st.dictionaries(st.text("kq", min_size=1, max_size=3),
+                                                            st.one_of(st.integers(-10**6, 10**6), _TEXT,
+                                                                      st.booleans(), st.none()),
+                                                            max_size=3)})
+
+
+def _cool_tables(state: str) -> list[pa.Table]:
+    paths = sorted(glob.glob(os.path.join(state, "hot", "conversation_cool", "cool-*.parquet")))
+    assert paths
+    return [pq.read_table(p) for p in paths]
+
+
+def _checked(table: pa.Table) -> tuple[list, dict[str, bytes]]:
+    got: dict[str, bytes] = {}
+    bad = list(check_table(table, 0, got.__setitem__))
+    return bad, got
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(msgs=st.lists(st.tuples(_TEXT, st.sampled_from(["user", "assistant", "tool"]),
+                               st.lists(_CALL, max_size=2), st.floats(0, 4e9, allow_nan=False)),
+                     min_size=3, max_size=12))
+def test_the_cool_check_hands_each_row_the_bytes_of_its_payload_hash(tmp_path_factory, msgs):
+    state = str(tmp_path_factory.mktemp("s"))
+    recs = [ConversationMessageRecord(msg_id=f"m{i}", role=role, content=text, channel_id="c",
+                                      tool_calls=calls if role == "assistant" else [],
+                                      tool_call_id="t1" if role == "tool" else "", ts=ts)
+            for i, (text, role, calls, ts) in enumerate(msgs)]
+    with ConversationStateRepository(state, hot_window=1) as repo:
+        repo.append_many(recs)
+        repo.compact()
+        assert repo.verify().ok
+    seen: dict[str, bytes] = {}
+    for table in _cool_tables(state):
+        bad, got = _checked(table)
+        assert bad == []
+        seen.update(got)
+    assert len(seen) == len(recs) - 1
+    for rec in recs:
+        if rec.msg_id in seen:
+            assert seen[rec.msg_id] == canonical_json(rec.to_dict())
+            assert hashlib.sha256(seen[rec.msg_id]).hexdigest() == payload_hash(rec)
+
+
+def _rows(state: str) -> list[dict]:
+    (table,) = _cool_tables(state)
+    return table.to_pylist()
+
+
+def _store(state: str, n: int = 4) -> None:
+    with ConversationStateRepository(state, hot_window=1) as repo:
+        repo.append_many([ConversationMessageRecord(msg_id=f"m{i}", role="user", content=f"ünï {i}",
+                                                    channel_id="c") for i in range(n)])
+        repo.compact()
+
+
+def test_the_cool_check_names_a_changed_row_and_hands_on_only_the_sound_ones(tmp_path):
+    _store(str(tmp_path))
+    rows = _rows(str(tmp_path))
+    rows[1]["content"] = rows[1]["content"] + "!"
+    bad, got = _checked(pa.Table.from_pylist(rows, schema=COOL_SCHEMA))
+    assert bad == [(1, "digest mismatch")]
+    assert sorted(got) == sorted(r["msg_id"] for k, r in enumerate(rows) if k != 1)
+
+
+def test_a_row_with_extra_fields_is_checked_by_the_plain_path(tmp_path):
+    """A row the compiled build declines (fields beyond the record's) is
+    checked by its Python path, and its bytes are those of the whole dict."""
+    _store(str(tmp_path))
+    rows = _rows(str(tmp_path))
+    rec = {k: rows[0][k] for k in ("msg_id", "channel_id", "task_id", "hlc", "content", "ts", "role",
+                                   "token_estimate", "tool_call_id", "origin", "schema_version")}
+    rec["tool_calls"] = []
+    rec["later_field"] = {"x": [1, "é"]}
+    rows[0]["extra"] = orjson.dumps({"later_field": rec["later_field"]}).decode()
+    rows[0]["digest"] = record_digest(rec)
+    bad, got = _checked(pa.Table.from_pylist(rows, schema=COOL_SCHEMA))
+    assert bad == []
+    assert got[rows[0]["msg_id"]] == canonical_json(rec)
+    assert len(got) == len(rows)
+
+
+def _reframed(line: bytes, **change: str) -> bytes:
+    env = orjson.loads(line)
+    env.update(change)
+    rest = orjson.dumps({k: v for k, v in env.items() if k != "x"})
+    return frame(b"," + rest[1:])
+
+
+def test_envelopes_after_a_damaged_line_are_still_compared(tmp_path):
+    _store(str(tmp_path), n=6)
+    path = tmp_path / "events.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    at = {orjson.loads(line)["id"]: k for k, line in enumerate(lines)}
+    hurt = bytearray(lines[at["m1"]])
+    hurt[40] ^= 0x04
+    lines[at["m1"]] = bytes(hurt)
+    lines[at["m4"]] = _reframed(lines[at["m4"]], payload_hash="0" * 64)
+    path.write_bytes(b"".join(lines))
+    damaged_at = sum(len(x) for x in lines[:at["m1"]])
+    with ConversationStateRepository(tmp_path, hot_window=1) as repo:
+        rep = repo.verify()
+    assert not rep.ok
+    assert [p.offset for p in rep.problems if p.file == str(path) and "m4" in p.message] == \
+        [sum(len(x) for x in lines[:at["m4"]])]
+    assert [p for p in rep.problems if p.offset == damaged_at and p.file == str(path)]
+    assert rep.checked["envelopes"] == 5        # every sound one
+
+
+def test_the_event_stores_check_hands_on_each_sound_envelope_once(tmp_path):
+    path = tmp_path / "events.jsonl"
+    with EventStore(path) as store:
+        for i in range(4):
+            store.append("conversation.message", f"m{i}", "a" * 64)
+        want = list(store.iter_envelopes(0))
+        got: list[dict] = []
+        assert store.verify(got.append) == []
+    assert got == want and [e["id"] for e in got] == ["m0", "m1", "m2", "m3"]
+    assert all("x" not in e for e in got)
