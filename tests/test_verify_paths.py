@@ -12,6 +12,9 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import threading
+from contextlib import contextmanager
+from typing import Iterator
 
 import orjson
 import pyarrow as pa
@@ -19,7 +22,7 @@ import pyarrow.parquet as pq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rune_fast import ConversationMessageRecord, ConversationStateRepository
+from rune_fast import ConversationMessageRecord, ConversationStateRepository, StoreClosedError
 from rune_fast.cool.hits import check_table
 from rune_fast.cool.schema import COOL_SCHEMA, record_digest
 from rune_fast.events import EventStore, frame
@@ -147,3 +150,110 @@ def test_the_event_stores_check_hands_on_each_sound_envelope_once(tmp_path):
         assert store.verify(got.append) == []
     assert got == want and [e["id"] for e in got] == ["m0", "m1", "m2", "m3"]
     assert all("x" not in e for e in got)
+
+
+class _Between:
+    """Stands in for a writer's ``_held_open`` during verify(): before the
+    lock is taken for the second archive file, it says so and waits until
+    the test has done its calls (which would wait forever for a lock the
+    check still held)."""
+
+    def __init__(self, repo: ConversationStateRepository) -> None:
+        self.real = repo._held_open
+        self.entries = 0
+        self.between = threading.Event()
+        self.go = threading.Event()
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        self.entries += 1
+        if self.entries == 2:
+            self.between.set()
+            assert self.go.wait(60)
+        with self.real():
+            yield
+
+
+def _archived_store(state: str) -> ConversationStateRepository:
+    repo = ConversationStateRepository(state, hot_window=1)
+    for batch in range(3):       # three archive files
+        repo.append_many([ConversationMessageRecord(msg_id=f"b{batch}-{i}", role="user", content=f"é {i}",
+                                                    channel_id=f"c{i % 2}") for i in range(6)])
+        repo.compact()
+    assert len(repo._cool.files()) >= 3
+    return repo
+
+
+def _verify_in_thread(repo: ConversationStateRepository) -> tuple[threading.Thread, dict]:
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["report"] = repo.verify()
+        except BaseException as exc:     # (handed to the test)
+            out["error"] = exc
+    t = threading.Thread(target=run)
+    t.start()
+    return t, out
+
+
+def test_a_writers_verify_lets_appends_and_compactions_in_between_archive_files(tmp_path):
+    """Appends, deletions and compactions (which erase, cool and so change
+    the archive's files) run between two files of a writer's check, and the
+    check reports no problem for the files that changed under it."""
+    repo = _archived_store(str(tmp_path))
+    gate = _Between(repo)
+    repo._held_open = gate          # type: ignore[method-assign]
+    t, out = _verify_in_thread(repo)
+    assert gate.between.wait(60)
+    assert t.is_alive()             # (the check waits in the gate: not done)
+    repo.append(ConversationMessageRecord(msg_id="new-0", role="user", content="während", channel_id="c0"))
+    assert repo.delete("b0-1")      # archived rows: the next compaction rewrites their files,
+    assert repo.delete("b2-1")      # one checked already, one not yet
+    repo.compact()
+    repo.append_many([ConversationMessageRecord(msg_id=f"new-{i}", role="user", content="x", channel_id="c1")
+                      for i in range(1, 5)])
+    repo.compact()
+    gate.go.set()
+    t.join(60)
+    assert not t.is_alive() and "error" not in out, out
+    rep = out["report"]
+    assert rep.ok, rep.problems
+    assert rep.checked["records"] >= 17
+    del repo._held_open
+    again = repo.verify()
+    assert again.ok and again.checked["records"] == 18 + 5 - 2
+    repo.close()
+
+
+def test_a_repository_closed_during_verify_raises_store_closed(tmp_path):
+    repo = _archived_store(str(tmp_path))
+    gate = _Between(repo)
+    repo._held_open = gate          # type: ignore[method-assign]
+    t, out = _verify_in_thread(repo)
+    assert gate.between.wait(60)
+    repo.close()
+    gate.go.set()
+    t.join(60)
+    assert isinstance(out.get("error"), StoreClosedError), out
+
+
+def test_a_file_damaged_while_the_check_waits_is_named(tmp_path):
+    """The files are read when their turn comes: damage done between two
+    files is found (the check is not of a copy taken at its start)."""
+    repo = _archived_store(str(tmp_path))
+    last = os.path.join(str(tmp_path), "hot", "conversation_cool", repo._cool.files()[-1])
+    gate = _Between(repo)
+    repo._held_open = gate          # type: ignore[method-assign]
+    t, out = _verify_in_thread(repo)
+    assert gate.between.wait(60)
+    with open(last, "r+b") as f:
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 0x01]))
+    gate.go.set()
+    t.join(60)
+    rep = out["report"]
+    assert not rep.ok and any(p.file == last for p in rep.problems), rep.problems
+    repo.close()

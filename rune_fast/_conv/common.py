@@ -24,7 +24,7 @@ from .._order import record_sorts_before as _sorts_before  # noqa: F401
 from .. import codec
 from .. import sync as _sync
 from ..cool import SPECIAL_FOLD
-from ..errors import CorruptStateCheckpointError, RuneError
+from ..errors import CorruptStateCheckpointError, RuneError, StoreClosedError
 from ..records import ConversationMessageRecord, _utf8_ok
 from ..segments import fsync_dir, write_file
 
@@ -246,9 +246,13 @@ def _check_line_starts(starts: np.ndarray, offsets: np.ndarray, path: str) -> No
 def _noted(problems: list[Problem], path: str, what: str) -> Iterator[None]:
     """verify()'s guard around one of its checks: a file it cannot read (gone,
     cut, replaced by a folder) is a problem named in the report, never an
-    exception (SPEC: verify raises nothing)."""
+    exception (SPEC: verify raises nothing). A repository closed meanwhile
+    (a writer's check lets other calls in between its files) raises
+    StoreClosedError, as a verify called after the close does."""
     try:
         yield
+    except StoreClosedError:
+        raise
     except (OSError, RuneError) as exc:
         offset = exc.offset if isinstance(exc, CorruptStateCheckpointError) else None
         problems.append(Problem(getattr(exc, "path", None) or getattr(exc, "filename", None) or path,

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import Any, Callable, Iterable
+from contextlib import nullcontext
+from typing import Any, Callable, ContextManager, Iterable
 
 import numpy as np
 
@@ -58,106 +59,134 @@ class CoolArchive(_Writer):
         return cls(cool_dir, files, **kwargs)
 
     def verify(self, checked: dict[str, int] | None = None,
-               sound: Callable[[str, bytes], None] | None = None) -> list[CoolProblem]:
+               sound: Callable[[str, bytes], None] | None = None,
+               hold: Callable[[], ContextManager[Any]] | None = None) -> list[CoolProblem]:
         """Check every live file: readable, schema, every row's digest, the
         sidecar on disk against the file, ids unique. Raises nothing; adds
         the rows it checked to ``checked["cool_rows"]`` and hands each sound
         row's id and the canonical JSON of its record to ``sound`` (see
-        :func:`check_table`)."""
+        :func:`check_table`).
+
+        ``hold()``: entered around each file's check (a repository's lock:
+        the compactions that change the file set under it wait for one
+        file, not the whole check). A file that left the set meanwhile is
+        not checked; one that came is (a merge's rows in their new file),
+        the ids of files gone forgotten first."""
         problems: list[CoolProblem] = []
-        with self._lock:
-            files = sorted(self._files.items())
         seen: dict[str, tuple[str, int]] = {}
-        for no, fi in files:
-            name = fi.name
-            path = self._path(name)
+        by_file: dict[str, list[str]] = {}
+        done: set[int] = set()
+        while True:
+            with hold() if hold is not None else nullcontext():
+                with self._lock:
+                    live = {no: fi for no, fi in self._files.items() if no not in done}
+                    names = {fi.name for fi in self._files.values()}
+                if not live:
+                    return problems
+                for name in [n for n in by_file if n not in names]:
+                    for mid in by_file.pop(name):
+                        if seen.get(mid, ("",))[0] == name:
+                            del seen[mid]
+                no = min(live)
+                done.add(no)
+                by_file[live[no].name] = self._verify_file(no, live[no], problems, seen, checked, sound)
+
+    def _verify_file(self, no: int, fi: _FileIndex, problems: list[CoolProblem], seen: dict[str, tuple[str, int]],
+                     checked: dict[str, int] | None, sound: Callable[[str, bytes], None] | None) -> list[str]:
+        """:meth:`verify` of file ``no``: its problems added to ``problems``,
+        its ids to ``seen`` (a repeated one named); returns its ids."""
+        mids: list[str] = []
+        name = fi.name
+        path = self._path(name)
+        try:
+            size, footer = _footer_hash(path)
+        except (CorruptStateCheckpointError, OSError) as exc:
+            problems.append(CoolProblem(name, None, str(exc)))
+            return mids
+        if (size, footer) != (fi.size, fi.footer):
+            problems.append(CoolProblem(name, None, "file changed since it was indexed"))
+        want = self._digests.get(no)
+        if want is not None:
             try:
-                size, footer = _footer_hash(path)
-            except (CorruptStateCheckpointError, OSError) as exc:
-                problems.append(CoolProblem(name, None, str(exc)))
-                continue
-            if (size, footer) != (fi.size, fi.footer):
-                problems.append(CoolProblem(name, None, "file changed since it was indexed"))
-            want = self._digests.get(no)
-            if want is not None:
+                got = _file_digest(path)
+            except OSError as exc:
+                problems.append(CoolProblem(name, None, f"not readable: {exc}"))
+                return mids
+            if got != want:
+                problems.append(CoolProblem(
+                    name, None, f"the file's bytes hash to {got}, not to the xxh3_64 {want} recorded "
+                                "when it was written: a byte changed (where no page checksum looks, "
+                                "if no row below is named)"))
+        if (size, footer) != (fi.size, fi.footer):
+            return mids        # (not parsed: some damaged footers make pyarrow abort the process)
+        try:
+            pf = _open_parquet(path)
+        except CorruptStateCheckpointError as exc:
+            problems.append(CoolProblem(name, None, str(exc)))
+            return mids
+        try:
+            if [(f.name, f.type) for f in pf.schema_arrow] != _COL_TYPES:
+                problems.append(CoolProblem(name, None, f"unexpected columns {pf.schema_arrow}"))
+                return mids
+            rg_counts = [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)]
+            try:
+                dirs = page_directories(path, pf.metadata)
+            except PageError as exc:
+                dirs = None
+                problems.append(CoolProblem(name, None, f"page headers do not parse: {exc}"))
+            chs: list[str] = []
+            tids: list[str] = []
+            base = 0
+            for rg in range(pf.metadata.num_row_groups):
                 try:
-                    got = _file_digest(path)
-                except OSError as exc:
-                    problems.append(CoolProblem(name, None, f"not readable: {exc}"))
-                    continue
-                if got != want:
-                    problems.append(CoolProblem(
-                        name, None, f"the file's bytes hash to {got}, not to the xxh3_64 {want} recorded "
-                                    "when it was written: a byte changed (where no page checksum looks, "
-                                    "if no row below is named)"))
-            if (size, footer) != (fi.size, fi.footer):
-                continue        # (not parsed: some damaged footers make pyarrow abort the process)
-            try:
-                pf = _open_parquet(path)
-            except CorruptStateCheckpointError as exc:
-                problems.append(CoolProblem(name, None, str(exc)))
-                continue
-            try:
-                if [(f.name, f.type) for f in pf.schema_arrow] != _COL_TYPES:
-                    problems.append(CoolProblem(name, None, f"unexpected columns {pf.schema_arrow}"))
-                    continue
-                rg_counts = [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)]
-                try:
-                    dirs = page_directories(path, pf.metadata)
-                except PageError as exc:
-                    dirs = None
-                    problems.append(CoolProblem(name, None, f"page headers do not parse: {exc}"))
-                mids, chs, tids = [], [], []
-                base = 0
-                for rg in range(pf.metadata.num_row_groups):
-                    try:
-                        t = pf.read_row_group(rg, use_threads=False)
-                    except _PARQUET_ERRORS as exc:
-                        problems.append(CoolProblem(name, base, f"row group {rg} unreadable: {exc}"))
-                        raise _Skip() from None
-                    for row, why in check_table(t, base, sound):
-                        problems.append(CoolProblem(name, row, why))
-                    if checked is not None:
-                        checked["cool_rows"] = checked.get("cool_rows", 0) + t.num_rows
-                    mids += t.column("msg_id").to_pylist()
-                    chs += t.column("channel_id").to_pylist()
-                    tids += t.column("task_id").to_pylist()
-                    base += t.num_rows
-            except _Skip:
-                continue
-            except _PARQUET_ERRORS as exc:
-                problems.append(CoolProblem(name, None, f"not readable Parquet: {exc}"))
-                continue
-            finally:
-                _close(pf)
-                _release_arrow()
-            try:
-                truth = _build_index(no, size, footer, mids, chs, tids, rg_counts, path)
-            except CorruptStateCheckpointError as exc:
-                problems.append(CoolProblem(name, exc.offset, str(exc)))
-                continue
-            with self._lock:
-                mine = self._file_entries(no)
-            if not (_same_index(truth, fi, ids=False) and np.array_equal(mine[0], truth.hashes)
-                    and np.array_equal(mine[1], truth.hrows)):
-                problems.append(CoolProblem(name, None, "index in memory disagrees with the file"))
-            ipath = self._sidecar_path(no)
-            try:
-                with open(ipath, "rb") as f:
-                    disk = _FileIndex.decode(f.read(), no, ipath)
-                if not _same_index(truth, disk):
-                    problems.append(CoolProblem(_idx_name(no), None, "sidecar disagrees with its file"))
-                elif disk.dirs_known and not _same_dirs(disk.pagedir, dirs):
-                    problems.append(CoolProblem(_idx_name(no), None,
-                                                "sidecar's page directories disagree with its file's pages"))
-            except FileNotFoundError:
-                problems.append(CoolProblem(_idx_name(no), None, "sidecar missing"))
-            except (ValueError, KeyError, TypeError, IndexError, struct.error) as exc:
-                problems.append(CoolProblem(_idx_name(no), None, f"sidecar damaged: {exc}"))
-            for row, mid in enumerate(mids):
-                if mid in seen:
-                    problems.append(CoolProblem(name, row, f"msg_id {mid!r} also in {seen[mid][0]} "
-                                                           f"row {seen[mid][1]}"))
-                else:
-                    seen[mid] = (name, row)
-        return problems
+                    t = pf.read_row_group(rg, use_threads=False)
+                except _PARQUET_ERRORS as exc:
+                    problems.append(CoolProblem(name, base, f"row group {rg} unreadable: {exc}"))
+                    raise _Skip() from None
+                for row, why in check_table(t, base, sound):
+                    problems.append(CoolProblem(name, row, why))
+                if checked is not None:
+                    checked["cool_rows"] = checked.get("cool_rows", 0) + t.num_rows
+                mids += t.column("msg_id").to_pylist()
+                chs += t.column("channel_id").to_pylist()
+                tids += t.column("task_id").to_pylist()
+                base += t.num_rows
+        except _Skip:
+            return mids
+        except _PARQUET_ERRORS as exc:
+            problems.append(CoolProblem(name, None, f"not readable Parquet: {exc}"))
+            return mids
+        finally:
+            _close(pf)
+            _release_arrow()
+        try:
+            truth = _build_index(no, size, footer, mids, chs, tids, rg_counts, path)
+        except CorruptStateCheckpointError as exc:
+            problems.append(CoolProblem(name, exc.offset, str(exc)))
+            return mids
+        with self._lock:
+            mine = self._file_entries(no)
+        if not (_same_index(truth, fi, ids=False) and np.array_equal(mine[0], truth.hashes)
+                and np.array_equal(mine[1], truth.hrows)):
+            problems.append(CoolProblem(name, None, "index in memory disagrees with the file"))
+        ipath = self._sidecar_path(no)
+        try:
+            with open(ipath, "rb") as f:
+                disk = _FileIndex.decode(f.read(), no, ipath)
+            if not _same_index(truth, disk):
+                problems.append(CoolProblem(_idx_name(no), None, "sidecar disagrees with its file"))
+            elif disk.dirs_known and not _same_dirs(disk.pagedir, dirs):
+                problems.append(CoolProblem(_idx_name(no), None,
+                                            "sidecar's page directories disagree with its file's pages"))
+        except FileNotFoundError:
+            problems.append(CoolProblem(_idx_name(no), None, "sidecar missing"))
+        except (ValueError, KeyError, TypeError, IndexError, struct.error) as exc:
+            problems.append(CoolProblem(_idx_name(no), None, f"sidecar damaged: {exc}"))
+        for row, mid in enumerate(mids):
+            if mid in seen:
+                problems.append(CoolProblem(name, row, f"msg_id {mid!r} also in {seen[mid][0]} "
+                                                       f"row {seen[mid][1]}"))
+            else:
+                seen[mid] = (name, row)
+        return mids
+
