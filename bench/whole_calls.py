@@ -2,7 +2,9 @@
 ``export_ops()`` (every message as an op) beside SQLite's read of every
 row into records, a Redis push after a few appends (``_export_changes``
 from its cursor), ``clear_channel`` of the busiest channel beside SQLite's
-``DELETE ... WHERE channel_id = ?`` (both durable), the first
+``DELETE ... WHERE channel_id = ?`` (both durable), a writer's
+``verify()`` with durable appends beside it (their slowest: the check's
+longest lock hold) and SQLite's ``PRAGMA integrity_check``, the first
 ``resume_messages(ch, 20)`` and ``window(ch, 1000)`` of a fresh open, and
 a task ``create`` as the ledger grows.
 
@@ -28,6 +30,7 @@ import os
 import shutil
 import sqlite3
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -57,6 +60,22 @@ def _timed(fn):
     t0 = time.perf_counter()
     out = fn()
     return time.perf_counter() - t0, out
+
+
+def _verify_beside_appends(w: ConversationStateRepository) -> tuple:
+    """verify() in a thread while this one appends (durably) one message at
+    a time: its report and each append's latency (what the check's lock
+    holds cost a writer)."""
+    out: dict = {}
+    th = threading.Thread(target=lambda: out.setdefault("rep", w.verify()))
+    th.start()
+    lat = []
+    while th.is_alive():
+        t0 = time.perf_counter()
+        w.append(ConversationMessageRecord(channel_id="verify-probe", content=f"probe {len(lat)}"))
+        lat.append(time.perf_counter() - t0)
+    th.join()
+    return out["rep"], lat
 
 
 def _busiest(d: str) -> str:
@@ -99,8 +118,13 @@ def main(argv: list[str] | None = None) -> int:
         w.append_many([ConversationMessageRecord(channel_id=ch, content=f"new {i}") for i in range(10)])
         t, (ops, cursor) = _timed(lambda: w._export_changes(cursor))
         print(f"a push's changes after 10 appends: {len(ops)} ops in {t * 1e3:.2f} ms")
+        t, (rep, lat) = _timed(lambda: _verify_beside_appends(w))
+        print(f"verify() of the writer: {t:.2f} s, ok={rep.ok}; {len(lat)} durable appends meanwhile, "
+              f"the slowest {max(lat, default=0) * 1e3:.1f} ms")
         t, k = _timed(lambda: w.clear_channel(ch))
     con = sqlite3.connect(os.path.join(work, "sqlite", DB_NAME), isolation_level=None)
+    t_sql, (res,) = _timed(lambda: con.execute("PRAGMA integrity_check").fetchone())
+    print(f"SQLite PRAGMA integrity_check: {t_sql:.2f} s ({res})")
     con.execute("PRAGMA synchronous=FULL")
     t_sql, cur = _timed(lambda: con.execute("DELETE FROM messages WHERE channel_id = ?", (ch,)))
     print(f"clear_channel({ch!r}), {k:,} messages: {t * 1e3:.1f} ms; SQLite DELETE: {t_sql * 1e3:.1f} ms")

@@ -303,5 +303,6 @@ def test_whole_calls_script_runs_on_a_small_store(tmp_path, capsys) -> None:
     assert mod.main([str(tmp_path / "w"), "--n", "3000", "--tasks", "50"]) == 0
     out = capsys.readouterr().out
     for what in ("export_ops(), 3,000 ops", "first resume_messages", "first window", "a push's changes after "
-                 "10 appends: 10 ops", "clear_channel", "SQLite DELETE", "task create at 40-50 tasks"):
+                 "10 appends: 10 ops", "verify() of the writer", "ok=True", "integrity_check: ",
+                 "clear_channel", "SQLite DELETE", "task create at 40-50 tasks"):
         assert what in out, (what, out)

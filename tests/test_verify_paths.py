@@ -177,7 +177,8 @@ class _Between:
 def _archived_store(state: str) -> ConversationStateRepository:
     repo = ConversationStateRepository(state, hot_window=1)
     for batch in range(3):       # three archive files
-        repo.append_many([ConversationMessageRecord(msg_id=f"b{batch}-{i}", role="user", content=f"é {i}",
+        repo.append_many([ConversationMessageRecord(msg_id=f"b{batch}-{i}", role="user",
+                                                    content=f"é {batch}-{i} secret{batch}{i}x",
                                                     channel_id=f"c{i % 2}") for i in range(6)])
         repo.compact()
     assert len(repo._cool.files()) >= 3
@@ -257,3 +258,90 @@ def test_a_file_damaged_while_the_check_waits_is_named(tmp_path):
     rep = out["report"]
     assert not rep.ok and any(p.file == last for p in rep.problems), rep.problems
     repo.close()
+
+
+class _InFile:
+    """Stands in for the archive check's row check: the first call says so
+    and waits until the test has done its calls (the file is then being
+    read, the repository's lock not held)."""
+
+    def __init__(self, monkeypatch) -> None:
+        import rune_fast.cool.archive as archive
+        self.real = archive.check_table
+        self.calls = 0
+        self.entered = threading.Event()
+        self.go = threading.Event()
+        monkeypatch.setattr(archive, "check_table", self)
+
+    def __call__(self, *a, **k):
+        self.calls += 1
+        if self.calls == 1:
+            self.entered.set()
+            assert self.go.wait(60)
+        return self.real(*a, **k)
+
+
+def _in_thread(fn) -> tuple[threading.Thread, dict]:
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as exc:     # (handed to the test)
+            out["error"] = exc
+    t = threading.Thread(target=run)
+    t.start()
+    return t, out
+
+
+def test_appends_and_reads_go_on_while_an_archive_file_is_read(tmp_path, monkeypatch):
+    repo = _archived_store(str(tmp_path))
+    gate = _InFile(monkeypatch)
+    t, out = _in_thread(repo.verify)
+    assert gate.entered.wait(60)
+    a, got = _in_thread(lambda: (repo.append(ConversationMessageRecord(msg_id="during", role="user",
+                                                                        content="x", channel_id="c0")),
+                                 repo.get_message("b0-2").record))
+    a.join(60)
+    assert not a.is_alive() and got["value"][1].msg_id == "b0-2", got
+    gate.go.set()
+    t.join(60)
+    assert out["value"].ok, out
+    repo.close()
+
+
+def test_an_erasure_of_the_file_being_read_waits_for_its_check(tmp_path, monkeypatch):
+    """compact() erasing a deleted message from the archive file the check
+    is reading waits for that check: the file's bytes are gone when
+    compact() returns, and the check reads the file it started on."""
+    repo = _archived_store(str(tmp_path))
+    cool = os.path.join(str(tmp_path), "hot", "conversation_cool")
+    first = os.path.join(cool, repo._cool.files()[0])
+    assert repo.get_message("b0-1").tier == "cool"
+    gate = _InFile(monkeypatch)
+    t, out = _in_thread(repo.verify)
+    assert gate.entered.wait(60)
+    assert repo.delete("b0-1")
+    c, done = _in_thread(repo.compact)
+    c.join(0.5)
+    assert c.is_alive() and os.path.exists(first)      # waiting for the check of that file
+    gate.go.set()
+    c.join(60)
+    t.join(60)
+    assert not c.is_alive() and "error" not in done, done
+    assert out["value"].ok, out["value"].problems
+    assert not os.path.exists(first)
+    assert repo.get_message("b0-1").record is None
+    assert repo.verify().ok
+    repo.close()
+
+
+def test_a_close_while_an_archive_file_is_read_raises_store_closed(tmp_path, monkeypatch):
+    repo = _archived_store(str(tmp_path))
+    gate = _InFile(monkeypatch)
+    t, out = _in_thread(repo.verify)
+    assert gate.entered.wait(60)
+    repo.close()
+    gate.go.set()
+    t.join(60)
+    assert isinstance(out.get("error"), StoreClosedError), out

@@ -49,11 +49,13 @@ class Verify(Host):
     def _verify_once(self) -> VerifyReport:
         """The check in three steps: the hot tier under the lock (its
         segments, the index rebuilt and the live one decoded: ~50,000 lines
-        at most by the hot window), the archive a file at a time (a writer's
-        lock held for one file, so appends and compactions go on between
-        files; a viewer holds its lock throughout, its reads would reload
-        state under it), then the event store (read to where its complete
-        lines ended) against the records' payload hashes."""
+        at most by the hot window), the archive a file at a time (a writer
+        takes its lock to choose each file and reads the file without it,
+        so appends and compactions go on; a compaction that would unlink
+        that file waits for its check. A viewer holds its lock throughout:
+        its reads would reload state under it), then the event store (read
+        to where its complete lines ended) against the records' payload
+        hashes."""
         problems: list[Problem] = []
         checked: dict[str, int] = {"lines": 0, "cool_rows": 0, "envelopes": 0, "records": 0}
         hashes: dict[str | None, str] = {}     # msg_id -> payload hash

@@ -67,11 +67,12 @@ class CoolArchive(_Writer):
         row's id and the canonical JSON of its record to ``sound`` (see
         :func:`check_table`).
 
-        ``hold()``: entered around each file's check (a repository's lock:
-        the compactions that change the file set under it wait for one
-        file, not the whole check). A file that left the set meanwhile is
-        not checked; one that came is (a merge's rows in their new file),
-        the ids of files gone forgotten first."""
+        ``hold()``: entered to choose each file (a repository's lock, under
+        which compactions change the file set); the file is then read
+        without it, pinned: a compaction that would unlink it (an erasure,
+        a merge's sources) waits for its check to end. A file that left the
+        set meanwhile is not checked; one that came is (a merge's rows in
+        their new file), the ids of files gone forgotten first."""
         problems: list[CoolProblem] = []
         seen: dict[str, tuple[str, int]] = {}
         by_file: dict[str, list[str]] = {}
@@ -89,7 +90,12 @@ class CoolArchive(_Writer):
                             del seen[mid]
                 no = min(live)
                 done.add(no)
+                with self._lock:
+                    self._pin(no)
+            try:
                 by_file[live[no].name] = self._verify_file(no, live[no], problems, seen, checked, sound)
+            finally:
+                self._unpin(no)
 
     def _verify_file(self, no: int, fi: _FileIndex, problems: list[CoolProblem], seen: dict[str, tuple[str, int]],
                      checked: dict[str, int] | None, sound: Callable[[str, bytes], None] | None) -> list[str]:
@@ -165,9 +171,9 @@ class CoolArchive(_Writer):
             problems.append(CoolProblem(name, exc.offset, str(exc)))
             return mids
         with self._lock:
-            mine = self._file_entries(no)
-        if not (_same_index(truth, fi, ids=False) and np.array_equal(mine[0], truth.hashes)
-                and np.array_equal(mine[1], truth.hrows)):
+            mine = self._file_entries(no) if no in self._files else None    # (None: it left the set)
+        if mine is not None and not (_same_index(truth, fi, ids=False) and np.array_equal(mine[0], truth.hashes)
+                                     and np.array_equal(mine[1], truth.hrows)):
             problems.append(CoolProblem(name, None, "index in memory disagrees with the file"))
         ipath = self._sidecar_path(no)
         try:

@@ -131,6 +131,10 @@ class _FileSet:
         # the range): verify() finds a byte changed where no page checksum
         # looks (the leading magic, page headers)
         self._digests: dict[int, str] = {}
+        # no -> how many checks read the file without the lock (verify):
+        # its unlink waits for them (unlink_files)
+        self._pins: dict[int, int] = {}
+        self._unpinned = threading.Condition(self._lock)
         self._rebuilt: list[str] = []
         self._moved_legacy = False
         made = False
@@ -692,6 +696,8 @@ class _FileSet:
                 no = _file_no(name)
                 if no in self._files:
                     raise ValueError(f"unlink_files: {name} is still live")
+            while any(_file_no(name) in self._pins for name in names):
+                self._unpinned.wait()       # (a check reading one: an erasure's bytes go when it ends)
             for name in names:
                 no = _file_no(name)
                 self._forget_cache(no)
@@ -724,6 +730,18 @@ class _FileSet:
                 if int(m.group(1)) not in keep_nos or n.startswith(".") or legacy:
                     out.append((d, n))
             return out
+
+    def _pin(self, no: int) -> None:
+        """Keep file ``no`` (and its sidecar) on disk until :meth:`_unpin`:
+        a check reads it without the lock (lock held)."""
+        self._pins[no] = self._pins.get(no, 0) + 1
+
+    def _unpin(self, no: int) -> None:
+        with self._lock:
+            left = self._pins.pop(no) - 1
+            if left:
+                self._pins[no] = left
+            self._unpinned.notify_all()
 
     def gc(self, keep: Iterable[str] | None = None) -> list[str]:
         """Remove stray archive files (see :meth:`_stray_files`); returns their names.
