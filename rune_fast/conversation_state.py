@@ -145,6 +145,7 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
         self._init_snapshot_state()
         self._init_schedule()
         self._init_search_state()
+        self._init_exchange_state()
         try:
             self._open(events)
         except OSError as exc:
@@ -374,7 +375,7 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
         with collector_paused():      # (millions of new containers, no cycle: see _memory)
             with self._lock:
                 self._check_open()
-                records, tomb_ops = self._export_all()
+                records, tomb_ops = self._export_all(since)
             return export_ops_of(records, tomb_ops, since)
 
     def merge_ops(self, ops: Iterable[Any]) -> int:

@@ -238,3 +238,58 @@ def test_resume_of_a_channel_out_of_fold_order_is_the_fold_of_its_ops(tmp_path_f
             repo.delete(f"m{g:03d}")
         for k in (n, 1):
             assert repo.resume_messages("c", k) == sync.resume_messages(repo.export_ops(), "c", k)
+
+
+_since = st.one_of(st.builds(Hlc, st.integers(0, 10**13), st.integers(0, 3), _devices),
+                   st.sampled_from([Hlc(1_000_000 + k, 0, "") for k in (0, 5, 9, 10, 29, 30)]))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(batches=st.lists(_records(), min_size=2, max_size=4), sinces=st.lists(_since, min_size=2, max_size=6),
+       gone=st.sets(st.integers(0, 12), max_size=3))
+def test_exports_since_a_stamp_skip_no_file_they_need(tmp_path_factory, batches, sinces, gone):
+    """Later exports since a stamp skip the archive files an earlier one
+    found stamped at or before it; each still gives every op stamped after
+    its ``since`` (the filter of the whole export)."""
+    state = tmp_path_factory.mktemp("s")
+    with ConversationStateRepository(state, compact_every=10**6, hot_window=1, durability="none") as repo:
+        k = 0
+        for batch in batches:
+            fresh = []
+            for r in batch:
+                d = r.to_dict()
+                del d["schema_version"]
+                d["msg_id"], d["ts"] = f"x{k}", 1000.0 + k if k % 3 else d["ts"]
+                fresh.append(ConversationMessageRecord(**d))
+                k += 1
+            repo.append_many(fresh)
+            repo.compact()                          # a file a batch (all but each channel's newest)
+        for i in sorted(gone):
+            repo.delete(f"x{i}")
+        everything = repo.export_ops()
+        for since in sinces:
+            _same(repo.export_ops(since=since), [op for op in everything if as_op(op).hlc > since])
+
+
+def test_an_export_since_the_newest_stamp_reads_no_archive_file(tmp_path, monkeypatch):
+    with ConversationStateRepository(tmp_path, compact_every=10**6, hot_window=2, durability="none") as repo:
+        for b in range(3):
+            repo.append_many([_msg(b * 30 + i) for i in range(30)])
+            repo.compact()
+        assert len(repo._cool.files()) >= 3
+        ops = repo.export_ops()
+        newest = ops[-1].hlc
+        mid = ops[len(ops) // 2].hlc
+        _same(repo.export_ops(since=mid), [op for op in ops if op.hlc > mid])    # learns each file's newest
+        read: list[int] = []
+        real = repo._cool_read
+        monkeypatch.setattr(repo, "_cool_read", lambda locs: read.extend({loc >> 32 for loc in locs}) or real(locs))
+        assert repo.export_ops(since=newest) == []
+        assert read == []
+        _same(repo.export_ops(since=mid), [op for op in ops if op.hlc > mid])
+        assert 0 < len(set(read)) < len(repo._cool.files())       # the older files not read
+        repo.append_many([_msg(200 + i) for i in range(10)])
+        repo.compact()                                            # a new file: read, it is not known
+        got = repo.export_ops(since=newest)
+        assert sorted(op.op_id for op in got) == sorted(f"m{200 + i:03d}" for i in range(10))

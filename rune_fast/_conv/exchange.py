@@ -28,6 +28,13 @@ class Exchange(Host):
 
     # ---- the state this room owns: written here only (tests/test_ownership.py)
 
+    def _init_exchange_state(self) -> None:
+        # archive file no -> the newest stamp (a plain tuple; () for none) of
+        # its live records, worked out by an export since a stamp (files
+        # never change): a later export since a stamp at or past it does not
+        # read the file
+        self._export_tops: dict[int, tuple] = {}
+
     def _reset_fold_order(self) -> None:
         # channel -> [store order agrees with fold order, last fold key] (lazily)
         self._fold_order = {}
@@ -143,10 +150,27 @@ class Exchange(Host):
         else:
             state[1] = k
 
-    def _export_all(self) -> tuple[list[ConversationMessageRecord], list[_sync.OpRecord]]:
+    def _export_all(self, since: _sync.Hlc | None = None,
+                    ) -> tuple[list[ConversationMessageRecord], list[_sync.OpRecord]]:
         """What export_ops makes its ops of (lock held): every live record
-        read from its bytes, and every tombstone's op."""
-        records = self._all_records()
+        read from its bytes, and every tombstone's op. ``since``: the
+        archive files whose records are all stamped at or before it (known
+        from an earlier export since a stamp: ``_export_tops``, worked out
+        from records read and verified) are not read; a sync loop's export
+        then reads the hot tier and the files cooled since."""
+        if since is None:
+            records = self._all_records()
+        else:
+            after, tops = tuple(since), self._export_tops
+
+            def skip(no: int) -> bool:
+                top = tops.get(no)
+                return top is not None and not top > after
+
+            def read(no: int, recs: list[ConversationMessageRecord]) -> None:
+                stamp = _sync.record_stamp     # (the stamp export_ops_of compares)
+                tops[no] = max((tuple(stamp(r.hlc, r.ts, r.origin)) for r in recs), default=())
+            records = self._all_records(skip, read)
         tomb_hlc = self._tombfile.hlcs_by_id()
         tomb_ops = [_sync.tombstone_op(mid, tomb_hlc.get(mid) or str(self._clock.now()), ch)
                     for mid, ch in self._tombstones.items()]

@@ -122,8 +122,9 @@ class RepoState:
     _clock_unheld: bool
     _idle_stop: threading.Event     # set at close: the idle watcher ends
 
-    # exchange.py: fold-order verdicts of resume_messages
+    # exchange.py: fold-order verdicts of resume_messages, archive files' newest stamps
     _fold_order: dict[str, list]
+    _export_tops: dict[int, tuple]
 
     # writes.py: the room a batch's tail lines are framed in (see WritePath)
     _frame_buf: FrameBuffer | None

@@ -2,10 +2,11 @@
 budget), channel windows and tasks across the hot and cool tiers, exact reads."""
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import sys
-from typing import Any, cast
+from typing import Any, Callable, cast
 
 import numpy as np
 
@@ -93,6 +94,11 @@ def record_bytes(rec: ConversationMessageRecord) -> int:
     tool call (tuning.RECORD_OVERHEAD)."""
     return (tuning.RECORD_OVERHEAD + sys.getsizeof(rec.content)
             + tuning.TOOL_CALL_BYTES * len(rec.tool_calls))
+
+
+def _file_of(locs: list[int]) -> int:
+    """The archive file of a run of cool locations (:func:`cool_loc`)."""
+    return locs[0] >> 32
 
 
 def _found(rec: ConversationMessageRecord, tier: str, _new: Any = object.__new__,
@@ -738,16 +744,26 @@ class HotReads(Host):
         self._index.line(loc)           # checked
         return hit[0]
 
-    def _all_records(self) -> list[ConversationMessageRecord]:
+    def _all_records(self, skip: Callable[[int], bool] | None = None,
+                     read: Callable[[int, list[ConversationMessageRecord]], None] | None = None,
+                     ) -> list[ConversationMessageRecord]:
         """Every live record, for an export: those with tool calls decoded
         from their bytes (a reader may have edited a cached record's dicts in
         place; another store must get what was appended), none kept in a
-        cache (an export reads each message once)."""
+        cache (an export reads each message once). ``skip(no)``: archive
+        file ``no`` is not read (none of its records is wanted); ``read(no,
+        records)``: the live records of each archive file read."""
         out = [self._export_hot(loc) for k in self._index.channels()
                for loc in self._index.channel_locs(k, -1).tolist()]
         # the archived rows a file at a time, EXPORT_ROWS each (nothing
         # cached: an export reads every row once)
         deleted = self._cool_deleted
-        for locs in self._cool.live_locs(tuning.EXPORT_ROWS):
-            out += [rec for rec, _o in self._cool_read(locs) if not deleted or rec.msg_id not in deleted]
+        for no, parts in itertools.groupby(self._cool.live_locs(tuning.EXPORT_ROWS), key=_file_of):
+            if skip is not None and skip(no):
+                continue
+            got = [rec for locs in parts for rec, _o in self._cool_read(locs)
+                   if not deleted or rec.msg_id not in deleted]
+            if read is not None:
+                read(no, got)
+            out += got
         return out
