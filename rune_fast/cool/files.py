@@ -25,7 +25,7 @@ from ..errors import CorruptStateCheckpointError
 from ..events import fsync_dir
 from ..pages import PageError, PageReader, page_directories
 from .hits import check_table
-from .rows import _Group, _Located, _table_group
+from .rows import _Group, _Located
 from .schema import (
     COOL_SCHEMA, ROW_GROUP_ROWS, _COMPRESSION, _DICT_COLUMNS, _ENCODING, _OURS_RE, _PAGE_BATCH_ROWS, _PAGE_BYTES,
     _file_no, _grams_name, _id_hash, _idx_name, _parquet_name, index_dir_for,
