@@ -22,7 +22,7 @@ import shutil
 import warnings
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from rune_fast._conv import tuning
@@ -99,6 +99,10 @@ def _copy(template, kind: str, which: int, tmp_path_factory) -> tuple[str, str, 
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(kind=st.sampled_from(["closed", "killed"]), which=st.integers(0, 10_000),
        frac=st.floats(0.0, 1.0, exclude_max=True), bit=st.integers(0, 7))
+# (a bit of the archive's first page header, which no page CRC covers:
+# pyarrow read 24 of the file's 28 ids, and the open of a store without a
+# snapshot left 2 cooled messages' hot lines indexed, counted twice)
+@example(kind="killed", which=1, frac=0.0046269847118101115, bit=3)
 def test_a_flipped_bit_anywhere_in_a_store_is_never_served(template, tmp_path_factory, kind, which, frac, bit):
     d, name, path, size = _copy(template, kind, which, tmp_path_factory)
     if size == 0:
