@@ -345,3 +345,32 @@ def test_a_close_while_an_archive_file_is_read_raises_store_closed(tmp_path, mon
     gate.go.set()
     t.join(60)
     assert isinstance(out.get("error"), StoreClosedError), out
+
+
+def test_an_automatic_compaction_leaves_a_merge_of_a_file_being_read(tmp_path, monkeypatch):
+    """An automatic compaction does not merge (nor adopt a merge of) a file
+    the check is reading: it would wait for the check to unlink it, and the
+    appender with it. The merge happens at a compaction after the check."""
+    from rune_fast._conv import tuning
+    monkeypatch.setattr(tuning, "MERGE_FANOUT", 64)        # four files of one tier, not merged yet
+    repo = _archived_store(str(tmp_path))
+    repo.append_many([ConversationMessageRecord(msg_id=f"b3-{i}", role="user", content="x",
+                                                channel_id=f"c{i % 2}") for i in range(6)])
+    repo.compact()
+    files = repo._cool.files()
+    assert len(files) == 4
+    monkeypatch.setattr(tuning, "MERGE_FANOUT", 4)
+    gate = _InFile(monkeypatch)
+    t, out = _in_thread(repo.verify)
+    assert gate.entered.wait(60)
+    c, done = _in_thread(lambda: repo._compact(full=False, settle=False))
+    c.join(60)
+    assert not c.is_alive() and "error" not in done, done
+    assert repo._cool.files() == files                     # the group holds the file being read
+    gate.go.set()
+    t.join(60)
+    assert out["value"].ok, out["value"].problems
+    repo._compact(full=False, settle=False)
+    assert len(repo._cool.files()) < 4                     # merged once the check is done
+    assert repo.verify().ok
+    repo.close()

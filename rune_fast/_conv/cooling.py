@@ -206,7 +206,10 @@ class Cooling(Host):
         the compaction cools inline); a failed job is logged and dropped."""
         out: list[_Staged | None] = []
         for job, wait in ((self._bg, wait_cool), (self._bg_merge, wait_merge)):
-            if job is None or not (wait or job.done.is_set()):
+            if job is None or not (wait or job.done.is_set()) \
+                    or (job.kind == "merge" and not wait and self._cool.pinned(job.sources)):
+                # (a merge whose source a check is reading: adopted by a
+                # later compaction, whose unlink of it would wait for the check)
                 out.append(None)
                 continue
             while job.feeding():

@@ -131,9 +131,7 @@ class _FileSet:
         # the range): verify() finds a byte changed where no page checksum
         # looks (the leading magic, page headers)
         self._digests: dict[int, str] = {}
-        # no -> how many checks read the file without the lock (verify):
-        # its unlink waits for them (unlink_files)
-        self._pins: dict[int, int] = {}
+        self._pins: dict[int, int] = {}   # no -> checks reading it unlocked (verify): unlink waits
         self._unpinned = threading.Condition(self._lock)
         self._rebuilt: list[str] = []
         self._moved_legacy = False
@@ -696,7 +694,7 @@ class _FileSet:
                 no = _file_no(name)
                 if no in self._files:
                     raise ValueError(f"unlink_files: {name} is still live")
-            while any(_file_no(name) in self._pins for name in names):
+            while self.pinned(names):
                 self._unpinned.wait()       # (a check reading one: an erasure's bytes go when it ends)
             for name in names:
                 no = _file_no(name)
@@ -732,9 +730,13 @@ class _FileSet:
             return out
 
     def _pin(self, no: int) -> None:
-        """Keep file ``no`` (and its sidecar) on disk until :meth:`_unpin`:
-        a check reads it without the lock (lock held)."""
+        """Keep file ``no`` and its sidecar until :meth:`_unpin` (lock held)."""
         self._pins[no] = self._pins.get(no, 0) + 1
+
+    def pinned(self, names: Iterable[str]) -> bool:
+        """Whether a check is reading one of ``names`` (an unlink would wait)."""
+        with self._lock:
+            return any(_file_no(name) in self._pins for name in names)
 
     def _unpin(self, no: int) -> None:
         with self._lock:
