@@ -13,6 +13,7 @@ import glob
 import hashlib
 import os
 import threading
+import time
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -373,4 +374,41 @@ def test_an_automatic_compaction_leaves_a_merge_of_a_file_being_read(tmp_path, m
     repo._compact(full=False, settle=False)
     assert len(repo._cool.files()) < 4                     # merged once the check is done
     assert repo.verify().ok
+    repo.close()
+
+
+def test_verify_in_a_loop_beside_a_busy_writer_finds_nothing_wrong(tmp_path):
+    """A thread checks the store again and again while the writer appends,
+    deletes and compacts (cooling, merging and erasing archive files under
+    the checks): every report is clean, and the store after is whole."""
+    repo = ConversationStateRepository(str(tmp_path), hot_window=3, compact_every=16)
+    reports: list = []
+    done = threading.Event()
+
+    def checks() -> None:
+        while not done.is_set():
+            reports.append(repo.verify())
+
+    t = threading.Thread(target=checks)
+    t.start()
+    try:
+        kept = []
+        for r in range(90):
+            batch = [ConversationMessageRecord(msg_id=f"r{r}-{i}", role="user", content=f"ünï {r} {i}",
+                                               channel_id=f"c{i % 4}", task_id=f"t{r % 5}") for i in range(24)]
+            repo.append_many(batch)
+            kept += [m.msg_id for m in batch]
+            if r % 3 == 1:
+                assert repo.delete(kept.pop(0)) and repo.delete(kept.pop(len(kept) // 2))
+            if r % 5 == 4:
+                repo.compact()          # erases the deleted, merges the archive's files
+            time.sleep(0.002)           # (the lock is not fair: let the checks in between calls)
+    finally:
+        done.set()
+        t.join(120)
+    assert not t.is_alive() and len(reports) >= 1
+    assert [r.problems for r in reports if not r.ok] == []
+    final = repo.verify()
+    assert final.ok and final.checked["records"] == len(kept) == len(repo)
+    assert sorted(m.msg_id for m in repo.messages_for_task("t0")) == sorted(m for m in kept if int(m[1:].split("-")[0]) % 5 == 0)
     repo.close()
