@@ -186,12 +186,12 @@ def _archived_store(state: str) -> ConversationStateRepository:
     return repo
 
 
-def _verify_in_thread(repo: ConversationStateRepository) -> tuple[threading.Thread, dict]:
+def _in_thread(fn) -> tuple[threading.Thread, dict]:
     out: dict = {}
 
     def run() -> None:
         try:
-            out["report"] = repo.verify()
+            out["value"] = fn()
         except BaseException as exc:     # (handed to the test)
             out["error"] = exc
     t = threading.Thread(target=run)
@@ -206,7 +206,7 @@ def test_a_writers_verify_lets_appends_and_compactions_in_between_archive_files(
     repo = _archived_store(str(tmp_path))
     gate = _Between(repo)
     repo._held_open = gate          # type: ignore[method-assign]
-    t, out = _verify_in_thread(repo)
+    t, out = _in_thread(repo.verify)
     assert gate.between.wait(60)
     assert t.is_alive()             # (the check waits in the gate: not done)
     repo.append(ConversationMessageRecord(msg_id="new-0", role="user", content="während", channel_id="c0"))
@@ -219,7 +219,7 @@ def test_a_writers_verify_lets_appends_and_compactions_in_between_archive_files(
     gate.go.set()
     t.join(60)
     assert not t.is_alive() and "error" not in out, out
-    rep = out["report"]
+    rep = out["value"]
     assert rep.ok, rep.problems
     assert rep.checked["records"] >= 17
     del repo._held_open
@@ -232,7 +232,7 @@ def test_a_repository_closed_during_verify_raises_store_closed(tmp_path):
     repo = _archived_store(str(tmp_path))
     gate = _Between(repo)
     repo._held_open = gate          # type: ignore[method-assign]
-    t, out = _verify_in_thread(repo)
+    t, out = _in_thread(repo.verify)
     assert gate.between.wait(60)
     repo.close()
     gate.go.set()
@@ -247,7 +247,7 @@ def test_a_file_damaged_while_the_check_waits_is_named(tmp_path):
     last = os.path.join(str(tmp_path), "hot", "conversation_cool", repo._cool.files()[-1])
     gate = _Between(repo)
     repo._held_open = gate          # type: ignore[method-assign]
-    t, out = _verify_in_thread(repo)
+    t, out = _in_thread(repo.verify)
     assert gate.between.wait(60)
     with open(last, "r+b") as f:
         f.seek(100)
@@ -256,7 +256,7 @@ def test_a_file_damaged_while_the_check_waits_is_named(tmp_path):
         f.write(bytes([byte[0] ^ 0x01]))
     gate.go.set()
     t.join(60)
-    rep = out["report"]
+    rep = out["value"]
     assert not rep.ok and any(p.file == last for p in rep.problems), rep.problems
     repo.close()
 
@@ -280,19 +280,6 @@ class _InFile:
             self.entered.set()
             assert self.go.wait(60)
         return self.real(*a, **k)
-
-
-def _in_thread(fn) -> tuple[threading.Thread, dict]:
-    out: dict = {}
-
-    def run() -> None:
-        try:
-            out["value"] = fn()
-        except BaseException as exc:     # (handed to the test)
-            out["error"] = exc
-    t = threading.Thread(target=run)
-    t.start()
-    return t, out
 
 
 def test_appends_and_reads_go_on_while_an_archive_file_is_read(tmp_path, monkeypatch):

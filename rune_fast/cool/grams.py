@@ -34,6 +34,7 @@ import xxhash
 
 from .._search import fold_block_grams, gram_blocks_any
 from ..segments import seal, unseal
+from .schema import string_buffers
 
 log = logging.getLogger("rune_fast.cool")
 
@@ -315,9 +316,8 @@ def _grams_of(arr: pa.Array) -> bytes:
     """fold_block_grams of a string array (blocks from its first row)."""
     if arr.type == pa.large_string():
         arr = arr.cast(pa.string())
-    _valid, offsets, data = arr.buffers()
-    offs = np.frombuffer(offsets, dtype=np.int32, count=len(arr) + 1, offset=4 * arr.offset)
-    return fold_block_grams(data if data is not None else b"", offs, BLOCK_ROWS, GRAM_BITS)
+    data, offs = string_buffers(arr)
+    return fold_block_grams(data, offs, BLOCK_ROWS, GRAM_BITS)
 
 
 def grams_of_columns(columns: Iterable[Any]) -> bytes:

@@ -15,7 +15,7 @@ from ..errors import CorruptStateCheckpointError
 from ..pages import PageError
 from ..records import ConversationMessageRecord, fast_canonical_json
 from .rows import _ORD, _STRING_COLS, _SV, _TOK, _TS, _assemble_at, _calls_read, _row_digest, _table_group
-from .schema import CoolRow, _COLS, _CONTENT_COL
+from .schema import CoolRow, _COLS, _CONTENT_COL, string_buffers
 
 
 #: the search modes (see _Search._search_hits) whose hits are all exact
@@ -111,15 +111,14 @@ def _table_records(table: pa.Table, canon: list[bytes | None]) -> list | None:
         arr = table.column(name).combine_chunks()
         if arr.null_count or len(arr) != n:
             return None
-        bufs, off = arr.buffers(), arr.offset
         fixed = _FIXED.get(name)
         if fixed is not None:
-            cols.append(np.frombuffer(bufs[1], dtype=fixed, count=n, offset=off * np.dtype(fixed).itemsize))
-        elif not pa.types.is_string(arr.type) or bufs[1] is None:
+            cols.append(np.frombuffer(arr.buffers()[1], dtype=fixed, count=n,
+                                      offset=arr.offset * np.dtype(fixed).itemsize))
+        elif not pa.types.is_string(arr.type):
             return None
         else:
-            cols.append((bufs[2] if bufs[2] is not None else b"",
-                         np.frombuffer(bufs[1], dtype=np.int32, count=n + 1, offset=off * 4)))
+            cols.append(string_buffers(arr))
     try:
         return records_from_columns([cols[c] for c in _STRING_COLS], cols[_TS], cols[_TOK], cols[_SV],
                                     cols[_ORD], ConversationMessageRecord, _calls_read, canon=canon)

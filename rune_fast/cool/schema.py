@@ -9,6 +9,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -215,6 +216,15 @@ def record_digest(d: dict) -> str:
     the ``digest`` column). Public API, for readers of the files that check
     rows themselves."""
     return xxhash.xxh3_128_hexdigest(_canonical(d))
+
+
+def string_buffers(arr: pa.Array) -> tuple[Any, np.ndarray]:
+    """``(UTF-8 bytes, int32 offsets of its rows)`` of an Arrow string array,
+    where Arrow holds them (nothing copied): what the compiled readers take."""
+    _valid, offsets, data = arr.buffers()
+    offs = (np.zeros(len(arr) + 1, dtype=np.int32) if offsets is None else
+            np.frombuffer(offsets, dtype=np.int32, count=len(arr) + 1, offset=4 * arr.offset))
+    return (data if data is not None else b""), offs
 
 
 def _id_range(ids: Any) -> tuple[str, str] | None:
