@@ -23,7 +23,9 @@ ms; resume_messages(ch, 20) of a channel of 123,000 out of fold order 2.8 s
 -> 0.29 s a call; a task create 358 us at 3,000 tasks and 2.6 ms at 30,000
 -> ~200-250 us at both. Session 44: a writer's verify() at 1,000,000 held
 the lock for all of its 25.8 s; now 18.7 s with 16,804 durable appends
-beside it, the slowest 400 ms (SQLite's integrity_check 2.2 s).
+beside it, the slowest 400 ms (SQLite's integrity_check 2.2 s). Session
+45: a writer's export_ops() reads the archive without the lock too (the
+export's own lines, beside appends, below the verify line).
 """
 from __future__ import annotations
 
@@ -64,12 +66,12 @@ def _timed(fn):
     return time.perf_counter() - t0, out
 
 
-def _verify_beside_appends(w: ConversationStateRepository) -> tuple:
-    """verify() in a thread while this one appends (durably) one message at
-    a time: its report and each append's latency (what the check's lock
-    holds cost a writer)."""
+def _beside_appends(w: ConversationStateRepository, call) -> tuple:
+    """``call()`` (verify, an export) in a thread while this one appends
+    (durably) one message at a time: its result and each append's latency
+    (what the call's lock holds cost a writer)."""
     out: dict = {}
-    th = threading.Thread(target=lambda: out.setdefault("rep", w.verify()))
+    th = threading.Thread(target=lambda: out.setdefault("rep", call()))
     th.start()
     lat = []
     while th.is_alive():
@@ -120,9 +122,18 @@ def main(argv: list[str] | None = None) -> int:
         w.append_many([ConversationMessageRecord(channel_id=ch, content=f"new {i}") for i in range(10)])
         t, (ops, cursor) = _timed(lambda: w._export_changes(cursor))
         print(f"a push's changes after 10 appends: {len(ops)} ops in {t * 1e3:.2f} ms")
-        t, (rep, lat) = _timed(lambda: _verify_beside_appends(w))
+        t, (rep, lat) = _timed(lambda: _beside_appends(w, w.verify))
         print(f"verify() of the writer: {t:.2f} s, ok={rep.ok}; {len(lat)} durable appends meanwhile, "
               f"the slowest {max(lat, default=0) * 1e3:.1f} ms")
+        t, (ops, lat) = _timed(lambda: _beside_appends(w, w.export_ops))
+        print(f"export_ops() of the writer: {t:.2f} s, {len(ops):,} ops; {len(lat)} durable appends "
+              f"meanwhile, the slowest {max(lat, default=0) * 1e3:.1f} ms")
+        since = ops[-2000].hlc
+        del ops
+        t, (ops, lat) = _timed(lambda: _beside_appends(w, lambda: w.export_ops(since)))
+        print(f"first export_ops(since) of the writer, {len(ops):,} ops: {t:.2f} s; {len(lat)} durable "
+              f"appends meanwhile, the slowest {max(lat, default=0) * 1e3:.1f} ms")
+        del ops
         t, k = _timed(lambda: w.clear_channel(ch))
     con = sqlite3.connect(os.path.join(work, "sqlite", DB_NAME), isolation_level=None)
     t_sql, (res,) = _timed(lambda: con.execute("PRAGMA integrity_check").fetchone())

@@ -373,9 +373,7 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
                 raise TypeError(f"since: expected an Hlc, its str or None, got {type(since).__name__}")
             since = _sync.Hlc.parse(since)
         with collector_paused():      # (millions of new containers, no cycle: see _memory)
-            with self._lock:
-                self._check_open()
-                records, tomb_ops = self._export_all(since)
+            records, tomb_ops = self._export_all(since)
             return export_ops_of(records, tomb_ops, since)
 
     def merge_ops(self, ops: Iterable[Any]) -> int:

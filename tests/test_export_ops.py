@@ -148,7 +148,7 @@ def test_the_changes_since_a_cursor_are_the_ops_of_what_changed(tmp_path, monkey
         calls_rec = _msg(40, role="assistant", tool_calls=[{"id": "k", "name": "f", "arguments": {"a": 1}}])
         repo.append(calls_rec)
         calls_rec.tool_calls[0]["arguments"]["a"] = 2       # the caller's dicts, edited after the append
-        monkeypatch.setattr(repo, "_all_records", lambda: pytest.fail("a full read for a few changes"))
+        monkeypatch.setattr(repo, "_live_snapshot", lambda *a: pytest.fail("a full read for a few changes"))
         ops, cursor2 = repo._export_changes(cursor)
         monkeypatch.undo()
         changed = {"m002", "m030", "m031", "m032", "m033", "m034", "m035", "from-b", "m040"}
@@ -293,3 +293,4 @@ def test_an_export_since_the_newest_stamp_reads_no_archive_file(tmp_path, monkey
         repo.compact()                                            # a new file: read, it is not known
         got = repo.export_ops(since=newest)
         assert sorted(op.op_id for op in got) == sorted(f"m{200 + i:03d}" for i in range(10))
+

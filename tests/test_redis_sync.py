@@ -119,7 +119,7 @@ def test_a_push_reads_only_what_changed_since_the_last(server, tmp_path, monkeyp
         a.compact()
         sa, sb = RedisSync(a, server.url), RedisSync(b, server.url)
         assert sa.push() == 10
-        monkeypatch.setattr(a, "_all_records", lambda: pytest.fail("a full read for a push of a few changes"))
+        monkeypatch.setattr(a, "_live_snapshot", lambda *a: pytest.fail("a full read for a push of a few changes"))
         a.append(ConversationMessageRecord(msg_id="y", channel_id="c", content="new", ts=20.0))
         a.delete("x1")                                      # archived
         assert sa.push() == 2

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from _unlocked import archived_store, in_thread
 from rune_fast import ConversationMessageRecord, ConversationStateRepository, StoreClosedError
 from rune_fast.cool.hits import check_table
 from rune_fast.cool.schema import COOL_SCHEMA, record_digest
@@ -175,38 +176,14 @@ class _Between:
             yield
 
 
-def _archived_store(state: str) -> ConversationStateRepository:
-    repo = ConversationStateRepository(state, hot_window=1)
-    for batch in range(3):       # three archive files
-        repo.append_many([ConversationMessageRecord(msg_id=f"b{batch}-{i}", role="user",
-                                                    content=f"é {batch}-{i} secret{batch}{i}x",
-                                                    channel_id=f"c{i % 2}") for i in range(6)])
-        repo.compact()
-    assert len(repo._cool.files()) >= 3
-    return repo
-
-
-def _in_thread(fn) -> tuple[threading.Thread, dict]:
-    out: dict = {}
-
-    def run() -> None:
-        try:
-            out["value"] = fn()
-        except BaseException as exc:     # (handed to the test)
-            out["error"] = exc
-    t = threading.Thread(target=run)
-    t.start()
-    return t, out
-
-
 def test_a_writers_verify_lets_appends_and_compactions_in_between_archive_files(tmp_path):
     """Appends, deletions and compactions (which erase, cool and so change
     the archive's files) run between two files of a writer's check, and the
     check reports no problem for the files that changed under it."""
-    repo = _archived_store(str(tmp_path))
+    repo = archived_store(str(tmp_path))
     gate = _Between(repo)
     repo._held_open = gate          # type: ignore[method-assign]
-    t, out = _in_thread(repo.verify)
+    t, out = in_thread(repo.verify)
     assert gate.between.wait(60)
     assert t.is_alive()             # (the check waits in the gate: not done)
     repo.append(ConversationMessageRecord(msg_id="new-0", role="user", content="während", channel_id="c0"))
@@ -229,10 +206,10 @@ def test_a_writers_verify_lets_appends_and_compactions_in_between_archive_files(
 
 
 def test_a_repository_closed_during_verify_raises_store_closed(tmp_path):
-    repo = _archived_store(str(tmp_path))
+    repo = archived_store(str(tmp_path))
     gate = _Between(repo)
     repo._held_open = gate          # type: ignore[method-assign]
-    t, out = _in_thread(repo.verify)
+    t, out = in_thread(repo.verify)
     assert gate.between.wait(60)
     repo.close()
     gate.go.set()
@@ -243,11 +220,11 @@ def test_a_repository_closed_during_verify_raises_store_closed(tmp_path):
 def test_a_file_damaged_while_the_check_waits_is_named(tmp_path):
     """The files are read when their turn comes: damage done between two
     files is found (the check is not of a copy taken at its start)."""
-    repo = _archived_store(str(tmp_path))
+    repo = archived_store(str(tmp_path))
     last = os.path.join(str(tmp_path), "hot", "conversation_cool", repo._cool.files()[-1])
     gate = _Between(repo)
     repo._held_open = gate          # type: ignore[method-assign]
-    t, out = _in_thread(repo.verify)
+    t, out = in_thread(repo.verify)
     assert gate.between.wait(60)
     with open(last, "r+b") as f:
         f.seek(100)
@@ -283,11 +260,11 @@ class _InFile:
 
 
 def test_appends_and_reads_go_on_while_an_archive_file_is_read(tmp_path, monkeypatch):
-    repo = _archived_store(str(tmp_path))
+    repo = archived_store(str(tmp_path))
     gate = _InFile(monkeypatch)
-    t, out = _in_thread(repo.verify)
+    t, out = in_thread(repo.verify)
     assert gate.entered.wait(60)
-    a, got = _in_thread(lambda: (repo.append(ConversationMessageRecord(msg_id="during", role="user",
+    a, got = in_thread(lambda: (repo.append(ConversationMessageRecord(msg_id="during", role="user",
                                                                         content="x", channel_id="c0")),
                                  repo.get_message("b0-2").record))
     a.join(60)
@@ -302,15 +279,15 @@ def test_an_erasure_of_the_file_being_read_waits_for_its_check(tmp_path, monkeyp
     """compact() erasing a deleted message from the archive file the check
     is reading waits for that check: the file's bytes are gone when
     compact() returns, and the check reads the file it started on."""
-    repo = _archived_store(str(tmp_path))
+    repo = archived_store(str(tmp_path))
     cool = os.path.join(str(tmp_path), "hot", "conversation_cool")
     first = os.path.join(cool, repo._cool.files()[0])
     assert repo.get_message("b0-1").tier == "cool"
     gate = _InFile(monkeypatch)
-    t, out = _in_thread(repo.verify)
+    t, out = in_thread(repo.verify)
     assert gate.entered.wait(60)
     assert repo.delete("b0-1")
-    c, done = _in_thread(repo.compact)
+    c, done = in_thread(repo.compact)
     c.join(0.5)
     assert c.is_alive() and os.path.exists(first)      # waiting for the check of that file
     gate.go.set()
@@ -325,9 +302,9 @@ def test_an_erasure_of_the_file_being_read_waits_for_its_check(tmp_path, monkeyp
 
 
 def test_a_close_while_an_archive_file_is_read_raises_store_closed(tmp_path, monkeypatch):
-    repo = _archived_store(str(tmp_path))
+    repo = archived_store(str(tmp_path))
     gate = _InFile(monkeypatch)
-    t, out = _in_thread(repo.verify)
+    t, out = in_thread(repo.verify)
     assert gate.entered.wait(60)
     repo.close()
     gate.go.set()
@@ -341,7 +318,7 @@ def test_an_automatic_compaction_leaves_a_merge_of_a_file_being_read(tmp_path, m
     appender with it. The merge happens at a compaction after the check."""
     from rune_fast._conv import tuning
     monkeypatch.setattr(tuning, "MERGE_FANOUT", 64)        # four files of one tier, not merged yet
-    repo = _archived_store(str(tmp_path))
+    repo = archived_store(str(tmp_path))
     repo.append_many([ConversationMessageRecord(msg_id=f"b3-{i}", role="user", content="x",
                                                 channel_id=f"c{i % 2}") for i in range(6)])
     repo.compact()
@@ -349,9 +326,9 @@ def test_an_automatic_compaction_leaves_a_merge_of_a_file_being_read(tmp_path, m
     assert len(files) == 4
     monkeypatch.setattr(tuning, "MERGE_FANOUT", 4)
     gate = _InFile(monkeypatch)
-    t, out = _in_thread(repo.verify)
+    t, out = in_thread(repo.verify)
     assert gate.entered.wait(60)
-    c, done = _in_thread(lambda: repo._compact(full=False, settle=False))
+    c, done = in_thread(lambda: repo._compact(full=False, settle=False))
     c.join(60)
     assert not c.is_alive() and "error" not in done, done
     assert repo._cool.files() == files                     # the group holds the file being read

@@ -2,11 +2,10 @@
 budget), channel windows and tasks across the hot and cool tiers, exact reads."""
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import sys
-from typing import Any, Callable, cast
+from typing import Any, Callable, NamedTuple, cast
 
 import numpy as np
 
@@ -94,11 +93,6 @@ def record_bytes(rec: ConversationMessageRecord) -> int:
     tool call (tuning.RECORD_OVERHEAD)."""
     return (tuning.RECORD_OVERHEAD + sys.getsizeof(rec.content)
             + tuning.TOOL_CALL_BYTES * len(rec.tool_calls))
-
-
-def _file_of(locs: list[int]) -> int:
-    """The archive file of a run of cool locations (:func:`cool_loc`)."""
-    return locs[0] >> 32
 
 
 def _found(rec: ConversationMessageRecord, tier: str, _new: Any = object.__new__,
@@ -747,23 +741,60 @@ class HotReads(Host):
     def _all_records(self, skip: Callable[[int], bool] | None = None,
                      read: Callable[[int, list[ConversationMessageRecord]], None] | None = None,
                      ) -> list[ConversationMessageRecord]:
-        """Every live record, for an export: those with tool calls decoded
-        from their bytes (a reader may have edited a cached record's dicts in
-        place; another store must get what was appended), none kept in a
-        cache (an export reads each message once). ``skip(no)``: archive
-        file ``no`` is not read (none of its records is wanted); ``read(no,
-        records)``: the live records of each archive file read."""
-        out = [self._export_hot(loc) for k in self._index.channels()
+        """Every live record (lock held): :meth:`_snapshot_records` of a
+        :meth:`_live_snapshot` taken and read under the lock."""
+        return self._snapshot_records(self._live_snapshot(skip), read)
+
+    def _live_snapshot(self, skip: Callable[[int], bool] | None = None) -> LiveSnapshot:
+        """The live records of this moment, for an export (lock held): the
+        hot ones read now (bounded by the hot window), the archive files
+        pinned (``skip(no)``: file ``no`` left out: none of its records is
+        wanted) for :meth:`_snapshot_records` to read, with or without the
+        lock. A record cooled meanwhile is in a file not pinned; a pinned
+        file stays live until it is read (an erasure or a merge replacing
+        it waits); a message deleted meanwhile is still in the snapshot."""
+        hot = [self._export_hot(loc) for k in self._index.channels()
                for loc in self._index.channel_locs(k, -1).tolist()]
-        # the archived rows a file at a time, EXPORT_ROWS each (nothing
-        # cached: an export reads every row once)
-        deleted = self._cool_deleted
-        for no, parts in itertools.groupby(self._cool.live_locs(tuning.EXPORT_ROWS), key=_file_of):
-            if skip is not None and skip(no):
-                continue
-            got = [rec for locs in parts for rec, _o in self._cool_read(locs)
-                   if not deleted or rec.msg_id not in deleted]
-            if read is not None:
-                read(no, got)
-            out += got
+        return LiveSnapshot(hot, self._cool.pin_live(skip), frozenset(self._cool_deleted))
+
+    def _snapshot_records(self, snap: LiveSnapshot,
+                          read: Callable[[int, list[ConversationMessageRecord]], None] | None = None,
+                          ) -> list[ConversationMessageRecord]:
+        """The records of ``snap``: its hot ones and every row of its
+        pinned files but the deleted ones, each file unpinned once read
+        (all of them if the read fails); ``read(no, records)``: the live
+        records of each file. Those with tool calls are decoded from their
+        bytes (a reader may have edited a cached record's dicts in place;
+        another store must get what was appended), none kept in a cache (an
+        export reads each message once). The archive is read a part at a
+        time under the archive's lock only (appends ask it whether an id is
+        archived): StoreClosedError if the repository closed meanwhile."""
+        out, nos, deleted = snap.hot, snap.files, snap.deleted
+        try:
+            while nos:
+                got: list[ConversationMessageRecord] = []
+                for locs in self._cool.file_locs(nos[0], tuning.EXPORT_PART_ROWS):
+                    with self._cool.locked():
+                        # (close() marks the store closed, then releases the
+                        # archive's readers under this lock)
+                        self._check_open()
+                        part = self._cool_read(locs)
+                    got += [rec for rec, _o in part if not deleted or rec.msg_id not in deleted]
+                if read is not None:
+                    read(nos[0], got)
+                out += got
+                self._cool.unpin(nos.pop(0))
+        finally:
+            for no in nos:
+                self._cool.unpin(no)
+            nos.clear()
         return out
+
+
+class LiveSnapshot(NamedTuple):
+    """What :meth:`Reads._live_snapshot` took: the hot records, the archive
+    files pinned (numbers, oldest first; emptied as they are read and
+    unpinned) and the ids deleted whose rows they still hold."""
+    hot: list[ConversationMessageRecord]
+    files: list[int]
+    deleted: frozenset[str]

@@ -311,8 +311,9 @@ TASK_FEW_ROWS = 256
 TASK_ASKS_KEPT = 4096
 #: An export (export_ops) reads the archived rows this many at a time,
 #: straight from their pages (CoolArchive.records_at: each row group's
-#: pages once): what it holds besides its result is one part's locations.
-EXPORT_ROWS = 65536
+#: pages once), holding the archive's lock for one part (~20 ms; an append
+#: asks the archive whether its id is archived) and not the repository's.
+EXPORT_PART_ROWS = 4096
 #: Resident file pages (the segment and tail maps' share) that the hot reads
 #: may add before the pages they mapped are released (see ``_release_maps``),
 #: looked at every MAP_RELEASE_READS lines decoded from the maps. A read

@@ -69,9 +69,9 @@ class CoolArchive(_Writer):
 
         ``hold()``: entered to choose each file (a repository's lock, under
         which compactions change the file set); the file is then read
-        without it, pinned: its unlink (an erasure, a merge's sources)
-        waits for its check to end (automatic compactions leave pinned
-        files alone: :meth:`pinned`). A file that left the
+        without it, pinned: an erasure or a merge replacing it waits for
+        its check to end (automatic compactions leave pinned files alone:
+        :meth:`pinned`). A file that left the
         set meanwhile is not checked; one that came is (a merge's rows in
         their new file), the ids of files gone forgotten first."""
         problems: list[CoolProblem] = []

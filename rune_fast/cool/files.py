@@ -131,7 +131,7 @@ class _FileSet:
         # the range): verify() finds a byte changed where no page checksum
         # looks (the leading magic, page headers)
         self._digests: dict[int, str] = {}
-        self._pins: dict[int, int] = {}   # no -> checks reading it unlocked (verify): unlink waits
+        self._pins: dict[int, int] = {}   # no -> readers of it unlocked (verify, export): it stays
         self._unpinned = threading.Condition(self._lock)
         self._rebuilt: list[str] = []
         self._moved_legacy = False

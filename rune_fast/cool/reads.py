@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 import operator
-from typing import Any, Iterator, Sequence, cast
+from typing import Any, Callable, ContextManager, Iterator, Sequence, cast
 
 import numpy as np
 import pyarrow as pa
@@ -446,16 +446,37 @@ class _Reads(_RowCache):
                     got[cool_loc(no, r)] = row
             return [got[loc] for loc in locs]
 
-    def live_locs(self, part: int) -> Iterator[list[int]]:
-        """The locations (:func:`cool_loc`) of every row of the live files,
-        file by file, at most ``part`` at a time (an export's read of every
-        archived row: :meth:`records_at` of each part)."""
+    def pin_live(self, skip: Callable[[int], bool] | None = None) -> list[int]:
+        """Pin every live file (but those ``skip(no)``) and return their
+        numbers, oldest first. A pinned file stays live and readable until
+        :meth:`unpin`: an erasure or a merge that would replace it waits
+        (``_switch``), automatic compactions leave it (:meth:`pinned`). An
+        export chooses its files under the repository's lock and reads them
+        after without it: the archive as it was at that moment."""
         with self._lock:
-            sizes = [(no, self._files[no].rows) for no in sorted(self._files)]
-        for no, rows in sizes:
-            base = no << 32
-            for a in range(0, rows, part):
-                yield list(range(base | a, base | min(rows, a + part)))
+            nos = [no for no in sorted(self._files) if skip is None or not skip(no)]
+            for no in nos:
+                self._pin(no)
+            return nos
+
+    def unpin(self, no: int) -> None:
+        """End a :meth:`pin_live` pin of file ``no``."""
+        self._unpin(no)
+
+    def file_locs(self, no: int, part: int) -> Iterator[list[int]]:
+        """The locations (:func:`cool_loc`) of every row of live file
+        ``no``, at most ``part`` at a time (an export's read of its rows:
+        :meth:`records_at` of each part)."""
+        with self._lock:
+            rows = self._files[no].rows
+        base = no << 32
+        for a in range(0, rows, part):
+            yield list(range(base | a, base | min(rows, a + part)))
+
+    def locked(self) -> ContextManager[Any]:
+        """The archive's lock: while it is held no file leaves the set and
+        :meth:`close` does not release the readers."""
+        return self._lock
 
     def records_at(self, locs: Sequence[int], record_type: type) -> list[tuple[Any, int] | None]:
         """``(record, ord)`` of the rows at ``locs`` (:func:`cool_loc`), in

@@ -404,7 +404,11 @@ class _Writer(_Search):
                 _unlink_quiet(path)
 
     def _switch(self, old_nos: list[int], new: list[_FileIndex]) -> None:
-        """Serve ``new`` instead of ``old_nos`` (all new files are durable)."""
+        """Serve ``new`` instead of ``old_nos`` (all new files are durable),
+        once no reader holds one of ``old_nos`` pinned (an export or a check
+        reading it without the repository's lock: it stays live until then)."""
+        while any(no in self._pins for no in old_nos):
+            self._unpinned.wait()
         self._drop_files(list(old_nos))
         for fi in new:
             self._add_file(fi)
