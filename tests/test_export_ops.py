@@ -294,3 +294,22 @@ def test_an_export_since_the_newest_stamp_reads_no_archive_file(tmp_path, monkey
         got = repo.export_ops(since=newest)
         assert sorted(op.op_id for op in got) == sorted(f"m{200 + i:03d}" for i in range(10))
 
+
+@settings(max_examples=200, deadline=None)
+@given(keys=st.sets(st.tuples(st.sampled_from([0, 1, 7, 10**15 - 1]), st.sampled_from([0, 2, 10**10 - 1]),
+                              st.sampled_from(["", "a", "b", "dev-é"]), st.text("mx0", max_size=3)),
+                    max_size=120),
+       floor=st.integers(0, 130))
+def test_the_export_order_is_the_order_of_the_stamp_tuples(keys, floor):
+    """export_ops_of's order (numpy on the two ints from _NUMPY_SORT_MIN
+    ops on, then each run of equal ints by the whole tuples) is the
+    tuples' order, ties of every length included."""
+    from rune_fast.sync import bridge
+    keys = list(keys)
+    was = bridge._NUMPY_SORT_MIN
+    bridge._NUMPY_SORT_MIN = floor
+    try:
+        got = bridge._key_order(keys)
+    finally:
+        bridge._NUMPY_SORT_MIN = was
+    assert [keys[i] for i in got] == sorted(keys)
