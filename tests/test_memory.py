@@ -52,3 +52,37 @@ def test_pool_jobs_release_their_zstd_context_and_pages_still_read(tmp_path):
         repo._cool_decoded.clear()
         repo._cool_dense.clear()
         assert [repo.get_message(i).record.msg_id for i in ids] == ids
+
+
+def test_the_collector_pause_moves_what_it_made_to_the_oldest_generation():
+    """collector_paused resumes the collector only when the last pause in
+    any thread ends, leaves it off if it was off, and hands the objects
+    made meanwhile to the oldest generation (no young collection walks
+    them all at once); a process's own frozen objects stay frozen."""
+    import gc
+    was = gc.isenabled()
+    gc.enable()
+    try:
+        with _memory.collector_paused():
+            made = [[] for _ in range(100)]
+            with _memory.collector_paused():
+                assert not gc.isenabled()
+            assert not gc.isenabled()
+        assert gc.isenabled()
+        assert any(o is made for o in gc.get_objects(generation=2))
+        assert not any(o is made for o in gc.get_objects(generation=0))
+        gc.freeze()
+        try:
+            frozen = gc.get_freeze_count()
+            with _memory.collector_paused():
+                young = [[] for _ in range(10)]
+            assert gc.get_freeze_count() == frozen        # not thawed
+            assert any(o is young for o in gc.get_objects(generation=0))
+        finally:
+            gc.unfreeze()
+        gc.disable()
+        with _memory.collector_paused():
+            pass
+        assert not gc.isenabled()                           # off before: off after
+    finally:
+        (gc.enable if was else gc.disable)()
