@@ -139,6 +139,7 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
         # the event store is this store's own file (state_dir/events.jsonl):
         # only then is a message envelope in it one of this store's appends
         self._events_private = events is None
+        self._events_path: str | None = None    # a viewer's: the event store its verify() reads
         # each room's first state, set by the room that owns it (_conv/host.py)
         self._init_reads_state()
         self._init_recovery_state()
@@ -500,6 +501,8 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
             if not self.read_only:
                 self._events = EventStore(path)
                 self._own_events = True
+            else:
+                self._events_path = path
 
     def _release(self) -> None:
         if getattr(self, "_chore", None) is not None:

@@ -376,3 +376,36 @@ def test_verify_in_a_loop_beside_a_busy_writer_finds_nothing_wrong(tmp_path):
     assert final.ok and final.checked["records"] == len(kept) == len(repo)
     assert sorted(m.msg_id for m in repo.messages_for_task("t0")) == sorted(m for m in kept if int(m[1:].split("-")[0]) % 5 == 0)
     repo.close()
+
+
+def test_a_viewers_verify_compares_the_envelopes_with_the_records(tmp_path):
+    """A viewer has no event store of its own; its verify() reads the
+    writer's and compares each message's envelope with the record it sees
+    (names the one that differs). A record with no envelope is not a
+    problem to a viewer (the writer's append may be in flight), and an
+    envelope of a message it does not see is not either."""
+    _store(str(tmp_path), n=6)
+    path = tmp_path / "events.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    at = {orjson.loads(line)["id"]: k for k, line in enumerate(lines)}
+    lines[at["m2"]] = _reframed(lines[at["m2"]], payload_hash="1" * 64)
+    del lines[at["m4"]]                                  # m4 unjournaled
+    lines.append(_reframed(lines[0], id="elsewhere"))    # a message this store does not hold
+    path.write_bytes(b"".join(lines))
+    with ConversationStateRepository(tmp_path, read_only=True) as viewer:
+        rep = viewer.verify()
+    assert not rep.ok and rep.checked["envelopes"] == 6
+    assert [(p.file, p.offset) for p in rep.problems] == [(str(path), sum(len(x) for x in lines[:at["m2"]]))]
+    assert "m2" in rep.problems[0].message
+    with ConversationStateRepository(tmp_path, hot_window=1) as writer:
+        mine = writer.verify()
+    assert {p.offset for p in mine.problems} >= {rep.problems[0].offset}
+    assert any("no envelope" in p.message and "m4" in p.message for p in mine.problems)
+
+
+def test_a_viewers_verify_without_an_event_store_reports_nothing_of_it(tmp_path):
+    _store(str(tmp_path))
+    os.unlink(tmp_path / "events.jsonl")
+    with ConversationStateRepository(tmp_path, read_only=True) as viewer:
+        rep = viewer.verify()
+    assert rep.ok and rep.checked["envelopes"] == 0 and rep.checked["records"] == 4

@@ -47,6 +47,7 @@ class RepoState:
     _own_events: bool
     _events: EventStore | None
     _events_private: bool
+    _events_path: str | None
 
     # recovery.py: the live file set as the manifest names it, and what the open found
     _manifest_store: AtomicStore
