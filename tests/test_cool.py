@@ -1090,3 +1090,29 @@ def test_a_store_with_sidecars_in_the_archive_folder_moves_them_out(cdir):
     b.gc()
     assert sorted(os.listdir(cdir)) == sorted(a.files())
     assert b.verify() == [] and all(b.get(r["msg_id"]) == r for r in rows)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(files=st.lists(st.lists(st.integers(0, 12), min_size=1, max_size=8), min_size=1, max_size=4))
+def test_verify_names_every_repeated_id_and_where_it_first_was(tmp_path_factory, files):
+    """An id held by more than one row (of one file or of several) is a
+    problem at each row after the first (files in the order checked, then
+    rows), naming that first row; the plain model: a dict of the ids seen."""
+    d = str(tmp_path_factory.mktemp("c") / "cool")
+    a = CoolArchive(d, durable=False)
+    for k, ids in enumerate(files):
+        rows = [rec(i, ch=f"ch{k}") for i in ids]
+        # (written and served past cool_table's refusal of a repeated or archived id)
+        a.adopt(a._write_file(_table_from_records(rows, list(range(len(rows))), [record_digest(r) for r in rows]),
+                              durable=False))
+    seen: dict[str, tuple[str, int]] = {}
+    want = []
+    for name in a.files():
+        for row, mid in enumerate(pq.read_table(os.path.join(d, name), columns=["msg_id"])
+                                  .column("msg_id").to_pylist()):
+            if mid in seen:
+                want.append((name, row, f"msg_id {mid!r} also in {seen[mid][0]} row {seen[mid][1]}"))
+            else:
+                seen[mid] = (name, row)
+    got = [(p.file, p.row, p.problem) for p in a.verify()]
+    assert sorted(got) == sorted(want)

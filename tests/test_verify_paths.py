@@ -409,3 +409,27 @@ def test_a_viewers_verify_without_an_event_store_reports_nothing_of_it(tmp_path)
     with ConversationStateRepository(tmp_path, read_only=True) as viewer:
         rep = viewer.verify()
     assert rep.ok and rep.checked["envelopes"] == 0 and rep.checked["records"] == 4
+
+
+@settings(max_examples=200, deadline=None)
+@given(keys=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 5)), max_size=40),
+       asks=st.lists(st.tuples(st.integers(0, 4), st.integers(0, 6)), max_size=20))
+def test_the_envelope_checks_key_lookup_is_a_dicts(keys, asks):
+    """verify's id-key lookup (sorted arrays searched by the key's first
+    half, a run of keys sharing it walked for the second) answers as a dict
+    of the first place of each key would, first halves shared included."""
+    from rune_fast._conv.verify import _ENV, _by_key, _firsts, _lookup
+    import numpy as np
+    arr = np.zeros(len(keys), dtype=_ENV)
+    arr["a"] = [a for a, _b in keys]
+    arr["b"] = [b for _a, b in keys]
+    arr["o"] = np.arange(len(keys))
+    arr = arr[_by_key(arr)]
+    first: dict = {}
+    for i, (a, b) in enumerate(zip(arr["a"].tolist(), arr["b"].tolist())):
+        first.setdefault((a, b), i)
+    assert _firsts(arr).tolist() == sorted(first.values())
+    at, found = _lookup(arr, np.array([a for a, _b in asks], dtype=np.uint64),
+                        np.array([b for _a, b in asks], dtype=np.uint64))
+    for (a, b), p, f in zip(asks, at.tolist(), found.tolist()):
+        assert f == ((a, b) in first) and (not f or p == first[(a, b)])

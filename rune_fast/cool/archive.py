@@ -16,7 +16,7 @@ from ..pages import PageError, page_directories
 from .hits import check_table
 from .schema import CoolProblem, _COL_TYPES, _PARQUET_ERRORS, _idx_name
 from .sidecar import (
-    _FileIndex, _Skip, _build_index, _close, _file_digest, _footer_hash, _open_parquet,
+    _FileIndex, _KeyParts, _Skip, _close, _file_digest, _footer_hash, _index_of_keys, _open_parquet,
     _release_arrow, _same_dirs, _same_index,
 )
 from .writer import _Writer
@@ -75,41 +75,93 @@ class CoolArchive(_Writer):
         set meanwhile is not checked; one that came is (a merge's rows in
         their new file), the ids of files gone forgotten first."""
         problems: list[CoolProblem] = []
-        seen: dict[str, tuple[str, int]] = {}
-        by_file: dict[str, list[str]] = {}
+        # each file's id hashes (sorted) and their rows: the repeated ids
+        # are found once the last file is checked (12 bytes a row, where a
+        # dict of every id held ~200)
+        by_file: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         done: set[int] = set()
         while True:
             with hold() if hold is not None else nullcontext():
                 with self._lock:
                     live = {no: fi for no, fi in self._files.items() if no not in done}
                     names = {fi.name for fi in self._files.values()}
-                if not live:
-                    return problems
                 for name in [n for n in by_file if n not in names]:
-                    for mid in by_file.pop(name):
-                        if seen.get(mid, ("",))[0] == name:
-                            del seen[mid]
+                    del by_file[name]       # (a file gone: its rows are in the one that replaced it)
+                if not live:
+                    return problems + self._repeated_ids(by_file)
                 no = min(live)
                 done.add(no)
                 with self._lock:
                     self._pin(no)
             try:
-                by_file[live[no].name] = self._verify_file(no, live[no], problems, seen, checked, sound)
+                ids = self._verify_file(no, live[no], problems, checked, sound)
+                if ids is not None:
+                    by_file[live[no].name] = ids
             finally:
                 self._unpin(no)
 
-    def _verify_file(self, no: int, fi: _FileIndex, problems: list[CoolProblem], seen: dict[str, tuple[str, int]],
-                     checked: dict[str, int] | None, sound: Callable[[str, bytes], None] | None) -> list[str]:
-        """:meth:`verify` of file ``no``: its problems added to ``problems``,
-        its ids to ``seen`` (a repeated one named); returns its ids."""
-        mids: list[str] = []
+    def _repeated_ids(self, by_file: dict[str, tuple[np.ndarray, np.ndarray]]) -> list[CoolProblem]:
+        """A problem for each row whose msg_id an earlier row holds (files
+        in the order checked, then rows), naming that row: rows whose id
+        hashes agree are compared by their ids, read again from the files
+        (a file that cannot be read is left out: its check named it)."""
+        names = list(by_file)
+        if not names:
+            return []
+        hashes = np.concatenate([by_file[n][0] for n in names])
+        rows = np.concatenate([by_file[n][1].astype(np.int64) for n in names])
+        owner = np.repeat(np.arange(len(names)), [len(by_file[n][0]) for n in names])
+        order = np.lexsort((rows, owner, hashes))
+        hashes, rows, owner = hashes[order], rows[order], owner[order]
+        same = np.flatnonzero(hashes[1:] == hashes[:-1])
+        if not len(same):
+            return []
+        firsts = np.flatnonzero(np.diff(same, prepend=-2) != 1)
+        ends = np.append(firsts[1:], len(same))
+        ids: dict[int, list | None] = {}
+        out: list[CoolProblem] = []
+        for a, b in zip(same[firsts].tolist(), (same[ends - 1] + 2).tolist()):
+            first: dict[str, tuple[str, int]] = {}
+            for k in range(a, b):
+                f, r = int(owner[k]), int(rows[k])
+                if f not in ids:
+                    ids[f] = self._ids_of(names[f])
+                col = ids[f]
+                if col is None:
+                    continue
+                mid = col[r]
+                if mid in first:
+                    out.append(CoolProblem(names[f], r, f"msg_id {mid!r} also in {first[mid][0]} "
+                                                        f"row {first[mid][1]}"))
+                else:
+                    first[mid] = (names[f], r)
+        return out
+
+    def _ids_of(self, name: str) -> list | None:
+        """The msg_id column of file ``name``, or None if it cannot be read."""
+        try:
+            pf = _open_parquet(self._path(name))
+        except CorruptStateCheckpointError:
+            return None
+        try:
+            return pf.read(columns=["msg_id"], use_threads=False).column("msg_id").to_pylist()
+        except _PARQUET_ERRORS:
+            return None
+        finally:
+            _close(pf)
+
+    def _verify_file(self, no: int, fi: _FileIndex, problems: list[CoolProblem], checked: dict[str, int] | None,
+                     sound: Callable[[str, bytes], None] | None) -> tuple[np.ndarray, np.ndarray] | None:
+        """:meth:`verify` of file ``no``: its problems added to ``problems``;
+        returns its ids' hashes (sorted) and their rows, None if its rows
+        could not all be read."""
         name = fi.name
         path = self._path(name)
         try:
             size, footer = _footer_hash(path)
         except (CorruptStateCheckpointError, OSError) as exc:
             problems.append(CoolProblem(name, None, str(exc)))
-            return mids
+            return None
         if (size, footer) != (fi.size, fi.footer):
             problems.append(CoolProblem(name, None, "file changed since it was indexed"))
         want = self._digests.get(no)
@@ -118,31 +170,30 @@ class CoolArchive(_Writer):
                 got = _file_digest(path)
             except OSError as exc:
                 problems.append(CoolProblem(name, None, f"not readable: {exc}"))
-                return mids
+                return None
             if got != want:
                 problems.append(CoolProblem(
                     name, None, f"the file's bytes hash to {got}, not to the xxh3_64 {want} recorded "
                                 "when it was written: a byte changed (where no page checksum looks, "
                                 "if no row below is named)"))
         if (size, footer) != (fi.size, fi.footer):
-            return mids        # (not parsed: some damaged footers make pyarrow abort the process)
+            return None        # (not parsed: some damaged footers make pyarrow abort the process)
         try:
             pf = _open_parquet(path)
         except CorruptStateCheckpointError as exc:
             problems.append(CoolProblem(name, None, str(exc)))
-            return mids
+            return None
         try:
             if [(f.name, f.type) for f in pf.schema_arrow] != _COL_TYPES:
                 problems.append(CoolProblem(name, None, f"unexpected columns {pf.schema_arrow}"))
-                return mids
+                return None
             rg_counts = [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)]
             try:
                 dirs = page_directories(path, pf.metadata)
             except PageError as exc:
                 dirs = None
                 problems.append(CoolProblem(name, None, f"page headers do not parse: {exc}"))
-            chs: list[str] = []
-            tids: list[str] = []
+            keys = _KeyParts()      # (the ids, channels and tasks as the file's index is built)
             base = 0
             for rg in range(pf.metadata.num_row_groups):
                 try:
@@ -154,23 +205,21 @@ class CoolArchive(_Writer):
                     problems.append(CoolProblem(name, row, why))
                 if checked is not None:
                     checked["cool_rows"] = checked.get("cool_rows", 0) + t.num_rows
-                mids += t.column("msg_id").to_pylist()
-                chs += t.column("channel_id").to_pylist()
-                tids += t.column("task_id").to_pylist()
+                keys.add(t.column("msg_id"), t.column("channel_id"), t.column("task_id"))
                 base += t.num_rows
         except _Skip:
-            return mids
+            return None
         except _PARQUET_ERRORS as exc:
             problems.append(CoolProblem(name, None, f"not readable Parquet: {exc}"))
-            return mids
+            return None
         finally:
             _close(pf)
             _release_arrow()
         try:
-            truth = _build_index(no, size, footer, mids, chs, tids, rg_counts, path)
+            truth = _index_of_keys(no, size, footer, keys, rg_counts, path)
         except CorruptStateCheckpointError as exc:
             problems.append(CoolProblem(name, exc.offset, str(exc)))
-            return mids
+            return None
         with self._lock:
             mine = self._file_entries(no) if no in self._files else None    # (None: it left the set)
         if mine is not None and not (_same_index(truth, fi, ids=False) and np.array_equal(mine[0], truth.hashes)
@@ -189,11 +238,5 @@ class CoolArchive(_Writer):
             problems.append(CoolProblem(_idx_name(no), None, "sidecar missing"))
         except (ValueError, KeyError, TypeError, IndexError, struct.error) as exc:
             problems.append(CoolProblem(_idx_name(no), None, f"sidecar damaged: {exc}"))
-        for row, mid in enumerate(mids):
-            if mid in seen:
-                problems.append(CoolProblem(name, row, f"msg_id {mid!r} also in {seen[mid][0]} "
-                                                       f"row {seen[mid][1]}"))
-            else:
-                seen[mid] = (name, row)
-        return mids
+        return truth.hashes, truth.hrows
 
