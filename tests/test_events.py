@@ -12,6 +12,8 @@ import threading
 
 import pytest
 import xxhash
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from rune_fast.errors import (
     CorruptStateCheckpointError,
@@ -469,3 +471,50 @@ def test_next_line_start(tmp_path):
     assert store.next_line_start(b - 5) == b and store.next_line_start(a + 1) == b
     assert store.next_line_start(b + 1) == size and store.next_line_start(size + 7) == size + 7
     store.close()
+
+
+_PIECE = st.one_of(
+    st.tuples(st.just("line"), st.text("abé\"\\\n量", max_size=12)),
+    st.tuples(st.just("flip"), st.integers(0, 40)),
+    st.tuples(st.just("raw"), st.sampled_from([b"\n", b"\x00" * 7, b"{}\n", b'{"x":"00000000000000zz","a":1}\n',
+                                               b'{"x":"0123456789ABCDEF","a":1}\n', b"\x00\x00\n", b"torn"])),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pieces=st.lists(_PIECE, max_size=12), chunk=st.sampled_from([64, 1 << 20]))
+def test_the_compiled_line_check_of_verify_answers_as_the_python_loop(tmp_path_factory, pieces, chunk):
+    """FramedLog.verify checks lines from the start in compiled code and
+    hands the rest, from the first line it did not take, to the Python
+    loop: its problems and the lines handed to ``sound`` are the plain
+    loop's, whatever the file holds (damaged lines, zero bytes, a torn
+    end, lines across the compiled pass's reads)."""
+    import rune_fast.framed_log as fl
+    path = str(tmp_path_factory.mktemp("l") / "log.jsonl")
+    data = bytearray()
+    for kind, v in pieces:
+        if kind == "line":
+            data += fl.frame_object({"t": v}) + b"\n"
+        elif kind == "flip" and data:
+            data[v % len(data)] ^= 0x10
+        elif kind == "raw":
+            data += v
+    with open(path, "wb") as f:
+        f.write(bytes(data))
+    log = FramedLog(path, read_only=True)
+    results = []
+    for fast in (True, False):
+        seen: list = []
+
+        def sound(offset: int, line: bytes) -> str:
+            seen.append((offset, bytes(line)))
+            return "odd" if b'"t":"a"' in line else ""
+        was = fl._READ_CHUNK
+        fl._READ_CHUNK = chunk // 16 or 1
+        try:
+            if not fast:
+                log._verify_sound = lambda end, sound, problems: 0      # (the plain loop alone)
+            results.append((log.verify(len(data), sound), seen))
+        finally:
+            fl._READ_CHUNK = was
+    assert results[0] == results[1]
