@@ -66,6 +66,14 @@ def canonical_record(line: bytes | memoryview) -> tuple[ConversationMessageRecor
     return _encode.record_from_line(line, ConversationMessageRecord, codec._calls_from_json)
 
 
+def line_record(line: bytes, path: str, offset: int) -> ConversationMessageRecord:
+    """The record of a checked hot line (a copy of its bytes, read without
+    the lock: an export's or a check's), by the compiled decoder, else the
+    Python path, which names what is wrong (CorruptStateCheckpointError
+    naming ``path`` and ``offset``)."""
+    return (canonical_record(line) or codec.record_from_line(line, path=path, offset=offset))[0]
+
+
 #: What stands for a dense line's frame checksum (its bytes are the
 #: record's, encoded by this process; nothing reads the checksum).
 _DENSE_HEAD = b'{"x":"' + b"0" * 16 + b'"'
@@ -753,9 +761,17 @@ class HotReads(Host):
         lock. A record cooled meanwhile is in a file not pinned; a pinned
         file stays live until it is read (an erasure or a merge replacing
         it waits); a message deleted meanwhile is still in the snapshot."""
-        hot = [self._export_hot(loc) for k in self._index.channels()
-               for loc in self._index.channel_locs(k, -1).tolist()]
-        return LiveSnapshot(hot, self._cool.pin_live(skip), frozenset(self._cool_deleted))
+        hot: list[ConversationMessageRecord | None] = []
+        lines: list[tuple[int, bytes, str, int]] = []     # (place in hot, line, path, offset): decoded after
+        for k in self._index.channels():
+            for loc in self._index.channel_locs(k, -1).tolist():
+                hit = self._exact_hit(loc)
+                raw = self._index.line(loc)         # (checked)
+                if hit is None:
+                    lines.append((len(hot), bytes(raw), self._path_of(loc >> 40), loc & _OFF_MASK))
+                hot.append(None if hit is None else hit[0])
+        self._bound_maps()
+        return LiveSnapshot(hot, lines, self._cool.pin_live(skip), frozenset(self._cool_deleted))
 
     def _snapshot_records(self, snap: LiveSnapshot,
                           read: Callable[[int, list[ConversationMessageRecord]], None] | None = None,
@@ -771,6 +787,9 @@ class HotReads(Host):
         archived): StoreClosedError if the repository closed meanwhile."""
         out, nos, deleted = snap.hot, snap.files, snap.deleted
         try:
+            for at, line, path, offset in snap.lines:
+                out[at] = line_record(line, path, offset)
+            snap.lines.clear()
             while nos:
                 got: list[ConversationMessageRecord] = []
                 for locs in self._cool.file_locs(nos[0], tuning.EXPORT_PART_ROWS):
@@ -792,9 +811,12 @@ class HotReads(Host):
 
 
 class LiveSnapshot(NamedTuple):
-    """What :meth:`Reads._live_snapshot` took: the hot records, the archive
-    files pinned (numbers, oldest first; emptied as they are read and
-    unpinned) and the ids deleted whose rows they still hold."""
-    hot: list[ConversationMessageRecord]
+    """What :meth:`Reads._live_snapshot` took: the hot records (None where
+    a line is to be decoded), the copies of those lines (their places in
+    ``hot``, bytes, path and offset), the archive files pinned (numbers,
+    oldest first; emptied as they are read and unpinned) and the ids
+    deleted whose rows they still hold."""
+    hot: list[Any]
+    lines: list[tuple[int, bytes, str, int]]
     files: list[int]
     deleted: frozenset[str]
