@@ -44,6 +44,16 @@ class _Paused:
         return self.real(no, part)
 
 
+def _stopped_export(repo: ConversationStateRepository, at: int):
+    """The export's answer taken now, and an export started on a thread and
+    stopped at its ``at``-th archive file: ``(want, gate, thread, out)``."""
+    want = _ops(repo.export_ops())
+    gate = _Paused(repo, at=at)
+    t, out = in_thread(repo.export_ops)
+    assert gate.entered.wait(60)
+    return want, gate, t, out
+
+
 def _ops(ops) -> list[tuple]:
     return [(op.op_id, str(op.hlc), sorted(op.payload.items(), key=lambda kv: kv[0])) for op in ops]
 
@@ -55,10 +65,7 @@ def _msg(i: int, ch: str = "c0", text: str = "new") -> ConversationMessageRecord
 
 def test_appends_deletions_and_cooling_go_on_while_an_export_reads_the_archive(tmp_path):
     repo = archived_store(str(tmp_path))
-    want = _ops(repo.export_ops())
-    gate = _Paused(repo, at=2)
-    t, out = in_thread(repo.export_ops)
-    assert gate.entered.wait(60)
+    want, gate, t, out = _stopped_export(repo, 2)
     w, done = in_thread(lambda: (repo.append_many([_msg(i) for i in range(4)]),
                                  repo.delete("b0-1"), repo.delete("b2-1"),
                                  repo.append(_msg(9, "c1")), repo.get_message("b1-2").record))
@@ -80,13 +87,10 @@ def test_an_erasure_of_a_file_the_export_has_yet_to_read_waits_for_it(tmp_path):
     until then): the export has the message, and its bytes are gone from
     every file when compact() returns."""
     repo = archived_store(str(tmp_path))
-    want = _ops(repo.export_ops())
     cool = os.path.join(str(tmp_path), "hot", "conversation_cool")
     last = os.path.join(cool, repo._cool.files()[-1])
     assert repo.get_message("b2-1").tier == "cool"
-    gate = _Paused(repo, at=1)
-    t, out = in_thread(repo.export_ops)
-    assert gate.entered.wait(60)
+    want, gate, t, out = _stopped_export(repo, 1)
     assert repo.delete("b2-1")
     c, done = in_thread(repo.compact)
     c.join(0.5)
@@ -110,11 +114,8 @@ def test_a_merge_during_an_export_neither_loses_nor_repeats_a_message(tmp_path, 
     read them; the export holds each message once."""
     from rune_fast._conv import tuning
     repo = archived_store(str(tmp_path))
-    want = _ops(repo.export_ops())
     monkeypatch.setattr(tuning, "MERGE_FANOUT", 2)
-    gate = _Paused(repo, at=1)
-    t, out = in_thread(repo.export_ops)
-    assert gate.entered.wait(60)
+    want, gate, t, out = _stopped_export(repo, 1)
     m, done = in_thread(repo.compact)
     m.join(0.3)
     assert m.is_alive()                                  # the merge waits for the export's files
@@ -129,10 +130,7 @@ def test_a_merge_during_an_export_neither_loses_nor_repeats_a_message(tmp_path, 
 
 def test_a_close_during_an_export_raises_store_closed_and_pins_nothing(tmp_path):
     repo = archived_store(str(tmp_path))
-    want = _ops(repo.export_ops())
-    gate = _Paused(repo, at=2)
-    t, out = in_thread(repo.export_ops)
-    assert gate.entered.wait(60)
+    want, gate, t, out = _stopped_export(repo, 2)
     repo.close()
     gate.go.set()
     t.join(60)
