@@ -313,3 +313,36 @@ def test_the_export_order_is_the_order_of_the_stamp_tuples(keys, floor):
     finally:
         bridge._NUMPY_SORT_MIN = was
     assert [keys[i] for i in got] == sorted(keys)
+
+
+def test_merge_ops_appends_a_part_at_a_time_outside_the_lock(tmp_path, monkeypatch):
+    """merge_ops reads and checks every op first (a bad one refuses the
+    whole merge, nothing written), applies the tombstones, then appends the
+    messages tuning.MERGE_PART at a time, the lock let go between parts: the
+    count is of the messages new, whatever part a repeated one falls in."""
+    from rune_fast._conv import tuning
+    monkeypatch.setattr(tuning, "MERGE_PART", 3)
+    with ConversationStateRepository(tmp_path / "a", hot_window=2) as a:
+        a.append_many([_msg(i) for i in range(10)])
+        a.delete("m004")
+        ops = a.export_ops()
+    with ConversationStateRepository(tmp_path / "b", hot_window=2) as b:
+        b.append(_msg(7))
+        bad = ops[:5] + [as_op({"op_id": "x", "hlc": str(ops[0].hlc), "payload": {"deleted": False,
+                                                                                  "conversation_id": 5}})]
+        with pytest.raises(ValueError, match="'x'"):
+            b.merge_ops(bad)
+        assert len(b) == 1 and b.export_ops()[0].op_id == "m007"
+        parts = []
+        real = b.append_many
+
+        def part(msgs):
+            assert not b._lock._is_owned()              # the lock let go between parts
+            parts.append(len(msgs))
+            return real(msgs)
+        monkeypatch.setattr(b, "append_many", part)
+        assert b.merge_ops(ops + ops[:4]) == 8          # 9 stored in a, m007 already here
+        n = sum(1 for op in ops + ops[:4] if not op.payload.get("deleted"))
+        assert parts == [3] * (n // 3) + ([n % 3] if n % 3 else []) and n > 9
+        assert len(b) == 9 and b.get_message("m004").record is None
+        assert [op.op_id for op in b.export_ops()] == [op.op_id for op in ops]

@@ -15,6 +15,7 @@ from ..errors import CorruptStateCheckpointError
 from ..records import ConversationMessageRecord
 from ..sync.bridge import export_ops_of
 from .._order import order_key
+from . import tuning
 from .common import _COOL_RANK, _HOT_RANK, _first, _fold_key
 
 from .host import Host
@@ -253,30 +254,39 @@ class Exchange(Host):
         return self._cool_exact(msg_id)
 
     def _merge_ops(self, ops: Iterable[Any]) -> int:
+        """merge_ops: every op read and its record checked first, without
+        the lock (a bad one raises ValueError naming it before anything is
+        written); then the clock and the tombstones under the lock; then
+        the messages appended tuning.MERGE_PART at a time (the first sync
+        of a device from a store of 1,000,000 messages held the lock for
+        its whole read and write, tens of seconds; appends and reads now
+        go on between the parts, each durable on its own)."""
+        with self._lock:
+            self._check_writable()      # (a viewer or a closed store refuses before reading the ops)
+        records: list[ConversationMessageRecord] = []
+        tomb_ids: list[str] = []
+        tomb_hlc: dict[str, str] = {}
+        tomb_ch: dict[str, str] = {}
+        newest = None
+        for raw in ops:
+            op = _sync.as_op(raw)
+            payload = op.payload
+            if newest is None or _TUPLE_GT(op.hlc, newest):
+                newest = op.hlc
+            if payload.get("deleted") is True:     # (sync.is_tombstone: fold's rule, one test)
+                tomb_ids.append(op.op_id)
+                tomb_hlc[op.op_id] = str(op.hlc)
+                tomb_ch[op.op_id] = payload.get("conversation_id", "")
+                continue
+            d = _sync.record_dict_from_op(op)
+            if d is None:
+                continue
+            try:
+                records.append(ConversationMessageRecord.from_dict(d))
+            except (TypeError, ValueError, KeyError) as exc:
+                raise ValueError(f"op {op.op_id!r}: payload is not a storable message: {exc}") from None
         with self._lock:
             self._check_writable()
-            records: list[ConversationMessageRecord] = []
-            tomb_ids: list[str] = []
-            tomb_hlc: dict[str, str] = {}
-            tomb_ch: dict[str, str] = {}
-            newest = None
-            for raw in ops:
-                op = _sync.as_op(raw)
-                payload = op.payload
-                if newest is None or _TUPLE_GT(op.hlc, newest):
-                    newest = op.hlc
-                if payload.get("deleted") is True:     # (sync.is_tombstone: fold's rule, one test)
-                    tomb_ids.append(op.op_id)
-                    tomb_hlc[op.op_id] = str(op.hlc)
-                    tomb_ch[op.op_id] = payload.get("conversation_id", "")
-                    continue
-                d = _sync.record_dict_from_op(op)
-                if d is None:
-                    continue
-                try:
-                    records.append(ConversationMessageRecord.from_dict(d))
-                except (TypeError, ValueError, KeyError) as exc:
-                    raise ValueError(f"op {op.op_id!r}: payload is not a storable message: {exc}") from None
             if newest is not None:
                 # the clock passes every stamp merged: the newest's observed
                 # passes the others' (one call, not one an op)
@@ -284,4 +294,5 @@ class Exchange(Host):
                 self._note_unheld_stamp()       # (an op refused or a duplicate: its stamp is stored nowhere)
             if tomb_ids:
                 self._delete_ids(tomb_ids, record_unknown=True, hlcs=tomb_hlc, channels=tomb_ch)
-        return self.append_many(records) if records else 0
+        part = tuning.MERGE_PART
+        return sum(self.append_many(records[a:a + part]) for a in range(0, len(records), part))

@@ -314,6 +314,9 @@ TASK_ASKS_KEPT = 4096
 #: pages once), holding the archive's lock for one part (~20 ms; an append
 #: asks the archive whether its id is archived) and not the repository's.
 EXPORT_PART_ROWS = 4096
+#: merge_ops appends the messages of the ops this many at a time (each part
+#: an append_many: durable on its own, the lock let go between parts).
+MERGE_PART = 8192
 #: Resident file pages (the segment and tail maps' share) that the hot reads
 #: may add before the pages they mapped are released (see ``_release_maps``),
 #: looked at every MAP_RELEASE_READS lines decoded from the maps. A read
