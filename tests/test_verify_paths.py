@@ -433,3 +433,18 @@ def test_the_envelope_checks_key_lookup_is_a_dicts(keys, asks):
                         np.array([b for _a, b in asks], dtype=np.uint64))
     for (a, b), p, f in zip(asks, at.tolist(), found.tolist()):
         assert f == ((a, b) in first) and (not f or p == first[(a, b)])
+
+
+def test_verify_of_a_store_whose_every_message_was_deleted_is_clean(tmp_path):
+    """Envelopes and no record to compare them with (every message
+    deleted, erased or not): nothing to report."""
+    _store(str(tmp_path), n=3)
+    with ConversationStateRepository(tmp_path, hot_window=1) as repo:
+        for i in range(3):
+            assert repo.delete(f"m{i}")
+        rep = repo.verify()
+        assert rep.ok and rep.checked["records"] == 0 and rep.checked["envelopes"] >= 3, rep
+        repo.compact()
+        assert repo.verify().ok
+    with ConversationStateRepository(tmp_path, read_only=True) as viewer:
+        assert viewer.verify().ok

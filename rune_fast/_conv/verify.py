@@ -270,7 +270,9 @@ class Verify(Host):
             env = np.frombuffer(bytes(envs), dtype=_ENV)
             del envs
             at, found = _lookup(recs, env["a"], env["b"])
-            for k in np.flatnonzero(found & (recs["h"][at] != env["h"])).tolist():
+            if len(recs):
+                found &= recs["h"][at] != env["h"]      # (now: found with another hash)
+            for k in np.flatnonzero(found).tolist():
                 problems.append(Problem(events.path, int(env["o"][k]),
                                         f"envelope of {hashes.mid(int(order[at[k]]))} does not match its record"))
             journaled = env[_by_key(env)]
