@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any, Callable, NamedTuple, cast
+from typing import Any, Callable, cast
 
 import numpy as np
 
@@ -745,78 +745,3 @@ class HotReads(Host):
             return self._decode_loc(loc)[0]
         self._index.line(loc)           # checked
         return hit[0]
-
-    def _all_records(self, skip: Callable[[int], bool] | None = None,
-                     read: Callable[[int, list[ConversationMessageRecord]], None] | None = None,
-                     ) -> list[ConversationMessageRecord]:
-        """Every live record (lock held): :meth:`_snapshot_records` of a
-        :meth:`_live_snapshot` taken and read under the lock."""
-        return self._snapshot_records(self._live_snapshot(skip), read)
-
-    def _live_snapshot(self, skip: Callable[[int], bool] | None = None) -> LiveSnapshot:
-        """The live records of this moment, for an export (lock held): the
-        hot ones read now (bounded by the hot window), the archive files
-        pinned (``skip(no)``: file ``no`` left out: none of its records is
-        wanted) for :meth:`_snapshot_records` to read, with or without the
-        lock. A record cooled meanwhile is in a file not pinned; a pinned
-        file stays live until it is read (an erasure or a merge replacing
-        it waits); a message deleted meanwhile is still in the snapshot."""
-        hot: list[ConversationMessageRecord | None] = []
-        lines: list[tuple[int, bytes, str, int]] = []     # (place in hot, line, path, offset): decoded after
-        for k in self._index.channels():
-            for loc in self._index.channel_locs(k, -1).tolist():
-                hit = self._exact_hit(loc)
-                raw = self._index.line(loc)         # (checked)
-                if hit is None:
-                    lines.append((len(hot), bytes(raw), self._path_of(loc >> 40), loc & _OFF_MASK))
-                hot.append(None if hit is None else hit[0])
-        self._bound_maps()
-        return LiveSnapshot(hot, lines, self._cool.pin_live(skip), frozenset(self._cool_deleted))
-
-    def _snapshot_records(self, snap: LiveSnapshot,
-                          read: Callable[[int, list[ConversationMessageRecord]], None] | None = None,
-                          ) -> list[ConversationMessageRecord]:
-        """The records of ``snap``: its hot ones and every row of its
-        pinned files but the deleted ones, each file unpinned once read
-        (all of them if the read fails); ``read(no, records)``: the live
-        records of each file. Those with tool calls are decoded from their
-        bytes (a reader may have edited a cached record's dicts in place;
-        another store must get what was appended), none kept in a cache (an
-        export reads each message once). The archive is read a part at a
-        time under the archive's lock only (appends ask it whether an id is
-        archived): StoreClosedError if the repository closed meanwhile."""
-        out, nos, deleted = snap.hot, snap.files, snap.deleted
-        try:
-            for at, line, path, offset in snap.lines:
-                out[at] = line_record(line, path, offset)
-            snap.lines.clear()
-            while nos:
-                got: list[ConversationMessageRecord] = []
-                for locs in self._cool.file_locs(nos[0], tuning.EXPORT_PART_ROWS):
-                    with self._cool.locked():
-                        # (close() marks the store closed, then releases the
-                        # archive's readers under this lock)
-                        self._check_open()
-                        part = self._cool_read(locs)
-                    got += [rec for rec, _o in part if not deleted or rec.msg_id not in deleted]
-                if read is not None:
-                    read(nos[0], got)
-                out += got
-                self._cool.unpin(nos.pop(0))
-        finally:
-            for no in nos:
-                self._cool.unpin(no)
-            nos.clear()
-        return out
-
-
-class LiveSnapshot(NamedTuple):
-    """What :meth:`Reads._live_snapshot` took: the hot records (None where
-    a line is to be decoded), the copies of those lines (their places in
-    ``hot``, bytes, path and offset), the archive files pinned (numbers,
-    oldest first; emptied as they are read and unpinned) and the ids
-    deleted whose rows they still hold."""
-    hot: list[Any]
-    lines: list[tuple[int, bytes, str, int]]
-    files: list[int]
-    deleted: frozenset[str]
