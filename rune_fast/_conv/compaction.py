@@ -440,8 +440,8 @@ class Compaction(Host):
             small = max(tuning.MERGE_INLINE_GROUP_ROWS, tuning.BG_COOL_MIN_ROWS)
             merged = False
             while groups:
-                # (an automatic one leaves files a check is reading: their
-                # unlink would wait for it, and the appender with it)
+                # (an automatic one leaves files a check or an export is
+                # reading: replacing them would wait for it, and the appender with it)
                 groups = [g for g in groups if self._merge_rows([g]) < small and (full or not self._cool.pinned(g))]
                 groups = self._within(groups, budget)
                 if not groups:

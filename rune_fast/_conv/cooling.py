@@ -208,8 +208,8 @@ class Cooling(Host):
         for job, wait in ((self._bg, wait_cool), (self._bg_merge, wait_merge)):
             if job is None or not (wait or job.done.is_set()) \
                     or (job.kind == "merge" and not wait and self._cool.pinned(job.sources)):
-                # (a merge whose source a check is reading: adopted by a
-                # later compaction, whose unlink of it would wait for the check)
+                # (a merge whose source a check or an export is reading:
+                # adopted by a later compaction, as its adoption would wait for it)
                 out.append(None)
                 continue
             while job.feeding():

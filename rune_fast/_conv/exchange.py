@@ -16,7 +16,7 @@ from ..records import ConversationMessageRecord
 from ..sync.bridge import export_ops_of
 from .._order import order_key
 from . import tuning
-from .common import _COOL_RANK, _HOT_RANK, _OFF_MASK, _first, _fold_key
+from .common import _COOL_RANK, _HOT_RANK, _first, _fold_key
 
 from .host import Host
 from .reads import line_record
@@ -215,9 +215,10 @@ class Exchange(Host):
         for k in self._index.channels():
             for loc in self._index.channel_locs(k, -1).tolist():
                 hit = self._exact_hit(loc)
-                raw = self._index.line(loc)         # (checked)
                 if hit is None:
-                    lines.append((len(hot), bytes(raw), self._path_of(loc >> 40), loc & _OFF_MASK))
+                    lines.append((len(hot), *self._line_copy(loc)))
+                else:
+                    self._index.line(loc)           # (checked)
                 hot.append(None if hit is None else hit[0])
         self._bound_maps()
         return LiveSnapshot(hot, lines, self._cool.pin_live(skip), frozenset(self._cool_deleted))

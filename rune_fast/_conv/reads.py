@@ -212,6 +212,16 @@ class HotReads(Host):
         s = self._segs.get(seg)
         return s.path if s is not None else os.path.join(self.hot_dir, seg_name(seg))
 
+    def _where(self, loc: int) -> tuple[str, int]:
+        """The file and offset of the hot line at ``loc`` (to name it)."""
+        return self._path_of(loc >> 40), loc & _OFF_MASK
+
+    def _line_copy(self, loc: int) -> tuple[bytes, str, int]:
+        """The hot line at ``loc``, checked, as a copy of its bytes (lock
+        held), and where it is: what an export or a check decodes after the
+        lock with :func:`line_record`."""
+        return (bytes(self._index.line(loc)), *self._where(loc))
+
     def _tier_of(self, loc: int) -> str:
         seg, off = loc >> 40, loc & ((1 << 40) - 1)
         return "tail" if seg == self._tail_seg and off >= self._covered else "hot"

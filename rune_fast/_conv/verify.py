@@ -227,11 +227,11 @@ class Verify(Host):
         with _noted(problems, self.hot_dir, "index check"):
             for ch in list(self._index.channels()):
                 for loc in self._index.channel_locs(ch, -1).tolist():
-                    at = (self._path_of(loc >> 40), loc & _OFF_MASK)
                     try:
-                        lines.append((bytes(self._index.line(loc)), *at))
+                        lines.append(self._line_copy(loc))
                     except CorruptStateCheckpointError as exc:
-                        problems.append(Problem(*at, str(exc)))
+                        path, offset = self._where(loc)
+                        problems.append(Problem(path, offset, str(exc)))
         self._bound_maps()
         return lines
 

@@ -131,7 +131,9 @@ class _FileSet:
         # the range): verify() finds a byte changed where no page checksum
         # looks (the leading magic, page headers)
         self._digests: dict[int, str] = {}
-        self._pins: dict[int, int] = {}   # no -> readers of it unlocked (verify, export): it stays
+        # no -> readers of it without the repository's lock (verify, export):
+        # it stays live (the writer's _switch waits), so it is never unlinked under them
+        self._pins: dict[int, int] = {}
         self._unpinned = threading.Condition(self._lock)
         self._rebuilt: list[str] = []
         self._moved_legacy = False
@@ -694,8 +696,6 @@ class _FileSet:
                 no = _file_no(name)
                 if no in self._files:
                     raise ValueError(f"unlink_files: {name} is still live")
-            while self.pinned(names):
-                self._unpinned.wait()       # (a check reading one: an erasure's bytes go when it ends)
             for name in names:
                 no = _file_no(name)
                 self._forget_cache(no)
@@ -734,7 +734,7 @@ class _FileSet:
         self._pins[no] = self._pins.get(no, 0) + 1
 
     def pinned(self, names: Iterable[str]) -> bool:
-        """Whether a check is reading one of ``names`` (an unlink would wait)."""
+        """Whether a reader holds one of ``names`` pinned (replacing it would wait)."""
         with self._lock:
             return any(_file_no(name) in self._pins for name in names)
 
