@@ -284,7 +284,9 @@ class Exchange(Host):
                     records, tomb_ops = self._changed(events, start, end)
             if snap is not None:
                 records = self._snapshot_records(snap)
-            return export_ops_of(records, tomb_ops), (ident, end)
+            box = [records]
+            del records     # (export_ops_of frees them as their ops are made)
+            return export_ops_of(box.pop(), tomb_ops, consume=True), (ident, end)
 
     def _changed(self, events: Any, start: int, end: int,
                  ) -> tuple[list[ConversationMessageRecord], list[_sync.OpRecord]]:
