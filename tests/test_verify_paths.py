@@ -448,3 +448,25 @@ def test_verify_of_a_store_whose_every_message_was_deleted_is_clean(tmp_path):
         assert repo.verify().ok
     with ConversationStateRepository(tmp_path, read_only=True) as viewer:
         assert viewer.verify().ok
+
+
+def test_verify_names_every_damaged_hot_line_the_index_holds(tmp_path):
+    """The indexed hot lines are checked and copied in one compiled pass;
+    one damaged line makes each be checked alone, so that every damaged
+    line is named with its file and offset, and the sound ones still have
+    their records compared with their envelopes."""
+    with ConversationStateRepository(tmp_path, compact_every=10**6, durability="none") as repo:
+        repo.append_many([ConversationMessageRecord(msg_id=f"m{i}", channel_id="c", content=f"body {i} here")
+                          for i in range(8)])
+        repo.flush()
+        assert repo.verify().ok
+        tail = os.path.join(tmp_path, "hot", "conversation_tail.jsonl")
+        with open(tail, "r+b") as f:
+            data = f.read()
+            bad = [data.rindex(b"\n", 0, data.index(f"body {i} ".encode())) + 1 for i in (2, 5)]
+            for i in (2, 5):
+                f.seek(data.index(f"body {i} ".encode()))
+                f.write(b"B")
+        rep = repo.verify()
+        named = [(p.file, p.offset) for p in rep.problems if "checksum" in p.message]
+        assert sorted(set(named)) == [(tail, off) for off in bad], rep.problems

@@ -7,6 +7,7 @@ import os
 from contextlib import nullcontext
 from typing import Any, Callable, Iterable, NamedTuple
 
+import numpy as np
 
 from .. import codec
 from .._memory import collector_paused
@@ -19,7 +20,7 @@ from . import tuning
 from .common import _COOL_RANK, _HOT_RANK, _first, _fold_key
 
 from .host import Host
-from .reads import line_record
+from .reads import HotCopy
 
 log = logging.getLogger("rune_fast")
 
@@ -210,16 +211,18 @@ class Exchange(Host):
         lock. A record cooled meanwhile is in a file not pinned; a pinned
         file stays live until it is read (an erasure or a merge replacing
         it waits); a message deleted meanwhile is still in the snapshot."""
-        hot: list[ConversationMessageRecord | None] = []
-        lines: list[tuple[int, bytes, str, int]] = []     # (place in hot, line, path, offset): decoded after
-        for k in self._index.channels():
-            for loc in self._index.channel_locs(k, -1).tolist():
-                hit = self._exact_hit(loc)
-                if hit is None:
-                    lines.append((len(hot), *self._line_copy(loc)))
-                else:
-                    self._index.line(loc)           # (checked)
-                hot.append(None if hit is None else hit[0])
+        ks = list(self._index.channels())
+        locs = np.concatenate([self._index.channel_locs(k, -1) for k in ks]) if ks else np.zeros(0, np.int64)
+        # (a cached record serves unless it has tool calls: a reader may have
+        # edited its dicts in place, and another store must get what was
+        # appended; every line is checked, the others copied to decode after)
+        hits, _misses = self._decoded.get_many(locs.tolist())
+        hot: list[ConversationMessageRecord | None] = [
+            None if hit is None or hit[0].tool_calls else hit[0] for hit in hits]
+        del hits
+        todo = np.fromiter((rec is None for rec in hot), dtype=bool, count=len(hot))
+        self._index.check_lines(locs[~todo].tolist())
+        lines = (np.flatnonzero(todo), self._copy_lines(locs[todo]))
         self._bound_maps()
         return LiveSnapshot(hot, lines, self._cool.pin_live(skip), frozenset(self._cool_deleted))
 
@@ -237,9 +240,10 @@ class Exchange(Host):
         archived): StoreClosedError if the repository closed meanwhile."""
         out, nos, deleted = snap.hot, snap.files, snap.deleted
         try:
-            for at, line, path, offset in snap.lines:
-                out[at] = line_record(line, path, offset)
-            snap.lines.clear()
+            places, copy = snap.lines
+            for i, at in enumerate(places.tolist()):
+                out[at] = copy.record(i)
+            del copy
             while nos:
                 got: list[ConversationMessageRecord] = []
                 for locs in self._cool.file_locs(nos[0], tuning.EXPORT_PART_ROWS):
@@ -368,10 +372,10 @@ class Exchange(Host):
 class LiveSnapshot(NamedTuple):
     """What :meth:`Exchange._live_snapshot` took: the hot records (None where
     a line is to be decoded), the copies of those lines (their places in
-    ``hot``, bytes, path and offset), the archive files pinned (numbers,
-    oldest first; emptied as they are read and unpinned) and the ids
-    deleted whose rows they still hold."""
+    ``hot``, and the copy), the archive files pinned (numbers, oldest
+    first; emptied as they are read and unpinned) and the ids deleted whose
+    rows they still hold."""
     hot: list[Any]
-    lines: list[tuple[int, bytes, str, int]]
+    lines: tuple[np.ndarray, HotCopy]
     files: list[int]
     deleted: frozenset[str]

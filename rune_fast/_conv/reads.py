@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any, Callable, cast
+from typing import Any, Callable, NamedTuple, cast
 
 import numpy as np
 
@@ -66,12 +66,30 @@ def canonical_record(line: bytes | memoryview) -> tuple[ConversationMessageRecor
     return _encode.record_from_line(line, ConversationMessageRecord, codec._calls_from_json)
 
 
-def line_record(line: bytes, path: str, offset: int) -> ConversationMessageRecord:
+def line_record(line: bytes | memoryview, path: str, offset: int) -> ConversationMessageRecord:
     """The record of a checked hot line (a copy of its bytes, read without
     the lock: an export's or a check's), by the compiled decoder, else the
     Python path, which names what is wrong (CorruptStateCheckpointError
     naming ``path`` and ``offset``)."""
-    return (canonical_record(line) or codec.record_from_line(line, path=path, offset=offset))[0]
+    return (canonical_record(line) or codec.record_from_line(bytes(line), path=path, offset=offset))[0]
+
+
+class HotCopy(NamedTuple):
+    """Hot lines checked and copied in one compiled pass under the lock
+    (:meth:`Reads._copy_lines`): their bytes one after the other, where
+    each starts, their locations and the path of each of their segments;
+    :meth:`record` decodes one after the lock."""
+    data: bytes
+    starts: np.ndarray
+    locs: np.ndarray
+    paths: dict[int, str]
+
+    def record(self, i: int) -> ConversationMessageRecord:
+        """The record of line ``i`` (CorruptStateCheckpointError naming its
+        file and offset if it does not decode)."""
+        a, loc = int(self.starts[i]), int(self.locs[i])
+        b = int(self.starts[i + 1]) if i + 1 < len(self.starts) else len(self.data)
+        return line_record(memoryview(self.data)[a:b - 1], self.paths[loc >> 40], loc & _OFF_MASK)
 
 
 #: What stands for a dense line's frame checksum (its bytes are the
@@ -216,11 +234,16 @@ class HotReads(Host):
         """The file and offset of the hot line at ``loc`` (to name it)."""
         return self._path_of(loc >> 40), loc & _OFF_MASK
 
-    def _line_copy(self, loc: int) -> tuple[bytes, str, int]:
-        """The hot line at ``loc``, checked, as a copy of its bytes (lock
-        held), and where it is: what an export or a check decodes after the
-        lock with :func:`line_record`."""
-        return (bytes(self._index.line(loc)), *self._where(loc))
+    def _copy_lines(self, locs: np.ndarray) -> HotCopy:
+        """The hot lines at ``locs``, each checked, copied by one compiled
+        call (lock held; CorruptStateCheckpointError for the first damaged
+        one): what an export or a check decodes after the lock
+        (:meth:`HotCopy.record`). At 1,000,000 messages an export's 66,000
+        hot lines held the lock 115-160 ms checked and copied one call each."""
+        locs = np.asarray(locs, dtype=np.int64)
+        data, starts = self._index.gather_lines(locs)
+        self._maps.read(len(locs))
+        return HotCopy(data, starts, locs, {seg: self._path_of(seg) for seg in np.unique(locs >> 40).tolist()})
 
     def _tier_of(self, loc: int) -> str:
         seg, off = loc >> 40, loc & ((1 << 40) - 1)

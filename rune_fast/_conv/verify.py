@@ -23,7 +23,7 @@ from .common import (SNAPSHOT_NAME, _OFF_MASK, _REPEATED, _VIEWER_ATTEMPTS, Prob
                      _noted)
 
 from .host import Host
-from .reads import line_record
+from .reads import HotCopy
 
 log = logging.getLogger("rune_fast")
 
@@ -181,7 +181,7 @@ class Verify(Host):
             self._check_open()
             yield
 
-    def _verify_hot(self, problems: list[Problem], checked: dict[str, int]) -> list[tuple[bytes, str, int]]:
+    def _verify_hot(self, problems: list[Problem], checked: dict[str, int]) -> list[HotCopy]:
         """The hot tier's check (lock held): every segment's lines, the index
         rebuilt from them, the snapshot, and every indexed line checked;
         returns each indexed line's bytes and where it is, for
@@ -223,30 +223,36 @@ class Verify(Host):
         # live index against the files: every indexed line checked and
         # copied here (decoded from its bytes after, without the lock: not
         # the decode cache's record)
-        lines: list[tuple[bytes, str, int]] = []
+        copies: list[HotCopy] = []
         with _noted(problems, self.hot_dir, "index check"):
-            for ch in list(self._index.channels()):
-                for loc in self._index.channel_locs(ch, -1).tolist():
+            ks = list(self._index.channels())
+            locs = np.concatenate([self._index.channel_locs(k, -1) for k in ks]) if ks else np.zeros(0, np.int64)
+            try:
+                copies.append(self._copy_lines(locs))
+            except CorruptStateCheckpointError:
+                # (a damaged line: each checked alone, every one named)
+                for loc in locs.tolist():
                     try:
-                        lines.append(self._line_copy(loc))
+                        copies.append(self._copy_lines(np.array([loc], dtype=np.int64)))
                     except CorruptStateCheckpointError as exc:
                         path, offset = self._where(loc)
                         problems.append(Problem(path, offset, str(exc)))
         self._bound_maps()
-        return lines
+        return copies
 
     @staticmethod
-    def _verify_hot_lines(lines: list[tuple[bytes, str, int]], problems: list[Problem],
-                          hashes: PayloadHashes) -> None:
-        """Decode each hot line :meth:`_verify_hot` copied (``(line, path,
-        offset)``: checked) and add its record's payload hash to ``hashes``;
-        a line that does not decode is a problem naming where it was."""
-        for line, path, offset in lines:
-            try:
-                rec = line_record(line, path, offset)
-                hashes.add_hex(rec.msg_id, payload_hash(rec))
-            except CorruptStateCheckpointError as exc:
-                problems.append(Problem(path, offset, str(exc)))
+    def _verify_hot_lines(copies: list[HotCopy], problems: list[Problem], hashes: PayloadHashes) -> None:
+        """Decode each hot line :meth:`_verify_hot` copied (checked) and add
+        its record's payload hash to ``hashes``; a line that does not
+        decode is a problem naming where it was."""
+        for copy in copies:
+            for i in range(len(copy.starts)):
+                try:
+                    rec = copy.record(i)
+                    hashes.add_hex(rec.msg_id, payload_hash(rec))
+                except CorruptStateCheckpointError as exc:
+                    loc = int(copy.locs[i])
+                    problems.append(Problem(copy.paths[loc >> 40], loc & _OFF_MASK, str(exc)))
 
     def _verify_events(self, events: EventStore, problems: list[Problem], checked: dict[str, int],
                        hashes: PayloadHashes, recs: np.ndarray, order: np.ndarray, every: bool = True) -> None:
