@@ -31,7 +31,7 @@ from .schema import (
     _file_no, _grams_name, _id_hash, _idx_name, _parquet_name, index_dir_for,
 )
 from .sidecar import (
-    _FileIndex, _PageFilters, _build_index, _close, _footer_hash, _footer_start, _map_file,
+    _FileIndex, _PageFilters, _build_index, _by_hash_then_row, _close, _footer_hash, _footer_start, _map_file,
     _open_checked, _read_all, _release_arrow, _sidecar_names, _unlink_quiet,
 )
 from .tables import _GroupWriter, _RowTaker, _widened
@@ -523,9 +523,7 @@ class _FileSet:
 
     def _file_entries(self, no: int) -> tuple[np.ndarray, np.ndarray]:
         """(hashes, rows) of file ``no`` in the id index, by hash then row."""
-        h, r = self._ids.run(no)
-        order = np.lexsort((r, h))
-        return h[order], r[order]
+        return _by_hash_then_row(*self._ids.run(no))
 
     def _forget_cache(self, no: int) -> None:
         self._full = False

@@ -649,3 +649,9 @@ def _same_dirs(a: tuple[np.ndarray, np.ndarray] | None, b: tuple[np.ndarray, np.
     if a is None or b is None:
         return a is None and b is None
     return np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+
+
+def _by_hash_then_row(h: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A file's id index entries (hashes, rows) sorted by hash, then row."""
+    order = np.lexsort((r, h))
+    return h[order], r[order]
