@@ -222,7 +222,7 @@ class Exchange(Host):
         del hits
         todo = np.fromiter((rec is None for rec in hot), dtype=bool, count=len(hot))
         self._index.check_lines(locs[~todo].tolist())
-        lines = (np.flatnonzero(todo), self._copy_lines(locs[todo]))
+        lines = [(np.flatnonzero(todo), self._copy_lines(locs[todo]))]
         self._bound_maps()
         return LiveSnapshot(hot, lines, self._cool.pin_live(skip), frozenset(self._cool_deleted))
 
@@ -240,10 +240,7 @@ class Exchange(Host):
         archived): StoreClosedError if the repository closed meanwhile."""
         out, nos, deleted = snap.hot, snap.files, snap.deleted
         try:
-            places, copy = snap.lines
-            for i, at in enumerate(places.tolist()):
-                out[at] = copy.record(i)
-            del copy
+            _place_copies(out, snap.lines)      # (the copies go before the archive is read)
             while nos:
                 got: list[ConversationMessageRecord] = []
                 for locs in self._cool.file_locs(nos[0], tuning.EXPORT_PART_ROWS):
@@ -369,13 +366,22 @@ class Exchange(Host):
         return sum(self.append_many(records[a:a + part]) for a in range(0, len(records), part))
 
 
+def _place_copies(out: list[Any], lines: list[tuple[np.ndarray, HotCopy]]) -> None:
+    """Decode the hot lines of ``lines`` (their places in ``out``, their
+    copy) into ``out``, then let the copies go."""
+    for places, copy in lines:
+        for i, at in enumerate(places.tolist()):
+            out[at] = copy.record(i)
+    lines.clear()
+
+
 class LiveSnapshot(NamedTuple):
     """What :meth:`Exchange._live_snapshot` took: the hot records (None where
     a line is to be decoded), the copies of those lines (their places in
-    ``hot``, and the copy), the archive files pinned (numbers, oldest
+    ``hot``, and the copy; emptied once decoded), the archive files pinned (numbers, oldest
     first; emptied as they are read and unpinned) and the ids deleted whose
     rows they still hold."""
     hot: list[Any]
-    lines: tuple[np.ndarray, HotCopy]
+    lines: list[tuple[np.ndarray, HotCopy]]
     files: list[int]
     deleted: frozenset[str]
