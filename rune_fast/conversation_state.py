@@ -374,8 +374,9 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
                 raise TypeError(f"since: expected an Hlc, its str or None, got {type(since).__name__}")
             since = _sync.Hlc.parse(since)
         with collector_paused():      # (millions of new containers, no cycle: see _memory)
-            # (no name here holds the records: they are freed as their ops are made)
-            return export_ops_of(*self._export_all(since), since, consume=True)
+            records, tomb_ops = self._export_all(since)
+            # (consume: the list emptied, the records freed as their ops are made)
+            return export_ops_of(records, tomb_ops, since, consume=True)
 
     def merge_ops(self, ops: Iterable[Any]) -> int:
         """Store the messages and apply the tombstones of ``ops`` (from another

@@ -473,18 +473,16 @@ def test_verify_names_every_damaged_hot_line_the_index_holds(tmp_path):
         assert sorted(set(named)) == [(tail, off) for off in bad], rep.problems
 
 
-def test_the_ids_of_every_file_are_compared_without_the_writers_lock(tmp_path, monkeypatch):
-    """The repeated-id check sorts the hashes of every archived row after
-    the last file (~0.4 s at 1,000,000 rows): an append goes on meanwhile
-    (the ids whose hashes agree are compared under the lock: test_cool's
-    repeated-id tests)."""
+def _append_beside_a_stopped_sort(repo, monkeypatch, callers: tuple[str, ...], msg_id: str):
+    """verify run on a thread and stopped in its first np.lexsort called
+    from one of ``callers``; an append of ``msg_id`` tried meanwhile:
+    ``(whether the append waited 10 s for the verify, its report)``."""
     from rune_fast.cool import archive
-    repo = archived_store(str(tmp_path))
     entered, go = threading.Event(), threading.Event()
     real = archive.np.lexsort
 
     def stopped(keys):
-        if sys._getframe(1).f_code.co_name == "_repeated_ids":
+        if sys._getframe(1).f_code.co_name in callers:
             entered.set()
             assert go.wait(60)
         return real(keys)
@@ -492,15 +490,25 @@ def test_the_ids_of_every_file_are_compared_without_the_writers_lock(tmp_path, m
     monkeypatch.setattr(archive.np, "lexsort", stopped)
     t, out = in_thread(repo.verify)
     assert entered.wait(60)
-    a, _got = in_thread(lambda: repo.append(ConversationMessageRecord(msg_id="during", content="x",
+    a, _got = in_thread(lambda: repo.append(ConversationMessageRecord(msg_id=msg_id, content="x",
                                                                       channel_id="c0")))
     a.join(10)
     waited = a.is_alive()
     go.set()
     t.join(60)
     a.join(60)
-    assert not waited and out["value"].ok, out
     monkeypatch.undo()
+    return waited, out
+
+
+def test_the_ids_of_every_file_are_compared_without_the_writers_lock(tmp_path, monkeypatch):
+    """The repeated-id check sorts the hashes of every archived row after
+    the last file (~0.4 s at 1,000,000 rows): an append goes on meanwhile
+    (the ids whose hashes agree are compared under the lock: test_cool's
+    repeated-id tests)."""
+    repo = archived_store(str(tmp_path))
+    waited, out = _append_beside_a_stopped_sort(repo, monkeypatch, ("_repeated_ids",), "during")
+    assert not waited and out["value"].ok, out
     repo.close()
 
 
@@ -509,28 +517,9 @@ def test_a_files_index_entries_are_sorted_without_the_archives_lock(tmp_path, mo
     by hash then row (~0.25 s for a file of 262,144 rows): after the
     archive's lock is let go, which an append asks whether its id is
     archived."""
-    from rune_fast.cool import archive
     repo = archived_store(str(tmp_path))
-    entered, go = threading.Event(), threading.Event()
-    real = archive.np.lexsort
-
-    def stopped(keys):
-        if sys._getframe(1).f_code.co_name in ("_by_hash_then_row", "_file_entries"):
-            entered.set()
-            assert go.wait(60)
-        return real(keys)
-
-    monkeypatch.setattr(archive.np, "lexsort", stopped)
-    t, out = in_thread(repo.verify)
-    assert entered.wait(60)
     # (an id within the archived ids' span: the append asks the archive under its lock)
-    a, _got = in_thread(lambda: repo.append(ConversationMessageRecord(msg_id="b1-9", content="x",
-                                                                      channel_id="c0")))
-    a.join(10)
-    waited = a.is_alive()
-    go.set()
-    t.join(60)
-    a.join(60)
+    waited, out = _append_beside_a_stopped_sort(repo, monkeypatch, ("_by_hash_then_row", "_file_entries"),
+                                                "b1-9")
     assert not waited and out["value"].ok, out
-    monkeypatch.undo()
     repo.close()

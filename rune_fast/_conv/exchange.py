@@ -285,9 +285,8 @@ class Exchange(Host):
                     records, tomb_ops = self._changed(events, start, end)
             if snap is not None:
                 records = self._snapshot_records(snap)
-            box = [records]
-            del records     # (export_ops_of frees them as their ops are made)
-            return export_ops_of(box.pop(), tomb_ops, consume=True), (ident, end)
+            # (consume: the list emptied, the records freed as their ops are made)
+            return export_ops_of(records, tomb_ops, consume=True), (ident, end)
 
     def _changed(self, events: Any, start: int, end: int,
                  ) -> tuple[list[ConversationMessageRecord], list[_sync.OpRecord]]:
@@ -378,9 +377,9 @@ def _place_copies(out: list[Any], lines: list[tuple[np.ndarray, HotCopy]]) -> No
 class LiveSnapshot(NamedTuple):
     """What :meth:`Exchange._live_snapshot` took: the hot records (None where
     a line is to be decoded), the copies of those lines (their places in
-    ``hot``, and the copy; emptied once decoded), the archive files pinned (numbers, oldest
-    first; emptied as they are read and unpinned) and the ids deleted whose
-    rows they still hold."""
+    ``hot``, and the copy; emptied once decoded), the archive files pinned
+    (numbers, oldest first; emptied as they are read and unpinned) and the
+    ids deleted whose rows they still hold."""
     hot: list[Any]
     lines: list[tuple[np.ndarray, HotCopy]]
     files: list[int]
