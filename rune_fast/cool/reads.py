@@ -41,6 +41,10 @@ def parts_locs(parts: list[tuple[int, np.ndarray]]) -> list[int]:
     return out
 
 
+#: row groups a :meth:`_Reads.stamp_columns` reads under one hold of the lock
+_STAMP_GROUPS = 64
+
+
 class _Reads(_RowCache):
     """Queries by id, channel and task (the layer above the row cache).
     """
@@ -472,6 +476,35 @@ class _Reads(_RowCache):
         base = no << 32
         for a in range(0, rows, part):
             yield list(range(base | a, base | min(rows, a + part)))
+
+    def stamp_columns(self, no: int) -> tuple[pa.Array, np.ndarray, pa.Array] | None:
+        """The ``hlc``, ``ts`` and ``origin`` columns of every row of live
+        file ``no`` (deleted ones too), through its PageReader (each page's
+        CRC checked), ``_STAMP_GROUPS`` row groups at a time under the
+        archive's lock: whether the file holds a stamp newer than an export's
+        ``since``, without its records. None if a group cannot be read so
+        (damage, a layout the reader does not take, the file gone): the
+        caller reads the records, which names any damage."""
+        names = ["hlc", "ts", "origin"]
+        got: list[list[Any]] = [[], [], []]
+        rg = 0
+        while True:
+            with self._lock:
+                fi = self._files.get(no)
+                if fi is None:
+                    return None
+                starts = fi.rg_list
+                for rg in range(rg, min(len(starts) - 1, rg + _STAMP_GROUPS)):
+                    t = self._page_columns(no, rg, names)
+                    if t is None or t.num_rows != starts[rg + 1] - starts[rg]:
+                        return None
+                    for out, col in zip(got, t.columns):
+                        out += col.chunks
+                rg += 1
+                if rg >= len(starts) - 1:
+                    break
+        hlc, ts, origin = (pa.concat_arrays(a) if a else pa.array([], pa.string()) for a in got)
+        return hlc, np.asarray(ts, dtype=np.float64), origin
 
     def locked(self) -> ContextManager[Any]:
         """The archive's lock: while it is held no file leaves the set and

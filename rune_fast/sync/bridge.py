@@ -55,6 +55,41 @@ def record_stamp(hlc_s: str, ts: Any, origin: Any) -> Hlc:
         return _stamp_of(ts, origin)
 
 
+#: What Hlc.parse takes (and nothing else): such a string sorts as text
+#: exactly like its stamp.
+_CANONICAL_HLC = r"^[0-9]{15}-[0-9]{10}-"
+
+
+def newest_stamp(hlc: Any, ts: Any, origin: Any) -> tuple:
+    """``max(tuple(record_stamp(h, t, o)))`` over the rows of three columns
+    (``hlc`` and ``origin`` Arrow string arrays, ``ts`` float64), ``()``
+    for no rows, without a Python step a row: the largest canonical
+    ``hlc`` by its text, and of the rows stamped from ``ts`` (no ``hlc``,
+    or one Hlc.parse refuses) only those whose wall time lies within two
+    milliseconds of the largest (rounding moves it by at most one)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    best: tuple = ()
+    if len(hlc) == 0:
+        return best
+    canon = pc.match_substring_regex(hlc, _CANONICAL_HLC).to_numpy(zero_copy_only=False)
+    if canon.any():
+        best = tuple(Hlc.parse(pc.max(hlc.filter(pa.array(canon))).as_py()))
+    rest = np.flatnonzero(~canon)
+    if len(rest):
+        t = np.asarray(ts, dtype=np.float64)
+        with np.errstate(invalid="ignore", over="ignore"):
+            w = t[rest] * 1000.0
+            w = np.where(w > 0, np.minimum(w, float(_WALL_MAX)), 0.0)    # (NaN: 0)
+        near = rest[w >= w.max() - 2.0]
+        for h, t_, o in zip(hlc.take(near).to_pylist(), t[near].tolist(), origin.take(near).to_pylist()):
+            stamp = tuple(record_stamp(h, t_, o))
+            if stamp > best:
+                best = stamp
+    return best
+
+
 def op_from_record_dict(d: Any, *, lenient: bool = False) -> OpRecord:
     """The op of a stored message (SPEC section 7): ``op_id = msg_id``,
     ``hlc`` = the record's ``hlc`` or ``Hlc(round(ts*1000), 0, origin)`` when
