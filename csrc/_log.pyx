@@ -14,7 +14,7 @@ from cpython.pythread cimport (PyThread_acquire_lock, PyThread_allocate_lock,
 from libc.errno cimport EINTR, EINVAL, EIO, ENOSYS, ENXIO, EOPNOTSUPP, errno
 from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.stdlib cimport free, malloc
-from libc.string cimport memchr, memcpy, memset
+from libc.string cimport memchr, memcmp, memcpy, memset
 from posix.fcntl cimport O_APPEND, O_CLOEXEC, O_CREAT, O_RDONLY, O_WRONLY
 from posix.fcntl cimport open as c_open
 from posix.stat cimport fstat, struct_stat
@@ -37,6 +37,7 @@ cdef extern from "<fcntl.h>" nogil:
 from posix.unistd cimport write as c_write
 
 cimport _xxh
+cimport cython
 
 cdef extern from "sys/file.h" nogil:
     int flock(int fd, int operation)
@@ -132,6 +133,124 @@ def digest128(data) -> str:
         h = _xxh.XXH3_128bits(view.buf, <size_t>view.len)
     PyBuffer_Release(&view)
     return "%016x%016x" % (h.high64, h.low64)
+
+
+# The fixed parts of a message envelope as EventStore writes it (after the
+# frame's ``{"x":"<16 hex>"``): what message_envelope_keys takes in C.
+cdef bytes _ENV_TYPE = b',"type":"conversation.message","id":"'
+cdef bytes _ENV_HASH = b'","payload_hash":"'
+cdef bytes _ENV_TS = b'","ts":'
+
+
+# each byte's value as a lowercase hex digit, 0x10 for any other byte
+cdef unsigned char _HEX[256]
+memset(_HEX, 0x10, 256)
+for _c in range(10):
+    _HEX[48 + _c] = _c
+for _c in range(6):
+    _HEX[97 + _c] = 10 + _c
+
+
+cdef inline bint _plain_number(const unsigned char *p, Py_ssize_t n) noexcept nogil:
+    """Whether p[:n] is a JSON number of the plain form ``-?(0|[1-9][0-9]{0,14})(\.[0-9]{1,20})?``
+    (a ts as json.dumps of a float writes it; any other spelling is left to
+    the JSON parser)."""
+    cdef Py_ssize_t i = 0, k
+    if i < n and p[i] == b'-':
+        i += 1
+    k = i
+    while i < n and p[i] >= b'0' and p[i] <= b'9':
+        i += 1
+    if i == k or i - k > 15 or (p[k] == b'0' and i - k > 1):
+        return 0
+    if i < n and p[i] == b'.':
+        i += 1
+        k = i
+        while i < n and p[i] >= b'0' and p[i] <= b'9':
+            i += 1
+        if i == k or i - k > 20:
+            return 0
+    return i == n
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def message_envelope_keys(buf, offsets, lengths, int64_t base):
+    """``(entries, taken)`` of the lines of ``buf`` at ``offsets`` (their
+    ``lengths``, without the newline; lines whose frame was checked) that
+    are message envelopes spelled exactly as EventStore writes them:
+    ``{"x":"<16 hex>","type":"conversation.message","id":"<id>",
+    "payload_hash":"<64 hex>","ts":<number>}`` with an id of printable
+    ASCII but ``"`` and ``\\``, lowercase hex digits and a plain number.
+    ``entries``: 32 bytes a line taken, in order (the xxh3_128 digest of
+    its id, the first 8 bytes of its hash, and ``base`` + its offset as a
+    little-endian int64: what verify keeps of each envelope); ``taken``: a
+    uint8 array, 1 for each line taken. Any other line (another type, an
+    escape, a key out of place) is the caller's to parse."""
+    cdef Py_buffer view
+    cdef const int64_t[::1] offs = np.ascontiguousarray(offsets, dtype=np.int64)
+    cdef const int64_t[::1] lens = np.ascontiguousarray(lengths, dtype=np.int64)
+    cdef Py_ssize_t n = offs.shape[0], i, j, jj, k, idn, ln
+    cdef const unsigned char *line
+    cdef const unsigned char *d
+    cdef const unsigned char *tp = _ENV_TYPE
+    cdef const unsigned char *hp = _ENV_HASH
+    cdef const unsigned char *sp = _ENV_TS
+    cdef Py_ssize_t tn = len(_ENV_TYPE), hn = len(_ENV_HASH), sn = len(_ENV_TS)
+    cdef _xxh.XXH128_hash_t h
+    cdef unsigned char *o
+    cdef int64_t at
+    cdef unsigned char bad
+    if lens.shape[0] != n:
+        raise FramingError(f"message_envelope_keys: {n} offsets, {lens.shape[0]} lengths")
+    taken = np.zeros(n, dtype=np.uint8)
+    cdef unsigned char[::1] t = taken
+    out = bytearray(32 * n)
+    cdef unsigned char[::1] ob = out
+    cdef Py_ssize_t m = 0
+    _get_buffer(buf, &view, "buf")
+    try:
+        d = <const unsigned char *>view.buf
+        for i in range(n):
+            if offs[i] < 0 or lens[i] < 0 or offs[i] + lens[i] > view.len:
+                raise FramingError(f"message_envelope_keys: line {i} at {offs[i]} ({lens[i]} bytes) "
+                                   f"is outside the buffer of {view.len} bytes")
+        with nogil:
+            for i in range(n):
+                line = d + offs[i]
+                ln = lens[i]
+                # {"x":"<16 hex>" then the type, the id, the hash and ts, then }
+                k = 23
+                if ln < k + tn + 1 + hn + 64 + sn + 2 or line[ln - 1] != b'}' \
+                        or memcmp(line + k, tp, <size_t>tn) != 0:
+                    continue
+                k += tn
+                j = k
+                while j < ln and line[j] >= 0x20 and line[j] < 0x7f and line[j] != b'"' and line[j] != b'\\':
+                    j += 1
+                idn = j - k
+                if idn == 0 or j + hn + 64 + sn + 2 > ln or memcmp(line + j, hp, <size_t>hn) != 0:
+                    continue
+                j += hn
+                bad = 0
+                for jj in range(64):
+                    bad |= _HEX[line[j + jj]]
+                if bad & 0x10 or memcmp(line + j + 64, sp, <size_t>sn) != 0 \
+                        or not _plain_number(line + j + 64 + sn, ln - 1 - (j + 64 + sn)):
+                    continue
+                h = _xxh.XXH3_128bits(line + k, <size_t>idn)
+                o = &ob[32 * m]
+                for jj in range(8):
+                    o[jj] = <unsigned char>((h.high64 >> (56 - 8 * jj)) & 0xFF)
+                    o[8 + jj] = <unsigned char>((h.low64 >> (56 - 8 * jj)) & 0xFF)
+                    o[16 + jj] = <unsigned char>(_HEX[line[j + 2 * jj]] * 16 + _HEX[line[j + 2 * jj + 1]])
+                at = base + offs[i]
+                memcpy(o + 24, &at, 8)      # (little-endian: the platforms rune_fast builds on)
+                t[i] = 1
+                m += 1
+    finally:
+        PyBuffer_Release(&view)
+    return bytes(out[:32 * m]), taken
 
 
 cdef int _check_rest(const unsigned char *p, Py_ssize_t n) except -1:

@@ -13,6 +13,7 @@ from typing import Any, Callable, Literal, overload
 
 import orjson
 
+from ._log import message_envelope_keys
 from .fsutil import ensure_private_dir, fdatasync_path, fsync_dir  # noqa: F401 (re-exported)
 from .framed_log import (  # noqa: F401 (re-exported)
     MAX_LINE,
@@ -226,14 +227,21 @@ class EventStore:
         """See :meth:`FramedLog.next_line_start`."""
         return self._log.next_line_start(offset)
 
-    def verify(self, sound: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    def verify(self, sound: Callable[[dict[str, Any]], None] | None = None,
+               keys: Callable[[bytes], None] | None = None) -> list[dict[str, Any]]:
         """Check every line and envelope up to where complete lines ended
         when it started (another appender's envelope in flight is not
         damage), in one pass; never raises for damage. Return one
         ``{"path", "offset", "problem"}`` dict per problem, by offset.
         ``sound(envelope)``: each sound envelope, as :meth:`iter_envelopes`
         gives it (a check of the envelopes against records reads the file
-        once)."""
+        once); with ``keys``, but the message envelopes spelled as
+        :meth:`append` writes them, which go to ``keys(entries)`` instead,
+        a part of the file at a time: 32 bytes each, in order
+        (``_log.message_envelope_keys``: the xxh3_128 digest of the id, the
+        first 8 bytes of the payload hash, the offset; checked in C, where
+        parsing each in Python took ~2.5 us, 2.5 s of a verify at 1,000,000
+        messages)."""
         def content(offset: int, line: bytes) -> str:
             try:
                 env = orjson.loads(line)
@@ -246,7 +254,14 @@ class EventStore:
                 sound(env)
             return problem
 
-        problems = self._log.verify(self._log.line_end(), content)
+        taken = None
+        if keys is not None and sound is not None:
+            def taken(data: bytes, offsets: Any, lengths: Any, base: int) -> Any:
+                entries, took = message_envelope_keys(data, offsets, lengths, base)
+                keys(entries)
+                return took
+
+        problems = self._log.verify(self._log.line_end(), content, taken)
         problems.sort(key=lambda p: p["offset"])
         return problems
 

@@ -514,18 +514,22 @@ class FramedLog:
             if buf and buf.count(0) != len(buf):
                 yield (zeros_from if zeros_from >= 0 else offset), buf, None
 
-    def verify(self, stop: int | None = None,
-               sound: Callable[[int, bytes], str] | None = None) -> list[dict[str, Any]]:
+    def verify(self, stop: int | None = None, sound: Callable[[int, bytes], str] | None = None,
+               taken: Callable[[bytes, Any, Any, int], Any] | None = None) -> list[dict[str, Any]]:
         """Check every line; never raises for damage. Return one
         ``{"path", "offset", "problem"}`` dict per damaged line (and one for a
         non-zero incomplete final line). The lines checked end where complete
         lines ended when it started (``stop``, default :meth:`line_end`): an
         append in flight then is not an incomplete line. ``sound(offset,
         line)`` is called for each line that passes its check (in the same
-        pass) and returns a problem of its content, or ``""``."""
+        pass) and returns a problem of its content, or ``""``; but not for
+        those ``taken(data, offsets, lengths, base)`` takes (called first for
+        each part of the file read, ``base`` its offset, with the offsets and
+        lengths of its sound lines in ``data``; returns a uint8 array, 1 for
+        each line it took as sound: a compiled check of the usual lines)."""
         problems: list[dict[str, Any]] = []
         end = self.line_end() if stop is None else stop
-        for offset, line, reason in self._scan(self._verify_sound(end, sound, problems), end):
+        for offset, line, reason in self._scan(self._verify_sound(end, sound, problems, taken), end):
             if reason is None:
                 reason = "incomplete final line (torn, or an append in flight)"
             elif not reason and sound is not None:
@@ -535,7 +539,8 @@ class FramedLog:
         return problems
 
     def _verify_sound(self, end: int, sound: Callable[[int, bytes], str] | None,
-                      problems: list[dict[str, Any]]) -> int:
+                      problems: list[dict[str, Any]],
+                      taken: Callable[[bytes, Any, Any, int], Any] | None = None) -> int:
         """:meth:`verify`'s lines from the start checked in compiled code
         (``_log.scan_frames``, the same check as :func:`check_line`: a
         million lines in ~0.1 s, where the Python loop took ~1.5 s), each
@@ -554,7 +559,11 @@ class FramedLog:
                     return pos
                 scan = scan_frames(data, 0, complete)
                 if sound is not None:
-                    for at, n in zip(scan.offsets.tolist(), scan.lengths.tolist()):
+                    offsets, lengths = scan.offsets, scan.lengths
+                    if taken is not None:
+                        rest = taken(data, offsets, lengths, pos) == 0
+                        offsets, lengths = offsets[rest], lengths[rest]
+                    for at, n in zip(offsets.tolist(), lengths.tolist()):
                         reason = sound(pos + at, data[at:at + n])
                         if reason:
                             problems.append({"path": self.path, "offset": pos + at, "problem": reason})

@@ -513,7 +513,7 @@ def test_the_compiled_line_check_of_verify_answers_as_the_python_loop(tmp_path_f
         fl._READ_CHUNK = chunk // 16 or 1
         try:
             if not fast:
-                log._verify_sound = lambda end, sound, problems: 0      # (the plain loop alone)
+                log._verify_sound = lambda end, sound, problems, taken=None: 0      # (the plain loop alone)
             results.append((log.verify(len(data), sound), seen))
         finally:
             fl._READ_CHUNK = was
