@@ -123,9 +123,10 @@ class RepoState:
     _clock_unheld: bool
     _idle_stop: threading.Event     # set at close: the idle watcher ends
 
-    # exchange.py: fold-order verdicts of resume_messages, archive files' newest stamps
+    # exchange.py: fold-order verdicts, archive files' and channels' newest stamps
     _fold_order: dict[str, list]
     _export_tops: dict[int, tuple]
+    _stamp_tops: dict[str, tuple[tuple[int, ...], bool, list[tuple[tuple, int]]]]
 
     # writes.py: the room a batch's tail lines are framed in (see WritePath)
     _frame_buf: FrameBuffer | None

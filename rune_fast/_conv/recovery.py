@@ -248,6 +248,7 @@ class Recovery(Host):
         self._reset_tombstone_state(self._load_tombstones())
         self._reset_read_caches()
         self._reset_fold_order()
+        self._reset_archive_views()
         self._reset_schedule()
         self._reset_search_state()
         self._reload_index()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 import operator
-from typing import Any, Callable, ContextManager, Iterator, Sequence, cast
+from typing import Any, Callable, Container, ContextManager, Iterator, Sequence, cast
 
 import numpy as np
 import pyarrow as pa
@@ -62,6 +62,11 @@ class _Reads(_RowCache):
         with self._lock:
             return sum(self._files[no].channels[channel_id][1] - self._files[no].channels[channel_id][0]
                        for no in self._channels.get(channel_id, ()))
+
+    def channel_files(self, channel_id: str) -> tuple[int, ...]:
+        """The numbers of the live files that hold archived messages of the channel."""
+        with self._lock:
+            return tuple(sorted(self._channels.get(channel_id, ())))
 
     def task_len(self, task_id: str) -> int:
         """Archived messages of the task. Public API: the repository does not call it."""
@@ -648,9 +653,11 @@ class _Reads(_RowCache):
                 out += [(_row_key(row), (no << 32) | row.row) for row in self._rows(no, 0, 0, sel)]
         return out
 
-    def channel_stamps(self, channel_id: str) -> list[tuple[int, str, str, str, str, float, int]]:
+    def channel_stamps(self, channel_id: str, files: Container[int] | None = None,
+                       ) -> list[tuple[int, str, str, str, str, float, int]]:
         """``(location, msg_id, hlc, origin, role, ts, ord)`` of every archived
-        message of the channel, from those columns' pages alone (the
+        message of the channel (in the live files ``files`` only, if
+        given), from those columns' pages alone (the
         content's pages, most of a row, are not read): what picks a
         transcript's newest turns by their stamps, whose records are then
         read verified. Like :meth:`channel_tail_locs`' order keys, the
@@ -660,6 +667,8 @@ class _Reads(_RowCache):
         out: list[tuple[int, str, str, str, str, float, int]] = []
         with self._lock:
             for no in self._channels.get(channel_id, ()):
+                if files is not None and no not in files:
+                    continue
                 s, e, _ = self._files[no].channels[channel_id]
                 for rg, sel, local in self._by_group(no, list(range(s, e))):
                     try:
