@@ -16,7 +16,7 @@ from rune_fast import ConversationMessageRecord, ConversationStateRepository
 from rune_fast.cool.schema import _COLS
 from rune_fast.errors import CorruptStateCheckpointError
 from rune_fast.sync import Hlc, as_op
-from rune_fast.sync.bridge import newest_stamp, record_stamp
+from rune_fast.sync.bridge import newest_stamp, record_stamp, stamp_key
 
 _devices = st.sampled_from(["", "laptop", "phone", "z", "ü", "設備"])
 _hlcs = st.one_of(
@@ -125,3 +125,10 @@ def test_a_damaged_stamp_page_is_named_not_skipped(tmp_path):
         with pytest.raises(CorruptStateCheckpointError) as ei:
             repo.export_ops(since=newest)
         assert ei.value.path is not None and ei.value.path.endswith(path.rsplit("/", 1)[1])
+
+
+@settings(max_examples=400, deadline=None)
+@given(_hlcs, st.one_of(_ts, st.integers(-5, 10**13)), st.one_of(_devices, st.none()))
+def test_a_stamp_key_is_the_record_stamp_as_a_tuple(hlc, ts, origin):
+    got = stamp_key(hlc, ts, origin)
+    assert type(got) is tuple and got == tuple(record_stamp(hlc, ts, origin))

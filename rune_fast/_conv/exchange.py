@@ -14,7 +14,7 @@ from .._memory import collector_paused
 from .. import sync as _sync
 from ..errors import CorruptStateCheckpointError
 from ..records import ConversationMessageRecord
-from ..sync.bridge import export_ops_of, newest_stamp, record_stamp
+from ..sync.bridge import export_ops_of, newest_stamp, stamp_key
 from .._order import order_key
 from . import tuning
 from .common import _COOL_RANK, _HOT_RANK, _first, _fold_key
@@ -62,7 +62,7 @@ class _Since:
 
     def read(self, no: int, recs: list[ConversationMessageRecord]) -> None:
         """Learn file ``no``'s newest stamp from its live records, just read."""
-        self._tops[no] = max((tuple(record_stamp(r.hlc, r.ts, r.origin)) for r in recs), default=())
+        self._tops[no] = max((stamp_key(r.hlc, r.ts, r.origin) for r in recs), default=())
 
 
 class Exchange(Host):
@@ -115,7 +115,7 @@ class Exchange(Host):
         disagrees with it (lock held): every hot record, and of the
         archived rows the stamps alone (CoolArchive.channel_stamps, no
         content read); then only the chosen rows' records, verified."""
-        stamp = _sync.record_stamp
+        stamp = stamp_key
         # (plain tuples: an Hlc orders like (wall_ms, counter, device_id) but compares in Python)
         keyed: list[tuple[tuple, Any]] = [((*stamp(r.hlc, r.ts, r.origin), r.msg_id), r)
                                           for r, _t in self._hot_channel(channel_id) if r.role != "system"]
@@ -160,7 +160,7 @@ class Exchange(Host):
                 if not only:
                     return live
                 base, whole = live, kept[1]
-        stamp = _sync.record_stamp
+        stamp = stamp_key
         every = [((*stamp(hlc, ts, origin), mid), loc)
                  for loc, mid, hlc, origin, role, ts, _o in self._cool.channel_stamps(channel_id, only)
                  if role != "system" and mid not in deleted]

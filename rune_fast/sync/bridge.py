@@ -55,6 +55,19 @@ def record_stamp(hlc_s: str, ts: Any, origin: Any) -> Hlc:
         return _stamp_of(ts, origin)
 
 
+def stamp_key(hlc_s: str, ts: Any, origin: Any) -> tuple:
+    """``tuple(record_stamp(hlc_s, ts, origin))``, the plain tuple a sort
+    compares in C, made without an Hlc for the usual message with no
+    ``hlc`` (a float ``ts`` whose wall time lies in the Hlc's range, a str
+    ``origin``): ~0.2 against ~1.5 us, for the reads that key every
+    message of a channel or file by its stamp."""
+    if not hlc_s and type(ts) is float and type(origin) is str:
+        w = ts * 1000
+        if 0 < w < _WALL_MAX:       # (NaN fails both; round(w) then lies in range)
+            return (round(w), 0, origin)
+    return tuple(record_stamp(hlc_s, ts, origin))
+
+
 #: What Hlc.parse takes (and nothing else): such a string sorts as text
 #: exactly like its stamp.
 _CANONICAL_HLC = r"^[0-9]{15}-[0-9]{10}-"
@@ -84,7 +97,7 @@ def newest_stamp(hlc: Any, ts: Any, origin: Any) -> tuple:
             w = np.where(w > 0, np.minimum(w, float(_WALL_MAX)), 0.0)    # (NaN: 0)
         near = rest[w >= w.max() - 2.0]
         for h, t_, o in zip(hlc.take(near).to_pylist(), t[near].tolist(), origin.take(near).to_pylist()):
-            stamp = tuple(record_stamp(h, t_, o))
+            stamp = stamp_key(h, t_, o)
             if stamp > best:
                 best = stamp
     return best
