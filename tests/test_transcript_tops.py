@@ -112,3 +112,34 @@ def test_rows_added_to_kept_ones_keep_them_every_row_from_their_oldest_on(tmp_pa
         for n in (3, 5, 2, 10):             # (3: the new rows joined; 5: from what was kept)
             got, want = _turns(repo, n)
             assert got == want, n
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(st.lists(st.lists(st.tuples(st.floats(0, 5000), st.sampled_from(["user", "assistant", "system"]),
+                                   st.one_of(st.just(""), st.integers(0, 9000))), min_size=1, max_size=8),
+                min_size=1, max_size=6),
+       st.integers(1, 6))
+def test_a_viewer_keeps_its_verdicts_as_the_writer_does(tmp_path_factory, batches, n):
+    """A viewer's refresh notes the writer's new messages in its fold-order
+    verdicts as the writer does on append (it forgot them, and worked each
+    out again from every message); its transcripts stay the fold of its ops."""
+    d = tmp_path_factory.mktemp("viewer")
+    k = 0
+
+    def record(ts, role, wall):
+        nonlocal k
+        k += 1
+        return ConversationMessageRecord(msg_id=f"m{k:03d}", channel_id="c", role=role, content=f"turn {k}",
+                                         ts=ts, hlc="" if wall == "" else str(Hlc(wall, 0, "dev")))
+
+    with ConversationStateRepository(d, compact_every=10**6, hot_window=3, durability="none") as w:
+        w.append_many([record(1.0 + i, "user", "") for i in range(10)])
+        w.compact()
+        with ConversationStateRepository(d, read_only=True) as v:
+            assert w._fold_consistent("c") and v._fold_consistent("c")
+            for batch in batches:
+                w.append_many([record(*m) for m in batch])
+                v.refresh()
+                assert v._fold_order["c"][0] == w._fold_order["c"][0]
+                assert v.resume_messages("c", n) == sync.resume_messages(v.export_ops(), "c", n)

@@ -141,7 +141,7 @@ class ReadOnlyViewer(Host):
                                          self._seq_floor(start))
                 self._check_ingest(rep, self._tail.path, sealed=False)
                 self._set_tail_size(rep.good_end)
-                self._reset_fold_order()
+                self._note_ingested(rep.added)
                 self._forget_interleaving()
                 self._refresh_tombstones()
             except CorruptStateCheckpointError:
