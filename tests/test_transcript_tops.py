@@ -11,6 +11,19 @@ from rune_fast import ConversationMessageRecord, ConversationStateRepository, sy
 from rune_fast._conv import exchange
 from rune_fast.sync import Hlc
 
+class _Messages:
+    """Messages of channel "c", m001, m002, ... in the order they are made."""
+
+    def __init__(self) -> None:
+        self.made = 0
+
+    def __call__(self, ts: float, role: str, wall: int | str) -> ConversationMessageRecord:
+        self.made += 1
+        k = self.made
+        return ConversationMessageRecord(msg_id=f"m{k:03d}", channel_id="c", role=role, content=f"turn {k}",
+                                         ts=ts, hlc="" if wall == "" else str(Hlc(wall, 0, "dev")))
+
+
 _steps = st.lists(st.one_of(
     st.tuples(st.just("resume"), st.integers(1, 12)),
     st.tuples(st.just("delete"), st.integers(0, 200)),
@@ -27,13 +40,7 @@ _steps = st.lists(st.one_of(
 def test_every_transcript_is_the_fold_of_the_ops(tmp_path_factory, monkeypatch, msgs, steps, hot):
     monkeypatch.setattr(exchange, "_STAMP_TOPS", 3)     # (few kept: the refills are reached)
     d = tmp_path_factory.mktemp("tops")
-    k = 0
-
-    def record(ts, role, wall):
-        nonlocal k
-        k += 1
-        return ConversationMessageRecord(msg_id=f"m{k:03d}", channel_id="c", role=role, content=f"turn {k}",
-                                         ts=ts, hlc="" if wall == "" else str(Hlc(wall, 0, "dev")))
+    record = _Messages()
 
     with ConversationStateRepository(d, compact_every=10**6, hot_window=hot, durability="none") as repo:
         repo.append_many([record(*m) for m in msgs])
@@ -43,7 +50,7 @@ def test_every_transcript_is_the_fold_of_the_ops(tmp_path_factory, monkeypatch, 
                 for n in (x, x, 1):         # (the second and third from what the first kept)
                     assert repo.resume_messages("c", n) == sync.resume_messages(repo.export_ops(), "c", n)
             elif what == "delete":
-                repo.delete(f"m{x % k + 1:03d}")
+                repo.delete(f"m{x % record.made + 1:03d}")
             elif what == "append":
                 repo.append_many([record(*msgs[(x + i) % len(msgs)]) for i in range(x)])
             else:
@@ -125,13 +132,7 @@ def test_a_viewer_keeps_its_verdicts_as_the_writer_does(tmp_path_factory, batche
     verdicts as the writer does on append (it forgot them, and worked each
     out again from every message); its transcripts stay the fold of its ops."""
     d = tmp_path_factory.mktemp("viewer")
-    k = 0
-
-    def record(ts, role, wall):
-        nonlocal k
-        k += 1
-        return ConversationMessageRecord(msg_id=f"m{k:03d}", channel_id="c", role=role, content=f"turn {k}",
-                                         ts=ts, hlc="" if wall == "" else str(Hlc(wall, 0, "dev")))
+    record = _Messages()
 
     with ConversationStateRepository(d, compact_every=10**6, hot_window=3, durability="none") as w:
         w.append_many([record(1.0 + i, "user", "") for i in range(10)])
