@@ -492,23 +492,24 @@ class _Reads(_RowCache):
         caller reads the records, which names any damage."""
         names = ["hlc", "ts", "origin"]
         got: list[list[Any]] = [[], [], []]
-        rg = 0
-        while True:
+        with self._lock:
+            fi = self._files.get(no)
+            if fi is None:
+                return None
+            starts = fi.rg_list
+        for a in range(0, len(starts) - 1, _STAMP_GROUPS):
             with self._lock:
-                fi = self._files.get(no)
-                if fi is None:
+                if no not in self._files:
                     return None
-                starts = fi.rg_list
-                for rg in range(rg, min(len(starts) - 1, rg + _STAMP_GROUPS)):
+                for rg in range(a, min(len(starts) - 1, a + _STAMP_GROUPS)):
                     t = self._page_columns(no, rg, names)
                     if t is None or t.num_rows != starts[rg + 1] - starts[rg]:
                         return None
                     for out, col in zip(got, t.columns):
                         out += col.chunks
-                rg += 1
-                if rg >= len(starts) - 1:
-                    break
-        hlc, ts, origin = (pa.concat_arrays(a) if a else pa.array([], pa.string()) for a in got)
+        if not got[0]:
+            return None         # (no rows: nothing to say)
+        hlc, ts, origin = (pa.concat_arrays(a) for a in got)
         return hlc, np.asarray(ts, dtype=np.float64), origin
 
     def locked(self) -> ContextManager[Any]:
