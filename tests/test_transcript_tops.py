@@ -67,9 +67,10 @@ def test_a_later_transcript_reads_no_archived_stamp(tmp_path, monkeypatch):
         repo.compact()
         assert not repo._fold_consistent("c") and repo._cool.channel_len("c") > 200
         want = repo.resume_messages("c", 10)
-        real = repo._cool.channel_stamps
+        real = repo._cool.channel_stamp_arrays
         calls: list[object] = []
-        monkeypatch.setattr(repo._cool, "channel_stamps", lambda ch, only=None: calls.append(only) or real(ch, only))
+        monkeypatch.setattr(repo._cool, "channel_stamp_arrays",
+                            lambda ch, only=None: calls.append(only) or real(ch, only))
         assert repo.resume_messages("c", 10) == want
         assert repo.resume_messages("c", 3) == sync.resume_messages(repo.export_ops(), "c", 3)
         assert calls == []
