@@ -16,7 +16,7 @@ from hypothesis import given, settings, strategies as st
 from rune_fast import ConversationMessageRecord, ConversationStateRepository
 from rune_fast._conv.fold_order import fold_state, newest_candidates
 from rune_fast._order import order_key
-from rune_fast.cool.reads import StampArrays
+from rune_fast.cool.keys import StampArrays
 from rune_fast.cool.schema import _COLS
 from rune_fast.errors import CorruptStateCheckpointError
 from rune_fast.sync.bridge import record_stamp, stamp_key

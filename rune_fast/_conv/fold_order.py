@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import sync as _sync
-from ..cool.reads import StampArrays
+from ..cool.keys import StampArrays
 from ..sync.bridge import _CANONICAL_HLC
 from ..sync.clock import _WALL_MAX
 

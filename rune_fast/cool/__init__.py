@@ -40,8 +40,9 @@ names), ``sidecar`` (a file's ``.idx`` and ``.grams``, its footer), ``rows``
 dicts and hot lines to Arrow), and :class:`CoolArchive` in ``archive`` as a
 stack of layers, each above the one it calls: ``files`` (the archive's
 state, the live file set, atomic writes, gc) -> ``cache`` (the row-group
-cache) -> ``reads`` (queries) -> ``search`` (scans, filters, the scan pool)
--> ``writer`` (cool, erase, merge).
+cache) -> ``keys`` (rows' order keys and stamps from those columns alone)
+-> ``reads`` (queries) -> ``search`` (scans, filters, the scan pool) ->
+``writer`` (cool, erase, merge).
 """
 from __future__ import annotations
 

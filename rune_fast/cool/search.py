@@ -45,7 +45,8 @@ EVERY_LOC = _EVERY
 
 
 from .hits import _EXACT_MODES, _OTHER_COLS, CoolHits, _hit_records, _window_records
-from .reads import _KEY_COLS, _Reads
+from .keys import _KEY_COLS
+from .reads import _Reads
 from .rows import SPECIAL_FOLD, _Group, _SPECIAL_UTF8, _assemble_columns
 from .schema import (_PARQUET_ERRORS, CoolRow, _CONTENT_COL, _file_no, _grams_name, _parquet_name, _row_key,
                      cool_loc)
