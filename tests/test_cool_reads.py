@@ -255,6 +255,30 @@ def test_tail_and_task_reads_match_a_model(tmp_path_factory, specs, runs, n, dat
             (p for p in rows if p[0]["task_id"] == t), key=lambda p: _row_key_of(*p))]
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(specs=st.lists(st.tuples(st.sampled_from(["", "t1", "t2", "t3"]), st.integers(0, 3),
+                                st.integers(0, 10 ** 6)), min_size=2, max_size=60),
+       n=st.integers(1, 70), data=st.data())
+def test_tail_reads_order_equal_stamps_by_id(tmp_path_factory, specs, n, data):
+    """Stamped rows of one hlc (ids in any order) over several files
+    clustered by task: the newest n by the order key break the hlc's ties
+    by msg_id, as the keyed sort does."""
+    d = str(tmp_path_factory.mktemp("c") / "cool")
+    a = CoolArchive(d, row_group_rows=8)
+    rows = []
+    for i, (task, h, salt) in enumerate(specs):
+        r = rec(i, "a", task=task, hlc="" if h == 0 else f"{h:015d}-0000000000-d")
+        r["msg_id"] = f"m{salt:07d}-{i}"
+        rows.append((r, i))
+    cut = data.draw(st.integers(1, len(rows) - 1))
+    for part in (rows[:cut], rows[cut:]):
+        cool_rows(a, [r for r, _ in sorted(part, key=lambda p: _row_key_of(*p))],
+                  [o for _, o in sorted(part, key=lambda p: _row_key_of(*p))])
+    want = sorted(rows, key=lambda p: _row_key_of(*p))[-n:]
+    got = a.records_at(a.channel_tail_locs("a", n), R)
+    assert [g[0].msg_id for g in got] == [r["msg_id"] for r, _ in want]
+
+
 def _row_key_of(r: dict, o: int) -> tuple:
     from rune_fast._order import order_key
     return order_key(r["hlc"], r["msg_id"], o)
@@ -327,3 +351,26 @@ def test_get_message_reads_archived_rows_by_id(tmp_path, monkeypatch):
         assert seen == ["msg_00000003"]
     finally:
         repo.close()
+
+
+def test_a_damaged_key_page_is_named_by_a_window(tmp_path):
+    """A window over a channel's task runs reads their order-key columns
+    to choose its rows: a flipped byte in one of those pages is named."""
+    with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=2) as repo:
+        for i in range(80):
+            repo.append(R(msg_id=f"msg_{i:04d}", role="user", content=f"turn {i}", channel_id="c",
+                          task_id=f"t{i % 5}"))
+        repo.compact()
+        path = repo._cool.path_of(repo._cool.files()[0])
+        (no,) = repo._cool._channels["c"]
+        assert len(repo._cool._task_runs(no, "c")[0]) > 1       # (task runs: the keys choose)
+    cc = pq.read_metadata(path).row_group(0).column(_COLS.index("msg_id"))
+    with open(path, "r+b") as f:
+        f.seek(cc.data_page_offset + cc.total_compressed_size - 3)
+        b = f.read(1)
+        f.seek(cc.data_page_offset + cc.total_compressed_size - 3)
+        f.write(bytes([b[0] ^ 0x10]))
+    with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=2) as repo:
+        with pytest.raises(CorruptStateCheckpointError) as ei:
+            repo.window("c", 20)
+        assert ei.value.path == path
