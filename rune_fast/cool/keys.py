@@ -29,6 +29,8 @@ _first = operator.itemgetter(0)
 _KEY_COLS = [_COLS.index(c) for c in ("hlc", "msg_id", "ord")]
 #: the columns of a transcript's stamps (:meth:`_Keys.channel_stamps`)
 _STAMP_COLS = [_COLS.index(c) for c in ("msg_id", "hlc", "origin", "role", "ts", "ord")]
+#: the columns of :meth:`_Keys.channel_ids`
+_ID_COLS = [_COLS.index(c) for c in ("msg_id", "channel_id")]
 #: row groups a :meth:`_Keys.stamp_columns` reads under one hold of the lock
 _STAMP_GROUPS = 64
 
@@ -264,6 +266,24 @@ class _Keys(_RowCache):
         locs, (mid, hlc, origin, role), (ts, ords) = got
         return StampArrays(locs, mid, hlc, origin, role, np.frombuffer(ts, dtype=np.float64),
                            np.frombuffer(ords, dtype=np.int64))
+
+    def channel_ids(self, channel_id: str) -> list[str] | None:
+        """The msg_id of every archived row of the channel (deleted ones
+        too), from the msg_id and channel_id columns' pages alone (each
+        CRC checked; the rows' other columns are neither read nor checked
+        against their digests): what ``clear_channel`` deletes. None if a
+        group cannot be read so, or a row is not of the channel: the
+        caller then reads the records, which names the damage."""
+        with self._lock:
+            parts = [(no, list(range(*self._files[no].channels[channel_id][:2])))
+                     for no in self._channels.get(channel_id, ())]
+            got = self._column_arrays(parts, _ID_COLS, 2)
+        if got is None:
+            return None
+        _locs, (mid, channel), _ = got
+        if len(channel) and not pc.all(pc.equal(channel, pa.scalar(channel_id, pa.string()))).as_py():
+            return None
+        return mid.to_pylist()
 
     def _column_arrays(self, parts: list[tuple[int, list[int]]], cols: list[int], strings: int,
                        ) -> tuple[np.ndarray, list[pa.Array], list[bytes]] | None:
