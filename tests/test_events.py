@@ -518,3 +518,21 @@ def test_the_compiled_line_check_of_verify_answers_as_the_python_loop(tmp_path_f
         finally:
             fl._READ_CHUNK = was
     assert results[0] == results[1]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.text(min_size=1, max_size=12), st.text(max_size=8)), max_size=6))
+def test_encode_deleted_is_encode_of_each(pairs):
+    """encode_deleted: the lines encode() makes of each deletion's
+    envelope (their times aside), each a sound frame."""
+    lines = EventStore.encode_deleted(pairs).splitlines(keepends=True)
+    assert len(lines) == len(pairs)
+    for line, (mid, ch) in zip(lines, pairs):
+        assert check_line(line[:-1]) == ""
+        got = parse_line(line[:-1])
+        want = parse_line(EventStore.encode("conversation.deleted", mid, payload_hash({"msg_id": mid}),
+                                            channel_id=ch)[:-1])
+        assert abs(got.pop("ts") - want.pop("ts")) < 60
+        assert got == want and list(got) == list(want)
+    with pytest.raises(ValueError):
+        EventStore.encode_deleted([("", "c")])

@@ -196,7 +196,7 @@ def test_a_full_disk_during_deletions_and_compaction(small_fs):
 
 
 
-@pytest.mark.parametrize("fails", ["append_many", "sync"])
+@pytest.mark.parametrize("fails", ["append_encoded", "sync"])
 def test_a_deletion_whose_journal_fails_takes_no_effect(tmp_path, monkeypatch, fails):
     """The tombstones are written first, then the journal (one write for
     the batch's envelopes, then its sync): when the journal meets a full

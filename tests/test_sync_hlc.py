@@ -193,3 +193,28 @@ def test_clock_accepts_float_milliseconds_and_refuses_garbage():
         HlcClock("f", wall=lambda: "now").now()
     with pytest.raises(TypeError):
         HlcClock("f", wall=lambda: float("nan")).now()
+
+
+@settings(max_examples=200, deadline=None)
+@given(walls=st.lists(st.integers(0, 50), min_size=1, max_size=6), ks=st.lists(st.integers(0, 5), min_size=1,
+       max_size=6), near_max=st.booleans())
+def test_now_many_is_now_called_in_a_row(walls, ks, near_max):
+    """now_many(k): the stamps k calls of now() give when the wall clock
+    reads the same for all of them (also past the counter's 10 digits)."""
+    base = 1_700_000_000_000
+    clocks = []
+    for _ in range(2):
+        it = iter(walls * 4)
+        clocks.append(HlcClock("dev", wall=lambda it=it: base + next(it, walls[-1])))
+    a, b = clocks
+    if near_max:
+        for c in clocks:
+            c._l, c._c, c._issued = base + 100, 10 ** 10 - 3, True
+    for k in ks:
+        got = a.now_many(k)
+        w = b._wall
+        fixed = w()
+        b._wall = lambda: fixed
+        want = [b.now() for _ in range(k)]
+        b._wall = w
+        assert got == want and a.last == b.last and a.nows == b.nows

@@ -11,7 +11,6 @@ from .. import codec
 from .._log import frame_many, scan_frames
 from ..errors import CorruptStateCheckpointError, DurabilityError
 from ..events import fdatasync_path
-from ..records import payload_hash
 from ..segments import (fsync_dir, quarantine_bytes)
 from .common import (QUARANTINE_DIR, TOMBSTONES_NAME, _unlink)
 
@@ -288,11 +287,14 @@ class Tombstones(Host):
                     channel = (channels or {}).get(mid, "")
                 else:
                     continue
-            hlc = (hlcs or {}).get(mid) or str(self._clock.now())
-            lines.append(codec.tombstone_rest(mid, channel, hlc))
             todo.append((mid, channel, loc, in_cool))
         if not todo:
             return 0
+        given = hlcs or {}
+        # (the clock read once for the batch: ~3 us a deletion a call)
+        stamps = iter(self._clock.now_many(sum(1 for t in todo if not given.get(t[0]))))
+        for mid, channel, _loc, _in_cool in todo:
+            lines.append(codec.tombstone_rest(mid, channel, given.get(mid) or str(next(stamps))))
         data = frame_many(lines)
         tf = self._tombfile
         try:
@@ -306,8 +308,8 @@ class Tombstones(Host):
         # reads of this session and of the next open see agrees
         try:
             # (one write for the batch: a clear_channel of 123,000 messages spent ~1 s on one a line)
-            self._events.append_many([("conversation.deleted", mid, payload_hash({"msg_id": mid}),
-                                       {"channel_id": channel}) for mid, channel, _loc, _in_cool in todo])
+            self._events.append_encoded(self._events.encode_deleted((t[0], t[1]) for t in todo),
+                                        offset=False)
             if self.durability != "none":
                 self._events.sync()
         except (OSError, DurabilityError) as exc:

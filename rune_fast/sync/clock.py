@@ -231,6 +231,22 @@ class HlcClock:
                 return self._stamp(pt, 0)
             return self._stamp(self._l, self._c + 1)
 
+    def now_many(self, k: int) -> list[Hlc]:
+        """``k`` stamps, as ``k`` calls of :meth:`now` in a row would give
+        them with the wall clock read once (the batch's events happen at
+        one moment): a deletion of 123,000 messages stamped each one by
+        a call (~3 us, the wall read and the lock each time)."""
+        out: list[Hlc] = []
+        with self._lock:
+            self._nows += k
+            pt = self._read_wall()
+            for _ in range(k):
+                if pt > self._l:
+                    out.append(self._stamp(pt, 0))
+                else:
+                    out.append(self._stamp(self._l, self._c + 1))
+        return out
+
     def observe(self, remote: Hlc | str) -> Hlc:
         """Merge a remote stamp (receive) and return the receive event's stamp,
         strictly after ``remote`` and after every earlier stamp of this clock.
