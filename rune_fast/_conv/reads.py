@@ -478,10 +478,8 @@ class HotReads(Host):
 
     def _cool_channel_ids(self, channel_id: str) -> list[str]:
         """The msg_id of every live archived message of the channel, in no
-        order: from the archive's msg_id and channel_id columns alone
-        (CoolArchive.channel_ids; a clear_channel of 123,022 messages read
-        and verified every record for its id: 1.2 of its 3.2 s), else from
-        the records (which names what is damaged)."""
+        order, from the msg_id and channel_id columns (CoolArchive.channel_ids:
+        no record read), else from the records (which name any damage)."""
         ids = self._cool.channel_ids(channel_id)
         if ids is None:
             return [r.msg_id for r in self._cool_channel(channel_id, ordered=False)]
@@ -560,7 +558,8 @@ class HotReads(Host):
 
     def _window(self, channel_id: str, n: int) -> list[tuple[ConversationMessageRecord, str]]:
         if self._is_interleaved(channel_id):
-            return self._channel_all(channel_id)[-n:]
+            # (each tier's newest n hold the channel's: not the whole channel, ~1 s at 100,000)
+            return self._merge(self._cool_tail(channel_id, n), self._hot_channel(channel_id, n))[-n:]
         hot = self._hot_channel(channel_id, n)
         if len(hot) >= n or not self._cool_has_channel(channel_id):
             return hot
@@ -757,10 +756,15 @@ class HotReads(Host):
                 return _unkey(k)
             if not self._cool_has_channel(channel_id):
                 return None
-        for rec, _t in reversed(self._channel_all(channel_id)):
-            if rec.task_id:
-                return rec.task_id
-        return None
+        size = 64
+        while True:         # (newest first, a window 8 times longer each round)
+            recs = self._window(channel_id, size)
+            for rec, _t in reversed(recs):
+                if rec.task_id:
+                    return rec.task_id
+            if len(recs) < size:
+                return None
+            size *= 8
 
     def _channels(self) -> list[str]:
         out = {_unkey(k) for k in self._index.channels() if self._index.channel_len(k) > 0}
