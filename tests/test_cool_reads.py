@@ -205,6 +205,19 @@ def flip_content_page(path: str) -> None:
         f.write(bytes([b[0] ^ 0x20]))
 
 
+def flip_column_tail(path: str, column: str) -> None:
+    """Flip a byte near the end of a column chunk of the first row group
+    (inside its last page: that page's CRC then fails)."""
+    cc = pq.read_metadata(path).row_group(0).column(_COLS.index(column))
+    at = (cc.dictionary_page_offset if cc.has_dictionary_page else cc.data_page_offset) \
+        + cc.total_compressed_size - 3
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0x10]))
+
+
 def test_damaged_page_is_named_by_task_and_window_reads(tmp_path):
     with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=2) as repo:
         for i in range(60):
@@ -364,12 +377,7 @@ def test_a_damaged_key_page_is_named_by_a_window(tmp_path):
         path = repo._cool.path_of(repo._cool.files()[0])
         (no,) = repo._cool._channels["c"]
         assert len(repo._cool._task_runs(no, "c")[0]) > 1       # (task runs: the keys choose)
-    cc = pq.read_metadata(path).row_group(0).column(_COLS.index("msg_id"))
-    with open(path, "r+b") as f:
-        f.seek(cc.data_page_offset + cc.total_compressed_size - 3)
-        b = f.read(1)
-        f.seek(cc.data_page_offset + cc.total_compressed_size - 3)
-        f.write(bytes([b[0] ^ 0x10]))
+    flip_column_tail(path, "msg_id")
     with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=2) as repo:
         with pytest.raises(CorruptStateCheckpointError) as ei:
             repo.window("c", 20)
@@ -399,12 +407,7 @@ def test_clear_channel_names_a_damaged_id_page_and_deletes_nothing(tmp_path):
                           for i in range(80)])
         repo.compact()
         path = repo._cool.path_of(repo._cool.files()[0])
-    cc = pq.read_metadata(path).row_group(0).column(_COLS.index("msg_id"))
-    with open(path, "r+b") as f:
-        f.seek(cc.data_page_offset + cc.total_compressed_size - 3)
-        b = f.read(1)
-        f.seek(cc.data_page_offset + cc.total_compressed_size - 3)
-        f.write(bytes([b[0] ^ 0x10]))
+    flip_column_tail(path, "msg_id")
     with ConversationStateRepository(tmp_path, compact_every=10_000, hot_window=2) as repo:
         with pytest.raises(CorruptStateCheckpointError) as ei:
             repo.clear_channel("c")

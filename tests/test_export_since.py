@@ -8,15 +8,14 @@ import math
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from rune_fast import ConversationMessageRecord, ConversationStateRepository
-from rune_fast.cool.schema import _COLS
 from rune_fast.errors import CorruptStateCheckpointError
 from rune_fast.sync import Hlc, as_op
 from rune_fast.sync.bridge import newest_stamp, record_stamp, stamp_key
+from test_cool_reads import flip_column_tail
 
 _devices = st.sampled_from(["", "laptop", "phone", "z", "ü", "設備"])
 _hlcs = st.one_of(
@@ -114,13 +113,7 @@ def test_a_damaged_stamp_page_is_named_not_skipped(tmp_path):
     newest = _store(tmp_path)[-1].hlc
     with ConversationStateRepository(tmp_path, read_only=True) as repo:
         path = repo._cool.path_of(repo._cool.files()[0])
-    cc = pq.read_metadata(path).row_group(0).column(_COLS.index("hlc"))
-    start = cc.dictionary_page_offset if cc.has_dictionary_page else cc.data_page_offset
-    with open(path, "r+b") as f:
-        f.seek(start + cc.total_compressed_size - 3)
-        b = f.read(1)
-        f.seek(start + cc.total_compressed_size - 3)
-        f.write(bytes([b[0] ^ 0x10]))
+    flip_column_tail(path, "hlc")
     with ConversationStateRepository(tmp_path, read_only=True) as repo:
         with pytest.raises(CorruptStateCheckpointError) as ei:
             repo.export_ops(since=newest)

@@ -9,7 +9,6 @@ import re
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -17,9 +16,9 @@ from rune_fast import ConversationMessageRecord, ConversationStateRepository
 from rune_fast._conv.fold_order import fold_state, newest_candidates
 from rune_fast._order import order_key
 from rune_fast.cool.keys import StampArrays
-from rune_fast.cool.schema import _COLS
 from rune_fast.errors import CorruptStateCheckpointError
 from rune_fast.sync.bridge import record_stamp, stamp_key
+from test_cool_reads import flip_column_tail
 
 
 def model_state(hot, cool_rows, deleted):
@@ -190,13 +189,7 @@ def test_a_damaged_stamp_page_is_named(tmp_path):
                                                     ts=t + (i * 37) % 101) for i in range(300)])
         repo.compact()
         path = repo._cool.path_of(repo._cool.files()[0])
-    cc = pq.read_metadata(path).row_group(0).column(_COLS.index("hlc"))
-    start = cc.dictionary_page_offset if cc.has_dictionary_page else cc.data_page_offset
-    with open(path, "r+b") as f:
-        f.seek(start + cc.total_compressed_size - 3)
-        b = f.read(1)
-        f.seek(start + cc.total_compressed_size - 3)
-        f.write(bytes([b[0] ^ 0x10]))
+    flip_column_tail(path, "hlc")
     with ConversationStateRepository(tmp_path, hot_window=4, compact_every=10 ** 6) as repo:
         assert repo._cool.channel_stamp_arrays("c") is None
         with pytest.raises(CorruptStateCheckpointError) as ei:
