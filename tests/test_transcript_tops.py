@@ -145,3 +145,41 @@ def test_a_viewer_keeps_its_verdicts_as_the_writer_does(tmp_path_factory, batche
                 v.refresh()
                 assert v._fold_order["c"][0] == w._fold_order["c"][0]
                 assert v.resume_messages("c", n) == sync.resume_messages(v.export_ops(), "c", n)
+
+
+def _said(turns):
+    """The contents of a transcript's messages (a turn joins its role's in a row)."""
+    return "\n".join(m["content"] for m in turns).split("\n")
+
+
+def test_the_kept_hot_candidates_follow_appends_deletions_and_cooling(tmp_path, monkeypatch):
+    """The newest hot messages kept between transcripts of a channel out
+    of fold order: a new line is keyed and joins them, a deleted or cooled
+    one makes them be worked out again; every transcript is the fold."""
+    monkeypatch.setattr(exchange, "_STAMP_TOPS", 3)
+    record = _Messages()
+    with ConversationStateRepository(tmp_path, compact_every=10**6, hot_window=4, durability="none") as repo:
+        repo.append_many([record(100.0 + (7 * i) % 13, "user", "") for i in range(20)])
+        repo.compact()
+        repo.append_many([record(200.0 + i, "user", "") for i in range(6)])     # hot, newest
+        assert not repo._fold_consistent("c")
+        got, want = _turns(repo, 2)
+        assert got == want and _said(got) == ["turn 25", "turn 26"]
+        kept = repo._hot_tops["c"]
+        repo.append(record(150.0, "user", ""))              # older than the kept: it does not join
+        got, want = _turns(repo, 2)
+        assert got == want and repo._hot_tops["c"][2] == kept[2]
+        repo.append(record(300.0, "assistant", ""))         # newest: joins
+        got, want = _turns(repo, 2)
+        assert got == want and _said(got)[-1] == "turn 28"
+        repo.delete("m028")                                 # a kept one deleted
+        got, want = _turns(repo, 2)
+        assert got == want and _said(got) == ["turn 25", "turn 26"]
+        repo.delete("m026")
+        repo.delete("m025")
+        got, want = _turns(repo, 3)
+        assert got == want and _said(got) == ["turn 22", "turn 23", "turn 24"]
+        repo.compact()                                      # hot lines cooled and moved
+        for n in (1, 3, 8):
+            got, want = _turns(repo, n)
+            assert got == want, n

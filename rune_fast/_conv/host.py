@@ -127,6 +127,7 @@ class RepoState:
     _fold_order: dict[str, list]
     _export_tops: dict[int, tuple]
     _stamp_tops: dict[str, tuple[tuple[int, ...], bool, list[tuple[tuple, int]]]]
+    _hot_tops: dict[str, tuple[Any, bool, list[tuple[tuple, tuple[int]]]]]
 
     # writes.py: the room a batch's tail lines are framed in (see WritePath)
     _frame_buf: FrameBuffer | None
