@@ -119,9 +119,10 @@ class Exchange(Host):
         """The channel's ``n`` newest messages in the fold order that are
         not system messages (what ``LastN(n)`` keeps of the fold; the fold
         leaves system messages out), for a channel whose store order
-        disagrees with it (lock held): every hot record, and of the
-        archived rows the stamps alone (CoolArchive.channel_stamps, no
-        content read); then only the chosen rows' records, verified."""
+        disagrees with it (lock held): the candidates of each tier by their
+        stamps (:meth:`_hot_by_stamp`, :meth:`_archived_by_stamp`: of the
+        archived rows the stamp columns alone, no content read); then only
+        the chosen rows' records, verified."""
         keyed: list[tuple[tuple, Any]] = list(self._hot_by_stamp(channel_id, n))
         keyed += self._archived_by_stamp(channel_id, n)
         top = heapq.nlargest(n, keyed, key=_first)
