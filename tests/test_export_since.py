@@ -125,3 +125,15 @@ def test_a_damaged_stamp_page_is_named_not_skipped(tmp_path):
 def test_a_stamp_key_is_the_record_stamp_as_a_tuple(hlc, ts, origin):
     got = stamp_key(hlc, ts, origin)
     assert type(got) is tuple and got == tuple(record_stamp(hlc, ts, origin))
+
+
+def test_a_newest_stamp_rounded_up_is_found():
+    """Two wall times 0.8 ms apart that round to one millisecond: the
+    stamp orders them by origin, so the lower of the two is the newest."""
+    t = 1_700_000_000.0
+    rows = [("", t + 0.0004, ""), ("", t - 0.0004, "dev-b"), ("", t - 0.5, "")]
+    hlc = pa.array([h for h, _t, _o in rows], pa.string())
+    ts = np.array([t_ for _h, t_, _o in rows], dtype=np.float64)
+    origin = pa.array([o for _h, _t, o in rows], pa.string())
+    assert newest_stamp(hlc, ts, origin) == max(tuple(record_stamp(*r)) for r in rows) == \
+        (round((t - 0.0004) * 1000), 0, "dev-b")

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from .. import sync as _sync
 from ..cool.keys import StampArrays
-from ..sync.bridge import _CANONICAL_HLC
+from ..sync.bridge import _CANONICAL_HLC, stamp_walls
 from ..sync.clock import _WALL_MAX
 
 _CANONICAL = re.compile(_CANONICAL_HLC)
@@ -43,14 +43,10 @@ def fold_state(hot: list[tuple[str, str, str, tuple]], cool: StampArrays,
     outside the Hlc's range."""
     if any(a.null_count for a in (cool.mid, cool.hlc, cool.origin, cool.role)):
         return None
-    keep = None
-    if deleted and len(cool.mid):
-        gone = pc.is_in(cool.mid, value_set=pa.array(list(deleted), pa.string()))
-        keep = ~gone.to_numpy(zero_copy_only=False)
     mid, hlc, origin = cool.mid, cool.hlc, cool.origin
     stamped = pc.not_equal(pc.binary_length(hlc), 0).to_numpy(zero_copy_only=False)
     system = pc.equal(cool.role, "system").to_numpy(zero_copy_only=False)
-    live = np.ones(len(mid), dtype=bool) if keep is None else keep
+    live = _not_deleted(cool, deleted)
     if (live & stamped).any():
         canon = pc.match_substring_regex(hlc, _CANONICAL_HLC).to_numpy(zero_copy_only=False)
         if (live & stamped & ~canon).any():
@@ -107,6 +103,13 @@ def fold_state(hot: list[tuple[str, str, str, tuple]], cool: StampArrays,
     return state
 
 
+def _not_deleted(cool: StampArrays, deleted: Any) -> np.ndarray:
+    """Whether each archived row's msg_id is not one of ``deleted``."""
+    if not deleted or not len(cool.mid):
+        return np.ones(len(cool.mid), dtype=bool)
+    return ~pc.is_in(cool.mid, value_set=pa.array(list(deleted), pa.string())).to_numpy(zero_copy_only=False)
+
+
 def _ends(hlc: pa.Array, mid: pa.Array, rows: np.ndarray, end: str) -> list[tuple[str, str]]:
     """``[min or max of (hlc, msg_id)]`` (``end``) over the archived rows
     ``rows`` ([] for none)."""
@@ -128,21 +131,11 @@ def newest_candidates(cool: StampArrays, k: int, deleted: Any = ()) -> tuple[lis
     newest's (rounding moves it by at most one). The caller keys just
     these by their stamps (0.33 s -> ~40 ms for a channel of 122,500).
     ``cut``: whether rows were left out."""
-    live = ~pc.equal(cool.role, "system").to_numpy(zero_copy_only=False)
-    if deleted and len(cool.mid):
-        live &= ~pc.is_in(cool.mid, value_set=pa.array(list(deleted), pa.string())).to_numpy(
-            zero_copy_only=False)
+    live = _not_deleted(cool, deleted) & ~pc.equal(cool.role, "system").to_numpy(zero_copy_only=False)
     rows = np.flatnonzero(live)
     total = len(rows)
     if len(rows) > k > 0:
-        with np.errstate(invalid="ignore", over="ignore"):
-            w = cool.ts[rows] * 1000.0
-            wall = np.where(w > 0, np.minimum(w, float(_WALL_MAX)), 0.0)     # (NaN: 0)
-        hlc = cool.hlc.take(rows)
-        canon = pc.match_substring_regex(hlc, _CANONICAL_HLC).to_numpy(zero_copy_only=False)
-        if canon.any():
-            at = np.flatnonzero(canon)
-            wall[at] = pc.cast(pc.utf8_slice_codeunits(hlc.take(at), 0, 15), pa.int64()).to_numpy()
+        wall = stamp_walls(cool.hlc.take(rows), cool.ts[rows])
         kth = np.partition(wall, len(rows) - k)[len(rows) - k]
         rows = rows[wall >= kth - 2.0]
     elif k <= 0:

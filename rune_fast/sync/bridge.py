@@ -73,34 +73,38 @@ def stamp_key(hlc_s: str, ts: Any, origin: Any) -> tuple:
 _CANONICAL_HLC = r"^[0-9]{15}-[0-9]{10}-"
 
 
-def newest_stamp(hlc: Any, ts: Any, origin: Any) -> tuple:
-    """``max(tuple(record_stamp(h, t, o)))`` over the rows of three columns
-    (``hlc`` and ``origin`` Arrow string arrays, ``ts`` float64), ``()``
-    for no rows, without a Python step a row: the largest canonical
-    ``hlc`` by its text, and of the rows stamped from ``ts`` (no ``hlc``,
-    or one Hlc.parse refuses) only those whose wall time lies within two
-    milliseconds of the largest (rounding moves it by at most one)."""
+def stamp_walls(hlc: Any, ts: Any) -> np.ndarray:
+    """The wall time of each row's stamp (``record_stamp(h, t, o)[0]``)
+    within a millisecond, for the rows of an ``hlc`` Arrow string array
+    and a ``ts`` float64 array: a canonical ``hlc``'s own, exactly; else
+    its ``ts``'s, clamped as the stamp clamps it and not yet rounded
+    (rounding moves it by at most one; NaN: 0). float64."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    best: tuple = ()
-    if len(hlc) == 0:
-        return best
+    with np.errstate(invalid="ignore", over="ignore"):
+        w = np.asarray(ts, dtype=np.float64) * 1000.0
+        walls = np.where(w > 0, np.minimum(w, float(_WALL_MAX)), 0.0)     # (NaN: 0)
     canon = pc.match_substring_regex(hlc, _CANONICAL_HLC).to_numpy(zero_copy_only=False)
     if canon.any():
-        best = tuple(Hlc.parse(pc.max(hlc.filter(pa.array(canon))).as_py()))
-    rest = np.flatnonzero(~canon)
-    if len(rest):
-        t = np.asarray(ts, dtype=np.float64)
-        with np.errstate(invalid="ignore", over="ignore"):
-            w = t[rest] * 1000.0
-            w = np.where(w > 0, np.minimum(w, float(_WALL_MAX)), 0.0)    # (NaN: 0)
-        near = rest[w >= w.max() - 2.0]
-        for h, t_, o in zip(hlc.take(near).to_pylist(), t[near].tolist(), origin.take(near).to_pylist()):
-            stamp = stamp_key(h, t_, o)
-            if stamp > best:
-                best = stamp
-    return best
+        at = np.flatnonzero(canon)
+        walls[at] = pc.cast(pc.utf8_slice_codeunits(hlc.take(at), 0, 15), pa.int64()).to_numpy()
+    return walls
+
+
+def newest_stamp(hlc: Any, ts: Any, origin: Any) -> tuple:
+    """``max(tuple(record_stamp(h, t, o)))`` over the rows of three columns
+    (``hlc`` and ``origin`` Arrow string arrays, ``ts`` float64), ``()``
+    for no rows, without a Python step a row: only the rows whose stamp's
+    wall time lies within two milliseconds of the largest
+    (:func:`stamp_walls`) are keyed."""
+    if len(hlc) == 0:
+        return ()
+    walls = stamp_walls(hlc, ts)
+    near = np.flatnonzero(walls >= walls.max() - 2.0)
+    t = np.asarray(ts, dtype=np.float64)
+    return max(stamp_key(h, t_, o) for h, t_, o in zip(hlc.take(near).to_pylist(), t[near].tolist(),
+                                                       origin.take(near).to_pylist()))
 
 
 def op_from_record_dict(d: Any, *, lenient: bool = False) -> OpRecord:
