@@ -1,8 +1,9 @@
 """The Arrow memory a cool write holds is bounded by a row group (and, for a
 merge, one channel's rows), not by the rows written: a cooling run and a
 merge of files many times that size stay under a fixed bound. Measured as
-the Arrow pool's allocated bytes at every row group the Parquet writer is
-given (deterministic: no background thread runs here)."""
+the Arrow pool's allocated bytes each time the Parquet writer is given
+rows (every whole row group of a part at once; deterministic: no
+background thread runs here)."""
 from __future__ import annotations
 
 import pyarrow as pa
@@ -19,7 +20,7 @@ CONTENT = "x" * 4000
 
 @pytest.fixture
 def sampled(monkeypatch):
-    """The Arrow pool's allocated bytes each time a row group is written."""
+    """The Arrow pool's allocated bytes each time the writer is given rows."""
     seen: list[int] = []
     orig = pq.ParquetWriter.write_table
 
@@ -63,8 +64,8 @@ def test_a_merge_holds_a_channel_and_a_row_group_a_file(tmp_path, sampled):
     assert len(change.files) == 1
     # 32 MB of content merged; a channel's rows are 1 MB (and its sorted
     # copy), a row group of each source 256 KB (before: every source whole
-    # and the merged copy, 64 MB)
-    assert len(sampled) >= 8000 // 64
+    # and the merged copy, 64 MB); the writer is given each channel's rows
+    assert len(sampled) >= 32
     assert max(sampled) - base < 6 * MiB
     assert [(r.record, r.ord) for r in all_rows(archive)] == before
     archive.close()
@@ -120,8 +121,45 @@ def test_a_merge_of_one_large_channel_holds_a_chunk(tmp_path, sampled, monkeypat
     sampled.clear()
     archive.merge([archive.files()])
     # 32 MB of content in one channel; a chunk of 256 rows is 1 MB (before:
-    # the channel whole and its sorted copy, 64 MB)
-    assert len(sampled) >= 8000 // 64
+    # the channel whole and its sorted copy, 64 MB); the writer is given
+    # each chunk's rows
+    assert len(sampled) >= 8000 // 256
     assert max(sampled) - base < 6 * MiB
     assert [r.record["msg_id"] for r in all_rows(archive)] == [f"msg_{i:08d}" for i in range(8000)]
     archive.close()
+
+
+def test_parts_of_any_size_make_the_layout_of_one_write(tmp_path):
+    """A file written from parts of any sizes (the writer is given each
+    part's whole row groups in one call, the rest carried) holds the bytes
+    that one write_table of all its rows (chunked as the parts are) with
+    the same row group size makes, and the bytes of one call a row group
+    (the writer before): the same row groups, pages and footer."""
+    from rune_fast.cool.files import _FileSet
+    table = _table(0, 700, 3)
+    sizes = [5, 64, 200, 1, 130, 300]       # row groups of 64 cut across them
+    parts, at = [], 0
+    for n in sizes:
+        parts.append(table.slice(at, n))
+        at += n
+    fs = _FileSet.__new__(_FileSet)
+    fs._rg_rows = 64
+    fed: list[int] = []
+    with pa.OSFile(str(tmp_path / "parts.parquet"), "w") as sink:
+        fs._write_parts(sink, iter(parts), feed=lambda t: fed.append(t.num_rows))
+    chunked = pa.concat_tables(parts)
+    with pa.OSFile(str(tmp_path / "whole.parquet"), "w") as sink:
+        w = _FileSet._parquet_writer(sink, table.schema)
+        w.write_table(chunked, row_group_size=64)
+        w.close()
+    with pa.OSFile(str(tmp_path / "groups.parquet"), "w") as sink:
+        w = _FileSet._parquet_writer(sink, table.schema)
+        for a in range(0, 700, 64):
+            w.write_table(chunked.slice(a, 64), row_group_size=64)
+        w.close()
+    got = (tmp_path / "parts.parquet").read_bytes()
+    assert got == (tmp_path / "whole.parquet").read_bytes() == (tmp_path / "groups.parquet").read_bytes()
+    md = pq.read_metadata(str(tmp_path / "parts.parquet"))
+    assert [md.row_group(i).num_rows for i in range(md.num_row_groups)] == [64] * 10 + [60]
+    # (each part's whole row groups in one call, the last rows at the end)
+    assert fed == [64, 192, 128, 256, 60]

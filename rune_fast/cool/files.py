@@ -601,13 +601,15 @@ class _FileSet:
     def _write_parts(self, f: Any, parts: Iterable[pa.Table], schema: pa.Schema | None = None,
                      overlap: bool = False, feed: Callable[[pa.Table], None] | None = None) -> None:
         """The Parquet file of the rows of ``parts`` (in order) into ``f``:
-        row groups of ``_rg_rows`` rows, each written once its rows came, so
-        that at most a row group and the last part are held. ``overlap``:
+        row groups of ``_rg_rows`` rows, the whole ones a part completes
+        written in one call as it comes (the layout of one write of all the
+        rows), so that at most the last part and less than a row group
+        carried before it are held. ``overlap``:
         the row groups are encoded and compressed by a thread of their own
         (pyarrow does it without the GIL) while this one makes the next
-        parts (see :class:`_GroupWriter`). ``feed(row_group)`` is called
-        with each row group, in file order (with ``overlap`` on a thread of
-        its own, beside the row group's write; else before it)."""
+        parts (see :class:`_GroupWriter`). ``feed(rows)`` is called with
+        the rows of each write, in file order (with ``overlap`` on a thread
+        of its own, beside the write; else before it)."""
         rg = self._rg_rows
         w: Any = None
         pending: list[pa.Table] = []
@@ -622,12 +624,18 @@ class _FileSet:
                         feed = None     # (the thread feeds)
                 pending.append(t)
                 held += t.num_rows
-                while held >= rg:
+                if held >= rg:
+                    # every whole row group held, in one call: pyarrow
+                    # encodes them without the GIL and takes it back once
+                    # (taken back after each row group, a background
+                    # run's thread waited for an appending thread's
+                    # switch interval each time: half its wall time)
+                    whole = held // rg * rg
                     buf = pa.concat_tables(pending)
                     if feed is not None:
-                        feed(buf.slice(0, rg))
-                    w.write_table(buf.slice(0, rg), row_group_size=rg)
-                    rest = buf.slice(rg)
+                        feed(buf.slice(0, whole))
+                    w.write_table(buf.slice(0, whole), row_group_size=rg)
+                    rest = buf.slice(whole)
                     pending, held = [rest], rest.num_rows
                     del buf
             if w is None:

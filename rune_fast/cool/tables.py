@@ -215,8 +215,9 @@ class _GroupWriter:
     their own, in order, while the caller makes the next row groups:
     pyarrow encodes and compresses a row group without the GIL, so a
     foreground cooling run (parsing lines) keeps both cores busy. At most
-    ``depth`` row groups wait for the thread. ``each(table)``, if given, is
-    called with each row group, in order, on a third thread (the file's
+    ``depth`` calls' rows (a part's whole row groups each) wait for the
+    thread. ``each(table)``, if given, is
+    called with the rows of each call, in order, on a third thread (the file's
     search filters: ``GramSink.add`` folds the content without the GIL
     too; on the writer's thread it made that thread the longer of the two,
     while the caller waited for it). The first error of either thread is

@@ -158,10 +158,10 @@ class _Writer(_Search):
                 keys.add(*(t.column(c) for c in _KEY_COLUMNS))
                 yield t
 
-        def feed(row_group: pa.Table) -> None:
-            # (each row group as it is written: with ``overlap`` on the
-            # writer's thread, which folds the content without the GIL)
-            sink.add(row_group.column("content"))
+        def feed(rows: pa.Table) -> None:
+            # (the rows of each write as they are written: with ``overlap``
+            # on a thread of its own, which folds the content without the GIL)
+            sink.add(rows.column("content"))
 
         try:
             tmp = self._write_tmp(name, table=table, durable=durable, order=order,
