@@ -25,8 +25,19 @@ from rf_core cimport rf_find, rf_gram_acc, rf_gram_acc_add, rf_gram_acc_done, rf
 cdef extern from "rf_zstd.h" nogil:
     int rf_zstd_ready()
     long long rf_zstd_dec(void *dst, size_t cap, const void *src, size_t n, const char **err)
+    int rf_lz4_ready()
+    long long rf_lz4_dec(void *dst, size_t cap, const void *src, size_t n, const char **err)
     void rf_zstd_release()
     uint32_t rf_crc32(const unsigned char *p, size_t n)
+
+
+cdef enum:
+    # a page's codec (chunk_pages' ``codec``; the flags' zstd or lz4 bit)
+    C_NONE = 0
+    C_ZSTD = 1
+    C_LZ4 = 2           # LZ4_RAW: an LZ4 block, no framing
+    F_ZSTD = 1
+    F_LZ4 = 128
 
 
 cdef enum:
@@ -41,18 +52,21 @@ cdef enum:
     FP_NOMEM = 8
 
 
-cdef int _check_unpack(const unsigned char *comp, int64_t csize, uint32_t crc, bint unzstd, unsigned char *raw,
+cdef int _check_unpack(const unsigned char *comp, int64_t csize, uint32_t crc, int codec, unsigned char *raw,
                        int64_t usize, const unsigned char **page, long long *got, const char **zerr) noexcept nogil:
-    """A stored page's CRC-32 checked (FP_CRC) and, with ``unzstd``, its
-    zstd frame decompressed into ``raw`` (FP_ZSTD, or FP_SIZE with ``got``
-    another size than ``usize``); ``page``: its bytes (``comp`` when not
-    decompressed here)."""
+    """A stored page's CRC-32 checked (FP_CRC) and, with ``codec`` C_ZSTD
+    or C_LZ4, decompressed into ``raw`` (FP_ZSTD with the library's
+    ``zerr``, or FP_SIZE with ``got`` another size than ``usize``);
+    ``page``: its bytes (``comp`` when not decompressed here)."""
     if rf_crc32(comp, <size_t>csize) != crc:
         return FP_CRC
     page[0] = comp
-    if not unzstd:
+    if codec == C_NONE:
         return FP_OK
-    got[0] = rf_zstd_dec(raw, <size_t>usize, comp, <size_t>csize, zerr)
+    if codec == C_LZ4:
+        got[0] = rf_lz4_dec(raw, <size_t>usize, comp, <size_t>csize, zerr)
+    else:
+        got[0] = rf_zstd_dec(raw, <size_t>usize, comp, <size_t>csize, zerr)
     page[0] = raw
     if got[0] < 0:
         return FP_ZSTD
@@ -537,12 +551,62 @@ cdef enum:
     DELTA_BINARY_PACKED = 5
     RLE_DICTIONARY = 8
     # a page's kind, in a directory's sixth field above its zstd bit
-    # (``flags = zstd | kind << 1``; 0 or 1 before there were kinds)
+    # (``flags = zstd | kind << 1 | lz4 << 7``; 0 or 1 before there were
+    # kinds, no lz4 bit before LZ4_RAW pages)
     K_PLAIN = 0         # a PLAIN data page
     K_DICT = 1          # a column chunk's dictionary page (PLAIN values)
     K_RLE_DICT = 2      # a data page of dictionary indices (RLE/bit-packed hybrid)
     K_DELTA = 3         # a DELTA_BINARY_PACKED data page (INT32/INT64)
     K_MAX = 3
+    K_MASK = 63         # the kind's bits, above the zstd bit and below the lz4 bit
+
+
+cdef inline int _kind(int64_t flags) noexcept nogil:
+    """A directory entry's page kind (its flags without the codec bits)."""
+    return <int>((flags >> 1) & K_MASK)
+
+
+cdef inline int _codec(int64_t flags) noexcept nogil:
+    """A directory entry's codec: C_ZSTD, C_LZ4 or C_NONE."""
+    if flags & F_ZSTD:
+        return C_ZSTD
+    if flags & F_LZ4:
+        return C_LZ4
+    return C_NONE
+
+
+cdef inline int64_t _flags(int codec, int kind) noexcept nogil:
+    return (F_ZSTD if codec == C_ZSTD else 0) | (<int64_t>kind << 1) | (F_LZ4 if codec == C_LZ4 else 0)
+
+
+cdef inline bint _known_flags(int64_t flags) noexcept nogil:
+    """A directory entry's flags: a known kind, at most one codec bit."""
+    return (0 <= flags and (flags & ~(<int64_t>(F_ZSTD | F_LZ4 | (K_MASK << 1)))) == 0
+            and _kind(flags) <= K_MAX and not (flags & F_ZSTD and flags & F_LZ4))
+
+
+cdef inline int _here(int64_t flags, bint direct) noexcept nogil:
+    """The codec a page is decompressed with by :func:`_check_unpack`:
+    LZ4_RAW always, zstd with the system's libzstd (``direct``), else none
+    (a zstd page's bytes are then left to the caller's zstd callable)."""
+    if flags & F_LZ4:
+        return C_LZ4
+    if flags & F_ZSTD and direct:
+        return C_ZSTD
+    return C_NONE
+
+
+def page_codecs():
+    """The codecs :func:`chunk_pages` takes: ``{"none": 0, "zstd": 1,
+    "lz4_raw": 2}``; a directory's sixth field holds 1 for zstd, 128 for
+    LZ4_RAW."""
+    return {"none": C_NONE, "zstd": C_ZSTD, "lz4_raw": C_LZ4}
+
+
+def lz4_direct():
+    """Whether LZ4_RAW pages are decompressed here (by the system's
+    liblz4, without the GIL); else the reader declines them."""
+    return bool(rf_lz4_ready())
 
 
 def page_kinds():
@@ -569,7 +633,7 @@ cdef Py_ssize_t _read_at(int fd, unsigned char *buf, Py_ssize_t size, int64_t of
 
 
 cdef int _check_page(const int64_t *h, int64_t pos, int64_t end, int64_t rows, int64_t first,
-                     bint zstd, Py_ssize_t npage, bint has_dict) except -1:
+                     int codec, Py_ssize_t npage, bint has_dict) except -1:
     """The checks of one page header ``h`` (at ``pos``, page ``npage`` of a
     column chunk ending at ``end`` of ``rows`` values, ``first`` of them
     before it; ``has_dict``: the chunk began with a dictionary page) that
@@ -594,7 +658,7 @@ cdef int _check_page(const int64_t *h, int64_t pos, int64_t end, int64_t rows, i
         kind = K_DELTA
     else:
         raise Unsupported(f"page at offset {pos} (type {h[1]}, encoding {h[6]})")
-    if h[5] <= 0 or (not zstd and h[2] != h[3]):
+    if h[5] <= 0 or (codec == C_NONE and h[2] != h[3]):
         raise ValueError(f"page header at offset {pos} has {h[5]} values")
     if h[5] > (rows if kind == K_DICT else rows - first):
         raise ValueError(f"page at offset {pos} holds {h[5]} values, {rows - first} "
@@ -605,14 +669,14 @@ cdef int _check_page(const int64_t *h, int64_t pos, int64_t end, int64_t rows, i
     return kind
 
 
-def chunk_pages(int fd, int64_t offset, int64_t total, int64_t rows, bint zstd):
+def chunk_pages(int fd, int64_t offset, int64_t total, int64_t rows, int codec):
     """The pages of one column chunk, from their headers: ``total`` bytes at
     ``offset`` of the file open as ``fd``, holding ``rows`` values (the
     chunk's first page: its dictionary page if it has one). Returns
     ``(firsts, pages)``: the first row of each page, and ``(first, data
     offset, compressed size, uncompressed size, crc, flags, values)`` of
-    each, ``flags`` being 1 if zstd-compressed plus the page's kind
-    (:func:`page_kinds`) times 2. A dictionary page (the chunk's first, if
+    each, ``flags`` being 1 if zstd-compressed (``codec`` 1), 128 if LZ4_RAW
+    (``codec`` 2), plus the page's kind (:func:`page_kinds`) times 2. A dictionary page (the chunk's first, if
     any) has first row 0 and its dictionary's values; it holds no rows.
 
     Only pages with a CRC, v1 data pages PLAIN, RLE_DICTIONARY or
@@ -660,10 +724,10 @@ def chunk_pages(int fd, int64_t offset, int64_t total, int64_t rows, bint zstd):
                     _header(buf, have, 0, h)
                 except ValueError as exc:
                     raise ValueError(f"page header at offset {pos}: {exc}") from None
-            kind = _check_page(h, pos, end, rows, first, zstd, len(pages),
-                               len(pages) > 0 and pages[0][5] >> 1 == K_DICT)
+            kind = _check_page(h, pos, end, rows, first, codec, len(pages),
+                               len(pages) > 0 and _kind(pages[0][5]) == K_DICT)
             firsts.append(first)
-            pages.append((first, pos + h[0], h[3], h[2], h[4], <int>zstd | kind << 1, h[5]))
+            pages.append((first, pos + h[0], h[3], h[2], h[4], _flags(codec, kind), h[5]))
             if kind != K_DICT:
                 first += h[5]
             pos += h[0] + h[3]
@@ -1295,7 +1359,7 @@ def search_hits(type hit_type, list recs, list tiers):
 @cython.boundscheck(False)
 @cython.wraparound(False)
 def chunk_pages_mem(const unsigned char[::1] mem, int64_t base, int64_t offset, int64_t total, int64_t rows,
-                    bint zstd):
+                    int codec):
     """:func:`chunk_pages` of a column chunk whose bytes were read already:
     ``mem`` holds the file's bytes from offset ``base`` on (a row group's
     span, read in one ``pread``). Same answer, same errors; a chunk that
@@ -1317,10 +1381,10 @@ def chunk_pages_mem(const unsigned char[::1] mem, int64_t base, int64_t offset, 
             _header(p, <Py_ssize_t>(end - base), <Py_ssize_t>(pos - base), h)
         except ValueError as exc:
             raise ValueError(f"page header at offset {pos}: {exc}") from None
-        kind = _check_page(h, pos, end, rows, first, zstd, len(pages),
-                           len(pages) > 0 and pages[0][5] >> 1 == K_DICT)
+        kind = _check_page(h, pos, end, rows, first, codec, len(pages),
+                           len(pages) > 0 and _kind(pages[0][5]) == K_DICT)
         firsts.append(first)
-        pages.append((first, pos + h[0], h[3], h[2], h[4], <int>zstd | kind << 1, h[5]))
+        pages.append((first, pos + h[0], h[3], h[2], h[4], _flags(codec, kind), h[5]))
         if kind != K_DICT:
             first += h[5]
         pos += h[0] + h[3]
@@ -1637,7 +1701,7 @@ cdef list _row_runs(int fd, const int64_t[::1] counts, const int64_t[::1] starts
                 continue
             a = _page_at(firsts, lo, n, row)
             want.append(lo + a)
-            if flat[7 * (lo + a) + 5] >> 1 == K_RLE_DICT:
+            if _kind(flat[7 * (lo + a) + 5]) == K_RLE_DICT:
                 want.append(lo)         # (its dictionary page: the chunk's first)
         for a in want:
             off, sz = flat[7 * a + 1], flat[7 * a + 2]
@@ -1692,7 +1756,7 @@ cdef list _rows_pages(const int64_t[::1] counts, const int64_t[::1] starts, cons
                 a += 1
             if a != last:
                 want.append(lo + a)
-                if last == -1 and flat[7 * (lo + a) + 5] >> 1 == K_RLE_DICT:
+                if last == -1 and _kind(flat[7 * (lo + a) + 5]) == K_RLE_DICT:
                     want.append(lo)         # (its dictionary page: the chunk's first)
                 last = a
     return want
@@ -1700,7 +1764,7 @@ cdef list _rows_pages(const int64_t[::1] counts, const int64_t[::1] starts, cons
 
 cdef bint _fetchable(int64_t off, int64_t sz, int64_t us, int64_t flags) noexcept:
     return (0 <= off <= INT64_MAX - sz and 0 <= sz <= RUN_BYTES and 0 <= us <= MAX_PAGE
-            and (flags & 1 or us == sz))
+            and (_codec(flags) != C_NONE or us == sz))
 
 
 cdef dict _fetch_pages(int fd, const int64_t[::1] flat, list want):
@@ -1838,11 +1902,11 @@ cdef list _fetch_rows(int fd, const int64_t[:, ::1] pf):
             while code == FP_OK and i < n:
                 a = js[i]
                 p = buf + run_at[run_of[i]] + (pf[a, 0] - run_lo[run_of[i]])
-                code = _check_unpack(p, pf[a, 1], <uint32_t>pf[a, 3], pf[a, 4] & 1,
+                code = _check_unpack(p, pf[a, 1], <uint32_t>pf[a, 3], _here(pf[a, 4], 1),
                                      <unsigned char *>dst[a], pf[a, 2], &page, &zgot, &zerr)
                 if code != FP_OK:
                     bad = a
-                elif not pf[a, 4] & 1:
+                elif _codec(pf[a, 4]) == C_NONE:
                     memcpy(dst[a], p, pf[a, 1])
                 i += 1
         if code == FP_NOMEM:
@@ -1857,6 +1921,30 @@ cdef list _fetch_rows(int fd, const int64_t[:, ::1] pf):
     finally:
         free(js); free(run_lo); free(run_at); free(run_of); free(dst); free(buf)
     return keep
+
+def lz4_page(const unsigned char[::1] comp, Py_ssize_t usize):
+    """The ``usize`` bytes the LZ4_RAW page ``comp`` decompresses to
+    (without the GIL); ValueError saying how it does not (malformed, or
+    another size). Only with the system's liblz4 (:func:`lz4_direct`)."""
+    cdef long long got = 0
+    cdef const char *err = NULL
+    cdef bytes raw
+    cdef char *dst
+    if not rf_lz4_ready():
+        raise ValueError("no liblz4 to decompress an LZ4_RAW page with")
+    if usize < 0:
+        raise ValueError(f"has a size of {usize} bytes")
+    raw = PyBytes_FromStringAndSize(NULL, usize)
+    dst = PyBytes_AS_STRING(raw)
+    with nogil:
+        got = rf_lz4_dec(dst, <size_t>usize, &comp[0] if comp.shape[0] else <const unsigned char *>"",
+                         <size_t>comp.shape[0], &err)
+    if got < 0:
+        raise ValueError(f"does not decompress: {(<bytes>err).decode('utf-8', 'replace')}")
+    if got != usize:
+        raise ValueError(f"decompresses to {got} bytes, its header says {usize}")
+    return raw
+
 
 def zstd_frame_size(bytes comp):
     """The content size the header of the zstd frame ``comp`` declares, or
@@ -1923,8 +2011,9 @@ cdef bytes _checked_page(bytes run, int64_t at, const int64_t[::1] flat, Py_ssiz
     """Page ``j`` of a directory whose stored bytes are ``run[at:at +
     size]``: its CRC-32 checked and, when compressed, decompressed to its
     size -- both without the GIL when the system's libzstd is there
-    (:func:`zstd_direct`), else through ``decompress`` (``bytes`` or
-    ``bytes, max_output_size=n``). ValueError naming the page's offset."""
+    (:func:`zstd_direct`; LZ4_RAW always), else through ``decompress``
+    (``bytes`` or ``bytes, max_output_size=n``). ValueError naming the
+    page's offset."""
     cdef int64_t off = flat[7 * j + 1], csize = flat[7 * j + 2], usize = flat[7 * j + 3]
     cdef const unsigned char *p
     cdef char *dst
@@ -1938,19 +2027,20 @@ cdef bytes _checked_page(bytes run, int64_t at, const int64_t[::1] flat, Py_ssiz
         raise ValueError(f"take_rows: page at offset {off} is out of place")
     p = <const unsigned char *>PyBytes_AS_STRING(run) + at
     crc = <uint32_t>flat[7 * j + 4]
-    if flat[7 * j + 5] & 1 and rf_zstd_ready():
+    cdef int codec = _here(flat[7 * j + 5], rf_zstd_ready())
+    if codec != C_NONE:
         raw = PyBytes_FromStringAndSize(NULL, usize)
         dst = PyBytes_AS_STRING(raw)
         with nogil:
-            err = _check_unpack(p, csize, crc, True, <unsigned char *>dst, usize, &page, &got, &zerr)
+            err = _check_unpack(p, csize, crc, codec, <unsigned char *>dst, usize, &page, &got, &zerr)
         _raise_page(err, off, got, usize, zerr)
         return raw
     with nogil:
-        err = _check_unpack(p, csize, crc, False, NULL, 0, &page, &got, &zerr)
+        err = _check_unpack(p, csize, crc, C_NONE, NULL, 0, &page, &got, &zerr)
     _raise_page(err, off, got, usize, zerr)
     comp = run if at == 0 and csize == PyBytes_GET_SIZE(run) else \
         PyBytes_FromStringAndSize(<const char *>p, csize)
-    if not flat[7 * j + 5] & 1:
+    if _codec(flat[7 * j + 5]) == C_NONE:
         return comp
     if _frame_size(comp) == usize:
         raw = decompress(comp)
@@ -1987,7 +2077,7 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
     of column c starting at page ``starts[c]``, page j's 7 fields at
     ``flat[7 * j:]`` (first row, data offset, compressed size, uncompressed
     size, crc, flags, values) and its first row at ``firsts[j]``; flags: 1
-    if zstd-compressed, plus the page's kind times 2 (:func:`page_kinds`:
+    if zstd-compressed, 128 if LZ4_RAW, plus the page's kind times 2 (:func:`page_kinds`:
     a PLAIN data page; the column's dictionary page, its first; a data page
     of dictionary indices; a DELTA_BINARY_PACKED one). Each page read is
     checked against its CRC-32 and, when compressed, decompressed
@@ -2080,7 +2170,7 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
                 for k in range(q, u + 1):
                     j = 7 * (lo + ks[k])
                     off, csize = flat[j + 1], flat[j + 2]
-                    kind = <int>(flat[j + 5] >> 1)
+                    kind = _kind(flat[j + 5])
                     raw = None if fetched is None else fetched.get(lo + ks[k])
                     if raw is None:
                         if run is None:
@@ -2107,7 +2197,7 @@ def take_rows(int fd, const int64_t[::1] counts, const int64_t[::1] starts, cons
                     elif kind == K_RLE_DICT:
                         if dict_raw is None:
                             # the column's dictionary: its first page
-                            if flat[7 * lo + 5] >> 1 != K_DICT:
+                            if _kind(flat[7 * lo + 5]) != K_DICT:
                                 raise ValueError(f"page at offset {off} holds dictionary indices, "
                                                  f"its column no dictionary")
                             dict_raw = None if fetched is None else fetched.get(lo)
@@ -2264,7 +2354,7 @@ cdef int _take_col(_TGroup *g, Py_ssize_t c, Py_ssize_t w, const Py_ssize_t *slo
             a = _page_at_p(g.firsts, lo, g.counts[c], g.rows[i])
             j = 7 * (lo + a)
             pfirst, nvals = g.flat[j], g.flat[j + 6]
-            kind = <int>(g.flat[j + 5] >> 1)
+            kind = _kind(g.flat[j + 5])
             pb, plen = pp[slots[(g.at + i) * stride + ci]], pn[slots[(g.at + i) * stride + ci]]
             cnt = g.rows[q - 1] - pfirst + 1
             if g.rows[i] < pfirst or cnt > nvals:
@@ -2297,7 +2387,7 @@ cdef int _take_col(_TGroup *g, Py_ssize_t c, Py_ssize_t w, const Py_ssize_t *slo
                 free(scratch)
                 scratch = NULL
             elif kind == K_RLE_DICT:
-                if dslot < 0 or g.flat[7 * lo + 5] >> 1 != K_DICT:
+                if dslot < 0 or _kind(g.flat[7 * lo + 5]) != K_DICT:
                     return -1
                 if db == NULL:
                     db, dn, ndict = pp[dslot], pn[dslot], g.flat[7 * lo + 6]
@@ -2423,7 +2513,7 @@ def take_many(int fd, list dirs, list rowss, list cols, const int64_t[::1] width
                         or g.rows[g.m - 1] >= g.flat[7 * (a + n - 1)] + g.flat[7 * (a + n - 1) + 6]:
                     g.bad = True
                     break
-                if g.flat[7 * a + 5] >> 1 == K_DICT:
+                if _kind(g.flat[7 * a + 5]) == K_DICT:
                     # (the chunk's first page: fetched in file order, before its data pages)
                     if not _fetchable(g.flat[7 * a + 1], g.flat[7 * a + 2], g.flat[7 * a + 3], g.flat[7 * a + 5]):
                         g.bad = True
@@ -2547,7 +2637,7 @@ def check_dir(const int64_t[::1] counts, const int64_t[::1] starts, const int64_
     the first starting at row 0, each next one where the one before ends
     (first row + values) and the last at ``rows``; ``firsts`` holds each
     page's first row; sizes are not negative (an uncompressed page's both
-    the same), the flags a zstd bit and a known kind (:func:`page_kinds`:
+    the same), the flags a codec bit (zstd or LZ4_RAW) and a known kind (:func:`page_kinds`:
     a dictionary page only as a column's first, at row 0, followed by a
     page of rows; dictionary indices only in a column with a dictionary),
     the CRC 32 bits. (Each page read is
@@ -2565,17 +2655,17 @@ def check_dir(const int64_t[::1] counts, const int64_t[::1] starts, const int64_
         if starts[c] != at or counts[c] <= 0 or counts[c] > npg - at:
             return f"column {c}: {counts[c]} pages from page {starts[c]} (expected from page {at})"
         want = 0
-        has_dict = counts[c] > 1 and flat[7 * at + 5] >> 1 == K_DICT
+        has_dict = counts[c] > 1 and _kind(flat[7 * at + 5]) == K_DICT
         for j in range(at, at + counts[c]):
             if flat[7 * j] != want or firsts[j] != want:
                 return f"column {c}: page {j - at} starts at row {flat[7 * j]}, not {want}"
-            kind = flat[7 * j + 5] >> 1
+            kind = _kind(flat[7 * j + 5])
             if (flat[7 * j + 1] < 0 or flat[7 * j + 2] < 0 or flat[7 * j + 3] < 0
-                    or not 0 <= flat[7 * j + 4] <= 0xFFFFFFFF or not 0 <= flat[7 * j + 5] <= 2 * K_MAX + 1
+                    or not 0 <= flat[7 * j + 4] <= 0xFFFFFFFF or not _known_flags(flat[7 * j + 5])
                     or (kind == K_DICT and j != at) or (kind == K_RLE_DICT and not has_dict)
                     or flat[7 * j + 6] <= 0 or flat[7 * j + 6] > (rows if kind == K_DICT else rows - want)):
                 return f"column {c}: page {j - at} has fields {list(flat[7 * j:7 * j + 7])}"
-            if flat[7 * j + 5] & 1 == 0 and flat[7 * j + 2] != flat[7 * j + 3]:
+            if _codec(flat[7 * j + 5]) == C_NONE and flat[7 * j + 2] != flat[7 * j + 3]:
                 return (f"column {c}: page {j - at} is stored uncompressed in {flat[7 * j + 2]} bytes "
                         f"for {flat[7 * j + 3]}")
             if file_size >= 0 and flat[7 * j + 1] > file_size - flat[7 * j + 2]:
@@ -2767,7 +2857,7 @@ def find_pages(int fd, const int64_t[::1] flat, const int64_t[::1] firsts, Py_ss
             for i in range(r0, r1 + 1):
                 k = at + sel[i]
                 off, csize, usize, count = flat[7 * k + 1], flat[7 * k + 2], flat[7 * k + 3], flat[7 * k + 6]
-                if flat[7 * k + 5] >> 1:
+                if _kind(flat[7 * k + 5]) != K_PLAIN:
                     raise Unsupported(f"page at offset {off} is not a PLAIN data page")
                 if (not whole and (off < base or off + csize > end)) or usize < 0 or count < 0:
                     raise ValueError(f"page at offset {off} is out of place")
@@ -2777,7 +2867,7 @@ def find_pages(int fd, const int64_t[::1] flat, const int64_t[::1] firsts, Py_ss
                     hits_cap = count * np_ if hits != NULL else 0
                     if hits == NULL:
                         raise MemoryError()
-                if (flat[7 * k + 5] & 1) and usize > raw_cap and not whole:
+                if _codec(flat[7 * k + 5]) != C_NONE and usize > raw_cap and not whole:
                     free(raw)
                     raw = <unsigned char *>malloc(usize + 1)
                     raw_cap = usize if raw != NULL else 0
@@ -2795,10 +2885,10 @@ def find_pages(int fd, const int64_t[::1] flat, const int64_t[::1] firsts, Py_ss
                 else:
                     with nogil:
                         err = _check_unpack(run + (off - base), csize, <uint32_t>flat[7 * k + 4],
-                                            flat[7 * k + 5] & 1 and direct, raw, usize, &page, &got, &zerr)
-                    if not flat[7 * k + 5] & 1:
+                                            _here(flat[7 * k + 5], direct), raw, usize, &page, &got, &zerr)
+                    if _codec(flat[7 * k + 5]) == C_NONE:
                         usize = csize
-                if err == FP_OK and (flat[7 * k + 5] & 1) and not direct and not whole:
+                if err == FP_OK and (flat[7 * k + 5] & F_ZSTD) and not direct and not whole:
                     try:
                         pyraw = decompress(PyBytes_FromStringAndSize(<const char *>run + (off - base), csize),
                                            max_output_size=usize)

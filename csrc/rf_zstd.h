@@ -1,5 +1,5 @@
-/* zstd decompression and CRC-32 that run without the GIL, for the page
- * reader (csrc/_pages.pyx).
+/* zstd and LZ4 decompression and CRC-32 that run without the GIL, for the
+ * page reader (csrc/_pages.pyx).
  *
  * libzstd is the system's (libzstd.so.1, opened once with dlopen): a missing
  * one is not an error, rf_zstd_ready() says 0 and the caller decompresses
@@ -100,6 +100,59 @@ static void rf_zstd_release(void) {
         pthread_setspecific(rf_zstd_key, NULL);
         rf_zstd_lib.free(dctx);
     }
+}
+
+/* LZ4_RAW pages (Parquet's LZ4 block codec, no framing): the system's
+ * liblz4 (liblz4.so.1, opened once with dlopen), its bounds-checked block
+ * decoder LZ4_decompress_safe; a missing one is not an error,
+ * rf_lz4_ready() says 0 and the page reader declines such chunks (the
+ * caller reads them through pyarrow). */
+typedef int (*rf_lz4_dec_f)(const char *, char *, int, int);
+
+static struct {
+    rf_lz4_dec_f dec;
+    int ready;
+} rf_lz4_lib;
+
+static pthread_once_t rf_lz4_once = PTHREAD_ONCE_INIT;
+
+static void rf_lz4_load(void) {
+    void *h;
+    if (getenv("RUNE_FAST_NO_LIBLZ4"))      /* the tests' way to the fallback */
+        return;
+    h = dlopen("liblz4.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL)
+        return;
+    rf_lz4_lib.dec = (rf_lz4_dec_f)dlsym(h, "LZ4_decompress_safe");
+    if (rf_lz4_lib.dec)
+        rf_lz4_lib.ready = 1;
+}
+
+/* 1 if liblz4 was found (loaded at the first call) */
+static int rf_lz4_ready(void) {
+    pthread_once(&rf_lz4_once, rf_lz4_load);
+    return rf_lz4_lib.ready;
+}
+
+/* Decompress the LZ4 block src[0:n] into dst (cap bytes): the bytes it
+ * came out to, or -1 with *err saying why (a block that would not fit in
+ * cap, or does not decode, among them). Only after rf_lz4_ready() said 1. */
+static long long rf_lz4_dec(void *dst, size_t cap, const void *src, size_t n, const char **err) {
+    int got;
+    if (!rf_lz4_ready()) {
+        *err = "no liblz4";
+        return -1;
+    }
+    if (n > 0x7FFFFFFFu || cap > 0x7FFFFFFFu) {
+        *err = "LZ4 block past 2 GiB";
+        return -1;
+    }
+    got = rf_lz4_lib.dec((const char *)src, (char *)dst, (int)n, (int)cap);
+    if (got < 0) {
+        *err = "malformed LZ4 block";
+        return -1;
+    }
+    return (long long)got;
 }
 
 static uint32_t rf_crc32(const unsigned char *p, size_t n) {

@@ -36,8 +36,9 @@ import zstandard
 import numpy as np
 import pyarrow as pa
 
-from ._pages import (Unsupported, chunk_pages, chunk_pages_mem, fetch_pages, find_pages, page_fields, page_kinds,
-                     plain_strings, rows_pages, span_pages, take_many, take_rows, zstd_direct)
+from ._pages import (Unsupported, chunk_pages, chunk_pages_mem, fetch_pages, find_pages, lz4_direct, lz4_page,
+                     page_codecs, page_fields, page_kinds, plain_strings, rows_pages, span_pages, take_many,
+                     take_rows, zstd_direct)
 
 __all__ = ["PageError", "PageReader", "Unsupported", "page_directories", "zstd_direct"]
 
@@ -56,8 +57,22 @@ _ARROW = {"INT64": pa.int64(), "INT32": pa.int32(), "DOUBLE": pa.float64()}
 _PHYSICAL = {pa.string(): "BYTE_ARRAY", pa.int64(): "INT64", pa.int32(): "INT32", pa.float64(): "DOUBLE"}
 _DATA_PAGE = 0
 _PLAIN = 0
-#: a dictionary page's kind (a directory's sixth field >> 1)
+#: a dictionary page's kind (:func:`_kind` of a directory's sixth field)
 _K_DICT = page_kinds()["dictionary"]
+#: a column chunk's codec as ``chunk_pages`` takes it, by the name pyarrow
+#: gives it ("LZ4" is LZ4_RAW: pyarrow names the older, framed LZ4 codec
+#: otherwise, and the reader declines it)
+_CODECS = {"UNCOMPRESSED": page_codecs()["none"], "ZSTD": page_codecs()["zstd"], "LZ4": page_codecs()["lz4_raw"]}
+#: a directory's sixth field: its codec bits, the page's kind between them
+_F_ZSTD, _F_LZ4 = 1, 128
+#: LZ4_RAW pages are read here only with the system's liblz4 (else a group
+#: that holds any is :class:`Unsupported`: the caller reads it through pyarrow)
+_LZ4_DIRECT = lz4_direct()
+
+
+def _kind(flags: int) -> int:
+    """A directory entry's page kind (:func:`page_kinds`)."""
+    return (flags >> 1) & 63
 
 
 class PageError(ValueError):
@@ -118,7 +133,8 @@ def page_directories(path: str, metadata: Any) -> tuple[np.ndarray, np.ndarray] 
         index = [0]
         parts = []
         for rg in range(metadata.num_row_groups):
-            (counts, flat, firsts, starts), _span = reader._packed(rg)
+            reader._dir_span(rg)        # (parsed, not read: no codec needed)
+            counts, flat, firsts, starts = reader._dirs[rg]
             reader._dirs.clear()
             part = np.concatenate([np.frombuffer(a, dtype=np.int64) if len(a) else np.zeros(0, np.int64)
                                    for a in (counts, starts, flat, firsts)])
@@ -214,12 +230,12 @@ class PageReader:
             raise PageError(f"{self.path}: {size} bytes at offset {offset} run past the end of the file")
         return data
 
-    def _chunk_pages(self, offset: int, total: int, rows: int, zstd: bool) -> tuple[list[int], list[tuple]]:
+    def _chunk_pages(self, offset: int, total: int, rows: int, codec: int) -> tuple[list[int], list[tuple]]:
         """(first row of each page, (first, data offset, compressed size,
-        uncompressed size, crc, zstd, values) of each page) of one column
+        uncompressed size, crc, flags, values) of each page) of one column
         chunk (its headers walked in C: ``_pages.chunk_pages``)."""
         try:
-            return chunk_pages(self._fd, offset, total, rows, zstd)
+            return chunk_pages(self._fd, offset, total, rows, codec)
         except ValueError as exc:
             raise PageError(f"{self.path}: {exc}") from None
 
@@ -228,14 +244,19 @@ class PageReader:
 
     def _packed(self, rg: int) -> tuple[Any, tuple[int, bytes] | None]:
         """(row group ``rg``'s directory as :func:`_pack_dir` keeps it, the
-        group's span if it was just read to parse it, else None)."""
+        group's span if it was just read to parse it, else None): what
+        every read of the group's pages starts from, :class:`Unsupported`
+        for a group of LZ4_RAW pages where no liblz4 is loaded."""
         packed = self._dirs.get(rg)
         if packed is None:
             packed = self._given_dir(rg)
-        if packed is not None:
-            return packed, None
-        _d, span = self._dir_span(rg)
-        return self._dirs[rg], span
+        span = None
+        if packed is None:
+            _d, span = self._dir_span(rg)
+            packed = self._dirs[rg]
+        if not _LZ4_DIRECT and (np.frombuffer(packed[1], dtype=np.int64)[5::7] & _F_LZ4).any():
+            raise Unsupported(f"{self.path}: row group {rg} holds LZ4_RAW pages (no liblz4 here)")
+        return packed, span
 
     def _given_dir(self, rg: int) -> Any:
         """Row group ``rg``'s directory from ``dirs`` (None if none given).
@@ -266,9 +287,12 @@ class PageReader:
         rows = meta.num_rows
         d = []
         ccs = [meta.column(c) for c in range(len(self._kinds))]
+        codecs = []
         for c, cc in enumerate(ccs):
-            if cc.compression not in ("ZSTD", "UNCOMPRESSED"):
+            codec = _CODECS.get(cc.compression)
+            if codec is None:
                 raise Unsupported(f"row group {rg} column {c}: {cc.compression}")
+            codecs.append(codec)
         # where each chunk starts: its dictionary page, if it has one
         at = [cc.dictionary_page_offset if cc.has_dictionary_page else cc.data_page_offset for cc in ccs]
         lo = min(at) if ccs else 0
@@ -276,13 +300,12 @@ class PageReader:
         span = None
         if 0 <= lo < hi and hi - lo <= _SPAN_BYTES:
             span = self._pread(hi - lo, lo)
-        for a, cc in zip(at, ccs):
+        for a, cc, codec in zip(at, ccs, codecs):
             if span is None:
-                d.append(self._chunk_pages(a, cc.total_compressed_size, rows, cc.compression == "ZSTD"))
+                d.append(self._chunk_pages(a, cc.total_compressed_size, rows, codec))
                 continue
             try:
-                d.append(chunk_pages_mem(span, lo, a, cc.total_compressed_size, rows,
-                                         cc.compression == "ZSTD"))
+                d.append(chunk_pages_mem(span, lo, a, cc.total_compressed_size, rows, codec))
             except ValueError as exc:
                 raise PageError(f"{self.path}: {exc}") from None
         kept = None if span is None else (lo, span)
@@ -360,9 +383,9 @@ class PageReader:
         checked and decompressed here; no pyarrow decoding)."""
         _firsts, pages = self._dir(rg)[c]
         kind = self._kinds[c]
-        if any(p[5] >> 1 for p in pages):
+        if any(_kind(p[5]) for p in pages):
             # encoded pages (a dictionary, DELTA_BINARY_PACKED): decoded in C
-            n = sum(p[6] for p in pages if p[5] >> 1 != _K_DICT)
+            n = sum(p[6] for p in pages if _kind(p[5]) != _K_DICT)
             got = self.take(rg, list(range(n)), [c])[0]
             if kind is not None:
                 return pa.Array.from_buffers(self._types[c], n, [None, pa.py_buffer(got)])
@@ -493,11 +516,19 @@ class PageReader:
     def _unpack(self, comp: Any, page: tuple, dctx: Any = None) -> bytes:
         """A page's values from its stored bytes: CRC-32 checked, decompressed."""
         _first, off, csize, usize, crc, flags, _n = page
-        if flags >> 1:
+        if flags & ~(_F_ZSTD | _F_LZ4):
             raise Unsupported(f"{self.path}: page at offset {off} is not a PLAIN data page")
         if zlib.crc32(comp) != crc:
             raise PageError(f"{self.path}: page at offset {off} fails its CRC-32")
-        if not flags & 1:
+        if flags & _F_LZ4:
+            if not _LZ4_DIRECT:
+                raise Unsupported(f"{self.path}: page at offset {off} is LZ4_RAW (no liblz4 here)")
+            try:
+                raw = lz4_page(comp, usize)
+            except ValueError as exc:
+                raise PageError(f"{self.path}: page at offset {off} {exc}") from None
+            return raw
+        if not flags & _F_ZSTD:
             return bytes(comp)
         try:
             raw = (dctx or self._dctx()).decompress(comp, max_output_size=usize)

@@ -185,7 +185,7 @@ def test_todays_files_are_dictionary_and_delta_encoded_and_others_read_them(two_
     # the page directories name each page's kind
     md = pq.read_metadata(f_new)
     counts, flat, _firsts, starts = PageReader(f_new, md)._packed(0)[0]
-    kinds = {_COLS[c]: {flat[7 * j + 5] >> 1 for j in range(starts[c], starts[c] + counts[c])}
+    kinds = {_COLS[c]: {(flat[7 * j + 5] >> 1) & 63 for j in range(starts[c], starts[c] + counts[c])}
              for c in range(len(_COLS))}
     assert kinds["channel_id"] == {KINDS["dictionary"], KINDS["rle_dictionary"]}
     assert kinds["ord"] == {KINDS["delta"]} and kinds["content"] == {KINDS["plain"]}

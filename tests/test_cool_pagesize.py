@@ -121,7 +121,8 @@ def test_a_merge_of_every_layout_writes_todays(mixed):
     (name,) = a.files()
     path = os.path.join(a.cool_dir, name)
     assert [_compression(path, c) for c in _COLS] == \
-        ["UNCOMPRESSED" if _COMPRESSION[c] == "none" else "ZSTD" for c in _COLS]
+        [{"none": "UNCOMPRESSED", "zstd": "ZSTD", "lz4": "LZ4"}[_COMPRESSION[c]] for c in _COLS]
+    assert _compression(path, "content") == "LZ4"       # (LZ4_RAW: pyarrow's name for it)
     rows = a.rows_at([cool_loc(int(name[5:13]), r) for r in range(3 * N)])
     assert sorted(r.record["msg_id"] for r in rows) == sorted(by_id)
     for r in rows:
