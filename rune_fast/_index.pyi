@@ -218,3 +218,9 @@ def _rlock_probe() -> bool:
 def repo_window(self: Any, channel_id: str, n: int = 8) -> list[Any]:
     """ConversationStateRepository.window (bound as its method): the common
     window compiled, anything else through ``self._window_general``."""
+def repo_get_setup(read_type: type, found_status: Any) -> None:
+    """The result type of get_message (MessageRead) and its found status."""
+def repo_get_message(self: Any, msg_id: str) -> Any:
+    """ConversationStateRepository.get_message (bound as its method): an
+    archived record an exact read kept, compiled; anything else through
+    ``self._get_message_general``."""

@@ -57,9 +57,10 @@ from ._conv.verify import Verify
 from ._conv.viewer import ReadOnlyViewer, viewer_of
 from ._conv.writes import WritePath
 from ._encode import OWN_CALLS_C
-from ._index import repo_window, repo_window_setup
+from ._index import repo_get_message, repo_get_setup, repo_window, repo_window_setup
 
 repo_window_setup(own_calls, OWN_CALLS_C)     # (each window's records with read-only tool calls)
+repo_get_setup(MessageRead, ReadStatus.FOUND_VERIFIED)
 
 __all__ = [
     "ConversationStateRepository",
@@ -268,8 +269,14 @@ class ConversationStateRepository(Recovery, IndexSnapshot, Tombstones, HotReads,
     # ------------------------------------------------------------------
     # reads
     # ------------------------------------------------------------------
-    def get_message(self, msg_id: str) -> MessageRead:
-        """Exact read across tiers, verified against the stored checksum or digest."""
+    # get_message(msg_id) -> MessageRead: exact read across tiers, verified
+    # against the stored checksum or digest. Compiled (_index.repo_get_message):
+    # an archived record an exact read kept, in one call with the locks held;
+    # anything else here
+    get_message = repo_get_message
+
+    def _get_message_general(self, msg_id: str) -> MessageRead:
+        """get_message() past its compiled common case."""
         if type(msg_id) is not str or not msg_id.isascii():     # (the common case checked inline)
             _str_arg("msg_id", msg_id)
         with self._lock:

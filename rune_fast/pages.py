@@ -99,7 +99,7 @@ def _pack_dir(d: list[tuple[list[int], list[tuple]]]) -> tuple[array, array, arr
 def _unpack_dir(packed: tuple[array, array, array, array]) -> list[tuple[list[int], list[tuple]]]:
     """:func:`_pack_dir`'s arrays as the directory again (a page's first
     field is its first row; its sixth, its flags: 1 if zstd-compressed,
-    plus its kind times 2, see ``_pages.page_kinds``)."""
+    128 if LZ4_RAW, plus its kind times 2, see ``_pages.page_kinds``)."""
     counts, flat = packed[0], packed[1]
     out, at = [], 0
     for n in counts:
