@@ -47,7 +47,7 @@ cache) -> ``keys`` (rows' order keys and stamps from those columns alone)
 from __future__ import annotations
 
 from .archive import CoolArchive
-from .files import plan_merge
+from .writer import plan_merge
 from .rows import SPECIAL_FOLD
 from .schema import (
     COOL_SCHEMA, CoolChange, CoolProblem, CoolRow, CoolRun, ROW_GROUP_ROWS, StagedMerge, cool_loc,

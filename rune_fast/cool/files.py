@@ -1,7 +1,6 @@
 """The live file set of a cool archive: opening the files a manifest names,
 their sidecars and the id/channel/task index over them, the atomic writes
-of new files, and the removal of files nobody references (``gc``), plus
-the merge policy (:func:`plan_merge`).
+of new files, and the removal of files nobody references (``gc``).
 """
 from __future__ import annotations
 
@@ -679,18 +678,6 @@ class _FileSet:
             from ..errors import ReadOnlyStoreError
             raise ReadOnlyStoreError(f"cool archive {self._dir} is open read-only")
 
-    def plan_merge(self, *, fanout: int = 4, max_files: int | None = None) -> list[list[str]]:
-        """Groups of live files to merge (size-tiered, so every row is rewritten
-        O(log n) times over the archive's life).
-
-        A file's tier is ``floor(log_fanout(rows))``; any tier holding
-        ``fanout`` or more files is merged into one (which lands in a higher
-        tier). With ``max_files``, the smallest files are then also merged
-        until at most that many remain."""
-        with self._lock:
-            sizes = {fi.name: fi.rows for fi in self._files.values()}
-        return plan_merge(sizes, fanout=fanout, max_files=max_files)
-
     def unlink_files(self, names: Iterable[str]) -> list[str]:
         """Delete files (and their sidecars) the manifest no longer references.
         Live files are refused (ValueError). Returns the names removed."""
@@ -775,30 +762,3 @@ class _FileSet:
             if gone and self._durable:
                 fsync_dir(self._dir)
             return sorted(gone)
-
-
-def plan_merge(sizes: dict[str, int], *, fanout: int = 4,
-               max_files: int | None = None) -> list[list[str]]:
-    """The merge policy of :meth:`CoolArchive.plan_merge` over ``{name: rows}``."""
-    if fanout < 2:
-        raise ValueError("fanout must be at least 2")
-    tiers: dict[int, list[str]] = {}
-    for name, rows in sizes.items():
-        t, r = 0, max(rows, 1)
-        while r >= fanout:
-            r //= fanout
-            t += 1
-        tiers.setdefault(t, []).append(name)
-    groups = [sorted(v) for _t, v in sorted(tiers.items()) if len(v) >= fanout]
-    if max_files is not None:
-        if max_files < 1:
-            raise ValueError("max_files must be at least 1")
-        count = len(sizes) - sum(len(g) - 1 for g in groups)
-        if count > max_files:
-            # fold the smallest remaining units (files or planned groups) into one group
-            grouped = {n for g in groups for n in g}
-            units = [[n] for n in sizes if n not in grouped] + groups
-            units.sort(key=lambda u: sum(sizes[n] for n in u))
-            take = units[:count - max_files + 1]
-            groups = [g for g in groups if g not in take] + [sorted(n for u in take for n in u)]
-    return [g for g in groups if len(g) > 1]

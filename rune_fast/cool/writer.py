@@ -1,5 +1,6 @@
 """The writer of a cool archive: cooling a table into a new file, staging
-and adopting it, erasing rows, and merging files.
+and adopting it, erasing rows, and merging files, with the merge policy
+(:func:`plan_merge`).
 """
 from __future__ import annotations
 
@@ -129,6 +130,18 @@ class _Writer(_Search):
     search). Each writes new files under new names; the caller's manifest
     decides when the old ones go.
     """
+
+    def plan_merge(self, *, fanout: int = 4, max_files: int | None = None) -> list[list[str]]:
+        """Groups of live files to merge (size-tiered, so every row is rewritten
+        O(log n) times over the archive's life).
+
+        A file's tier is ``floor(log_fanout(rows))``; any tier holding
+        ``fanout`` or more files is merged into one (which lands in a higher
+        tier). With ``max_files``, the smallest files are then also merged
+        until at most that many remain."""
+        with self._lock:
+            sizes = {fi.name: fi.rows for fi in self._files.values()}
+        return plan_merge(sizes, fanout=fanout, max_files=max_files)
 
     def _take_no(self) -> int:
         with self._lock:
@@ -555,3 +568,30 @@ class _Writer(_Search):
             del parts
             yield t.take(pa.array(base[cs] + cr))
             del t
+
+
+def plan_merge(sizes: dict[str, int], *, fanout: int = 4,
+               max_files: int | None = None) -> list[list[str]]:
+    """The merge policy of :meth:`CoolArchive.plan_merge` over ``{name: rows}``."""
+    if fanout < 2:
+        raise ValueError("fanout must be at least 2")
+    tiers: dict[int, list[str]] = {}
+    for name, rows in sizes.items():
+        t, r = 0, max(rows, 1)
+        while r >= fanout:
+            r //= fanout
+            t += 1
+        tiers.setdefault(t, []).append(name)
+    groups = [sorted(v) for _t, v in sorted(tiers.items()) if len(v) >= fanout]
+    if max_files is not None:
+        if max_files < 1:
+            raise ValueError("max_files must be at least 1")
+        count = len(sizes) - sum(len(g) - 1 for g in groups)
+        if count > max_files:
+            # fold the smallest remaining units (files or planned groups) into one group
+            grouped = {n for g in groups for n in g}
+            units = [[n] for n in sizes if n not in grouped] + groups
+            units.sort(key=lambda u: sum(sizes[n] for n in u))
+            take = units[:count - max_files + 1]
+            groups = [g for g in groups if g not in take] + [sorted(n for u in take for n in u)]
+    return [g for g in groups if len(g) > 1]
