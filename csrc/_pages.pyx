@@ -43,7 +43,7 @@ cdef enum:
 cdef enum:
     FP_OK = 0
     FP_CRC = 1
-    FP_ZSTD = 2
+    FP_CODEC = 2        # a page that does not decompress (zstd or LZ4)
     FP_SIZE = 3
     FP_SHORT = 4
     FP_LONG = 5
@@ -55,7 +55,7 @@ cdef enum:
 cdef int _check_unpack(const unsigned char *comp, int64_t csize, uint32_t crc, int codec, unsigned char *raw,
                        int64_t usize, const unsigned char **page, long long *got, const char **zerr) noexcept nogil:
     """A stored page's CRC-32 checked (FP_CRC) and, with ``codec`` C_ZSTD
-    or C_LZ4, decompressed into ``raw`` (FP_ZSTD with the library's
+    or C_LZ4, decompressed into ``raw`` (FP_CODEC with the library's
     ``zerr``, or FP_SIZE with ``got`` another size than ``usize``);
     ``page``: its bytes (``comp`` when not decompressed here)."""
     if rf_crc32(comp, <size_t>csize) != crc:
@@ -69,17 +69,17 @@ cdef int _check_unpack(const unsigned char *comp, int64_t csize, uint32_t crc, i
         got[0] = rf_zstd_dec(raw, <size_t>usize, comp, <size_t>csize, zerr)
     page[0] = raw
     if got[0] < 0:
-        return FP_ZSTD
+        return FP_CODEC
     return FP_OK if got[0] == usize else FP_SIZE
 
 
 cdef int _raise_page(int code, int64_t off, long long got, int64_t usize, const char *zerr) except -1:
     """ValueError naming the page at ``off`` for what :func:`_check_unpack`
-    found (FP_CRC, FP_ZSTD with libzstd's ``zerr``, FP_SIZE with ``got``
+    found (FP_CRC, FP_CODEC with the library's ``zerr``, FP_SIZE with ``got``
     bytes for ``usize``); nothing for FP_OK (or a code it does not give)."""
     if code == FP_CRC:
         raise ValueError(f"page at offset {off} fails its CRC-32")
-    if code == FP_ZSTD:
+    if code == FP_CODEC:
         raise ValueError(f"page at offset {off} does not decompress: "
                          f"{(<bytes>zerr).decode('utf-8', 'replace')}")
     if code == FP_SIZE:

@@ -41,11 +41,16 @@ static void rf_zstd_drop(void *dctx) {
         rf_zstd_lib.free(dctx);
 }
 
+/* The system library `soname`, opened for good (never closed), or NULL:
+ * not found, or `no_env` set (the tests' way to the fallback). */
+static void *rf_lib_open(const char *soname, const char *no_env) {
+    if (getenv(no_env))
+        return NULL;
+    return dlopen(soname, RTLD_NOW | RTLD_LOCAL);
+}
+
 static void rf_zstd_load(void) {
-    void *h;
-    if (getenv("RUNE_FAST_NO_LIBZSTD"))      /* the tests' way to the fallback */
-        return;
-    h = dlopen("libzstd.so.1", RTLD_NOW | RTLD_LOCAL);
+    void *h = rf_lib_open("libzstd.so.1", "RUNE_FAST_NO_LIBZSTD");
     if (h == NULL)
         return;
     rf_zstd_lib.create = (rf_zstd_create_f)dlsym(h, "ZSTD_createDCtx");
@@ -117,10 +122,7 @@ static struct {
 static pthread_once_t rf_lz4_once = PTHREAD_ONCE_INIT;
 
 static void rf_lz4_load(void) {
-    void *h;
-    if (getenv("RUNE_FAST_NO_LIBLZ4"))      /* the tests' way to the fallback */
-        return;
-    h = dlopen("liblz4.so.1", RTLD_NOW | RTLD_LOCAL);
+    void *h = rf_lib_open("liblz4.so.1", "RUNE_FAST_NO_LIBLZ4");
     if (h == NULL)
         return;
     rf_lz4_lib.dec = (rf_lz4_dec_f)dlsym(h, "LZ4_decompress_safe");
